@@ -1,0 +1,40 @@
+"""mcpcreds: a credential and rate-limit sidecar for MCP agents."""
+
+from .config import Config, McpServerSpec, load_config
+from .errors import (
+    ConfigError,
+    Forbidden,
+    InvalidRequest,
+    McpcredsError,
+    RateLimited,
+    SecretUnavailable,
+    SidecarUnavailable,
+    StateUnavailable,
+    TokenEndpointError,
+    TokenEndpointTimeout,
+    UnknownSecret,
+    UnknownServer,
+)
+from .secret import Secret
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Forbidden",
+    "InvalidRequest",
+    "McpServerSpec",
+    "McpcredsError",
+    "RateLimited",
+    "Secret",
+    "SecretUnavailable",
+    "SidecarUnavailable",
+    "StateUnavailable",
+    "TokenEndpointError",
+    "TokenEndpointTimeout",
+    "UnknownSecret",
+    "UnknownServer",
+    "__version__",
+    "load_config",
+]

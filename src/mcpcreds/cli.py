@@ -1,0 +1,219 @@
+"""The `mcpcreds` command line."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from . import __version__
+from .config import Config, SecretsConfig, find_config_path, load_config
+from .errors import (
+    ConfigError,
+    Forbidden,
+    InvalidRequest,
+    McpcredsError,
+    RateLimited,
+    SidecarUnavailable,
+    UnknownServer,
+)
+from .sources import KeyringSource, check_secret_name
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69
+EXIT_RATE_LIMITED = 75
+EXIT_FORBIDDEN = 77
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def exit_code_for(exc: McpcredsError) -> int:
+    if isinstance(exc, ConfigError | InvalidRequest | UnknownServer):
+        return EXIT_USAGE
+    if isinstance(exc, SidecarUnavailable):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, RateLimited):
+        return EXIT_RATE_LIMITED
+    if isinstance(exc, Forbidden):
+        return EXIT_FORBIDDEN
+    return EXIT_FAILURE
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return load_config(getattr(args, "config", None))
+
+
+def _secrets_config(args: argparse.Namespace) -> SecretsConfig:
+    """The [secrets] table if a config exists; defaults otherwise (so `secret set` works first)."""
+    explicit = getattr(args, "config", None)
+    if explicit or find_config_path().exists():
+        return _config(args).secrets
+    return SecretsConfig()
+
+
+def _keyring(args: argparse.Namespace) -> KeyringSource:
+    return KeyringSource(_secrets_config(args))
+
+
+def read_secret_value(stdin: TextIO, prompt: str) -> str:
+    """The value from stdin (one trailing newline stripped), or a no-echo prompt on a terminal."""
+    if stdin.isatty():
+        value = getpass.getpass(prompt)
+    else:
+        value = stdin.read()
+        if value.endswith("\r\n"):
+            value = value[:-2]
+        elif value.endswith("\n"):
+            value = value[:-1]
+    if not value:
+        raise InvalidRequest("empty secret value: nothing stored")
+    return value
+
+
+def _print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    config = _config(args)
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"{config.path}: ok")
+    rows = [("server", "key", "endpoint", "auth", "rate")]
+    for target in (*config.services.values(), *config.servers.values()):
+        rows.append((target.name, target.key, target.endpoint, target.auth_kind or "headers",
+                     str(target.rate) if target.rate else "-"))
+    _print_table(rows)
+    return EXIT_OK
+
+
+def _print_table(rows: Sequence[Sequence[str]], out: TextIO | None = None) -> None:
+    out = out or sys.stdout
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def cmd_spawn_payload(args: argparse.Namespace) -> int:
+    config = _config(args)
+    specs = []
+    for name in args.names:
+        target = config.target(name)
+        if target is None:
+            raise UnknownServer(f"unknown server {name!r}")
+        specs.append(target.spec.to_dict())
+    _print_json(specs)
+    return EXIT_OK
+
+
+def cmd_secret_set(args: argparse.Namespace) -> int:
+    name = check_secret_name(args.name)
+    value = read_secret_value(sys.stdin, f"value for {name}: ")
+    _keyring(args).set(name, value)
+    print(f"stored {name} in the keyring", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_secret_rm(args: argparse.Namespace) -> int:
+    name = check_secret_name(args.name)
+    if not args.force and (explicit := getattr(args, "config", None) or find_config_path()):
+        try:
+            config = load_config(explicit)
+        except ConfigError:
+            config = None
+        users = [t.name for t in (*config.services.values(), *config.servers.values())
+                 if name in t.secret_names] if config else []
+        if users:
+            raise InvalidRequest(f"secret {name!r} is still used by {', '.join(users)}; "
+                                 "use --force to remove it anyway")
+    if not _keyring(args).delete(name):
+        print(f"{name}: not in the keyring", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"removed {name}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_secret_list(args: argparse.Namespace) -> int:
+    for name in _keyring(args).names():
+        print(name)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
+                        help="config file (default: $MCPCREDS_CONFIG, then "
+                             "$XDG_CONFIG_HOME/mcpcreds/config.toml)")
+    parser = argparse.ArgumentParser(
+        prog="mcpcreds", parents=[common],
+        description="Credential and rate-limit sidecar for MCP agents.",
+        epilog="exit codes: 0 ok, 1 failure, 2 usage or config error, 69 sidecar unreachable, "
+               "75 rate limited past --max-wait, 77 forbidden",
+    )
+    parser.add_argument("--version", action="version", version=f"mcpcreds {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(handler=handler)
+        return p
+
+    add("check", cmd_check, "validate the config and print every error")
+    p = add("spawn-payload", cmd_spawn_payload,
+            "print the secret-free JSON spec of these servers, for a child process")
+    p.add_argument("names", nargs="+", metavar="NAME")
+
+    secret = sub.add_parser("secret", parents=[common], help="manage secrets in the keyring",
+                            description="Manage secrets in the keyring; values never on argv.")
+    ssub = secret.add_subparsers(dest="secret_command", metavar="ACTION", required=True)
+
+    def add_secret(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        p = ssub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = add_secret("set", cmd_secret_set,
+                   "store a secret read from stdin (a no-echo prompt on a terminal)")
+    p.add_argument("name", metavar="NAME")
+    p = add_secret("rm", cmd_secret_rm, "remove a secret from the keyring")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--force", action="store_true", help="remove even if a server still needs it")
+    add_secret("list", cmd_secret_list, "list secret names (never values)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except ConfigError as exc:
+        for line in exc.errors:
+            print(line, file=sys.stderr)
+        where = f" in {exc.path}" if exc.path else ""
+        print(f"mcpcreds: {exc.message.splitlines()[0].rstrip(':')}{where}", file=sys.stderr)
+        return EXIT_USAGE
+    except McpcredsError as exc:
+        print(f"mcpcreds: {exc.code}: {exc.message}", file=sys.stderr)
+        return exit_code_for(exc)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

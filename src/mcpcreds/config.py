@@ -1,0 +1,701 @@
+"""TOML config -> frozen, validated objects. Every error carries its TOML path."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal, TypeVar
+from urllib.parse import urlsplit
+
+from .errors import ConfigError
+from .rates import Rate, parse_duration, parse_rate
+from .templates import Template, TemplateError, is_credential_header, parse_template
+
+TAGS: Final = ("untrusted_input", "sensitive", "egress")
+DEFAULT_TAGS: Final = frozenset({"untrusted_input"})
+AUTH_METHODS: Final = ("client_secret_basic", "client_secret_post", "private_key_jwt")
+GRANTS: Final = ("client_credentials", "device", "refresh_token")
+SUPPORTED_GRANTS: Final = ("client_credentials",)
+DEFAULT_EXPIRES_IN: Final = 300.0
+_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\Z")
+_HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_SOURCE_KINDS: Final = ("env", "keyring")
+
+AuthKind = Literal["auth", "oauth", "aauth"]
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------------- objects
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarConfig:
+    socket: str | None = None
+    allow_uids: tuple[int, ...] = ()
+    state: str = "memory"
+    state_key: Template | None = None
+    on_state_loss: Literal["closed", "local"] = "closed"
+    local_share: float = 1.0
+    refresh_ahead: float = 60.0
+    audit_log: str | None = None
+    allow_trifecta: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SecretsConfig:
+    sources: tuple[str, ...] = ("env", "keyring")
+    keyring_service: str = "mcpcreds"
+    keyring_backend: str | None = None
+    allow_plaintext_keyring: bool = False
+    keyring_timeout: float = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoginSpec:
+    """How to obtain a login (OAuth client credentials), normalised from `oauth` or `auth`."""
+
+    grant: str
+    client_id: str
+    client_secret: Template | None
+    private_key: Template | None
+    auth_method: str
+    token_url: str | None
+    issuer: str | None
+    scope: str | None
+    resource: str | None
+    audience: str | None
+    expires_in_default: float = DEFAULT_EXPIRES_IN
+
+    @property
+    def templates(self) -> tuple[Template, ...]:
+        return tuple(t for t in (self.client_secret, self.private_key) if t is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class McpServerSpec:
+    """The secret-free spec of a server, as written in the config (templates intact)."""
+
+    name: str
+    endpoint: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    aauth: Mapping[str, Any] | None = None
+    oauth: Mapping[str, Any] | None = None
+    auth: Mapping[str, Any] | None = None
+    service: str | None = None
+    rate: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        for key in ("endpoint", "service", "rate", "aauth", "oauth", "auth"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = dict(value) if isinstance(value, Mapping) else value
+        out["headers"] = dict(self.headers)
+        out["tags"] = list(self.tags)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> McpServerSpec:
+        return cls(
+            name=str(data["name"]),
+            endpoint=data.get("endpoint"),
+            headers=dict(data.get("headers") or {}),
+            tags=tuple(data.get("tags") or ()),
+            aauth=data.get("aauth"),
+            oauth=data.get("oauth"),
+            auth=data.get("auth"),
+            service=data.get("service"),
+            rate=data.get("rate"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A server (or a catalog entry) resolved: what the broker needs to serve it."""
+
+    name: str
+    key: str
+    spec: McpServerSpec
+    endpoint: str
+    headers: Mapping[str, Template]
+    tags: frozenset[str]
+    rate: Rate | None
+    auth_kind: AuthKind | None
+    login: LoginSpec | None
+
+    @property
+    def templates(self) -> tuple[Template, ...]:
+        login = self.login.templates if self.login else ()
+        return (*self.headers.values(), *login)
+
+    @property
+    def secret_names(self) -> frozenset[str]:
+        names: set[str] = set()
+        for template in self.templates:
+            names |= template.secret_names
+        return frozenset(names)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    path: str | None
+    sidecar: SidecarConfig
+    secrets: SecretsConfig
+    services: Mapping[str, Target]
+    servers: Mapping[str, Target]
+    warnings: tuple[str, ...] = ()
+
+    def target(self, name: str) -> Target | None:
+        """A server by name, or a cache key (`service:crm`, `mcp:docs`)."""
+        if (server := self.servers.get(name)) is not None:
+            return server
+        kind, _, rest = name.partition(":")
+        if kind == "service":
+            return self.services.get(name)
+        if kind == "mcp":
+            return self.servers.get(rest)
+        return None
+
+    @property
+    def targets_by_key(self) -> dict[str, Target]:
+        keyed: dict[str, Target] = dict(self.services)
+        for server in self.servers.values():
+            keyed.setdefault(server.key, server)
+        return keyed
+
+
+# ---------------------------------------------------------------------------- locating
+
+
+def find_config_path(explicit: str | None = None) -> Path:
+    if explicit:
+        return Path(explicit)
+    if env := os.environ.get("MCPCREDS_CONFIG"):
+        return Path(env)
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "mcpcreds" / "config.toml"
+
+
+def default_socket_path(configured: str | None = None) -> Path:
+    if configured:
+        return Path(configured)
+    if env := os.environ.get("MCPCREDS_SOCKET"):
+        return Path(env)
+    if runtime := os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(runtime) / "mcpcreds" / "mcpcreds.sock"
+    return Path(f"/tmp/mcpcreds-{os.getuid()}") / "mcpcreds.sock"
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """Read and validate the config file; raise ConfigError listing every problem."""
+    resolved = find_config_path(str(path) if path else None)
+    try:
+        raw = resolved.read_bytes()
+    except OSError as exc:
+        raise ConfigError([f"{resolved}: cannot read config: {exc.strerror or exc}"]) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{resolved}: not valid TOML: {exc}"]) from None
+    return parse_config(data, path=str(resolved))
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.warnings: list[str] = []
+
+    def error(self, path: str, message: str) -> None:
+        self.errors.append(f"{path}: {message}")
+
+    def keys(self, path: str, table: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+        for key in table:
+            if key not in allowed:
+                self.error(_join(path, key), f"unknown key (allowed: {', '.join(allowed)})")
+
+    def table(self, path: str, value: Any) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.error(path, f"expected a table, got {_kind(value)}")
+            return {}
+        return value
+
+    def typed(self, path: str, value: Any, kind: type[T], default: T) -> T:
+        if value is None:
+            return default
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)  # type: ignore[return-value]
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            self.error(path, f"expected {kind.__name__}, got {_kind(value)}")
+            return default
+        return value
+
+    def parsed(self, path: str, value: Any, parse: Callable[[Any], T]) -> T | None:
+        try:
+            return parse(value)
+        except (ValueError, TypeError) as exc:
+            self.error(path, str(exc))
+            return None
+
+    def template(self, path: str, value: Any, *, credential: bool) -> Template | None:
+        if not isinstance(value, str):
+            self.error(path, f"expected a string, got {_kind(value)}")
+            return None
+        try:
+            template = parse_template(value)
+        except TemplateError as exc:
+            self.error(path, str(exc))
+            return None
+        if credential and template.is_literal:
+            self.error(
+                path,
+                "a credential must not be written in the config: "
+                "use {{secret:NAME}} or {{secret-file:PATH}}",
+            )
+            return None
+        return template
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _kind(value: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
+            dict: "table"}.get(type(value), type(value).__name__)
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_url(value: str) -> str | None:
+    """Why `value` is not an acceptable endpoint URL, or None if it is."""
+    try:
+        parts = urlsplit(value)
+        host = parts.hostname
+        _ = parts.port
+    except ValueError as exc:
+        return f"invalid URL: {exc}"
+    if parts.scheme not in ("https", "http") or not host:
+        return "must be an https:// URL with a host"
+    if parts.username is not None or parts.password is not None:
+        return "must not carry credentials in the URL"
+    if parts.fragment:
+        return "must not have a #fragment"
+    if parts.scheme == "http" and not _is_loopback(host):
+        return "http:// is only allowed for a loopback host; use https://"
+    return None
+
+
+def _url(c: _Collector, path: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        c.error(path, f"expected a URL string, got {_kind(value)}")
+        return None
+    if (problem := check_url(value)) is not None:
+        c.error(path, f"{problem} (got {value!r})")
+        return None
+    return value
+
+
+def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
+    path = "sidecar"
+    t = c.table(path, raw)
+    c.keys(path, t, ("socket", "allow_uids", "state", "state_key", "on_state_loss",
+                     "local_share", "refresh_ahead", "audit_log", "allow_trifecta"))
+    uids_raw = t.get("allow_uids", [])
+    uids: list[int] = []
+    if not isinstance(uids_raw, list):
+        c.error(_join(path, "allow_uids"), f"expected an array of integers, got {_kind(uids_raw)}")
+    else:
+        for i, uid in enumerate(uids_raw):
+            if isinstance(uid, int) and not isinstance(uid, bool) and uid >= 0:
+                uids.append(uid)
+            else:
+                c.error(f"{path}.allow_uids[{i}]", "expected a non-negative integer uid")
+    state = c.typed(_join(path, "state"), t.get("state"), str, "memory")
+    if state != "memory" and not state.startswith(("redis://", "rediss://", "unix://")):
+        c.error(_join(path, "state"),
+                f"expected 'memory', 'redis://...', 'rediss://...' or 'unix:///path', got {state!r}")
+    state_key = None
+    if "state_key" in t:
+        state_key = c.template(_join(path, "state_key"), t["state_key"], credential=True)
+    on_loss = c.typed(_join(path, "on_state_loss"), t.get("on_state_loss"), str, "closed")
+    if on_loss not in ("closed", "local"):
+        c.error(_join(path, "on_state_loss"), f"expected 'closed' or 'local', got {on_loss!r}")
+        on_loss = "closed"
+    share = c.typed(_join(path, "local_share"), t.get("local_share"), float, 1.0)
+    if not 0 < share <= 1:
+        c.error(_join(path, "local_share"), "expected a fraction in (0, 1]")
+    refresh = c.parsed(_join(path, "refresh_ahead"), t.get("refresh_ahead", "60s"), parse_duration)
+    socket = c.typed(_join(path, "socket"), t.get("socket"), str, "") or None
+    audit = c.typed(_join(path, "audit_log"), t.get("audit_log"), str, "") or None
+    return SidecarConfig(
+        socket=socket,
+        allow_uids=tuple(uids),
+        state=state,
+        state_key=state_key,
+        on_state_loss=on_loss,  # type: ignore[arg-type]
+        local_share=share,
+        refresh_ahead=refresh if refresh is not None else 60.0,
+        audit_log=audit,
+        allow_trifecta=c.typed(_join(path, "allow_trifecta"), t.get("allow_trifecta"), bool, False),
+    )
+
+
+def _parse_secrets(c: _Collector, raw: Any) -> SecretsConfig:
+    path = "secrets"
+    t = c.table(path, raw)
+    c.keys(path, t, ("sources", "keyring_service", "keyring_backend", "allow_plaintext_keyring",
+                     "keyring_timeout"))
+    sources_raw = t.get("sources", ["env", "keyring"])
+    sources: list[str] = []
+    if not isinstance(sources_raw, list) or not sources_raw:
+        c.error(_join(path, "sources"), "expected a non-empty array of sources")
+    else:
+        for i, src in enumerate(sources_raw):
+            spath = f"{path}.sources[{i}]"
+            if not isinstance(src, str):
+                c.error(spath, f"expected a string, got {_kind(src)}")
+            elif src in _SOURCE_KINDS or (src.startswith("dir:/") and len(src) > 5):
+                sources.append(src)
+            else:
+                c.error(spath, f"unknown source {src!r}: expected 'env', 'keyring' or 'dir:/abs/path'")
+    timeout = c.parsed(_join(path, "keyring_timeout"), t.get("keyring_timeout", 3.0), parse_duration)
+    return SecretsConfig(
+        sources=tuple(sources) or ("env", "keyring"),
+        keyring_service=c.typed(_join(path, "keyring_service"), t.get("keyring_service"), str,
+                                "mcpcreds"),
+        keyring_backend=c.typed(_join(path, "keyring_backend"), t.get("keyring_backend"), str,
+                                "") or None,
+        allow_plaintext_keyring=c.typed(_join(path, "allow_plaintext_keyring"),
+                                        t.get("allow_plaintext_keyring"), bool, False),
+        keyring_timeout=timeout or 3.0,
+    )
+
+
+def _parse_headers(c: _Collector, path: str, raw: Any) -> dict[str, Template]:
+    t = c.table(path, raw)
+    out: dict[str, Template] = {}
+    for name, value in t.items():
+        hpath = f"{path}.{name}" if _NAME.match(name) else f'{path}."{name}"'
+        if not _HEADER_NAME.match(name):
+            c.error(hpath, "not a valid HTTP header name")
+            continue
+        if isinstance(value, str) and ("\r" in value or "\n" in value):
+            c.error(hpath, "header values must not contain line breaks")
+            continue
+        template = c.template(hpath, value, credential=is_credential_header(name))
+        if template is not None:
+            out[name] = template
+    return out
+
+
+def _scope(c: _Collector, path: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return " ".join(value.split()) or None
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return " ".join(value) or None
+    c.error(path, "expected a string or an array of strings")
+    return None
+
+
+_OAUTH_KEYS: Final = ("token_url", "issuer", "client_id", "client_secret", "private_key",
+                      "scope", "resource", "audience", "auth_method", "expires_in_default")
+_AUTH_KEYS: Final = ("kind", "token", "header", "value", "grant", "issuer", "token_url",
+                     "client_id", "client_secret", "private_key", "scopes", "scope", "audience",
+                     "resource", "auth_method", "expires_in_default")
+
+
+def _parse_login(c: _Collector, path: str, t: dict[str, Any], grant: str,
+                 scope_key: str) -> LoginSpec | None:
+    client_id = t.get("client_id")
+    if not isinstance(client_id, str) or not client_id:
+        c.error(_join(path, "client_id"), "required: a non-empty string")
+    method = c.typed(_join(path, "auth_method"), t.get("auth_method"), str, "client_secret_basic")
+    if method not in AUTH_METHODS:
+        c.error(_join(path, "auth_method"), f"expected one of {', '.join(AUTH_METHODS)}, got {method!r}")
+    secret = private_key = None
+    if "client_secret" in t:
+        secret = c.template(_join(path, "client_secret"), t["client_secret"], credential=True)
+    if "private_key" in t:
+        private_key = c.template(_join(path, "private_key"), t["private_key"], credential=True)
+    if method == "private_key_jwt" and "private_key" not in t:
+        c.error(_join(path, "private_key"), "required for auth_method = 'private_key_jwt'")
+    elif method in ("client_secret_basic", "client_secret_post") and "client_secret" not in t:
+        c.error(_join(path, "client_secret"), f"required for auth_method = {method!r}")
+    expires_default = c.parsed(_join(path, "expires_in_default"),
+                               t.get("expires_in_default", DEFAULT_EXPIRES_IN), parse_duration)
+    return LoginSpec(
+        grant=grant,
+        client_id=client_id if isinstance(client_id, str) else "",
+        client_secret=secret,
+        private_key=private_key,
+        auth_method=method,
+        token_url=_url(c, _join(path, "token_url"), t.get("token_url")),
+        issuer=_url(c, _join(path, "issuer"), t.get("issuer")),
+        scope=_scope(c, _join(path, scope_key), t.get(scope_key)),
+        resource=_url(c, _join(path, "resource"), t.get("resource")),
+        audience=c.typed(_join(path, "audience"), t.get("audience"), str, "") or None,
+        expires_in_default=expires_default or DEFAULT_EXPIRES_IN,
+    )
+
+
+def _parse_oauth(c: _Collector, path: str, raw: Any) -> LoginSpec | None:
+    t = c.table(path, raw)
+    c.keys(path, t, _OAUTH_KEYS)
+    return _parse_login(c, path, t, "client_credentials", "scope")
+
+
+def _parse_auth(c: _Collector, path: str, raw: Any) -> tuple[dict[str, Template], LoginSpec | None]:
+    """The unified provider: `static` gives headers, `oauth2` gives a login."""
+    t = c.table(path, raw)
+    c.keys(path, t, _AUTH_KEYS)
+    kind = t.get("kind")
+    if kind == "static":
+        if "token" in t:
+            token = c.template(_join(path, "token"), t["token"], credential=True)
+            if token is None:
+                return {}, None
+            return {"Authorization": parse_template("Bearer " + token.source)}, None
+        header, value = t.get("header"), t.get("value")
+        if not isinstance(header, str) or not _HEADER_NAME.match(header):
+            c.error(_join(path, "header"), "static auth needs `token`, or `header` and `value`")
+            return {}, None
+        template = c.template(_join(path, "value"), value, credential=True)
+        return ({header: template} if template else {}), None
+    if kind == "oauth2":
+        grant = c.typed(_join(path, "grant"), t.get("grant"), str, "client_credentials")
+        if grant not in GRANTS:
+            c.error(_join(path, "grant"), f"expected one of {', '.join(GRANTS)}, got {grant!r}")
+        elif grant not in SUPPORTED_GRANTS:
+            c.warnings.append(f"{path}.grant: {grant!r} is accepted but mcpcreds only runs "
+                              "client_credentials logins; this server's headers will fail")
+        scope_key = "scopes" if "scopes" in t else "scope"
+        return {}, _parse_login(c, path, t, grant, scope_key)
+    c.error(_join(path, "kind"), f"expected 'static' or 'oauth2', got {kind!r}")
+    return {}, None
+
+
+def _parse_tags(c: _Collector, path: str, raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        c.error(path, f"expected an array of tags, got {_kind(raw)}")
+        return ()
+    tags: list[str] = []
+    for i, tag in enumerate(raw):
+        if tag in TAGS:
+            if tag not in tags:
+                tags.append(tag)
+        else:
+            c.error(f"{path}[{i}]", f"unknown tag {tag!r}: expected one of {', '.join(TAGS)}")
+    return tuple(tags)
+
+
+@dataclass
+class _Entry:
+    """What a [services.X] table or a stand-alone [[servers]] entry provides."""
+
+    endpoint: str | None
+    headers: dict[str, Template]
+    tags: tuple[str, ...]
+    rate: Rate | None
+    auth_kind: AuthKind | None
+    login: LoginSpec | None
+
+
+_ENTRY_KEYS: Final = ("endpoint", "headers", "tags", "rate", "oauth", "auth", "aauth")
+
+
+def _parse_entry(c: _Collector, path: str, t: dict[str, Any]) -> _Entry:
+    endpoint = _url(c, _join(path, "endpoint"), t.get("endpoint"))
+    headers = _parse_headers(c, _join(path, "headers"), t.get("headers"))
+    tags = _parse_tags(c, _join(path, "tags"), t.get("tags"))
+    rate = None
+    if "rate" in t:
+        rate = c.parsed(_join(path, "rate"), t["rate"], parse_rate)
+    auth_kind: AuthKind | None = None
+    login = None
+    if "auth" in t:
+        auth_kind = "auth"
+        auth_headers, login = _parse_auth(c, _join(path, "auth"), t["auth"])
+        for name, template in auth_headers.items():
+            headers.setdefault(name, template)
+    elif "oauth" in t:
+        auth_kind = "oauth"
+        login = _parse_oauth(c, _join(path, "oauth"), t["oauth"])
+    elif "aauth" in t:
+        auth_kind = "aauth"
+        c.table(_join(path, "aauth"), t["aauth"])
+        c.warnings.append(f"{_join(path, 'aauth')}: recorded, but mcpcreds does not sign "
+                          "requests with aauth; only headers are served")
+    return _Entry(endpoint, headers, tags, rate, auth_kind, login)
+
+
+def _effective_tags(tags: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(tags) if tags else DEFAULT_TAGS
+
+
+def _default_resource(login: LoginSpec | None, endpoint: str) -> LoginSpec | None:
+    if login is None or login.resource is not None:
+        return login
+    return LoginSpec(**{**{f: getattr(login, f) for f in login.__dataclass_fields__},
+                        "resource": endpoint})
+
+
+def _spec_from_table(name: str, t: dict[str, Any], service: str | None) -> McpServerSpec:
+    def mapping(key: str) -> dict[str, Any] | None:
+        value = t.get(key)
+        return dict(value) if isinstance(value, dict) else None
+
+    return McpServerSpec(
+        name=name,
+        endpoint=t.get("endpoint") if isinstance(t.get("endpoint"), str) else None,
+        headers={k: v for k, v in (mapping("headers") or {}).items() if isinstance(v, str)},
+        tags=tuple(x for x in t.get("tags") or () if isinstance(x, str)),
+        aauth=mapping("aauth"),
+        oauth=mapping("oauth"),
+        auth=mapping("auth"),
+        service=service,
+        rate=t.get("rate") if isinstance(t.get("rate"), str) else None,
+    )
+
+
+def _parse_services(c: _Collector, raw: Any) -> tuple[dict[str, Target], dict[str, dict[str, Any]]]:
+    services: dict[str, Target] = {}
+    tables: dict[str, dict[str, Any]] = {}
+    for name, value in c.table("services", raw).items():
+        path = f"services.{name}"
+        if not _NAME.match(name):
+            c.error(path, "service names use letters, digits, '_', '.', '-'")
+            continue
+        t = c.table(path, value)
+        c.keys(path, t, _ENTRY_KEYS)
+        entry = _parse_entry(c, path, t)
+        if entry.endpoint is None:
+            if "endpoint" not in t:
+                c.error(_join(path, "endpoint"), "required")
+            continue
+        key = f"service:{name}"
+        tables[name] = t
+        services[key] = Target(
+            name=key,
+            key=key,
+            spec=_spec_from_table(key, t, None),
+            endpoint=entry.endpoint,
+            headers=entry.headers,
+            tags=_effective_tags(entry.tags),
+            rate=entry.rate,
+            auth_kind=entry.auth_kind,
+            login=_default_resource(entry.login, entry.endpoint),
+        )
+    return services, tables
+
+
+_INHERITED: Final = ("endpoint", "headers", "auth", "oauth", "aauth", "rate")
+
+
+def _parse_servers(c: _Collector, raw: Any, services: dict[str, Target],
+                   service_tables: dict[str, dict[str, Any]]) -> dict[str, Target]:
+    servers: dict[str, Target] = {}
+    if raw is None:
+        return servers
+    if not isinstance(raw, list):
+        c.error("servers", "expected an array of tables ([[servers]])")
+        return servers
+    for i, value in enumerate(raw):
+        path = f"servers[{i}]"
+        t = c.table(path, value)
+        c.keys(path, t, ("name", *_ENTRY_KEYS, "service"))
+        name = t.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            c.error(_join(path, "name"), "required: letters, digits, '_', '.', '-'")
+            continue
+        if name in servers:
+            c.error(_join(path, "name"), f"duplicate server name {name!r}")
+            continue
+        service = t.get("service")
+        if service is not None:
+            target = _server_from_service(c, path, name, t, service, services, service_tables)
+        else:
+            target = _standalone_server(c, path, name, t)
+        if target is not None:
+            servers[name] = target
+    return servers
+
+
+def _server_from_service(c: _Collector, path: str, name: str, t: dict[str, Any], service: Any,
+                         services: dict[str, Target],
+                         service_tables: dict[str, dict[str, Any]]) -> Target | None:
+    for key in _INHERITED:
+        if key in t:
+            c.error(_join(path, key), f"inherited from service {service!r}; do not restate it")
+    tags = _parse_tags(c, _join(path, "tags"), t.get("tags"))
+    entry = services.get(f"service:{service}") if isinstance(service, str) else None
+    if entry is None:
+        known = ", ".join(sorted(k.partition(":")[2] for k in services)) or "none defined"
+        c.error(_join(path, "service"), f"unknown service {service!r} (known: {known})")
+        return None
+    merged = {**service_tables[service], "tags": sorted(set(entry.spec.tags) | set(tags))}
+    return Target(
+        name=name,
+        key=entry.key,
+        spec=_spec_from_table(name, merged, service),
+        endpoint=entry.endpoint,
+        headers=entry.headers,
+        tags=entry.tags | frozenset(tags) if tags else entry.tags,
+        rate=entry.rate,
+        auth_kind=entry.auth_kind,
+        login=entry.login,
+    )
+
+
+def _standalone_server(c: _Collector, path: str, name: str, t: dict[str, Any]) -> Target | None:
+    entry = _parse_entry(c, path, t)
+    if entry.endpoint is None:
+        if "endpoint" not in t:
+            c.error(_join(path, "endpoint"), "required (or `service` naming a [services] entry)")
+        return None
+    return Target(
+        name=name,
+        key=f"mcp:{name}",
+        spec=_spec_from_table(name, t, None),
+        endpoint=entry.endpoint,
+        headers=entry.headers,
+        tags=_effective_tags(entry.tags),
+        rate=entry.rate,
+        auth_kind=entry.auth_kind,
+        login=_default_resource(entry.login, entry.endpoint),
+    )
+
+
+def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
+    c = _Collector()
+    c.keys("", data, ("sidecar", "secrets", "services", "servers"))
+    sidecar = _parse_sidecar(c, data.get("sidecar"))
+    secrets = _parse_secrets(c, data.get("secrets"))
+    services, tables = _parse_services(c, data.get("services"))
+    servers = _parse_servers(c, data.get("servers"), services, tables)
+    if c.errors:
+        raise ConfigError(c.errors, path)
+    return Config(path, sidecar, secrets, services, servers, tuple(c.warnings))

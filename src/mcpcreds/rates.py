@@ -1,0 +1,91 @@
+"""The `rate:` grammar and durations (pure)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+_UNIT_SECONDS: Final = {
+    "ms": 0.001,
+    "s": 1.0,
+    "sec": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+    "w": 604800.0,
+}
+_BARE_UNITS: Final = {"s": 1.0, "sec": 1.0, "second": 1.0, "min": 60.0, "minute": 60.0,
+                      "h": 3600.0, "hour": 3600.0, "d": 86400.0, "day": 86400.0}
+_NUMBER: Final = re.compile(r"(\d+(?:\.\d+)?)\Z")
+_SECONDS: Final = re.compile(r"(\d+(?:\.\d+)?)(s|sec)\Z")
+_WHOLE_WITH_UNIT: Final = re.compile(r"(\d+)(ms|s|sec|m|min|h|d|w)\Z")
+_RATE: Final = re.compile(r"\s*(\d+)\s*/\s*(\S+)\s*\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A bucket of `burst` permits, refilled at `burst / per` permits a second."""
+
+    burst: int
+    per: float
+
+    @property
+    def per_second(self) -> float:
+        return self.burst / self.per
+
+    def __str__(self) -> str:
+        return f"{self.burst}/{_format_seconds(self.per)}"
+
+
+def _format_seconds(seconds: float) -> str:
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    if seconds < 1 and (seconds * 1000).is_integer():
+        return f"{int(seconds * 1000)}ms"
+    return f"{seconds:g}s"
+
+
+def parse_period(text: str) -> float | None:
+    """Seconds for a `per` string, or None if it is not one."""
+    t = text.strip().lower()
+    if m := _NUMBER.match(t):
+        return float(m.group(1))
+    if m := _SECONDS.match(t):
+        return float(m.group(1))
+    if m := _WHOLE_WITH_UNIT.match(t):
+        return int(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    return _BARE_UNITS.get(t)
+
+
+def parse_rate(text: str) -> Rate:
+    """Parse `"<burst>/<per>"`; raise ValueError quoting the string otherwise."""
+    m = _RATE.match(text) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"invalid rate {text!r}: expected '<burst>/<per>', e.g. '60/1m' or '5/1s'")
+    burst = int(m.group(1))
+    per = parse_period(m.group(2))
+    if per is None:
+        raise ValueError(
+            f"invalid rate {text!r}: period must be seconds ('1', '0.5s') "
+            "or a whole number with ms|s|m|h|d|w ('500ms', '1m')"
+        )
+    if burst <= 0 or per <= 0:
+        raise ValueError(f"invalid rate {text!r}: burst and period must be greater than zero")
+    return Rate(burst, per)
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds for a duration like `60s`, `5m`, `1.5s` or a bare number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid duration {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"invalid duration {value!r}: must not be negative")
+        return float(value)
+    seconds = parse_period(value) if isinstance(value, str) else None
+    if seconds is None:
+        raise ValueError(f"invalid duration {value!r}: expected e.g. '60s', '5m', '1h'")
+    return seconds

@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from mcpcreds.config import SecretsConfig
+from mcpcreds.errors import InvalidRequest, SecretUnavailable
+from mcpcreds.secret import REDACTOR, Secret
+from mcpcreds.sources import DirSource, EnvSource, KeyringSource, SecretResolver
+from mcpcreds.templates import parse_template
+from tests import hanging_keyring
+from tests.conftest import CANARY, KeyringSession
+
+
+def private_file(path: Path, text: str, mode: int = 0o600) -> Path:
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_secret_never_prints_its_value() -> None:
+    s = Secret(CANARY, source="env")
+    assert CANARY not in repr(s) and CANARY not in str(s) and CANARY not in f"{s}"
+    assert CANARY not in repr([s]) and s.reveal() == CANARY
+    assert REDACTOR.redact(f"token={CANARY}!") == "token=***!"
+
+
+def test_env_source() -> None:
+    assert EnvSource({"A": "1"}).get("A") == "1"
+    assert EnvSource({}).get("A") is None
+
+
+def test_dir_source_strips_one_newline_and_refuses_readable_files(tmp_path: Path) -> None:
+    private_file(tmp_path / "TOKEN", "abc\n\n")
+    source = DirSource(str(tmp_path))
+    assert source.get("TOKEN") == "abc\n"
+    assert source.get("MISSING") is None
+    private_file(tmp_path / "OPEN", "abc", mode=0o644)
+    with pytest.raises(SecretUnavailable, match="readable by group or others"):
+        source.get("OPEN")
+    with pytest.raises(InvalidRequest):
+        source.get("../etc/passwd")
+
+
+def test_dir_source_refuses_symlinks(tmp_path: Path) -> None:
+    private_file(tmp_path / "real", "abc")
+    (tmp_path / "LINK").symlink_to(tmp_path / "real")
+    with pytest.raises(SecretUnavailable):
+        DirSource(str(tmp_path)).get("LINK")
+
+
+def test_resolver_looks_in_order_and_names_where_it_looked(tmp_path: Path) -> None:
+    private_file(tmp_path / "A", "from-dir")
+    resolver = SecretResolver([EnvSource({"A": "from-env", "B": "b"}), DirSource(str(tmp_path))])
+    assert resolver.secret("A").reveal() == "from-env"
+    resolver = SecretResolver([DirSource(str(tmp_path)), EnvSource({"A": "from-env"})])
+    assert resolver.secret("A").reveal() == "from-dir"
+    with pytest.raises(SecretUnavailable) as info:
+        resolver.secret("NOPE")
+    assert info.value.message == f"secret 'NOPE' not found (looked in: dir:{tmp_path}, env)"
+
+
+def test_secret_file_template_is_reread_at_each_use(tmp_path: Path) -> None:
+    path = private_file(tmp_path / "tok", "one\n")
+    resolver = SecretResolver([])
+    template = parse_template(f"Bearer {{{{secret-file:{path}}}}}")
+    assert resolver.render(template) == "Bearer one"
+    private_file(path, "two")
+    assert resolver.render(template) == "Bearer two"
+    path.unlink()
+    with pytest.raises(SecretUnavailable, match="does not exist"):
+        resolver.render(template)
+
+
+def test_keyring_round_trip_on_a_real_secretservice(keyring_session: KeyringSession) -> None:
+    service = f"mcpcreds-test-{uuid.uuid4().hex[:8]}"
+    source = KeyringSource(SecretsConfig(keyring_service=service))
+    assert source.get("CRM") is None
+    source.set("CRM", CANARY)
+    source.set("DOCS", "docs-key")
+    assert source.get("CRM") == CANARY
+    assert source.names() == ["CRM", "DOCS"]
+    resolver = SecretResolver([EnvSource({}), source])
+    assert resolver.render(parse_template("Bearer {{secret:CRM}}")) == f"Bearer {CANARY}"
+    assert source.delete("CRM") and not source.delete("CRM")
+    assert source.names() == ["DOCS"]
+
+
+def test_keyring_falls_back_after_env(keyring_session: KeyringSession) -> None:
+    service = f"mcpcreds-test-{uuid.uuid4().hex[:8]}"
+    source = KeyringSource(SecretsConfig(keyring_service=service))
+    source.set("K", "from-keyring")
+    resolver = SecretResolver([EnvSource({"K": "from-env"}), source])
+    assert resolver.secret("K").reveal() == "from-env"
+    assert SecretResolver([EnvSource({}), source]).secret("K").reveal() == "from-keyring"
+
+
+def test_keyring_calls_are_time_boxed() -> None:
+    source = KeyringSource(SecretsConfig(keyring_backend="tests.hanging_keyring.HangingKeyring",
+                                         keyring_timeout=0.2))
+    try:
+        with pytest.raises(SecretUnavailable, match=r"timed out after 0\.2s"):
+            source.get("X")
+    finally:
+        hanging_keyring.RELEASE.set()
+
+
+def test_plaintext_keyring_refused_unless_opted_in() -> None:
+    path = "tests.hanging_keyring.PlaintextKeyring"
+    with pytest.raises(SecretUnavailable, match="plain text; refused"):
+        KeyringSource(SecretsConfig(keyring_backend=path)).get("X")
+    source = KeyringSource(SecretsConfig(keyring_backend=path, allow_plaintext_keyring=True))
+    source.set("X", "v")
+    assert source.get("X") == "v"
+
+
+def test_keyring_without_dbus_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", "unix:path=/nonexistent/bus")
+    source = KeyringSource(SecretsConfig(keyring_service="x", keyring_timeout=5))
+    with pytest.raises(SecretUnavailable) as info:
+        source.get("X")
+    assert info.value.message.startswith("keyring:")
+
+
+def test_missing_backend_module() -> None:
+    with pytest.raises(SecretUnavailable, match="cannot load backend"):
+        KeyringSource(SecretsConfig(keyring_backend="nope.Missing")).get("X")
+
+
+def test_environment_is_not_consulted_without_the_env_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(os.environ, "ONLY_ENV", "x")
+    with pytest.raises(SecretUnavailable):
+        SecretResolver([]).secret("ONLY_ENV")
