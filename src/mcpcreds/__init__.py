@@ -1,5 +1,6 @@
 """mcpcreds: a credential and rate-limit sidecar for MCP agents."""
 
+from .client import AsyncClient, Client
 from .config import Config, McpServerSpec, load_config
 from .errors import (
     ConfigError,
@@ -20,6 +21,8 @@ from .secret import Secret
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncClient",
+    "Client",
     "Config",
     "ConfigError",
     "Forbidden",

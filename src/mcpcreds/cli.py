@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from . import __version__
-from .config import Config, SecretsConfig, find_config_path, load_config
+from .client import Client
+from .config import Config, SecretsConfig, default_socket_path, find_config_path, load_config
 from .errors import (
     ConfigError,
     Forbidden,
@@ -83,7 +84,96 @@ def _print_json(data: Any) -> None:
     sys.stdout.write("\n")
 
 
+def _socket(args: argparse.Namespace) -> str:
+    """--socket, else the config's sidecar.socket (if a config exists), else the defaults."""
+    if getattr(args, "socket", None):
+        return str(args.socket)
+    explicit = getattr(args, "config", None)
+    if explicit or find_config_path().exists():
+        try:
+            return str(default_socket_path(_config(args).sidecar.socket))
+        except ConfigError:
+            if explicit:
+                raise
+    return str(default_socket_path())
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(_socket(args))
+
+
 # ---------------------------------------------------------------------------- commands
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .logs import configure_logging
+    from .sidecar import serve
+
+    configure_logging()
+    return serve(getattr(args, "config", None))
+
+
+def cmd_headers(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        info = client.headers_info(args.name)
+    if args.json:
+        _print_json(info)
+    else:
+        for name, value in info["headers"].items():
+            print(f"{name}: {value}")
+    return EXIT_OK
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        headers = client.headers(args.name)
+    auth = next((v for k, v in headers.items() if k.lower() == "authorization"), None)
+    if auth is None or not auth.lower().startswith("bearer "):
+        print(f"mcpcreds: {args.name} has no bearer token (no Authorization: Bearer header)",
+              file=sys.stderr)
+        return EXIT_FAILURE
+    print(auth[7:].strip())
+    return EXIT_OK
+
+
+def _fmt_time(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    import time as _time
+
+    return _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(value))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        status = client.status()
+    if args.json or (not sys.stdout.isatty() and args.json is None):
+        _print_json(status)
+        return EXIT_OK
+    print(f"mcpcreds {status.get('version', '?')}  config {status.get('config') or '-'}")
+    print("\nservers")
+    rows: list[tuple[str, ...]] = [("name", "key", "auth", "rate", "secrets")]
+    for s in status.get("servers", []):
+        rows.append((s["name"], s["key"], s["auth"], s.get("rate") or "-",
+                     ",".join(s.get("secrets", [])) or "-"))
+    _print_table(rows)
+    if status.get("logins"):
+        print("\nlogins")
+        rows = [("key", "state", "expires", "fingerprint", "token requests", "last error")]
+        for login in status["logins"]:
+            rows.append((login["key"], login["state"], _fmt_time(login.get("expires_at")),
+                         login.get("fingerprint") or "-", str(login.get("token_requests", 0)),
+                         login.get("last_error") or "-"))
+        _print_table(rows)
+    if status.get("buckets"):
+        print("\nbuckets")
+        rows = [("key", "rate", "level", "capacity", "waiting", "granted", "refused", "paused until")]
+        for b in status["buckets"]:
+            rows.append((b["key"], b.get("rate") or "-", f"{b['level']:.1f}", str(b["capacity"]),
+                         str(b.get("waiting", 0)), str(b.get("granted", 0)), str(b.get("refused", 0)),
+                         _fmt_time(b.get("paused_until"))))
+        _print_table(rows)
+    return EXIT_OK
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -91,7 +181,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     for warning in config.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(f"{config.path}: ok")
-    rows = [("server", "key", "endpoint", "auth", "rate")]
+    rows: list[tuple[str, ...]] = [("server", "key", "endpoint", "auth", "rate")]
     for target in (*config.services.values(), *config.servers.values()):
         rows.append((target.name, target.key, target.endpoint, target.auth_kind or "headers",
                      str(target.rate) if target.rate else "-"))
@@ -173,7 +263,25 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
+    client_opts = argparse.ArgumentParser(add_help=False)
+    client_opts.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS,
+                             help="the sidecar's socket (default: from the config, $MCPCREDS_SOCKET, "
+                                  "$XDG_RUNTIME_DIR/mcpcreds/mcpcreds.sock)")
+
+    def add_client(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common, client_opts], help=help_text, description=help_text)
+        p.set_defaults(handler=handler)
+        return p
+
+    add("serve", cmd_serve, "run the sidecar in the foreground; ready when the socket accepts")
     add("check", cmd_check, "validate the config and print every error")
+    p = add_client("headers", cmd_headers, "print the resolved headers of a server")
+    p.add_argument("name", metavar="NAME", help="server name or cache key (service:crm, mcp:docs)")
+    p.add_argument("--json", action="store_true", help="print the whole answer as JSON")
+    p = add_client("token", cmd_token, "print the bearer token of a server alone")
+    p.add_argument("name", metavar="NAME", help="server name or cache key")
+    p = add_client("status", cmd_status, "logins and buckets, as a table (JSON when piped)")
+    p.add_argument("--json", action="store_true", default=None, help="print JSON")
     p = add("spawn-payload", cmd_spawn_payload,
             "print the secret-free JSON spec of these servers, for a child process")
     p.add_argument("names", nargs="+", metavar="NAME")

@@ -44,6 +44,8 @@ class SidecarConfig:
     refresh_ahead: float = 60.0
     audit_log: str | None = None
     allow_trifecta: bool = False
+    request_timeout: float = 10.0
+    idle_timeout: float = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,7 @@ class SecretsConfig:
     keyring_backend: str | None = None
     allow_plaintext_keyring: bool = False
     keyring_timeout: float = 3.0
+    cache_ttl: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +322,8 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
     path = "sidecar"
     t = c.table(path, raw)
     c.keys(path, t, ("socket", "allow_uids", "state", "state_key", "on_state_loss",
-                     "local_share", "refresh_ahead", "audit_log", "allow_trifecta"))
+                     "local_share", "refresh_ahead", "audit_log", "allow_trifecta",
+                     "request_timeout", "idle_timeout"))
     uids_raw = t.get("allow_uids", [])
     uids: list[int] = []
     if not isinstance(uids_raw, list):
@@ -347,7 +351,12 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
     refresh = c.parsed(_join(path, "refresh_ahead"), t.get("refresh_ahead", "60s"), parse_duration)
     socket = c.typed(_join(path, "socket"), t.get("socket"), str, "") or None
     audit = c.typed(_join(path, "audit_log"), t.get("audit_log"), str, "") or None
+    request_timeout = c.parsed(_join(path, "request_timeout"), t.get("request_timeout", 10.0),
+                               parse_duration)
+    idle_timeout = c.parsed(_join(path, "idle_timeout"), t.get("idle_timeout", 120.0), parse_duration)
     return SidecarConfig(
+        request_timeout=request_timeout or 10.0,
+        idle_timeout=idle_timeout or 120.0,
         socket=socket,
         allow_uids=tuple(uids),
         state=state,
@@ -364,7 +373,7 @@ def _parse_secrets(c: _Collector, raw: Any) -> SecretsConfig:
     path = "secrets"
     t = c.table(path, raw)
     c.keys(path, t, ("sources", "keyring_service", "keyring_backend", "allow_plaintext_keyring",
-                     "keyring_timeout"))
+                     "keyring_timeout", "cache_ttl"))
     sources_raw = t.get("sources", ["env", "keyring"])
     sources: list[str] = []
     if not isinstance(sources_raw, list) or not sources_raw:
@@ -379,7 +388,9 @@ def _parse_secrets(c: _Collector, raw: Any) -> SecretsConfig:
             else:
                 c.error(spath, f"unknown source {src!r}: expected 'env', 'keyring' or 'dir:/abs/path'")
     timeout = c.parsed(_join(path, "keyring_timeout"), t.get("keyring_timeout", 3.0), parse_duration)
+    cache_ttl = c.parsed(_join(path, "cache_ttl"), t.get("cache_ttl", 2.0), parse_duration)
     return SecretsConfig(
+        cache_ttl=cache_ttl if cache_ttl is not None else 2.0,
         sources=tuple(sources) or ("env", "keyring"),
         keyring_service=c.typed(_join(path, "keyring_service"), t.get("keyring_service"), str,
                                 "mcpcreds"),

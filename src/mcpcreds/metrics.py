@@ -1,0 +1,92 @@
+"""Counters and a latency histogram, rendered as Prometheus text."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Final
+
+LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                          2.5, 5.0, 10.0)
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: Labels, extra: str = "") -> str:
+    parts = [f'{k}="{_escape(v)}"' for k, v in labels]
+    if extra:
+        parts.append(extra)
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.requests: defaultdict[tuple[str, int], int] = defaultdict(int)
+        self._hist_counts: defaultdict[str, list[int]] = defaultdict(
+            lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+        self._hist_sum: defaultdict[str, float] = defaultdict(float)
+        self.counters: defaultdict[tuple[str, Labels], float] = defaultdict(float)
+        self.help: dict[str, str] = {}
+
+    def observe_request(self, route: str, status: int, seconds: float) -> None:
+        self.requests[(route, status)] += 1
+        counts = self._hist_counts[route]
+        for i, bound in enumerate(LATENCY_BUCKETS):
+            if seconds <= bound:
+                counts[i] += 1
+                break
+        else:
+            counts[-1] += 1
+        self._hist_sum[route] += seconds
+
+    def inc(self, name: str, labels: Labels = (), value: float = 1.0, help_text: str = "") -> None:
+        self.counters[(name, labels)] += value
+        if help_text and name not in self.help:
+            self.help[name] = help_text
+
+    def render(self, gauges: Iterable[tuple[str, str, Labels, float]] = ()) -> str:
+        """Prometheus text exposition; `gauges` are (name, help, labels, value) read at scrape."""
+        out: list[str] = [
+            "# HELP mcpcreds_requests_total Socket API requests by route and status.",
+            "# TYPE mcpcreds_requests_total counter",
+        ]
+        for (route, status), count in sorted(self.requests.items()):
+            out.append(f"mcpcreds_requests_total{_labels((('route', route), ('status', str(status))))} "
+                       f"{count}")
+        out += ["# HELP mcpcreds_request_seconds Socket API request latency.",
+                "# TYPE mcpcreds_request_seconds histogram"]
+        for route, counts in sorted(self._hist_counts.items()):
+            running = 0
+            lab = (("route", route),)
+            for bound, count in zip(LATENCY_BUCKETS, counts, strict=False):
+                running += count
+                le = 'le="' + str(bound) + '"'
+                out.append(f"mcpcreds_request_seconds_bucket{_labels(lab, le)} {running}")
+            running += counts[-1]
+            le_inf = 'le="+Inf"'
+            out.append(f"mcpcreds_request_seconds_bucket{_labels(lab, le_inf)} {running}")
+            out.append(f"mcpcreds_request_seconds_sum{_labels(lab)} {self._hist_sum[route]:.6f}")
+            out.append(f"mcpcreds_request_seconds_count{_labels(lab)} {running}")
+        by_name: defaultdict[str, list[tuple[Labels, float]]] = defaultdict(list)
+        for (name, labels), value in self.counters.items():
+            by_name[name].append((labels, value))
+        for name in sorted(by_name):
+            out.append(f"# HELP {name} {self.help.get(name, name)}")
+            out.append(f"# TYPE {name} counter")
+            for labels, value in sorted(by_name[name]):
+                out.append(f"{name}{_labels(labels)} {value:g}")
+        gauge_help: dict[str, str] = {}
+        gauge_rows: defaultdict[str, list[tuple[Labels, float]]] = defaultdict(list)
+        for name, help_text, labels, value in gauges:
+            gauge_help.setdefault(name, help_text)
+            gauge_rows[name].append((labels, value))
+        for name in sorted(gauge_rows):
+            out.append(f"# HELP {name} {gauge_help[name]}")
+            out.append(f"# TYPE {name} gauge")
+            for labels, value in gauge_rows[name]:
+                out.append(f"{name}{_labels(labels)} {value:g}")
+        return "\n".join(out) + "\n"

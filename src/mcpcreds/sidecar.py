@@ -1,0 +1,156 @@
+"""The sidecar process: socket set-up, the serve loop, signals (SIGTERM drains, SIGHUP reloads)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import stat
+from pathlib import Path
+from typing import Final
+
+from .api import Api
+from .broker import Broker
+from .clock import SYSTEM_CLOCK, Clock
+from .config import Config, default_socket_path, load_config
+from .errors import ConfigError, McpcredsError
+from .logs import get_logger
+from .metrics import Metrics
+from .sources import SecretResolver
+from .wire import Connections, HttpConnection, bind_unix_socket
+
+DRAIN_SECONDS: Final = 10.0
+_log = get_logger("sidecar")
+
+
+class SocketInUse(McpcredsError):
+    code = "socket_in_use"
+
+
+def prepare_socket_dir(path: Path) -> None:
+    """Create the socket's folder 0700, or refuse one that others can enter."""
+    folder = path.parent
+    if not folder.exists():
+        old = os.umask(0o077)
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        finally:
+            os.umask(old)
+    info = folder.stat()
+    if info.st_uid != os.getuid():
+        raise McpcredsError(f"socket folder {folder} belongs to uid {info.st_uid}, not to us")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        raise McpcredsError(
+            f"socket folder {folder} has mode {stat.S_IMODE(info.st_mode):04o}; it must be 0700 "
+            f"(chmod 700 {folder})"
+        )
+
+
+def claim_socket_path(path: Path) -> None:
+    """Remove a stale socket left by a dead sidecar; refuse to steal a live one's."""
+    if not path.exists() and not path.is_symlink():
+        return
+    if not stat.S_ISSOCK(path.lstat().st_mode):
+        raise SocketInUse(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)
+        _log.info("removed stale socket", extra={"socket": str(path)})
+        return
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    raise SocketInUse(f"another sidecar is already listening on {path}")
+
+
+class Sidecar:
+    def __init__(self, config: Config, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.config = config
+        self.clock = clock
+        self.metrics = Metrics()
+        self.broker = Broker(config, SecretResolver.from_config(config.secrets), clock, self.metrics,
+                             secret_cache_ttl=config.secrets.cache_ttl)
+        self.api = Api(self.broker, self.metrics)
+        self.connections = Connections(config.sidecar.request_timeout, config.sidecar.idle_timeout)
+        self.socket_path = default_socket_path(config.sidecar.socket)
+        self._allow_uids = self._uids(config)
+        self._stop = asyncio.Event()
+
+    @staticmethod
+    def _uids(config: Config) -> frozenset[int]:
+        return frozenset(config.sidecar.allow_uids or (os.getuid(),))
+
+    def allow_uids(self) -> frozenset[int]:
+        return self._allow_uids
+
+    def reload(self) -> bool:
+        """Re-read the config; keep the old one if the new one is invalid."""
+        try:
+            config = load_config(self.config.path)
+        except ConfigError as exc:
+            _log.error("reload rejected: config invalid; keeping the old one",
+                       extra={"errors": exc.errors})
+            return False
+        if default_socket_path(config.sidecar.socket) != self.socket_path:
+            _log.warning("sidecar.socket changed: takes effect at the next restart")
+        self.broker.reload(config, SecretResolver.from_config(config.secrets))
+        self.broker.secret_cache_ttl = config.secrets.cache_ttl
+        self.connections.request_timeout = config.sidecar.request_timeout
+        self.connections.idle_timeout = config.sidecar.idle_timeout
+        self.config = config
+        self._allow_uids = self._uids(config)
+        _log.info("config reloaded", extra={"servers": len(config.servers)})
+        return True
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        prepare_socket_dir(self.socket_path)
+        claim_socket_path(self.socket_path)
+        sock = bind_unix_socket(str(self.socket_path))
+        server = await loop.create_unix_server(
+            lambda: HttpConnection(self.api, self.allow_uids, self.connections), sock=sock)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        sweeper = asyncio.create_task(self._sweep())
+        for warning in self.config.warnings:
+            _log.warning(warning)
+        _log.info("ready", extra={"socket": str(self.socket_path), "pid": os.getpid(),
+                                  "servers": len(self.config.servers)})
+        try:
+            await self._stop.wait()
+        finally:
+            _log.info("stopping: draining requests")
+            server.close()
+            await self._drain()
+            sweeper.cancel()
+            for conn in list(self.connections.open):
+                if conn.transport is not None:
+                    conn.transport.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+            _log.info("stopped")
+
+    async def _drain(self) -> None:
+        deadline = self.clock.monotonic() + DRAIN_SECONDS
+        while self.connections.busy() and self.clock.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def _sweep(self) -> None:
+        interval = min(1.0, self.connections.request_timeout / 4)
+        while True:
+            await asyncio.sleep(interval)
+            self.connections.sweep(self.clock.monotonic())
+
+
+def serve(config_path: str | None) -> int:
+    config = load_config(config_path)
+    sidecar = Sidecar(config)
+    asyncio.run(sidecar.run())
+    return 0

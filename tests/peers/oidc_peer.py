@@ -1,0 +1,211 @@
+"""Start/stop a real OAuth 2.0 authorization server (oidc-provider 9 on Node) for tests.
+
+Usage::
+
+    priv_pem, pub_jwk = make_rsa_keypair()
+    clients = [
+        {"client_id": "a", "client_secret": "s", "token_endpoint_auth_method": "client_secret_basic",
+         "scope": "tools:read tools:call"},
+        {"client_id": "k", "token_endpoint_auth_method": "private_key_jwt",
+         "jwks": {"keys": [pub_jwk]}, "scope": "tools:read"},
+    ]
+    with start_oidc_peer(clients, access_token_ttl=5) as peer:
+        peer.token_url, peer.jwks_uri, peer.stats(), peer.set_secret("a", "s2", keep_old=True) ...
+
+Tokens requested with a ``resource`` (https://..., or http on 127.0.0.1/localhost) are
+RFC 9068 JWTs with ``aud`` = resource; without ``resource`` they are opaque.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import queue
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any, cast
+
+import httpx
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+PEER_DIR = Path(__file__).resolve().parent / "oidc"
+NODE = shutil.which("node") or "/usr/bin/node"
+READY_TIMEOUT = 20.0
+
+
+def ensure_node_modules() -> None:
+    """Install oidc-provider into tests/peers/oidc/node_modules if it is missing."""
+    if (PEER_DIR / "node_modules" / "oidc-provider" / "package.json").exists():
+        return
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("npm not found; needed to install the oidc-provider test peer")
+    cmd = [npm, "ci"] if (PEER_DIR / "package-lock.json").exists() else [npm, "install"]
+    subprocess.run(
+        [*cmd, "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=PEER_DIR,
+        check=True,
+        timeout=300,
+    )
+
+
+def _b64url_uint(n: int) -> str:
+    raw = n.to_bytes((n.bit_length() + 7) // 8, "big")
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def make_rsa_keypair(kid: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Return (private key PEM, public JWK with kid/alg/use) for a private_key_jwt client."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode("ascii")
+    pub = key.public_key().public_numbers()
+    jwk = {
+        "kty": "RSA",
+        "n": _b64url_uint(pub.n),
+        "e": _b64url_uint(pub.e),
+        "kid": kid or base64.urlsafe_b64encode(os.urandom(9)).decode("ascii"),
+        "alg": "RS256",
+        "use": "sig",
+    }
+    return pem, jwk
+
+
+class OidcPeer:
+    """A running oidc-provider process. Use start_oidc_peer() to create one."""
+
+    def __init__(self, proc: subprocess.Popen[str], issuer: str, workdir: Path) -> None:
+        self.proc = proc
+        self.issuer = issuer
+        self._workdir = workdir
+        self._http = httpx.Client(base_url=issuer, timeout=10.0)
+        meta = self._http.get("/.well-known/oauth-authorization-server")
+        meta.raise_for_status()
+        self.metadata: dict[str, Any] = meta.json()
+        self.token_url: str = self.metadata["token_endpoint"]
+        self.jwks_uri: str = self.metadata["jwks_uri"]
+
+    def jwks(self) -> dict[str, Any]:
+        resp = self._http.get(self.jwks_uri)
+        resp.raise_for_status()
+        return cast(dict[str, Any], resp.json())
+
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        resp = self._http.post(path, json=body or {})
+        resp.raise_for_status()
+        return cast(dict[str, Any], resp.json())
+
+    def stats(self) -> dict[str, Any]:
+        """{"token_requests": N, "token_issued": N, "by_client": {client_id: N}}."""
+        resp = self._http.get("/_test/stats")
+        resp.raise_for_status()
+        return cast(dict[str, Any], resp.json())
+
+    def reset_stats(self) -> None:
+        self._post("/_test/reset_stats")
+
+    def set_secret(self, client_id: str, secret: str, keep_old: bool = False) -> None:
+        self._post(f"/_test/clients/{client_id}/secret", {"client_secret": secret, "keep_old": keep_old})
+
+    def drop_old(self, client_id: str) -> None:
+        self._post(f"/_test/clients/{client_id}/drop_old")
+
+    def set_ttl(self, seconds: int) -> None:
+        self._post("/_test/ttl", {"seconds": seconds})
+
+    def log(self) -> str:
+        """The server's stderr so far (warnings, server errors)."""
+        path = self._workdir / "stderr.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        self._http.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def _pump_lines(stream: IO[str], sink: queue.Queue[str | None]) -> None:
+    for line in stream:
+        sink.put(line)
+    sink.put(None)
+
+
+@contextlib.contextmanager
+def start_oidc_peer(
+    clients: list[dict[str, Any]],
+    access_token_ttl: int = 5,
+    port: int = 0,
+    ready_timeout: float = READY_TIMEOUT,
+) -> Iterator[OidcPeer]:
+    """Run the peer for the duration of the with-block; yields an OidcPeer."""
+    ensure_node_modules()
+    workdir = Path(tempfile.mkdtemp(prefix="oidc-peer-"))
+    cfg = workdir / "cfg.json"
+    cfg.write_text(json.dumps({"port": port, "access_token_ttl": access_token_ttl, "clients": clients}))
+    stderr = (workdir / "stderr.log").open("w")
+    proc = subprocess.Popen(
+        [NODE, str(PEER_DIR / "server.mjs"), str(cfg)],
+        cwd=PEER_DIR,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
+    stderr.close()
+    assert proc.stdout is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_pump_lines, args=(proc.stdout, lines), daemon=True).start()
+
+    peer: OidcPeer | None = None
+    try:
+        started = time.monotonic()
+        seen: list[str] = []
+        issuer = None
+        while issuer is None:
+            remaining = started + ready_timeout - time.monotonic()
+            try:
+                line = lines.get(timeout=max(remaining, 0.01))
+            except queue.Empty:
+                line = None
+            if line is None:
+                state = "still running" if proc.poll() is None else f"exited with {proc.returncode}"
+                proc.kill()
+                proc.wait()
+                log = (workdir / "stderr.log").read_text(errors="replace")
+                raise RuntimeError(
+                    f"oidc peer gave no READY line after {time.monotonic() - started:.1f}s "
+                    f"(process {state}); stdout={seen!r}; stderr:\n{log}"
+                )
+            if line.startswith("READY "):
+                issuer = line.split(" ", 1)[1].strip()
+            else:
+                seen.append(line)
+        peer = OidcPeer(proc, issuer, workdir)
+        yield peer
+    finally:
+        if peer is not None:
+            peer.stop()
+        else:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            shutil.rmtree(workdir, ignore_errors=True)

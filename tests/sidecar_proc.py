@@ -1,0 +1,86 @@
+"""Start the real sidecar (`mcpcreds serve`) as a process on a temp socket, for end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+READY_TIMEOUT = 20.0
+
+
+class SidecarProcess:
+    def __init__(self, config: Path, socket: Path, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.socket = socket
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mcpcreds.cli", "serve", "--config", str(config)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True, env={**os.environ, **(env or {})},
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for(self, event: str, timeout: float = READY_TIMEOUT) -> dict[str, Any]:
+        """Block until a log line with this event appears (no polling)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {event!r} log line; log so far:\n{self.log}")
+            try:
+                line = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise RuntimeError(f"sidecar exited ({self.proc.wait()}) before {event!r}:\n{self.log}")
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("event") == event:
+                return dict(entry)
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 15) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@contextmanager
+def run_sidecar(config: Path, socket: Path, env: dict[str, str] | None = None) -> Iterator[SidecarProcess]:
+    sidecar = SidecarProcess(config, socket, env)
+    try:
+        sidecar.wait_for("ready")
+        yield sidecar
+    finally:
+        sidecar.stop()

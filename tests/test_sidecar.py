@@ -1,0 +1,301 @@
+"""End to end: the real sidecar process on a temp socket, through curl and both clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mcpcreds import AsyncClient, Client, SecretUnavailable, SidecarUnavailable, UnknownServer
+from tests.conftest import CANARY, run_cli
+from tests.sidecar_proc import SidecarProcess, run_sidecar
+
+CONFIG = """
+[sidecar]
+socket = "{socket}"
+request_timeout = "1s"
+[secrets]
+sources = ["env", "dir:{creds}"]
+cache_ttl = "0s"
+[services.crm]
+endpoint = "https://crm.example.com/mcp"
+headers = {{ "Authorization" = "Bearer {{{{secret:MCP_TOKEN}}}}" }}
+rate = "60/1m"
+[[servers]]
+name = "crm-ro"
+service = "crm"
+[[servers]]
+name = "docs"
+endpoint = "https://docs.example.com/mcp"
+headers = {{ "X-Api-Key" = "{{{{secret:DOCS_KEY}}}}", "X-Client" = "tests" }}
+[[servers]]
+name = "broken"
+endpoint = "https://broken.example.com/mcp"
+headers = {{ "X-Api-Key" = "{{{{secret:NOT_ANYWHERE}}}}" }}
+"""
+
+
+class Env:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.run = root / "run"
+        self.socket = self.run / "mcpcreds.sock"
+        self.creds = root / "creds"
+        self.creds.mkdir()
+        self.config = root / "config.toml"
+        self.write_config()
+
+    def write_config(self, extra: str = "") -> None:
+        self.config.write_text(CONFIG.format(socket=self.socket, creds=self.creds) + extra)
+
+    def secret_file(self, name: str, value: str) -> None:
+        path = self.creds / name
+        path.write_text(value)
+        path.chmod(0o600)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Env:
+    e = Env(tmp_path)
+    e.secret_file("DOCS_KEY", "docs-one\n")
+    return e
+
+
+@pytest.fixture
+def sidecar(env: Env) -> Iterator[SidecarProcess]:
+    with run_sidecar(env.config, env.socket, {"MCP_TOKEN": CANARY}) as proc:
+        yield proc
+
+
+def curl(env: Env, path: str, *args: str) -> tuple[int, dict[str, object] | str]:
+    out = subprocess.run(
+        ["curl", "-s", "-w", "\n%{http_code}", "--unix-socket", str(env.socket), *args,
+         f"http://mcpcreds{path}"], capture_output=True, text=True, timeout=20, check=True).stdout
+    body, _, code = out.rpartition("\n")
+    try:
+        return int(code), json.loads(body)
+    except ValueError:
+        return int(code), body
+
+
+def raw(env: Env, data: bytes, timeout: float = 5.0, half_close: bool = True) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(env.socket))
+        try:
+            s.sendall(data)
+            if half_close:
+                s.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        chunks = []
+        try:
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except (ConnectionResetError, TimeoutError):
+            pass
+    return b"".join(chunks)
+
+
+def test_curl_health_servers_headers(env: Env, sidecar: SidecarProcess) -> None:
+    assert curl(env, "/v1/health") == (200, {"status": "ok", "version": "0.1.0"})
+    code, body = curl(env, "/v1/servers")
+    assert code == 200 and isinstance(body, dict)
+    names = [s["name"] for s in body["servers"]]  # type: ignore[union-attr,index]
+    assert names == ["crm-ro", "docs", "broken"]
+    assert CANARY not in json.dumps(body)
+    code, body = curl(env, "/v1/servers/crm-ro/headers")
+    assert code == 200
+    assert body == {"headers": {"Authorization": f"Bearer {CANARY}"}, "key": "service:crm",
+                    "expires_at": None, "fingerprint": None}
+    assert curl(env, "/v1/servers/service:crm/headers")[1] == body
+    assert curl(env, "/v1/servers/mcp:docs/headers")[1]["headers"] == {  # type: ignore[index]
+        "X-Api-Key": "docs-one", "X-Client": "tests"}
+
+
+def test_errors_have_the_contract_shape(env: Env, sidecar: SidecarProcess) -> None:
+    assert curl(env, "/v1/servers/nope/headers") == (
+        404, {"error": {"code": "unknown_server", "message": "unknown server 'nope'"}})
+    code, body = curl(env, "/v1/servers/broken/headers")
+    assert code == 503 and body["error"]["code"] == "secret_unavailable"  # type: ignore[index]
+    assert "NOT_ANYWHERE" in body["error"]["message"]  # type: ignore[index]
+    assert curl(env, "/v1/nothing")[0] == 404
+    assert curl(env, "/v1/health", "-X", "DELETE")[0] == 405
+
+
+def test_socket_and_folder_modes(env: Env, sidecar: SidecarProcess) -> None:
+    assert stat.S_IMODE(env.run.stat().st_mode) == 0o700
+    assert stat.S_IMODE(env.socket.stat().st_mode) == 0o600
+    assert stat.S_ISSOCK(env.socket.stat().st_mode)
+
+
+def test_a_group_readable_socket_folder_is_refused(env: Env) -> None:
+    env.run.mkdir(mode=0o755)
+    env.run.chmod(0o755)
+    proc = SidecarProcess(env.config, env.socket)
+    assert proc.proc.wait(20) == 1
+    assert "must be 0700" in proc.log
+
+
+def test_changed_secret_is_picked_up_without_restart(env: Env, sidecar: SidecarProcess) -> None:
+    with Client(env.socket) as client:
+        assert client.headers("docs")["X-Api-Key"] == "docs-one"
+        env.secret_file("DOCS_KEY", "docs-two")
+        assert client.headers("docs")["X-Api-Key"] == "docs-two"
+
+
+async def test_async_client(env: Env, sidecar: SidecarProcess) -> None:
+    async with AsyncClient(env.socket) as creds:
+        assert (await creds.health())["status"] == "ok"
+        assert await creds.headers("crm-ro") == {"Authorization": f"Bearer {CANARY}"}
+        info = await creds.headers_info("docs")
+        assert info["key"] == "mcp:docs"
+        with pytest.raises(UnknownServer):
+            await creds.headers("nope")
+        with pytest.raises(SecretUnavailable):
+            await creds.headers("broken")
+        assert [s["name"] for s in await creds.servers()] == ["crm-ro", "docs", "broken"]
+
+
+def test_sync_client_and_cli(env: Env, sidecar: SidecarProcess) -> None:
+    with Client(env.socket) as client:
+        assert client.headers("service:crm") == {"Authorization": f"Bearer {CANARY}"}
+        with pytest.raises(UnknownServer):
+            client.headers("nope")
+    cfg = ["--config", str(env.config)]
+    assert run_cli("token", "crm-ro", *cfg).stdout.strip() == CANARY
+    result = run_cli("headers", "docs", *cfg)
+    assert result.code == 0 and result.stdout.splitlines() == ["X-Api-Key: docs-one", "X-Client: tests"]
+    assert json.loads(run_cli("headers", "docs", "--json", *cfg).stdout)["key"] == "mcp:docs"
+    assert run_cli("headers", "nope", *cfg).code == 2
+    assert run_cli("headers", "broken", *cfg).code == 1
+    assert run_cli("token", "docs", *cfg).code == 1
+    status = run_cli("status", "--json", *cfg)
+    assert status.code == 0 and json.loads(status.stdout)["servers"][0]["key"] == "service:crm"
+
+
+def test_nothing_listening(tmp_path: Path) -> None:
+    with pytest.raises(SidecarUnavailable), Client(tmp_path / "none.sock", connect_retry=0.1) as c:
+        c.health()
+    result = run_cli("headers", "docs", "--socket", str(tmp_path / "none.sock"))
+    assert result.code == 69 and "no mcpcreds sidecar answers" in result.stderr
+
+
+def test_stale_socket_is_replaced_and_a_live_one_is_not_stolen(env: Env) -> None:
+    env.run.mkdir(mode=0o700)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(env.socket))
+    stale.close()  # a socket file with nobody listening: what a crashed sidecar leaves
+    with run_sidecar(env.config, env.socket) as first:
+        assert "removed stale socket" in first.log
+        second = SidecarProcess(env.config, env.socket)
+        assert second.proc.wait(20) == 1
+        assert "another sidecar is already listening" in second.log
+        with Client(env.socket) as client:
+            assert client.health()["status"] == "ok"
+
+
+def test_peer_of_another_uid_is_refused_and_logged() -> None:
+    root = Path(tempfile.mkdtemp(prefix="mcpcreds-peer-"))  # outside pytest's 0700 tmp tree
+    try:
+        env = Env(root)
+        with run_sidecar(env.config, env.socket, {"MCP_TOKEN": CANARY}) as sidecar:
+            # open the file permissions on purpose: SO_PEERCRED must still refuse `nobody`
+            root.chmod(0o755)
+            env.run.chmod(0o755)
+            env.socket.chmod(0o666)
+            result = subprocess.run(
+                ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "curl", "-s", "-o",
+                 "/dev/null", "-w", "%{http_code}", "--unix-socket", str(env.socket),
+                 "http://x/v1/servers/crm-ro/headers"],
+                capture_output=True, text=True, timeout=20)
+            assert result.stdout == "000"  # closed before any answer
+            refused = sidecar.wait_for("peer refused")
+            assert refused["uid"] == 65534 and refused["pid"] > 0
+            assert curl(env, "/v1/health")[0] == 200  # our own uid still gets in
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_limits_and_malformed_requests(env: Env, sidecar: SidecarProcess) -> None:
+    big_header = b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
+    assert raw(env, big_header).startswith(b"HTTP/1.1 431 ")
+    big_body = (b"POST /v1/servers/docs/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
+                + b"{" * 1000)
+    assert raw(env, big_body).startswith(b"HTTP/1.1 413 ")
+    assert raw(env, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    assert raw(env, b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -4\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    # a head that never ends
+    slow = raw(env, b"GET /v1/health HTTP/1.1\r\nHost:", timeout=10, half_close=False)
+    assert slow.startswith(b"HTTP/1.1 408 ")
+    assert curl(env, "/v1/health")[0] == 200
+
+
+def test_keep_alive_and_pipelining(env: Env, sidecar: SidecarProcess) -> None:
+    req = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+    last = b"GET /v1/servers/docs/headers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    answer = raw(env, req * 3 + last)
+    assert answer.count(b"HTTP/1.1 200 OK") == 4
+    assert answer.endswith(b'"fingerprint":null}')
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(
+    st.binary(max_size=300),
+    st.builds(lambda m, p, h: f"{m} {p} HTTP/1.1\r\n{h}\r\n\r\n".encode(),
+              st.sampled_from(["GET", "POST", "PUT", "BREW", "G\x00T"]),
+              st.text(max_size=80), st.text(max_size=120)),
+), min_size=1, max_size=5))
+def test_fuzzed_requests_never_stop_the_service(env: Env, sidecar: SidecarProcess,
+                                                 batch: list[bytes]) -> None:
+    for data in batch:
+        raw(env, data, timeout=3)
+    assert curl(env, "/v1/health")[0] == 200
+
+
+def test_sighup_reload_keeps_old_config_when_new_is_invalid(env: Env, sidecar: SidecarProcess) -> None:
+    env.write_config('[[servers]]\nname = "extra"\nendpoint = "https://extra.example.com"\n'
+                     'headers = { "X-Client" = "x" }\n')
+    sidecar.signal(signal.SIGHUP)
+    sidecar.wait_for("config reloaded")
+    with Client(env.socket) as client:
+        assert client.headers("extra") == {"X-Client": "x"}
+        env.config.write_text(env.config.read_text() + '\nrate = "nonsense"\n[[bogus]]\n')
+        sidecar.signal(signal.SIGHUP)
+        rejected = sidecar.wait_for("reload rejected: config invalid; keeping the old one")
+        assert rejected["errors"]
+        assert client.headers("extra") == {"X-Client": "x"}
+
+
+def test_sigterm_drains_and_exits_0(env: Env) -> None:
+    proc = SidecarProcess(env.config, env.socket, {"MCP_TOKEN": "x"})
+    proc.wait_for("ready")
+    assert proc.stop() == 0
+    assert not env.socket.exists()
+
+
+def test_canary_never_in_logs_status_metrics_or_errors(env: Env, sidecar: SidecarProcess) -> None:
+    with Client(env.socket) as client:
+        assert client.headers("crm-ro")["Authorization"] == f"Bearer {CANARY}"
+        outputs = [json.dumps(client.status())]
+        for path in ("/metrics", "/v1/servers", "/v1/openapi.json", f"/v1/servers/{CANARY}/headers",
+                     "/v1/servers/broken/headers", f"/v1/secrets/{CANARY}/rotated"):
+            outputs.append(str(curl(env, path)[1]))
+    outputs.append(raw(env, f"GET /{CANARY} HTTP/1.1\r\nX: {CANARY}\r\n\r\n".encode()).decode())
+    assert f"unknown server '{CANARY}'" not in outputs[4] and "***" in outputs[4]
+    assert sidecar.stop() == 0
+    outputs.append(sidecar.log)
+    for text in outputs:
+        assert CANARY not in text
+    assert os.environ.get("MCP_TOKEN") != CANARY
