@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any, Final
 from urllib.parse import unquote
 
 from .broker import Broker, HeadersResult
+from .config import Target
 from .errors import (
     InvalidRequest,
     McpcredsError,
@@ -66,11 +68,33 @@ class Api:
             ("GET", "headers"): ("headers", self.headers),
         }
         self._secret_actions: dict[tuple[str, str], tuple[str, Handler]] = {}
+        self._fast_targets: dict[bytes, Target] = {}
+
+    def reload(self) -> None:
+        self._fast_targets.clear()
 
     # -- wire.App
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.metrics.observe_request(route, status, seconds)
+
+    def fast_get(self, url: bytes, started: float) -> bytes | None:
+        """Cached `GET /v1/servers/{name}/headers` without routing, parsing or allocation."""
+        target = self._fast_targets.get(url)
+        if target is None:
+            if not (url.startswith(b"/v1/servers/") and url.endswith(b"/headers")) or b"?" in url:
+                return None
+            try:
+                target = self.broker.target(unquote(url[12:-8].decode("utf-8")))
+            except (McpcredsError, UnicodeDecodeError):
+                return None
+            if len(self._fast_targets) < 4096:
+                self._fast_targets[url] = target
+        cached = self.broker.cached_headers(target)
+        if cached is None:
+            return None
+        self.metrics.observe_request("headers", 200, time.perf_counter() - started)
+        return cached.wire
 
     def handle(self, request: Request) -> Response | Awaitable[Response]:
         route = "unknown"

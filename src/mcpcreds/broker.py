@@ -16,6 +16,7 @@ from .errors import SecretUnavailable, UnknownServer
 from .logs import get_logger
 from .metrics import Metrics
 from .sources import SecretResolver
+from .wire import Response
 
 SECRET_CACHE_TTL: Final = 2.0
 _log = get_logger("broker")
@@ -32,14 +33,15 @@ class HeadersResult:
     key: str
     expires_at: float | None
     fingerprint: str | None
-    body: bytes  # the wire answer, encoded once
+    body: bytes  # the JSON answer, encoded once
+    wire: bytes  # the whole keep-alive HTTP answer, for the hot path
 
     @classmethod
     def build(cls, headers: Mapping[str, str], key: str, expires_at: float | None,
               fp: str | None) -> HeadersResult:
         body = json.dumps({"headers": headers, "key": key, "expires_at": expires_at,
                            "fingerprint": fp}, separators=(",", ":")).encode()
-        return cls(headers, key, expires_at, fp, body)
+        return cls(headers, key, expires_at, fp, body, Response(200, body).encode(keep_alive=True))
 
 
 @dataclass(slots=True)

@@ -101,6 +101,7 @@ class Sidecar:
             _log.warning("sidecar.socket changed: takes effect at the next restart")
         self.broker.reload(config, SecretResolver.from_config(config.secrets))
         self.broker.secret_cache_ttl = config.secrets.cache_ttl
+        self.api.reload()
         self.connections.request_timeout = config.sidecar.request_timeout
         self.connections.idle_timeout = config.sidecar.idle_timeout
         self.config = config

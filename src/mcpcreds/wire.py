@@ -80,6 +80,10 @@ def error_response(status: int, code: str, message: str, close: bool = False) ->
 class App(Protocol):
     def handle(self, request: Request) -> Response | Awaitable[Response]: ...
 
+    def fast_get(self, url: bytes, started: float) -> bytes | None:
+        """A complete keep-alive answer to a bodiless GET, if one is ready without work."""
+        ...
+
     def observe(self, route: str, status: int, seconds: float) -> None: ...
 
 
@@ -218,6 +222,13 @@ class HttpConnection(asyncio.Protocol):
         self.head_started = None
         if self.rejected:
             return
+        if (self.in_flight is None and not self.queue and not self.body_parts
+                and self.authorization is None and self.transport is not None
+                and self.parser.should_keep_alive() and self.parser.get_method() == b"GET"):
+            answer = self.app.fast_get(self.url, time.perf_counter())
+            if answer is not None:
+                self.transport.write(answer)
+                return
         parsed = httptools.parse_url(self.url)
         try:
             path = parsed.path.decode("utf-8")
