@@ -66,6 +66,7 @@ class Api:
         }
         self._server_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "headers"): ("headers", self.headers),
+            ("POST", "invalidate"): ("invalidate", self.invalidate),
         }
         self._secret_actions: dict[tuple[str, str], tuple[str, Handler]] = {}
         self._fast_targets: dict[bytes, Target] = {}
@@ -150,7 +151,8 @@ class Api:
         return Response(200, self.openapi)
 
     def metrics_text(self, request: Request) -> Response:
-        return Response(200, self.metrics.render().encode(), content_type=_PROMETHEUS)
+        text = self.metrics.render(self.broker.gauges())
+        return Response(200, text.encode(), content_type=_PROMETHEUS)
 
     def headers(self, request: Request) -> Response | Awaitable[Response]:
         target = self.broker.target(request.name)
@@ -158,6 +160,19 @@ class Api:
         if cached is not None:
             return Response(200, cached.body)
         return self._headers_async(target)
+
+    def invalidate(self, request: Request) -> Response:
+        target = self.broker.target(request.name)
+        body = parse_json_body(request)
+        fp = body.get("fingerprint")
+        if fp is not None and not isinstance(fp, str):
+            raise InvalidRequest("fingerprint must be a string")
+        reason = body.get("reason")
+        dropped = self.broker.invalidate(target, fp)
+        _log.info("invalidate", extra={"key": target.key, "dropped": dropped, "fingerprint": fp,
+                                       "reason": str(reason)[:64] if reason else None,
+                                       "uid": request.peer_uid, "pid": request.peer_pid})
+        return json_response({"dropped": dropped})
 
     async def _headers_async(self, target: Any) -> Response:
         result: HeadersResult = await self.broker.headers(target)

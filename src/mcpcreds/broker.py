@@ -1,30 +1,29 @@
-"""Which server, which cache key, which headers: the sidecar's decisions, apart from I/O."""
+"""Which server, which cache key, which headers: the sidecar's decisions, apart from the socket."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
+
+import httpx
 
 from . import __version__
 from .clock import Clock
 from .config import Config, Target
-from .errors import SecretUnavailable, UnknownServer
+from .discovery import Discovery
+from .errors import SecretUnavailable, TokenEndpointError, UnknownServer
+from .logins import LoginCache
 from .logs import get_logger
-from .metrics import Metrics
+from .metrics import Labels, Metrics
+from .oauth import Token, build_token_request, send_token_request
 from .sources import SecretResolver
 from .wire import Response
 
 SECRET_CACHE_TTL: Final = 2.0
 _log = get_logger("broker")
-
-
-def fingerprint(token: str) -> str:
-    """The first 8 hex of SHA-256: enough to tell tokens apart, useless to an attacker."""
-    return hashlib.sha256(token.encode()).hexdigest()[:8]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,20 +46,25 @@ class HeadersResult:
 @dataclass(slots=True)
 class _Cached:
     result: HeadersResult
-    fresh_until: float  # monotonic
+    fresh_until: float  # clock.time()
 
 
 class Broker:
-    """Serves headers for a server name or cache key; static templates are resolved at request
-    time and kept for `SECRET_CACHE_TTL` seconds (or until a rotation notice drops them)."""
+    """Serves headers for a server name or cache key. Static templates are resolved at request
+    time and kept for `secret_cache_ttl` seconds (or until a rotation notice drops them); logins
+    come from the login cache, one per cache key."""
 
     def __init__(self, config: Config, resolver: SecretResolver, clock: Clock, metrics: Metrics,
-                 secret_cache_ttl: float = SECRET_CACHE_TTL) -> None:
+                 secret_cache_ttl: float = SECRET_CACHE_TTL,
+                 http: httpx.AsyncClient | None = None) -> None:
         self.config = config
         self.resolver = resolver
         self.clock = clock
         self.metrics = metrics
         self.secret_cache_ttl = secret_cache_ttl
+        self.http = http or httpx.AsyncClient(follow_redirects=False)
+        self.discovery = Discovery(self.http)
+        self.logins = LoginCache(self._fetch_login, clock, config.sidecar.refresh_ahead)
         self._cache: dict[str, _Cached] = {}
         self._resolving: dict[str, asyncio.Future[HeadersResult]] = {}
         self._servers_body = self._encode_servers()
@@ -69,8 +73,15 @@ class Broker:
     # -- config
 
     def reload(self, config: Config, resolver: SecretResolver) -> None:
+        old = self.config.targets_by_key
         self.config = config
         self.resolver = resolver
+        self.logins.refresh_ahead = config.sidecar.refresh_ahead
+        new = config.targets_by_key
+        # a login survives a reload only if how it is obtained did not change
+        changed = {k for k, t in old.items() if k not in new or new[k].login != t.login}
+        self.logins.forget(changed)
+        self.discovery.forget()
         self._cache.clear()
         self._servers_body = self._encode_servers()
 
@@ -88,14 +99,22 @@ class Broker:
             raise UnknownServer(f"unknown server {name!r}")
         return target
 
+    async def aclose(self) -> None:
+        self.logins.close()
+        await self.http.aclose()
+
     # -- headers
 
     def cached_headers(self, target: Target) -> HeadersResult | None:
         """The answer without any I/O, if one is fresh (the hot path)."""
         entry = self._cache.get(target.name)
-        if entry is not None and entry.fresh_until > self.clock.monotonic():
-            return entry.result
-        return None
+        if entry is None or entry.fresh_until <= self.clock.time():
+            return None
+        if target.login is not None:
+            token = self.logins.current(target.key)
+            if token is None or token.fingerprint != entry.result.fingerprint:
+                return None
+        return entry.result
 
     async def headers(self, target: Target) -> HeadersResult:
         cached = self.cached_headers(target)
@@ -118,29 +137,73 @@ class Broker:
             del self._resolving[target.name]
 
     async def _resolve(self, target: Target) -> HeadersResult:
-        try:
-            headers = await asyncio.to_thread(self.resolver.render_all, target.headers.items())
-        except SecretUnavailable as exc:
-            self.metrics.inc("mcpcreds_secret_errors_total", (("key", target.key),),
-                             help_text="Secret lookups that failed, by cache key.")
-            _log.warning("secret unavailable", extra={"key": target.key, "error": exc.message})
-            raise
-        result = HeadersResult.build(headers, target.key, None, None)
+        static = await self._render(target.key, target.headers.items()) if target.headers else {}
+        now = self.clock.time()
+        fresh_until = now + self.secret_cache_ttl
+        if target.login is None:
+            result = HeadersResult.build(static, target.key, None, None)
+        else:
+            token = await self.logins.get(target)
+            headers = {"Authorization": f"Bearer {token.access_token}"}
+            headers.update((k, v) for k, v in static.items() if k.lower() != "authorization")
+            result = HeadersResult.build(headers, target.key, token.expires_at, token.fingerprint)
+            fresh_until = min(fresh_until, self.logins.refresh_time(target.key, token))
         if self.secret_cache_ttl > 0:
-            self._cache[target.name] = _Cached(result, self.clock.monotonic() + self.secret_cache_ttl)
+            self._cache[target.name] = _Cached(result, fresh_until)
         return result
+
+    async def _render(self, key: str, templates: Iterable[tuple[str, Any]]) -> dict[str, str]:
+        try:
+            return await asyncio.to_thread(self.resolver.render_all, list(templates))
+        except SecretUnavailable as exc:
+            self.metrics.inc("mcpcreds_secret_errors_total", (("key", key),),
+                             help_text="Secret lookups that failed, by cache key.")
+            _log.warning("secret unavailable", extra={"key": key, "error": exc.message})
+            raise
+
+    async def _fetch_login(self, target: Target) -> Token:
+        login = target.login
+        assert login is not None
+        if login.grant != "client_credentials":
+            raise TokenEndpointError(f"grant {login.grant!r} is not run by mcpcreds; only "
+                                     "client_credentials", "unsupported_grant_type")
+        token_url = await self.discovery.token_url(login, target.endpoint)
+        credential_template = login.private_key or login.client_secret
+        assert credential_template is not None
+        credential = (await self._render(target.key, [("credential", credential_template)]))["credential"]
+        request = build_token_request(login, token_url, credential)
+        self.metrics.inc("mcpcreds_token_requests_total", (("key", target.key),),
+                         help_text="Token requests sent to token endpoints, by cache key.")
+        try:
+            return await send_token_request(self.http, request, self.clock.time(),
+                                            login.expires_in_default)
+        except Exception:
+            self.metrics.inc("mcpcreds_token_errors_total", (("key", target.key),),
+                             help_text="Token requests that failed, by cache key.")
+            raise
+
+    # -- invalidation
+
+    def _drop_cached(self, keys: set[str]) -> None:
+        for name in [n for n, c in self._cache.items() if c.result.key in keys]:
+            del self._cache[name]
+
+    def invalidate(self, target: Target, fingerprint: str | None) -> bool:
+        """Drop the login (or the cached headers) the caller was refused with."""
+        if target.login is None:
+            self._drop_cached({target.key})
+            return True
+        dropped = self.logins.invalidate(target.key, fingerprint)
+        if dropped:
+            self._drop_cached({target.key})
+        return dropped
 
     def forget_secret(self, name: str) -> list[str]:
         """Drop cached headers that use secret `name`; return the cache keys affected."""
-        keys: set[str] = set()
-        for target in (*self.config.services.values(), *self.config.servers.values()):
-            if name in target.secret_names:
-                self._cache.pop(target.name, None)
-                keys.add(target.key)
+        keys = {t.key for t in self.config.targets_by_key.values() if name in t.secret_names}
+        keys |= {t.key for t in self.config.servers.values() if name in t.secret_names}
+        self._drop_cached(keys)
         return sorted(keys)
-
-    def forget_all(self) -> None:
-        self._cache.clear()
 
     # -- status
 
@@ -157,4 +220,19 @@ class Broker:
                 "tags": sorted(target.tags),
             })
         return {"version": __version__, "config": self.config.path, "servers": servers,
-                "logins": [], "buckets": []}
+                "logins": self.logins.status(), "buckets": []}
+
+    def gauges(self) -> list[tuple[str, str, Labels, float]]:
+        out: list[tuple[str, str, Labels, float]] = []
+        for row in self.logins.status():
+            labels: Labels = (("key", row["key"]),)
+            out.append(("mcpcreds_login_expires_at", "Expiry (unix time) of the current login.",
+                        labels, row["expires_at"] or 0))
+            out.append(("mcpcreds_login_renewals", "Logins renewed.", labels, row["renewals"]))
+            out.append(("mcpcreds_login_shared_fetches",
+                        "Requests that waited on a fetch another request started.", labels,
+                        row["shared_fetches"]))
+            for state in ("valid", "renewing", "stale", "failing"):
+                out.append(("mcpcreds_login_state", "1 for the login's current state.",
+                            (*labels, ("state", state)), 1.0 if row["state"] == state else 0.0))
+        return out

@@ -28,9 +28,13 @@ def check_cost(cost: int, rate: Rate) -> None:
     if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
         raise InvalidRequest(f"cost must be a whole number of at least 1, not {cost!r}")
     if cost > rate.burst:
-        raise InvalidRequest(
-            f"cost {cost} is more than the burst of the bucket ({rate}), so it could never be granted"
-        )
+        raise _never(cost, rate)
+
+
+def _never(cost: int, rate: Rate) -> InvalidRequest:
+    return InvalidRequest(
+        f"cost {cost} is more than the burst of the bucket ({rate}), so it could never be granted"
+    )
 
 
 def _check_seconds(name: str, value: float) -> float:
@@ -275,13 +279,16 @@ class Limiter:
     def _replan(self, key: str, lane: _Lane, now: float) -> None:
         """Re-project the whole queue (after a pause, a rate change or a departure).
 
-        Refuses the waiters that would now be granted past their deadline; those behind
-        them move up.
+        Refuses the waiters that would now be granted past their deadline (or never); those
+        behind them move up.
         """
         sim, at = lane.bucket.copy(), now
         kept: deque[_Waiter] = deque()
         for waiter in lane.queue:
             if waiter.future.done():  # cancelled, its task not yet told
+                continue
+            if waiter.cost > sim.capacity:  # the rate was lowered under it
+                waiter.future.set_exception(_never(waiter.cost, sim.rate))
                 continue
             grant_at = at + sim.wait_time(waiter.cost, at)
             if grant_at > waiter.deadline + EPSILON:

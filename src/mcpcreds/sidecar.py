@@ -136,6 +136,7 @@ class Sidecar:
                     conn.transport.close()
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
+            await self.broker.aclose()
             _log.info("stopped")
 
     async def _drain(self) -> None:

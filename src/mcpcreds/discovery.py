@@ -1,0 +1,143 @@
+"""Where is the token endpoint? RFC 8414 / OpenID discovery from an issuer, or RFC 9728
+protected-resource metadata from the MCP endpoint. Results are cached and the issuer pinned."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from .config import LoginSpec, check_url
+from .errors import TokenEndpointError, TokenEndpointTimeout
+from .logs import get_logger
+
+MAX_METADATA_BYTES: Final = 256 * 1024
+DISCOVERY_TIMEOUT: Final = 10.0
+_RESOURCE_METADATA: Final = re.compile(r'resource_metadata\s*=\s*"([^"]+)"')
+_log = get_logger("discovery")
+
+
+def _well_known(url: str, name: str, *, insert: bool) -> str:
+    """RFC 8414 inserts `/.well-known/NAME` before the path; OpenID appends it."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    new_path = f"/.well-known/{name}{path}" if insert else f"{path}/.well-known/{name}"
+    return urlunsplit((parts.scheme, parts.netloc, new_path, "", ""))
+
+
+def metadata_urls(issuer: str) -> list[str]:
+    urls = [_well_known(issuer, "oauth-authorization-server", insert=True),
+            _well_known(issuer, "openid-configuration", insert=False),
+            _well_known(issuer, "openid-configuration", insert=True)]
+    return list(dict.fromkeys(urls))
+
+
+def resource_metadata_url(endpoint: str) -> str:
+    return _well_known(endpoint, "oauth-protected-resource", insert=True)
+
+
+def parse_resource_metadata_header(value: str) -> str | None:
+    match = _RESOURCE_METADATA.search(value)
+    return match.group(1) if match else None
+
+
+def token_endpoint_from(metadata: Any, issuer: str) -> str:
+    """Validate AS metadata (RFC 8414 §3.3: the issuer must match) and return its token endpoint."""
+    if not isinstance(metadata, dict):
+        raise TokenEndpointError("authorization server metadata is not a JSON object", "invalid_metadata")
+    if str(metadata.get("issuer", "")).rstrip("/") != issuer.rstrip("/"):
+        raise TokenEndpointError(f"authorization server metadata names another issuer than {issuer}",
+                                 "invalid_metadata")
+    endpoint = metadata.get("token_endpoint")
+    if not isinstance(endpoint, str) or check_url(endpoint) is not None:
+        raise TokenEndpointError("authorization server metadata has no usable https token_endpoint",
+                                 "invalid_metadata")
+    return endpoint
+
+
+class Discovery:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+        self._token_urls: dict[tuple[str, str | None, str], str] = {}
+        self.issuers: dict[str, str] = {}  # pinned per resource endpoint
+
+    async def token_url(self, login: LoginSpec, endpoint: str) -> str:
+        if login.token_url:
+            return login.token_url
+        cache_key = (login.client_id, login.issuer, endpoint)
+        if (known := self._token_urls.get(cache_key)) is not None:
+            return known
+        issuer = login.issuer or self.issuers.get(endpoint) or await self._issuer_for(endpoint)
+        url = await self._from_issuer(issuer)
+        self.issuers.setdefault(endpoint, issuer)
+        self._token_urls[cache_key] = url
+        _log.info("token endpoint discovered", extra={"issuer": issuer, "token_url": url})
+        return url
+
+    def forget(self) -> None:
+        self._token_urls.clear()
+
+    async def _from_issuer(self, issuer: str) -> str:
+        for url in metadata_urls(issuer):
+            status, data = await self._get_json(url)
+            if status == 200:
+                return token_endpoint_from(data, issuer)
+        raise TokenEndpointError(f"no authorization server metadata found for issuer {issuer}",
+                                 "discovery_failed")
+
+    async def _issuer_for(self, endpoint: str) -> str:
+        """RFC 9728: the resource's metadata names its authorization server."""
+        status, data = await self._get_json(resource_metadata_url(endpoint))
+        if status != 200:
+            header = await self._challenge(endpoint)
+            url = parse_resource_metadata_header(header) if header else None
+            if url is None or check_url(url) is not None:
+                raise TokenEndpointError(
+                    f"{endpoint} publishes no protected-resource metadata; set oauth.token_url or "
+                    "oauth.issuer", "discovery_failed")
+            status, data = await self._get_json(url)
+        servers = data.get("authorization_servers") if isinstance(data, dict) else None
+        if status != 200 or not isinstance(servers, list) or not servers or not isinstance(servers[0], str):
+            raise TokenEndpointError(f"protected-resource metadata of {endpoint} names no "
+                                     "authorization server", "discovery_failed")
+        issuer = servers[0]
+        if check_url(issuer) is not None:
+            raise TokenEndpointError("protected-resource metadata names an unusable issuer URL",
+                                     "discovery_failed")
+        return issuer
+
+    async def _challenge(self, endpoint: str) -> str | None:
+        """The WWW-Authenticate header of an unauthenticated request to the MCP endpoint."""
+        try:
+            response = await self.http.post(endpoint, json={"jsonrpc": "2.0", "id": 0, "method": "ping"},
+                                            headers={"Accept": "application/json, text/event-stream"},
+                                            follow_redirects=False, timeout=DISCOVERY_TIMEOUT)
+        except httpx.HTTPError:
+            return None
+        return response.headers.get("www-authenticate") if response.status_code == 401 else None
+
+    async def _get_json(self, url: str) -> tuple[int, Any]:
+        try:
+            async with self.http.stream("GET", url, headers={"Accept": "application/json"},
+                                        follow_redirects=False, timeout=DISCOVERY_TIMEOUT) as response:
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > MAX_METADATA_BYTES:
+                        raise TokenEndpointError(f"metadata at {url} is too large", "invalid_metadata")
+                    chunks.append(chunk)
+                if response.status_code != 200:
+                    return response.status_code, None
+                try:
+                    return 200, json.loads(b"".join(chunks))
+                except ValueError:
+                    raise TokenEndpointError(f"metadata at {url} is not JSON", "invalid_metadata") from None
+        except httpx.TimeoutException:
+            raise TokenEndpointTimeout(f"metadata at {url} did not arrive in time") from None
+        except httpx.HTTPError as exc:
+            raise TokenEndpointError(f"metadata at {url} unreachable ({type(exc).__name__})",
+                                     "temporarily_unavailable") from None

@@ -1,0 +1,164 @@
+"""OAuth 2.1 client credentials: token request building and response parsing (pure), the
+refresh decision (pure), and the fetcher that sends one request over httpx.
+
+authlib encodes the client authentication (client_secret_basic/post, private_key_jwt per
+RFC 7523) and the form body. mcpcreds sends the request itself, with every parameter on every
+fetch (authlib's own re-fetch drops `resource` and `audience`, authlib#783), no redirects, a
+size cap, and its own caching and locking.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from typing import Any, Final
+
+import httpx
+from authlib.oauth2.auth import ClientAuth
+from authlib.oauth2.rfc6749.parameters import prepare_token_request
+from authlib.oauth2.rfc7523 import PrivateKeyJWT
+
+from .config import LoginSpec
+from .errors import TokenEndpointError, TokenEndpointTimeout
+from .secret import REDACTOR, fingerprint
+
+MAX_RESPONSE_BYTES: Final = 64 * 1024
+TOKEN_TIMEOUT: Final = 10.0
+REFRESH_JITTER: Final = 0.1  # of the refresh-ahead window
+_FORM: Final = "application/x-www-form-urlencoded"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRequest:
+    url: str
+    headers: dict[str, str]
+    body: str
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A login. `access_token` is registered with the redactor when parsed."""
+
+    access_token: str
+    token_type: str
+    obtained_at: float
+    expires_at: float
+    scope: str | None
+    fingerprint: str
+
+    @property
+    def lifetime(self) -> float:
+        return self.expires_at - self.obtained_at
+
+    def __repr__(self) -> str:
+        return f"Token(fingerprint={self.fingerprint!r}, expires_at={self.expires_at})"
+
+
+def build_token_request(spec: LoginSpec, token_url: str, credential: str) -> TokenRequest:
+    """The POST a client-credentials login sends. `credential` is the client secret, or the
+    private key (PEM) for private_key_jwt."""
+    params: dict[str, str] = {}
+    if spec.scope:
+        params["scope"] = spec.scope
+    if spec.resource:
+        params["resource"] = spec.resource
+    if spec.audience:
+        params["audience"] = spec.audience
+    if spec.auth_method == "private_key_jwt":
+        method: Any = PrivateKeyJWT(token_url)
+    else:
+        method = spec.auth_method
+    body = prepare_token_request("client_credentials", **params)
+    headers = {"Content-Type": _FORM, "Accept": "application/json"}
+    auth = ClientAuth(spec.client_id, credential, method)
+    _, headers, body = auth.prepare("POST", token_url, headers, body)
+    return TokenRequest(token_url, dict(headers), body)
+
+
+def _oauth_error(status: int, data: Any) -> TokenEndpointError:
+    code = data.get("error") if isinstance(data, dict) else None
+    if isinstance(code, str) and code.isascii() and 0 < len(code) <= 64 and code.replace("_", "").isalnum():
+        return TokenEndpointError(f"token endpoint refused the login (HTTP {status}, {code})", code)
+    return TokenEndpointError(f"token endpoint answered HTTP {status} without an OAuth error code",
+                              "server_error" if status >= 500 else "invalid_response")
+
+
+def parse_token_response(status: int, content_type: str, body: bytes, now: float,
+                         default_expires_in: float) -> Token:
+    """A Token from the endpoint's answer, or TokenEndpointError. Never quotes the body."""
+    if 300 <= status < 400:
+        raise TokenEndpointError(f"token endpoint answered a redirect (HTTP {status}); "
+                                 "redirects are not followed", "unexpected_redirect")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        if status >= 400:
+            raise _oauth_error(status, None) from None
+        raise TokenEndpointError(f"token endpoint answered HTTP {status} with a body that is not "
+                                 "JSON", "invalid_response") from None
+    if status != 200:
+        raise _oauth_error(status, data)
+    if not isinstance(data, dict):
+        raise TokenEndpointError("token response is not a JSON object", "invalid_response")
+    token = data.get("access_token")
+    if not isinstance(token, str) or not token or len(token) > 16384:
+        raise TokenEndpointError("token response has no usable access_token", "invalid_response")
+    REDACTOR.add(token)
+    token_type = data.get("token_type", "Bearer")
+    if not isinstance(token_type, str) or token_type.lower() != "bearer":
+        raise TokenEndpointError("token response has an unsupported token_type (want Bearer)",
+                                 "invalid_response")
+    expires_in = data.get("expires_in")
+    try:
+        lifetime = float(expires_in) if expires_in is not None else default_expires_in
+    except (TypeError, ValueError):
+        raise TokenEndpointError("token response has an invalid expires_in", "invalid_response") from None
+    if not lifetime > 0 or lifetime > 10 * 365 * 86400:
+        raise TokenEndpointError("token response has an invalid expires_in", "invalid_response")
+    scope = data.get("scope")
+    return Token(token, "Bearer", now, now + lifetime, scope if isinstance(scope, str) else None,
+                 fingerprint(token))
+
+
+def refresh_at(token: Token, refresh_ahead: float, jitter: float) -> float:
+    """When to renew: `refresh_ahead` before expiry, capped at half the lifetime, moved earlier
+    by `jitter` (a fraction in [0, 1) of REFRESH_JITTER of that window) so logins spread out."""
+    ahead = min(refresh_ahead, token.lifetime / 2)
+    return token.expires_at - ahead * (1 + REFRESH_JITTER * jitter)
+
+
+def usable_until(token: Token) -> float:
+    """Stop handing a token out a little before it expires, so none arrives expired."""
+    return token.expires_at - min(5.0, token.lifetime * 0.05)
+
+
+def backoff_delay(failures: int, rng: random.Random | None = None,
+                  base: float = 1.0, cap: float = 60.0) -> float:
+    """Exponential backoff with full jitter, after `failures` consecutive failures (>= 1)."""
+    ceiling = min(cap, base * 2 ** (failures - 1))
+    return (rng or random).uniform(ceiling / 2, ceiling)
+
+
+async def send_token_request(http: httpx.AsyncClient, request: TokenRequest, now: float,
+                             default_expires_in: float, timeout: float = TOKEN_TIMEOUT) -> Token:
+    """POST the request; read at most MAX_RESPONSE_BYTES; parse. No redirects are followed."""
+    try:
+        async with http.stream("POST", request.url, headers=request.headers,
+                               content=request.body.encode(), follow_redirects=False,
+                               timeout=timeout) as response:
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > MAX_RESPONSE_BYTES:
+                    raise TokenEndpointError(
+                        f"token response larger than {MAX_RESPONSE_BYTES} bytes", "response_too_large")
+                chunks.append(chunk)
+            return parse_token_response(response.status_code, response.headers.get("content-type", ""),
+                                        b"".join(chunks), now, default_expires_in)
+    except httpx.TimeoutException:
+        raise TokenEndpointTimeout(f"token endpoint did not answer within {timeout:g}s") from None
+    except httpx.HTTPError as exc:
+        raise TokenEndpointError(f"token endpoint unreachable ({type(exc).__name__})",
+                                 "temporarily_unavailable") from None
