@@ -176,7 +176,8 @@ class Broker:
                          help_text="Token requests sent to token endpoints, by cache key.")
         try:
             return await send_token_request(self.http, request, self.clock.time(),
-                                            login.expires_in_default)
+                                            login.expires_in_default,
+                                            timeout=self.config.sidecar.token_timeout)
         except Exception:
             self.metrics.inc("mcpcreds_token_errors_total", (("key", target.key),),
                              help_text="Token requests that failed, by cache key.")

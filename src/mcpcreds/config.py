@@ -46,6 +46,7 @@ class SidecarConfig:
     allow_trifecta: bool = False
     request_timeout: float = 10.0
     idle_timeout: float = 120.0
+    token_timeout: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,7 +324,7 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
     t = c.table(path, raw)
     c.keys(path, t, ("socket", "allow_uids", "state", "state_key", "on_state_loss",
                      "local_share", "refresh_ahead", "audit_log", "allow_trifecta",
-                     "request_timeout", "idle_timeout"))
+                     "request_timeout", "idle_timeout", "token_timeout"))
     uids_raw = t.get("allow_uids", [])
     uids: list[int] = []
     if not isinstance(uids_raw, list):
@@ -354,7 +355,9 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
     request_timeout = c.parsed(_join(path, "request_timeout"), t.get("request_timeout", 10.0),
                                parse_duration)
     idle_timeout = c.parsed(_join(path, "idle_timeout"), t.get("idle_timeout", 120.0), parse_duration)
+    token_timeout = c.parsed(_join(path, "token_timeout"), t.get("token_timeout", 10.0), parse_duration)
     return SidecarConfig(
+        token_timeout=token_timeout or 10.0,
         request_timeout=request_timeout or 10.0,
         idle_timeout=idle_timeout or 120.0,
         socket=socket,

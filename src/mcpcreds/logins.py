@@ -31,7 +31,7 @@ class _KeyState:
     token_requests: int = 0
     renewals: int = 0
     shared_fetches: int = 0
-    used: bool = False
+    last_used: float = 0.0
     jitter: float = 0.0
     timer: asyncio.TimerHandle | None = None
 
@@ -61,9 +61,10 @@ class LoginCache:
         token = self._tokens.get(key)
         if token is None:
             return None
-        if self.clock.time() >= self.refresh_time(key, token):
+        now = self.clock.time()
+        if now >= self.refresh_time(key, token):
             return None
-        self._state(key).used = True
+        self._state(key).last_used = now
         return token
 
     def refresh_time(self, key: str, token: Token) -> float:
@@ -72,9 +73,9 @@ class LoginCache:
     async def get(self, target: Target) -> Token:
         key = target.key
         state = self._state(key)
-        state.used = True
         token = self._tokens.get(key)
         now = self.clock.time()
+        state.last_used = now
         if token is not None:
             if now >= self.refresh_time(key, token):
                 self._start(target, background=True)
@@ -105,7 +106,6 @@ class LoginCache:
     async def _run_fetch(self, target: Target, state: _KeyState) -> Token:
         key = target.key
         state.token_requests += 1
-        state.used = False
         previous = self._tokens.get(key)
         try:
             token = await self._fetch(target)
@@ -146,9 +146,12 @@ class LoginCache:
         state.timer = loop.call_later(delay, self._on_timer, target)
 
     def _on_timer(self, target: Target) -> None:
+        """Renew a login that was used within its lifetime; let an idle one lapse."""
         state = self._state(target.key)
         state.timer = None
-        if state.used:
+        token = self._tokens.get(target.key)
+        lifetime = token.lifetime if token else 0.0
+        if self.clock.time() - state.last_used <= lifetime:
             self._start(target, background=True)
 
     # -- changing

@@ -1,0 +1,125 @@
+"""The pure OAuth parts: request building, response parsing, refresh decision, backoff."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from urllib.parse import parse_qs
+
+import pytest
+from joserfc import jwt
+from joserfc.jwk import RSAKey
+
+from mcpcreds.config import LoginSpec
+from mcpcreds.errors import TokenEndpointError
+from mcpcreds.oauth import (
+    Token,
+    backoff_delay,
+    build_token_request,
+    parse_token_response,
+    refresh_at,
+    usable_until,
+)
+from mcpcreds.secret import REDACTOR
+from mcpcreds.templates import parse_template
+from tests.peers.oidc_peer import make_rsa_keypair
+
+URL = "https://auth.example.com/token"
+
+
+def spec(method: str = "client_secret_basic", **kw: object) -> LoginSpec:
+    base: dict[str, object] = dict(
+        grant="client_credentials", client_id="agent 7", client_secret=parse_template("{{secret:S}}"),
+        private_key=None, auth_method=method, token_url=URL, issuer=None, scope="tools:read tools:call",
+        resource="https://crm.example.com/mcp", audience="crm-api")
+    base.update(kw)
+    return LoginSpec(**base)  # type: ignore[arg-type]
+
+
+def test_client_secret_basic_sends_every_parameter_and_a_basic_header() -> None:
+    req = build_token_request(spec(), URL, "s3cr:et")
+    form = parse_qs(req.body)
+    assert form == {"grant_type": ["client_credentials"], "scope": ["tools:read tools:call"],
+                    "resource": ["https://crm.example.com/mcp"], "audience": ["crm-api"]}
+    user, _, password = base64.b64decode(req.headers["Authorization"][6:]).decode().partition(":")
+    assert (user, password) == ("agent+7", "s3cr%3Aet")  # RFC 6749 §2.3.1 form-encoding
+    assert req.headers["Content-Type"] == "application/x-www-form-urlencoded"
+
+
+def test_client_secret_post_puts_credentials_in_the_body() -> None:
+    req = build_token_request(spec("client_secret_post", audience=None), URL, "s3cret")
+    form = parse_qs(req.body)
+    assert form["client_id"] == ["agent 7"] and form["client_secret"] == ["s3cret"]
+    assert "audience" not in form and "Authorization" not in req.headers
+
+
+def test_private_key_jwt_signs_an_assertion_for_the_token_endpoint() -> None:
+    pem, jwk = make_rsa_keypair(kid="k1")
+    req = build_token_request(spec("private_key_jwt", client_secret=None), URL, pem)
+    form = parse_qs(req.body)
+    assert form["client_assertion_type"] == ["urn:ietf:params:oauth:client-assertion-type:jwt-bearer"]
+    token = jwt.decode(form["client_assertion"][0], RSAKey.import_key(jwk))
+    assert token.claims["iss"] == token.claims["sub"] == "agent 7"
+    assert token.claims["aud"] == URL
+    assert form["resource"] == ["https://crm.example.com/mcp"]
+
+
+def ok(body: dict[str, object], status: int = 200) -> bytes:
+    return json.dumps(body).encode()
+
+
+def test_parse_success_registers_the_token_for_redaction() -> None:
+    token = parse_token_response(200, "application/json",
+                                 ok({"access_token": "tok-abcdef-123", "token_type": "bearer",
+                                     "expires_in": 60, "scope": "a b"}), 1000.0, 300)
+    assert (token.obtained_at, token.expires_at, token.scope) == (1000.0, 1060.0, "a b")
+    assert len(token.fingerprint) == 8 and "tok-abcdef-123" in REDACTOR
+    assert "tok-abcdef" not in repr(token)
+
+
+def test_missing_expires_in_uses_the_default() -> None:
+    token = parse_token_response(200, "", ok({"access_token": "t1234", "token_type": "Bearer"}), 0, 300)
+    assert token.expires_at == 300
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error"),
+    [
+        (401, ok({"error": "invalid_client", "error_description": "secret SECRETVALUE wrong"}),
+         "invalid_client"),
+        (400, ok({"error": "invalid_target"}), "invalid_target"),
+        (500, b"<html>oops SECRETVALUE</html>", "server_error"),
+        (200, b"not json SECRETVALUE", "invalid_response"),
+        (200, ok({"token_type": "Bearer"}), "invalid_response"),
+        (200, ok({"access_token": "x1234", "token_type": "mac"}), "invalid_response"),
+        (200, ok({"access_token": "x1234", "expires_in": "soon"}), "invalid_response"),
+        (200, ok({"access_token": "x1234", "expires_in": -5}), "invalid_response"),
+        (302, b"", "unexpected_redirect"),
+        (400, ok({"error": "<script>alert(1)</script>"}), "invalid_response"),
+    ],
+)
+def test_parse_errors_carry_the_code_never_the_body(status: int, body: bytes, error: str) -> None:
+    with pytest.raises(TokenEndpointError) as info:
+        parse_token_response(status, "application/json", body, 0, 300)
+    assert info.value.error == error
+    assert "SECRETVALUE" not in info.value.message and "<script>" not in info.value.message
+
+
+def token(lifetime: float, obtained: float = 0.0) -> Token:
+    return Token("t", "Bearer", obtained, obtained + lifetime, None, "00000000")
+
+
+def test_refresh_ahead_is_capped_at_half_the_lifetime() -> None:
+    assert refresh_at(token(3600), 60, 0.0) == 3540
+    assert refresh_at(token(10), 60, 0.0) == 5  # half of a short lifetime
+    assert refresh_at(token(3600), 60, 1.0) == pytest.approx(3534)  # jitter moves it earlier only
+    assert usable_until(token(3600)) == 3595 and usable_until(token(10)) == 9.5
+
+
+def test_backoff_grows_exponentially_with_jitter_and_a_cap() -> None:
+    rng = random.Random(1)
+    delays = [backoff_delay(n, rng) for n in range(1, 10)]
+    for n, d in enumerate(delays, start=1):
+        ceiling = min(60.0, 2.0 ** (n - 1))
+        assert ceiling / 2 <= d <= ceiling

@@ -1,0 +1,126 @@
+"""Token endpoint faults, against a hand-made endpoint: the broker answers with a clear error
+code, never a body or a secret, and never follows a redirect."""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from mcpcreds.broker import Broker
+from mcpcreds.clock import SystemClock
+from mcpcreds.config import parse_config
+from mcpcreds.errors import TokenEndpointError, TokenEndpointTimeout
+from mcpcreds.metrics import Metrics
+from mcpcreds.sources import EnvSource, SecretResolver
+from tests.conftest import CANARY
+from tests.peers.fault_idp import FaultIdp, fault_idp
+
+
+@pytest.fixture
+def idp() -> Iterator[FaultIdp]:
+    with fault_idp() as server:
+        yield server
+
+
+def make_broker(idp: FaultIdp, extra: str = "") -> Broker:
+    config = parse_config(tomllib.loads(f"""
+[sidecar]
+token_timeout = "0.5s"
+[[servers]]
+name = "crm"
+endpoint = "{idp.base}/mcp"
+oauth = {{ client_id = "c", client_secret = "{{{{secret:S}}}}", token_url = "{idp.token_url}" {extra} }}
+"""))
+    return Broker(config, SecretResolver([EnvSource({"S": CANARY})]), SystemClock(), Metrics())
+
+
+@pytest.fixture
+async def broker(idp: FaultIdp) -> AsyncIterator[Broker]:
+    b = make_broker(idp)
+    yield b
+    await b.aclose()
+
+
+@pytest.mark.parametrize(
+    ("mode", "error"),
+    [("500", "server_error"), ("garbage", "invalid_response"), ("huge", "response_too_large"),
+     ("redirect", "unexpected_redirect"), ("invalid_client", "invalid_client")],
+)
+async def test_faults_become_token_endpoint_errors(idp: FaultIdp, broker: Broker, mode: str,
+                                                   error: str) -> None:
+    idp.mode = mode
+    target = broker.target("crm")
+    with pytest.raises(TokenEndpointError) as info:
+        await broker.headers(target)
+    assert info.value.error == error and info.value.status == 502
+    assert CANARY not in info.value.message and "internal error" not in info.value.message
+    assert idp.hits["/elsewhere"] == 0
+    assert broker.logins.status()[0]["state"] == "failing"
+
+
+async def test_a_stalled_endpoint_times_out_with_504(idp: FaultIdp, broker: Broker) -> None:
+    idp.mode = "stall"
+    started = time.monotonic()
+    with pytest.raises(TokenEndpointTimeout) as info:
+        await broker.headers(broker.target("crm"))
+    assert info.value.status == 504
+    assert time.monotonic() - started < 5
+
+
+async def test_missing_expires_in_means_300_seconds(idp: FaultIdp, broker: Broker) -> None:
+    idp.mode = "no_expires"
+    before = time.time()
+    result = await broker.headers(broker.target("crm"))
+    assert result.headers["Authorization"] == "Bearer fault-token-no-expiry"
+    assert result.expires_at is not None and before + 299 <= result.expires_at <= time.time() + 301
+
+
+async def test_service_default_lifetime_is_used_when_configured(idp: FaultIdp) -> None:
+    idp.mode = "no_expires"
+    broker = make_broker(idp, ', expires_in_default = "1h"')
+    try:
+        result = await broker.headers(broker.target("crm"))
+        assert result.expires_at is not None and result.expires_at > time.time() + 3500
+    finally:
+        await broker.aclose()
+
+
+async def test_failures_do_not_herd_the_token_endpoint(idp: FaultIdp, broker: Broker) -> None:
+    idp.mode = "500"
+    target = broker.target("crm")
+    for _ in range(50):
+        with pytest.raises(TokenEndpointError):
+            await broker.headers(target)
+    assert idp.hits["/token"] == 1  # later calls are answered from the backoff
+    idp.mode = "ok"
+    broker.logins._states[target.key].retry_not_before = 0  # the backoff has run out
+    assert (await broker.headers(target)).headers["Authorization"] == "Bearer fault-token-2"
+
+
+async def test_discovery_from_protected_resource_metadata(idp: FaultIdp) -> None:
+    """No token_url, no issuer: RFC 9728 metadata of the endpoint names the AS."""
+    from tests.peers.oidc_peer import start_oidc_peer
+
+    with start_oidc_peer([{"client_id": "c", "client_secret": CANARY,
+                           "token_endpoint_auth_method": "client_secret_basic",
+                           "scope": "tools:read"}]) as peer:
+        idp.authorization_server = peer.issuer
+        for challenge_only in (False, True):
+            idp.challenge_only = challenge_only
+            config = parse_config(tomllib.loads(f"""
+[[servers]]
+name = "crm"
+endpoint = "{idp.base}/mcp"
+oauth = {{ client_id = "c", client_secret = "{{{{secret:S}}}}", scope = "tools:read" }}
+"""))
+            broker = Broker(config, SecretResolver([EnvSource({"S": CANARY})]), SystemClock(), Metrics())
+            try:
+                result = await broker.headers(broker.target("crm"))
+                assert result.headers["Authorization"].startswith("Bearer ey")
+                assert broker.discovery.issuers[f"{idp.base}/mcp"] == peer.issuer
+            finally:
+                await broker.aclose()
+        assert idp.hits["/mcp"] == 1 and idp.hits["/prm"] == 1
