@@ -67,6 +67,9 @@ class Api:
         self._server_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "headers"): ("headers", self.headers),
             ("POST", "invalidate"): ("invalidate", self.invalidate),
+            ("POST", "acquire"): ("acquire", self.acquire),
+            ("POST", "call"): ("call", self.call),
+            ("POST", "backoff"): ("backoff", self.backoff),
         }
         self._secret_actions: dict[tuple[str, str], tuple[str, Handler]] = {}
         self._fast_targets: dict[bytes, Target] = {}
@@ -161,6 +164,63 @@ class Api:
             return Response(200, cached.body)
         return self._headers_async(target)
 
+    @staticmethod
+    def _permit_request(request: Request) -> tuple[int, float]:
+        body = parse_json_body(request)
+        cost = body.get("cost", 1)
+        max_wait = body.get("max_wait", 0.0)
+        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+            raise InvalidRequest("cost must be a whole number of at least 1")
+        if isinstance(max_wait, bool) or not isinstance(max_wait, int | float) or not 0 <= max_wait <= 3600:
+            raise InvalidRequest("max_wait must be a number of seconds from 0 to 3600")
+        return cost, float(max_wait)
+
+    def acquire(self, request: Request) -> Response | Awaitable[Response]:
+        target = self.broker.target(request.name)
+        cost, max_wait = self._permit_request(request)
+        rate = self.broker.rate_of(target)
+        if self.broker.limiter.try_acquire(target.key, rate, cost):
+            return Response(200, b'{"granted":%d,"waited":0.0}' % cost)
+        return self._acquire_async(target, cost, max_wait)
+
+    async def _acquire_async(self, target: Target, cost: int, max_wait: float) -> Response:
+        waited = await self.broker.limiter.acquire(target.key, self.broker.rate_of(target), cost, max_wait)
+        return json_response({"granted": cost, "waited": round(waited, 6)})
+
+    def call(self, request: Request) -> Response | Awaitable[Response]:
+        """Permits and headers in one round trip: the client's hot path."""
+        target = self.broker.target(request.name)
+        cost, max_wait = self._permit_request(request)
+        cached = self.broker.cached_headers(target)
+        if cached is not None and self.broker.limiter.try_acquire(target.key, self.broker.rate_of(target),
+                                                                   cost):
+            return Response(200, b'{"granted":%d,"waited":0.0,' % cost + cached.body[1:])
+        return self._call_async(target, cost, max_wait)
+
+    async def _call_async(self, target: Target, cost: int, max_wait: float) -> Response:
+        # headers first: a failing login costs no permit; again after a wait, in case it was renewed
+        result = await self.broker.headers(target)
+        waited = await self.broker.limiter.acquire(target.key, self.broker.rate_of(target), cost, max_wait)
+        if waited > 0:
+            result = await self.broker.headers(target)
+        prefix = b'{"granted":%d,"waited":%s,' % (cost, repr(round(waited, 6)).encode())
+        return Response(200, prefix + result.body[1:])
+
+    def backoff(self, request: Request) -> Response:
+        target = self.broker.target(request.name)
+        body = parse_json_body(request)
+        retry_after = body.get("retry_after")
+        if isinstance(retry_after, bool) or not isinstance(retry_after, int | float) \
+                or not 0 <= retry_after <= 86400:
+            raise InvalidRequest("retry_after must be a number of seconds from 0 to 86400")
+        until = self.broker.limiter.pause(target.key, float(retry_after))
+        if until is None:  # no bucket yet: make one, so the pause holds
+            self.broker.limiter.try_acquire(target.key, self.broker.rate_of(target), 1)
+            until = self.broker.limiter.pause(target.key, float(retry_after))
+        _log.info("backoff", extra={"key": target.key, "retry_after": retry_after,
+                                    "uid": request.peer_uid, "pid": request.peer_pid})
+        return json_response({"paused_until": until})
+
     def invalidate(self, request: Request) -> Response:
         target = self.broker.target(request.name)
         body = parse_json_body(request)
@@ -174,6 +234,6 @@ class Api:
                                        "uid": request.peer_uid, "pid": request.peer_pid})
         return json_response({"dropped": dropped})
 
-    async def _headers_async(self, target: Any) -> Response:
+    async def _headers_async(self, target: Target) -> Response:
         result: HeadersResult = await self.broker.headers(target)
         return Response(200, result.body)

@@ -11,6 +11,7 @@ from typing import Any, Final
 import httpx
 
 from . import __version__
+from .buckets import Limiter
 from .clock import Clock
 from .config import Config, Target
 from .discovery import Discovery
@@ -19,10 +20,13 @@ from .logins import LoginCache
 from .logs import get_logger
 from .metrics import Labels, Metrics
 from .oauth import Token, build_token_request, send_token_request
+from .rates import Rate
 from .sources import SecretResolver
 from .wire import Response
 
 SECRET_CACHE_TTL: Final = 2.0
+# a server without `rate` still gets a bucket, so that an upstream 429 can pause it
+UNLIMITED: Final = Rate(1_000_000_000, 1.0)
 _log = get_logger("broker")
 
 
@@ -65,6 +69,7 @@ class Broker:
         self.http = http or httpx.AsyncClient(follow_redirects=False)
         self.discovery = Discovery(self.http)
         self.logins = LoginCache(self._fetch_login, clock, config.sidecar.refresh_ahead)
+        self.limiter = Limiter(clock, self._rates(config))
         self._cache: dict[str, _Cached] = {}
         self._resolving: dict[str, asyncio.Future[HeadersResult]] = {}
         self._servers_body = self._encode_servers()
@@ -82,8 +87,16 @@ class Broker:
         changed = {k for k, t in old.items() if k not in new or new[k].login != t.login}
         self.logins.forget(changed)
         self.discovery.forget()
+        self.limiter.reconfigure(self._rates(config))
         self._cache.clear()
         self._servers_body = self._encode_servers()
+
+    @staticmethod
+    def _rates(config: Config) -> dict[str, Rate]:
+        return {key: t.rate for key, t in config.targets_by_key.items() if t.rate is not None}
+
+    def rate_of(self, target: Target) -> Rate:
+        return target.rate or UNLIMITED
 
     def _encode_servers(self) -> bytes:
         specs = [t.spec.to_dict() for t in self.config.servers.values()]
@@ -101,6 +114,7 @@ class Broker:
 
     async def aclose(self) -> None:
         self.logins.close()
+        self.limiter.close()
         await self.http.aclose()
 
     # -- headers
@@ -221,7 +235,10 @@ class Broker:
                 "tags": sorted(target.tags),
             })
         return {"version": __version__, "config": self.config.path, "servers": servers,
-                "logins": self.logins.status(), "buckets": []}
+                "logins": self.logins.status(), "buckets": self.buckets()}
+
+    def buckets(self) -> list[dict[str, Any]]:
+        return [b for b in self.limiter.status() if b["capacity"] != UNLIMITED.burst]
 
     def gauges(self) -> list[tuple[str, str, Labels, float]]:
         out: list[tuple[str, str, Labels, float]] = []
@@ -236,4 +253,16 @@ class Broker:
             for state in ("valid", "renewing", "stale", "failing"):
                 out.append(("mcpcreds_login_state", "1 for the login's current state.",
                             (*labels, ("state", state)), 1.0 if row["state"] == state else 0.0))
+        for bucket in self.buckets():
+            labels = (("key", bucket["key"]),)
+            out += [
+                ("mcpcreds_bucket_level", "Permits in the bucket now.", labels, bucket["level"]),
+                ("mcpcreds_bucket_capacity", "Burst size of the bucket.", labels, bucket["capacity"]),
+                ("mcpcreds_bucket_waiting", "Requests waiting for permits.", labels, bucket["waiting"]),
+                ("mcpcreds_bucket_granted_permits", "Permits granted (counter).", labels, bucket["granted"]),
+                ("mcpcreds_bucket_refused_requests", "Requests refused past max_wait (counter).", labels,
+                 bucket["refused"]),
+                ("mcpcreds_bucket_paused_until", "Unix time an upstream 429 pauses the bucket until.",
+                 labels, bucket["paused_until"] or 0),
+            ]
         return out

@@ -163,14 +163,11 @@ class Limiter:
         Raises InvalidRequest for a bad cost or max_wait, and RateLimited (with the projected
         wait as retry_after) at once when the permits cannot be had within `max_wait`.
         """
-        check_cost(cost, rate)
         max_wait = _check_seconds("max_wait", max_wait)
-        lane = self._lane(key, rate)
-        now = self._clock.monotonic()
-        self._grant_due(lane, now)
-        if not lane.queue and lane.bucket.try_take(cost, now) == 0.0:
-            lane.granted += cost
+        if self.try_acquire(key, rate, cost):
             return 0.0
+        lane = self._lanes[key]
+        now = self._clock.monotonic()
         grant_at, tail = self._project(key, lane, cost, now)
         if grant_at - now > max_wait + EPSILON:
             lane.refused += 1
@@ -186,6 +183,18 @@ class Limiter:
             self._abandon(key, lane, waiter)
             raise
         return self._clock.monotonic() - now
+
+    def try_acquire(self, key: str, rate: Rate, cost: int = 1) -> bool:
+        """Take `cost` permits if nobody is queued and they are there now (no waiting, no refusal
+        counted): the synchronous hot path."""
+        check_cost(cost, rate)
+        lane = self._lane(key, rate)
+        now = self._clock.monotonic()
+        self._grant_due(lane, now)
+        if not lane.queue and lane.bucket.try_take(cost, now) == 0.0:
+            lane.granted += cost
+            return True
+        return False
 
     def pause(self, key: str, retry_after: float) -> float | None:
         """An upstream 429: grant nothing on `key` for `retry_after` seconds.

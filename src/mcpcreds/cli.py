@@ -136,6 +136,13 @@ def cmd_token(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_acquire(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        result = client.acquire(args.name, cost=args.cost, max_wait=args.max_wait)
+    print(f"granted {result['granted']} after {result['waited']:.3f}s", file=sys.stderr)
+    return EXIT_OK
+
+
 def _fmt_time(value: Any) -> str:
     if not isinstance(value, int | float):
         return "-"
@@ -280,6 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the whole answer as JSON")
     p = add_client("token", cmd_token, "print the bearer token of a server alone")
     p.add_argument("name", metavar="NAME", help="server name or cache key")
+    p = add_client("acquire", cmd_acquire, "block until permits are granted (exit 75 past --max-wait)")
+    p.add_argument("name", metavar="NAME", help="server name or cache key")
+    p.add_argument("--cost", type=int, default=1, help="permits to take (default 1)")
+    p.add_argument("--max-wait", type=float, default=30.0, metavar="S",
+                   help="seconds to wait at most (default 30)")
     p = add_client("status", cmd_status, "logins and buckets, as a table (JSON when piped)")
     p.add_argument("--json", action="store_true", default=None, help="print JSON")
     p = add("spawn-payload", cmd_spawn_payload,

@@ -1,0 +1,537 @@
+"""Login benchmark (issue 4): one OAuth 2.1 client-credentials login per service for every process.
+
+Run from the repository root (the package installed, e.g. `pip install -e .`; Node for the peer):
+
+    python bench/login_bench.py                          # defaults: --ttl 3 --lifetimes 10 --processes 8
+    python bench/login_bench.py --json                   # the same figures, machine-readable
+    python bench/login_bench.py --ttl 3 --lifetimes 10 --processes 8 --calls 125 --interval 0.02 \\
+        --refresh-ahead 60s
+
+Targets (from the issue), each checked; the exit status is 1 if one is missed:
+
+- cold burst: 1,000 concurrent cold `headers` calls from 8 client processes cause exactly 1 token
+  request at the authorization server, and every call receives the same token (1 fingerprint);
+- steady run: over 10 token lifetimes of steady traffic, at most 11 token requests, and no call
+  ever receives an expired token.
+
+What it does, against a real authorization server (oidc-provider on loopback, `tests/peers/oidc_peer.py`,
+issuing RFC 9068 JWT access tokens) and the real sidecar (`mcpcreds serve`, `tests/sidecar_proc.py`):
+
+1. Cold burst. A fresh sidecar (no login yet; the peer's token lifetime is set to 60 s so that no
+   renewal can fall inside the burst). `--processes` client processes (multiprocessing, spawn) each
+   open an `AsyncClient`; released together by a multiprocessing event, each fires `--calls`
+   concurrent `headers_info("crm-ro")` calls. Reported: token requests seen by the peer, distinct
+   fingerprints received, latency p50/p99/max of the cold calls (from the release to the answer).
+2. Baseline, in the same run: the status quo, each process fetching its own token from the token
+   endpoint with authlib's `AsyncOAuth2Client.fetch_token(grant_type="client_credentials")`, all
+   released together. Reported: the peer's token requests (one per process) next to the sidecar's.
+3. Steady run. The peer's token lifetime is set to `--ttl` seconds and a fresh sidecar is started;
+   for `--lifetimes` x `--ttl` seconds every process calls `headers_info("crm-ro")` every
+   `--interval` seconds. At receipt each call decodes the JWT payload (no signature check) and
+   compares its `exp`, and the answer's `expires_at`, with `time.time()`. Reported: calls, expired
+   receipts (by JWT `exp` and by `expires_at`), the smallest time left on a received token,
+   distinct tokens, token requests at the peer over the run (counted from the first, cold fetch to
+   the end of the run) and the sidecar's status (token_requests, renewals, shared_fetches).
+
+`--refresh-ahead` is written into the sidecar's config (`sidecar.refresh_ahead`). The sidecar renews
+a login `refresh_ahead` before it expires, capped at half its lifetime; with the default 60 s and a
+3 s token the cap decides (a renewal every ~1.5 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python bench/login_bench.py` puts bench/, not the root, on sys.path
+    sys.path.insert(0, str(ROOT))
+
+from tests.peers.oidc_peer import OidcPeer, start_oidc_peer  # noqa: E402
+from tests.sidecar_proc import run_sidecar  # noqa: E402
+
+SERVER = "crm-ro"
+SERVICE_KEY = "service:crm"
+ENDPOINT = "https://crm.example.com/mcp"  # the default `resource` the sidecar sends
+CLIENT_ID = "bench"
+CLIENT_SECRET = "bench-secret-5f0c1d6e8a2b4f7e9c3a1b0d"
+SCOPE = "tools:read"
+COLD_TTL = 60  # the peer's token lifetime during the cold burst and the baseline
+READY_TIMEOUT = 60.0  # spawned processes importing httpx/authlib on a busy machine
+CONFIG_TEMPLATE = """\
+[sidecar]
+socket = "{socket}"
+refresh_ahead = "{refresh_ahead}"
+
+[secrets]
+sources = ["env"]
+
+[services.crm]
+endpoint = "{endpoint}"
+[services.crm.oauth]
+token_url = "{token_url}"
+client_id = "{client_id}"
+client_secret = "{{{{secret:BENCH_SECRET}}}}"
+scope = "{scope}"
+
+[[servers]]
+name = "{server}"
+service = "crm"
+"""
+
+
+class BenchError(Exception):
+    """A process or server failed: the message says which and why."""
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+
+def jwt_claims(authorization: str) -> dict[str, Any]:
+    """The payload of the bearer JWT in an Authorization value (base64url, no verification)."""
+    if not authorization.startswith("Bearer "):
+        raise ValueError("not a Bearer authorization")
+    parts = authorization[len("Bearer "):].split(".")
+    if len(parts) != 3:
+        raise ValueError("the access token is not a JWT")
+    payload = parts[1] + "=" * (-len(parts[1]) % 4)
+    claims: Any = json.loads(base64.urlsafe_b64decode(payload))
+    if not isinstance(claims, dict) or not isinstance(claims.get("exp"), int | float):
+        raise ValueError("the JWT has no numeric exp")
+    return claims
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, min(len(sorted_values), round(q * len(sorted_values) + 0.5)))
+    return sorted_values[rank - 1]
+
+
+def latency_ms(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"p50_ms": round(percentile(ordered, 0.50) * 1e3, 3),
+            "p99_ms": round(percentile(ordered, 0.99) * 1e3, 3),
+            "max_ms": round(ordered[-1] * 1e3, 3) if ordered else float("nan")}
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+# ------------------------------------------------------------------------------- worker processes
+
+
+def cold_worker(socket_path: str, calls: int, go: Event, ctl: Connection) -> None:
+    """Process target: one AsyncClient; on `go`, `calls` concurrent headers_info calls."""
+    ctl.send(("result", asyncio.run(_cold(socket_path, calls, go, ctl))))
+
+
+async def _cold(socket_path: str, calls: int, go: Event, ctl: Connection) -> dict[str, Any]:
+    from mcpcreds import AsyncClient
+
+    async with AsyncClient(socket_path) as creds:
+        await creds.health()  # reachable; touches no login
+        ctl.send(("ready", ""))
+        go.wait()
+        released = time.perf_counter()
+
+        async def one() -> tuple[float, str]:
+            info = await creds.headers_info(SERVER)
+            return time.perf_counter() - released, f"{info['fingerprint']}"
+
+        outcomes = await asyncio.gather(*(one() for _ in range(calls)), return_exceptions=True)
+    latencies = [o[0] for o in outcomes if isinstance(o, tuple)]
+    errors = [_describe(o) for o in outcomes if isinstance(o, BaseException)]
+    return {"latencies": latencies, "fingerprints": sorted({o[1] for o in outcomes if isinstance(o, tuple)}),
+            "errors": len(errors), "first_error": errors[0] if errors else ""}
+
+
+def baseline_worker(token_url: str, go: Event, ctl: Connection) -> None:
+    """Process target: the status quo, one direct client-credentials fetch with authlib."""
+    ctl.send(("result", asyncio.run(_baseline(token_url, go, ctl))))
+
+
+async def _baseline(token_url: str, go: Event, ctl: Connection) -> dict[str, Any]:
+    from authlib.deprecate import AuthlibDeprecationWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AuthlibDeprecationWarning)
+        from authlib.integrations.httpx_client import AsyncOAuth2Client
+
+    async with AsyncOAuth2Client(CLIENT_ID, CLIENT_SECRET, scope=SCOPE, token_endpoint=token_url) as client:
+        ctl.send(("ready", ""))
+        go.wait()
+        released = time.perf_counter()
+        try:
+            token = await client.fetch_token(token_url, grant_type="client_credentials", scope=SCOPE,
+                                             resource=ENDPOINT)
+        except Exception as exc:
+            return {"latencies": [], "tokens": 0, "errors": 1, "first_error": _describe(exc)}
+        took = time.perf_counter() - released
+    ok = isinstance(token.get("access_token"), str)
+    return {"latencies": [took], "tokens": 1 if ok else 0, "errors": 0 if ok else 1,
+            "first_error": "" if ok else "no access_token in the answer"}
+
+
+def steady_worker(socket_path: str, interval: float, duration: float, go: Event, start_at: Any,
+                  ctl: Connection) -> None:
+    """Process target: on `go`, headers_info every `interval` s from `start_at` for `duration` s."""
+    ctl.send(("result", asyncio.run(_steady(socket_path, interval, duration, go, start_at, ctl))))
+
+
+async def _steady(socket_path: str, interval: float, duration: float, go: Event, start_at: Any,
+                  ctl: Connection) -> dict[str, Any]:
+    from mcpcreds import AsyncClient
+
+    calls = expired_exp = expired_expires_at = errors = 0
+    first_error = ""
+    latencies: list[float] = []
+    tokens: dict[str, float] = {}  # fingerprint -> JWT exp
+    min_left = float("inf")  # the least time left on a received token (by JWT exp), s
+    max_skew = float("-inf")  # the answer's expires_at minus the JWT's exp, s
+    async with AsyncClient(socket_path) as creds:
+        await creds.health()
+        ctl.send(("ready", ""))
+        go.wait()
+        start = float(start_at.value)
+        end = start + duration
+        loop_start = time.perf_counter() + (start - time.time())
+        await asyncio.sleep(max(0.0, start - time.time()))
+        tick = 0
+        while True:
+            sent = time.perf_counter()
+            if time.time() >= end:
+                break
+            try:
+                info = await creds.headers_info(SERVER)
+                received = time.time()
+                latencies.append(time.perf_counter() - sent)
+                claims = jwt_claims(info["headers"]["Authorization"])
+            except Exception as exc:
+                errors += 1
+                first_error = first_error or _describe(exc)
+            else:
+                calls += 1
+                exp = float(claims["exp"])
+                tokens[str(info["fingerprint"])] = exp
+                min_left = min(min_left, exp - received)
+                if received >= exp:
+                    expired_exp += 1
+                expires_at = info.get("expires_at")
+                if isinstance(expires_at, int | float):
+                    max_skew = max(max_skew, float(expires_at) - exp)
+                    if received >= expires_at:
+                        expired_expires_at += 1
+            # fixed schedule: a slow call delays the next one, it does not cause a burst
+            tick = max(tick + 1, int((time.perf_counter() - loop_start) / interval))
+            await asyncio.sleep(max(0.0, loop_start + tick * interval - time.perf_counter()))
+    return {"calls": calls, "expired_exp": expired_exp, "expired_expires_at": expired_expires_at,
+            "errors": errors, "first_error": first_error, "latencies": latencies, "tokens": tokens,
+            "min_left": min_left, "max_skew": max_skew}
+
+
+# ------------------------------------------------------------------------------ process plumbing
+
+
+def _recv(pipe: Connection, timeout: float, what: str) -> tuple[str, Any]:
+    if not pipe.poll(timeout):
+        raise BenchError(f"{what}: a worker process did not answer within {timeout:.0f} s")
+    try:
+        message: tuple[str, Any] = pipe.recv()
+    except EOFError:
+        raise BenchError(f"{what}: a worker process died (see its traceback above)") from None
+    return message
+
+
+@contextlib.contextmanager
+def workers(target: Any, args_for: list[tuple[Any, ...]], what: str) -> Iterator[list[Connection]]:
+    """Start one spawned process per args tuple (each gets a pipe as its last argument) and wait
+    until every one has said "ready"; yields the pipes. The processes are reaped on exit."""
+    ctx = multiprocessing.get_context("spawn")
+    procs: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
+    try:
+        for args in args_for:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=target, args=(*args, child), daemon=True)
+            proc.start()
+            child.close()
+            procs.append((proc, parent))
+        for _, pipe in procs:
+            kind, message = _recv(pipe, READY_TIMEOUT, what)
+            if kind != "ready":
+                raise BenchError(f"{what}: a worker process failed to start: {message}")
+        yield [pipe for _, pipe in procs]
+    finally:
+        for proc, pipe in procs:
+            pipe.close()
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def results(pipes: list[Connection], timeout: float, what: str) -> list[dict[str, Any]]:
+    out = []
+    for pipe in pipes:
+        kind, result = _recv(pipe, timeout, what)
+        if kind != "result" or not isinstance(result, dict):
+            raise BenchError(f"{what}: unexpected message {kind!r} from a worker process")
+        out.append(result)
+    return out
+
+
+@contextlib.contextmanager
+def sidecar(peer: OidcPeer, tmp: Path, name: str, refresh_ahead: str) -> Iterator[Path]:
+    """A fresh `mcpcreds serve` on its own socket and config; yields the socket path."""
+    folder = tmp / name
+    folder.mkdir(mode=0o700)
+    folder.chmod(0o700)  # the sidecar refuses a socket folder others can read
+    socket = folder / "s.sock"
+    config = folder / "config.toml"
+    config.write_text(CONFIG_TEMPLATE.format(
+        socket=socket, refresh_ahead=refresh_ahead, endpoint=ENDPOINT, token_url=peer.token_url,
+        client_id=CLIENT_ID, scope=SCOPE, server=SERVER), encoding="utf-8")
+    try:
+        with run_sidecar(config, socket, {"BENCH_SECRET": CLIENT_SECRET}):
+            yield socket
+    except (TimeoutError, RuntimeError) as exc:
+        raise BenchError(f"the sidecar ({name}) failed: {exc}") from None
+
+
+def login_status(socket: Path) -> dict[str, Any]:
+    from mcpcreds import Client
+
+    with Client(socket) as client:
+        for login in client.status().get("logins", []):
+            if login.get("key") == SERVICE_KEY:
+                return dict(login)
+    return {}
+
+
+# ----------------------------------------------------------------------------------------- phases
+
+
+def run_cold(peer: OidcPeer, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    what = "cold burst"
+    peer.set_ttl(COLD_TTL)
+    peer.reset_stats()
+    go = multiprocessing.get_context("spawn").Event()
+    with sidecar(peer, tmp, "cold", args.refresh_ahead) as socket, \
+            workers(cold_worker, [(str(socket), args.calls, go)] * args.processes, what) as pipes:
+        before = peer.stats()["token_requests"]
+        go.set()
+        out = results(pipes, 60.0, what)
+        stats = peer.stats()
+        status = login_status(socket)
+    latencies = [lat for r in out for lat in r["latencies"]]
+    fingerprints = sorted({f for r in out for f in r["fingerprints"]})
+    return {
+        "processes": args.processes, "calls": args.processes * args.calls, "answered": len(latencies),
+        "errors": sum(r["errors"] for r in out),
+        "first_error": next((r["first_error"] for r in out if r["first_error"]), ""),
+        "token_requests_before_release": before, "token_requests": stats["token_requests"],
+        "fingerprints": len(fingerprints), **latency_ms(latencies),
+        "sidecar_status": {k: status.get(k) for k in ("token_requests", "renewals", "shared_fetches")},
+    }
+
+
+def run_baseline(peer: OidcPeer, args: argparse.Namespace) -> dict[str, Any]:
+    what = "baseline"
+    peer.set_ttl(COLD_TTL)
+    peer.reset_stats()
+    go = multiprocessing.get_context("spawn").Event()
+    with workers(baseline_worker, [(peer.token_url, go)] * args.processes, what) as pipes:
+        go.set()
+        out = results(pipes, 60.0, what)
+    stats = peer.stats()
+    latencies = [lat for r in out for lat in r["latencies"]]
+    return {
+        "processes": args.processes, "tokens_received": sum(r["tokens"] for r in out),
+        "errors": sum(r["errors"] for r in out),
+        "first_error": next((r["first_error"] for r in out if r["first_error"]), ""),
+        "token_requests": stats["token_requests"], **latency_ms(latencies),
+    }
+
+
+def run_steady(peer: OidcPeer, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    what = "steady run"
+    duration = args.ttl * args.lifetimes
+    peer.set_ttl(args.ttl)
+    peer.reset_stats()
+    ctx = multiprocessing.get_context("spawn")
+    go = ctx.Event()
+    start_at = ctx.Value("d", 0.0)
+    with sidecar(peer, tmp, "steady", args.refresh_ahead) as socket, \
+            workers(steady_worker, [(str(socket), args.interval, duration, go, start_at)] * args.processes,
+                    what) as pipes:
+        before = peer.stats()["token_requests"]
+        start = time.time() + 0.2
+        start_at.value = start
+        go.set()
+        time.sleep(max(0.0, start + duration - time.time()))
+        stats = peer.stats()  # at the end of the run, before any later renewal
+        status = login_status(socket)
+        out = results(pipes, 60.0, what)
+    tokens: dict[str, float] = {}
+    for r in out:
+        tokens.update(r["tokens"])
+    latencies = [lat for r in out for lat in r["latencies"]]
+    calls = sum(r["calls"] for r in out)
+    return {
+        "processes": args.processes, "ttl_s": args.ttl, "lifetimes": args.lifetimes, "seconds": duration,
+        "interval_s": args.interval, "refresh_ahead": args.refresh_ahead, "calls": calls,
+        "calls_per_s": round(calls / duration, 1),
+        "errors": sum(r["errors"] for r in out),
+        "first_error": next((r["first_error"] for r in out if r["first_error"]), ""),
+        "expired_receipts": sum(r["expired_exp"] for r in out),
+        "expired_by_expires_at": sum(r["expired_expires_at"] for r in out),
+        "min_time_left_s": round(min(r["min_left"] for r in out), 3) if calls else None,
+        "max_expires_at_minus_exp_s": round(max(r["max_skew"] for r in out), 3) if calls else None,
+        "distinct_tokens": len(tokens), "token_requests_before_start": before,
+        "token_requests": stats["token_requests"], "token_issued": stats["token_issued"],
+        **latency_ms(latencies),
+        "sidecar_status": {k: status.get(k) for k in ("state", "token_requests", "renewals",
+                                                      "shared_fetches")},
+    }
+
+
+# ------------------------------------------------------------------------------------------- main
+
+
+def targets(cold: dict[str, Any], steady: dict[str, Any]) -> list[dict[str, Any]]:
+    limit = steady["lifetimes"] + 1
+    return [
+        {"target": "cold burst: token requests == 1", "value": cold["token_requests"],
+         "met": cold["token_requests"] == 1},
+        {"target": "cold burst: distinct tokens == 1", "value": cold["fingerprints"],
+         "met": cold["fingerprints"] == 1},
+        {"target": "cold burst: every call answered", "value": cold["errors"], "met": cold["errors"] == 0},
+        {"target": "steady: expired receipts == 0", "value": steady["expired_receipts"],
+         "met": steady["expired_receipts"] == 0 and steady["expired_by_expires_at"] == 0},
+        {"target": f"steady: token requests <= {limit}", "value": steady["token_requests"],
+         "met": steady["token_requests"] <= limit},
+        {"target": "steady: every call answered", "value": steady["errors"], "met": steady["errors"] == 0},
+    ]
+
+
+def table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render(report: dict[str, Any]) -> str:
+    cold, base, steady = report["cold_burst"], report["baseline"], report["steady"]
+    s = steady["sidecar_status"]
+    out = [
+        f"cold burst: {cold['calls']:,} concurrent headers calls from {cold['processes']} processes",
+        table([
+            ("", "sidecar", "baseline (authlib per process)"),
+            ("token requests at the IdP", str(cold["token_requests"]), str(base["token_requests"])),
+            ("distinct tokens received", str(cold["fingerprints"]), str(base["tokens_received"])),
+            ("calls answered / errors", f"{cold['answered']} / {cold['errors']}",
+             f"{base['tokens_received']} / {base['errors']}"),
+            ("latency p50 ms", f"{cold['p50_ms']:.1f}", f"{base['p50_ms']:.1f}"),
+            ("latency p99 ms", f"{cold['p99_ms']:.1f}", f"{base['p99_ms']:.1f}"),
+            ("latency max ms", f"{cold['max_ms']:.1f}", f"{base['max_ms']:.1f}"),
+        ]),
+        "",
+        f"steady run: {steady['lifetimes']} lifetimes of a {steady['ttl_s']} s token "
+        f"({steady['seconds']} s), "
+        f"{steady['processes']} processes, a call every {steady['interval_s'] * 1e3:.0f} ms each, "
+        f"refresh_ahead {steady['refresh_ahead']}",
+        table([
+            ("figure", "value"),
+            ("calls (per s)", f"{steady['calls']:,} ({steady['calls_per_s']:,.0f})"),
+            ("errors", str(steady["errors"])),
+            ("expired receipts (JWT exp)", str(steady["expired_receipts"])),
+            ("expired receipts (expires_at)", str(steady["expired_by_expires_at"])),
+            ("least time left at receipt s", f"{steady['min_time_left_s']}"),
+            ("max expires_at - JWT exp s", f"{steady['max_expires_at_minus_exp_s']}"),
+            ("distinct tokens received", str(steady["distinct_tokens"])),
+            ("token requests at the IdP", str(steady["token_requests"])),
+            ("sidecar token_requests / renewals / shared",
+             f"{s['token_requests']} / {s['renewals']} / {s['shared_fetches']}"),
+            ("latency p50 / p99 / max ms",
+             f"{steady['p50_ms']:.2f} / {steady['p99_ms']:.2f} / {steady['max_ms']:.1f}"),
+        ]),
+        "",
+        table([("target", "measured", "met"),
+               *((t["target"], str(t["value"]), "yes" if t["met"] else "NO") for t in report["targets"])]),
+    ]
+    for name, phase in (("cold burst", cold), ("baseline", base), ("steady run", steady)):
+        if phase["first_error"]:
+            out.append(f"{name}: first error: {phase['first_error']}")
+    return "\n".join(out)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--ttl", type=int, default=3, help="token lifetime in the steady run, s (default 3)")
+    p.add_argument("--lifetimes", type=int, default=10, help="length of the steady run in lifetimes (10)")
+    p.add_argument("--processes", type=int, default=8, help="client processes (default 8)")
+    p.add_argument("--calls", type=int, default=125, help="concurrent cold calls per process (default 125)")
+    p.add_argument("--interval", type=float, default=0.02, help="steady: s between calls per process (0.02)")
+    p.add_argument("--refresh-ahead", default="60s", help="the sidecar's refresh_ahead (default 60s)")
+    p.add_argument("--json", action="store_true", help="print machine-readable figures")
+    args = p.parse_args(argv)
+    if args.ttl < 1 or args.lifetimes < 1 or args.processes < 1 or args.calls < 1 or args.interval <= 0:
+        p.error("--ttl, --lifetimes, --processes, --calls must be >= 1 and --interval > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    clients = [{"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
+                "token_endpoint_auth_method": "client_secret_basic", "scope": SCOPE}]
+    tmp = Path(tempfile.mkdtemp(prefix="mcpcreds-login-bench-"))
+    say = (lambda _m: None) if args.json else (lambda m: print(m, file=sys.stderr))
+    started = time.monotonic()
+    try:
+        with start_oidc_peer(clients, access_token_ttl=COLD_TTL) as peer:
+            say("cold burst...")
+            cold = run_cold(peer, tmp, args)
+            say("baseline...")
+            base = run_baseline(peer, args)
+            say(f"steady run ({args.ttl * args.lifetimes} s)...")
+            steady = run_steady(peer, tmp, args)
+    except BenchError as exc:
+        print(f"login_bench: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report: dict[str, Any] = {
+        "cpus": os.cpu_count(), "python": sys.version.split()[0],
+        "wall_s": round(time.monotonic() - started, 1),
+        "cold_burst": cold, "baseline": base, "steady": steady,
+    }
+    report["targets"] = targets(cold, steady)
+    report["ok"] = all(t["met"] for t in report["targets"])
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
