@@ -24,6 +24,7 @@ from .logs import get_logger
 
 MAX_HEAD_BYTES: Final = 16 * 1024
 MAX_BODY_BYTES: Final = 64 * 1024
+MAX_PIPELINED: Final = 32
 _PEERCRED: Final = struct.Struct("3i")
 _log = get_logger("wire")
 
@@ -123,7 +124,6 @@ class HttpConnection(asyncio.Protocol):
         self.queue: deque[tuple[Request, bool, float]] = deque()
         self.in_flight: asyncio.Task[Response] | None = None
         self.closing = False
-        self.close_when_done = False
         self.last_active = time.monotonic()
         self.head_started: float | None = None
         self._reset()
@@ -160,10 +160,8 @@ class HttpConnection(asyncio.Protocol):
         self.queue.clear()
 
     def eof_received(self) -> bool | None:
-        """A client that half-closes after its request still gets its answer."""
-        if self.in_flight is not None or self.queue:
-            self.close_when_done = True
-            return True
+        """EOF means the client is gone (HTTP clients do not half-close): whatever it waits for
+        is cancelled by connection_lost, so a waiter gives up its place in a bucket queue."""
         return None
 
     def data_received(self, data: bytes) -> None:
@@ -249,6 +247,8 @@ class HttpConnection(asyncio.Protocol):
         keep_alive = self.parser.should_keep_alive()
         if self.in_flight is not None or self.queue:
             self.queue.append((request, keep_alive, time.perf_counter()))
+            if len(self.queue) >= MAX_PIPELINED and self.transport is not None:
+                self.transport.pause_reading()  # back-pressure on a client that floods us
             return
         self._dispatch(request, keep_alive, time.perf_counter())
 
@@ -263,8 +263,7 @@ class HttpConnection(asyncio.Protocol):
         if isinstance(result, Response):
             self._send(result, keep_alive, started)
             return
-        assert self.transport is not None
-        self.transport.pause_reading()
+        # reading goes on while the answer is pending, so a disconnect is seen (and cancels it)
         task = asyncio.ensure_future(result)
         self.in_flight = task
         task.add_done_callback(lambda t: self._finished(t, keep_alive, started))
@@ -283,11 +282,7 @@ class HttpConnection(asyncio.Protocol):
         while self.queue and self.in_flight is None and not self.closing:
             self._dispatch(*self.queue.popleft())
         if self.in_flight is None and self.transport is not None and not self.closing:
-            if self.close_when_done:
-                self.closing = True
-                self.transport.close()
-            else:
-                self.transport.resume_reading()
+            self.transport.resume_reading()
 
     def _send(self, response: Response, keep_alive: bool, started: float) -> None:
         transport = self.transport
