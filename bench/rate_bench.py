@@ -2,8 +2,8 @@
 
 Run from the repository root (the package installed, e.g. `pip install -e .`, and matplotlib):
 
-    python bench/rate_bench.py                       # 8 processes, "100/1s", 10 s; writes bench/rate_bench.png
-    python bench/rate_bench.py --json                # the same, the figures as JSON on stdout
+    python bench/rate_bench.py           # 8 processes, "100/1s", 10 s; writes bench/rate_bench.png
+    python bench/rate_bench.py --json    # the same, the figures as JSON on stdout
     python bench/rate_bench.py --seconds 10 --processes 8 --rate 100/1s --png bench/rate_bench.png
 
 What it measures (issue 5): `--processes` OS processes (spawned) hammer one server whose
@@ -339,7 +339,7 @@ def draw(png: Path, rate: Rate, seconds: float, bound: float, runs: list[RunSumm
     xs = list(range(bins))
     limit = _limit_per_second(rate, seconds)
     fig, axes = plt.subplots(1, len(runs), figsize=(7 * len(runs), 5.2), squeeze=False)
-    colors = plt.get_cmap("tab10").colors
+    colors = [f"C{i}" for i in range(10)]
     for ax, run in zip(axes[0], runs, strict=True):
         bottom = [0] * bins
         for i, counts in enumerate(run.per_second):
@@ -349,9 +349,10 @@ def draw(png: Path, rate: Rate, seconds: float, bound: float, runs: list[RunSumm
         ax.plot(xs, run.per_second_total, "ko-", lw=1.2, ms=4, label="total")
         for x, y in zip(xs, run.per_second_total, strict=True):
             ax.annotate(str(y), (x, y), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=8)
-        ax.step([x - 0.5 for x in xs] + [bins - 0.5], limit + [limit[-1]], where="post", color="red",
+        ax.step([x - 0.5 for x in xs] + [bins - 0.5], [*limit, limit[-1]], where="post", color="red",
                 lw=2, label=f"limit: {rate.burst} burst + {rate.per_second:g}/s")
-        title = "one shared sidecar bucket" if run.name == SIDECAR else "status quo: one aiolimiter per process"
+        title = ("one shared sidecar bucket" if run.name == SIDECAR
+                 else "status quo: one aiolimiter per process")
         ax.set_title(f"{title}\n{run.total} permits in {seconds:g} s "
                      f"(bound {bound:g}: {run.total / bound:.1%})")
         ax.set_xlabel(f"second of the run (t0 + s), {len(run.per_second)} processes")
@@ -389,7 +390,8 @@ def _table(report: dict[str, Any]) -> str:
         f"sidecar /v1/status: granted {sc['status_granted']} (clients counted {side.total} in the window "
         f"+ {side.late} late), refused {sc['status_refused']}",
         f"sidecar CPU {sc['sidecar_cpu_seconds']:.2f} s over a {sc['phase_wall_seconds']:.1f} s phase "
-        f"(spawn included); sidecar 'waited' p50 {side.waited_p50 or 0:.3f} s, max {side.waited_max or 0:.3f} s",
+        f"(spawn included); sidecar 'waited' p50 {side.waited_p50 or 0:.3f} s, "
+        f"max {side.waited_max or 0:.3f} s",
         "",
         "permits per second (t0 + s):",
         f"{'':<22}" + "".join(f"{s:>6}" for s in range(len(side.per_second_total))),

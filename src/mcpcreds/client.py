@@ -1,6 +1,6 @@
 """The library client: `AsyncClient` and `Client` talk to the sidecar over its Unix socket.
 
-Every call is described once (`_Call`: method, path, body, what to return); the two classes
+Every call is described once (`calls.Call`: method, path, body, what to return); the two classes
 are thin drivers that send it, with the same retry and error mapping.
 """
 
@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Generic, TypeVar
-from urllib.parse import quote
+from typing import Any, Final, Literal, TypeVar
 
 import httpx
 
+from .auth import AUTH_CLASS, CredentialsAuth
+from .calls import Call, Calls
 from .config import default_socket_path
 from .errors import McpcredsError, SidecarUnavailable, error_from_wire
 
@@ -28,80 +27,12 @@ _RETRYABLE: Final = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadEr
 R = TypeVar("R")
 
 
-@dataclass(frozen=True, slots=True)
-class _Call(Generic[R]):
-    method: str
-    path: str
-    extract: Callable[[Any], R]
-    body: dict[str, Any] | None = None
-    extra_time: float = 0.0  # on top of the client timeout (a permit wait)
-
-
-def _server(name: str, action: str) -> str:
-    return f"/v1/servers/{quote(name, safe=':')}/{action}"
-
-
-def _whole(body: Any) -> dict[str, Any]:
-    return dict(body)
-
-
-class _Calls:
-    """What each API call sends and returns, independent of sync or async I/O."""
-
-    @staticmethod
-    def health() -> _Call[dict[str, Any]]:
-        return _Call("GET", "/v1/health", _whole)
-
-    @staticmethod
-    def servers() -> _Call[list[dict[str, Any]]]:
-        return _Call("GET", "/v1/servers", lambda b: list(b["servers"]))
-
-    @staticmethod
-    def headers_info(name: str) -> _Call[dict[str, Any]]:
-        return _Call("GET", _server(name, "headers"), _whole)
-
-    @staticmethod
-    def headers(name: str) -> _Call[dict[str, str]]:
-        return _Call("GET", _server(name, "headers"), lambda b: dict(b["headers"]))
-
-    @staticmethod
-    def acquire(name: str, cost: int, max_wait: float) -> _Call[dict[str, Any]]:
-        return _Call("POST", _server(name, "acquire"), _whole, {"cost": cost, "max_wait": max_wait},
-                     max_wait)
-
-    @staticmethod
-    def call(name: str, cost: int, max_wait: float) -> _Call[dict[str, Any]]:
-        return _Call("POST", _server(name, "call"), _whole, {"cost": cost, "max_wait": max_wait},
-                     max_wait)
-
-    @staticmethod
-    def invalidate(name: str, fingerprint: str | None, reason: str) -> _Call[bool]:
-        body: dict[str, Any] = {"reason": reason}
-        if fingerprint:
-            body["fingerprint"] = fingerprint
-        return _Call("POST", _server(name, "invalidate"), lambda b: bool(b["dropped"]), body)
-
-    @staticmethod
-    def backoff(name: str, retry_after: float) -> _Call[float | None]:
-        return _Call("POST", _server(name, "backoff"), lambda b: b["paused_until"],
-                     {"retry_after": retry_after})
-
-    @staticmethod
-    def status() -> _Call[dict[str, Any]]:
-        return _Call("GET", "/v1/status", _whole)
-
-    @staticmethod
-    def secret_rotated(name: str) -> _Call[list[str]]:
-        return _Call("POST", f"/v1/secrets/{quote(name, safe='')}/rotated", lambda b: list(b["renewed"]),
-                     {})
-
-
 def _grant_header(grant: str | None) -> dict[str, str]:
     grant = grant if grant is not None else os.environ.get("MCPCREDS_GRANT")
     return {"Authorization": f"Bearer {grant}"} if grant else {}
 
 
-def _decode(response: httpx.Response, call: _Call[R]) -> R:
+def _decode(response: httpx.Response, call: Call[R]) -> R:
     try:
         body = response.json()
     except ValueError:
@@ -144,7 +75,7 @@ class AsyncClient(_Base):
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def run(self, call: _Call[R]) -> R:
+    async def run(self, call: Call[R]) -> R:
         deadline = time.monotonic() + self.connect_retry
         delay = 0.02
         while True:
@@ -162,39 +93,44 @@ class AsyncClient(_Base):
             return _decode(response, call)
 
     async def request(self, method: str, path: str, json: dict[str, Any] | None = None) -> Any:
-        return await self.run(_Call(method, path, lambda b: b, json))
+        return await self.run(Call(method, path, lambda b: b, json))
 
     async def health(self) -> dict[str, Any]:
-        return await self.run(_Calls.health())
+        return await self.run(Calls.health())
 
     async def servers(self) -> list[dict[str, Any]]:
-        return await self.run(_Calls.servers())
+        return await self.run(Calls.servers())
 
     async def headers_info(self, name: str) -> dict[str, Any]:
         """The whole answer: headers, key, expires_at, fingerprint."""
-        return await self.run(_Calls.headers_info(name))
+        return await self.run(Calls.headers_info(name))
 
     async def headers(self, name: str) -> dict[str, str]:
-        return await self.run(_Calls.headers(name))
+        return await self.run(Calls.headers(name))
 
     async def acquire(self, name: str, cost: int = 1, max_wait: float = 0.0) -> dict[str, Any]:
-        return await self.run(_Calls.acquire(name, cost, max_wait))
+        return await self.run(Calls.acquire(name, cost, max_wait))
 
     async def call(self, name: str, cost: int = 1, max_wait: float = 0.0) -> dict[str, Any]:
         """Permits and headers in one round trip."""
-        return await self.run(_Calls.call(name, cost, max_wait))
+        return await self.run(Calls.call(name, cost, max_wait))
 
     async def invalidate(self, name: str, fingerprint: str | None = None, reason: str = "401") -> bool:
-        return await self.run(_Calls.invalidate(name, fingerprint, reason))
+        return await self.run(Calls.invalidate(name, fingerprint, reason))
 
     async def backoff(self, name: str, retry_after: float) -> float | None:
-        return await self.run(_Calls.backoff(name, retry_after))
+        return await self.run(Calls.backoff(name, retry_after))
 
     async def status(self) -> dict[str, Any]:
-        return await self.run(_Calls.status())
+        return await self.run(Calls.status())
 
     async def secret_rotated(self, name: str) -> list[str]:
-        return await self.run(_Calls.secret_rotated(name))
+        return await self.run(Calls.secret_rotated(name))
+
+    def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
+             on_429: Literal["raise", "wait", "return"] = "raise") -> CredentialsAuth:
+        """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled."""
+        return AUTH_CLASS(None, self, name, cost=cost, max_wait=max_wait, on_429=on_429)
 
 
 class Client(_Base):
@@ -215,7 +151,7 @@ class Client(_Base):
     def close(self) -> None:
         self._http.close()
 
-    def run(self, call: _Call[R]) -> R:
+    def run(self, call: Call[R]) -> R:
         deadline = time.monotonic() + self.connect_retry
         delay = 0.02
         while True:
@@ -233,37 +169,42 @@ class Client(_Base):
             return _decode(response, call)
 
     def request(self, method: str, path: str, json: dict[str, Any] | None = None) -> Any:
-        return self.run(_Call(method, path, lambda b: b, json))
+        return self.run(Call(method, path, lambda b: b, json))
 
     def health(self) -> dict[str, Any]:
-        return self.run(_Calls.health())
+        return self.run(Calls.health())
 
     def servers(self) -> list[dict[str, Any]]:
-        return self.run(_Calls.servers())
+        return self.run(Calls.servers())
 
     def headers_info(self, name: str) -> dict[str, Any]:
-        return self.run(_Calls.headers_info(name))
+        return self.run(Calls.headers_info(name))
 
     def headers(self, name: str) -> dict[str, str]:
-        return self.run(_Calls.headers(name))
+        return self.run(Calls.headers(name))
 
     def acquire(self, name: str, cost: int = 1, max_wait: float = 0.0) -> dict[str, Any]:
-        return self.run(_Calls.acquire(name, cost, max_wait))
+        return self.run(Calls.acquire(name, cost, max_wait))
 
     def call(self, name: str, cost: int = 1, max_wait: float = 0.0) -> dict[str, Any]:
-        return self.run(_Calls.call(name, cost, max_wait))
+        return self.run(Calls.call(name, cost, max_wait))
 
     def invalidate(self, name: str, fingerprint: str | None = None, reason: str = "401") -> bool:
-        return self.run(_Calls.invalidate(name, fingerprint, reason))
+        return self.run(Calls.invalidate(name, fingerprint, reason))
 
     def backoff(self, name: str, retry_after: float) -> float | None:
-        return self.run(_Calls.backoff(name, retry_after))
+        return self.run(Calls.backoff(name, retry_after))
 
     def status(self) -> dict[str, Any]:
-        return self.run(_Calls.status())
+        return self.run(Calls.status())
 
     def secret_rotated(self, name: str) -> list[str]:
-        return self.run(_Calls.secret_rotated(name))
+        return self.run(Calls.secret_rotated(name))
+
+    def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
+             on_429: Literal["raise", "wait", "return"] = "raise") -> CredentialsAuth:
+        """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled."""
+        return AUTH_CLASS(self, None, name, cost=cost, max_wait=max_wait, on_429=on_429)
 
 
 __all__ = ["AsyncClient", "Client", "McpcredsError"]

@@ -1,0 +1,148 @@
+"""`creds.auth(name)`: an httpx (and httpx2) Auth that gets a permit and headers per request.
+
+The flow is written once, as a generator that does no I/O: it yields `Sidecar(call)` steps
+(answered by the driver through the sidecar client) and `Upstream(request)` steps (sent by
+httpx). Two thin drivers run it, sync and async. No lock is held across any request.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import AsyncGenerator, Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import httpx
+
+from .calls import Call, Calls
+from .errors import RateLimited
+
+if TYPE_CHECKING:
+    from .client import AsyncClient, Client
+
+On429 = Literal["raise", "wait", "return"]
+DEFAULT_RETRY_AFTER: Final = 1.0
+MAX_RETRY_AFTER: Final = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Sidecar:
+    call: Call[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    request: Any  # httpx.Request or httpx2.Request: the flow only touches .headers
+
+
+Step = Sidecar | Upstream
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date); 1 s if absent or bad."""
+    if not value:
+        return DEFAULT_RETRY_AFTER
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value).timestamp()
+        except (TypeError, ValueError):
+            return DEFAULT_RETRY_AFTER
+        seconds = when - (time.time() if now is None else now)
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+def _apply(request: Any, answer: dict[str, Any]) -> str | None:
+    for name, value in answer["headers"].items():
+        request.headers[name] = value
+    fingerprint: str | None = answer.get("fingerprint")
+    return fingerprint
+
+
+def credential_flow(name: str, request: Any, *, cost: int = 1, max_wait: float = 30.0,
+                    on_429: On429 = "raise") -> Generator[Step, Any, Any]:
+    """Permit + headers, send; on a 401 drop that login and retry once; on a 429 pause the
+    shared bucket and raise, wait and retry once, or return the answer (per `on_429`)."""
+    answer = yield Sidecar(Calls.call(name, cost, max_wait))
+    fingerprint = _apply(request, answer)
+    response = yield Upstream(request)
+    if response.status_code == 401:
+        yield Sidecar(Calls.invalidate(name, fingerprint, "401"))
+        answer = yield Sidecar(Calls.call(name, cost, max_wait))
+        _apply(request, answer)
+        response = yield Upstream(request)
+    if response.status_code == 429:
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        yield Sidecar(Calls.backoff(name, retry_after))
+        if on_429 == "raise":
+            raise RateLimited(f"{name}: the upstream answered 429; its bucket is paused for "
+                              f"{retry_after:g}s", retry_after)
+        if on_429 == "wait":
+            answer = yield Sidecar(Calls.call(name, cost, max_wait + retry_after))
+            _apply(request, answer)
+            response = yield Upstream(request)
+    return response
+
+
+class CredentialsAuth(httpx.Auth):
+    """An `httpx.Auth` bound to one server of the sidecar."""
+
+    requires_request_body = True  # a retry after a 401 sends the body again
+
+    def __init__(self, client: Client | None, async_client: AsyncClient | None, name: str, *,
+                 cost: int = 1, max_wait: float = 30.0, on_429: On429 = "raise") -> None:
+        self._client = client
+        self._async_client = async_client
+        self.name = name
+        self.cost = cost
+        self.max_wait = max_wait
+        self.on_429: On429 = on_429
+
+    def _flow(self, request: Any) -> Generator[Step, Any, Any]:
+        return credential_flow(self.name, request, cost=self.cost, max_wait=self.max_wait,
+                               on_429=self.on_429)
+
+    def sync_auth_flow(self, request: Any) -> Generator[Any, Any, None]:
+        if self._client is None:
+            raise RuntimeError("this auth belongs to an AsyncClient: use it with an async HTTP client")
+        flow = self._flow(request)
+        step = next(flow)
+        try:
+            while True:
+                if isinstance(step, Sidecar):
+                    step = flow.send(self._client.run(step.call))
+                else:
+                    response = yield step.request
+                    step = flow.send(response)
+        except StopIteration:
+            return
+
+    async def async_auth_flow(self, request: Any) -> AsyncGenerator[Any, Any]:
+        if self._async_client is None:
+            raise RuntimeError("this auth belongs to a Client: use it with a sync HTTP client")
+        flow = self._flow(request)
+        step = next(flow)
+        try:
+            while True:
+                if isinstance(step, Sidecar):
+                    step = flow.send(await self._async_client.run(step.call))
+                else:
+                    response = yield step.request
+                    step = flow.send(response)
+        except StopIteration:
+            return
+
+
+def _with_httpx2(base: type[CredentialsAuth]) -> type[CredentialsAuth]:
+    """The same class, also an `httpx2.Auth` when httpx2 (the MCP SDK 2.x client) is installed."""
+    try:
+        import httpx2
+    except ImportError:
+        return base
+    return type("CredentialsAuth", (base, httpx2.Auth), {"__module__": __name__, "__doc__": base.__doc__})
+
+
+AUTH_CLASS: Final = _with_httpx2(CredentialsAuth)

@@ -1,0 +1,90 @@
+"""The credential flow, stepped by hand: no sidecar, no network."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import httpx
+import pytest
+
+from mcpcreds.auth import Sidecar, Step, Upstream, credential_flow, parse_retry_after
+from mcpcreds.errors import RateLimited
+
+
+def answer(token: str, fp: str) -> dict[str, Any]:
+    return {"granted": 1, "waited": 0.0, "headers": {"Authorization": f"Bearer {token}"},
+            "key": "service:crm", "expires_at": None, "fingerprint": fp}
+
+
+def run(flow: Generator[Step, Any, Any], sidecar: list[Any], upstream: list[httpx.Response]
+        ) -> tuple[list[str], Any]:
+    """Drive the flow with canned answers; return the trace of steps and the flow's result."""
+    trace: list[str] = []
+    value: Any = None
+    try:
+        step = next(flow)
+        while True:
+            if isinstance(step, Sidecar):
+                trace.append(f"sidecar {step.call.method} {step.call.path} {step.call.body}")
+                value = sidecar.pop(0)
+            else:
+                assert isinstance(step, Upstream)
+                trace.append(f"upstream {step.request.headers.get('authorization')}")
+                value = upstream.pop(0)
+            step = flow.send(value)
+    except StopIteration as stop:
+        return trace, stop.value
+
+
+def request() -> httpx.Request:
+    return httpx.Request("POST", "https://crm.example.com/mcp", json={"jsonrpc": "2.0"})
+
+
+def test_one_call_then_the_upstream() -> None:
+    trace, response = run(credential_flow("crm-ro", request()), [answer("t1", "f1")],
+                          [httpx.Response(200)])
+    assert trace == ["sidecar POST /v1/servers/crm-ro/call {'cost': 1, 'max_wait': 30.0}",
+                     "upstream Bearer t1"]
+    assert response.status_code == 200
+
+
+def test_401_invalidates_that_fingerprint_and_retries_once() -> None:
+    trace, response = run(credential_flow("crm-ro", request()),
+                          [answer("t1", "f1"), {"dropped": True}, answer("t2", "f2")],
+                          [httpx.Response(401), httpx.Response(200)])
+    assert trace[1:] == ["upstream Bearer t1",
+                         "sidecar POST /v1/servers/crm-ro/invalidate {'reason': '401', 'fingerprint': 'f1'}",
+                         "sidecar POST /v1/servers/crm-ro/call {'cost': 1, 'max_wait': 30.0}",
+                         "upstream Bearer t2"]
+    assert response.status_code == 200
+
+
+def test_a_second_401_is_returned_not_retried_forever() -> None:
+    trace, response = run(credential_flow("crm-ro", request()),
+                          [answer("t1", "f1"), {"dropped": True}, answer("t2", "f2")],
+                          [httpx.Response(401), httpx.Response(401)])
+    assert response.status_code == 401 and len(trace) == 5
+
+
+def test_429_pauses_the_bucket_then_raises() -> None:
+    with pytest.raises(RateLimited) as info:
+        run(credential_flow("crm-ro", request()), [answer("t1", "f1"), {"paused_until": 1.0}],
+            [httpx.Response(429, headers={"Retry-After": "2"})])
+    assert info.value.retry_after == 2.0
+
+
+def test_429_wait_mode_retries_after_the_pause() -> None:
+    trace, response = run(credential_flow("crm-ro", request(), max_wait=5, on_429="wait"),
+                          [answer("t1", "f1"), {"paused_until": 1.0}, answer("t1", "f1")],
+                          [httpx.Response(429, headers={"Retry-After": "2"}), httpx.Response(200)])
+    assert trace[2] == "sidecar POST /v1/servers/crm-ro/backoff {'retry_after': 2.0}"
+    assert trace[3] == "sidecar POST /v1/servers/crm-ro/call {'cost': 1, 'max_wait': 7.0}"
+    assert response.status_code == 200
+
+
+def test_retry_after_forms() -> None:
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after(None) == 1.0 and parse_retry_after("soon") == 1.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+    assert parse_retry_after("-5") == 0.0 and parse_retry_after("99999") == 3600.0
