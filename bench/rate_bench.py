@@ -87,9 +87,11 @@ class WorkerResult:
     index: int
     grants: list[float] = field(default_factory=list)  # wall times (time.time()) of granted permits
     late: int = 0  # grants whose answer arrived at or after t0 + seconds (not counted)
+    late_grants: list[float] = field(default_factory=list)  # their wall times
     refused: int = 0  # RateLimited answers (max_wait too short for the queue ahead)
     errors: list[str] = field(default_factory=list)
     waited: list[float] = field(default_factory=list)  # the sidecar's "waited" for each counted grant
+    overhead: list[float] = field(default_factory=list)  # round trip minus "waited": client + socket + HTTP
     cpu_seconds: float = 0.0  # user + system CPU of the worker during the window
 
 
@@ -106,6 +108,10 @@ class RunSummary:
     worker_cpu_seconds: float
     waited_p50: float | None = None
     waited_max: float | None = None
+    overhead_p50: float | None = None
+    overhead_p99: float | None = None
+    first_grant_after_t0: float | None = None  # seconds from t0 to the first answer
+    max_burst_seen: float | None = None  # see `max_burst`
 
 
 # --------------------------------------------------------------------------- worker processes
@@ -135,6 +141,7 @@ async def _sidecar_worker(spec: WorkerSpec, result: WorkerResult, ready: Any, go
                 remaining = end - time.time()
                 if remaining <= 0:
                     return
+                sent = time.perf_counter()
                 try:
                     answer = await creds.call(SERVER_NAME, cost=1, max_wait=remaining)
                 except RateLimited as exc:
@@ -145,12 +152,14 @@ async def _sidecar_worker(spec: WorkerSpec, result: WorkerResult, ready: Any, go
                 except McpcredsError as exc:
                     result.errors.append(f"{type(exc).__name__}: {exc}")
                     return
-                now = time.time()
+                now, rtt = time.time(), time.perf_counter() - sent
                 if now < end:
                     result.grants.extend([now] * int(answer["granted"]))
                     result.waited.append(float(answer["waited"]))
+                    result.overhead.append(rtt - float(answer["waited"]))
                 else:
                     result.late += int(answer["granted"])
+                    result.late_grants.extend([now] * int(answer["granted"]))
 
         await asyncio.gather(*(hammer() for _ in range(spec.tasks)))
         result.cpu_seconds = _cpu_now() - cpu_start
@@ -244,7 +253,32 @@ def run_phase(mode: str, socket: str, rate: str, seconds: float, processes: int,
     return t0, results
 
 
-def summarize(name: str, t0: float, seconds: float, results: list[WorkerResult]) -> RunSummary:
+def max_burst(times: list[float], per_second: float) -> float | None:
+    """The smallest burst a token bucket refilled at `per_second` needs to have allowed `times`.
+
+    For grants at sorted times t_0..t_n-1, the most granted in any stretch [t_i, t_j] beyond the
+    refill over it: max over i <= j of (j - i + 1) - per_second * (t_j - t_i). A sidecar that keeps
+    its bucket gives at most the burst here, plus what the jitter of the answers' travel adds.
+    """
+    if not times:
+        return None
+    best = -math.inf
+    lowest = math.inf  # min over i <= j of (i - 1 - per_second * t_i)
+    for j, t in enumerate(sorted(times)):
+        lowest = min(lowest, j - 1 - per_second * t)
+        best = max(best, j - per_second * t - lowest)
+    return best
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summarize(name: str, t0: float, seconds: float, results: list[WorkerResult],
+              rate: Rate | None = None) -> RunSummary:
     bins = math.ceil(seconds)
     per_second: list[list[int]] = []
     for res in results:
@@ -253,6 +287,8 @@ def summarize(name: str, t0: float, seconds: float, results: list[WorkerResult])
             counts[min(bins - 1, max(0, int(t - t0)))] += 1
         per_second.append(counts)
     waited = sorted(w for res in results for w in res.waited)
+    overhead = [o for res in results for o in res.overhead]
+    every = [t for res in results for t in res.grants + res.late_grants]
     return RunSummary(
         name=name,
         total=sum(len(res.grants) for res in results),
@@ -265,6 +301,10 @@ def summarize(name: str, t0: float, seconds: float, results: list[WorkerResult])
         worker_cpu_seconds=sum(res.cpu_seconds for res in results),
         waited_p50=waited[len(waited) // 2] if waited else None,
         waited_max=waited[-1] if waited else None,
+        overhead_p50=_quantile(overhead, 0.5),
+        overhead_p99=_quantile(overhead, 0.99),
+        first_grant_after_t0=min(every) - t0 if every else None,
+        max_burst_seen=max_burst(every, rate.per_second) if rate is not None else None,
     )
 
 
@@ -291,24 +331,24 @@ def _bucket(status: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def run_sidecar_phase(rate: str, seconds: float, processes: int, tasks: int) -> dict[str, Any]:
+def run_sidecar_phase(rate: Rate, seconds: float, processes: int, tasks: int) -> dict[str, Any]:
     from tests.sidecar_proc import run_sidecar
 
     with tempfile.TemporaryDirectory(prefix="mcpcreds-rate-") as tmp:
         socket = f"{tmp}/s.sock"
         config = Path(tmp) / "config.toml"
-        config.write_text(CONFIG_TEMPLATE.format(socket=socket, name=SERVER_NAME, rate=rate))
+        config.write_text(CONFIG_TEMPLATE.format(socket=socket, name=SERVER_NAME, rate=str(rate)))
         with run_sidecar(config, Path(socket), {"BENCH_KEY": "bench-key-0123456789"}) as sidecar:
             before = _bucket(sidecar_status(socket))
             cpu_before = _proc_cpu_seconds(sidecar.proc.pid)
             wall_before = time.monotonic()
-            t0, results = run_phase(SIDECAR, socket, rate, seconds, processes, tasks)
+            t0, results = run_phase(SIDECAR, socket, str(rate), seconds, processes, tasks)
             cpu_after = _proc_cpu_seconds(sidecar.proc.pid)
             wall = time.monotonic() - wall_before
             after = _bucket(sidecar_status(socket))
             stray = [line.strip() for line in sidecar.lines
                      if '"level": "error"' in line or '"level":"error"' in line or "Traceback" in line]
-    summary = summarize(SIDECAR, t0, seconds, results)
+    summary = summarize(SIDECAR, t0, seconds, results, rate)
     return {
         "summary": summary,
         "status_before": before,
@@ -392,6 +432,11 @@ def _table(report: dict[str, Any]) -> str:
         f"sidecar CPU {sc['sidecar_cpu_seconds']:.2f} s over a {sc['phase_wall_seconds']:.1f} s phase "
         f"(spawn included); sidecar 'waited' p50 {side.waited_p50 or 0:.3f} s, "
         f"max {side.waited_max or 0:.3f} s",
+        f"first grant {1000 * (side.first_grant_after_t0 or 0):.1f} ms after t0; per call, round trip "
+        f"minus 'waited' p50 {1000 * (side.overhead_p50 or 0):.2f} ms, "
+        f"p99 {1000 * (side.overhead_p99 or 0):.2f} ms",
+        f"token-bucket check on every answer received: smallest burst that explains them "
+        f"{side.max_burst_seen or 0:.2f} (the bucket's: {report['burst']})",
         "",
         "permits per second (t0 + s):",
         f"{'':<22}" + "".join(f"{s:>6}" for s in range(len(side.per_second_total))),
@@ -424,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bound = rate.burst + rate.per_second * args.seconds
     floor = FLOOR * bound
-    sidecar = run_sidecar_phase(args.rate, args.seconds, args.processes, args.tasks)
+    sidecar = run_sidecar_phase(rate, args.seconds, args.processes, args.tasks)
     t0, results = run_phase(STATUS_QUO, "", args.rate, args.seconds, args.processes, args.tasks)
     status_quo = summarize(STATUS_QUO, t0, args.seconds, results)
     side: RunSummary = sidecar["summary"]

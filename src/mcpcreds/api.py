@@ -9,6 +9,7 @@ from importlib import resources
 from typing import Any, Final
 from urllib.parse import unquote
 
+from .audit import AuditLog
 from .broker import Broker, HeadersResult
 from .config import Target
 from .errors import (
@@ -19,7 +20,8 @@ from .errors import (
 )
 from .logs import get_logger
 from .metrics import Metrics
-from .secret import REDACTOR
+from .secret import REDACTOR, Secret
+from .sources import check_secret_name
 from .wire import Request, Response, json_response
 
 _log = get_logger("api")
@@ -38,6 +40,10 @@ def error_to_response(exc: McpcredsError, route: str) -> Response:
     return Response(exc.status, body, extra_headers=extra, route=route)
 
 
+def _actor(request: Request) -> dict[str, int]:
+    return {"uid": request.peer_uid, "pid": request.peer_pid}
+
+
 def parse_json_body(request: Request) -> dict[str, Any]:
     if not request.body.strip():
         return {}
@@ -53,9 +59,10 @@ def parse_json_body(request: Request) -> dict[str, Any]:
 class Api:
     """Routes requests; exceptions become the contract's error answers in one place."""
 
-    def __init__(self, broker: Broker, metrics: Metrics) -> None:
+    def __init__(self, broker: Broker, metrics: Metrics, audit: AuditLog | None = None) -> None:
         self.broker = broker
         self.metrics = metrics
+        self.audit = audit or AuditLog(None, broker.clock)
         self.openapi = (resources.files("mcpcreds") / "openapi.json").read_bytes()
         self._fixed: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "/v1/health"): ("health", self.health),
@@ -71,7 +78,10 @@ class Api:
             ("POST", "call"): ("call", self.call),
             ("POST", "backoff"): ("backoff", self.backoff),
         }
-        self._secret_actions: dict[tuple[str, str], tuple[str, Handler]] = {}
+        self._secret_actions: dict[tuple[str, str], tuple[str, Handler]] = {
+            ("POST", "rotated"): ("rotated", self.secret_rotated),
+            ("POST", "rotate"): ("rotate", self.secret_rotate),
+        }
         self._fast_targets: dict[bytes, Target] = {}
 
     def reload(self) -> None:
@@ -229,10 +239,46 @@ class Api:
             raise InvalidRequest("fingerprint must be a string")
         reason = body.get("reason")
         dropped = self.broker.invalidate(target, fp)
-        _log.info("invalidate", extra={"key": target.key, "dropped": dropped, "fingerprint": fp,
-                                       "reason": str(reason)[:64] if reason else None,
-                                       "uid": request.peer_uid, "pid": request.peer_pid})
+        fields = {"key": target.key, "dropped": dropped, "fingerprint": fp,
+                  "reason": str(reason)[:64] if reason else None, **_actor(request)}
+        _log.info("invalidate", extra=fields)
+        self.audit.write("invalidation", **fields)
         return json_response({"dropped": dropped})
+
+    async def secret_rotated(self, request: Request) -> Response:
+        name = check_secret_name(request.name)
+        renewed, failed = await self.broker.rotated(name)
+        outcome = "ok" if not failed else "failed"
+        self.audit.write("rotation", secret=name, how="rotated", keys=renewed, failed=failed,
+                         outcome=outcome, **_actor(request))
+        _log.info("secret rotated", extra={"secret": name, "renewed": renewed, "failed": failed})
+        body: dict[str, Any] = {"renewed": renewed}
+        if failed:
+            body["failed"] = failed
+        return json_response(body)
+
+    async def secret_rotate(self, request: Request) -> Response:
+        name = check_secret_name(request.name)
+        body = parse_json_body(request)
+        value, force = body.get("value"), body.get("force", False)
+        if not isinstance(value, str) or not value:
+            raise InvalidRequest("value must be a non-empty string")
+        Secret(value)  # from here on, the new value is masked wherever it might show up
+        if not isinstance(force, bool):
+            raise InvalidRequest("force must be true or false")
+        keys = [t.key for t in self.broker.dependents(name)]
+        try:
+            renewed, where = await self.broker.rotate(name, value, force)
+        except McpcredsError as exc:
+            self.audit.write("rotation_failed", secret=name, keys=keys, force=force,
+                             error=str(exc.details.get("error") or exc.code), **_actor(request))
+            _log.warning("secret rotation failed; nothing changed",
+                         extra={"secret": name, "error": exc.code})
+            raise
+        self.audit.write("rotation", secret=name, how="rotate", keys=renewed, stored_in=where,
+                         force=force, outcome="ok", **_actor(request))
+        _log.info("secret rotated", extra={"secret": name, "renewed": renewed, "stored_in": where})
+        return json_response({"renewed": renewed, "stored_in": where})
 
     async def _headers_async(self, target: Target) -> Response:
         result: HeadersResult = await self.broker.headers(target)

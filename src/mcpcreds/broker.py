@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -15,7 +16,14 @@ from .buckets import Limiter
 from .clock import Clock
 from .config import Config, Target
 from .discovery import Discovery
-from .errors import SecretUnavailable, TokenEndpointError, UnknownServer
+from .errors import (
+    InvalidRequest,
+    McpcredsError,
+    SecretUnavailable,
+    TokenEndpointError,
+    UnknownSecret,
+    UnknownServer,
+)
 from .logins import LoginCache
 from .logs import get_logger
 from .metrics import Labels, Metrics
@@ -175,7 +183,7 @@ class Broker:
             _log.warning("secret unavailable", extra={"key": key, "error": exc.message})
             raise
 
-    async def _fetch_login(self, target: Target) -> Token:
+    async def _fetch_login(self, target: Target, overrides: Mapping[str, str] | None = None) -> Token:
         login = target.login
         assert login is not None
         if login.grant != "client_credentials":
@@ -184,7 +192,10 @@ class Broker:
         token_url = await self.discovery.token_url(login, target.endpoint)
         credential_template = login.private_key or login.client_secret
         assert credential_template is not None
-        credential = (await self._render(target.key, [("credential", credential_template)]))["credential"]
+        if overrides:
+            credential = await asyncio.to_thread(self.resolver.render, credential_template, overrides)
+        else:
+            credential = (await self._render(target.key, [("credential", credential_template)]))["credential"]
         request = build_token_request(login, token_url, credential)
         self.metrics.inc("mcpcreds_token_requests_total", (("key", target.key),),
                          help_text="Token requests sent to token endpoints, by cache key.")
@@ -213,12 +224,67 @@ class Broker:
             self._drop_cached({target.key})
         return dropped
 
-    def forget_secret(self, name: str) -> list[str]:
-        """Drop cached headers that use secret `name`; return the cache keys affected."""
-        keys = {t.key for t in self.config.targets_by_key.values() if name in t.secret_names}
-        keys |= {t.key for t in self.config.servers.values() if name in t.secret_names}
-        self._drop_cached(keys)
-        return sorted(keys)
+    # -- secrets and rotation
+
+    def dependents(self, secret: str) -> list[Target]:
+        """One target per cache key whose headers or login use `secret`."""
+        found: dict[str, Target] = {}
+        for target in (*self.config.services.values(), *self.config.servers.values()):
+            if secret in target.secret_names:
+                found.setdefault(target.key, target)
+        return list(found.values())
+
+    def dependency_map(self) -> dict[str, list[str]]:
+        deps: dict[str, set[str]] = {}
+        for target in (*self.config.services.values(), *self.config.servers.values()):
+            for name in target.secret_names:
+                deps.setdefault(name, set()).add(target.key)
+        return {name: sorted(keys) for name, keys in sorted(deps.items())}
+
+    async def rotated(self, secret: str) -> tuple[list[str], dict[str, str]]:
+        """A secret changed elsewhere: re-read it and renew the logins that use it.
+        Returns the keys renewed (or re-read) and the keys whose renewal failed, with why."""
+        targets = self.dependents(secret)
+        if not targets:
+            raise UnknownSecret(f"no configured server uses secret {secret!r}")
+        self._drop_cached({t.key for t in targets})
+        renewed: list[str] = []
+        failed: dict[str, str] = {}
+        for target in targets:
+            if target.login is None:
+                renewed.append(target.key)
+                continue
+            try:
+                await self.logins.renew(target)
+                renewed.append(target.key)
+            except McpcredsError as exc:
+                failed[target.key] = str(exc.details.get("error") or exc.code)
+        return sorted(renewed), failed
+
+    async def rotate(self, secret: str, value: str, force: bool) -> tuple[list[str], str]:
+        """Rotate with overlap: try `value` first (a token request per login that uses it), store
+        it only if every trial succeeds, then make the trial logins current. Returns the keys
+        renewed and where the value was stored."""
+        targets = self.dependents(secret)
+        if not targets:
+            raise UnknownSecret(f"no configured server uses secret {secret!r}")
+        logins = [t for t in targets if t.login is not None]
+        if not logins and not force:
+            raise InvalidRequest(f"nothing can test secret {secret!r} (no login uses it); "
+                                 "rotate with --force to store it untested")
+        trials: list[tuple[Target, Token]] = []
+        if not force:
+            for target in logins:
+                trials.append((target, await self._fetch_login(target, {secret: value})))
+        where = await asyncio.to_thread(self.resolver.store, secret, value)
+        for target, token in trials:
+            self.logins.install(target.key, token)
+        self._drop_cached({t.key for t in targets})
+        if force:
+            for target in logins:
+                with contextlib.suppress(McpcredsError):
+                    await self.logins.renew(target)
+        return sorted(t.key for t in targets), where
 
     # -- status
 
@@ -235,7 +301,8 @@ class Broker:
                 "tags": sorted(target.tags),
             })
         return {"version": __version__, "config": self.config.path, "servers": servers,
-                "logins": self.logins.status(), "buckets": self.buckets()}
+                "logins": self.logins.status(), "buckets": self.buckets(),
+                "secrets": self.dependency_map()}
 
     def buckets(self) -> list[dict[str, Any]]:
         return [b for b in self.limiter.status() if b["capacity"] != UNLIMITED.burst]

@@ -77,3 +77,8 @@ class Calls:
     def secret_rotated(name: str) -> Call[list[str]]:
         return Call("POST", f"/v1/secrets/{quote(name, safe='')}/rotated", lambda b: list(b["renewed"]),
                      {})
+
+    @staticmethod
+    def secret_rotate(name: str, value: str, force: bool) -> Call[dict[str, Any]]:
+        return Call("POST", f"/v1/secrets/{quote(name, safe='')}/rotate", lambda b: dict(b),
+                    {"value": value, "force": force}, 60.0)

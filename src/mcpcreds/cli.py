@@ -19,6 +19,7 @@ from .errors import (
     McpcredsError,
     RateLimited,
     SidecarUnavailable,
+    UnknownSecret,
     UnknownServer,
 )
 from .sources import KeyringSource, check_secret_name
@@ -215,11 +216,43 @@ def cmd_spawn_payload(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _notify_sidecar(args: argparse.Namespace, name: str) -> None:
+    """Tell a running sidecar that `name` changed; fine if none runs or nothing uses it."""
+    try:
+        with Client(_socket(args), connect_retry=0) as client:
+            renewed = client.secret_rotated(name)
+    except (SidecarUnavailable, UnknownSecret):
+        return
+    if renewed:
+        print(f"sidecar renewed: {', '.join(renewed)}", file=sys.stderr)
+
+
 def cmd_secret_set(args: argparse.Namespace) -> int:
     name = check_secret_name(args.name)
     value = read_secret_value(sys.stdin, f"value for {name}: ")
     _keyring(args).set(name, value)
     print(f"stored {name} in the keyring", file=sys.stderr)
+    _notify_sidecar(args, name)
+    return EXIT_OK
+
+
+def cmd_secret_rotate(args: argparse.Namespace) -> int:
+    """Rotation with overlap, done by the sidecar: try the new value, then store and renew."""
+    name = check_secret_name(args.name)
+    value = read_secret_value(sys.stdin, f"new value for {name}: ")
+    try:
+        with Client(_socket(args), connect_retry=0, timeout=60) as client:
+            result = client.secret_rotate(name, value, force=args.force)
+    except SidecarUnavailable:
+        if not args.force:
+            print("mcpcreds: no sidecar is running to try the new value; "
+                  "use --force to store it untested", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        _keyring(args).set(name, value)
+        print(f"stored {name} in the keyring (no sidecar running)", file=sys.stderr)
+        return EXIT_OK
+    renewed = ", ".join(result["renewed"]) or "nothing"
+    print(f"rotated {name} (stored in {result['stored_in']}); renewed: {renewed}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -308,8 +341,16 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = add_secret("set", cmd_secret_set,
-                   "store a secret read from stdin (a no-echo prompt on a terminal)")
+                   "store a secret read from stdin (a no-echo prompt on a terminal), then tell the sidecar")
     p.add_argument("name", metavar="NAME")
+    p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="the sidecar's socket")
+    p = add_secret("rotate", cmd_secret_rotate,
+                   "rotate a secret that logins depend on: the sidecar tries the new value (stdin) "
+                   "first and stores it only if it works")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--force", action="store_true",
+                   help="store without a trial (a static API key nothing can test)")
+    p.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS, help="the sidecar's socket")
     p = add_secret("rm", cmd_secret_rm, "remove a secret from the keyring")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--force", action="store_true", help="remove even if a server still needs it")

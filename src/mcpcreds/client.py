@@ -127,6 +127,10 @@ class AsyncClient(_Base):
     async def secret_rotated(self, name: str) -> list[str]:
         return await self.run(Calls.secret_rotated(name))
 
+    async def secret_rotate(self, name: str, value: str, force: bool = False) -> dict[str, Any]:
+        """Rotate with overlap: the sidecar tries `value`, then stores it and renews logins."""
+        return await self.run(Calls.secret_rotate(name, value, force))
+
     def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
              on_429: Literal["raise", "wait", "return"] = "raise") -> CredentialsAuth:
         """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled."""
@@ -200,6 +204,9 @@ class Client(_Base):
 
     def secret_rotated(self, name: str) -> list[str]:
         return self.run(Calls.secret_rotated(name))
+
+    def secret_rotate(self, name: str, value: str, force: bool = False) -> dict[str, Any]:
+        return self.run(Calls.secret_rotate(name, value, force))
 
     def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
              on_429: Literal["raise", "wait", "return"] = "raise") -> CredentialsAuth:

@@ -174,6 +174,18 @@ class LoginCache:
         assert task is not None
         return await asyncio.shield(task)
 
+    def install(self, key: str, token: Token) -> None:
+        """Make `token` the login of `key` (fetched by a rotation's trial)."""
+        state = self._state(key)
+        previous = self._tokens.get(key)
+        state.failures = 0
+        state.last_error = None
+        state.retry_not_before = 0.0
+        state.token_requests += 1
+        if previous is not None:
+            state.renewals += 1
+        self._tokens[key] = token
+
     def forget(self, keys: set[str]) -> None:
         for key in keys:
             self._tokens.pop(key, None)

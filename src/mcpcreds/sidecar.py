@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Final
 
 from .api import Api
+from .audit import AuditLog
 from .broker import Broker
 from .clock import SYSTEM_CLOCK, Clock
 from .config import Config, default_socket_path, load_config
@@ -76,7 +77,8 @@ class Sidecar:
         self.metrics = Metrics()
         self.broker = Broker(config, SecretResolver.from_config(config.secrets), clock, self.metrics,
                              secret_cache_ttl=config.secrets.cache_ttl)
-        self.api = Api(self.broker, self.metrics)
+        self.audit = AuditLog(config.sidecar.audit_log, clock)
+        self.api = Api(self.broker, self.metrics, self.audit)
         self.connections = Connections(config.sidecar.request_timeout, config.sidecar.idle_timeout)
         self.socket_path = default_socket_path(config.sidecar.socket)
         self._allow_uids = self._uids(config)
@@ -96,12 +98,17 @@ class Sidecar:
         except ConfigError as exc:
             _log.error("reload rejected: config invalid; keeping the old one",
                        extra={"errors": exc.errors})
+            self.audit.write("reload", outcome="rejected", errors=exc.errors)
             return False
         if default_socket_path(config.sidecar.socket) != self.socket_path:
             _log.warning("sidecar.socket changed: takes effect at the next restart")
         self.broker.reload(config, SecretResolver.from_config(config.secrets))
         self.broker.secret_cache_ttl = config.secrets.cache_ttl
         self.api.reload()
+        if config.sidecar.audit_log != self.audit.path:
+            self.audit.close()
+            self.audit = self.api.audit = AuditLog(config.sidecar.audit_log, self.clock)
+        self.audit.write("reload", outcome="ok", servers=len(config.servers))
         self.connections.request_timeout = config.sidecar.request_timeout
         self.connections.idle_timeout = config.sidecar.idle_timeout
         self.config = config
@@ -137,6 +144,7 @@ class Sidecar:
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
             await self.broker.aclose()
+            self.audit.close()
             _log.info("stopped")
 
     async def _drain(self) -> None:

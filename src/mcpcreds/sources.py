@@ -8,7 +8,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
 
@@ -88,6 +88,18 @@ class DirSource:
     def get(self, name: str) -> str | None:
         check_secret_name(name)
         return read_private_file(self.path / name, f"{self.label}/{name}")
+
+    def set(self, name: str, value: str) -> None:
+        """Write atomically with mode 0600: a reader sees the old value or the new, never half."""
+        check_secret_name(name)
+        tmp = self.path / f".{name}.tmp-{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, value.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path / name)
 
 
 class KeyringSource:
@@ -221,8 +233,47 @@ class SecretResolver:
     def lookup(self, ref: SecretRef | FileRef) -> str:
         return (self.secret(ref.name) if isinstance(ref, SecretRef) else self.file(ref.path)).reveal()
 
-    def render(self, template: Template) -> str:
-        return template.render(self.lookup)
+    def render(self, template: Template, overrides: Mapping[str, str] | None = None) -> str:
+        """Render; `overrides` supplies values for some secret names (a rotation's trial)."""
+        if not overrides:
+            return template.render(self.lookup)
+
+        def lookup(ref: SecretRef | FileRef) -> str:
+            if isinstance(ref, SecretRef) and ref.name in overrides:
+                return overrides[ref.name]
+            return self.lookup(ref)
+
+        return template.render(lookup)
+
+    def origin(self, name: str) -> str | None:
+        """The label of the first source that holds `name` (the one in use), or None."""
+        for source in self.sources:
+            if source.get(name) is not None:
+                return source.label
+        return None
+
+    def writable(self) -> KeyringSource | DirSource | None:
+        """Where a rotation stores a new value: the keyring if configured, else a dir: source."""
+        if (keyring := self.keyring) is not None:
+            return keyring
+        return next((s for s in self.sources if isinstance(s, DirSource)), None)
+
+    def store(self, name: str, value: str) -> str:
+        """Store `name` where the resolver will read it next; refuse if a source before it
+        (the environment, say) would keep shadowing the new value."""
+        target = self.writable()
+        if target is None:
+            raise SecretUnavailable("no writable secret source configured (add 'keyring' or 'dir:...' "
+                                    "to secrets.sources)")
+        for source in self.sources:
+            if source is target:
+                break
+            if source.get(name) is not None:
+                raise SecretUnavailable(f"secret {name!r} comes from {source.label}, which mcpcreds "
+                                        f"cannot change; storing it in {target.label} would not take effect")
+        target.set(name, value)
+        Secret(value, source=target.label)  # registers the new value with the redactor
+        return target.label
 
     def render_all(self, templates: Iterable[tuple[str, Template]]) -> dict[str, str]:
         return {name: self.render(t) for name, t in templates}

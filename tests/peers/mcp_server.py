@@ -1,0 +1,391 @@
+"""A real MCP server (the MCP Python SDK 2.x, Streamable HTTP) that demands OAuth bearer tokens.
+
+It accepts only RFC 9068 JWT access tokens from one issuer, verified against that issuer's
+JWKS (fetched once, fetched again for an unknown ``kid``), for its own resource URL (``aud``),
+unexpired and not revoked. Tools: ``echo(text)`` and ``add(a, b)``.
+
+Test controls are plain HTTP routes beside ``/mcp`` (no auth):
+
+    GET  /_test/stats          -> {"requests", "by_method", "unauthorized", "rate_limited",
+                                   "tool_calls", "tokens_seen", "jwks_fetches", "rejected"}
+    POST /_test/reset_stats
+    POST /_test/revoke         {"jti": "..."} revokes one token; {"all": true} every token
+                               issued before now (and every token seen so far)
+    POST /_test/fail_429       {"count": N, "retry_after": S}: the next N POSTs to /mcp get a
+                               429 with Retry-After: S (GETs, the SSE stream, are left alone)
+
+Run it as ``python -m tests.peers.mcp_server --issuer URL --jwks-uri URL [--port 0]``: it
+prints ``READY <mcp url>`` once it accepts connections. From a test, use::
+
+    with start_mcp_server(peer.issuer, peer.jwks_uri) as mcp:
+        mcp.url, mcp.stats(), mcp.revoke_all(), mcp.fail_next_with_429(1, retry_after=1)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any, cast
+
+import httpx
+import uvicorn
+from joserfc import jwt
+from joserfc.errors import JoseError
+from joserfc.jwk import KeySet
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import MCPServer
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+READY_TIMEOUT = 30.0
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --------------------------------------------------------------------------------------------
+# The server process
+# --------------------------------------------------------------------------------------------
+
+
+class ServerState:
+    """Counters and switches shared by the verifier, the ASGI wrapper and the control routes."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.by_method: Counter[str] = Counter()
+        self.unauthorized = 0
+        self.rate_limited = 0
+        self.tool_calls = 0
+        self.jwks_fetches = 0
+        self.rejected: Counter[str] = Counter()  # why a token was refused
+        self.tokens_seen: list[str] = []  # jti of every distinct token verified, in order
+        self.revoked_jtis: set[str] = set()
+        self.revoked_before = 0  # tokens with iat < this are revoked
+        self.fail_429 = 0
+        self.retry_after = "1"
+
+    def reset(self) -> None:
+        self.requests = self.unauthorized = self.rate_limited = self.tool_calls = 0
+        self.by_method.clear()
+        self.rejected.clear()
+        self.tokens_seen.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "by_method": dict(self.by_method),
+            "unauthorized": self.unauthorized,
+            "rate_limited": self.rate_limited,
+            "tool_calls": self.tool_calls,
+            "tokens_seen": list(self.tokens_seen),
+            "jwks_fetches": self.jwks_fetches,
+            "rejected": dict(self.rejected),
+        }
+
+
+def _jws_header(token: str) -> dict[str, Any]:
+    head = token.split(".", 1)[0]
+    return cast(dict[str, Any], json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4))))
+
+
+class JwtTokenVerifier:
+    """An SDK `TokenVerifier` for RFC 9068 JWT access tokens from one issuer, for one resource."""
+
+    def __init__(self, state: ServerState, issuer: str, jwks_uri: str, resource: str) -> None:
+        self.state = state
+        self.issuer = issuer
+        self.jwks_uri = jwks_uri
+        self.resource = resource
+        self._jwks: dict[str, Any] | None = None
+
+    async def _fetch_jwks(self) -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.get(self.jwks_uri)
+            response.raise_for_status()
+        self.state.jwks_fetches += 1
+        self._jwks = cast(dict[str, Any], response.json())
+        return self._jwks
+
+    async def _keys_for(self, kid: str | None) -> dict[str, Any]:
+        jwks = self._jwks or await self._fetch_jwks()
+        if kid is not None and not any(k.get("kid") == kid for k in jwks.get("keys", [])):
+            jwks = await self._fetch_jwks()  # the issuer may have rotated its key
+        return jwks
+
+    def _reject(self, why: str) -> None:
+        self.state.rejected[why] += 1
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        try:
+            header = _jws_header(token)
+        except (ValueError, UnicodeDecodeError):
+            self._reject("malformed")
+            return None
+        if header.get("typ", "").lower() not in ("at+jwt", "application/at+jwt"):
+            self._reject("typ")
+            return None
+        try:
+            keys = KeySet.import_key_set(await self._keys_for(header.get("kid")))
+            decoded = jwt.decode(token, keys, algorithms=["RS256", "PS256", "ES256", "EdDSA"])
+            jwt.JWTClaimsRegistry(
+                iss={"essential": True, "value": self.issuer},
+                aud={"essential": True, "value": self.resource},
+                exp={"essential": True},
+                client_id={"essential": True},
+            ).validate(decoded.claims)
+        except (JoseError, ValueError) as exc:
+            self._reject(type(exc).__name__)
+            return None
+        claims = decoded.claims
+        jti = str(claims.get("jti", ""))
+        if jti in self.state.revoked_jtis or int(claims.get("iat", 0)) < self.state.revoked_before:
+            self._reject("revoked")
+            return None
+        if jti not in self.state.tokens_seen:
+            self.state.tokens_seen.append(jti)
+        aud = claims["aud"]
+        return AccessToken(
+            token=token,
+            client_id=str(claims["client_id"]),
+            scopes=str(claims.get("scope", "")).split(),
+            expires_at=int(claims["exp"]),
+            resource=self.resource if isinstance(aud, list) else str(aud),
+            subject=claims.get("sub"),
+            claims={"iss": claims["iss"], "jti": jti},
+        )
+
+
+def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) -> Any:
+    """The SDK's Streamable HTTP app with bearer auth, wrapped by the test controls."""
+    server: MCPServer[Any] = MCPServer(
+        "mcpcreds-test-tools",
+        token_verifier=JwtTokenVerifier(state, issuer, jwks_uri, resource),
+        auth=AuthSettings(issuer_url=issuer, resource_server_url=resource, validate_token_resource=True),
+        log_level="WARNING",
+    )
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Return the text unchanged."""
+        state.tool_calls += 1
+        return text
+
+    @server.tool()
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        state.tool_calls += 1
+        return a + b
+
+    async def body(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        return cast(dict[str, Any], json.loads(raw)) if raw else {}
+
+    @server.custom_route("/_test/stats", methods=["GET"])
+    async def stats(request: Request) -> Response:
+        return JSONResponse(state.snapshot())
+
+    @server.custom_route("/_test/reset_stats", methods=["POST"])
+    async def reset_stats(request: Request) -> Response:
+        state.reset()
+        return JSONResponse({"ok": True})
+
+    @server.custom_route("/_test/revoke", methods=["POST"])
+    async def revoke(request: Request) -> Response:
+        args = await body(request)
+        if args.get("all"):
+            # `iat` has whole seconds: tokens issued earlier in this second but already seen
+            # are caught by their jti; one issued later in this second stays valid.
+            state.revoked_before = int(time.time())
+            state.revoked_jtis.update(state.tokens_seen)
+        if args.get("jti"):
+            state.revoked_jtis.add(str(args["jti"]))
+        return JSONResponse({"revoked_before": state.revoked_before, "revoked_jtis": len(state.revoked_jtis)})
+
+    @server.custom_route("/_test/fail_429", methods=["POST"])
+    async def fail_429(request: Request) -> Response:
+        args = await body(request)
+        state.fail_429 = int(args.get("count", 1))
+        state.retry_after = str(args.get("retry_after", 1))
+        return JSONResponse({"ok": True})
+
+    app = server.streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
+
+    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/mcp":
+            await app(scope, receive, send)
+            return
+        state.requests += 1
+        state.by_method[scope["method"]] += 1
+        if scope["method"] == "POST" and state.fail_429 > 0:
+            state.fail_429 -= 1
+            state.rate_limited += 1
+            payload = b'{"error": "rate_limited"}'
+            await send({"type": "http.response.start", "status": 429, "headers": [
+                (b"content-type", b"application/json"), (b"retry-after", state.retry_after.encode()),
+                (b"content-length", str(len(payload)).encode())]})
+            await send({"type": "http.response.body", "body": payload})
+            return
+
+        async def counting_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 401:
+                state.unauthorized += 1
+            await send(message)
+
+        await app(scope, receive, counting_send)
+
+    return wrapped
+
+
+async def serve(args: argparse.Namespace) -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))
+    port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/mcp"
+    state = ServerState()
+    app = build_app(state, issuer=args.issuer, jwks_uri=args.jwks_uri, resource=args.resource or url)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            await task  # raises what stopped it
+            raise RuntimeError("uvicorn stopped before it started")
+        await asyncio.sleep(0.01)
+    print(f"READY {url}", flush=True)
+    await task
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--issuer", required=True)
+    parser.add_argument("--jwks-uri", required=True)
+    parser.add_argument("--resource", default=None, help="the expected `aud` (default: the server's URL)")
+    asyncio.run(serve(parser.parse_args(argv)))
+
+
+# --------------------------------------------------------------------------------------------
+# The test-side handle
+# --------------------------------------------------------------------------------------------
+
+
+class McpServerPeer:
+    """A running MCP server process. Use start_mcp_server() to create one."""
+
+    def __init__(self, proc: subprocess.Popen[str], url: str, workdir: Path) -> None:
+        self.proc = proc
+        self.url = url
+        self.base = url.rsplit("/", 1)[0]
+        self._workdir = workdir
+        self._http = httpx.Client(base_url=self.base, timeout=10.0)
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = self._http.post(path, json=body)
+        response.raise_for_status()
+        return cast(dict[str, Any], response.json())
+
+    def stats(self) -> dict[str, Any]:
+        response = self._http.get("/_test/stats")
+        response.raise_for_status()
+        return cast(dict[str, Any], response.json())
+
+    def reset_stats(self) -> None:
+        self._post("/_test/reset_stats", {})
+
+    def revoke(self, jti: str) -> None:
+        self._post("/_test/revoke", {"jti": jti})
+
+    def revoke_all(self) -> None:
+        """Refuse every token issued so far (a 401 for tokens that have not expired)."""
+        self._post("/_test/revoke", {"all": True})
+
+    def fail_next_with_429(self, n: int = 1, retry_after: float = 1) -> None:
+        self._post("/_test/fail_429", {"count": n, "retry_after": f"{retry_after:g}"})
+
+    def log(self) -> str:
+        path = self._workdir / "stderr.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        self._http.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def _pump_lines(stream: IO[str], sink: queue.Queue[str | None]) -> None:
+    for line in stream:
+        sink.put(line)
+    sink.put(None)
+
+
+@contextlib.contextmanager
+def start_mcp_server(issuer: str, jwks_uri: str, *, resource: str | None = None,
+                     ready_timeout: float = READY_TIMEOUT) -> Iterator[McpServerPeer]:
+    """Run the server for the duration of the with-block; yields an McpServerPeer."""
+    workdir = Path(tempfile.mkdtemp(prefix="mcp-server-peer-"))
+    cmd = [sys.executable, "-m", "tests.peers.mcp_server", "--port", "0", "--issuer", issuer,
+           "--jwks-uri", jwks_uri]
+    if resource is not None:
+        cmd += ["--resource", resource]
+    with (workdir / "stderr.log").open("w") as stderr:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=stderr, text=True,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                    p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)})
+    assert proc.stdout is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_pump_lines, args=(proc.stdout, lines), daemon=True).start()
+    peer: McpServerPeer | None = None
+    try:
+        deadline = time.monotonic() + ready_timeout
+        url = None
+        while url is None:
+            try:
+                line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                line = None
+            if line is None:
+                proc.kill()
+                proc.wait()
+                log = (workdir / "stderr.log").read_text(errors="replace")
+                raise RuntimeError(f"MCP server peer gave no READY line (exit {proc.returncode}):\n{log}")
+            if line.startswith("READY "):
+                url = line.split(" ", 1)[1].strip()
+        peer = McpServerPeer(proc, url, workdir)
+        yield peer
+    finally:
+        if peer is not None:
+            peer.stop()
+        else:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
