@@ -134,7 +134,7 @@ def test_rotation_to_a_wrong_secret_changes_nothing(peer: OidcPeer,
 
 
 def test_cli_rotation_and_forced_static_key(peer: OidcPeer, setup: tuple[SidecarProcess, Path]) -> None:
-    sidecar, audit = setup
+    sidecar, _ = setup
     sock = ["--socket", str(sidecar.socket)]
     peer.set_secret(CLIENT_ID, f"{CANARY}-cli", keep_old=False)
     result = run_cli("secret", "rotate", SECRET, *sock, stdin=f"{CANARY}-cli\n")

@@ -11,7 +11,8 @@ Test controls are plain HTTP routes beside ``/mcp`` (no auth):
     POST /_test/reset_stats
     POST /_test/revoke         {"jti": "..."} revokes one token; {"all": true} every token
                                issued before now (and every token seen so far)
-    POST /_test/fail_429       {"count": N, "retry_after": S}: the next N POSTs to /mcp get a
+    POST /_test/fail_429       {"count": N, "retry_after": S, "method": "tools/call"}: the next
+                               N POSTs to /mcp of that JSON-RPC method (null: any POST) get a
                                429 with Retry-After: S (GETs, the SSE stream, are left alone)
 
 Run it as ``python -m tests.peers.mcp_server --issuer URL --jwks-uri URL [--port 0]``: it
@@ -77,6 +78,7 @@ class ServerState:
         self.revoked_jtis: set[str] = set()
         self.revoked_before = 0  # tokens with iat < this are revoked
         self.fail_429 = 0
+        self.fail_429_method: str | None = "tools/call"
         self.retry_after = "1"
 
     def reset(self) -> None:
@@ -170,6 +172,47 @@ class JwtTokenVerifier:
         )
 
 
+async def _buffered(receive: Any) -> Any:
+    """Read the whole request body; return a `receive` that replays it."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    body = b"".join(chunks)
+    replayed = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return cast(dict[str, Any], await receive())
+
+    replay.body = body  # type: ignore[attr-defined]
+    return replay
+
+
+async def _rpc_method(replay: Any) -> str | None:
+    try:
+        message = json.loads(replay.body)
+    except ValueError:
+        return None
+    return message.get("method") if isinstance(message, dict) else None
+
+
+async def _send_json(send: Any, status: int, payload: dict[str, Any],
+                     extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        *(extra or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) -> Any:
     """The SDK's Streamable HTTP app with bearer auth, wrapped by the test controls."""
     server: MCPServer[Any] = MCPServer(
@@ -221,6 +264,7 @@ def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) 
         args = await body(request)
         state.fail_429 = int(args.get("count", 1))
         state.retry_after = str(args.get("retry_after", 1))
+        state.fail_429_method = args.get("method", "tools/call")
         return JSONResponse({"ok": True})
 
     app = server.streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
@@ -232,14 +276,13 @@ def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) 
         state.requests += 1
         state.by_method[scope["method"]] += 1
         if scope["method"] == "POST" and state.fail_429 > 0:
-            state.fail_429 -= 1
-            state.rate_limited += 1
-            payload = b'{"error": "rate_limited"}'
-            await send({"type": "http.response.start", "status": 429, "headers": [
-                (b"content-type", b"application/json"), (b"retry-after", state.retry_after.encode()),
-                (b"content-length", str(len(payload)).encode())]})
-            await send({"type": "http.response.body", "body": payload})
-            return
+            receive = await _buffered(receive)  # read the body to see the JSON-RPC method
+            if state.fail_429_method in (None, await _rpc_method(receive)):
+                state.fail_429 -= 1
+                state.rate_limited += 1
+                await _send_json(send, 429, {"error": "rate_limited"},
+                                 [(b"retry-after", state.retry_after.encode())])
+                return
 
         async def counting_send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start" and message["status"] == 401:
@@ -315,8 +358,9 @@ class McpServerPeer:
         """Refuse every token issued so far (a 401 for tokens that have not expired)."""
         self._post("/_test/revoke", {"all": True})
 
-    def fail_next_with_429(self, n: int = 1, retry_after: float = 1) -> None:
-        self._post("/_test/fail_429", {"count": n, "retry_after": f"{retry_after:g}"})
+    def fail_next_with_429(self, n: int = 1, retry_after: float = 1, method: str | None = "tools/call") -> None:
+        """Answer the next `n` POSTs of JSON-RPC `method` (None: any POST) with 429 + Retry-After."""
+        self._post("/_test/fail_429", {"count": n, "retry_after": f"{retry_after:g}", "method": method})
 
     def log(self) -> str:
         path = self._workdir / "stderr.log"
