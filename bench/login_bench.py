@@ -2,10 +2,10 @@
 
 Run from the repository root (the package installed, e.g. `pip install -e .`; Node for the peer):
 
-    python bench/login_bench.py                          # defaults: --ttl 3 --lifetimes 10 --processes 8
-    python bench/login_bench.py --json                   # the same figures, machine-readable
+    python bench/login_bench.py                  # defaults below; about 50-60 s
+    python bench/login_bench.py --json           # the same figures, machine-readable
     python bench/login_bench.py --ttl 3 --lifetimes 10 --processes 8 --calls 125 --interval 0.02 \\
-        --refresh-ahead 60s
+        --refresh-ahead 60s                      # every option, at its default
 
 Targets (from the issue), each checked; the exit status is 1 if one is missed:
 
@@ -14,28 +14,32 @@ Targets (from the issue), each checked; the exit status is 1 if one is missed:
 - steady run: over 10 token lifetimes of steady traffic, at most 11 token requests, and no call
   ever receives an expired token.
 
-What it does, against a real authorization server (oidc-provider on loopback, `tests/peers/oidc_peer.py`,
-issuing RFC 9068 JWT access tokens) and the real sidecar (`mcpcreds serve`, `tests/sidecar_proc.py`):
+It runs against a real authorization server (oidc-provider on loopback, `tests/peers/oidc_peer.py`,
+issuing RFC 9068 JWT access tokens) and the real sidecar (`mcpcreds serve`, `tests/sidecar_proc.py`).
+`--processes` client processes (multiprocessing, spawn) are started once and serve every phase;
+in each phase they set up, then are released together by a multiprocessing event.
 
-1. Cold burst. A fresh sidecar (no login yet; the peer's token lifetime is set to 60 s so that no
-   renewal can fall inside the burst). `--processes` client processes (multiprocessing, spawn) each
-   open an `AsyncClient`; released together by a multiprocessing event, each fires `--calls`
+1. Cold burst. A fresh sidecar, no login yet (the peer's token lifetime is 60 s here, so that no
+   renewal can fall inside the burst). Each process opens an `AsyncClient` and fires `--calls`
    concurrent `headers_info("crm-ro")` calls. Reported: token requests seen by the peer, distinct
-   fingerprints received, latency p50/p99/max of the cold calls (from the release to the answer).
+   fingerprints received, latency p50/p99/max from the release to each answer, and the sidecar's own
+   mean time per headers request (its `/metrics`), which tells time in the sidecar from time spent
+   queued in the clients and the kernel (the latencies depend on the machine's load; the counts do not).
 2. Baseline, in the same run: the status quo, each process fetching its own token from the token
-   endpoint with authlib's `AsyncOAuth2Client.fetch_token(grant_type="client_credentials")`, all
-   released together. Reported: the peer's token requests (one per process) next to the sidecar's.
+   endpoint with authlib's `AsyncOAuth2Client.fetch_token(grant_type="client_credentials")`.
+   Reported: the peer's token requests (one per process) next to the sidecar's.
 3. Steady run. The peer's token lifetime is set to `--ttl` seconds and a fresh sidecar is started;
-   for `--lifetimes` x `--ttl` seconds every process calls `headers_info("crm-ro")` every
-   `--interval` seconds. At receipt each call decodes the JWT payload (no signature check) and
-   compares its `exp`, and the answer's `expires_at`, with `time.time()`. Reported: calls, expired
-   receipts (by JWT `exp` and by `expires_at`), the smallest time left on a received token,
-   distinct tokens, token requests at the peer over the run (counted from the first, cold fetch to
-   the end of the run) and the sidecar's status (token_requests, renewals, shared_fetches).
+   for `--lifetimes` x `--ttl` seconds each process calls `headers_info("crm-ro")` every `--interval`
+   seconds. At receipt each call decodes the JWT payload (no signature check) and compares its `exp`,
+   and the answer's `expires_at`, with `time.time()` (expired: now >= exp). Reported: calls, expired
+   receipts, the least time left on a received token, how much later the answer's `expires_at` is than
+   the JWT's `exp`, distinct tokens and how often a new one appears, token requests at the peer over
+   the run (from the first, cold fetch to the end of the run) and the sidecar's status just after it.
 
-`--refresh-ahead` is written into the sidecar's config (`sidecar.refresh_ahead`). The sidecar renews
-a login `refresh_ahead` before it expires, capped at half its lifetime; with the default 60 s and a
-3 s token the cap decides (a renewal every ~1.5 s).
+`--refresh-ahead` is written into the sidecar's config (`sidecar.refresh_ahead`, default "60s" as in
+the contract's example). The sidecar renews a login `refresh_ahead` before it expires, capped at half
+its lifetime, so with a 3 s token it renews about every 1.5 s. The peer's `exp` and `expires_in` are
+whole seconds, so a token's real lifetime is 2-3 s of the nominal 3 s.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -64,7 +68,13 @@ if str(ROOT) not in sys.path:  # `python bench/login_bench.py` puts bench/, not 
     sys.path.insert(0, str(ROOT))
 
 if TYPE_CHECKING:  # imported where used, so that the spawned client processes stay light
+    from multiprocessing.sharedctypes import Synchronized
+
     from tests.peers.oidc_peer import OidcPeer
+
+    SharedFloat = Synchronized[float]
+else:
+    SharedFloat = Any
 
 SERVER = "crm-ro"
 SERVICE_KEY = "service:crm"
@@ -125,11 +135,17 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
-def latency_ms(values: list[float]) -> dict[str, float]:
+def latency_ms(values: list[float]) -> dict[str, float | None]:
     ordered = sorted(values)
+    if not ordered:
+        return {"p50_ms": None, "p99_ms": None, "max_ms": None}
     return {"p50_ms": round(percentile(ordered, 0.50) * 1e3, 3),
             "p99_ms": round(percentile(ordered, 0.99) * 1e3, 3),
-            "max_ms": round(ordered[-1] * 1e3, 3) if ordered else float("nan")}
+            "max_ms": round(ordered[-1] * 1e3, 3)}
+
+
+def ms(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -139,15 +155,11 @@ def _describe(exc: BaseException) -> str:
 # ------------------------------------------------------------------------------- worker processes
 
 
-def cold_worker(socket_path: str, calls: int, go: Event, ctl: Connection) -> None:
-    """Process target: one AsyncClient; on `go`, `calls` concurrent headers_info calls."""
-    ctl.send(("result", asyncio.run(_cold(socket_path, calls, go, ctl))))
-
-
-async def _cold(socket_path: str, calls: int, go: Event, ctl: Connection) -> dict[str, Any]:
+async def _cold(params: dict[str, Any], go: Event, _start_at: SharedFloat, ctl: Connection) -> dict[str, Any]:
+    """One AsyncClient; on `go`, `calls` concurrent headers_info calls."""
     from mcpcreds import AsyncClient
 
-    async with AsyncClient(socket_path) as creds:
+    async with AsyncClient(params["socket"]) as creds:
         await creds.health()  # reachable; touches no login
         ctl.send(("ready", ""))
         go.wait()
@@ -157,25 +169,23 @@ async def _cold(socket_path: str, calls: int, go: Event, ctl: Connection) -> dic
             info = await creds.headers_info(SERVER)
             return time.perf_counter() - released, f"{info['fingerprint']}"
 
-        outcomes = await asyncio.gather(*(one() for _ in range(calls)), return_exceptions=True)
+        outcomes = await asyncio.gather(*(one() for _ in range(params["calls"])), return_exceptions=True)
     latencies = [o[0] for o in outcomes if isinstance(o, tuple)]
     errors = [_describe(o) for o in outcomes if isinstance(o, BaseException)]
     return {"latencies": latencies, "fingerprints": sorted({o[1] for o in outcomes if isinstance(o, tuple)}),
             "errors": len(errors), "first_error": errors[0] if errors else ""}
 
 
-def baseline_worker(token_url: str, go: Event, ctl: Connection) -> None:
-    """Process target: the status quo, one direct client-credentials fetch with authlib."""
-    ctl.send(("result", asyncio.run(_baseline(token_url, go, ctl))))
-
-
-async def _baseline(token_url: str, go: Event, ctl: Connection) -> dict[str, Any]:
+async def _baseline(params: dict[str, Any], go: Event, _start_at: SharedFloat,
+                    ctl: Connection) -> dict[str, Any]:
+    """The status quo: one direct client-credentials fetch with authlib, on `go`."""
     from authlib.deprecate import AuthlibDeprecationWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AuthlibDeprecationWarning)
         from authlib.integrations.httpx_client import AsyncOAuth2Client
 
+    token_url = params["token_url"]
     async with AsyncOAuth2Client(CLIENT_ID, CLIENT_SECRET, scope=SCOPE, token_endpoint=token_url) as client:
         ctl.send(("ready", ""))
         go.wait()
@@ -191,35 +201,30 @@ async def _baseline(token_url: str, go: Event, ctl: Connection) -> dict[str, Any
             "first_error": "" if ok else "no access_token in the answer"}
 
 
-def steady_worker(socket_path: str, interval: float, duration: float, go: Event, start_at: Any,
-                  ctl: Connection) -> None:
-    """Process target: on `go`, headers_info every `interval` s from `start_at` for `duration` s."""
-    ctl.send(("result", asyncio.run(_steady(socket_path, interval, duration, go, start_at, ctl))))
-
-
-async def _steady(socket_path: str, interval: float, duration: float, go: Event, start_at: Any,
+async def _steady(params: dict[str, Any], go: Event, start_at: SharedFloat,
                   ctl: Connection) -> dict[str, Any]:
+    """On `go`, headers_info every `interval` s from `start_at` (time.time()) for `duration` s,
+    checking each token received against the clock."""
     from mcpcreds import AsyncClient
 
+    interval: float = params["interval"]
     calls = expired_exp = expired_expires_at = errors = 0
     first_error = ""
     latencies: list[float] = []
     tokens: dict[str, tuple[float, float]] = {}  # fingerprint -> (JWT exp, first receipt)
-    min_left = float("inf")  # the least time left on a received token (by JWT exp), s
-    max_skew = float("-inf")  # the answer's expires_at minus the JWT's exp, s
-    async with AsyncClient(socket_path) as creds:
+    min_left: float | None = None  # the least time left on a received token (by JWT exp), s
+    max_skew: float | None = None  # the answer's expires_at minus the JWT's exp, s
+    async with AsyncClient(params["socket"]) as creds:
         await creds.health()
         ctl.send(("ready", ""))
         go.wait()
         start = float(start_at.value)
-        end = start + duration
+        end = start + float(params["duration"])
         loop_start = time.perf_counter() + (start - time.time())
         await asyncio.sleep(max(0.0, start - time.time()))
         tick = 0
-        while True:
+        while time.time() < end:
             sent = time.perf_counter()
-            if time.time() >= end:
-                break
             try:
                 info = await creds.headers_info(SERVER)
                 received = time.time()
@@ -232,12 +237,13 @@ async def _steady(socket_path: str, interval: float, duration: float, go: Event,
                 calls += 1
                 exp = float(claims["exp"])
                 tokens.setdefault(str(info["fingerprint"]), (exp, received))
-                min_left = min(min_left, exp - received)
+                min_left = exp - received if min_left is None else min(min_left, exp - received)
                 if received >= exp:
                     expired_exp += 1
                 expires_at = info.get("expires_at")
                 if isinstance(expires_at, int | float):
-                    max_skew = max(max_skew, float(expires_at) - exp)
+                    skew = float(expires_at) - exp
+                    max_skew = skew if max_skew is None else max(max_skew, skew)
                     if received >= expires_at:
                         expired_expires_at += 1
             # fixed schedule: a slow call delays the next one, it does not cause a burst
@@ -248,54 +254,89 @@ async def _steady(socket_path: str, interval: float, duration: float, go: Event,
             "min_left": min_left, "max_skew": max_skew}
 
 
+Phase = Callable[[dict[str, Any], Event, SharedFloat, Connection], Coroutine[Any, Any, dict[str, Any]]]
+PHASES: dict[str, Phase] = {
+    "cold": _cold, "baseline": _baseline, "steady": _steady,
+}
+
+
+def worker_main(ctl: Connection, go: dict[str, Event], start_at: SharedFloat) -> None:
+    """Process target: run the phases the parent asks for, one at a time, until it sends None.
+    Each phase answers ("ready", "") once set up, then ("result", {...}); ("error", text) on failure."""
+    while True:
+        try:
+            command: tuple[str, dict[str, Any]] | None = ctl.recv()
+        except EOFError:
+            return
+        if command is None:
+            return
+        phase, params = command
+        try:
+            result = asyncio.run(PHASES[phase](params, go[phase], start_at, ctl))
+        except Exception as exc:
+            ctl.send(("error", _describe(exc)))
+        else:
+            ctl.send(("result", result))
+
+
 # ------------------------------------------------------------------------------ process plumbing
 
 
-def _recv(pipe: Connection, timeout: float, what: str) -> tuple[str, Any]:
-    if not pipe.poll(timeout):
-        raise BenchError(f"{what}: a worker process did not answer within {timeout:.0f} s")
-    try:
-        message: tuple[str, Any] = pipe.recv()
-    except EOFError:
-        raise BenchError(f"{what}: a worker process died (see its traceback above)") from None
-    return message
+class Pool:
+    """`processes` spawned client processes, started once and used by every phase."""
 
-
-@contextlib.contextmanager
-def workers(target: Any, args_for: list[tuple[Any, ...]], what: str) -> Iterator[list[Connection]]:
-    """Start one spawned process per args tuple (each gets a pipe as its last argument) and wait
-    until every one has said "ready"; yields the pipes. The processes are reaped on exit."""
-    ctx = multiprocessing.get_context("spawn")
-    procs: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
-    try:
-        for args in args_for:
+    def __init__(self, processes: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.go: dict[str, Event] = {phase: ctx.Event() for phase in PHASES}
+        self.start_at: SharedFloat = ctx.Value("d", 0.0)
+        self.procs: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
+        for _ in range(processes):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=target, args=(*args, child), daemon=True)
+            proc = ctx.Process(target=worker_main, args=(child, self.go, self.start_at), daemon=True)
             proc.start()
             child.close()
-            procs.append((proc, parent))
-        for _, pipe in procs:
-            kind, message = _recv(pipe, READY_TIMEOUT, what)
-            if kind != "ready":
-                raise BenchError(f"{what}: a worker process failed to start: {message}")
-        yield [pipe for _, pipe in procs]
-    finally:
-        for proc, pipe in procs:
+            self.procs.append((proc, parent))
+
+    def _recv(self, pipe: Connection, timeout: float, what: str, expect: str) -> Any:
+        if not pipe.poll(timeout):
+            raise BenchError(f"{what}: a client process did not answer within {timeout:.0f} s")
+        try:
+            kind, payload = pipe.recv()
+        except EOFError:
+            raise BenchError(f"{what}: a client process died (see its traceback above)") from None
+        if kind == "error":
+            raise BenchError(f"{what}: a client process failed: {payload}")
+        if kind != expect:
+            raise BenchError(f"{what}: a client process sent {kind!r}, expected {expect!r}")
+        return payload
+
+    def prepare(self, phase: str, params: dict[str, Any]) -> None:
+        """Send the phase to every process and wait until each is set up and waiting for `go`."""
+        self.go[phase].clear()
+        for _, pipe in self.procs:
+            pipe.send((phase, params))
+        for _, pipe in self.procs:
+            self._recv(pipe, READY_TIMEOUT, phase, "ready")
+
+    def release(self, phase: str) -> None:
+        self.go[phase].set()
+
+    def results(self, phase: str, timeout: float) -> list[dict[str, Any]]:
+        return [self._recv(pipe, timeout, phase, "result") for _, pipe in self.procs]
+
+    def close(self) -> None:
+        for event in self.go.values():  # a process left waiting for a release (after an error) goes on
+            event.set()
+        for _, pipe in self.procs:
+            with contextlib.suppress(OSError):
+                pipe.send(None)
             pipe.close()
-            proc.join(10)
+        deadline = time.monotonic() + 10
+        for proc, _ in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-
-
-def results(pipes: list[Connection], timeout: float, what: str) -> list[dict[str, Any]]:
-    out = []
-    for pipe in pipes:
-        kind, result = _recv(pipe, timeout, what)
-        if kind != "result" or not isinstance(result, dict):
-            raise BenchError(f"{what}: unexpected message {kind!r} from a worker process")
-        out.append(result)
-    return out
 
 
 @contextlib.contextmanager
@@ -328,70 +369,85 @@ def login_status(socket: Path) -> dict[str, Any]:
     return {}
 
 
+def headers_route_seconds(socket: Path) -> dict[str, float | None]:
+    """The sidecar's own view of the headers route (GET /metrics: from its request parsed to its
+    answer written), to tell time spent in the sidecar from time queued in the clients or the kernel."""
+    import httpx
+
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://mcpcreds") as http:
+        text = http.get("/metrics").text
+    count = total = 0.0
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if "headers" not in name:
+            continue
+        if name.startswith("mcpcreds_request_seconds_count{"):
+            count += float(value)
+        elif name.startswith("mcpcreds_request_seconds_sum{"):
+            total += float(value)
+    return {"requests": count, "mean_ms": round(total / count * 1e3, 3) if count else None}
+
+
+def first_error(out: list[dict[str, Any]]) -> str:
+    return next((r["first_error"] for r in out if r["first_error"]), "")
+
+
 # ----------------------------------------------------------------------------------------- phases
 
 
-def run_cold(peer: OidcPeer, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
-    what = "cold burst"
+def run_cold(pool: Pool, peer: OidcPeer, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     peer.set_ttl(COLD_TTL)
     peer.reset_stats()
-    go = multiprocessing.get_context("spawn").Event()
-    with sidecar(peer, tmp, "cold", args.refresh_ahead) as socket, \
-            workers(cold_worker, [(str(socket), args.calls, go)] * args.processes, what) as pipes:
+    with sidecar(peer, tmp, "cold", args.refresh_ahead) as socket:
+        pool.prepare("cold", {"socket": str(socket), "calls": args.calls})
         before = peer.stats()["token_requests"]
-        go.set()
-        out = results(pipes, 60.0, what)
+        pool.release("cold")
+        out = pool.results("cold", 120.0)
         stats = peer.stats()
         status = login_status(socket)
+        inside = headers_route_seconds(socket)
     latencies = [lat for r in out for lat in r["latencies"]]
     fingerprints = sorted({f for r in out for f in r["fingerprints"]})
     return {
         "processes": args.processes, "calls": args.processes * args.calls, "answered": len(latencies),
-        "errors": sum(r["errors"] for r in out),
-        "first_error": next((r["first_error"] for r in out if r["first_error"]), ""),
+        "errors": sum(r["errors"] for r in out), "first_error": first_error(out),
         "token_requests_before_release": before, "token_requests": stats["token_requests"],
         "fingerprints": len(fingerprints), **latency_ms(latencies),
+        "sidecar_side_mean_ms": inside["mean_ms"],
         "sidecar_status": {k: status.get(k) for k in ("token_requests", "renewals", "shared_fetches")},
     }
 
 
-def run_baseline(peer: OidcPeer, args: argparse.Namespace) -> dict[str, Any]:
-    what = "baseline"
+def run_baseline(pool: Pool, peer: OidcPeer, args: argparse.Namespace) -> dict[str, Any]:
     peer.set_ttl(COLD_TTL)
     peer.reset_stats()
-    go = multiprocessing.get_context("spawn").Event()
-    with workers(baseline_worker, [(peer.token_url, go)] * args.processes, what) as pipes:
-        go.set()
-        out = results(pipes, 60.0, what)
+    pool.prepare("baseline", {"token_url": peer.token_url})
+    pool.release("baseline")
+    out = pool.results("baseline", 60.0)
     stats = peer.stats()
     latencies = [lat for r in out for lat in r["latencies"]]
     return {
         "processes": args.processes, "tokens_received": sum(r["tokens"] for r in out),
-        "errors": sum(r["errors"] for r in out),
-        "first_error": next((r["first_error"] for r in out if r["first_error"]), ""),
+        "errors": sum(r["errors"] for r in out), "first_error": first_error(out),
         "token_requests": stats["token_requests"], **latency_ms(latencies),
     }
 
 
-def run_steady(peer: OidcPeer, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
-    what = "steady run"
+def run_steady(pool: Pool, peer: OidcPeer, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     duration = args.ttl * args.lifetimes
     peer.set_ttl(args.ttl)
     peer.reset_stats()
-    ctx = multiprocessing.get_context("spawn")
-    go = ctx.Event()
-    start_at = ctx.Value("d", 0.0)
-    with sidecar(peer, tmp, "steady", args.refresh_ahead) as socket, \
-            workers(steady_worker, [(str(socket), args.interval, duration, go, start_at)] * args.processes,
-                    what) as pipes:
+    with sidecar(peer, tmp, "steady", args.refresh_ahead) as socket:
+        pool.prepare("steady", {"socket": str(socket), "interval": args.interval, "duration": duration})
         before = peer.stats()["token_requests"]
         start = time.time() + 0.2
-        start_at.value = start
-        go.set()
+        pool.start_at.value = start
+        pool.release("steady")
         time.sleep(max(0.0, start + duration - time.time()))
         stats = peer.stats()  # at the end of the run, before any later renewal
+        stats_lag = time.time() - (start + duration)
         status = login_status(socket)
-        out = results(pipes, 60.0, what)
+        out = pool.results("steady", 60.0)
     first_seen: dict[str, float] = {}  # fingerprint -> first receipt by any process
     for r in out:
         for fp, (_exp, seen) in r["tokens"].items():
@@ -400,24 +456,26 @@ def run_steady(peer: OidcPeer, tmp: Path, args: argparse.Namespace) -> dict[str,
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     latencies = [lat for r in out for lat in r["latencies"]]
     calls = sum(r["calls"] for r in out)
+    lefts = [r["min_left"] for r in out if r["min_left"] is not None]
+    skews = [r["max_skew"] for r in out if r["max_skew"] is not None]
     return {
         "processes": args.processes, "ttl_s": args.ttl, "lifetimes": args.lifetimes, "seconds": duration,
         "interval_s": args.interval, "refresh_ahead": args.refresh_ahead, "calls": calls,
         "calls_per_s": round(calls / duration, 1),
-        "errors": sum(r["errors"] for r in out),
-        "first_error": next((r["first_error"] for r in out if r["first_error"]), ""),
+        "errors": sum(r["errors"] for r in out), "first_error": first_error(out),
         "expired_receipts": sum(r["expired_exp"] for r in out),
         "expired_by_expires_at": sum(r["expired_expires_at"] for r in out),
-        "min_time_left_s": round(min(r["min_left"] for r in out), 3) if calls else None,
-        "max_expires_at_minus_exp_s": round(max(r["max_skew"] for r in out), 3) if calls else None,
+        "min_time_left_s": round(min(lefts), 3) if lefts else None,
+        "max_expires_at_minus_exp_s": round(max(skews), 3) if skews else None,
         "distinct_tokens": len(first_seen),
         "new_token_every_s": round(sum(gaps) / len(gaps), 3) if gaps else None,
         "shortest_token_gap_s": round(min(gaps), 3) if gaps else None,
         "token_requests_before_start": before,
         "token_requests": stats["token_requests"], "token_issued": stats["token_issued"],
+        "stats_read_after_end_s": round(stats_lag, 3),
         **latency_ms(latencies),
-        "sidecar_status": {k: status.get(k) for k in ("state", "token_requests", "renewals",
-                                                      "shared_fetches")},
+        "sidecar_status_after_run": {k: status.get(k) for k in ("state", "token_requests", "renewals",
+                                                                "shared_fetches")},
     }
 
 
@@ -471,7 +529,7 @@ def table(rows: list[tuple[str, ...]]) -> str:
 
 def render(report: dict[str, Any]) -> str:
     cold, base, steady = report["cold_burst"], report["baseline"], report["steady"]
-    s = steady["sidecar_status"]
+    s = steady["sidecar_status_after_run"]
     out = [
         f"cold burst: {cold['calls']:,} concurrent headers calls from {cold['processes']} processes "
         f"({report['cpus']} CPUs, load average {report['load_average_1m_at_start']} at the start)",
@@ -481,9 +539,10 @@ def render(report: dict[str, Any]) -> str:
             ("distinct tokens received", str(cold["fingerprints"]), str(base["tokens_received"])),
             ("calls answered / errors", f"{cold['answered']} / {cold['errors']}",
              f"{base['tokens_received']} / {base['errors']}"),
-            ("latency p50 ms", f"{cold['p50_ms']:.1f}", f"{base['p50_ms']:.1f}"),
-            ("latency p99 ms", f"{cold['p99_ms']:.1f}", f"{base['p99_ms']:.1f}"),
-            ("latency max ms", f"{cold['max_ms']:.1f}", f"{base['max_ms']:.1f}"),
+            ("latency p50 ms", ms(cold["p50_ms"]), ms(base["p50_ms"])),
+            ("latency p99 ms", ms(cold["p99_ms"]), ms(base["p99_ms"])),
+            ("latency max ms", ms(cold["max_ms"]), ms(base["max_ms"])),
+            ("  of which in the sidecar, mean ms", ms(cold["sidecar_side_mean_ms"]), ""),
         ]),
         "",
         f"steady run: {steady['lifetimes']} lifetimes of a {steady['ttl_s']} s token "
@@ -502,10 +561,10 @@ def render(report: dict[str, Any]) -> str:
             ("a new token every s (shortest gap)", f"{steady['new_token_every_s']} "
                                                    f"({steady['shortest_token_gap_s']})"),
             ("token requests at the IdP", str(steady["token_requests"])),
-            ("sidecar token_requests / renewals / shared",
+            ("sidecar status after: token_requests / renewals / shared",
              f"{s['token_requests']} / {s['renewals']} / {s['shared_fetches']}"),
             ("latency p50 / p99 / max ms",
-             f"{steady['p50_ms']:.2f} / {steady['p99_ms']:.2f} / {steady['max_ms']:.1f}"),
+             f"{ms(steady['p50_ms'], 2)} / {ms(steady['p99_ms'], 2)} / {ms(steady['max_ms'])}"),
         ]),
         "",
         table([("target", "measured", "met"),
@@ -540,21 +599,27 @@ def main(argv: list[str] | None = None) -> int:
     clients = [{"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
                 "token_endpoint_auth_method": "client_secret_basic", "scope": SCOPE}]
     tmp = Path(tempfile.mkdtemp(prefix="mcpcreds-login-bench-"))
-    say = (lambda _m: None) if args.json else (lambda m: print(m, file=sys.stderr))
+
+    def say(message: str) -> None:
+        if not args.json:
+            print(message, file=sys.stderr)
+
     started = time.monotonic()
     load = os.getloadavg()[0]  # latencies depend on what else the machine runs; the counts do not
+    pool = Pool(args.processes)  # the processes start while the peer does
     try:
         with start_oidc_peer(clients, access_token_ttl=COLD_TTL) as peer:
             say("cold burst...")
-            cold = run_cold(peer, tmp, args)
+            cold = run_cold(pool, peer, tmp, args)
             say("baseline...")
-            base = run_baseline(peer, args)
+            base = run_baseline(pool, peer, args)
             say(f"steady run ({args.ttl * args.lifetimes} s)...")
-            steady = run_steady(peer, tmp, args)
+            steady = run_steady(pool, peer, tmp, args)
     except BenchError as exc:
         print(f"login_bench: {exc}", file=sys.stderr)
         return 1
     finally:
+        pool.close()
         shutil.rmtree(tmp, ignore_errors=True)
     report: dict[str, Any] = {
         "cpus": os.cpu_count(), "load_average_1m_at_start": round(load, 2), "python": sys.version.split()[0],

@@ -69,7 +69,7 @@ def test_a_second_401_is_returned_not_retried_forever() -> None:
 
 def test_429_pauses_the_bucket_then_raises() -> None:
     with pytest.raises(RateLimited) as info:
-        run(credential_flow("crm-ro", request()), [answer("t1", "f1"), {"paused_until": 1.0}],
+        run(credential_flow("crm-ro", request(), on_429="raise"), [answer("t1", "f1"), {"paused_until": 1.0}],
             [httpx.Response(429, headers={"Retry-After": "2"})])
     assert info.value.retry_after == 2.0
 

@@ -137,7 +137,8 @@ def test_refusal_past_max_wait_has_an_exact_retry_after(sidecar: SidecarProcess)
             client.acquire("a", cost=11)  # more than the burst: never grantable
         with pytest.raises(InvalidRequest):
             client.acquire("a", cost=0)
-    result = run_cli("acquire", "a", "--cost", "10", "--max-wait", "0", "--socket", str(sidecar.socket))
+        client.backoff("a", 30)  # refused for certain, however long the CLI takes to start
+    result = run_cli("acquire", "a", "--cost", "1", "--max-wait", "0", "--socket", str(sidecar.socket))
     assert result.code == 75 and "rate_limited" in result.stderr
 
 

@@ -157,14 +157,14 @@ class Api:
     def servers(self, request: Request) -> Response:
         return Response(200, self.broker.servers_body)
 
-    def status(self, request: Request) -> Response:
-        return json_response(self.broker.status())
+    async def status(self, request: Request) -> Response:
+        return json_response(await self.broker.status())
 
     def openapi_doc(self, request: Request) -> Response:
         return Response(200, self.openapi)
 
-    def metrics_text(self, request: Request) -> Response:
-        text = self.metrics.render(self.broker.gauges())
+    async def metrics_text(self, request: Request) -> Response:
+        text = self.metrics.render(await self.broker.gauges())
         return Response(200, text.encode(), content_type=_PROMETHEUS)
 
     def headers(self, request: Request) -> Response | Awaitable[Response]:
@@ -216,29 +216,26 @@ class Api:
         prefix = b'{"granted":%d,"waited":%s,' % (cost, repr(round(waited, 6)).encode())
         return Response(200, prefix + result.body[1:])
 
-    def backoff(self, request: Request) -> Response:
+    async def backoff(self, request: Request) -> Response:
         target = self.broker.target(request.name)
         body = parse_json_body(request)
         retry_after = body.get("retry_after")
         if isinstance(retry_after, bool) or not isinstance(retry_after, int | float) \
                 or not 0 <= retry_after <= 86400:
             raise InvalidRequest("retry_after must be a number of seconds from 0 to 86400")
-        until = self.broker.limiter.pause(target.key, float(retry_after))
-        if until is None:  # no bucket yet: make one, so the pause holds
-            self.broker.limiter.try_acquire(target.key, self.broker.rate_of(target), 1)
-            until = self.broker.limiter.pause(target.key, float(retry_after))
+        until = await self.broker.pause(target, float(retry_after))
         _log.info("backoff", extra={"key": target.key, "retry_after": retry_after,
                                     "uid": request.peer_uid, "pid": request.peer_pid})
         return json_response({"paused_until": until})
 
-    def invalidate(self, request: Request) -> Response:
+    async def invalidate(self, request: Request) -> Response:
         target = self.broker.target(request.name)
         body = parse_json_body(request)
         fp = body.get("fingerprint")
         if fp is not None and not isinstance(fp, str):
             raise InvalidRequest("fingerprint must be a string")
         reason = body.get("reason")
-        dropped = self.broker.invalidate(target, fp)
+        dropped = await self.broker.invalidate(target, fp)
         fields = {"key": target.key, "dropped": dropped, "fingerprint": fp,
                   "reason": str(reason)[:64] if reason else None, **_actor(request)}
         _log.info("invalidate", extra=fields)

@@ -63,7 +63,7 @@ def _apply(request: Any, answer: dict[str, Any]) -> str | None:
 
 
 def credential_flow(name: str, request: Any, *, cost: int = 1, max_wait: float = 30.0,
-                    on_429: On429 = "raise") -> Generator[Step, Any, Any]:
+                    on_429: On429 = "wait") -> Generator[Step, Any, Any]:
     """Permit + headers, send; on a 401 drop that login and retry once; on a 429 pause the
     shared bucket and raise, wait and retry once, or return the answer (per `on_429`)."""
     answer = yield Sidecar(Calls.call(name, cost, max_wait))
@@ -93,7 +93,7 @@ class CredentialsAuth(httpx.Auth):
     requires_request_body = True  # a retry after a 401 sends the body again
 
     def __init__(self, client: Client | None, async_client: AsyncClient | None, name: str, *,
-                 cost: int = 1, max_wait: float = 30.0, on_429: On429 = "raise") -> None:
+                 cost: int = 1, max_wait: float = 30.0, on_429: On429 = "wait") -> None:
         self._client = client
         self._async_client = async_client
         self.name = name

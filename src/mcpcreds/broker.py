@@ -29,6 +29,8 @@ from .logs import get_logger
 from .metrics import Labels, Metrics
 from .oauth import Token, build_token_request, send_token_request
 from .rates import Rate
+from .redis_state import RedisState
+from .shared import SharedLimiter, SharedLogins
 from .sources import SecretResolver
 from .wire import Response
 
@@ -76,12 +78,53 @@ class Broker:
         self.secret_cache_ttl = secret_cache_ttl
         self.http = http or httpx.AsyncClient(follow_redirects=False)
         self.discovery = Discovery(self.http)
-        self.logins = LoginCache(self._fetch_login, clock, config.sidecar.refresh_ahead)
-        self.limiter = Limiter(clock, self._rates(config))
+        self.state: RedisState | None = None
+        self.shared_logins: SharedLogins | None = None
+        self.limiter: Limiter | SharedLimiter
+        if config.sidecar.state == "memory":
+            self.logins = LoginCache(self._fetch_login, clock, config.sidecar.refresh_ahead)
+            self.limiter = Limiter(clock, self._rates(config))
+        else:
+            self.state = self._connect_state(config, resolver)
+            degrade = config.sidecar.on_state_loss == "local"
+            self.shared_logins = SharedLogins(self.state, self._fetch_login,
+                                              lambda: self.config.sidecar.refresh_ahead,
+                                              config.sidecar.token_timeout, degrade)
+            self.logins = LoginCache(self.shared_logins.fetch, clock, config.sidecar.refresh_ahead)
+            self.limiter = SharedLimiter(self.state, clock, Limiter(clock) if degrade else None,
+                                         config.sidecar.local_share)
         self._cache: dict[str, _Cached] = {}
         self._resolving: dict[str, asyncio.Future[HeadersResult]] = {}
         self._servers_body = self._encode_servers()
         self.health_body = json.dumps({"status": "ok", "version": __version__}).encode()
+
+    # -- shared state
+
+    @staticmethod
+    def _connect_state(config: Config, resolver: SecretResolver) -> RedisState:
+        side = config.sidecar
+        assert side.state_key is not None  # config validation requires it with a shared state
+        key = resolver.render(side.state_key)
+        password = resolver.render(side.state_password) if side.state_password else None
+        return RedisState(side.state, key, password)
+
+    async def start(self) -> None:
+        if self.state is not None:
+            self.state.listen(self._on_event)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        """Another sidecar changed a login: stop serving our local copy of the old one."""
+        key, fp = str(event.get("key")), event.get("fingerprint")
+        kind = event.get("kind")
+        if kind == "login":
+            current = self.logins.peek(key)
+            if current is not None and current.fingerprint != fp:
+                self.logins.drop(key)
+                self._drop_cached({key})
+            if self.shared_logins is not None:
+                self.shared_logins.notify(key)
+        elif kind == "invalidate" and self.logins.invalidate(key, fp if isinstance(fp, str) else None):
+            self._drop_cached({key})
 
     # -- config
 
@@ -123,6 +166,8 @@ class Broker:
     async def aclose(self) -> None:
         self.logins.close()
         self.limiter.close()
+        if self.state is not None:
+            await self.state.aclose()
         await self.http.aclose()
 
     # -- headers
@@ -214,15 +259,23 @@ class Broker:
         for name in [n for n, c in self._cache.items() if c.result.key in keys]:
             del self._cache[name]
 
-    def invalidate(self, target: Target, fingerprint: str | None) -> bool:
-        """Drop the login (or the cached headers) the caller was refused with."""
+    async def invalidate(self, target: Target, fingerprint: str | None) -> bool:
+        """Drop the login (or the cached headers) the caller was refused with, here and, with a
+        shared state, everywhere."""
         if target.login is None:
             self._drop_cached({target.key})
             return True
         dropped = self.logins.invalidate(target.key, fingerprint)
+        if self.state is not None:
+            dropped = await self.state.drop_login(target.key, fingerprint) or dropped
+            if dropped:
+                await self.state.publish("invalidate", target.key, fingerprint=fingerprint)
         if dropped:
             self._drop_cached({target.key})
         return dropped
+
+    async def pause(self, target: Target, seconds: float) -> float | None:
+        return await self.limiter.apause(target.key, self.rate_of(target), seconds)
 
     # -- secrets and rotation
 
@@ -279,6 +332,8 @@ class Broker:
         where = await asyncio.to_thread(self.resolver.store, secret, value)
         for target, token in trials:
             self.logins.install(target.key, token)
+            if self.shared_logins is not None:
+                await self.shared_logins.share(target.key, token)
         self._drop_cached({t.key for t in targets})
         if force:
             for target in logins:
@@ -288,7 +343,7 @@ class Broker:
 
     # -- status
 
-    def status(self) -> dict[str, Any]:
+    async def status(self) -> dict[str, Any]:
         servers = []
         for target in (*self.config.services.values(), *self.config.servers.values()):
             servers.append({
@@ -301,13 +356,14 @@ class Broker:
                 "tags": sorted(target.tags),
             })
         return {"version": __version__, "config": self.config.path, "servers": servers,
-                "logins": self.logins.status(), "buckets": self.buckets(),
-                "secrets": self.dependency_map()}
+                "logins": self.logins.status(), "buckets": await self.buckets(),
+                "secrets": self.dependency_map(),
+                "state": "memory" if self.state is None else "shared"}
 
-    def buckets(self) -> list[dict[str, Any]]:
-        return [b for b in self.limiter.status() if b["capacity"] != UNLIMITED.burst]
+    async def buckets(self) -> list[dict[str, Any]]:
+        return await self.limiter.astatus(self._rates(self.config))
 
-    def gauges(self) -> list[tuple[str, str, Labels, float]]:
+    async def gauges(self) -> list[tuple[str, str, Labels, float]]:
         out: list[tuple[str, str, Labels, float]] = []
         for row in self.logins.status():
             labels: Labels = (("key", row["key"]),)
@@ -320,7 +376,7 @@ class Broker:
             for state in ("valid", "renewing", "stale", "failing"):
                 out.append(("mcpcreds_login_state", "1 for the login's current state.",
                             (*labels, ("state", state)), 1.0 if row["state"] == state else 0.0))
-        for bucket in self.buckets():
+        for bucket in await self.buckets():
             labels = (("key", bucket["key"]),)
             out += [
                 ("mcpcreds_bucket_level", "Permits in the bucket now.", labels, bucket["level"]),

@@ -211,6 +211,14 @@ class Limiter:
         self._replan(key, lane, now)
         return self._wall(lane.bucket.paused_until, now)
 
+    async def apause(self, key: str, rate: Rate, retry_after: float) -> float | None:
+        """`pause`, making the bucket first if the key has none yet (the shared-state API)."""
+        self._lane(key, rate)
+        return self.pause(key, retry_after)
+
+    async def astatus(self, rates: Mapping[str, Rate]) -> list[dict[str, Any]]:
+        return [s for key in sorted(self._lanes) if key in rates and (s := self.snapshot(key)) is not None]
+
     def reconfigure(self, rates: Mapping[str, Rate]) -> None:
         """Keep unchanged buckets, change the rate of others (keeping their level), drop the rest.
 

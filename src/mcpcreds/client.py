@@ -132,7 +132,7 @@ class AsyncClient(_Base):
         return await self.run(Calls.secret_rotate(name, value, force))
 
     def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
-             on_429: Literal["raise", "wait", "return"] = "raise") -> CredentialsAuth:
+             on_429: Literal["raise", "wait", "return"] = "wait") -> CredentialsAuth:
         """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled."""
         return AUTH_CLASS(None, self, name, cost=cost, max_wait=max_wait, on_429=on_429)
 
@@ -209,7 +209,7 @@ class Client(_Base):
         return self.run(Calls.secret_rotate(name, value, force))
 
     def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
-             on_429: Literal["raise", "wait", "return"] = "raise") -> CredentialsAuth:
+             on_429: Literal["raise", "wait", "return"] = "wait") -> CredentialsAuth:
         """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled."""
         return AUTH_CLASS(self, None, name, cost=cost, max_wait=max_wait, on_429=on_429)
 

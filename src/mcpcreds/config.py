@@ -39,6 +39,7 @@ class SidecarConfig:
     allow_uids: tuple[int, ...] = ()
     state: str = "memory"
     state_key: Template | None = None
+    state_password: Template | None = None
     on_state_loss: Literal["closed", "local"] = "closed"
     local_share: float = 1.0
     refresh_ahead: float = 60.0
@@ -324,7 +325,7 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
     t = c.table(path, raw)
     c.keys(path, t, ("socket", "allow_uids", "state", "state_key", "on_state_loss",
                      "local_share", "refresh_ahead", "audit_log", "allow_trifecta",
-                     "request_timeout", "idle_timeout", "token_timeout"))
+                     "request_timeout", "idle_timeout", "token_timeout", "state_password"))
     uids_raw = t.get("allow_uids", [])
     uids: list[int] = []
     if not isinstance(uids_raw, list):
@@ -342,6 +343,15 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
     state_key = None
     if "state_key" in t:
         state_key = c.template(_join(path, "state_key"), t["state_key"], credential=True)
+    state_password = None
+    if "state_password" in t:
+        state_password = c.template(_join(path, "state_password"), t["state_password"], credential=True)
+    shared = state.startswith(("redis://", "rediss://", "unix://"))
+    if shared and state_key is None:
+        c.error(_join(path, "state_key"), "required with a shared state: logins are stored encrypted "
+                "with it (e.g. \"{{secret:MCPCREDS_STATE_KEY}}\")")
+    if shared and "@" in state.split("//", 1)[-1].split("/", 1)[0]:
+        c.error(_join(path, "state"), "must not carry a password; use sidecar.state_password")
     on_loss = c.typed(_join(path, "on_state_loss"), t.get("on_state_loss"), str, "closed")
     if on_loss not in ("closed", "local"):
         c.error(_join(path, "on_state_loss"), f"expected 'closed' or 'local', got {on_loss!r}")
@@ -364,6 +374,7 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
         allow_uids=tuple(uids),
         state=state,
         state_key=state_key,
+        state_password=state_password,
         on_state_loss=on_loss,  # type: ignore[arg-type]
         local_share=share,
         refresh_ahead=refresh if refresh is not None else 60.0,

@@ -174,6 +174,14 @@ class LoginCache:
         assert task is not None
         return await asyncio.shield(task)
 
+    def peek(self, key: str) -> Token | None:
+        """The cached login, due for renewal or not."""
+        return self._tokens.get(key)
+
+    def drop(self, key: str) -> None:
+        """Forget the cached login (another sidecar has a newer one); its counters stay."""
+        self._tokens.pop(key, None)
+
     def install(self, key: str, token: Token) -> None:
         """Make `token` the login of `key` (fetched by a rotation's trial)."""
         state = self._state(key)

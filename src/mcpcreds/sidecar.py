@@ -102,6 +102,8 @@ class Sidecar:
             return False
         if default_socket_path(config.sidecar.socket) != self.socket_path:
             _log.warning("sidecar.socket changed: takes effect at the next restart")
+        if config.sidecar.state != self.config.sidecar.state:
+            _log.warning("sidecar.state changed: takes effect at the next restart")
         self.broker.reload(config, SecretResolver.from_config(config.secrets))
         self.broker.secret_cache_ttl = config.secrets.cache_ttl
         self.api.reload()
@@ -127,6 +129,7 @@ class Sidecar:
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         sweeper = asyncio.create_task(self._sweep())
+        await self.broker.start()
         for warning in self.config.warnings:
             _log.warning(warning)
         _log.info("ready", extra={"socket": str(self.socket_path), "pid": os.getpid(),

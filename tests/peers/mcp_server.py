@@ -172,8 +172,8 @@ class JwtTokenVerifier:
         )
 
 
-async def _buffered(receive: Any) -> Any:
-    """Read the whole request body; return a `receive` that replays it."""
+async def _buffered(receive: Any) -> tuple[bytes, Any]:
+    """Read the whole request body; return it and a `receive` that replays it."""
     chunks: list[bytes] = []
     while True:
         message = await receive()
@@ -192,13 +192,12 @@ async def _buffered(receive: Any) -> Any:
             return {"type": "http.request", "body": body, "more_body": False}
         return cast(dict[str, Any], await receive())
 
-    replay.body = body  # type: ignore[attr-defined]
-    return replay
+    return body, replay
 
 
-async def _rpc_method(replay: Any) -> str | None:
+def _rpc_method(body: bytes) -> str | None:
     try:
-        message = json.loads(replay.body)
+        message = json.loads(body)
     except ValueError:
         return None
     return message.get("method") if isinstance(message, dict) else None
@@ -234,7 +233,7 @@ def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) 
         state.tool_calls += 1
         return a + b
 
-    async def body(request: Request) -> dict[str, Any]:
+    async def read_args(request: Request) -> dict[str, Any]:
         raw = await request.body()
         return cast(dict[str, Any], json.loads(raw)) if raw else {}
 
@@ -249,7 +248,7 @@ def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) 
 
     @server.custom_route("/_test/revoke", methods=["POST"])
     async def revoke(request: Request) -> Response:
-        args = await body(request)
+        args = await read_args(request)
         if args.get("all"):
             # `iat` has whole seconds: tokens issued earlier in this second but already seen
             # are caught by their jti; one issued later in this second stays valid.
@@ -261,7 +260,7 @@ def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) 
 
     @server.custom_route("/_test/fail_429", methods=["POST"])
     async def fail_429(request: Request) -> Response:
-        args = await body(request)
+        args = await read_args(request)
         state.fail_429 = int(args.get("count", 1))
         state.retry_after = str(args.get("retry_after", 1))
         state.fail_429_method = args.get("method", "tools/call")
@@ -276,8 +275,8 @@ def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) 
         state.requests += 1
         state.by_method[scope["method"]] += 1
         if scope["method"] == "POST" and state.fail_429 > 0:
-            receive = await _buffered(receive)  # read the body to see the JSON-RPC method
-            if state.fail_429_method in (None, await _rpc_method(receive)):
+            body, receive = await _buffered(receive)  # read the body to see the JSON-RPC method
+            if state.fail_429_method in (None, _rpc_method(body)):
                 state.fail_429 -= 1
                 state.rate_limited += 1
                 await _send_json(send, 429, {"error": "rate_limited"},

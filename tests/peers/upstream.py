@@ -270,8 +270,12 @@ def serve_process(token: str | None) -> None:
     import uvicorn
 
     state = Upstream(one_of(token) if token else None)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP, so asyncio sets TCP_NODELAY on accepted connections (with proto 0 it
+    # does not, and each answer's body waits ~40 ms behind its headers: Nagle + delayed ACK)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))
+    sock.listen(256)  # accepting before READY is printed
     config = uvicorn.Config(_asgi_app(state), log_level="warning", access_log=False, lifespan="off",
                             http="httptools", loop="asyncio", backlog=256)
     server = uvicorn.Server(config)

@@ -1,0 +1,341 @@
+"""Egress policy for the sidecar's own outbound calls (token endpoint, discovery, metadata).
+
+Pure core: `EgressPolicy.check_host` (which names may be called) and `check_address` (which
+resolved addresses may be connected to). Thin shell: `EgressTransport`, an httpx transport that
+resolves each name itself, checks every address, then connects to the address it checked (so a
+name cannot resolve to something else at connect time: no DNS-rebinding bypass) while TLS still
+verifies the certificate against the original host name (SNI).
+
+Modes (`net` of a service):
+
+- `inherit`: the sidecar default: any host but `deny_hosts`, no audit.
+- `restricted`: only `allow_hosts` (minus `deny_hosts`).
+- `broad_audited`: any host but `deny_hosts`; every request is reported to `on_connect`.
+- `off`: no outbound call at all.
+
+In every mode the resolved address must be public: private, link-local, cloud-metadata,
+CGNAT, loopback, unspecified, multicast and other non-global addresses are refused, unless the
+host is a loopback name or literal and `dev_loopback` is set, or `allow_private` lists the
+address (an IP or CIDR) or the host (a host pattern; a metadata address needs its IP or CIDR).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import httpx
+
+from .errors import Forbidden
+
+NET_MODES: Final = ("inherit", "restricted", "broad_audited", "off")
+DEFAULT_NET: Final = "inherit"
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+OnConnect = Callable[[str, str, int], None]
+
+# Instance-metadata and host-agent endpoints of the big clouds. Some are public addresses
+# (Azure's wireserver), so they are listed rather than caught by a range.
+METADATA_ADDRESSES: Final = frozenset(ipaddress.ip_address(a) for a in (
+    "169.254.169.254",  # AWS, GCP, Azure, OCI, DigitalOcean, OpenStack
+    "169.254.170.2",    # AWS ECS task credentials
+    "169.254.170.23",   # AWS EKS pod identity
+    "fd00:ec2::254",    # AWS IMDS over IPv6
+    "fd00:ec2::23",     # AWS EKS pod identity over IPv6
+    "100.100.100.200",  # Alibaba Cloud
+    "168.63.129.16",    # Azure wireserver
+))
+
+_RANGES: Final[tuple[tuple[IPNetwork, str], ...]] = tuple(
+    (ipaddress.ip_network(net), label) for net, label in (
+        ("0.0.0.0/8", "unspecified"),
+        ("::/128", "unspecified"),
+        ("127.0.0.0/8", "loopback"),
+        ("::1/128", "loopback"),
+        ("169.254.0.0/16", "link-local"),
+        ("fe80::/10", "link-local"),
+        ("100.64.0.0/10", "CGNAT"),
+        ("10.0.0.0/8", "private"),
+        ("172.16.0.0/12", "private"),
+        ("192.168.0.0/16", "private"),
+        ("fc00::/7", "private"),
+        ("224.0.0.0/4", "multicast"),
+        ("ff00::/8", "multicast"),
+        ("::/96", "reserved"),  # IPv4-compatible IPv6 (deprecated)
+    )
+)
+_NAT64: Final = ipaddress.ip_network("64:ff9b::/96")
+
+
+# ---------------------------------------------------------------------------- host names
+
+
+def normalize_host(host: str) -> str:
+    """Lower case, no trailing dot, no IPv6 brackets."""
+    host = host.strip().lower().rstrip(".")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host
+
+
+def parse_host_pattern(pattern: str) -> str:
+    """Validate and normalise one `allow_hosts`/`deny_hosts` entry; ValueError says why not.
+
+    `*.example.com` matches `example.com` and every subdomain; a plain name or IP matches
+    exactly. Names are ASCII (write an internationalised name in its xn-- form).
+    """
+    if not isinstance(pattern, str):
+        raise ValueError(f"expected a host name string, got {type(pattern).__name__}")
+    host = normalize_host(pattern)
+    if "://" in host or "/" in host:
+        raise ValueError(f"expected a host name, not a URL: {pattern!r}")
+    if not host.isascii():
+        raise ValueError(f"host name must be ASCII (use the xn-- form): {pattern!r}")
+    if (ip := _ip(host)) is not None:
+        return str(ip)
+    rest = host[2:] if host.startswith("*.") else host
+    labels = rest.split(".")
+    if not rest or "*" in rest or any(not _label_ok(label) for label in labels):
+        raise ValueError(f"invalid host pattern {pattern!r}: expected 'name.example' or '*.example.com'")
+    return host
+
+
+def _label_ok(label: str) -> bool:
+    return 0 < len(label) <= 63 and all(ch.isalnum() or ch in "-_" for ch in label)
+
+
+def host_matches(pattern: str, host: str) -> bool:
+    """Whether normalised `pattern` (see `parse_host_pattern`) matches `host`."""
+    host = normalize_host(host)
+    if (ip := _ip(host)) is not None:
+        host = str(ip)
+    if pattern.startswith("*."):
+        base = pattern[2:]
+        return host == base or host.endswith("." + base)
+    return host == pattern
+
+
+def is_loopback_host(host: str) -> bool:
+    """`localhost` or a loopback IP literal (a name that merely resolves to 127.0.0.1 is not)."""
+    host = normalize_host(host)
+    if host == "localhost":
+        return True
+    ip = _ip(host)
+    return ip is not None and _unwrap(ip).is_loopback
+
+
+def is_dev_loopback_url(url: str) -> bool:
+    """An `http://` URL whose host is loopback: the case where `dev_loopback` should be set."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        return False
+    return parts.scheme == "http" and host is not None and is_loopback_host(host)
+
+
+def _ip(host: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------- addresses
+
+
+def _unwrap(ip: IPAddress) -> IPAddress:
+    """The IPv4 address an IPv4-mapped or NAT64 IPv6 address reaches."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return ip.ipv4_mapped
+        if ip in _NAT64:
+            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip
+
+
+def address_problem(ip: IPAddress | str) -> str | None:
+    """What kind of non-public address `ip` is ("private", "metadata", ...), or None if public."""
+    addr = _unwrap(ipaddress.ip_address(ip) if isinstance(ip, str) else ip)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.scope_id:
+        addr = ipaddress.IPv6Address(str(addr).split("%", 1)[0])
+    if addr in METADATA_ADDRESSES:
+        return "metadata"
+    for net, label in _RANGES:
+        if addr.version == net.version and addr in net:
+            return label
+    if not addr.is_global:
+        return "reserved"
+    return None
+
+
+# ---------------------------------------------------------------------------- the policy
+
+
+@dataclass(frozen=True, slots=True)
+class EgressPolicy:
+    """Where one service's outbound calls may go. Validates and normalises on construction."""
+
+    mode: str = DEFAULT_NET
+    allow_hosts: tuple[str, ...] = ()
+    deny_hosts: tuple[str, ...] = ()
+    allow_private: tuple[str, ...] = ()
+    dev_loopback: bool = False
+    _private_nets: tuple[IPNetwork, ...] = field(default=(), init=False, repr=False, compare=False)
+    _private_hosts: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in NET_MODES:
+            raise ValueError(f"unknown net mode {self.mode!r}: expected one of {', '.join(NET_MODES)}")
+        object.__setattr__(self, "allow_hosts", tuple(parse_host_pattern(p) for p in self.allow_hosts))
+        object.__setattr__(self, "deny_hosts", tuple(parse_host_pattern(p) for p in self.deny_hosts))
+        nets: list[IPNetwork] = []
+        hosts: list[str] = []
+        for entry in self.allow_private:
+            try:
+                nets.append(ipaddress.ip_network(normalize_host(entry), strict=False))
+            except ValueError:
+                hosts.append(parse_host_pattern(entry))
+        object.__setattr__(self, "allow_private", tuple(self.allow_private))
+        object.__setattr__(self, "_private_nets", tuple(nets))
+        object.__setattr__(self, "_private_hosts", tuple(hosts))
+
+    @property
+    def audited(self) -> bool:
+        return self.mode == "broad_audited"
+
+    def check_host(self, host: str) -> None:
+        """Raise Forbidden unless this policy lets the sidecar call `host` (before any DNS)."""
+        name = normalize_host(host)
+        if self.mode == "off":
+            raise Forbidden(f"egress to {name} refused: net = \"off\" allows no outbound call", host=name)
+        for pattern in self.deny_hosts:
+            if host_matches(pattern, name):
+                raise Forbidden(f"egress to {name} refused: deny_hosts has {pattern!r}", host=name)
+        if self.mode == "restricted" and not any(host_matches(p, name) for p in self.allow_hosts):
+            raise Forbidden(
+                f"egress to {name} refused: net = \"restricted\" and it is not in allow_hosts", host=name)
+
+    def check_address(self, host: str, ip: IPAddress | str) -> None:
+        check_address(self, host, ip)
+
+
+def check_address(policy: EgressPolicy, host: str, ip: IPAddress | str) -> None:
+    """Raise Forbidden unless the sidecar may connect to `ip`, an address `host` resolved to."""
+    name = normalize_host(host)
+    if policy.mode == "off":
+        raise Forbidden(f"egress to {name} refused: net = \"off\" allows no outbound call", host=name)
+    addr = ipaddress.ip_address(ip) if isinstance(ip, str) else ip
+    problem = address_problem(addr)
+    if problem is None:
+        return
+    if problem == "loopback" and policy.dev_loopback and is_loopback_host(name):
+        return
+    plain = _unwrap(addr)
+    if any(plain.version == net.version and plain in net for net in policy._private_nets):
+        return
+    if problem != "metadata" and any(host_matches(p, name) for p in policy._private_hosts):
+        return
+    hint = ("dev_loopback is only for a loopback URL" if problem == "loopback"
+            else "list it in allow_private to allow it")
+    raise Forbidden(f"egress to {name} refused: it resolves to {addr}, a {problem} address ({hint})",
+                    host=name, address=str(addr))
+
+
+# ---------------------------------------------------------------------------- the I/O shell
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """Every address the system resolver gives for `host`, in its order, without repeats."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+class EgressTransport(httpx.AsyncBaseTransport):
+    """An httpx transport that enforces an `EgressPolicy` on every request.
+
+    Per request: check the host; resolve it (unless it is an IP literal); check every address;
+    report to `on_connect` when the policy is audited; send the request to the first address
+    (the next ones on a connect error), with the `Host` header and the TLS `sni_hostname` of
+    the original name, so certificates are verified against it. Each (scheme, host, port) has
+    its own connection pool, so a TLS connection verified for one name never carries another.
+    Keyword arguments (`verify`, `http2`, `limits`, `retries`, ...) go to each
+    `httpx.AsyncHTTPTransport`. Environment proxies are not used.
+    """
+
+    def __init__(self, policy: EgressPolicy, *, on_connect: OnConnect | None = None,
+                 resolver: Resolver | None = None, **transport_kwargs: Any) -> None:
+        self.policy = policy
+        self.on_connect = on_connect
+        self.resolver = resolver or system_resolver
+        self._transport_kwargs = transport_kwargs
+        self._pools: dict[tuple[str, str, int], httpx.AsyncBaseTransport] = {}
+
+    def _pool(self, key: tuple[str, str, int]) -> httpx.AsyncBaseTransport:
+        if (pool := self._pools.get(key)) is None:
+            pool = self._pools[key] = httpx.AsyncHTTPTransport(**self._transport_kwargs)
+        return pool
+
+    async def _resolve(self, request: httpx.Request, host: str, port: int) -> list[str]:
+        if _ip(host) is not None:
+            return [host]
+        timeout = request.extensions.get("timeout", {}).get("connect")
+        try:
+            addresses = await asyncio.wait_for(self.resolver(host, port), timeout)
+        except TimeoutError:
+            raise httpx.ConnectTimeout(f"resolving {host} timed out", request=request) from None
+        except OSError as exc:
+            raise httpx.ConnectError(f"cannot resolve {host}: {exc}", request=request) from None
+        if not addresses:
+            raise httpx.ConnectError(f"cannot resolve {host}: no address", request=request)
+        return addresses
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        host = normalize_host(url.raw_host.decode("ascii"))
+        port = url.port or (443 if url.scheme == "https" else 80)
+        self.policy.check_host(host)
+        addresses = await self._resolve(request, host, port)
+        for address in addresses:
+            self.policy.check_address(host, address)
+        pool = self._pool((url.scheme, host, port))
+        headers = httpx.Headers(request.headers)
+        if "host" not in headers:
+            headers["Host"] = url.netloc.decode("ascii")
+        last: httpx.ConnectError | None = None
+        for address in addresses:
+            if self.policy.audited and self.on_connect is not None:
+                self.on_connect(host, address, port)
+            pinned = httpx.Request(
+                request.method, url.copy_with(host=address), headers=headers, stream=request.stream,
+                extensions={**request.extensions, "sni_hostname": host},
+            )
+            try:
+                return await pool.handle_async_request(pinned)
+            except httpx.ConnectError as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+    async def aclose(self) -> None:
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await pool.aclose()
+
+
+def egress_client(policy: EgressPolicy, *, on_connect: OnConnect | None = None,
+                  resolver: Resolver | None = None, transport_kwargs: dict[str, Any] | None = None,
+                  **client_kwargs: Any) -> httpx.AsyncClient:
+    """An `httpx.AsyncClient` whose every request goes through an `EgressTransport`."""
+    transport = EgressTransport(policy, on_connect=on_connect, resolver=resolver,
+                                **(transport_kwargs or {}))
+    client_kwargs.setdefault("follow_redirects", False)
+    return httpx.AsyncClient(transport=transport, **client_kwargs)
+

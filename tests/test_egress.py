@@ -1,0 +1,444 @@
+"""Egress policy: host and address checks (pure), and EgressTransport against real local listeners."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import re
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from mcpcreds.egress import (
+    EgressPolicy,
+    EgressTransport,
+    Resolver,
+    address_problem,
+    check_address,
+    egress_client,
+    host_matches,
+    is_dev_loopback_url,
+    is_loopback_host,
+    parse_host_pattern,
+)
+from mcpcreds.errors import Forbidden
+
+# ---------------------------------------------------------------------------- host names
+
+
+@pytest.mark.parametrize(("pattern", "host", "expected"), [
+    ("*.example.com", "example.com", True),
+    ("*.example.com", "api.example.com", True),
+    ("*.example.com", "a.b.example.com", True),
+    ("*.example.com", "badexample.com", False),
+    ("*.example.com", "example.com.evil.test", False),
+    ("*.example.com", "API.Example.COM", True),
+    ("*.example.com", "api.example.com.", True),
+    ("example.com", "example.com", True),
+    ("example.com", "EXAMPLE.com.", True),
+    ("example.com", "api.example.com", False),
+    ("example.com", "badexample.com", False),
+    ("10.0.0.5", "10.0.0.5", True),
+    ("::1", "[::1]", True),
+])
+def test_host_matches(pattern: str, host: str, expected: bool) -> None:
+    assert host_matches(parse_host_pattern(pattern), host) is expected
+
+
+def test_patterns_are_normalised() -> None:
+    assert parse_host_pattern("*.Example.COM.") == "*.example.com"
+    assert parse_host_pattern("[::1]") == "::1"
+    assert EgressPolicy("restricted", allow_hosts=("Auth.Example.com.",)).allow_hosts == ("auth.example.com",)
+
+
+@pytest.mark.parametrize("bad", ["", "*", "*.", "a.*.com", "*foo.com", "https://a.example.com",
+                                 "a.example.com/path", "bücher.de", "a..b", "has space.com"])
+def test_bad_patterns(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_host_pattern(bad)
+
+
+def test_bad_policy_values() -> None:
+    with pytest.raises(ValueError, match="unknown net mode 'open'"):
+        EgressPolicy("open")
+    with pytest.raises(ValueError):
+        EgressPolicy(deny_hosts=("*",))
+    with pytest.raises(ValueError):
+        EgressPolicy(allow_private=("not a host",))
+
+
+def test_loopback_names() -> None:
+    assert is_loopback_host("localhost") and is_loopback_host("LOCALHOST.")
+    assert is_loopback_host("127.0.0.1") and is_loopback_host("[::1]") and is_loopback_host("127.3.4.5")
+    assert not is_loopback_host("localhost.evil.test") and not is_loopback_host("10.0.0.1")
+    assert is_dev_loopback_url("http://127.0.0.1:8080/token")
+    assert is_dev_loopback_url("http://localhost/x")
+    assert not is_dev_loopback_url("https://127.0.0.1/x")
+    assert not is_dev_loopback_url("http://idp.example.com/x")
+
+
+# ---------------------------------------------------------------------------- check_host
+
+
+def test_restricted_allows_only_allow_hosts() -> None:
+    policy = EgressPolicy("restricted", allow_hosts=("*.example.com",))
+    policy.check_host("auth.example.com")
+    policy.check_host("example.com")
+    with pytest.raises(Forbidden, match="not in allow_hosts") as info:
+        policy.check_host("evil.test")
+    assert info.value.details["host"] == "evil.test"
+    with pytest.raises(Forbidden):
+        EgressPolicy("restricted").check_host("auth.example.com")
+
+
+@pytest.mark.parametrize("mode", ["inherit", "broad_audited", "restricted"])
+def test_deny_hosts_win_in_every_mode(mode: str) -> None:
+    policy = EgressPolicy(mode, allow_hosts=("*.example.com",), deny_hosts=("evil.example.com",))
+    policy.check_host("auth.example.com")
+    with pytest.raises(Forbidden, match="deny_hosts"):
+        policy.check_host("Evil.Example.com.")
+
+
+def test_broad_modes_allow_other_hosts() -> None:
+    EgressPolicy().check_host("anything.test")
+    EgressPolicy("broad_audited", deny_hosts=("*.bad.test",)).check_host("good.test")
+    assert EgressPolicy("broad_audited").audited and not EgressPolicy().audited
+
+
+def test_off_refuses_every_host() -> None:
+    with pytest.raises(Forbidden, match='net = "off"'):
+        EgressPolicy("off").check_host("auth.example.com")
+    with pytest.raises(Forbidden, match='net = "off"'):
+        check_address(EgressPolicy("off"), "auth.example.com", "93.184.215.14")
+
+
+# ---------------------------------------------------------------------------- addresses
+
+
+@pytest.mark.parametrize(("ip", "problem"), [
+    ("93.184.215.14", None),
+    ("2606:4700::6810:84e5", None),
+    ("169.254.169.254", "metadata"),
+    ("fd00:ec2::254", "metadata"),
+    ("100.100.100.200", "metadata"),
+    ("168.63.129.16", "metadata"),
+    ("169.254.10.1", "link-local"),
+    ("fe80::1", "link-local"),
+    ("fe80::1%1", "link-local"),
+    ("10.0.0.5", "private"),
+    ("172.16.3.4", "private"),
+    ("172.31.255.255", "private"),
+    ("192.168.1.1", "private"),
+    ("fc00::1", "private"),
+    ("fd12:3456::1", "private"),
+    ("100.64.0.1", "CGNAT"),
+    ("100.127.255.255", "CGNAT"),
+    ("127.0.0.1", "loopback"),
+    ("::1", "loopback"),
+    ("0.0.0.0", "unspecified"),
+    ("::", "unspecified"),
+    ("224.0.0.1", "multicast"),
+    ("ff02::1", "multicast"),
+    ("255.255.255.255", "reserved"),
+    ("192.0.2.1", "reserved"),
+    ("::ffff:169.254.169.254", "metadata"),  # IPv4-mapped
+    ("::ffff:10.0.0.5", "private"),
+    ("64:ff9b::a00:5", "private"),  # NAT64 of 10.0.0.5
+    ("::a00:5", "reserved"),  # IPv4-compatible
+])
+def test_address_problem(ip: str, problem: str | None) -> None:
+    assert address_problem(ip) == problem
+
+
+@pytest.mark.parametrize("ip", ["169.254.169.254", "10.0.0.5", "100.64.1.1", "fd00:ec2::254", "127.0.0.1"])
+def test_non_public_addresses_refused(ip: str) -> None:
+    with pytest.raises(Forbidden, match=r"evil\.test refused: it resolves to") as info:
+        check_address(EgressPolicy(), "evil.test", ip)
+    assert info.value.details == {"host": "evil.test", "address": ip}
+
+
+def test_public_address_allowed() -> None:
+    check_address(EgressPolicy(), "auth.example.com", "93.184.215.14")
+
+
+def test_loopback_only_with_dev_loopback_and_a_loopback_name() -> None:
+    dev = EgressPolicy(dev_loopback=True)
+    check_address(dev, "127.0.0.1", "127.0.0.1")
+    check_address(dev, "localhost", "::1")
+    with pytest.raises(Forbidden, match="loopback"):
+        check_address(EgressPolicy(), "localhost", "127.0.0.1")
+    with pytest.raises(Forbidden, match="loopback"):  # a public name rebound to loopback
+        check_address(dev, "evil.test", "127.0.0.1")
+    with pytest.raises(Forbidden, match="private"):  # dev_loopback opens loopback only
+        check_address(dev, "localhost", "10.0.0.1")
+
+
+def test_allow_private_by_cidr_and_by_host() -> None:
+    policy = EgressPolicy(allow_private=("10.1.0.0/16", "192.168.7.7", "idp.corp.internal", "169.254.169.254"))
+    check_address(policy, "anything.test", "10.1.2.3")
+    check_address(policy, "anything.test", "::ffff:10.1.2.3")
+    check_address(policy, "anything.test", "192.168.7.7")
+    check_address(policy, "idp.corp.internal", "10.9.9.9")
+    check_address(policy, "anything.test", "169.254.169.254")  # metadata, listed by IP
+    with pytest.raises(Forbidden):
+        check_address(policy, "anything.test", "10.2.0.1")
+    with pytest.raises(Forbidden):
+        check_address(policy, "anything.test", "192.168.7.8")
+
+
+def test_a_host_in_allow_private_never_reaches_metadata() -> None:
+    policy = EgressPolicy(allow_private=("idp.corp.internal",))
+    with pytest.raises(Forbidden, match="metadata"):
+        check_address(policy, "idp.corp.internal", "169.254.169.254")
+
+
+# ---------------------------------------------------------------------------- the transport
+
+
+@dataclass
+class Listener:
+    """A real HTTP/1.1 server on 127.0.0.1 that counts connections and records requests."""
+
+    port: int = 0
+    accepted: int = 0
+    requests: list[dict[str, str]] = field(default_factory=list)
+    server: asyncio.Server | None = None
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:] if x)}
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                self.requests.append({"line": lines[0], "host": headers.get("host", ""),
+                                      "local": writer.get_extra_info("sockname")[0], "body": body.decode()})
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n"
+                             b'{"ok":true}')
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def listener() -> AsyncIterator[Listener]:
+    lst = Listener()
+    lst.server = await asyncio.start_server(lst.handle, "127.0.0.1", 0)
+    lst.port = lst.server.sockets[0].getsockname()[1]
+    yield lst
+    lst.server.close()
+    await lst.server.wait_closed()
+
+
+def fixed_resolver(table: dict[str, list[str]], calls: list[str] | None = None) -> Resolver:
+    async def resolve(host: str, port: int) -> list[str]:
+        if calls is not None:
+            calls.append(host)
+        if host not in table:
+            raise OSError(f"no such host {host}")
+        return table[host]
+    return resolve
+
+
+async def test_off_makes_no_connection(listener: Listener) -> None:
+    resolved: list[str] = []
+    off = EgressPolicy("off", allow_private=("127.0.0.1",), dev_loopback=True)
+    async with httpx.AsyncClient(transport=EgressTransport(off, resolver=fixed_resolver({}, resolved))) as http:
+        for url in (f"http://127.0.0.1:{listener.port}/", f"http://localhost:{listener.port}/"):
+            with pytest.raises(Forbidden, match='net = "off"'):
+                await http.post(url, data={"grant_type": "client_credentials"})
+    await asyncio.sleep(0.05)
+    assert listener.accepted == 0 and resolved == []
+    # the same listener does count a connection the policy allows
+    on = EgressPolicy("inherit", allow_private=("127.0.0.1",), dev_loopback=True)
+    async with httpx.AsyncClient(transport=EgressTransport(on)) as http:
+        assert (await http.get(f"http://127.0.0.1:{listener.port}/")).json() == {"ok": True}
+    assert listener.accepted == 1
+
+
+@pytest.mark.parametrize("address", ["169.254.169.254", "10.0.0.5"])
+async def test_name_resolving_to_a_private_address_is_refused(address: str) -> None:
+    transport = EgressTransport(EgressPolicy(), resolver=fixed_resolver({"evil.test": [address]}))
+    async with httpx.AsyncClient(transport=transport) as http:
+        with pytest.raises(Forbidden, match=rf"evil\.test refused: it resolves to {re.escape(address)}"):
+            await http.get("https://evil.test/latest/meta-data/")
+    assert transport._pools == {}  # no connection pool was even created
+
+
+async def test_every_resolved_address_is_checked() -> None:
+    resolver = fixed_resolver({"mixed.test": ["93.184.215.14", "10.0.0.5"]})
+    async with egress_client(EgressPolicy(), resolver=resolver) as http:
+        with pytest.raises(Forbidden, match=r"10\.0\.0\.5"):
+            await http.get("https://mixed.test/")
+
+
+async def test_ip_literal_urls_are_checked_without_resolving() -> None:
+    calls: list[str] = []
+    async with egress_client(EgressPolicy(), resolver=fixed_resolver({}, calls)) as http:
+        with pytest.raises(Forbidden, match="metadata"):
+            await http.get("http://169.254.169.254/latest/meta-data/")
+        with pytest.raises(Forbidden, match="metadata"):
+            await http.get("http://[fd00:ec2::254]/latest/meta-data/")
+    assert calls == []
+
+
+async def test_loopback_needs_dev_loopback(listener: Listener) -> None:
+    url = f"http://127.0.0.1:{listener.port}/token"
+    async with egress_client(EgressPolicy()) as http:
+        with pytest.raises(Forbidden, match="loopback"):
+            await http.get(url)
+    assert listener.accepted == 0
+    async with egress_client(EgressPolicy(dev_loopback=is_dev_loopback_url(url))) as http:
+        assert (await http.get(url)).status_code == 200
+    assert listener.accepted == 1
+
+
+async def test_http_end_to_end_connects_to_the_checked_address(listener: Listener) -> None:
+    calls: list[str] = []
+    audit: list[tuple[str, str, int]] = []
+    resolver = fixed_resolver({"idp.test": ["127.0.0.1"]}, calls)
+    policy = EgressPolicy("broad_audited", allow_private=("127.0.0.1",))
+    async with egress_client(policy, resolver=resolver, on_connect=lambda *a: audit.append(a)) as http:
+        response = await http.post(f"http://IDP.test:{listener.port}/oauth2/token?x=1",
+                                   data={"grant_type": "client_credentials"})
+        again = await http.get(f"http://idp.test:{listener.port}/second")
+    assert response.json() == {"ok": True} and again.status_code == 200
+    # idp.test does not exist in real DNS: the connection went to the address we checked
+    assert calls == ["idp.test", "idp.test"]
+    assert audit == [("idp.test", "127.0.0.1", listener.port)] * 2
+    assert listener.accepted == 1  # keep-alive: the pooled connection was reused
+    first, second = listener.requests
+    assert first["line"] == "POST /oauth2/token?x=1 HTTP/1.1"
+    assert first["host"] == f"idp.test:{listener.port}"  # the original name, not the IP
+    assert first["body"] == "grant_type=client_credentials"
+    assert second["line"] == "GET /second HTTP/1.1" and second["host"] == f"idp.test:{listener.port}"
+    # the caller still sees its own URL
+    assert response.request.url.host == "idp.test"
+
+
+async def test_next_address_is_tried_on_connect_error(listener: Listener) -> None:
+    # nothing listens on 127.0.0.2 at this port, so the first address is refused
+    resolver = fixed_resolver({"idp.test": ["127.0.0.2", "127.0.0.1"]})
+    audit: list[tuple[str, str, int]] = []
+    policy = EgressPolicy("broad_audited", allow_private=("127.0.0.0/8",))
+    async with egress_client(policy, resolver=resolver, on_connect=lambda *a: audit.append(a)) as http:
+        assert (await http.get(f"http://idp.test:{listener.port}/")).status_code == 200
+    assert [a[1] for a in audit] == ["127.0.0.2", "127.0.0.1"]
+    assert listener.requests[0]["local"] == "127.0.0.1"
+
+
+async def test_inherit_does_not_audit_and_restricted_blocks(listener: Listener) -> None:
+    audit: list[tuple[str, str, int]] = []
+    resolver = fixed_resolver({"idp.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]})
+    policy = EgressPolicy(allow_private=("127.0.0.1",))
+    async with egress_client(policy, resolver=resolver, on_connect=lambda *a: audit.append(a)) as http:
+        assert (await http.get(f"http://idp.test:{listener.port}/")).status_code == 200
+    assert audit == []
+    restricted = EgressPolicy("restricted", allow_hosts=("idp.test",), allow_private=("127.0.0.1",))
+    async with egress_client(restricted, resolver=resolver) as http:
+        assert (await http.get(f"http://idp.test:{listener.port}/")).status_code == 200
+        with pytest.raises(Forbidden, match="not in allow_hosts"):
+            await http.get(f"http://other.test:{listener.port}/")
+    assert listener.accepted == 2
+
+
+async def test_broad_audited_honours_deny_hosts_before_auditing() -> None:
+    audit: list[tuple[str, str, int]] = []
+    calls: list[str] = []
+    policy = EgressPolicy("broad_audited", deny_hosts=("*.evil.test",))
+    async with egress_client(policy, resolver=fixed_resolver({}, calls),
+                             on_connect=lambda *a: audit.append(a)) as http:
+        with pytest.raises(Forbidden, match="deny_hosts"):
+            await http.get("https://a.evil.test/")
+    assert audit == [] and calls == []
+
+
+async def test_resolution_failures_are_httpx_errors() -> None:
+    async def slow(host: str, port: int) -> list[str]:
+        await asyncio.sleep(5)
+        return ["93.184.215.14"]
+
+    async with egress_client(EgressPolicy(), resolver=fixed_resolver({})) as http:
+        with pytest.raises(httpx.ConnectError, match=r"cannot resolve nowhere\.test"):
+            await http.get("https://nowhere.test/")
+    async with egress_client(EgressPolicy(), resolver=fixed_resolver({"empty.test": []})) as http:
+        with pytest.raises(httpx.ConnectError, match="no address"):
+            await http.get("https://empty.test/")
+    async with egress_client(EgressPolicy(), resolver=slow, timeout=0.05) as http:
+        with pytest.raises(httpx.ConnectTimeout):
+            await http.get("https://slow.test/")
+
+
+async def test_https_request_is_pinned_with_sni_and_host() -> None:
+    seen: list[httpx.Request] = []
+
+    def inner(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={})
+
+    resolver = fixed_resolver({"auth.example.com": ["2606:4700::6810:84e5"]})
+    transport = EgressTransport(EgressPolicy(), resolver=resolver)
+    transport._pools[("https", "auth.example.com", 8443)] = httpx.MockTransport(inner)
+    async with httpx.AsyncClient(transport=transport) as http:
+        await http.get("https://Auth.Example.com:8443/oauth2/token")
+    (pinned,) = seen
+    assert str(pinned.url) == "https://[2606:4700::6810:84e5]:8443/oauth2/token"
+    assert pinned.extensions["sni_hostname"] == "auth.example.com"
+    assert pinned.headers["host"] == "auth.example.com:8443"
+    assert "timeout" in pinned.extensions
+
+
+def _cert(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+@pytest.mark.parametrize(("cert_name", "ok"), [("idp.test", True), ("other.test", False)])
+async def test_https_verifies_the_certificate_against_the_name(tmp_path: Path, listener: Listener,
+                                                               cert_name: str, ok: bool) -> None:
+    cert, key = _cert(tmp_path, cert_name)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    sni: list[str | None] = []
+    server_ctx.sni_callback = lambda sock, name, ctx: sni.append(name)
+    tls = await asyncio.start_server(listener.handle, "127.0.0.1", 0, ssl=server_ctx)
+    port = tls.sockets[0].getsockname()[1]
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    resolver = fixed_resolver({"idp.test": ["127.0.0.1"]})
+    try:
+        async with egress_client(EgressPolicy(allow_private=("127.0.0.1",)), resolver=resolver,
+                                 transport_kwargs={"verify": client_ctx}) as http:
+            if ok:
+                assert (await http.get(f"https://idp.test:{port}/token")).json() == {"ok": True}
+                assert listener.requests[0]["host"] == f"idp.test:{port}"
+            else:
+                with pytest.raises(httpx.ConnectError, match="certificate verify failed"):
+                    await http.get(f"https://idp.test:{port}/token")
+    finally:
+        tls.close()
+        await tls.wait_closed()
+    assert sni == ["idp.test"]  # SNI carries the name although the connection went to 127.0.0.1
