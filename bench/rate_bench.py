@@ -19,9 +19,12 @@ What it measures (issue 5): `--processes` OS processes (spawned) hammer one serv
    `aiolimiter.AsyncLimiter(burst, per)` and the same coroutines doing `async with limiter:`.
    Every process gets the whole rate, so the total is about `processes` times the bound.
 
-Printed: a table of totals against the bound, permits per second per process, the sidecar's and
-the workers' CPU use. The PNG has one panel per run: permits per second, stacked by process, the
-total, and the limit (burst + rate in the first second, the rate after it).
+Printed: a table of totals against the bound, permits per second per process (and the sidecar's
+running total against the running bound), the sidecar's and the workers' CPU use over the window,
+and latency figures. The PNG has one panel per run: permits per second, stacked by process, the
+total, and the limit (burst + rate in the first second, the rate after it). The bound holds on the
+running total: when a loaded machine hands out the burst slowly, second 1 can show more than the
+rate (the rest of the burst) while the running total stays under burst + rate x elapsed.
 
 Exit status: 0 when the sidecar's total is within [98% of the bound, the bound], 1 otherwise.
 """
@@ -114,6 +117,7 @@ class RunSummary:
     overhead_p99: float | None = None
     first_grant_after_t0: float | None = None  # seconds from t0 to the first answer
     woke_after_t0: float = 0.0  # the latest worker's wake-up, seconds after t0
+    last_answer_after_end: float | None = None  # the last late grant's arrival, seconds after t0 + seconds
     max_burst_seen: float | None = None  # see `max_burst`
 
 
@@ -303,7 +307,8 @@ def summarize(name: str, t0: float, seconds: float, results: list[WorkerResult],
         per_second.append(counts)
     waited = sorted(w for res in results for w in res.waited)
     overhead = [o for res in results for o in res.overhead]
-    every = [t for res in results for t in res.grants + res.late_grants]
+    late = [t for res in results for t in res.late_grants]
+    every = [t for res in results for t in res.grants] + late
     return RunSummary(
         name=name,
         total=sum(len(res.grants) for res in results),
@@ -320,6 +325,7 @@ def summarize(name: str, t0: float, seconds: float, results: list[WorkerResult],
         overhead_p99=_quantile(overhead, 0.99),
         first_grant_after_t0=min(every) - t0 if every else None,
         woke_after_t0=max(res.woke for res in results) - t0,
+        last_answer_after_end=max(late) - t0 - seconds if late else None,
         max_burst_seen=max_burst(every, rate.per_second) if rate is not None else None,
     )
 
@@ -402,7 +408,7 @@ def draw(png: Path, rate: Rate, seconds: float, bound: float, runs: list[RunSumm
         for x, y in zip(xs, run.per_second_total, strict=True):
             ax.annotate(str(y), (x, y), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=8)
         ax.step([x - 0.5 for x in xs] + [bins - 0.5], [*limit, limit[-1]], where="post", color="red",
-                lw=2, label=f"limit: {rate.burst} burst + {rate.per_second:g}/s")
+                lw=2, label=f"limit: {rate.burst} burst, then {rate.per_second:g}/s")
         title = ("one shared sidecar bucket" if run.name == SIDECAR
                  else "status quo: one aiolimiter per process")
         ax.set_title(f"{title}\n{run.total} permits in {seconds:g} s "
@@ -413,11 +419,15 @@ def draw(png: Path, rate: Rate, seconds: float, bound: float, runs: list[RunSumm
         ax.set_ylim(0, max(max(run.per_second_total), max(limit)) * 1.15)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7, loc="upper right", ncol=2)
-    fig.suptitle(f'Permits per second per process, rate = "{rate}" ({rate.burst}/{rate.per:g} s)')
+    fig.suptitle(f'Permits per second per process, rate = "{rate}", {len(runs[0].per_second)} processes')
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
     plt.close(fig)
+
+
+def _cumulative(values: list[float]) -> list[float]:
+    return [sum(values[: i + 1]) for i in range(len(values))]
 
 
 def _table(report: dict[str, Any]) -> str:
@@ -441,7 +451,8 @@ def _table(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"sidecar /v1/status: granted {sc['status_granted']} (clients counted {side.total} in the window "
-        f"+ {side.late} late), refused {sc['status_refused']}",
+        f"+ {side.late} late, the last {1000 * (side.last_answer_after_end or 0):.0f} ms after the end), "
+        f"refused {sc['status_refused']}",
         f"CPU over the window: sidecar {sc['sidecar_cpu_seconds']:.2f} s "
         f"({1000 * sc['sidecar_cpu_seconds'] / calls:.2f} ms per call), "
         f"its clients {side.worker_cpu_seconds:.2f} s; sidecar 'waited' p50 {side.waited_p50 or 0:.3f} s, "
@@ -456,6 +467,11 @@ def _table(report: dict[str, Any]) -> str:
         "permits per second (t0 + s):",
         f"{'':<22}" + "".join(f"{s:>6}" for s in range(len(side.per_second_total))),
         f"{'limit':<22}" + "".join(f"{v:>6.0f}" for v in report["limit_per_second"]),
+    ]
+    cumulative = _cumulative([float(v) for v in side.per_second_total])
+    lines += [
+        f"{'bound, cumulative':<22}" + "".join(f"{v:>6.0f}" for v in _cumulative(report["limit_per_second"])),
+        f"{'sidecar, cumulative':<22}" + "".join(f"{v:>6.0f}" for v in cumulative),
     ]
     for run in (side, quo):
         lines.append(f"{run.name + ' total':<22}" + "".join(f"{v:>6}" for v in run.per_second_total))
@@ -478,7 +494,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="where to draw the figure (default bench/rate_bench.png)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
-    rate = parse_rate(args.rate)
+    try:
+        rate = parse_rate(args.rate)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.seconds <= 0 or args.processes < 1 or args.tasks < 1:
         parser.error("--seconds, --processes and --tasks must be positive")
 

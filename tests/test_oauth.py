@@ -123,3 +123,16 @@ def test_backoff_grows_exponentially_with_jitter_and_a_cap() -> None:
     for n, d in enumerate(delays, start=1):
         ceiling = min(60.0, 2.0 ** (n - 1))
         assert ceiling / 2 <= d <= ceiling
+
+
+def test_a_jwt_exp_earlier_than_expires_in_wins() -> None:
+    def b64(data: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+
+    jwt_token = f"{b64({'alg': 'none'})}.{b64({'exp': 1003})}.sig"
+    token = parse_token_response(200, "", ok({"access_token": jwt_token, "expires_in": 5}), 1000.4, 300)
+    assert token.expires_at == 1003  # not 1005.4: expires_in is rounded and counted from receipt
+    later = parse_token_response(200, "", ok({"access_token": jwt_token, "expires_in": 2}), 1000.0, 300)
+    assert later.expires_at == 1002.0  # never later than expires_in says
+    with pytest.raises(TokenEndpointError):
+        parse_token_response(200, "", ok({"access_token": jwt_token, "expires_in": 60}), 1004.0, 300)

@@ -145,4 +145,12 @@ def _with_httpx2(base: type[CredentialsAuth]) -> type[CredentialsAuth]:
     return type("CredentialsAuth", (base, httpx2.Auth), {"__module__": __name__, "__doc__": base.__doc__})
 
 
+if TYPE_CHECKING:
+    import httpx2
+
+    class HttpxAuth(CredentialsAuth, httpx2.Auth):  # type: ignore[misc]
+        """What `creds.auth()` returns: usable with httpx and with httpx2 (the MCP SDK 2.x)."""
+else:
+    HttpxAuth = CredentialsAuth
+
 AUTH_CLASS: Final = _with_httpx2(CredentialsAuth)

@@ -121,10 +121,12 @@ class Broker:
             if current is not None and current.fingerprint != fp:
                 self.logins.drop(key)
                 self._drop_cached({key})
+                _log.info("login dropped by another sidecar", extra={"key": key, "fingerprint": fp})
             if self.shared_logins is not None:
                 self.shared_logins.notify(key)
         elif kind == "invalidate" and self.logins.invalidate(key, fp if isinstance(fp, str) else None):
             self._drop_cached({key})
+            _log.info("login dropped by another sidecar", extra={"key": key, "fingerprint": fp})
 
     # -- config
 
@@ -189,6 +191,8 @@ class Broker:
             return cached
         pending = self._resolving.get(target.name)
         if pending is not None:
+            if target.login is not None:
+                self.logins.note_shared(target.key)
             return await asyncio.shield(pending)
         future: asyncio.Future[HeadersResult] = asyncio.get_running_loop().create_future()
         self._resolving[target.name] = future

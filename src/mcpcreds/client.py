@@ -14,7 +14,7 @@ from typing import Any, Final, Literal, TypeVar
 
 import httpx
 
-from .auth import AUTH_CLASS, CredentialsAuth
+from .auth import AUTH_CLASS, HttpxAuth
 from .calls import Call, Calls
 from .config import default_socket_path
 from .errors import McpcredsError, SidecarUnavailable, error_from_wire
@@ -132,9 +132,9 @@ class AsyncClient(_Base):
         return await self.run(Calls.secret_rotate(name, value, force))
 
     def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
-             on_429: Literal["raise", "wait", "return"] = "wait") -> CredentialsAuth:
+             on_429: Literal["raise", "wait", "return"] = "wait") -> HttpxAuth:
         """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled."""
-        return AUTH_CLASS(None, self, name, cost=cost, max_wait=max_wait, on_429=on_429)
+        return AUTH_CLASS(None, self, name, cost=cost, max_wait=max_wait, on_429=on_429)  # type: ignore[return-value]
 
 
 class Client(_Base):
@@ -209,9 +209,9 @@ class Client(_Base):
         return self.run(Calls.secret_rotate(name, value, force))
 
     def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
-             on_429: Literal["raise", "wait", "return"] = "wait") -> CredentialsAuth:
+             on_429: Literal["raise", "wait", "return"] = "wait") -> HttpxAuth:
         """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled."""
-        return AUTH_CLASS(self, None, name, cost=cost, max_wait=max_wait, on_429=on_429)
+        return AUTH_CLASS(self, None, name, cost=cost, max_wait=max_wait, on_429=on_429)  # type: ignore[return-value]
 
 
 __all__ = ["AsyncClient", "Client", "McpcredsError"]

@@ -174,6 +174,10 @@ class LoginCache:
         assert task is not None
         return await asyncio.shield(task)
 
+    def note_shared(self, key: str) -> None:
+        """A request that waited on a resolution another request started."""
+        self._state(key).shared_fetches += 1
+
     def peek(self, key: str) -> Token | None:
         """The cached login, due for renewal or not."""
         return self._tokens.get(key)

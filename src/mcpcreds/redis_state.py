@@ -9,12 +9,15 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any, Final
 
 import redis.asyncio as aioredis
 from cryptography.fernet import Fernet, InvalidToken
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.retry import Retry
 
 from .errors import StateUnavailable
 from .logs import get_logger
@@ -23,6 +26,7 @@ from .rates import Rate
 from .secret import REDACTOR
 
 CALL_TIMEOUT: Final = 1.0
+DOWN_SECONDS: Final = 0.25
 EVENTS: Final = "mcpcreds:events"
 _log = get_logger("redis")
 
@@ -88,12 +92,14 @@ def fernet_from_secret(secret: str) -> Fernet:
 class RedisState:
     def __init__(self, url: str, state_key: str, password: str | None = None,
                  timeout: float = CALL_TIMEOUT) -> None:
+        # no retries inside redis-py: a lost Redis must fail (or degrade) fast, not stall requests
+        options: dict[str, Any] = {"password": password, "socket_timeout": timeout,
+                                   "socket_connect_timeout": timeout, "retry": Retry(NoBackoff(), 0)}
         if url.startswith("unix://"):
-            self.redis = aioredis.Redis(unix_socket_path=url[len("unix://"):], password=password,
-                                        socket_timeout=timeout, socket_connect_timeout=timeout)
+            self.redis = aioredis.Redis(unix_socket_path=url[len("unix://"):], **options)
         else:
-            self.redis = aioredis.Redis.from_url(url, password=password, socket_timeout=timeout,
-                                                 socket_connect_timeout=timeout)
+            self.redis = aioredis.Redis.from_url(url, **options)
+        self._down_until = 0.0
         self.url = url
         self.fernet = fernet_from_secret(state_key)
         self.node = os.urandom(6).hex()  # who published an event
@@ -103,9 +109,15 @@ class RedisState:
         self._listener: asyncio.Task[None] | None = None
 
     async def _call(self, what: str, coro: Any) -> Any:
+        """Run one Redis call; after a failure, fail at once for DOWN_SECONDS before trying again,
+        so a Redis that hangs costs one timeout, not one per request."""
+        if time.monotonic() < self._down_until:
+            coro.close()
+            raise StateUnavailable("shared state unreachable (a moment ago); retrying shortly")
         try:
             return await coro
         except (TimeoutError, RedisError, OSError) as exc:
+            self._down_until = time.monotonic() + DOWN_SECONDS
             raise StateUnavailable(f"shared state unreachable ({what}: {type(exc).__name__}); "
                                    "requests fail until it is back") from None
 

@@ -124,7 +124,7 @@ class Sidecar:
         claim_socket_path(self.socket_path)
         sock = bind_unix_socket(str(self.socket_path))
         server = await loop.create_unix_server(
-            lambda: HttpConnection(self.api, self.allow_uids, self.connections), sock=sock)
+            lambda: HttpConnection(self.api, self.allow_uids, self.connections), sock=sock, backlog=1024)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)

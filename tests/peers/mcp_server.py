@@ -51,8 +51,10 @@ from joserfc.jwk import KeySet
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
+from pydantic import AnyHttpUrl
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 READY_TIMEOUT = 30.0
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,7 +144,7 @@ class JwtTokenVerifier:
             self._reject("typ")
             return None
         try:
-            keys = KeySet.import_key_set(await self._keys_for(header.get("kid")))
+            keys = KeySet.import_key_set(cast(Any, await self._keys_for(header.get("kid"))))
             decoded = jwt.decode(token, keys, algorithms=["RS256", "PS256", "ES256", "EdDSA"])
             jwt.JWTClaimsRegistry(
                 iss={"essential": True, "value": self.issuer},
@@ -172,7 +174,7 @@ class JwtTokenVerifier:
         )
 
 
-async def _buffered(receive: Any) -> tuple[bytes, Any]:
+async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
     """Read the whole request body; return it and a `receive` that replays it."""
     chunks: list[bytes] = []
     while True:
@@ -185,12 +187,12 @@ async def _buffered(receive: Any) -> tuple[bytes, Any]:
     body = b"".join(chunks)
     replayed = False
 
-    async def replay() -> dict[str, Any]:
+    async def replay() -> Message:
         nonlocal replayed
         if not replayed:
             replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
-        return cast(dict[str, Any], await receive())
+        return await receive()
 
     return body, replay
 
@@ -203,7 +205,7 @@ def _rpc_method(body: bytes) -> str | None:
     return message.get("method") if isinstance(message, dict) else None
 
 
-async def _send_json(send: Any, status: int, payload: dict[str, Any],
+async def _send_json(send: Send, status: int, payload: dict[str, Any],
                      extra: list[tuple[bytes, bytes]] | None = None) -> None:
     body = json.dumps(payload).encode()
     await send({"type": "http.response.start", "status": status, "headers": [
@@ -212,12 +214,13 @@ async def _send_json(send: Any, status: int, payload: dict[str, Any],
     await send({"type": "http.response.body", "body": body})
 
 
-def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) -> Any:
+def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) -> ASGIApp:
     """The SDK's Streamable HTTP app with bearer auth, wrapped by the test controls."""
     server: MCPServer[Any] = MCPServer(
         "mcpcreds-test-tools",
         token_verifier=JwtTokenVerifier(state, issuer, jwks_uri, resource),
-        auth=AuthSettings(issuer_url=issuer, resource_server_url=resource, validate_token_resource=True),
+        auth=AuthSettings(issuer_url=AnyHttpUrl(issuer), resource_server_url=AnyHttpUrl(resource),
+                          validate_token_resource=True),
         log_level="WARNING",
     )
 
@@ -268,7 +271,7 @@ def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) 
 
     app = server.streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
 
-    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/mcp":
             await app(scope, receive, send)
             return
@@ -283,7 +286,7 @@ def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) 
                                  [(b"retry-after", state.retry_after.encode())])
                 return
 
-        async def counting_send(message: dict[str, Any]) -> None:
+        async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] == 401:
                 state.unauthorized += 1
             await send(message)

@@ -1,0 +1,172 @@
+"""Several sidecars sharing logins and buckets through a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcpcreds import AsyncClient, Client, RateLimited, StateUnavailable
+from tests.peers.oidc_peer import OidcPeer, start_oidc_peer
+from tests.peers.redis_peer import RedisPeer, start_redis
+from tests.sidecar_proc import SidecarProcess, run_sidecar
+
+SECRET = "shared-client-secret-0"
+STATE_KEY = "state-key-for-tests-0123456789"
+
+
+@pytest.fixture(scope="module")
+def peer() -> Iterator[OidcPeer]:
+    clients = [{"client_id": "shared", "client_secret": SECRET,
+                "token_endpoint_auth_method": "client_secret_basic", "scope": "tools:read"}]
+    with start_oidc_peer(clients, access_token_ttl=300) as p:
+        yield p
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisPeer]:
+    with start_redis() as r:
+        yield r
+
+
+def write_config(path: Path, socket: Path, redis: RedisPeer, peer: OidcPeer, extra: str = "") -> Path:
+    path.write_text(f"""
+[sidecar]
+socket = "{socket}"
+state = "{redis.url}"
+state_key = "{{{{secret:STATE_KEY}}}}"
+{extra}
+[secrets]
+sources = ["env"]
+[services.crm]
+endpoint = "https://crm.example.com/mcp"
+rate = "100/1s"
+oauth = {{ token_url = "{peer.token_url}", client_id = "shared", client_secret = "{{{{secret:CRM_SECRET}}}}", scope = "tools:read" }}
+[[servers]]
+name = "crm"
+service = "crm"
+""")
+    return path
+
+
+def start_sidecars(stack: ExitStack, tmp_path: Path, redis: RedisPeer, peer: OidcPeer, count: int,
+                   extra: str = "") -> list[SidecarProcess]:
+    env = {"STATE_KEY": STATE_KEY, "CRM_SECRET": SECRET}
+    procs = []
+    for i in range(count):
+        socket = tmp_path / f"run{i}" / "s.sock"
+        config = write_config(tmp_path / f"config{i}.toml", socket, redis, peer, extra)
+        procs.append(stack.enter_context(run_sidecar(config, socket, env)))
+    return procs
+
+
+async def test_one_token_request_for_a_cold_service_across_sidecars(
+        tmp_path: Path, redis: RedisPeer, peer: OidcPeer) -> None:
+    peer.reset_stats()
+    with ExitStack() as stack:
+        sidecars = start_sidecars(stack, tmp_path, redis, peer, 3)
+        clients = [AsyncClient(s.socket) for s in sidecars]
+        try:
+            answers = await asyncio.gather(*[c.headers_info("crm") for c in clients for _ in range(30)])
+        finally:
+            for c in clients:
+                await c.aclose()
+    assert len({a["fingerprint"] for a in answers}) == 1
+    assert peer.stats()["token_requests"] == 1
+
+
+def test_invalidation_on_one_sidecar_is_seen_by_the_others(tmp_path: Path, redis: RedisPeer,
+                                                            peer: OidcPeer) -> None:
+    with ExitStack() as stack:
+        a, b = start_sidecars(stack, tmp_path, redis, peer, 2)
+        with Client(a.socket) as ca, Client(b.socket) as cb:
+            first = ca.headers_info("crm")["fingerprint"]
+            assert cb.headers_info("crm")["fingerprint"] == first
+            assert ca.invalidate("crm", first)
+            b.wait_for("login dropped by another sidecar", timeout=5)
+            second = cb.headers_info("crm")["fingerprint"]
+            assert second != first
+            assert ca.headers_info("crm")["fingerprint"] == second
+            assert not cb.invalidate("crm", first)  # already gone everywhere
+
+
+async def test_shared_bucket_holds_across_sidecars(tmp_path: Path, redis: RedisPeer, peer: OidcPeer) -> None:
+    """100/1s hammered through three sidecars for 10 s: at most 100 + 100 x 10 grants, and at
+    least 98 % of that (the bucket is never left idle)."""
+    seconds, bound = 10.0, 100 + 100 * 10
+    with ExitStack() as stack:
+        sidecars = start_sidecars(stack, tmp_path, redis, peer, 3)
+        clients = [AsyncClient(s.socket, timeout=30) for s in sidecars]
+        start = time.monotonic()
+        end = start + seconds
+        grants: list[float] = []
+
+        async def hammer(client: AsyncClient) -> None:
+            while True:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                try:
+                    await client.acquire("crm", max_wait=left)
+                except RateLimited:
+                    return
+                now = time.monotonic()
+                if now <= end:
+                    grants.append(now)
+
+        try:
+            await asyncio.gather(*[hammer(c) for c in clients for _ in range(4)])
+        finally:
+            for c in clients:
+                await c.aclose()
+    assert len(grants) <= bound
+    assert len(grants) >= 0.98 * bound, f"{len(grants)} grants"
+
+
+def until_ok(call: Callable[[], dict[str, Any]], seconds: float = 5.0) -> dict[str, Any]:
+    """Call until it succeeds: the sidecar probes Redis again a moment after a failure."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return call()
+        except StateUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_redis_lost_and_back(tmp_path: Path, redis: RedisPeer, peer: OidcPeer) -> None:
+    with ExitStack() as stack:
+        (sidecar,) = start_sidecars(stack, tmp_path, redis, peer, 1)
+        with Client(sidecar.socket) as client:
+            assert client.acquire("crm")["granted"] == 1
+            redis.stop()
+            with pytest.raises(StateUnavailable) as info:
+                client.acquire("crm")
+            assert "shared state unreachable" in info.value.message
+            assert client.health()["status"] == "ok"  # the sidecar itself keeps serving
+            redis.start()
+            assert until_ok(lambda: client.acquire("crm"))["granted"] == 1  # recovers by itself
+            assert client.headers_info("crm")["key"] == "service:crm"
+    assert sidecar.proc.returncode == 0
+
+
+def test_degraded_mode_uses_a_local_share(tmp_path: Path, redis: RedisPeer, peer: OidcPeer) -> None:
+    with ExitStack() as stack:
+        (sidecar,) = start_sidecars(stack, tmp_path, redis, peer, 1,
+                                    extra='on_state_loss = "local"\nlocal_share = 0.1')
+        with Client(sidecar.socket) as client:
+            redis.stop()
+            granted = 0
+            with pytest.raises(RateLimited):
+                for _ in range(50):
+                    client.acquire("crm", max_wait=0)
+                    granted += 1
+            assert granted == 10  # a tenth of the burst, while Redis is away
+            redis.start()
+            assert until_ok(lambda: client.acquire("crm", max_wait=1))["granted"] == 1
