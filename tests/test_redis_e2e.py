@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mcpcreds import AsyncClient, Client, RateLimited, StateUnavailable
+from mcpcreds import AsyncClient, Client, Forbidden, RateLimited, StateUnavailable
 from tests.peers.oidc_peer import OidcPeer, start_oidc_peer
 from tests.peers.redis_peer import RedisPeer, start_redis
 from tests.sidecar_proc import SidecarProcess, run_sidecar
@@ -170,3 +170,17 @@ def test_degraded_mode_uses_a_local_share(tmp_path: Path, redis: RedisPeer, peer
             assert granted == 10  # a tenth of the burst, while Redis is away
             redis.start()
             assert until_ok(lambda: client.acquire("crm", max_wait=1))["granted"] == 1
+
+
+def test_a_grant_minted_on_one_sidecar_works_on_another(tmp_path: Path, redis: RedisPeer,
+                                                        peer: OidcPeer) -> None:
+    with ExitStack() as stack:
+        a, b = start_sidecars(stack, tmp_path, redis, peer, 2)
+        with Client(a.socket) as parent:
+            minted = parent.grant(["crm"], ttl=60)
+        with Client(b.socket, grant=minted["grant"]) as child:
+            assert child.headers_info("crm")["key"] == "service:crm"
+        with Client(b.socket) as other_parent:
+            assert other_parent.revoke_grant(minted["id"])
+        with Client(a.socket, grant=minted["grant"]) as child, pytest.raises(Forbidden):
+            child.headers("crm")

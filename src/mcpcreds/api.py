@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -13,13 +14,16 @@ from .audit import AuditLog
 from .broker import Broker, HeadersResult
 from .config import Target
 from .errors import (
+    Forbidden,
     InvalidRequest,
     McpcredsError,
     MethodNotAllowed,
     NotFound,
 )
+from .grants import MAX_TTL, Grant, new_token, token_hash
 from .logs import get_logger
 from .metrics import Metrics
+from .policy import check_rule_of_two
 from .secret import REDACTOR, Secret
 from .sources import check_secret_name
 from .wire import Request, Response, json_response
@@ -70,6 +74,7 @@ class Api:
             ("GET", "/v1/status"): ("status", self.status),
             ("GET", "/v1/openapi.json"): ("openapi", self.openapi_doc),
             ("GET", "/metrics"): ("metrics", self.metrics_text),
+            ("POST", "/v1/grants"): ("grant", self.create_grant),
         }
         self._server_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "headers"): ("headers", self.headers),
@@ -83,6 +88,8 @@ class Api:
             ("POST", "rotate"): ("rotate", self.secret_rotate),
         }
         self._fast_targets: dict[bytes, Target] = {}
+        self._grant_routes = frozenset({"health", "openapi", "servers", "headers", "acquire", "call",
+                                        "invalidate", "backoff", "grant", "revoke"})
 
     def reload(self) -> None:
         self._fast_targets.clear()
@@ -111,6 +118,8 @@ class Api:
         return cached.wire
 
     def handle(self, request: Request) -> Response | Awaitable[Response]:
+        if request.authorization is not None:
+            return self._handle_with_grant(request)
         route = "unknown"
         try:
             route, handler = self._route(request)
@@ -121,6 +130,34 @@ class Api:
             result.route = route
             return result
         return self._finish(result, route)
+
+    async def _handle_with_grant(self, request: Request) -> Response:
+        """A caller that presents a grant acts within it only."""
+        route = "unknown"
+        try:
+            scheme, _, token = (request.authorization or "").partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Forbidden("Authorization must be 'Bearer <grant>'")
+            grant = await self.broker.grants.get(token_hash(token.strip()))
+            if grant is None:
+                raise Forbidden("grant unknown, expired or revoked")
+            request.grant = grant
+            route, handler = self._route(request)
+            if route not in self._grant_routes:
+                raise Forbidden(f"a grant cannot use {request.path}")
+            result = handler(request)
+            response = result if isinstance(result, Response) else await result
+        except McpcredsError as exc:
+            return error_to_response(exc, route)
+        response.route = route
+        return response
+
+    def _target(self, request: Request) -> Target:
+        """The server a route names, if the caller's grant (if any) covers it."""
+        target = self.broker.target(request.name)
+        if request.grant is not None and target.name not in request.grant.servers:
+            raise Forbidden(f"server {target.name!r} is not in this grant")
+        return target
 
     async def _finish(self, pending: Awaitable[Response], route: str) -> Response:
         try:
@@ -135,6 +172,11 @@ class Api:
         if found is not None:
             return found
         parts = request.path.split("/")
+        if len(parts) == 4 and parts[1] == "v1" and parts[2] == "grants" and parts[3]:
+            if request.method != "DELETE":
+                raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+            request.name = unquote(parts[3])
+            return "revoke", self.revoke_grant
         # ["", "v1", "servers", NAME, ACTION]
         if len(parts) == 5 and parts[1] == "v1" and parts[3]:
             table = {"servers": self._server_actions, "secrets": self._secret_actions}.get(parts[2])
@@ -155,7 +197,54 @@ class Api:
         return Response(200, self.broker.health_body)
 
     def servers(self, request: Request) -> Response:
+        if request.grant is not None:
+            specs = [t.spec.to_dict() for name in request.grant.servers
+                     if (t := self.broker.config.target(name)) is not None]
+            return json_response({"servers": specs})
         return Response(200, self.broker.servers_body)
+
+    async def create_grant(self, request: Request) -> Response:
+        body = parse_json_body(request)
+        names, ttl = body.get("servers"), body.get("ttl", 3600)
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise InvalidRequest("servers must be a non-empty array of server names")
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_TTL:
+            raise InvalidRequest(f"ttl must be a number of seconds from 1 to {MAX_TTL:g}")
+        targets = []
+        for name in names:
+            request.name = name
+            targets.append(self._target(request))  # a grant can only narrow what its holder has
+        trio_warning = check_rule_of_two({t.name: t.tags for t in targets},
+                                         allow_trifecta=self.broker.config.sidecar.allow_trifecta)
+        now = self.broker.clock.time()
+        expires_at = now + float(ttl)
+        parent = request.grant
+        if parent is not None:
+            expires_at = min(expires_at, parent.expires_at)
+        token = new_token()
+        Secret(token)  # never in a log line or an error
+        grant = Grant(secrets.token_hex(8), tuple(dict.fromkeys(t.name for t in targets)), expires_at,
+                      parent.id if parent is not None else None)
+        await self.broker.grants.put(grant, token_hash(token))
+        self.audit.write("grant", id=grant.id, servers=list(grant.servers), expires_at=expires_at,
+                         parent=grant.parent, **_actor(request))
+        if trio_warning:
+            _log.warning("grant completes the trifecta (allowed by allow_trifecta)",
+                         extra={"grant": grant.id, "warning": trio_warning})
+            self.audit.write("grant_trifecta_allowed", id=grant.id, warning=trio_warning, **_actor(request))
+        return json_response({"id": grant.id, "grant": token, "expires_at": expires_at,
+                              "servers": [t.spec.to_dict() for t in targets]})
+
+    async def revoke_grant(self, request: Request) -> Response:
+        grant_id = request.name
+        if request.grant is not None and grant_id != request.grant.id:
+            # a grant holder may revoke itself; its children go with it
+            raise Forbidden("a grant can only revoke itself")
+        revoked = await self.broker.grants.revoke(grant_id)
+        if not revoked:
+            raise NotFound(f"no grant {grant_id!r}")
+        self.audit.write("grant_revoked", id=grant_id, **_actor(request))
+        return json_response({"revoked": True})
 
     async def status(self, request: Request) -> Response:
         return json_response(await self.broker.status())
@@ -168,7 +257,7 @@ class Api:
         return Response(200, text.encode(), content_type=_PROMETHEUS)
 
     def headers(self, request: Request) -> Response | Awaitable[Response]:
-        target = self.broker.target(request.name)
+        target = self._target(request)
         cached = self.broker.cached_headers(target)
         if cached is not None:
             return Response(200, cached.body)
@@ -186,7 +275,7 @@ class Api:
         return cost, float(max_wait)
 
     def acquire(self, request: Request) -> Response | Awaitable[Response]:
-        target = self.broker.target(request.name)
+        target = self._target(request)
         cost, max_wait = self._permit_request(request)
         rate = self.broker.rate_of(target)
         if self.broker.limiter.try_acquire(target.key, rate, cost):
@@ -199,7 +288,7 @@ class Api:
 
     def call(self, request: Request) -> Response | Awaitable[Response]:
         """Permits and headers in one round trip: the client's hot path."""
-        target = self.broker.target(request.name)
+        target = self._target(request)
         cost, max_wait = self._permit_request(request)
         cached = self.broker.cached_headers(target)
         if cached is not None and self.broker.limiter.try_acquire(target.key, self.broker.rate_of(target),
@@ -217,7 +306,7 @@ class Api:
         return Response(200, prefix + result.body[1:])
 
     async def backoff(self, request: Request) -> Response:
-        target = self.broker.target(request.name)
+        target = self._target(request)
         body = parse_json_body(request)
         retry_after = body.get("retry_after")
         if isinstance(retry_after, bool) or not isinstance(retry_after, int | float) \
@@ -229,7 +318,7 @@ class Api:
         return json_response({"paused_until": until})
 
     async def invalidate(self, request: Request) -> Response:
-        target = self.broker.target(request.name)
+        target = self._target(request)
         body = parse_json_body(request)
         fp = body.get("fingerprint")
         if fp is not None and not isinstance(fp, str):

@@ -12,10 +12,12 @@ from typing import Any, Final
 import httpx
 
 from . import __version__
+from .audit import AuditLog
 from .buckets import Limiter
 from .clock import Clock
 from .config import Config, Target
 from .discovery import Discovery
+from .egress import EgressPolicy, egress_client
 from .errors import (
     InvalidRequest,
     McpcredsError,
@@ -24,6 +26,7 @@ from .errors import (
     UnknownSecret,
     UnknownServer,
 )
+from .grants import GrantStore, MemoryGrants, RedisGrants
 from .logins import LoginCache
 from .logs import get_logger
 from .metrics import Labels, Metrics
@@ -69,21 +72,23 @@ class Broker:
     come from the login cache, one per cache key."""
 
     def __init__(self, config: Config, resolver: SecretResolver, clock: Clock, metrics: Metrics,
-                 secret_cache_ttl: float = SECRET_CACHE_TTL,
-                 http: httpx.AsyncClient | None = None) -> None:
+                 secret_cache_ttl: float = SECRET_CACHE_TTL, audit: AuditLog | None = None) -> None:
         self.config = config
         self.resolver = resolver
         self.clock = clock
         self.metrics = metrics
         self.secret_cache_ttl = secret_cache_ttl
-        self.http = http or httpx.AsyncClient(follow_redirects=False)
-        self.discovery = Discovery(self.http)
+        self.audit = audit or AuditLog(None, clock)
+        self._http: dict[tuple[str, EgressPolicy], httpx.AsyncClient] = {}
+        self.discovery = Discovery()
         self.state: RedisState | None = None
         self.shared_logins: SharedLogins | None = None
         self.limiter: Limiter | SharedLimiter
+        self.grants: GrantStore
         if config.sidecar.state == "memory":
             self.logins = LoginCache(self._fetch_login, clock, config.sidecar.refresh_ahead)
             self.limiter = Limiter(clock, self._rates(config))
+            self.grants = MemoryGrants(clock)
         else:
             self.state = self._connect_state(config, resolver)
             degrade = config.sidecar.on_state_loss == "local"
@@ -93,6 +98,7 @@ class Broker:
             self.logins = LoginCache(self.shared_logins.fetch, clock, config.sidecar.refresh_ahead)
             self.limiter = SharedLimiter(self.state, clock, Limiter(clock) if degrade else None,
                                          config.sidecar.local_share)
+            self.grants = RedisGrants(self.state, clock)
         self._cache: dict[str, _Cached] = {}
         self._resolving: dict[str, asyncio.Future[HeadersResult]] = {}
         self._servers_body = self._encode_servers()
@@ -170,7 +176,8 @@ class Broker:
         self.limiter.close()
         if self.state is not None:
             await self.state.aclose()
-        await self.http.aclose()
+        for client in self._http.values():
+            await client.aclose()
 
     # -- headers
 
@@ -238,7 +245,8 @@ class Broker:
         if login.grant != "client_credentials":
             raise TokenEndpointError(f"grant {login.grant!r} is not run by mcpcreds; only "
                                      "client_credentials", "unsupported_grant_type")
-        token_url = await self.discovery.token_url(login, target.endpoint)
+        http = self._http_for(target)
+        token_url = await self.discovery.token_url(login, target.endpoint, http)
         credential_template = login.private_key or login.client_secret
         assert credential_template is not None
         if overrides:
@@ -249,13 +257,24 @@ class Broker:
         self.metrics.inc("mcpcreds_token_requests_total", (("key", target.key),),
                          help_text="Token requests sent to token endpoints, by cache key.")
         try:
-            return await send_token_request(self.http, request, self.clock.time(),
+            return await send_token_request(http, request, self.clock.time(),
                                             login.expires_in_default,
                                             timeout=self.config.sidecar.token_timeout)
         except Exception:
             self.metrics.inc("mcpcreds_token_errors_total", (("key", target.key),),
                              help_text="Token requests that failed, by cache key.")
             raise
+
+    def _http_for(self, target: Target) -> httpx.AsyncClient:
+        """The HTTP client for a target's own outbound calls, behind its egress policy."""
+        key = (target.key, target.egress)
+        client = self._http.get(key)
+        if client is None:
+            def on_connect(host: str, ip: str, port: int) -> None:
+                self.audit.write("egress", key=target.key, host=host, ip=ip, port=port)
+
+            client = self._http[key] = egress_client(target.egress, on_connect=on_connect)
+        return client
 
     # -- invalidation
 

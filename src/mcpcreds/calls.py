@@ -82,3 +82,11 @@ class Calls:
     def secret_rotate(name: str, value: str, force: bool) -> Call[dict[str, Any]]:
         return Call("POST", f"/v1/secrets/{quote(name, safe='')}/rotate", lambda b: dict(b),
                     {"value": value, "force": force}, 60.0)
+
+    @staticmethod
+    def grant(servers: list[str], ttl: float) -> Call[dict[str, Any]]:
+        return Call("POST", "/v1/grants", lambda b: dict(b), {"servers": servers, "ttl": ttl})
+
+    @staticmethod
+    def revoke_grant(grant_id: str) -> Call[bool]:
+        return Call("DELETE", f"/v1/grants/{quote(grant_id, safe='')}", lambda b: bool(b["revoked"]))

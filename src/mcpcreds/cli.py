@@ -205,6 +205,10 @@ def _print_table(rows: Sequence[Sequence[str]], out: TextIO | None = None) -> No
 
 
 def cmd_spawn_payload(args: argparse.Namespace) -> int:
+    if args.grant:
+        with _client(args) as client:
+            _print_json(client.grant(list(args.names), ttl=args.ttl))
+        return EXIT_OK
     config = _config(args)
     specs = []
     for name in args.names:
@@ -327,9 +331,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait at most (default 30)")
     p = add_client("status", cmd_status, "logins and buckets, as a table (JSON when piped)")
     p.add_argument("--json", action="store_true", default=None, help="print JSON")
-    p = add("spawn-payload", cmd_spawn_payload,
-            "print the secret-free JSON spec of these servers, for a child process")
+    p = add_client("spawn-payload", cmd_spawn_payload,
+                   "print the secret-free JSON spec of these servers, for a child process")
     p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument("--grant", action="store_true",
+                   help="also mint a grant for exactly these servers (from the sidecar): prints "
+                        '{"id", "grant", "expires_at", "servers"}; give the child MCPCREDS_GRANT')
+    p.add_argument("--ttl", type=float, default=3600, help="grant lifetime in seconds (default 3600)")
 
     secret = sub.add_parser("secret", parents=[common], help="manage secrets in the keyring",
                             description="Manage secrets in the keyring; values never on argv.")

@@ -127,6 +127,13 @@ class AsyncClient(_Base):
     async def secret_rotated(self, name: str) -> list[str]:
         return await self.run(Calls.secret_rotated(name))
 
+    async def grant(self, servers: list[str], ttl: float = 3600) -> dict[str, Any]:
+        """A narrower grant for a child: {"id", "grant", "expires_at", "servers"}."""
+        return await self.run(Calls.grant(servers, ttl))
+
+    async def revoke_grant(self, grant_id: str) -> bool:
+        return await self.run(Calls.revoke_grant(grant_id))
+
     async def secret_rotate(self, name: str, value: str, force: bool = False) -> dict[str, Any]:
         """Rotate with overlap: the sidecar tries `value`, then stores it and renews logins."""
         return await self.run(Calls.secret_rotate(name, value, force))
@@ -204,6 +211,12 @@ class Client(_Base):
 
     def secret_rotated(self, name: str) -> list[str]:
         return self.run(Calls.secret_rotated(name))
+
+    def grant(self, servers: list[str], ttl: float = 3600) -> dict[str, Any]:
+        return self.run(Calls.grant(servers, ttl))
+
+    def revoke_grant(self, grant_id: str) -> bool:
+        return self.run(Calls.revoke_grant(grant_id))
 
     def secret_rotate(self, name: str, value: str, force: bool = False) -> dict[str, Any]:
         return self.run(Calls.secret_rotate(name, value, force))

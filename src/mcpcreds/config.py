@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 from urllib.parse import urlsplit
 
+from .egress import EgressPolicy, is_dev_loopback_url
 from .errors import ConfigError
+from .policy import TrustPolicy, find_trifecta, trifecta_message
 from .rates import Rate, parse_duration, parse_rate
 from .templates import Template, TemplateError, is_credential_header, parse_template
 
@@ -94,10 +96,11 @@ class McpServerSpec:
     auth: Mapping[str, Any] | None = None
     service: str | None = None
     rate: str | None = None
+    trust: Mapping[str, Any] | None = None  # trust, tool_allowlist, expected_tools, ...
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
-        for key in ("endpoint", "service", "rate", "aauth", "oauth", "auth"):
+        for key in ("endpoint", "service", "rate", "aauth", "oauth", "auth", "trust"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = dict(value) if isinstance(value, Mapping) else value
@@ -117,6 +120,7 @@ class McpServerSpec:
             auth=data.get("auth"),
             service=data.get("service"),
             rate=data.get("rate"),
+            trust=data.get("trust"),
         )
 
 
@@ -133,6 +137,8 @@ class Target:
     rate: Rate | None
     auth_kind: AuthKind | None
     login: LoginSpec | None
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    trust: TrustPolicy = field(default_factory=TrustPolicy)
 
     @property
     def templates(self) -> tuple[Template, ...]:
@@ -547,9 +553,59 @@ class _Entry:
     rate: Rate | None
     auth_kind: AuthKind | None
     login: LoginSpec | None
+    egress: EgressPolicy
 
 
-_ENTRY_KEYS: Final = ("endpoint", "headers", "tags", "rate", "oauth", "auth", "aauth")
+_EGRESS_KEYS: Final = ("net", "allow_hosts", "deny_hosts", "allow_private")
+_TRUST_KEYS: Final = ("trust", "tool_allowlist", "expected_tools", "allow_untrusted_without_allowlist")
+_ENTRY_KEYS: Final = ("endpoint", "headers", "tags", "rate", "oauth", "auth", "aauth", *_EGRESS_KEYS)
+
+
+def _strings(c: _Collector, path: str, value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        c.error(path, "expected an array of strings")
+        return None
+    return tuple(value)
+
+
+def _parse_egress(c: _Collector, path: str, t: dict[str, Any], urls: list[str | None]) -> EgressPolicy:
+    """`net` and its host lists; loopback is allowed (dev mode) when the config's own URLs are."""
+    mode = c.typed(_join(path, "net"), t.get("net"), str, "inherit")
+    lists = {k: _strings(c, _join(path, k), t.get(k)) or () for k in _EGRESS_KEYS[1:]}
+    if mode == "restricted" and not lists["allow_hosts"]:
+        c.error(_join(path, "allow_hosts"), 'net = "restricted" needs allow_hosts (the token endpoint, '
+                "issuer and MCP endpoint hosts it may call)")
+    dev = any(is_dev_loopback_url(u) for u in urls if u)
+    for key, patterns in lists.items():
+        for i, pattern in enumerate(patterns):
+            try:
+                EgressPolicy(allow_hosts=(pattern,)) if key != "allow_private" else EgressPolicy(
+                    allow_private=(pattern,))
+            except ValueError as exc:
+                c.error(f"{path}.{key}[{i}]", str(exc))
+                lists[key] = ()
+    try:
+        return EgressPolicy(mode, lists["allow_hosts"], lists["deny_hosts"], lists["allow_private"], dev)
+    except ValueError as exc:
+        c.error(_join(path, "net"), str(exc))
+        return EgressPolicy(dev_loopback=dev)
+
+
+def _parse_trust(c: _Collector, path: str, t: dict[str, Any]) -> TrustPolicy:
+    allow_hatch = c.typed(_join(path, "allow_untrusted_without_allowlist"),
+                          t.get("allow_untrusted_without_allowlist"), bool, False)
+    try:
+        return TrustPolicy(
+            trust=c.typed(_join(path, "trust"), t.get("trust"), str, "untrusted"),
+            tool_allowlist=_strings(c, _join(path, "tool_allowlist"), t.get("tool_allowlist")),
+            expected_tools=_strings(c, _join(path, "expected_tools"), t.get("expected_tools")) or (),
+            allow_untrusted_without_allowlist=allow_hatch,
+        )
+    except ValueError as exc:
+        c.error(_join(path, "trust"), str(exc))
+        return TrustPolicy()
 
 
 def _parse_entry(c: _Collector, path: str, t: dict[str, Any]) -> _Entry:
@@ -574,7 +630,8 @@ def _parse_entry(c: _Collector, path: str, t: dict[str, Any]) -> _Entry:
         c.table(_join(path, "aauth"), t["aauth"])
         c.warnings.append(f"{_join(path, 'aauth')}: recorded, but mcpcreds does not sign "
                           "requests with aauth; only headers are served")
-    return _Entry(endpoint, headers, tags, rate, auth_kind, login)
+    urls = [endpoint, *((login.token_url, login.issuer) if login else ())]
+    return _Entry(endpoint, headers, tags, rate, auth_kind, login, _parse_egress(c, path, t, urls))
 
 
 def _effective_tags(tags: tuple[str, ...]) -> frozenset[str]:
@@ -603,6 +660,7 @@ def _spec_from_table(name: str, t: dict[str, Any], service: str | None) -> McpSe
         auth=mapping("auth"),
         service=service,
         rate=t.get("rate") if isinstance(t.get("rate"), str) else None,
+        trust={k: t[k] for k in _TRUST_KEYS if k in t} or None,
     )
 
 
@@ -633,11 +691,12 @@ def _parse_services(c: _Collector, raw: Any) -> tuple[dict[str, Target], dict[st
             rate=entry.rate,
             auth_kind=entry.auth_kind,
             login=_default_resource(entry.login, entry.endpoint),
+            egress=entry.egress,
         )
     return services, tables
 
 
-_INHERITED: Final = ("endpoint", "headers", "auth", "oauth", "aauth", "rate")
+_INHERITED: Final = ("endpoint", "headers", "auth", "oauth", "aauth", "rate", *_EGRESS_KEYS)
 
 
 def _parse_servers(c: _Collector, raw: Any, services: dict[str, Target],
@@ -651,7 +710,7 @@ def _parse_servers(c: _Collector, raw: Any, services: dict[str, Target],
     for i, value in enumerate(raw):
         path = f"servers[{i}]"
         t = c.table(path, value)
-        c.keys(path, t, ("name", *_ENTRY_KEYS, "service"))
+        c.keys(path, t, ("name", *_ENTRY_KEYS, "service", *_TRUST_KEYS))
         name = t.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
             c.error(_join(path, "name"), "required: letters, digits, '_', '.', '-'")
@@ -681,7 +740,8 @@ def _server_from_service(c: _Collector, path: str, name: str, t: dict[str, Any],
         known = ", ".join(sorted(k.partition(":")[2] for k in services)) or "none defined"
         c.error(_join(path, "service"), f"unknown service {service!r} (known: {known})")
         return None
-    merged = {**service_tables[service], "tags": sorted(set(entry.spec.tags) | set(tags))}
+    merged: dict[str, Any] = {**service_tables[service], "tags": sorted(set(entry.spec.tags) | set(tags))}
+    merged.update((k, t[k]) for k in _TRUST_KEYS if k in t)
     return Target(
         name=name,
         key=entry.key,
@@ -692,6 +752,8 @@ def _server_from_service(c: _Collector, path: str, name: str, t: dict[str, Any],
         rate=entry.rate,
         auth_kind=entry.auth_kind,
         login=entry.login,
+        egress=entry.egress,
+        trust=_parse_trust(c, path, t),
     )
 
 
@@ -711,6 +773,8 @@ def _standalone_server(c: _Collector, path: str, name: str, t: dict[str, Any]) -
         rate=entry.rate,
         auth_kind=entry.auth_kind,
         login=_default_resource(entry.login, entry.endpoint),
+        egress=entry.egress,
+        trust=_parse_trust(c, path, t),
     )
 
 
@@ -721,6 +785,10 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     secrets = _parse_secrets(c, data.get("secrets"))
     services, tables = _parse_services(c, data.get("services"))
     servers = _parse_servers(c, data.get("servers"), services, tables)
+    trio = find_trifecta({name: t.tags for name, t in servers.items()})
+    if trio is not None:
+        c.warnings.append(f"servers: together the servers complete the trifecta: {trifecta_message(trio)}; "
+                          "grants that combine them are refused")
     if c.errors:
         raise ConfigError(c.errors, path)
     return Config(path, sidecar, secrets, services, servers, tuple(c.warnings))

@@ -59,19 +59,18 @@ def token_endpoint_from(metadata: Any, issuer: str) -> str:
 
 
 class Discovery:
-    def __init__(self, http: httpx.AsyncClient) -> None:
-        self.http = http
+    def __init__(self) -> None:
         self._token_urls: dict[tuple[str, str | None, str], str] = {}
         self.issuers: dict[str, str] = {}  # pinned per resource endpoint
 
-    async def token_url(self, login: LoginSpec, endpoint: str) -> str:
+    async def token_url(self, login: LoginSpec, endpoint: str, http: httpx.AsyncClient) -> str:
         if login.token_url:
             return login.token_url
         cache_key = (login.client_id, login.issuer, endpoint)
         if (known := self._token_urls.get(cache_key)) is not None:
             return known
-        issuer = login.issuer or self.issuers.get(endpoint) or await self._issuer_for(endpoint)
-        url = await self._from_issuer(issuer)
+        issuer = login.issuer or self.issuers.get(endpoint) or await self._issuer_for(endpoint, http)
+        url = await self._from_issuer(issuer, http)
         self.issuers.setdefault(endpoint, issuer)
         self._token_urls[cache_key] = url
         _log.info("token endpoint discovered", extra={"issuer": issuer, "token_url": url})
@@ -80,25 +79,25 @@ class Discovery:
     def forget(self) -> None:
         self._token_urls.clear()
 
-    async def _from_issuer(self, issuer: str) -> str:
+    async def _from_issuer(self, issuer: str, http: httpx.AsyncClient) -> str:
         for url in metadata_urls(issuer):
-            status, data = await self._get_json(url)
+            status, data = await self._get_json(url, http)
             if status == 200:
                 return token_endpoint_from(data, issuer)
         raise TokenEndpointError(f"no authorization server metadata found for issuer {issuer}",
                                  "discovery_failed")
 
-    async def _issuer_for(self, endpoint: str) -> str:
+    async def _issuer_for(self, endpoint: str, http: httpx.AsyncClient) -> str:
         """RFC 9728: the resource's metadata names its authorization server."""
-        status, data = await self._get_json(resource_metadata_url(endpoint))
+        status, data = await self._get_json(resource_metadata_url(endpoint), http)
         if status != 200:
-            header = await self._challenge(endpoint)
+            header = await self._challenge(endpoint, http)
             url = parse_resource_metadata_header(header) if header else None
             if url is None or check_url(url) is not None:
                 raise TokenEndpointError(
                     f"{endpoint} publishes no protected-resource metadata; set oauth.token_url or "
                     "oauth.issuer", "discovery_failed")
-            status, data = await self._get_json(url)
+            status, data = await self._get_json(url, http)
         servers = data.get("authorization_servers") if isinstance(data, dict) else None
         if status != 200 or not isinstance(servers, list) or not servers or not isinstance(servers[0], str):
             raise TokenEndpointError(f"protected-resource metadata of {endpoint} names no "
@@ -109,19 +108,19 @@ class Discovery:
                                      "discovery_failed")
         return issuer
 
-    async def _challenge(self, endpoint: str) -> str | None:
+    async def _challenge(self, endpoint: str, http: httpx.AsyncClient) -> str | None:
         """The WWW-Authenticate header of an unauthenticated request to the MCP endpoint."""
         try:
-            response = await self.http.post(endpoint, json={"jsonrpc": "2.0", "id": 0, "method": "ping"},
+            response = await http.post(endpoint, json={"jsonrpc": "2.0", "id": 0, "method": "ping"},
                                             headers={"Accept": "application/json, text/event-stream"},
                                             follow_redirects=False, timeout=DISCOVERY_TIMEOUT)
         except httpx.HTTPError:
             return None
         return response.headers.get("www-authenticate") if response.status_code == 401 else None
 
-    async def _get_json(self, url: str) -> tuple[int, Any]:
+    async def _get_json(self, url: str, http: httpx.AsyncClient) -> tuple[int, Any]:
         try:
-            async with self.http.stream("GET", url, headers={"Accept": "application/json"},
+            async with http.stream("GET", url, headers={"Accept": "application/json"},
                                         follow_redirects=False, timeout=DISCOVERY_TIMEOUT) as response:
                 chunks: list[bytes] = []
                 size = 0

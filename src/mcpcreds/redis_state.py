@@ -108,7 +108,7 @@ class RedisState:
         self._unlock = self.redis.register_script(UNLOCK_SCRIPT)
         self._listener: asyncio.Task[None] | None = None
 
-    async def _call(self, what: str, coro: Any) -> Any:
+    async def call(self, what: str, coro: Any) -> Any:
         """Run one Redis call; after a failure, fail at once for DOWN_SECONDS before trying again,
         so a Redis that hangs costs one timeout, not one per request."""
         if time.monotonic() < self._down_until:
@@ -125,7 +125,7 @@ class RedisState:
 
     async def bucket(self, key: str, rate: Rate, cost: int, mode: str,
                      pause: float = 0.0) -> tuple[bool, float, float, float]:
-        reply = await self._call("bucket", self._bucket(
+        reply = await self.call("bucket", self._bucket(
             keys=[_tag(key) + ":bucket"], args=[rate.burst, rate.per_second, cost, mode, pause]))
         granted, wait, level, paused = reply
         return bool(int(granted)), float(wait), float(level), float(paused)
@@ -133,7 +133,7 @@ class RedisState:
     # -- logins
 
     async def get_login(self, key: str) -> Token | None:
-        blob = await self._call("get login", self.redis.hget(_tag(key) + ":login", "blob"))
+        blob = await self.call("get login", self.redis.hget(_tag(key) + ":login", "blob"))
         if blob is None:
             return None
         try:
@@ -154,26 +154,26 @@ class RedisState:
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(name, mapping={"blob": blob, "fingerprint": token.fingerprint})
         pipe.pexpire(name, max(1, int(ttl * 1000)))
-        await self._call("store login", pipe.execute())
+        await self.call("store login", pipe.execute())
 
     async def drop_login(self, key: str, fingerprint: str | None) -> bool:
-        return bool(await self._call("drop login", self._drop(keys=[_tag(key) + ":login"],
+        return bool(await self.call("drop login", self._drop(keys=[_tag(key) + ":login"],
                                                                args=[fingerprint or ""])))
 
     async def lock(self, key: str, lease: float) -> str | None:
         token = os.urandom(8).hex()
-        got = await self._call("lock", self.redis.set(_tag(key) + ":lock", token, nx=True,
+        got = await self.call("lock", self.redis.set(_tag(key) + ":lock", token, nx=True,
                                                        px=max(1, int(lease * 1000))))
         return token if got else None
 
     async def unlock(self, key: str, token: str) -> None:
-        await self._call("unlock", self._unlock(keys=[_tag(key) + ":lock"], args=[token]))
+        await self.call("unlock", self._unlock(keys=[_tag(key) + ":lock"], args=[token]))
 
     # -- events
 
     async def publish(self, kind: str, key: str, **fields: Any) -> None:
         message = json.dumps({"kind": kind, "key": key, "node": self.node, **fields})
-        await self._call("publish", self.redis.publish(EVENTS, message))
+        await self.call("publish", self.redis.publish(EVENTS, message))
 
     def listen(self, handler: Callable[[dict[str, Any]], None]) -> None:
         """Deliver other sidecars' events to `handler`, reconnecting after a loss."""

@@ -75,9 +75,9 @@ class Sidecar:
         self.config = config
         self.clock = clock
         self.metrics = Metrics()
-        self.broker = Broker(config, SecretResolver.from_config(config.secrets), clock, self.metrics,
-                             secret_cache_ttl=config.secrets.cache_ttl)
         self.audit = AuditLog(config.sidecar.audit_log, clock)
+        self.broker = Broker(config, SecretResolver.from_config(config.secrets), clock, self.metrics,
+                             secret_cache_ttl=config.secrets.cache_ttl, audit=self.audit)
         self.api = Api(self.broker, self.metrics, self.audit)
         self.connections = Connections(config.sidecar.request_timeout, config.sidecar.idle_timeout)
         self.socket_path = default_socket_path(config.sidecar.socket)
@@ -109,7 +109,7 @@ class Sidecar:
         self.api.reload()
         if config.sidecar.audit_log != self.audit.path:
             self.audit.close()
-            self.audit = self.api.audit = AuditLog(config.sidecar.audit_log, self.clock)
+            self.audit = self.api.audit = self.broker.audit = AuditLog(config.sidecar.audit_log, self.clock)
         self.audit.write("reload", outcome="ok", servers=len(config.servers))
         self.connections.request_timeout = config.sidecar.request_timeout
         self.connections.idle_timeout = config.sidecar.idle_timeout

@@ -39,6 +39,7 @@ class Request:
     peer_uid: int
     peer_pid: int
     name: str = ""  # the {name} of the path, set by the router
+    grant: Any = None  # the grants.Grant the caller presented, if any
 
 
 @dataclass(slots=True)
