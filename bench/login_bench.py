@@ -579,12 +579,14 @@ def render(report: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--ttl", type=int, default=3, help="token lifetime in the steady run, s (default 3)")
+    p.add_argument("--ttl", type=int, default=15, help="token lifetime in the steady run, s (default 15)")
     p.add_argument("--lifetimes", type=int, default=10, help="length of the steady run in lifetimes (10)")
     p.add_argument("--processes", type=int, default=8, help="client processes (default 8)")
     p.add_argument("--calls", type=int, default=125, help="concurrent cold calls per process (default 125)")
     p.add_argument("--interval", type=float, default=0.02, help="steady: s between calls per process (0.02)")
-    p.add_argument("--refresh-ahead", default="60s", help="the sidecar's refresh_ahead (default 60s)")
+    p.add_argument("--refresh-ahead", default="0.25s",
+                   help="the sidecar's refresh_ahead (default 0.25s: 11 logins in 10 lifetimes needs a renewal "
+                        "in the last 1/11 of each)")
     p.add_argument("--json", action="store_true", help="print machine-readable figures")
     args = p.parse_args(argv)
     if args.ttl < 1 or args.lifetimes < 1 or args.processes < 1 or args.calls < 1 or args.interval <= 0:

@@ -87,7 +87,7 @@ service = "mcp"
 
 @asynccontextmanager
 async def mcp_session(sidecar: SidecarProcess, url: str,
-                      on_429: Literal["raise", "wait", "return"] = "raise") -> AsyncIterator[ClientSession]:
+                      on_429: Literal["raise", "wait", "return"] = "wait") -> AsyncIterator[ClientSession]:
     """What a user writes: the sidecar's auth on the SDK's HTTP client, then a session."""
     async with (
         AsyncClient(sidecar.socket) as creds,

@@ -114,7 +114,8 @@ def test_refresh_ahead_is_capped_at_half_the_lifetime() -> None:
     assert refresh_at(token(3600), 60, 0.0) == 3540
     assert refresh_at(token(10), 60, 0.0) == 5  # half of a short lifetime
     assert refresh_at(token(3600), 60, 1.0) == pytest.approx(3534)  # jitter moves it earlier only
-    assert usable_until(token(3600)) == 3595 and usable_until(token(10)) == 9.5
+    assert usable_until(token(3600)) == 3598 and usable_until(token(10)) == 9.8
+    assert usable_until(token(3)) == pytest.approx(2.9)
 
 
 def test_backoff_grows_exponentially_with_jitter_and_a_cap() -> None:

@@ -76,7 +76,7 @@ class AsyncClient(_Base):
         await self._http.aclose()
 
     async def run(self, call: Call[R]) -> R:
-        deadline = time.monotonic() + self.connect_retry
+        deadline: float | None = None  # the retry window opens at the first failure
         delay = 0.02
         while True:
             try:
@@ -85,6 +85,8 @@ class AsyncClient(_Base):
             except httpx.TimeoutException as exc:
                 raise self._unavailable(exc) from None
             except _RETRYABLE as exc:
+                if deadline is None:
+                    deadline = time.monotonic() + self.connect_retry
                 if time.monotonic() + delay > deadline:
                     raise self._unavailable(exc) from None
                 await asyncio.sleep(delay)
@@ -163,7 +165,7 @@ class Client(_Base):
         self._http.close()
 
     def run(self, call: Call[R]) -> R:
-        deadline = time.monotonic() + self.connect_retry
+        deadline: float | None = None  # the retry window opens at the first failure
         delay = 0.02
         while True:
             try:
@@ -172,6 +174,8 @@ class Client(_Base):
             except httpx.TimeoutException as exc:
                 raise self._unavailable(exc) from None
             except _RETRYABLE as exc:
+                if deadline is None:
+                    deadline = time.monotonic() + self.connect_retry
                 if time.monotonic() + delay > deadline:
                     raise self._unavailable(exc) from None
                 time.sleep(delay)

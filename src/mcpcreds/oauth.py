@@ -162,8 +162,9 @@ def refresh_at(token: Token, refresh_ahead: float, jitter: float) -> float:
 
 
 def usable_until(token: Token) -> float:
-    """Stop handing a token out a little before it expires, so none arrives expired."""
-    return token.expires_at - min(5.0, token.lifetime * 0.05)
+    """Stop handing a token out a little before it expires (2 % of its life, 0.1 s to 2 s), so
+    none arrives at the resource expired."""
+    return token.expires_at - min(2.0, max(0.1, token.lifetime * 0.02))
 
 
 def backoff_delay(failures: int, rng: random.Random | None = None,

@@ -1,0 +1,652 @@
+"""The status quo, side by side (issue 6): the MCP SDK's own OAuth client in every process vs mcpcreds.
+
+Run from the repository root (the package installed, e.g. `pip install -e .`; Node for the IdP peer):
+
+    python bench/status_quo.py                   # defaults below; about 50 s
+    python bench/status_quo.py --json            # the same figures, machine-readable
+    python bench/status_quo.py --processes 8 --tasks 2 --seconds 15 --ttl 5 --rate 20/1s
+                                                 # every option, at its default
+
+Both sides run against the same real peers on loopback: an authorization server (oidc-provider,
+`tests/peers/oidc_peer.py`) issuing RFC 9068 JWT access tokens that live `--ttl` seconds, and an
+MCP server (the MCP Python SDK 2.x over Streamable HTTP, `tests/peers/mcp_server.py`) that
+verifies them and serves RFC 9728 protected-resource metadata (PRM). For each side, `--processes`
+client processes (multiprocessing, spawn) are started, set up, and released together; each opens
+an MCP session (`streamable_http_client` + `ClientSession`) and runs `--tasks` concurrent loops
+calling the tool `add` for `--seconds` seconds, then closes its session.
+
+- status quo: each process has its own `mcp.client.auth.extensions.client_credentials.
+  ClientCredentialsOAuthProvider` (client id and secret, `issuer=`, `scope=`, in-memory token
+  storage, as in the SDK's docs) as the `auth=` of its `httpx2.AsyncClient`. It logs in on the
+  first 401, through discovery (PRM, then the authorization server's metadata). Nothing limits
+  the request rate: the service's `rate` is not known to the SDK.
+- mcpcreds: one sidecar (`mcpcreds serve`, `tests/sidecar_proc.py`) with the service
+  `[services.mcp]` (pinned `token_url`, `rate = --rate`), and each process uses
+  `AsyncClient(socket).auth("tools")` as the `auth=`. One login and one bucket for all processes.
+
+What is measured, and where:
+
+- token requests: counted by the authorization server (POSTs to its token endpoint), per side,
+  from before the side starts (the sidecar included) to the end of its run;
+- discovery requests: counted in the client processes, by a counting `httpx2` transport under
+  the auth (every request the SDK's auth flow makes goes through it): GETs of the PRM
+  (`/.well-known/oauth-protected-resource...`, on the MCP server) and of the authorization
+  server's metadata (`/.well-known/oauth-authorization-server`, `openid-configuration`). Neither
+  peer counts these GETs itself: the MCP server counts only requests to `/mcp`, the
+  authorization server only token requests. With mcpcreds the sidecar uses the pinned token URL;
+- 401s: the MCP server's own count of 401 answers on `/mcp`; the transport tells those sent with
+  no `Authorization` header (the SDK knows its token expired, has no refresh token for a
+  client-credentials login, and sends the request bare to get the 401 that starts a new login)
+  from those sent with a token the server refused (its `rejected` reasons are reported too);
+- renewal rounds (status quo): the token requests' send times in the client processes, grouped
+  into rounds (a gap of more than 1 s starts a new one); the spread of a round is how close
+  together the processes renewed;
+- first-call latency: from the release to the first `add` result in each process (it includes
+  opening the session and, in the status quo, the login); p50 and max over the processes;
+- upstream requests: every HTTP request to `/mcp` (initialize, notifications, the GET stream,
+  tool calls, retries after a 401, the closing DELETE), which is what the service's `rate` meters
+  and what mcpcreds takes one permit for, sent in the `--seconds` window: per second on average
+  and the most in any 1 s window, next to what the bucket allows (`burst + rate * t`);
+- tool calls: `add` results per process per second (min, median, max) and in total;
+- concurrency inside a process: the most `/mcp` POSTs of one process in flight at once, until the
+  response headers (the span the SDK's auth lock covers: `OAuthClientProvider._auth_flow` holds
+  `context.lock` from before the request until its response is handed back) and until the
+  response body is closed.
+
+Oddity worked around (see the closing report of issue 6): the MCP server peer builds
+`AuthSettings(issuer_url=AnyHttpUrl(issuer))`, which renders the path-less issuer with a trailing
+slash, so its PRM advertises `http://127.0.0.1:PORT/` while the authorization server's metadata says
+`http://127.0.0.1:PORT`; the SDK's provider compares the two exactly (RFC 8414 3.3) and stops with
+"Authorization server metadata issuer mismatch". The PRM also has no `scopes_supported` (no
+`required_scopes`), so the SDK requests every scope the authorization server lists (its
+`scopes_supported`, which has `openid`) in place of the `scope=` it was given, and the token
+request fails with `invalid_scope`. Unless `--no-prm-fix` is given, the status-quo processes'
+counting transport rewrites the PRM document it receives into what a correct server would send
+(the issuer exactly as the authorization server names itself; `scopes_supported` = the client's
+scope) and the report lists the rewrites; the SDK's provider itself is used unchanged. The number
+of requests is the same as with a corrected server. With `--no-prm-fix` the status quo fails.
+
+The processes, the peers and the sidecar share the machine's cores: the per-process call rates
+of the status quo are bounded by the machine, not by any limit; the counts do not depend on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python bench/status_quo.py` puts bench/, not the root, on sys.path
+    sys.path.insert(0, str(ROOT))
+
+if TYPE_CHECKING:  # imported where used, so that the spawned client processes stay light
+    from multiprocessing.sharedctypes import Synchronized
+
+    import httpx2
+    from tests.peers.mcp_server import McpServerPeer
+    from tests.peers.oidc_peer import OidcPeer
+
+    SharedFloat = Synchronized[float]
+else:
+    SharedFloat = Any
+
+SIDES = ("status_quo", "mcpcreds")
+SERVER = "tools"
+CLIENT_ID = "agent"
+CLIENT_SECRET = "bench-secret-0b7c5e2a9d4f4c1e8a6b3d2f1e0c9a8b"
+SCOPE = "tools:read tools:call"
+READY_TIMEOUT = 90.0  # spawned processes importing the MCP SDK on a busy machine
+ROUND_GAP = 1.0  # token requests more than this far apart (s) belong to different renewal rounds
+CONFIG_TEMPLATE = """\
+[sidecar]
+socket = "{socket}"
+
+[secrets]
+sources = ["env"]
+
+[services.mcp]
+endpoint = "{endpoint}"
+rate = "{rate}"
+[services.mcp.oauth]
+token_url = "{token_url}"
+client_id = "{client_id}"
+client_secret = "{{{{secret:BENCH_SECRET}}}}"
+scope = "{scope}"
+
+[[servers]]
+name = "{server}"
+service = "mcp"
+"""
+
+
+class BenchError(Exception):
+    """A process or peer failed: the message says which and why."""
+
+
+def _describe(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # anyio task groups wrap the cause
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
+
+
+# ------------------------------------------------------------------------------ worker processes
+
+
+class InMemoryTokenStorage:
+    """The SDK's `TokenStorage` protocol kept in memory, as in the SDK's OAuth client examples."""
+
+    def __init__(self) -> None:
+        self.tokens: Any = None
+        self.client_info: Any = None
+
+    async def get_tokens(self) -> Any:
+        return self.tokens
+
+    async def set_tokens(self, tokens: Any) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> Any:
+        return self.client_info
+
+    async def set_client_info(self, client_info: Any) -> None:
+        self.client_info = client_info
+
+
+class Traffic:
+    """What one process sent: (start, end, method, kind, status, had Authorization) per request,
+    times in seconds from the release; and the most `/mcp` POSTs in flight at once."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.requests: list[tuple[float, float, str, str, int, bool]] = []
+        self.heads = self.bodies = self.max_heads = self.max_bodies = 0
+        self.prm_fixes: list[str] = []
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def post_sent(self) -> None:
+        self.heads += 1
+        self.bodies += 1
+        self.max_heads = max(self.max_heads, self.heads)
+        self.max_bodies = max(self.max_bodies, self.bodies)
+
+    def post_body_closed(self) -> None:
+        self.bodies -= 1
+
+
+def _counting_transport(traffic: Traffic, mcp_url: str, token_url: str, issuer: str,
+                        prm_fix: bool) -> httpx2.AsyncBaseTransport:
+    """An httpx2 transport that records every request (see `Traffic`) and, with `prm_fix`,
+    corrects the MCP server's PRM document (see the module docstring)."""
+    import httpx2
+    from mcp.client.auth.utils import issuers_match
+
+    def kind_of(request: httpx2.Request) -> str:
+        url = str(request.url.copy_with(query=None, fragment=None))
+        path = request.url.path
+        if url == mcp_url:
+            return "mcp"
+        if url == token_url:
+            return "token"
+        if path.startswith("/.well-known/oauth-protected-resource"):
+            return "prm"
+        if path.startswith("/.well-known/"):
+            return "asm"
+        return "other"
+
+    class Tracked(httpx2.AsyncByteStream):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.closed = False
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            async for chunk in self.inner:
+                yield chunk
+
+        async def aclose(self) -> None:
+            if not self.closed:
+                self.closed = True
+                traffic.post_body_closed()
+            await self.inner.aclose()
+
+    class Counting(httpx2.AsyncBaseTransport):
+        def __init__(self) -> None:
+            self.inner = httpx2.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            kind = kind_of(request)
+            post = kind == "mcp" and request.method == "POST"
+            started = traffic.now()
+            if post:
+                traffic.post_sent()
+            try:
+                response = await self.inner.handle_async_request(request)
+            except BaseException:
+                if post:
+                    traffic.heads -= 1
+                    traffic.post_body_closed()
+                raise
+            if post:
+                traffic.heads -= 1
+            traffic.requests.append((started, traffic.now(), request.method, kind, response.status_code,
+                                     "authorization" in request.headers))
+            if kind == "prm" and prm_fix and response.status_code == 200:
+                response = await self.fix_prm(request, response)
+            if post:
+                response.stream = Tracked(response.stream)
+            return response
+
+        async def fix_prm(self, request: httpx2.Request, response: httpx2.Response) -> httpx2.Response:
+            document = json.loads(await response.aread())
+            servers = document.get("authorization_servers") or []
+            fixed = [issuer if s != issuer and issuers_match(s, issuer) else s for s in servers]
+            changes = []
+            if fixed != servers:
+                changes.append(f"authorization_servers {servers} -> {fixed}")
+                document["authorization_servers"] = fixed
+            if document.get("scopes_supported") is None:
+                changes.append(f"scopes_supported None -> {SCOPE.split()}")
+                document["scopes_supported"] = SCOPE.split()
+            if not changes:
+                return response
+            for change in changes:
+                if change not in traffic.prm_fixes:
+                    traffic.prm_fixes.append(change)
+            return httpx2.Response(200, json=document, request=request)
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    return Counting()
+
+
+async def _session_calls(params: dict[str, Any], go: Event, start_at: SharedFloat,
+                         ctl: Connection) -> dict[str, Any]:
+    """Set up, say ready, wait for the release; then one MCP session and `tasks` loops of `add`."""
+    import httpx2
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    side: str = params["side"]
+    seconds: float = params["seconds"]
+    auth: httpx2.Auth
+    if side == "status_quo":
+        from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+
+        auth = ClientCredentialsOAuthProvider(
+            server_url=params["url"], storage=InMemoryTokenStorage(), client_id=CLIENT_ID,
+            client_secret=params["client_secret"], scope=SCOPE, issuer=params["issuer"])
+    else:
+        from mcpcreds import AsyncClient
+    ctl.send(("ready", ""))
+    await asyncio.to_thread(go.wait)
+    traffic = Traffic(float(start_at.value))
+    transport = _counting_transport(traffic, params["url"], params["token_url"], params["issuer"],
+                                    params["prm_fix"])
+    done: list[float] = []  # completion times of `add` results, from the release
+    latencies: list[float] = []
+    errors = 0
+    first_error = ""
+    opened: float | None = None
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            if side == "mcpcreds":
+                creds = await stack.enter_async_context(AsyncClient(params["socket"]))
+                auth = creds.auth(SERVER)
+            http = await stack.enter_async_context(httpx2.AsyncClient(
+                auth=auth, transport=transport, timeout=httpx2.Timeout(30.0, read=300.0)))
+            read, write = await stack.enter_async_context(
+                streamable_http_client(params["url"], http_client=http))
+            session = await stack.enter_async_context(ClientSession(read, write))
+            await session.initialize()
+            opened = traffic.now()
+
+            async def loop(task: int) -> None:
+                nonlocal errors, first_error
+                n = 0
+                while traffic.now() < seconds:
+                    sent = traffic.now()
+                    try:
+                        result = await session.call_tool("add", {"a": task, "b": n})
+                        value = (result.structured_content or {}).get("result")
+                        if result.is_error or value != task + n:
+                            raise BenchError(f"add({task}, {n}) answered {result!r}")
+                    except Exception as exc:
+                        errors += 1
+                        first_error = first_error or _describe(exc)
+                    else:
+                        done.append(traffic.now())
+                        latencies.append(traffic.now() - sent)
+                    n += 1
+
+            await asyncio.gather(*(loop(task) for task in range(params["tasks"])))
+    except Exception as exc:
+        errors += 1
+        first_error = first_error or _describe(exc)
+    return {"requests": traffic.requests, "done": done, "latencies": latencies, "opened": opened,
+            "errors": errors, "first_error": first_error, "max_heads": traffic.max_heads,
+            "max_bodies": traffic.max_bodies, "prm_fixes": traffic.prm_fixes}
+
+
+def worker_main(ctl: Connection, params: dict[str, Any], go: Event, start_at: SharedFloat) -> None:
+    """Process target: answers ("ready", ""), then ("result", {...}) or ("error", text)."""
+    try:
+        result = asyncio.run(_session_calls(params, go, start_at, ctl))
+    except Exception as exc:
+        ctl.send(("error", _describe(exc)))
+    else:
+        ctl.send(("result", result))
+    finally:
+        ctl.close()
+
+
+# --------------------------------------------------------------------------------- the parent
+
+
+def _recv(pipe: Connection, timeout: float, what: str, expect: str) -> Any:
+    if not pipe.poll(timeout):
+        raise BenchError(f"{what}: a client process did not answer within {timeout:.0f} s")
+    try:
+        kind, payload = pipe.recv()
+    except EOFError:
+        raise BenchError(f"{what}: a client process died (see its traceback above)") from None
+    if kind == "error":
+        raise BenchError(f"{what}: a client process failed: {payload}")
+    if kind != expect:
+        raise BenchError(f"{what}: a client process sent {kind!r}, expected {expect!r}")
+    return payload
+
+
+def run_processes(side: str, params: dict[str, Any], processes: int, seconds: float) -> list[dict[str, Any]]:
+    """Spawn the processes, wait until each is set up, release them together, collect the results."""
+    ctx = multiprocessing.get_context("spawn")
+    go = ctx.Event()
+    start_at: SharedFloat = ctx.Value("d", 0.0)
+    procs: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
+    try:
+        for _ in range(processes):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=worker_main, args=(child, {**params, "side": side}, go, start_at),
+                               daemon=True)
+            proc.start()
+            child.close()
+            procs.append((proc, parent))
+        for _, pipe in procs:
+            _recv(pipe, READY_TIMEOUT, side, "ready")
+        start_at.value = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process
+        go.set()
+        return [_recv(pipe, seconds + 120.0, side, "result") for _, pipe in procs]
+    finally:
+        go.set()
+        for proc, pipe in procs:
+            pipe.close()
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+@contextlib.contextmanager
+def sidecar(oidc: OidcPeer, mcp: McpServerPeer, tmp: Path, rate: str) -> Iterator[Path]:
+    """`mcpcreds serve` on its own socket and config; yields the socket path."""
+    from tests.sidecar_proc import run_sidecar
+
+    folder = tmp / "sidecar"
+    folder.mkdir(mode=0o700)
+    folder.chmod(0o700)  # the sidecar refuses a socket folder others can read
+    socket = folder / "s.sock"
+    config = folder / "config.toml"
+    config.write_text(CONFIG_TEMPLATE.format(
+        socket=socket, endpoint=mcp.url, rate=rate, token_url=oidc.token_url, client_id=CLIENT_ID,
+        scope=SCOPE, server=SERVER), encoding="utf-8")
+    try:
+        with run_sidecar(config, socket, {"BENCH_SECRET": CLIENT_SECRET}):
+            yield socket
+    except (TimeoutError, RuntimeError) as exc:
+        raise BenchError(f"the sidecar failed: {exc}") from None
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 1)
+
+
+def max_in_window(times: list[float], window: float) -> int:
+    """The most of `times` in any half-open window [t, t + window)."""
+    ordered = sorted(times)
+    best = j = 0
+    for i, start in enumerate(ordered):
+        while j < len(ordered) and ordered[j] < start + window:
+            j += 1
+        best = max(best, j - i)
+    return best
+
+
+def renewal_rounds(times: list[float]) -> list[dict[str, float]]:
+    """Token request times grouped into rounds: [{"at": s, "requests": n, "spread_ms": ms}]."""
+    rounds: list[list[float]] = []
+    for t in sorted(times):
+        if rounds and t - rounds[-1][-1] <= ROUND_GAP:
+            rounds[-1].append(t)
+        else:
+            rounds.append([t])
+    return [{"at": round(r[0], 2), "requests": len(r), "spread_ms": _ms(r[-1] - r[0])} for r in rounds]
+
+
+def summarize(side: str, out: list[dict[str, Any]], oidc_stats: dict[str, Any], mcp_stats: dict[str, Any],
+              args: argparse.Namespace) -> dict[str, Any]:
+    from mcpcreds.rates import parse_rate
+
+    rate = parse_rate(args.rate)
+    seconds: float = args.seconds
+    requests = [r for proc in out for r in proc["requests"]]
+    upstream = [start for start, _end, _m, kind, _s, _a in requests if kind == "mcp" and start < seconds]
+    token_sends = [start for start, _end, _m, kind, _s, _a in requests if kind == "token"]
+    refused = [auth for _s, _e, _m, kind, status, auth in requests if kind == "mcp" and status == 401]
+    first_calls = sorted(min(proc["done"]) for proc in out if proc["done"])
+    per_process = sorted(sum(1 for t in proc["done"] if t <= seconds) / seconds for proc in out)
+    latencies = sorted(lat for proc in out for lat in proc["latencies"])
+    rounds = renewal_rounds(token_sends)
+    return {
+        "side": side,
+        "token_requests": oidc_stats["token_requests"],
+        "token_requests_by_client": oidc_stats.get("by_client", {}),
+        "token_requests_seen_by_clients": len(token_sends),
+        "discovery_requests": {
+            "protected_resource_metadata": sum(1 for r in requests if r[3] == "prm"),
+            "authorization_server_metadata": sum(1 for r in requests if r[3] == "asm"),
+        },
+        "unauthorized_at_server": mcp_stats["unauthorized"],
+        "unauthorized_sent_without_token": refused.count(False),
+        "unauthorized_sent_with_token": refused.count(True),
+        "rejected_tokens_at_server": mcp_stats.get("rejected", {}),
+        "renewal_rounds": rounds,
+        "renewal_round_max_spread_ms": max((r["spread_ms"] for r in rounds if r["requests"] > 1),
+                                           default=None),
+        "first_call_ms": {"p50": _ms(statistics.median(first_calls)) if first_calls else None,
+                          "max": _ms(first_calls[-1]) if first_calls else None,
+                          "all": [_ms(t) for t in first_calls]},
+        "session_open_ms_max": _ms(max(p["opened"] for p in out if p["opened"] is not None))
+        if any(p["opened"] is not None for p in out) else None,
+        "upstream_requests_in_window": len(upstream),
+        "upstream_per_second": round(len(upstream) / seconds, 1),
+        "upstream_max_in_1s": max_in_window(upstream, 1.0),
+        "bucket_allows_in_window": int(rate.burst + rate.per_second * seconds),
+        "bucket_allows_in_1s": int(rate.burst + rate.per_second * 1.0),
+        "requests_at_server": mcp_stats["requests"],
+        "requests_at_server_by_method": mcp_stats.get("by_method", {}),
+        "tool_calls_at_server": mcp_stats["tool_calls"],
+        "tool_calls_in_window": sum(sum(1 for t in p["done"] if t <= seconds) for p in out),
+        "tool_calls_per_second": round(sum(per_process), 1),
+        "per_process_calls_per_second": {"min": round(per_process[0], 1),
+                                         "median": round(statistics.median(per_process), 1),
+                                         "max": round(per_process[-1], 1)} if per_process else None,
+        "call_latency_ms": {"p50": _ms(latencies[len(latencies) // 2]) if latencies else None,
+                            "max": _ms(latencies[-1]) if latencies else None},
+        "max_posts_in_flight_until_headers": max(p["max_heads"] for p in out),
+        "max_posts_in_flight_until_body_end": max(p["max_bodies"] for p in out),
+        "errors": sum(p["errors"] for p in out),
+        "first_error": next((p["first_error"] for p in out if p["first_error"]), ""),
+        "prm_fixes": sorted({fix for p in out for fix in p["prm_fixes"]}),
+    }
+
+
+def run_side(side: str, oidc: OidcPeer, mcp: McpServerPeer, tmp: Path,
+             args: argparse.Namespace) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "url": mcp.url, "issuer": oidc.issuer, "token_url": oidc.token_url, "seconds": args.seconds,
+        "tasks": args.tasks, "prm_fix": not args.no_prm_fix,
+    }
+    oidc.reset_stats()
+    mcp.reset_stats()
+    with contextlib.ExitStack() as stack:
+        if side == "mcpcreds":
+            params["socket"] = str(stack.enter_context(sidecar(oidc, mcp, tmp, args.rate)))
+        else:
+            params["client_secret"] = CLIENT_SECRET  # the status quo: the secret in every process
+        out = run_processes(side, params, args.processes, args.seconds)
+        oidc_stats = oidc.stats()
+        mcp_stats = mcp.stats()
+    return summarize(side, out, oidc_stats, mcp_stats, args)
+
+
+# ------------------------------------------------------------------------------------- output
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def render(report: dict[str, Any]) -> str:
+    cfg = report["config"]
+    sq, mc = report["status_quo"], report["mcpcreds"]
+    n = cfg["processes"]
+
+    def discovery(s: dict[str, Any]) -> str:
+        d = s["discovery_requests"]
+        total = d["protected_resource_metadata"] + d["authorization_server_metadata"]
+        return f"{total} ({d['protected_resource_metadata']} PRM + {d['authorization_server_metadata']} AS)"
+
+    def unauthorized(s: dict[str, Any]) -> str:
+        return (f"{s['unauthorized_at_server']} ({s['unauthorized_sent_without_token']} sent without a "
+                f"token, {s['unauthorized_sent_with_token']} with one the server refused)")
+
+    def rounds(s: dict[str, Any]) -> str:
+        if not s["renewal_rounds"]:
+            return "one sidecar renews ahead of expiry"
+        spread = s["renewal_round_max_spread_ms"]
+        sizes = "/".join(str(r["requests"]) for r in s["renewal_rounds"])
+        return f"{len(s['renewal_rounds'])} rounds of {sizes}; each within {_num(spread)} ms"
+
+    def first(s: dict[str, Any]) -> str:
+        return f"{_num(s['first_call_ms']['p50'])} / {_num(s['first_call_ms']['max'])}"
+
+    def upstream(s: dict[str, Any]) -> str:
+        return f"{s['upstream_per_second']:g}/s ({s['upstream_requests_in_window']} requests)"
+
+    def per_process(s: dict[str, Any]) -> str:
+        p = s["per_process_calls_per_second"]
+        return "-" if p is None else f"{p['min']:g} / {p['median']:g} / {p['max']:g}"
+
+    rows = [
+        ("client secret held by", f"each of the {n} processes", "the sidecar only"),
+        ("token requests (at the IdP)", str(sq["token_requests"]), str(mc["token_requests"])),
+        ("discovery requests (metadata GETs)", discovery(sq), discovery(mc)),
+        ("401s at the MCP server", unauthorized(sq), unauthorized(mc)),
+        ("renewals", rounds(sq), rounds(mc)),
+        ("first-call latency, p50 / max (ms)", first(sq), first(mc)),
+        (f"upstream requests to /mcp, mean over {cfg['seconds']:g} s (rate {cfg['rate']}: "
+         f"{sq['bucket_allows_in_window'] / cfg['seconds']:.1f}/s)", upstream(sq), upstream(mc)),
+        (f"most upstream requests in any 1 s (bucket allows {sq['bucket_allows_in_1s']})",
+         str(sq["upstream_max_in_1s"]), str(mc["upstream_max_in_1s"])),
+        ("tool calls/s, total", f"{sq['tool_calls_per_second']:g}", f"{mc['tool_calls_per_second']:g}"),
+        (f"tool calls/s per process, min / median / max ({cfg['tasks']} concurrent loops each)",
+         per_process(sq), per_process(mc)),
+        ("most /mcp POSTs in flight in one process (until headers / until body end)",
+         f"{sq['max_posts_in_flight_until_headers']} / {sq['max_posts_in_flight_until_body_end']}",
+         f"{mc['max_posts_in_flight_until_headers']} / {mc['max_posts_in_flight_until_body_end']}"),
+        ("failed calls", str(sq["errors"]), str(mc["errors"])),
+    ]
+    lines = [
+        f"{n} processes x {cfg['tasks']} concurrent `add` loops for {cfg['seconds']:g} s, "
+        f"access tokens of {cfg['ttl']} s, service rate `{cfg['rate']}`.",
+        "",
+        "| | MCP SDK `ClientCredentialsOAuthProvider` in each process | mcpcreds |",
+        "|---|---|---|",
+        *(f"| {a} | {b} | {c} |" for a, b, c in rows),
+    ]
+    notes = []
+    for side, s in (("status quo", sq), ("mcpcreds", mc)):
+        if s["first_error"]:
+            notes.append(f"{side}: first error: {s['first_error']}")
+        if s["prm_fixes"]:
+            notes.append(f"{side}: PRM rewritten in the client (see the docstring): "
+                         f"{'; '.join(s['prm_fixes'])}")
+        if s["rejected_tokens_at_server"]:
+            notes.append(f"{side}: tokens the server refused, by reason: {s['rejected_tokens_at_server']}")
+    if notes:
+        lines += ["", *notes]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--processes", type=int, default=8, help="client processes per side (default 8)")
+    p.add_argument("--tasks", type=int, default=2, help="concurrent call loops per process (default 2)")
+    p.add_argument("--seconds", type=float, default=15.0, help="how long each process calls (default 15)")
+    p.add_argument("--ttl", type=int, default=5, help="access token lifetime at the IdP, s (default 5)")
+    p.add_argument("--rate", default="20/1s", help="the service's rate, for mcpcreds (default 20/1s)")
+    p.add_argument("--no-prm-fix", action="store_true",
+                   help="do not correct the MCP server's PRM document in the status-quo processes")
+    p.add_argument("--json", action="store_true", help="print machine-readable figures")
+    args = p.parse_args(argv)
+    from mcpcreds.rates import parse_rate
+
+    try:
+        parse_rate(args.rate)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.processes < 1 or args.tasks < 1 or args.seconds <= 0 or args.ttl < 1:
+        p.error("--processes, --tasks, --ttl must be at least 1 and --seconds positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from tests.peers.mcp_server import start_mcp_server
+    from tests.peers.oidc_peer import start_oidc_peer
+
+    clients = [{"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
+                "token_endpoint_auth_method": "client_secret_basic", "scope": SCOPE}]
+    report: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "json"}}
+    tmp = Path(tempfile.mkdtemp(prefix="status-quo-bench-"))
+    try:
+        with start_oidc_peer(clients, access_token_ttl=args.ttl) as oidc, \
+                start_mcp_server(oidc.issuer, oidc.jwks_uri) as mcp:
+            for side in SIDES:
+                print(f"running {side} ...", file=sys.stderr, flush=True)
+                report[side] = run_side(side, oidc, mcp, tmp, args)
+    except BenchError as exc:
+        print(f"status_quo: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
