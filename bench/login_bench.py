@@ -585,8 +585,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=125, help="concurrent cold calls per process (default 125)")
     p.add_argument("--interval", type=float, default=0.02, help="steady: s between calls per process (0.02)")
     p.add_argument("--refresh-ahead", default="0.25s",
-                   help="the sidecar's refresh_ahead (default 0.25s: 11 logins in 10 lifetimes needs a renewal "
-                        "in the last 1/11 of each)")
+                   help="the sidecar's refresh_ahead (default 0.25s: 11 logins in 10 lifetimes "
+                        "needs a renewal in the last 1/11 of each)")
     p.add_argument("--json", action="store_true", help="print machine-readable figures")
     args = p.parse_args(argv)
     if args.ttl < 1 or args.lifetimes < 1 or args.processes < 1 or args.calls < 1 or args.interval <= 0:

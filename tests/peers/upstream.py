@@ -8,6 +8,7 @@ It answers every request at once with a small JSON body, and can be told to misb
         up.reject_next(1, retry_after=2)   # the next request gets 429 + `Retry-After: 2`
         up.hold_401s(50)             # hold 401 answers until 50 of them are waiting, then send all
         up.counts()                  # {200: 1, 401: 1, 429: 1}
+        up.paths()                   # {"/mcp": 1}: how often each path was served (200)
 
 `accept=None` asks for no credentials. With a predicate, a request needs
 `Authorization: Bearer <token>` with a token that was not revoked and that the predicate accepts;
@@ -88,6 +89,7 @@ class Upstream:
         self._gate: _Gate | None = None
         self._counts: Counter[int] = Counter()
         self._tokens: Counter[str] = Counter()
+        self._paths: Counter[tuple[int, str]] = Counter()
         self._changed = threading.Condition(self._lock)
 
     # -- control
@@ -124,10 +126,16 @@ class Upstream:
         with self._lock:
             return dict(self._tokens)
 
+    def paths(self, status: int = 200) -> dict[str, int]:
+        """How often each path (with its query) got `status` (default: how often it was served)."""
+        with self._lock:
+            return {path: n for (code, path), n in self._paths.items() if code == status}
+
     def reset_counts(self) -> None:
         with self._lock:
             self._counts.clear()
             self._tokens.clear()
+            self._paths.clear()
 
     def wait_for_count(self, status: int, at_least: int, timeout: float = 10.0) -> int:
         """Block until `at_least` requests got `status`; returns the count (raises on timeout)."""
@@ -159,9 +167,10 @@ class Upstream:
             gate.arrive()
         return 401, {"WWW-Authenticate": 'Bearer error="invalid_token"'}
 
-    def record(self, status: int) -> None:
+    def record(self, status: int, path: str) -> None:
         with self._changed:
             self._counts[status] += 1
+            self._paths[status, path] += 1
             self._changed.notify_all()
 
 
@@ -181,7 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
                 *(f"{k}: {v}" for k, v in extra.items())]
         # one write: head and body in the same segment (no Nagle / delayed-ACK stall)
         self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
-        state.record(status)
+        state.record(status, self.path)
 
     do_GET = do_POST = do_PUT = do_DELETE = _answer
 
@@ -258,7 +267,8 @@ def _asgi_app(state: Upstream) -> Callable[..., Any]:
                    *((k.lower().encode(), v.encode()) for k, v in extra.items())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-        state.record(status)
+        query = scope.get("query_string", b"").decode("latin-1")
+        state.record(status, scope["path"] + (f"?{query}" if query else ""))
 
     return app
 
