@@ -115,6 +115,7 @@ def test_refresh_ahead_is_capped_at_half_the_lifetime() -> None:
     assert refresh_at(token(10), 60, 0.0) == 5  # half of a short lifetime
     assert refresh_at(token(3600), 60, 1.0) == pytest.approx(3534)  # jitter moves it earlier only
     assert usable_until(token(3600)) == 3598 and usable_until(token(10)) == 9.8
+    assert refresh_at(token(15), 0.1, 0.0) == pytest.approx(15 - 0.3 - 0.05)  # before it is withheld
     assert usable_until(token(3)) == pytest.approx(2.9)
 
 

@@ -28,6 +28,7 @@ from .secret import REDACTOR, fingerprint
 MAX_RESPONSE_BYTES: Final = 64 * 1024
 TOKEN_TIMEOUT: Final = 10.0
 REFRESH_JITTER: Final = 0.1  # of the refresh-ahead window
+REFRESH_LEAD: Final = 0.05  # renew at least this long before a token stops being handed out
 _FORM: Final = "application/x-www-form-urlencoded"
 
 
@@ -156,9 +157,10 @@ def _jwt_expiry(token: str) -> float | None:
 
 def refresh_at(token: Token, refresh_ahead: float, jitter: float) -> float:
     """When to renew: `refresh_ahead` before expiry, capped at half the lifetime, moved earlier
-    by `jitter` (a fraction in [0, 1) of REFRESH_JITTER of that window) so logins spread out."""
+    by `jitter` (a fraction in [0, 1) of REFRESH_JITTER of that window) so logins spread out, and
+    never later than just before the token stops being handed out (so callers never wait)."""
     ahead = min(refresh_ahead, token.lifetime / 2)
-    return token.expires_at - ahead * (1 + REFRESH_JITTER * jitter)
+    return min(token.expires_at - ahead * (1 + REFRESH_JITTER * jitter), usable_until(token) - REFRESH_LEAD)
 
 
 def usable_until(token: Token) -> float:
