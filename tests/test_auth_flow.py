@@ -79,8 +79,25 @@ def test_429_wait_mode_retries_after_the_pause() -> None:
                           [answer("t1", "f1"), {"paused_until": 1.0}, answer("t1", "f1")],
                           [httpx.Response(429, headers={"Retry-After": "2"}), httpx.Response(200)])
     assert trace[2] == "sidecar POST /v1/servers/crm-ro/backoff {'retry_after': 2.0}"
-    assert trace[3] == "sidecar POST /v1/servers/crm-ro/call {'cost': 1, 'max_wait': 7.0}"
+    assert trace[3] == "sidecar POST /v1/servers/crm-ro/call {'cost': 1, 'max_wait': 5}"
     assert response.status_code == 200
+
+
+def test_429_wait_mode_returns_a_pause_longer_than_max_wait() -> None:
+    trace, response = run(credential_flow("crm-ro", request(), max_wait=5, on_429="wait"),
+                          [answer("t1", "f1"), {"paused_until": 1.0}],
+                          [httpx.Response(429, headers={"Retry-After": "3600"})])
+    assert response.status_code == 429 and len(trace) == 3  # no retry, no oversized wait asked for
+
+
+def test_a_second_429_is_shared_too() -> None:
+    trace, response = run(credential_flow("crm-ro", request(), max_wait=5, on_429="wait"),
+                          [answer("t1", "f1"), {"paused_until": 1.0}, answer("t1", "f1"),
+                           {"paused_until": 2.0}],
+                          [httpx.Response(429, headers={"Retry-After": "1"}),
+                           httpx.Response(429, headers={"Retry-After": "3"})])
+    assert response.status_code == 429
+    assert trace[-1] == "sidecar POST /v1/servers/crm-ro/backoff {'retry_after': 3.0}"
 
 
 def test_retry_after_forms() -> None:

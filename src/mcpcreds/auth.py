@@ -80,10 +80,12 @@ def credential_flow(name: str, request: Any, *, cost: int = 1, max_wait: float =
         if on_429 == "raise":
             raise RateLimited(f"{name}: the upstream answered 429; its bucket is paused for "
                               f"{retry_after:g}s", retry_after)
-        if on_429 == "wait":
-            answer = yield Sidecar(Calls.call(name, cost, max_wait + retry_after))
+        if on_429 == "wait" and retry_after <= max_wait:
+            answer = yield Sidecar(Calls.call(name, cost, max_wait))  # waits out the shared pause
             _apply(request, answer)
             response = yield Upstream(request)
+            if response.status_code == 429:  # tell the others again, then hand it to the caller
+                yield Sidecar(Calls.backoff(name, parse_retry_after(response.headers.get("retry-after"))))
     return response
 
 

@@ -87,9 +87,10 @@ class AsyncClient(_Base):
             except _RETRYABLE as exc:
                 if deadline is None:
                     deadline = time.monotonic() + self.connect_retry
-                if time.monotonic() + delay > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise self._unavailable(exc) from None
-                await asyncio.sleep(delay)
+                await asyncio.sleep(min(delay, left))  # the last try falls on the deadline
                 delay = min(delay * 2, 0.25)
                 continue
             return _decode(response, call)
@@ -176,9 +177,10 @@ class Client(_Base):
             except _RETRYABLE as exc:
                 if deadline is None:
                     deadline = time.monotonic() + self.connect_retry
-                if time.monotonic() + delay > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise self._unavailable(exc) from None
-                time.sleep(delay)
+                time.sleep(min(delay, left))  # the last try falls on the deadline
                 delay = min(delay * 2, 0.25)
                 continue
             return _decode(response, call)
