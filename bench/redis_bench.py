@@ -24,11 +24,15 @@ The load is asyncio tasks over one `AsyncClient` (or one `redis.asyncio.Redis`, 
 a connection per task in flight) in this process; with `--clients N` the tasks are split over N
 client processes instead, in case the client is the bottleneck. The modes alternate in `--rounds`
 rounds, so drift hits them alike. Printed per mode: requests/s and p50/p99/mean latency, then
-the ratios (redis vs memory, redis vs evalsha), the Redis commands the server ran per acquire
-(`INFO commandstats`, reset before each mode) with their server-side time, and a decomposition
-in this process without the sidecar: `RedisState.bucket` (redis-py's `Script` call plus the
-state's error wrapper) and `SharedLimiter.acquire` (plus the per-key FIFO lock the sidecar takes
-around every grant).
+the ratios (redis vs memory, redis vs evalsha), and the Redis commands the server ran per acquire
+(`INFO commandstats`, reset before each mode; warmup included) with their server-side time.
+
+Then a decomposition (`--no-decompose` skips it), in this process at the same levels:
+`memory.raw` / `redis.raw` send the same acquire to each sidecar on a bare asyncio Unix socket
+per task in flight (the sidecar's own cost, without httpx), `state.bucket` calls
+`RedisState.bucket` (redis-py's `Script` call plus the state's error wrapper) and
+`limiter.acquire` calls `SharedLimiter.acquire` (that plus the per-key FIFO lock the sidecar
+takes around every grant) on the same Redis, without a sidecar.
 
 The clients, the sidecars and redis-server share the machine's cores: compare figures taken in the
 same run only.
@@ -86,11 +90,18 @@ headers = {{ "X-Api-Key" = "{{{{secret:KEY}}}}" }}
 rate = "{rate}"
 """
 STATE_LINES = 'state = "{url}"\nstate_key = "{{{{secret:STATE_KEY}}}}"'
+ACQUIRE_BODY = b'{"cost": 1, "max_wait": 1}'
+ACQUIRE_REQUEST = (f"POST /v1/servers/{SERVER}/acquire HTTP/1.1\r\nHost: mcpcreds\r\n"
+                   "Content-Type: application/json\r\n"
+                   f"Content-Length: {len(ACQUIRE_BODY)}\r\n\r\n").encode() + ACQUIRE_BODY
 MODES = ("memory", "redis", "evalsha")
+DECOMPOSITION = ("memory.raw", "redis.raw", "state.bucket", "limiter.acquire")
 LABELS = {
     "memory": "sidecar, memory state",
     "redis": "sidecar, Redis state",
     "evalsha": "bare EVALSHA (redis-py asyncio)",
+    "memory.raw": "memory sidecar, raw socket",
+    "redis.raw": "Redis sidecar, raw socket",
     "state.bucket": "RedisState.bucket, in-process",
     "limiter.acquire": "SharedLimiter.acquire, in-process",
 }
@@ -133,8 +144,8 @@ def summarize(mode: str, concurrency: int, clients: int, samples: list[int], sec
 Send = Callable[[], Awaitable[None]]
 
 
-async def _sender(mode: str, targets: Targets, stack: AsyncExitStack) -> Send:
-    """One send of `mode`; resources it opens are closed by `stack`."""
+async def _sender(mode: str, targets: Targets, tasks: int, stack: AsyncExitStack) -> Send:
+    """One send of `mode` for `tasks` tasks in flight; what it opens is closed by `stack`."""
     rate = parse_rate(targets.rate)
     if mode in ("memory", "redis"):
         socket = targets.memory_socket if mode == "memory" else targets.redis_socket
@@ -148,6 +159,25 @@ async def _sender(mode: str, targets: Targets, stack: AsyncExitStack) -> Send:
                 raise RuntimeError(f"{mode}: unexpected answer {answer}")
 
         return acquire
+    if mode in ("memory.raw", "redis.raw"):
+        socket = targets.memory_socket if mode == "memory.raw" else targets.redis_socket
+        idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []  # one per task in flight
+        for _ in range(tasks):
+            reader, writer = await asyncio.open_unix_connection(socket)
+            idle.append((reader, writer))
+            stack.callback(writer.close)
+
+        async def raw() -> None:
+            reader, writer = idle.pop()
+            writer.write(ACQUIRE_REQUEST)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+            body = await reader.readexactly(length)
+            idle.append((reader, writer))
+            if not head.startswith(b"HTTP/1.1 200") or not body.startswith(b'{"granted":1,'):
+                raise RuntimeError(f"{mode}: unexpected answer {head + body!r}")
+
+        return raw
     if mode == "evalsha":
         r = aioredis.Redis(unix_socket_path=targets.redis_server)
         stack.push_async_callback(r.aclose)
@@ -187,7 +217,7 @@ async def _drive(mode: str, targets: Targets, tasks: int, start: float,
     of each request started in [start, end) (those before `start` are the warmup), and the number
     of requests sent in all."""
     async with AsyncExitStack() as stack:
-        send = await _sender(mode, targets, stack)
+        send = await _sender(mode, targets, tasks, stack)
         samples: list[int] = []
         sent = 0
 
@@ -374,9 +404,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(flush=True)
             if not args.no_decompose:
                 if not args.json:
-                    print("decomposition (in this process, no sidecar, no HTTP):")
+                    print("decomposition (one process, asyncio; no httpx): acquire on a bare asyncio Unix "
+                          "socket per task in flight, then the Redis state's parts without the sidecar:")
                 for concurrency in args.concurrency:
-                    for mode in ("state.bucket", "limiter.acquire"):
+                    for mode in DECOMPOSITION:
                         got, _ = measure(mode, targets, concurrency, None, 1, args.warmup, args.seconds)
                         r = summarize(mode, concurrency, 1, got, args.seconds)
                         report["decomposition"].append(asdict(r))

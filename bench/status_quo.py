@@ -167,25 +167,37 @@ class InMemoryTokenStorage:
 
 class Traffic:
     """What one process sent: (start, end, method, kind, status, had Authorization) per request,
-    times in seconds from the release; and the most `/mcp` POSTs in flight at once."""
+    times in seconds from the release; and how its `/mcp` POSTs overlapped: the most in flight at
+    once, and how many were sent while another was still waiting for its response headers (the
+    SDK's auth lock forbids that) or still reading its response body."""
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0
         self.requests: list[tuple[float, float, str, str, int, bool]] = []
         self.heads = self.bodies = self.max_heads = self.max_bodies = 0
+        self.posts = self.sent_during_head = self.sent_during_body = 0
+        self.head_time = self.body_time = 0.0  # summed over POSTs: until the headers, then the body
         self.prm_fixes: list[str] = []
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
     def post_sent(self) -> None:
+        self.posts += 1
+        self.sent_during_head += self.heads > 0
+        self.sent_during_body += self.bodies > self.heads
         self.heads += 1
         self.bodies += 1
         self.max_heads = max(self.max_heads, self.heads)
         self.max_bodies = max(self.max_bodies, self.bodies)
 
-    def post_body_closed(self) -> None:
+    def post_headers(self, took: float) -> None:
+        self.heads -= 1
+        self.head_time += took
+
+    def post_body_closed(self, took: float) -> None:
         self.bodies -= 1
+        self.body_time += took
 
 
 def _counting_transport(traffic: Traffic, mcp_url: str, token_url: str, issuer: str,
@@ -212,6 +224,7 @@ def _counting_transport(traffic: Traffic, mcp_url: str, token_url: str, issuer: 
         def __init__(self, inner: Any) -> None:
             self.inner = inner
             self.closed = False
+            self.opened = traffic.now()
 
         async def __aiter__(self) -> AsyncIterator[bytes]:
             async for chunk in self.inner:
@@ -220,7 +233,7 @@ def _counting_transport(traffic: Traffic, mcp_url: str, token_url: str, issuer: 
         async def aclose(self) -> None:
             if not self.closed:
                 self.closed = True
-                traffic.post_body_closed()
+                traffic.post_body_closed(traffic.now() - self.opened)
             await self.inner.aclose()
 
     class Counting(httpx2.AsyncBaseTransport):
@@ -237,11 +250,11 @@ def _counting_transport(traffic: Traffic, mcp_url: str, token_url: str, issuer: 
                 response = await self.inner.handle_async_request(request)
             except BaseException:
                 if post:
-                    traffic.heads -= 1
-                    traffic.post_body_closed()
+                    traffic.post_headers(traffic.now() - started)
+                    traffic.post_body_closed(0.0)
                 raise
             if post:
-                traffic.heads -= 1
+                traffic.post_headers(traffic.now() - started)
             traffic.requests.append((started, traffic.now(), request.method, kind, response.status_code,
                                      "authorization" in request.headers))
             if kind == "prm" and prm_fix and response.status_code == 200:
@@ -346,7 +359,9 @@ async def _session_calls(params: dict[str, Any], go: Event, start_at: SharedFloa
         first_error = first_error or _describe(exc)
     return {"requests": traffic.requests, "done": done, "latencies": latencies, "opened": opened,
             "errors": errors, "first_error": first_error, "max_heads": traffic.max_heads,
-            "max_bodies": traffic.max_bodies, "prm_fixes": traffic.prm_fixes}
+            "max_bodies": traffic.max_bodies, "posts": traffic.posts,
+            "sent_during_head": traffic.sent_during_head, "sent_during_body": traffic.sent_during_body,
+            "head_time": traffic.head_time, "body_time": traffic.body_time, "prm_fixes": traffic.prm_fixes}
 
 
 def worker_main(ctl: Connection, params: dict[str, Any], go: Event, start_at: SharedFloat) -> None:
@@ -453,6 +468,24 @@ def renewal_rounds(times: list[float]) -> list[dict[str, float]]:
     return [{"at": round(r[0], 2), "requests": len(r), "spread_ms": _ms(r[-1] - r[0])} for r in rounds]
 
 
+def _p50_max(values: list[float]) -> dict[str, Any]:
+    ordered = sorted(values)
+    return {"p50": _ms(statistics.median(ordered)) if ordered else None,
+            "max": _ms(ordered[-1]) if ordered else None, "all": [_ms(v) for v in ordered]}
+
+
+def first_calls(out: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per process, from the release: the first request to /mcp sent with a token the server took
+    (not answered 401), and the first `add` result; p50 and max over the processes."""
+    authorized = [min((r[0] for r in proc["requests"] if r[3] == "mcp" and r[5] and r[4] != 401),
+                      default=None) for proc in out]
+    return {"first_authorized_request_ms": _p50_max([t for t in authorized if t is not None]),
+            "first_result_ms": _p50_max([min(proc["done"]) for proc in out if proc["done"]]),
+            "processes_without_result": sum(1 for proc in out if not proc["done"]),
+            "errors": sum(p["errors"] for p in out),
+            "first_error": next((p["first_error"] for p in out if p["first_error"]), "")}
+
+
 def summarize(side: str, out: list[dict[str, Any]], oidc_stats: dict[str, Any], mcp_stats: dict[str, Any],
               args: argparse.Namespace) -> dict[str, Any]:
     from mcpcreds.rates import parse_rate
@@ -463,10 +496,10 @@ def summarize(side: str, out: list[dict[str, Any]], oidc_stats: dict[str, Any], 
     upstream = [start for start, _end, _m, kind, _s, _a in requests if kind == "mcp" and start < seconds]
     token_sends = [start for start, _end, _m, kind, _s, _a in requests if kind == "token"]
     refused = [auth for _s, _e, _m, kind, status, auth in requests if kind == "mcp" and status == 401]
-    first_calls = sorted(min(proc["done"]) for proc in out if proc["done"])
     per_process = sorted(sum(1 for t in proc["done"] if t <= seconds) / seconds for proc in out)
     latencies = sorted(lat for proc in out for lat in proc["latencies"])
     rounds = renewal_rounds(token_sends)
+    posts = max(1, sum(p["posts"] for p in out))
     return {
         "side": side,
         "token_requests": oidc_stats["token_requests"],
@@ -483,9 +516,7 @@ def summarize(side: str, out: list[dict[str, Any]], oidc_stats: dict[str, Any], 
         "renewal_rounds": rounds,
         "renewal_round_max_spread_ms": max((r["spread_ms"] for r in rounds if r["requests"] > 1),
                                            default=None),
-        "first_call_ms": {"p50": _ms(statistics.median(first_calls)) if first_calls else None,
-                          "max": _ms(first_calls[-1]) if first_calls else None,
-                          "all": [_ms(t) for t in first_calls]},
+        "first_call": first_calls(out),
         "session_open_ms_max": _ms(max(p["opened"] for p in out if p["opened"] is not None))
         if any(p["opened"] is not None for p in out) else None,
         "upstream_requests_in_window": len(upstream),
@@ -505,6 +536,11 @@ def summarize(side: str, out: list[dict[str, Any]], oidc_stats: dict[str, Any], 
                             "max": _ms(latencies[-1]) if latencies else None},
         "max_posts_in_flight_until_headers": max(p["max_heads"] for p in out),
         "max_posts_in_flight_until_body_end": max(p["max_bodies"] for p in out),
+        "posts": sum(p["posts"] for p in out),
+        "posts_sent_while_another_awaited_headers": sum(p["sent_during_head"] for p in out),
+        "posts_sent_while_another_read_its_body": sum(p["sent_during_body"] for p in out),
+        "post_mean_ms_until_headers": _ms(sum(p["head_time"] for p in out) / posts),
+        "post_mean_ms_headers_to_body_end": _ms(sum(p["body_time"] for p in out) / posts),
         "errors": sum(p["errors"] for p in out),
         "first_error": next((p["first_error"] for p in out if p["first_error"]), ""),
         "prm_fixes": sorted({fix for p in out for fix in p["prm_fixes"]}),
@@ -529,6 +565,8 @@ def warm_up(oidc: OidcPeer, mcp: McpServerPeer) -> None:
 
 def run_side(side: str, oidc: OidcPeer, mcp: McpServerPeer, tmp: Path,
              args: argparse.Namespace) -> dict[str, Any]:
+    from mcpcreds.rates import parse_rate
+
     params: dict[str, Any] = {
         "url": mcp.url, "issuer": oidc.issuer, "token_url": oidc.token_url, "seconds": args.seconds,
         "tasks": args.tasks, "prm_fix": not args.no_prm_fix, "one_call": False,
@@ -547,16 +585,12 @@ def run_side(side: str, oidc: OidcPeer, mcp: McpServerPeer, tmp: Path,
         if side == "mcpcreds":
             # New processes joining a running sidecar that holds the login: one session and one
             # call each (the status quo has no such case: every new process logs in).
+            time.sleep(min(parse_rate(args.rate).per, 10.0))  # the bucket fills up again
             warm = run_processes(side, {**params, "seconds": 0.0, "tasks": 1, "one_call": True},
                                  args.processes, 0.0)
     summary = summarize(side, out, oidc_stats, mcp_stats, args)
     if warm:
-        firsts = sorted(min(proc["done"]) for proc in warm if proc["done"])
-        summary["first_call_warm_sidecar_ms"] = {
-            "p50": _ms(statistics.median(firsts)) if firsts else None,
-            "max": _ms(firsts[-1]) if firsts else None, "all": [_ms(t) for t in firsts],
-            "errors": sum(p["errors"] for p in warm),
-            "first_error": next((p["first_error"] for p in warm if p["first_error"]), "")}
+        summary["first_call_warm_sidecar"] = first_calls(warm)
     return summary
 
 
@@ -588,10 +622,15 @@ def render(report: dict[str, Any]) -> str:
         sizes = "/".join(str(r["requests"]) for r in s["renewal_rounds"])
         return f"{len(s['renewal_rounds'])} rounds of {sizes}; each within {_num(spread)} ms"
 
-    def first(s: dict[str, Any], key: str = "first_call_ms") -> str:
+    def first(s: dict[str, Any], key: str, which: str) -> str:
         if key not in s:
-            return "(every new process logs in: as above)"
-        return f"{_num(s[key]['p50'])} / {_num(s[key]['max'])}"
+            return "every new process logs in (as above)"
+        f = s[key][which]
+        return f"{_num(f['p50'])} / {_num(f['max'])}"
+
+    def overlap(s: dict[str, Any]) -> str:
+        return (f"{s['posts_sent_while_another_awaited_headers']} of {s['posts']} "
+                f"(most in flight: {s['max_posts_in_flight_until_headers']})")
 
     def upstream(s: dict[str, Any]) -> str:
         return f"{s['upstream_per_second']:g}/s ({s['upstream_requests_in_window']} requests)"
@@ -606,9 +645,15 @@ def render(report: dict[str, Any]) -> str:
         ("discovery requests (metadata GETs)", discovery(sq), discovery(mc)),
         ("401s at the MCP server", unauthorized(sq), unauthorized(mc)),
         ("renewals", rounds(sq), rounds(mc)),
-        ("first-call latency, p50 / max (ms): nobody holds a token yet", first(sq), first(mc)),
-        ("first-call latency, p50 / max (ms): new processes, the sidecar holds the login",
-         first(sq, "first_call_warm_sidecar_ms"), first(mc, "first_call_warm_sidecar_ms")),
+        ("first request with a valid token, p50 / max (ms from the release)",
+         first(sq, "first_call", "first_authorized_request_ms"),
+         first(mc, "first_call", "first_authorized_request_ms")),
+        ("first tool result, p50 / max (ms from the release)",
+         first(sq, "first_call", "first_result_ms"), first(mc, "first_call", "first_result_ms")),
+        (f"the same two for {n} new processes while the sidecar holds the login",
+         first(sq, "first_call_warm_sidecar", "first_authorized_request_ms"),
+         f"{first(mc, 'first_call_warm_sidecar', 'first_authorized_request_ms')}; "
+         f"{first(mc, 'first_call_warm_sidecar', 'first_result_ms')}"),
         (f"upstream requests to /mcp, mean over {cfg['seconds']:g} s (rate {cfg['rate']}: "
          f"{sq['bucket_allows_in_window'] / cfg['seconds']:.1f}/s)", upstream(sq), upstream(mc)),
         (f"most upstream requests in any 1 s (bucket allows {sq['bucket_allows_in_1s']})",
@@ -616,9 +661,8 @@ def render(report: dict[str, Any]) -> str:
         ("tool calls/s, total", f"{sq['tool_calls_per_second']:g}", f"{mc['tool_calls_per_second']:g}"),
         (f"tool calls/s per process, min / median / max ({cfg['tasks']} concurrent loops each)",
          per_process(sq), per_process(mc)),
-        ("most /mcp POSTs in flight in one process (until headers / until body end)",
-         f"{sq['max_posts_in_flight_until_headers']} / {sq['max_posts_in_flight_until_body_end']}",
-         f"{mc['max_posts_in_flight_until_headers']} / {mc['max_posts_in_flight_until_body_end']}"),
+        ("/mcp POSTs sent while another of the same process awaited its response headers",
+         overlap(sq), overlap(mc)),
         ("failed calls", str(sq["errors"]), str(mc["errors"])),
     ]
     lines = [
@@ -633,7 +677,7 @@ def render(report: dict[str, Any]) -> str:
     for side, s in (("status quo", sq), ("mcpcreds", mc)):
         if s["first_error"]:
             notes.append(f"{side}: first error: {s['first_error']}")
-        if warm_error := s.get("first_call_warm_sidecar_ms", {}).get("first_error"):
+        if warm_error := s.get("first_call_warm_sidecar", {}).get("first_error"):
             notes.append(f"{side}: first error (warm phase): {warm_error}")
         if s["prm_fixes"]:
             notes.append(f"{side}: PRM rewritten in the client (see the docstring): "

@@ -12,12 +12,14 @@ import time
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
+import httptools
 import httpx
 
 from .auth import AUTH_CLASS, HttpxAuth
 from .calls import Call, Calls
 from .config import default_socket_path
 from .errors import McpcredsError, SidecarUnavailable, error_from_wire
+from .uds import Retryable, UdsHttp
 
 DEFAULT_TIMEOUT: Final = 10.0
 CONNECT_RETRY_SECONDS: Final = 2.0  # ride out a sidecar restart
@@ -37,8 +39,12 @@ def _decode(response: httpx.Response, call: Call[R]) -> R:
         body = response.json()
     except ValueError:
         body = None
-    if response.status_code >= 400:
-        raise error_from_wire(response.status_code, body if isinstance(body, dict) else {})
+    return _decode_parts(response.status_code, body, call)
+
+
+def _decode_parts(status: int, body: Any, call: Call[R]) -> R:
+    if status >= 400:
+        raise error_from_wire(status, body if isinstance(body, dict) else {})
     return call.extract(body)
 
 
@@ -51,7 +57,7 @@ class _Base:
         self._headers = _grant_header(grant)
 
     def _unavailable(self, exc: Exception) -> SidecarUnavailable:
-        if isinstance(exc, httpx.TimeoutException):
+        if isinstance(exc, httpx.TimeoutException | TimeoutError):
             return SidecarUnavailable(f"the sidecar on {self.socket_path} did not answer in time")
         return SidecarUnavailable(f"no mcpcreds sidecar answers on {self.socket_path} "
                                   f"({type(exc).__name__}); start one with `mcpcreds serve`")
@@ -63,8 +69,7 @@ class AsyncClient(_Base):
     def __init__(self, socket: str | os.PathLike[str] | None = None, *, grant: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT, connect_retry: float = CONNECT_RETRY_SECONDS) -> None:
         super().__init__(socket, grant, timeout, connect_retry)
-        self._http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(self.socket_path)),
-                                       base_url=_BASE, headers=self._headers, timeout=timeout)
+        self._http = UdsHttp(str(self.socket_path), self._headers)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -80,11 +85,11 @@ class AsyncClient(_Base):
         delay = 0.02
         while True:
             try:
-                response = await self._http.request(call.method, call.path, json=call.body,
-                                                    timeout=self.timeout + call.extra_time)
-            except httpx.TimeoutException as exc:
-                raise self._unavailable(exc) from None
-            except _RETRYABLE as exc:
+                status, body = await self._http.request(call.method, call.path, call.body,
+                                                        timeout=self.timeout + call.extra_time)
+            except (TimeoutError, OSError, ValueError, httptools.HttpParserError) as exc:
+                if not isinstance(exc, Retryable):
+                    raise self._unavailable(exc) from None
                 if deadline is None:
                     deadline = time.monotonic() + self.connect_retry
                 left = deadline - time.monotonic()
@@ -93,7 +98,7 @@ class AsyncClient(_Base):
                 await asyncio.sleep(min(delay, left))  # the last try falls on the deadline
                 delay = min(delay * 2, 0.25)
                 continue
-            return _decode(response, call)
+            return _decode_parts(status, body, call)
 
     async def request(self, method: str, path: str, json: dict[str, Any] | None = None) -> Any:
         return await self.run(Call(method, path, lambda b: b, json))

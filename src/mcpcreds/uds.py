@@ -1,0 +1,121 @@
+"""A lean HTTP/1.1 client for the sidecar's Unix socket (asyncio streams + httptools).
+
+httpx costs about 1.7 ms a request here; this costs a tenth of that, and the client's calls are
+on every upstream request's path. Kept connections are reused (one per concurrent request, per
+event loop); a connection that fails before any answer byte is reported retryable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Final
+
+import httptools
+
+MAX_RESPONSE: Final = 1024 * 1024
+
+
+class Retryable(ConnectionError):
+    """The request may not have reached the sidecar (refused, missing socket, stale connection)."""
+
+
+class _Parsed:
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.body: list[bytes] = []
+        self.size = 0
+        self.done = False
+        self.keep_alive = False
+        self.status = 0
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size > MAX_RESPONSE:
+            raise ValueError("sidecar answer too large")
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        # read while the parser still holds this message (it resets once the callback returns)
+        self.keep_alive = self.parser.should_keep_alive()
+        self.status = self.parser.get_status_code()
+        self.done = True
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def exchange(self, request: bytes) -> tuple[int, bytes, bool]:
+        self.writer.write(request)
+        parsed = _Parsed()
+        received = False
+        while not parsed.done:
+            chunk = await self.reader.read(65536)
+            if not chunk:
+                if received:
+                    raise ConnectionResetError("the sidecar closed the connection mid-answer")
+                raise Retryable("the sidecar closed the connection")
+            received = True
+            parsed.parser.feed_data(chunk)
+        return parsed.status, b"".join(parsed.body), parsed.keep_alive
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class UdsHttp:
+    """`await http.request("POST", "/v1/...", {"cost": 1}, timeout=10)` -> (status, JSON body)."""
+
+    def __init__(self, path: str, headers: dict[str, str]) -> None:
+        self.path = path
+        self._head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
+        self._idle: list[_Connection] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _encode(self, method: str, path: str, body: dict[str, Any] | None) -> bytes:
+        payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
+        lines = f"{method} {path} HTTP/1.1\r\nHost: mcpcreds\r\n".encode() + self._head
+        if body is not None:
+            lines += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(payload)
+        return lines + b"\r\n" + payload
+
+    async def _connection(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections belong to the loop that opened them
+            self._drop_idle()
+            self._loop = loop
+        if self._idle:
+            return self._idle.pop()
+        try:
+            reader, writer = await asyncio.open_unix_connection(self.path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise Retryable(str(exc)) from None
+        return _Connection(reader, writer)
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None,
+                      timeout: float) -> tuple[int, Any]:
+        async with asyncio.timeout(timeout):  # no task per call, unlike wait_for on 3.11
+            conn = await self._connection()
+            try:
+                status, raw, keep = await conn.exchange(self._encode(method, path, body))
+            except BaseException:  # failed or cancelled mid-request: its state is unknown
+                conn.close()
+                raise
+        if keep:
+            self._idle.append(conn)
+        else:
+            conn.close()
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:
+            return status, None
+
+    def _drop_idle(self) -> None:
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()
+
+    async def aclose(self) -> None:
+        self._drop_idle()
