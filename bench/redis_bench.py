@@ -28,8 +28,8 @@ the ratios (redis vs memory, redis vs evalsha), and the Redis commands the serve
 (`INFO commandstats`, reset before each mode; warmup included) with their server-side time.
 
 Then a decomposition (`--no-decompose` skips it), in this process at the same levels:
-`memory.raw` / `redis.raw` send the same acquire to each sidecar on a bare asyncio Unix socket
-per task in flight (the sidecar's own cost, without httpx), `state.bucket` calls
+`memory.raw` / `redis.raw` send the same acquire to each sidecar as fixed bytes on a bare asyncio
+Unix socket per task in flight (the sidecar's own cost, without the client library), `state.bucket` calls
 `RedisState.bucket` (redis-py's `Script` call plus the state's error wrapper) and
 `limiter.acquire` calls `SharedLimiter.acquire` (that plus the per-key FIFO lock the sidecar
 takes around every grant) on the same Redis, without a sidecar.
@@ -399,12 +399,12 @@ def main(argv: list[str] | None = None) -> int:
                     print("  Redis commands per grant (server-side usec):")
                     for mode in ("memory", "redis", "evalsha"):
                         row = ", ".join(f"{name} {v['calls']} ({v['usec']} us)"
-                                        for name, v in cmds[mode].items()) or "none"
+                                        for name, v in cmds[mode].items() if v["calls"] >= 0.01) or "none"
                         print(f"    {mode:<8} {row}")
                     print(flush=True)
             if not args.no_decompose:
                 if not args.json:
-                    print("decomposition (one process, asyncio; no httpx): acquire on a bare asyncio Unix "
+                    print("decomposition (this process, asyncio): acquire as fixed bytes on a bare Unix "
                           "socket per task in flight, then the Redis state's parts without the sidecar:")
                 for concurrency in args.concurrency:
                     for mode in DECOMPOSITION:

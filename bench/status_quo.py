@@ -1,8 +1,8 @@
 """The status quo, side by side (issue 6): the MCP SDK's own OAuth client in every process vs mcpcreds.
 
-Run from the repository root (the package installed, e.g. `pip install -e .`; Node for the IdP peer):
+Run from the repository root (Node for the authorization server peer; the MCP SDK 2.x installed):
 
-    python bench/status_quo.py                   # defaults below; about 50 s
+    python bench/status_quo.py                   # defaults below; 1.5-2 min, mostly spawning processes
     python bench/status_quo.py --json            # the same figures, machine-readable
     python bench/status_quo.py --processes 8 --tasks 2 --seconds 15 --ttl 5 --rate 20/1s
                                                  # every option, at its default
@@ -10,19 +10,23 @@ Run from the repository root (the package installed, e.g. `pip install -e .`; No
 Both sides run against the same real peers on loopback: an authorization server (oidc-provider,
 `tests/peers/oidc_peer.py`) issuing RFC 9068 JWT access tokens that live `--ttl` seconds, and an
 MCP server (the MCP Python SDK 2.x over Streamable HTTP, `tests/peers/mcp_server.py`) that
-verifies them and serves RFC 9728 protected-resource metadata (PRM). For each side, `--processes`
-client processes (multiprocessing, spawn) are started, set up, and released together; each opens
-an MCP session (`streamable_http_client` + `ClientSession`) and runs `--tasks` concurrent loops
-calling the tool `add` for `--seconds` seconds, then closes its session.
+verifies them and serves RFC 9728 protected-resource metadata (PRM). Before either side, one token
+and one verified request warm the peers up (the MCP server fetches the JWKS once). For each side,
+`--processes` client processes (multiprocessing, spawn) are started and set up (everything that
+needs no network: the auth, the `httpx2.AsyncClient` and its transport), then released together;
+each opens an MCP session (`streamable_http_client` + `ClientSession`) and runs `--tasks`
+concurrent loops calling the tool `add` for `--seconds` seconds, then closes its session.
 
 - status quo: each process has its own `mcp.client.auth.extensions.client_credentials.
   ClientCredentialsOAuthProvider` (client id and secret, `issuer=`, `scope=`, in-memory token
-  storage, as in the SDK's docs) as the `auth=` of its `httpx2.AsyncClient`. It logs in on the
+  storage, as in the SDK's examples) as the `auth=` of its `httpx2.AsyncClient`. It logs in on the
   first 401, through discovery (PRM, then the authorization server's metadata). Nothing limits
-  the request rate: the service's `rate` is not known to the SDK.
-- mcpcreds: one sidecar (`mcpcreds serve`, `tests/sidecar_proc.py`) with the service
-  `[services.mcp]` (pinned `token_url`, `rate = --rate`), and each process uses
-  `AsyncClient(socket).auth("tools")` as the `auth=`. One login and one bucket for all processes.
+  the request rate: the SDK does not know the service's `rate`.
+- mcpcreds: a fresh sidecar (`mcpcreds serve` from this checkout, `tests/sidecar_proc.py`) with
+  the service `[services.mcp]` (pinned `token_url`, `rate = --rate`, default `refresh_ahead`), and
+  each process uses `AsyncClient(socket).auth("tools")` as the `auth=`: one login and one bucket
+  for all processes. Then `--processes` new processes join the running sidecar, which holds a
+  fresh login and a full bucket, for one session and one call each (the "warm" row).
 
 What is measured, and where:
 
@@ -32,30 +36,35 @@ What is measured, and where:
   the auth (every request the SDK's auth flow makes goes through it): GETs of the PRM
   (`/.well-known/oauth-protected-resource...`, on the MCP server) and of the authorization
   server's metadata (`/.well-known/oauth-authorization-server`, `openid-configuration`). Neither
-  peer counts these GETs itself: the MCP server counts only requests to `/mcp`, the
-  authorization server only token requests. With mcpcreds the sidecar uses the pinned token URL;
+  peer counts these GETs itself: the MCP server counts only requests to `/mcp`, the authorization
+  server only token requests. The sidecar uses the pinned token URL and makes none;
 - 401s: the MCP server's own count of 401 answers on `/mcp`; the transport tells those sent with
-  no `Authorization` header (the SDK knows its token expired, has no refresh token for a
-  client-credentials login, and sends the request bare to get the 401 that starts a new login)
-  from those sent with a token the server refused (its `rejected` reasons are reported too);
+  no `Authorization` header (a process with no token yet, or whose token the SDK knows has
+  expired: it has no refresh token for a client-credentials login, so it sends the request bare
+  to get the 401 that starts a new login) from those sent with a token the server refused (the
+  server's `rejected` reasons are listed under the table);
 - renewal rounds (status quo): the token requests' send times in the client processes, grouped
-  into rounds (a gap of more than 1 s starts a new one); the spread of a round is how close
-  together the processes renewed;
-- first-call latency: from the release to the first `add` result in each process (it includes
-  opening the session and, in the status quo, the login); p50 and max over the processes;
+  into rounds (a gap of more than 1 s starts a new one); a round's spread is how close together
+  the processes logged in;
+- first-call latency, from the release, p50 and max over the processes: to the first request to
+  `/mcp` sent with a token the server took, and to the first `add` result (which includes opening
+  the session: initialize, the initialized notification, the GET stream, the `tools/list` the SDK
+  sends before a first call, and, with mcpcreds, waiting for permits: every one of those requests
+  takes one from the shared bucket);
 - upstream requests: every HTTP request to `/mcp` (initialize, notifications, the GET stream,
   tool calls, retries after a 401, the closing DELETE), which is what the service's `rate` meters
   and what mcpcreds takes one permit for, sent in the `--seconds` window: per second on average
-  and the most in any 1 s window, next to what the bucket allows (`burst + rate * t`);
-- tool calls: `add` results per process per second (min, median, max) and in total;
-- concurrency inside a process: the most `/mcp` POSTs of one process in flight at once, until the
-  response headers (the span the SDK's auth lock covers: `OAuthClientProvider._auth_flow` holds
-  `context.lock` from before the request until its response is handed back) and until the
-  response body is closed.
+  and the most in any 1 s window, next to what the bucket allows (`burst + burst/per * t`);
+- tool calls: `add` results within the window, in total and per process per second;
+- concurrency inside a process: how many `/mcp` POSTs were sent while another POST of the same
+  process was still waiting for its response headers, and the most in flight at once. The SDK's
+  `OAuthClientProvider._auth_flow` holds `context.lock` from before a request until its response
+  headers are handed back (not across the response body), so that count is 0 for the status quo.
 
 Oddity worked around (see the closing report of issue 6): the MCP server peer builds
 `AuthSettings(issuer_url=AnyHttpUrl(issuer))`, which renders the path-less issuer with a trailing
-slash, so its PRM advertises `http://127.0.0.1:PORT/` while the authorization server's metadata says
+slash (a plain string would keep it as is: `AuthSettings` sets `url_preserve_empty_path`), so its
+PRM advertises `http://127.0.0.1:PORT/` while the authorization server's metadata says
 `http://127.0.0.1:PORT`; the SDK's provider compares the two exactly (RFC 8414 3.3) and stops with
 "Authorization server metadata issuer mismatch". The PRM also has no `scopes_supported` (no
 `required_scopes`), so the SDK requests every scope the authorization server lists (its
@@ -63,11 +72,13 @@ slash, so its PRM advertises `http://127.0.0.1:PORT/` while the authorization se
 request fails with `invalid_scope`. Unless `--no-prm-fix` is given, the status-quo processes'
 counting transport rewrites the PRM document it receives into what a correct server would send
 (the issuer exactly as the authorization server names itself; `scopes_supported` = the client's
-scope) and the report lists the rewrites; the SDK's provider itself is used unchanged. The number
-of requests is the same as with a corrected server. With `--no-prm-fix` the status quo fails.
+scope) and the report lists the rewrites; the SDK's provider itself is used unchanged, and the
+requests it makes are those it would make against a corrected server. With `--no-prm-fix` the
+status quo fails.
 
-The processes, the peers and the sidecar share the machine's cores: the per-process call rates
-of the status quo are bounded by the machine, not by any limit; the counts do not depend on it.
+The processes, the peers and the sidecar share the machine's cores: the status quo's call rates
+are bounded by the machine (the MCP server is one Python process), not by any limit, and the
+latencies depend on the machine's load; the counts do not.
 """
 
 from __future__ import annotations
@@ -77,20 +88,26 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `python bench/status_quo.py` puts bench/, not the root, on sys.path
-    sys.path.insert(0, str(ROOT))
+SRC = ROOT / "src"
+# `python bench/status_quo.py` puts bench/, not the root, on sys.path. src/ too: measure this
+# checkout's mcpcreds even if `pip install -e` points elsewhere (spawned processes inherit sys.path;
+# the sidecar gets it as PYTHONPATH).
+for _path in (SRC, ROOT):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 if TYPE_CHECKING:  # imported where used, so that the spawned client processes stay light
     from multiprocessing.sharedctypes import Synchronized
@@ -303,6 +320,7 @@ async def _session_calls(params: dict[str, Any], go: Event, start_at: SharedFloa
     transport = _counting_transport(traffic, params["url"], params["token_url"], params["issuer"],
                                     params["prm_fix"])
     creds: Any = None
+    module: str | None = None
     auth: Any
     if side == "status_quo":
         from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
@@ -311,8 +329,10 @@ async def _session_calls(params: dict[str, Any], go: Event, start_at: SharedFloa
             server_url=params["url"], storage=InMemoryTokenStorage(), client_id=CLIENT_ID,
             client_secret=params["client_secret"], scope=SCOPE, issuer=params["issuer"])
     else:
+        import mcpcreds
         from mcpcreds import AsyncClient
 
+        module = mcpcreds.__file__
         creds = AsyncClient(params["socket"])
         auth = creds.auth(SERVER)
     http = httpx2.AsyncClient(auth=auth, transport=transport, timeout=httpx2.Timeout(30.0, read=300.0))
@@ -361,7 +381,8 @@ async def _session_calls(params: dict[str, Any], go: Event, start_at: SharedFloa
             "errors": errors, "first_error": first_error, "max_heads": traffic.max_heads,
             "max_bodies": traffic.max_bodies, "posts": traffic.posts,
             "sent_during_head": traffic.sent_during_head, "sent_during_body": traffic.sent_during_body,
-            "head_time": traffic.head_time, "body_time": traffic.body_time, "prm_fixes": traffic.prm_fixes}
+            "head_time": traffic.head_time, "body_time": traffic.body_time, "prm_fixes": traffic.prm_fixes,
+            "mcpcreds_module": module}
 
 
 def worker_main(ctl: Connection, params: dict[str, Any], go: Event, start_at: SharedFloat) -> None:
@@ -393,7 +414,8 @@ def _recv(pipe: Connection, timeout: float, what: str, expect: str) -> Any:
     return payload
 
 
-def run_processes(side: str, params: dict[str, Any], processes: int, seconds: float) -> list[dict[str, Any]]:
+def run_processes(side: str, params: dict[str, Any], processes: int, seconds: float,
+                  before_release: Callable[[], None] | None = None) -> list[dict[str, Any]]:
     """Spawn the processes, wait until each is set up, release them together, collect the results."""
     ctx = multiprocessing.get_context("spawn")
     go = ctx.Event()
@@ -409,6 +431,8 @@ def run_processes(side: str, params: dict[str, Any], processes: int, seconds: fl
             procs.append((proc, parent))
         for _, pipe in procs:
             _recv(pipe, READY_TIMEOUT, side, "ready")
+        if before_release is not None:
+            before_release()
         start_at.value = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process
         go.set()
         return [_recv(pipe, seconds + 120.0, side, "result") for _, pipe in procs]
@@ -436,7 +460,8 @@ def sidecar(oidc: OidcPeer, mcp: McpServerPeer, tmp: Path, rate: str) -> Iterato
         socket=socket, endpoint=mcp.url, rate=rate, token_url=oidc.token_url, client_id=CLIENT_ID,
         scope=SCOPE, server=SERVER), encoding="utf-8")
     try:
-        with run_sidecar(config, socket, {"BENCH_SECRET": CLIENT_SECRET}):
+        pythonpath = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p)
+        with run_sidecar(config, socket, {"BENCH_SECRET": CLIENT_SECRET, "PYTHONPATH": pythonpath}):
             yield socket
     except (TimeoutError, RuntimeError) as exc:
         raise BenchError(f"the sidecar failed: {exc}") from None
@@ -475,11 +500,14 @@ def _p50_max(values: list[float]) -> dict[str, Any]:
 
 
 def first_calls(out: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per process, from the release: the first request to /mcp sent with a token the server took
-    (not answered 401), and the first `add` result; p50 and max over the processes."""
+    """Per process, from the release: the first request sent (to anywhere), the first request to
+    /mcp sent with a token the server took (not answered 401), and the first `add` result; p50 and
+    max over the processes."""
     authorized = [min((r[0] for r in proc["requests"] if r[3] == "mcp" and r[5] and r[4] != 401),
                       default=None) for proc in out]
-    return {"first_authorized_request_ms": _p50_max([t for t in authorized if t is not None]),
+    return {"first_request_ms": _p50_max([min(r[0] for r in proc["requests"]) for proc in out
+                                          if proc["requests"]]),
+            "first_authorized_request_ms": _p50_max([t for t in authorized if t is not None]),
             "first_result_ms": _p50_max([min(proc["done"]) for proc in out if proc["done"]]),
             "processes_without_result": sum(1 for proc in out if not proc["done"]),
             "errors": sum(p["errors"] for p in out),
@@ -544,6 +572,7 @@ def summarize(side: str, out: list[dict[str, Any]], oidc_stats: dict[str, Any], 
         "errors": sum(p["errors"] for p in out),
         "first_error": next((p["first_error"] for p in out if p["first_error"]), ""),
         "prm_fixes": sorted({fix for p in out for fix in p["prm_fixes"]}),
+        "mcpcreds_modules": sorted({p["mcpcreds_module"] for p in out if p["mcpcreds_module"]}),
     }
 
 
@@ -585,9 +614,17 @@ def run_side(side: str, oidc: OidcPeer, mcp: McpServerPeer, tmp: Path,
         if side == "mcpcreds":
             # New processes joining a running sidecar that holds the login: one session and one
             # call each (the status quo has no such case: every new process logs in).
-            time.sleep(min(parse_rate(args.rate).per, 10.0))  # the bucket fills up again
+            from mcpcreds import Client
+
+            def prime() -> None:
+                """Just before the release: the bucket full again, and a fresh login in the
+                sidecar (with short tokens, the one from the run has expired by now)."""
+                time.sleep(min(parse_rate(args.rate).per, 10.0))
+                with Client(params["socket"]) as creds:
+                    creds.headers(SERVER)
+
             warm = run_processes(side, {**params, "seconds": 0.0, "tasks": 1, "one_call": True},
-                                 args.processes, 0.0)
+                                 args.processes, 0.0, prime)
     summary = summarize(side, out, oidc_stats, mcp_stats, args)
     if warm:
         summary["first_call_warm_sidecar"] = first_calls(warm)
@@ -612,12 +649,16 @@ def render(report: dict[str, Any]) -> str:
         return f"{total} ({d['protected_resource_metadata']} PRM + {d['authorization_server_metadata']} AS)"
 
     def unauthorized(s: dict[str, Any]) -> str:
+        refused = ("an expired token" if set(s["rejected_tokens_at_server"]) == {"ExpiredTokenError"}
+                   else "a token the server refused")
         return (f"{s['unauthorized_at_server']} ({s['unauthorized_sent_without_token']} sent without a "
-                f"token, {s['unauthorized_sent_with_token']} with one the server refused)")
+                f"token, {s['unauthorized_sent_with_token']} with {refused})")
 
     def rounds(s: dict[str, Any]) -> str:
+        if s["side"] == "mcpcreds":
+            return "by the one sidecar, ahead of expiry"
         if not s["renewal_rounds"]:
-            return "one sidecar renews ahead of expiry"
+            return "-"
         spread = s["renewal_round_max_spread_ms"]
         sizes = "/".join(str(r["requests"]) for r in s["renewal_rounds"])
         return f"{len(s['renewal_rounds'])} rounds of {sizes}; each within {_num(spread)} ms"

@@ -55,25 +55,24 @@ class SharedLimiter:
         deadline = start + max_wait
         counts = self._counts.setdefault(key, [0, 0])
         lock = self._locks.setdefault(key, asyncio.Lock())
+        if not lock.locked():
+            # nobody of ours is waiting: ask at once, concurrently with other such callers
+            granted, wait = await self._take(key, rate, cost, deadline)
+            if granted:
+                counts[0] += cost
+                return 0.0
         self._waiting[key] = self._waiting.get(key, 0) + 1
         try:
             try:
-                await asyncio.wait_for(lock.acquire(), timeout=max(deadline - self.clock.monotonic(), 0.001))
+                async with asyncio.timeout(max(deadline - self.clock.monotonic(), 0.001)):
+                    await lock.acquire()
             except TimeoutError:
                 counts[1] += 1
-                raise RateLimited(f"{key}: queue ahead did not clear within max_wait {max_wait:g}s",
+                raise RateLimited(f"{key}: the queue ahead did not clear within max_wait {max_wait:g}s",
                                   retry_after=max(max_wait, 0.001)) from None
             try:
                 while True:
-                    try:
-                        granted, wait, _, _ = await self.state.bucket(key, rate, cost, "take")
-                    except StateUnavailable:
-                        if self.degrade is None:
-                            raise
-                        remaining = max(0.0, deadline - self.clock.monotonic())
-                        local = self._local_rate(rate)
-                        await self.degrade.acquire(key, local, min(cost, local.burst), remaining)
-                        granted, wait = True, 0.0
+                    granted, wait = await self._take(key, rate, cost, deadline)
                     now = self.clock.monotonic()
                     if granted:
                         counts[0] += cost
@@ -87,6 +86,19 @@ class SharedLimiter:
                 lock.release()
         finally:
             self._waiting[key] -= 1
+
+    async def _take(self, key: str, rate: Rate, cost: int, deadline: float) -> tuple[bool, float]:
+        """One try at the shared bucket (or, degraded, the local one)."""
+        try:
+            granted, wait, _, _ = await self.state.bucket(key, rate, cost, "take")
+            return granted, wait
+        except StateUnavailable:
+            if self.degrade is None:
+                raise
+            local = self._local_rate(rate)
+            remaining = max(0.0, deadline - self.clock.monotonic())
+            await self.degrade.acquire(key, local, min(cost, local.burst), remaining)
+            return True, 0.0
 
     async def apause(self, key: str, rate: Rate, seconds: float) -> float | None:
         _, _, _, paused = await self.state.bucket(key, rate, 1, "pause", seconds)
