@@ -307,6 +307,7 @@ def _counting_transport(traffic: Traffic, mcp_url: str, token_url: str, issuer: 
 async def _session_calls(params: dict[str, Any], go: Event, start_at: SharedFloat,
                          ctl: Connection) -> dict[str, Any]:
     """Set up, say ready, wait for the release; then one MCP session and `tasks` loops of `add`."""
+    import anyio
     import httpx2
     from mcp.client.session import ClientSession
     from mcp.client.streamable_http import streamable_http_client
@@ -336,6 +337,10 @@ async def _session_calls(params: dict[str, Any], go: Event, start_at: SharedFloa
         creds = AsyncClient(params["socket"])
         auth = creds.auth(SERVER)
     http = httpx2.AsyncClient(auth=auth, transport=transport, timeout=httpx2.Timeout(30.0, read=300.0))
+    # anyio loads its asyncio backend lazily; the SDK's provider (an anyio.Lock) loads it above,
+    # so load it on both sides, or the mcpcreds processes pay tens of ms of imports after the release.
+    await anyio.sleep(0)
+    anyio.Lock()
     ctl.send(("ready", ""))
     await asyncio.to_thread(go.wait)
     traffic.t0 = float(start_at.value)
@@ -424,11 +429,11 @@ def run_processes(side: str, params: dict[str, Any], processes: int, seconds: fl
     try:
         for _ in range(processes):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(child, {**params, "side": side}, go, start_at),
-                               daemon=True)
-            proc.start()
+            spawned = ctx.Process(target=worker_main, args=(child, {**params, "side": side}, go, start_at),
+                                  daemon=True)
+            spawned.start()
             child.close()
-            procs.append((proc, parent))
+            procs.append((spawned, parent))
         for _, pipe in procs:
             _recv(pipe, READY_TIMEOUT, side, "ready")
         if before_release is not None:

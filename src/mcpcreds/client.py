@@ -13,33 +13,21 @@ from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
 import httptools
-import httpx
 
 from .auth import AUTH_CLASS, HttpxAuth
 from .calls import Call, Calls
 from .config import default_socket_path
 from .errors import McpcredsError, SidecarUnavailable, error_from_wire
-from .uds import Retryable, UdsHttp
+from .uds import Retryable, SyncUdsHttp, UdsHttp
 
 DEFAULT_TIMEOUT: Final = 10.0
 CONNECT_RETRY_SECONDS: Final = 2.0  # ride out a sidecar restart
-_BASE: Final = "http://mcpcreds"
-_RETRYABLE: Final = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError,
-                     httpx.WriteError)
 R = TypeVar("R")
 
 
 def _grant_header(grant: str | None) -> dict[str, str]:
     grant = grant if grant is not None else os.environ.get("MCPCREDS_GRANT")
     return {"Authorization": f"Bearer {grant}"} if grant else {}
-
-
-def _decode(response: httpx.Response, call: Call[R]) -> R:
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    return _decode_parts(response.status_code, body, call)
 
 
 def _decode_parts(status: int, body: Any, call: Call[R]) -> R:
@@ -57,7 +45,7 @@ class _Base:
         self._headers = _grant_header(grant)
 
     def _unavailable(self, exc: Exception) -> SidecarUnavailable:
-        if isinstance(exc, httpx.TimeoutException | TimeoutError):
+        if isinstance(exc, TimeoutError):
             return SidecarUnavailable(f"the sidecar on {self.socket_path} did not answer in time")
         return SidecarUnavailable(f"no mcpcreds sidecar answers on {self.socket_path} "
                                   f"({type(exc).__name__}); start one with `mcpcreds serve`")
@@ -158,8 +146,7 @@ class Client(_Base):
     def __init__(self, socket: str | os.PathLike[str] | None = None, *, grant: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT, connect_retry: float = CONNECT_RETRY_SECONDS) -> None:
         super().__init__(socket, grant, timeout, connect_retry)
-        self._http = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)),
-                                  base_url=_BASE, headers=self._headers, timeout=timeout)
+        self._http = SyncUdsHttp(str(self.socket_path), self._headers)
 
     def __enter__(self) -> Client:
         return self
@@ -175,11 +162,11 @@ class Client(_Base):
         delay = 0.02
         while True:
             try:
-                response = self._http.request(call.method, call.path, json=call.body,
-                                              timeout=self.timeout + call.extra_time)
-            except httpx.TimeoutException as exc:
-                raise self._unavailable(exc) from None
-            except _RETRYABLE as exc:
+                status, body = self._http.request(call.method, call.path, call.body,
+                                                  timeout=self.timeout + call.extra_time)
+            except (TimeoutError, OSError, ValueError, httptools.HttpParserError) as exc:
+                if not isinstance(exc, Retryable):
+                    raise self._unavailable(exc) from None
                 if deadline is None:
                     deadline = time.monotonic() + self.connect_retry
                 left = deadline - time.monotonic()
@@ -188,7 +175,7 @@ class Client(_Base):
                 time.sleep(min(delay, left))  # the last try falls on the deadline
                 delay = min(delay * 2, 0.25)
                 continue
-            return _decode(response, call)
+            return _decode_parts(status, body, call)
 
     def request(self, method: str, path: str, json: dict[str, Any] | None = None) -> Any:
         return self.run(Call(method, path, lambda b: b, json))

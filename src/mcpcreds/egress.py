@@ -22,8 +22,10 @@ address (an IP or CIDR) or the host (a host pattern; a metadata address needs it
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -252,6 +254,13 @@ def check_address(policy: EgressPolicy, host: str, ip: IPAddress | str) -> None:
 # ---------------------------------------------------------------------------- the I/O shell
 
 
+@functools.cache
+def shared_ssl_context() -> ssl.SSLContext:
+    """One verifying TLS context for every pool: loading the CA bundle takes ~0.3 s, and it
+    would otherwise be paid on the event loop by the first login of each token endpoint."""
+    return ssl.create_default_context()
+
+
 async def system_resolver(host: str, port: int) -> list[str]:
     """Every address the system resolver gives for `host`, in its order, without repeats."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -280,7 +289,9 @@ class EgressTransport(httpx.AsyncBaseTransport):
 
     def _pool(self, key: tuple[str, str, int]) -> httpx.AsyncBaseTransport:
         if (pool := self._pools.get(key)) is None:
-            pool = self._pools[key] = httpx.AsyncHTTPTransport(**self._transport_kwargs)
+            kwargs = dict(self._transport_kwargs)
+            kwargs.setdefault("verify", shared_ssl_context())
+            pool = self._pools[key] = httpx.AsyncHTTPTransport(**kwargs)
         return pool
 
     async def _resolve(self, request: httpx.Request, host: str, port: int) -> list[str]:

@@ -16,6 +16,7 @@ from .audit import AuditLog
 from .broker import Broker
 from .clock import SYSTEM_CLOCK, Clock
 from .config import Config, default_socket_path, load_config
+from .egress import shared_ssl_context
 from .errors import ConfigError, McpcredsError
 from .logs import get_logger
 from .metrics import Metrics
@@ -120,6 +121,7 @@ class Sidecar:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        shared_ssl_context()  # built before the first login needs it, not on the event loop then
         prepare_socket_dir(self.socket_path)
         claim_socket_path(self.socket_path)
         sock = bind_unix_socket(str(self.socket_path))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import threading
 from typing import Any, Final
 
 import httptools
@@ -48,11 +50,16 @@ class _Connection:
         self.writer = writer
 
     async def exchange(self, request: bytes) -> tuple[int, bytes, bool]:
-        self.writer.write(request)
         parsed = _Parsed()
         received = False
+        self.writer.write(request)
         while not parsed.done:
-            chunk = await self.reader.read(65536)
+            try:
+                chunk = await self.reader.read(65536)
+            except OSError as exc:
+                if received:
+                    raise
+                raise Retryable(str(exc)) from None  # no answer byte yet: the sidecar went away
             if not chunk:
                 if received:
                     raise ConnectionResetError("the sidecar closed the connection mid-answer")
@@ -65,6 +72,21 @@ class _Connection:
         self.writer.close()
 
 
+def _encode(head: bytes, method: str, path: str, body: dict[str, Any] | None) -> bytes:
+    payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
+    lines = f"{method} {path} HTTP/1.1\r\nHost: mcpcreds\r\n".encode() + head
+    if body is not None:
+        lines += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(payload)
+    return lines + b"\r\n" + payload
+
+
+def _decode_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
 class UdsHttp:
     """`await http.request("POST", "/v1/...", {"cost": 1}, timeout=10)` -> (status, JSON body)."""
 
@@ -73,13 +95,6 @@ class UdsHttp:
         self._head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
         self._idle: list[_Connection] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _encode(self, method: str, path: str, body: dict[str, Any] | None) -> bytes:
-        payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
-        lines = f"{method} {path} HTTP/1.1\r\nHost: mcpcreds\r\n".encode() + self._head
-        if body is not None:
-            lines += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(payload)
-        return lines + b"\r\n" + payload
 
     async def _connection(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -99,7 +114,7 @@ class UdsHttp:
         async with asyncio.timeout(timeout):  # no task per call, unlike wait_for on 3.11
             conn = await self._connection()
             try:
-                status, raw, keep = await conn.exchange(self._encode(method, path, body))
+                status, raw, keep = await conn.exchange(_encode(self._head, method, path, body))
             except BaseException:  # failed or cancelled mid-request: its state is unknown
                 conn.close()
                 raise
@@ -107,10 +122,7 @@ class UdsHttp:
             self._idle.append(conn)
         else:
             conn.close()
-        try:
-            return status, json.loads(raw) if raw else None
-        except ValueError:
-            return status, None
+        return status, _decode_json(raw)
 
     def _drop_idle(self) -> None:
         for conn in self._idle:
@@ -119,3 +131,70 @@ class UdsHttp:
 
     async def aclose(self) -> None:
         self._drop_idle()
+
+
+class SyncUdsHttp:
+    """The blocking twin of `UdsHttp`, for `Client`; kept connections are shared by threads."""
+
+    def __init__(self, path: str, headers: dict[str, str]) -> None:
+        self.path = path
+        self._head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
+        self._idle: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def _connection(self, timeout: float) -> socket.socket:
+        with self._lock:
+            if self._idle:
+                sock = self._idle.pop()
+                sock.settimeout(timeout)
+                return sock
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(self.path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            raise Retryable(str(exc)) from None
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None,
+                timeout: float) -> tuple[int, Any]:
+        sock = self._connection(timeout)
+        try:
+            parsed = _Parsed()
+            received = False
+            try:
+                sock.sendall(_encode(self._head, method, path, body))
+            except OSError as exc:  # a kept connection to a sidecar that went away
+                raise Retryable(str(exc)) from None
+            while not parsed.done:
+                try:
+                    chunk = sock.recv(65536)
+                except (ConnectionResetError, BrokenPipeError) as exc:
+                    if received:
+                        raise
+                    raise Retryable(str(exc)) from None
+                if not chunk:
+                    if received:
+                        raise ConnectionResetError("the sidecar closed the connection mid-answer")
+                    raise Retryable("the sidecar closed the connection")
+                received = True
+                parsed.parser.feed_data(chunk)
+        except BaseException:
+            sock.close()
+            raise
+        if parsed.keep_alive:
+            with self._lock:
+                self._idle.append(sock)
+        else:
+            sock.close()
+        return parsed.status, _decode_json(b"".join(parsed.body))
+
+    def close(self) -> None:
+        with self._lock:
+            for sock in self._idle:
+                sock.close()
+            self._idle.clear()
