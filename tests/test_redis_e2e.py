@@ -184,3 +184,40 @@ def test_a_grant_minted_on_one_sidecar_works_on_another(tmp_path: Path, redis: R
             assert other_parent.revoke_grant(minted["id"])
         with Client(a.socket, grant=minted["grant"]) as child, pytest.raises(Forbidden):
             child.headers("crm")
+
+
+def test_tls_and_a_password_from_a_secret_template(tmp_path: Path, peer: OidcPeer) -> None:
+    password = "redis-pass-0123456789"
+    with start_redis(tls=True, password=password) as tls_redis:
+        socket = tmp_path / "run" / "s.sock"
+        config = tmp_path / "config.toml"
+        base = f"""
+[sidecar]
+socket = "{socket}"
+state = "{tls_redis.url}"
+state_key = "{{{{secret:STATE_KEY}}}}"
+state_password = "{{{{secret:REDIS_PASSWORD}}}}"
+state_ca = "{tls_redis.ca}"
+[secrets]
+sources = ["env"]
+[[servers]]
+name = "api"
+endpoint = "https://api.example.com/mcp"
+headers = {{ "X-Api-Key" = "{{{{secret:STATE_KEY}}}}" }}
+rate = "5/1s"
+"""
+        config.write_text(base)
+        env = {"STATE_KEY": STATE_KEY, "REDIS_PASSWORD": password}
+        with run_sidecar(config, socket, env) as sidecar, Client(sidecar.socket) as client:
+            assert client.acquire("api", cost=5)["granted"] == 5
+            with pytest.raises(RateLimited):  # the bucket really is the one in Redis
+                client.acquire("api", max_wait=0)
+            assert client.status()["state"] == "shared"
+        assert password not in sidecar.log
+        with run_sidecar(config, socket, {**env, "REDIS_PASSWORD": "wrong"}) as sidecar, \
+                Client(sidecar.socket) as client, pytest.raises(StateUnavailable):
+            client.acquire("api")
+        config.write_text(base.replace(f'state_ca = "{tls_redis.ca}"\n', ""))
+        with run_sidecar(config, socket, env) as sidecar, Client(sidecar.socket) as client, \
+                pytest.raises(StateUnavailable):
+            client.acquire("api")  # an unknown CA is not trusted

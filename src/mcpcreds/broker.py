@@ -112,7 +112,7 @@ class Broker:
         assert side.state_key is not None  # config validation requires it with a shared state
         key = resolver.render(side.state_key)
         password = resolver.render(side.state_password) if side.state_password else None
-        return RedisState(side.state, key, password)
+        return RedisState(side.state, key, password, ca_file=side.state_ca)
 
     async def start(self) -> None:
         if self.state is not None:

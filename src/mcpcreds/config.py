@@ -42,6 +42,7 @@ class SidecarConfig:
     state: str = "memory"
     state_key: Template | None = None
     state_password: Template | None = None
+    state_ca: str | None = None
     on_state_loss: Literal["closed", "local"] = "closed"
     local_share: float = 1.0
     refresh_ahead: float = 60.0
@@ -331,7 +332,8 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
     t = c.table(path, raw)
     c.keys(path, t, ("socket", "allow_uids", "state", "state_key", "on_state_loss",
                      "local_share", "refresh_ahead", "audit_log", "allow_trifecta",
-                     "request_timeout", "idle_timeout", "token_timeout", "state_password"))
+                     "request_timeout", "idle_timeout", "token_timeout", "state_password",
+                     "state_ca"))
     uids_raw = t.get("allow_uids", [])
     uids: list[int] = []
     if not isinstance(uids_raw, list):
@@ -381,6 +383,7 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
         state=state,
         state_key=state_key,
         state_password=state_password,
+        state_ca=c.typed(_join(path, "state_ca"), t.get("state_ca"), str, "") or None,
         on_state_loss=on_loss,  # type: ignore[arg-type]
         local_share=share,
         refresh_ahead=refresh if refresh is not None else 60.0,

@@ -91,10 +91,14 @@ def fernet_from_secret(secret: str) -> Fernet:
 
 class RedisState:
     def __init__(self, url: str, state_key: str, password: str | None = None,
-                 timeout: float = CALL_TIMEOUT) -> None:
+                 timeout: float = CALL_TIMEOUT, ca_file: str | None = None) -> None:
         # no retries inside redis-py: a lost Redis must fail (or degrade) fast, not stall requests
         options: dict[str, Any] = {"password": password, "socket_timeout": timeout,
                                    "socket_connect_timeout": timeout, "retry": Retry(NoBackoff(), 0)}
+        if url.startswith("rediss://"):
+            options["ssl_cert_reqs"] = "required"  # verify the server, always
+            if ca_file:
+                options["ssl_ca_certs"] = ca_file
         if url.startswith("unix://"):
             self.redis = aioredis.Redis(unix_socket_path=url[len("unix://"):], **options)
         else:
