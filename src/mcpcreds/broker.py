@@ -13,7 +13,6 @@ import httpx
 
 from . import __version__
 from .audit import AuditLog
-from .buckets import Limiter
 from .clock import Clock
 from .config import Config, Target
 from .discovery import Discovery
@@ -26,14 +25,12 @@ from .errors import (
     UnknownSecret,
     UnknownServer,
 )
-from .grants import GrantStore, MemoryGrants, RedisGrants
 from .logins import LoginCache
 from .logs import get_logger
 from .metrics import Labels, Metrics
 from .oauth import Token, build_token_request, send_token_request
 from .rates import Rate
-from .redis_state import RedisState
-from .shared import SharedLimiter, SharedLogins
+from .shared import build_state
 from .sources import SecretResolver
 from .wire import Response
 
@@ -81,24 +78,12 @@ class Broker:
         self.audit = audit or AuditLog(None, clock)
         self._http: dict[tuple[str, EgressPolicy], httpx.AsyncClient] = {}
         self.discovery = Discovery()
-        self.state: RedisState | None = None
-        self.shared_logins: SharedLogins | None = None
-        self.limiter: Limiter | SharedLimiter
-        self.grants: GrantStore
-        if config.sidecar.state == "memory":
-            self.logins = LoginCache(self._fetch_login, clock, config.sidecar.refresh_ahead)
-            self.limiter = Limiter(clock, self._rates(config))
-            self.grants = MemoryGrants(clock)
-        else:
-            self.state = self._connect_state(config, resolver)
-            degrade = config.sidecar.on_state_loss == "local"
-            self.shared_logins = SharedLogins(self.state, self._fetch_login,
-                                              lambda: self.config.sidecar.refresh_ahead,
-                                              config.sidecar.token_timeout, degrade)
-            self.logins = LoginCache(self.shared_logins.fetch, clock, config.sidecar.refresh_ahead)
-            self.limiter = SharedLimiter(self.state, clock, Limiter(clock) if degrade else None,
-                                         config.sidecar.local_share)
-            self.grants = RedisGrants(self.state, clock)
+        parts = build_state(config, resolver, clock, self._fetch_login,
+                            lambda: self.config.sidecar.refresh_ahead)
+        self.limiter = parts.limiter
+        self.grants = parts.grants
+        self.sharing = parts.logins
+        self.logins = LoginCache(self.sharing.fetch, clock, config.sidecar.refresh_ahead)
         self._cache: dict[str, _Cached] = {}
         self._resolving: dict[str, asyncio.Future[HeadersResult]] = {}
         self._servers_body = self._encode_servers()
@@ -106,17 +91,8 @@ class Broker:
 
     # -- shared state
 
-    @staticmethod
-    def _connect_state(config: Config, resolver: SecretResolver) -> RedisState:
-        side = config.sidecar
-        assert side.state_key is not None  # config validation requires it with a shared state
-        key = resolver.render(side.state_key)
-        password = resolver.render(side.state_password) if side.state_password else None
-        return RedisState(side.state, key, password, ca_file=side.state_ca)
-
     async def start(self) -> None:
-        if self.state is not None:
-            self.state.listen(self._on_event)
+        self.sharing.start(self._on_event)
 
     def _on_event(self, event: dict[str, Any]) -> None:
         """Another sidecar changed a login: stop serving our local copy of the old one."""
@@ -128,8 +104,7 @@ class Broker:
                 self.logins.drop(key)
                 self._drop_cached({key})
                 _log.info("login dropped by another sidecar", extra={"key": key, "fingerprint": fp})
-            if self.shared_logins is not None:
-                self.shared_logins.notify(key)
+            self.sharing.notify(key)
         elif kind == "invalidate" and self.logins.invalidate(key, fp if isinstance(fp, str) else None):
             self._drop_cached({key})
             _log.info("login dropped by another sidecar", extra={"key": key, "fingerprint": fp})
@@ -174,8 +149,7 @@ class Broker:
     async def aclose(self) -> None:
         self.logins.close()
         self.limiter.close()
-        if self.state is not None:
-            await self.state.aclose()
+        await self.sharing.aclose()
         for client in self._http.values():
             await client.aclose()
 
@@ -289,10 +263,7 @@ class Broker:
             self._drop_cached({target.key})
             return True
         dropped = self.logins.invalidate(target.key, fingerprint)
-        if self.state is not None:
-            dropped = await self.state.drop_login(target.key, fingerprint) or dropped
-            if dropped:
-                await self.state.publish("invalidate", target.key, fingerprint=fingerprint)
+        dropped = await self.sharing.drop(target.key, fingerprint) or dropped
         if dropped:
             self._drop_cached({target.key})
         return dropped
@@ -355,8 +326,7 @@ class Broker:
         where = await asyncio.to_thread(self.resolver.store, secret, value)
         for target, token in trials:
             self.logins.install(target.key, token)
-            if self.shared_logins is not None:
-                await self.shared_logins.share(target.key, token)
+            await self.sharing.share(target.key, token)
         self._drop_cached({t.key for t in targets})
         if force:
             for target in logins:
@@ -381,7 +351,7 @@ class Broker:
         return {"version": __version__, "config": self.config.path, "servers": servers,
                 "logins": self.logins.status(), "buckets": await self.buckets(),
                 "secrets": self.dependency_map(),
-                "state": "memory" if self.state is None else "shared"}
+                "state": self.sharing.kind}
 
     async def buckets(self) -> list[dict[str, Any]]:
         return await self.limiter.astatus(self._rates(self.config))

@@ -1,4 +1,5 @@
-"""Sharing logins and buckets with other sidecars through the shared state (Redis)."""
+"""The state behind the broker, memory (one sidecar) or Redis (several), as the same parts:
+buckets, grants and login sharing. The broker does not know which it has."""
 
 from __future__ import annotations
 
@@ -6,16 +7,19 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from .buckets import Limiter, check_cost
 from .clock import Clock
-from .config import Target
+from .config import Config, Target
 from .errors import InvalidRequest, RateLimited, StateUnavailable
+from .grants import GrantStore, MemoryGrants, RedisGrants
 from .logs import get_logger
 from .oauth import Token, refresh_at, usable_until
 from .rates import Rate
 from .redis_state import RedisState
+from .sources import SecretResolver
 
 LOCK_LEASE_EXTRA: Final = 5.0
 _log = get_logger("shared")
@@ -123,9 +127,35 @@ class SharedLimiter:
             self.degrade.close()
 
 
+class LocalLogins:
+    """The memory state's side of login sharing: nothing to share, every fetch is local."""
+
+    kind = "memory"
+
+    def __init__(self, fetch: Callable[[Target], Awaitable[Token]]) -> None:
+        self.fetch = fetch
+
+    def start(self, on_event: Callable[[dict[str, Any]], None]) -> None:
+        """No other sidecar sends events."""
+
+    def notify(self, key: str) -> None:
+        """Nobody waits on another sidecar's login."""
+
+    async def drop(self, key: str, fingerprint: str | None) -> bool:
+        return False
+
+    async def share(self, key: str, token: Token) -> None:
+        """Nobody to share with."""
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+
+
 class SharedLogins:
     """One login per cache key across sidecars: read the shared one if it is fresh, else take
     the lock and fetch; the others wait for the 'login' event and read it."""
+
+    kind = "shared"
 
     def __init__(self, state: RedisState, fetch: Callable[[Target], Awaitable[Token]],
                  refresh_ahead: Callable[[], float], lease: float, degrade: bool) -> None:
@@ -186,3 +216,48 @@ class SharedLogins:
         """Make a login fetched here (a rotation's trial) the shared one."""
         await self.state.put_login(key, token, usable_until(token) - time.time())
         await self.state.publish("login", key, fingerprint=token.fingerprint)
+
+    def start(self, on_event: Callable[[dict[str, Any]], None]) -> None:
+        self.state.listen(on_event)
+
+    async def drop(self, key: str, fingerprint: str | None) -> bool:
+        """Drop the shared login if it is still that one, and tell the other sidecars."""
+        dropped = await self.state.drop_login(key, fingerprint)
+        if dropped:
+            await self.state.publish("invalidate", key, fingerprint=fingerprint)
+        return dropped
+
+    async def aclose(self) -> None:
+        await self.state.aclose()
+
+
+LoginSharing = LocalLogins | SharedLogins
+
+
+@dataclass(frozen=True, slots=True)
+class StateParts:
+    """What the broker gets from its state, whichever it is."""
+
+    limiter: Limiter | SharedLimiter
+    grants: GrantStore
+    logins: LoginSharing
+
+
+def build_state(config: Config, resolver: SecretResolver, clock: Clock,
+                fetch: Callable[[Target], Awaitable[Token]],
+                refresh_ahead: Callable[[], float]) -> StateParts:
+    """The memory state (one sidecar) or the Redis state (several), behind the same parts."""
+    side = config.sidecar
+    rates = {key: t.rate for key, t in config.targets_by_key.items() if t.rate is not None}
+    if side.state == "memory":
+        return StateParts(Limiter(clock, rates), MemoryGrants(clock), LocalLogins(fetch))
+    assert side.state_key is not None  # config validation requires it with a shared state
+    state = RedisState(side.state, resolver.render(side.state_key),
+                       resolver.render(side.state_password) if side.state_password else None,
+                       ca_file=side.state_ca)
+    degrade = side.on_state_loss == "local"
+    return StateParts(
+        SharedLimiter(state, clock, Limiter(clock) if degrade else None, side.local_share),
+        RedisGrants(state, clock),
+        SharedLogins(state, fetch, refresh_ahead, side.token_timeout, degrade),
+    )
