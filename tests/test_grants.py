@@ -221,3 +221,37 @@ async def test_private_and_metadata_token_endpoints_are_refused(address: str) ->
     finally:
         await broker.aclose()
     assert address in info.value.message
+
+
+def test_grant_only_uids_must_present_a_grant(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    socket_path = tmp_path / "run" / "s.sock"
+    config = tmp_path / "config.toml"
+    text = CONFIG.format(socket=socket_path, audit=tmp_path / "a.jsonl")
+    config.write_text(text)
+    with run_sidecar(config, socket_path, {"KEY": CANARY}) as proc:
+        with Client(proc.socket) as parent:
+            parent.headers("crm")  # warms the cached fast path
+            minted = parent.grant(["crm"])
+        config.write_text(text.replace("[secrets]", f"grant_only_uids = [{os.getuid()}]\n[secrets]", 1))
+        proc.signal(signal.SIGHUP)
+        proc.wait_for("config reloaded")
+        with Client(proc.socket) as bare:
+            assert bare.health()["status"] == "ok"
+            for _ in range(2):  # the cached fast path refuses too
+                with pytest.raises(Forbidden, match="grant_only_uids"):
+                    bare.headers("crm")
+            with pytest.raises(Forbidden):
+                bare.grant(["crm"])  # and cannot mint itself one
+        with Client(proc.socket, grant=minted["grant"]) as child:
+            assert child.headers("crm") == {"X-Api-Key": CANARY}
+
+
+def test_a_grant_holder_cannot_pause_a_service_for_long(sidecar: SidecarProcess) -> None:
+    with Client(sidecar.socket) as parent:
+        minted = parent.grant(["mail"])
+    with Client(sidecar.socket, grant=minted["grant"]) as child:
+        until = child.backoff("mail", 86400)
+    assert until is not None and until <= time.time() + 301

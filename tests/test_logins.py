@@ -164,3 +164,14 @@ async def test_renew_forces_a_fetch(cache: LoginCache, idp: FakeIdp) -> None:
     await cache.get(TARGET)
     renewed = await cache.renew(TARGET)
     assert renewed.access_token == "token-2" and (await cache.get(TARGET)) is renewed
+
+
+async def test_a_fetch_that_outlives_a_reload_is_not_kept(cache: LoginCache, idp: FakeIdp) -> None:
+    idp.gate = asyncio.Event()
+    waiter = asyncio.create_task(cache.get(TARGET))
+    await settle()
+    cache.forget({TARGET.key})  # the config changed how this login is obtained
+    idp.gate.set()
+    assert (await waiter).access_token == "token-1"  # its caller still gets an answer
+    assert cache.peek(TARGET.key) is None  # but the new config's callers do not reuse it
+    assert (await cache.get(TARGET)).access_token == "token-2"

@@ -124,3 +124,22 @@ oauth = {{ client_id = "c", client_secret = "{{{{secret:S}}}}", scope = "tools:r
             finally:
                 await broker.aclose()
         assert idp.hits["/mcp"] == 1 and idp.hits["/prm"] == 1
+
+
+async def test_a_caller_that_leaves_does_not_cancel_the_others(idp: FaultIdp, broker: Broker) -> None:
+    """Two callers wait on one resolution; the first goes away; the second still gets headers."""
+    import asyncio
+
+    idp.mode = "stall"
+    target = broker.target("crm")
+    first = asyncio.create_task(broker.headers(target))
+    second = asyncio.create_task(broker.headers(target))
+    for _ in range(200):  # until the token request is at the endpoint (bounded)
+        if idp.hits["/token"]:
+            break
+        await asyncio.sleep(0.01)
+    first.cancel()
+    idp.release.set()  # the stalled request now answers 503
+    with pytest.raises(TokenEndpointError):
+        await second  # answered (with the endpoint's error), not cancelled with the first
+    assert first.cancelled() and idp.hits["/token"] == 1

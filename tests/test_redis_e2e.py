@@ -221,3 +221,23 @@ rate = "5/1s"
         with run_sidecar(config, socket, env) as sidecar, Client(sidecar.socket) as client, \
                 pytest.raises(StateUnavailable):
             client.acquire("api")  # an unknown CA is not trusted
+
+
+async def test_revoking_a_parent_ends_every_child_whatever_its_ttl(redis: RedisPeer) -> None:
+    from mcpcreds.clock import SystemClock
+    from mcpcreds.grants import Grant, RedisGrants
+    from mcpcreds.redis_state import RedisState
+
+    state = RedisState(redis.url, STATE_KEY)
+    grants = RedisGrants(state, SystemClock())
+    now = time.time()
+    try:
+        await grants.put(Grant("p", ("crm",), now + 3600), "hash-p")
+        await grants.put(Grant("a", ("crm",), now + 3000, "p", ("p",)), "hash-a")
+        await grants.put(Grant("b", ("crm",), now + 0.2, "p", ("p",)), "hash-b")  # shortens the set
+        await asyncio.sleep(0.3)  # b lapses (time only moves forward)
+        assert await grants.get("hash-a") is not None
+        assert await grants.revoke("p")
+        assert await grants.get("hash-a") is None
+    finally:
+        await state.aclose()

@@ -134,3 +134,19 @@ def test_environment_is_not_consulted_without_the_env_source(monkeypatch: pytest
     monkeypatch.setitem(os.environ, "ONLY_ENV", "x")
     with pytest.raises(SecretUnavailable):
         SecretResolver([]).secret("ONLY_ENV")
+
+
+def test_a_secret_file_that_is_not_text_is_unavailable(tmp_path: Path) -> None:
+    private_file(tmp_path / "BIN", "x")
+    (tmp_path / "BIN").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(SecretUnavailable, match="not UTF-8"):
+        DirSource(str(tmp_path)).get("BIN")
+
+
+def test_escaped_spellings_of_a_secret_are_masked_too() -> None:
+    import json
+
+    value = 'p\u00e4"ss\\word-CANARY-esc'
+    Secret(value)
+    assert REDACTOR.redact(json.dumps(value))[1:-1] == "***"
+    assert REDACTOR.redact(json.dumps(value, ensure_ascii=False))[1:-1] == "***"

@@ -30,6 +30,8 @@ from .wire import Request, Response, json_response
 
 _log = get_logger("api")
 _PROMETHEUS: Final = b"text/plain; version=0.0.4; charset=utf-8"
+GRANT_MAX_BACKOFF: Final = 300.0
+_OPEN_ROUTES: Final = frozenset({"health", "openapi"})
 
 Handler = Callable[[Request], Response | Awaitable[Response]]
 
@@ -99,8 +101,10 @@ class Api:
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.metrics.observe_request(route, status, seconds)
 
-    def fast_get(self, url: bytes, started: float) -> bytes | None:
+    def fast_get(self, url: bytes, started: float, peer_uid: int) -> bytes | None:
         """Cached `GET /v1/servers/{name}/headers` without routing, parsing or allocation."""
+        if peer_uid in self.broker.config.sidecar.grant_only_uids:
+            return None
         target = self._fast_targets.get(url)
         if target is None:
             if not (url.startswith(b"/v1/servers/") and url.endswith(b"/headers")) or b"?" in url:
@@ -123,6 +127,9 @@ class Api:
         route = "unknown"
         try:
             route, handler = self._route(request)
+            if request.peer_uid in self.broker.config.sidecar.grant_only_uids and route not in _OPEN_ROUTES:
+                raise Forbidden("this uid may only act within a grant (sidecar.grant_only_uids): "
+                                "send Authorization: Bearer <grant>")
             result = handler(request)
         except McpcredsError as exc:
             return error_to_response(exc, route)
@@ -224,7 +231,8 @@ class Api:
         token = new_token()
         Secret(token)  # never in a log line or an error
         grant = Grant(secrets.token_hex(8), tuple(dict.fromkeys(t.name for t in targets)), expires_at,
-                      parent.id if parent is not None else None)
+                      parent.id if parent is not None else None,
+                      (*parent.ancestors, parent.id) if parent is not None else ())
         await self.broker.grants.put(grant, token_hash(token))
         self.audit.write("grant", id=grant.id, servers=list(grant.servers), expires_at=expires_at,
                          parent=grant.parent, **_actor(request))
@@ -312,6 +320,8 @@ class Api:
         if isinstance(retry_after, bool) or not isinstance(retry_after, int | float) \
                 or not 0 <= retry_after <= 86400:
             raise InvalidRequest("retry_after must be a number of seconds from 0 to 86400")
+        if request.grant is not None:
+            retry_after = min(float(retry_after), GRANT_MAX_BACKOFF)  # a child cannot shut a service
         until = await self.broker.pause(target, float(retry_after))
         _log.info("backoff", extra={"key": target.key, "retry_after": retry_after,
                                     "uid": request.peer_uid, "pid": request.peer_pid})
@@ -323,10 +333,12 @@ class Api:
         fp = body.get("fingerprint")
         if fp is not None and not isinstance(fp, str):
             raise InvalidRequest("fingerprint must be a string")
+        if fp is None and request.grant is not None and target.login is not None:
+            raise InvalidRequest("a grant holder must name the fingerprint of the login it was refused with")
         reason = body.get("reason")
         dropped = await self.broker.invalidate(target, fp)
         fields = {"key": target.key, "dropped": dropped, "fingerprint": fp,
-                  "reason": str(reason)[:64] if reason else None, **_actor(request)}
+                  "reason": REDACTOR.redact(str(reason))[:64] if reason else None, **_actor(request)}
         _log.info("invalidate", extra=fields)
         self.audit.write("invalidation", **fields)
         return json_response({"dropped": dropped})

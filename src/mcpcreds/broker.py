@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -85,7 +86,7 @@ class Broker:
         self.sharing = parts.logins
         self.logins = LoginCache(self.sharing.fetch, clock, config.sidecar.refresh_ahead)
         self._cache: dict[str, _Cached] = {}
-        self._resolving: dict[str, asyncio.Future[HeadersResult]] = {}
+        self._resolving: dict[str, asyncio.Task[HeadersResult]] = {}
         self._servers_body = self._encode_servers()
         self.health_body = json.dumps({"status": "ok", "version": __version__}).encode()
 
@@ -118,8 +119,10 @@ class Broker:
         self.logins.refresh_ahead = config.sidecar.refresh_ahead
         new = config.targets_by_key
         # a login survives a reload only if how it is obtained did not change
-        changed = {k for k, t in old.items() if k not in new or new[k].login != t.login}
-        self.logins.forget(changed)
+        changed = {k for k, t in old.items()
+                   if k not in new or (new[k].login, new[k].egress) != (t.login, t.egress)}
+        self.logins.forget(changed)  # their timers and in-flight fetches too
+        self._resolving.clear()  # a resolution under way serves its callers, not the new config
         self.discovery.forget()
         self.limiter.reconfigure(self._rates(config))
         self._cache.clear()
@@ -170,23 +173,21 @@ class Broker:
         cached = self.cached_headers(target)
         if cached is not None:
             return cached
-        pending = self._resolving.get(target.name)
-        if pending is not None:
-            if target.login is not None:
-                self.logins.note_shared(target.key)
-            return await asyncio.shield(pending)
-        future: asyncio.Future[HeadersResult] = asyncio.get_running_loop().create_future()
-        self._resolving[target.name] = future
-        try:
-            result = await self._resolve(target)
-            future.set_result(result)
-            return result
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: waiters re-raise it, nobody else must log it
-            raise
-        finally:
-            del self._resolving[target.name]
+        task = self._resolving.get(target.name)
+        if task is None:
+            # its own task, so a caller that goes away cancels only its wait, never the others'
+            task = asyncio.ensure_future(self._resolve(target))
+            self._resolving[target.name] = task
+            task.add_done_callback(functools.partial(self._resolved, target.name))
+        elif target.login is not None:
+            self.logins.note_shared(target.key)
+        return await asyncio.shield(task)
+
+    def _resolved(self, name: str, task: asyncio.Task[HeadersResult]) -> None:
+        if self._resolving.get(name) is task:
+            del self._resolving[name]
+        if not task.cancelled():
+            task.exception()  # retrieved: the waiters re-raise it, nobody else must log it
 
     async def _resolve(self, target: Target) -> HeadersResult:
         static = await self._render(target.key, target.headers.items()) if target.headers else {}

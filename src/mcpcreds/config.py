@@ -39,6 +39,7 @@ T = TypeVar("T")
 class SidecarConfig:
     socket: str | None = None
     allow_uids: tuple[int, ...] = ()
+    grant_only_uids: tuple[int, ...] = ()
     state: str = "memory"
     state_key: Template | None = None
     state_password: Template | None = None
@@ -327,23 +328,28 @@ def _url(c: _Collector, path: str, value: Any) -> str | None:
     return value
 
 
+def _uids(c: _Collector, path: str, key: str, raw: Any) -> list[int]:
+    uids: list[int] = []
+    if not isinstance(raw, list):
+        c.error(_join(path, key), f"expected an array of integers, got {_kind(raw)}")
+        return uids
+    for i, uid in enumerate(raw):
+        if isinstance(uid, int) and not isinstance(uid, bool) and uid >= 0:
+            uids.append(uid)
+        else:
+            c.error(f"{path}.{key}[{i}]", "expected a non-negative integer uid")
+    return uids
+
+
 def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
     path = "sidecar"
     t = c.table(path, raw)
     c.keys(path, t, ("socket", "allow_uids", "state", "state_key", "on_state_loss",
                      "local_share", "refresh_ahead", "audit_log", "allow_trifecta",
                      "request_timeout", "idle_timeout", "token_timeout", "state_password",
-                     "state_ca"))
-    uids_raw = t.get("allow_uids", [])
-    uids: list[int] = []
-    if not isinstance(uids_raw, list):
-        c.error(_join(path, "allow_uids"), f"expected an array of integers, got {_kind(uids_raw)}")
-    else:
-        for i, uid in enumerate(uids_raw):
-            if isinstance(uid, int) and not isinstance(uid, bool) and uid >= 0:
-                uids.append(uid)
-            else:
-                c.error(f"{path}.allow_uids[{i}]", "expected a non-negative integer uid")
+                     "state_ca", "grant_only_uids"))
+    uids = _uids(c, path, "allow_uids", t.get("allow_uids", []))
+    grant_only = _uids(c, path, "grant_only_uids", t.get("grant_only_uids", []))
     state = c.typed(_join(path, "state"), t.get("state"), str, "memory")
     if state != "memory" and not state.startswith(("redis://", "rediss://", "unix://")):
         c.error(_join(path, "state"),
@@ -380,6 +386,7 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
         idle_timeout=idle_timeout or 120.0,
         socket=socket,
         allow_uids=tuple(uids),
+        grant_only_uids=tuple(grant_only),
         state=state,
         state_key=state_key,
         state_password=state_password,

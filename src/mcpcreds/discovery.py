@@ -98,6 +98,11 @@ class Discovery:
                     f"{endpoint} publishes no protected-resource metadata; set oauth.token_url or "
                     "oauth.issuer", "discovery_failed")
             status, data = await self._get_json(url, http)
+        resource = data.get("resource") if isinstance(data, dict) else None
+        if status == 200 and (not isinstance(resource, str) or resource.rstrip("/") != endpoint.rstrip("/")):
+            # RFC 9728 §3.3: metadata for another resource must not be used
+            raise TokenEndpointError(f"protected-resource metadata of {endpoint} is for another resource",
+                                     "discovery_failed")
         servers = data.get("authorization_servers") if isinstance(data, dict) else None
         if status != 200 or not isinstance(servers, list) or not servers or not isinstance(servers[0], str):
             raise TokenEndpointError(f"protected-resource metadata of {endpoint} names no "

@@ -21,15 +21,17 @@ class Grant:
     servers: tuple[str, ...]
     expires_at: float
     parent: str | None = None
+    ancestors: tuple[str, ...] = ()  # every grant above it: revoking any of them revokes this one
 
     def to_json(self) -> str:
         return json.dumps({"id": self.id, "servers": list(self.servers), "expires_at": self.expires_at,
-                           "parent": self.parent})
+                           "parent": self.parent, "ancestors": list(self.ancestors)})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Grant:
         data = json.loads(text)
-        return cls(str(data["id"]), tuple(data["servers"]), float(data["expires_at"]), data.get("parent"))
+        return cls(str(data["id"]), tuple(data["servers"]), float(data["expires_at"]), data.get("parent"),
+                   tuple(data.get("ancestors") or ()))
 
 
 def new_token() -> str:
@@ -67,6 +69,8 @@ class MemoryGrants:
         grant = self._by_hash.get(hashed)
         if grant is None or grant.expires_at <= self.clock.time():
             return None
+        if not all(a in self._hash_of for a in grant.ancestors):
+            return None
         return grant
 
     async def revoke(self, grant_id: str) -> bool:
@@ -100,7 +104,7 @@ class RedisGrants:
         pipe = r.pipeline(transaction=True)
         pipe.set(f"mcpcreds:grant:{hashed}", grant.to_json(), px=ttl)
         pipe.set(f"mcpcreds:grantid:{grant.id}", hashed, px=ttl)
-        if grant.parent:
+        if grant.parent:  # for clean-up on revoke; get() checks the ancestors either way
             pipe.sadd(f"mcpcreds:grantkids:{grant.parent}", grant.id)
             pipe.pexpire(f"mcpcreds:grantkids:{grant.parent}", ttl)
         await self.state.call("store grant", pipe.execute())
@@ -110,7 +114,14 @@ class RedisGrants:
         if raw is None:
             return None
         grant = Grant.from_json(raw)
-        return grant if grant.expires_at > self.clock.time() else None
+        if grant.expires_at <= self.clock.time():
+            return None
+        if grant.ancestors:  # a revoked (or lapsed) ancestor ends the grant, whatever its own TTL
+            alive = await self.state.call("read grant", self.state.redis.exists(
+                *(f"mcpcreds:grantid:{a}" for a in grant.ancestors)))
+            if int(alive) != len(grant.ancestors):
+                return None
+        return grant
 
     async def revoke(self, grant_id: str) -> bool:
         r = self.state.redis

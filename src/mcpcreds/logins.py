@@ -81,7 +81,8 @@ class LoginCache:
                 self._start(target, background=True)
             return token
         if state.fetch is None and state.last_error is not None and now < state.retry_not_before:
-            raise state.last_error  # backing off: no herd of retries against a failing IdP
+            # backing off: no herd of retries against a failing IdP (a fresh traceback each time)
+            raise state.last_error.with_traceback(None)
         task = state.fetch
         if task is None:
             task = self._start(target, background=False)
@@ -121,6 +122,8 @@ class LoginCache:
             raise
         finally:
             state.fetch = None
+        if self._states.get(key) is not state:
+            return token  # forgotten (a reload) under this fetch: its callers get it, nobody else
         state.failures = 0
         state.last_error = None
         state.retry_not_before = 0.0

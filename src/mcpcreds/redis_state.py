@@ -145,13 +145,16 @@ class RedisState:
         except (InvalidToken, ValueError):
             _log.warning("a shared login could not be decrypted (another state_key?)", extra={"key": key})
             return None
+        if data.get("key") != key:  # a login copied from another key's slot: not ours
+            _log.warning("a shared login is bound to another key; ignored", extra={"key": key})
+            return None
         REDACTOR.add(data["access_token"])
         return Token(data["access_token"], data["token_type"], data["obtained_at"], data["expires_at"],
                      data.get("scope"), data["fingerprint"])
 
     async def put_login(self, key: str, token: Token, ttl: float) -> None:
         blob = self.fernet.encrypt(json.dumps({
-            "access_token": token.access_token, "token_type": token.token_type,
+            "key": key, "access_token": token.access_token, "token_type": token.token_type,
             "obtained_at": token.obtained_at, "expires_at": token.expires_at, "scope": token.scope,
             "fingerprint": token.fingerprint}).encode())
         name = _tag(key) + ":login"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from typing import Final
 
@@ -54,8 +55,10 @@ class Redactor:
     def add(self, value: str) -> None:
         if len(value) < _MIN_MASK_LEN or value in self._values:
             return
+        # text is masked after JSON encoding too: mask the escaped spellings of the value as well
+        forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}
         with self._lock:
-            self._values.add(value)
+            self._values.update(forms)
             # longest first so a secret containing another is masked whole
             self._ordered = tuple(sorted(self._values, key=len, reverse=True))
 

@@ -116,6 +116,9 @@ class Sidecar:
         self.connections.idle_timeout = config.sidecar.idle_timeout
         self.config = config
         self._allow_uids = self._uids(config)
+        for conn in list(self.connections.open):  # a uid no longer allowed loses its connections
+            if conn.peer_uid not in self._allow_uids and conn.transport is not None:
+                conn.transport.close()
         _log.info("config reloaded", extra={"servers": len(config.servers)})
         return True
 

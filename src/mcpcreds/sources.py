@@ -74,7 +74,10 @@ def read_private_file(path: Path, what: str) -> str | None:
         os.close(fd)
     if len(data) > _MAX_SECRET_BYTES:
         raise SecretUnavailable(f"{what}: larger than {_MAX_SECRET_BYTES} bytes")
-    text = data.decode("utf-8", errors="strict") if data else ""
+    try:
+        text = data.decode("utf-8", errors="strict") if data else ""
+    except UnicodeDecodeError:
+        raise SecretUnavailable(f"{what}: not UTF-8 text") from None
     return text[:-1] if text.endswith("\n") else text
 
 

@@ -82,7 +82,7 @@ def error_response(status: int, code: str, message: str, close: bool = False) ->
 class App(Protocol):
     def handle(self, request: Request) -> Response | Awaitable[Response]: ...
 
-    def fast_get(self, url: bytes, started: float) -> bytes | None:
+    def fast_get(self, url: bytes, started: float, peer_uid: int) -> bytes | None:
         """A complete keep-alive answer to a bodiless GET, if one is ready without work."""
         ...
 
@@ -160,6 +160,15 @@ class HttpConnection(asyncio.Protocol):
             self.in_flight.cancel()  # a client gone while waiting gives its place up
         self.queue.clear()
 
+    def pause_writing(self) -> None:
+        """The client does not read its answers: stop reading its requests until it does."""
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+
     def eof_received(self) -> bool | None:
         """EOF means the client is gone (HTTP clients do not half-close): whatever it waits for
         is cancelled by connection_lost, so a waiter gives up its place in a bucket queue."""
@@ -224,7 +233,7 @@ class HttpConnection(asyncio.Protocol):
         if (self.in_flight is None and not self.queue and not self.body_parts
                 and self.authorization is None and self.transport is not None
                 and self.parser.should_keep_alive() and self.parser.get_method() == b"GET"):
-            answer = self.app.fast_get(self.url, time.perf_counter())
+            answer = self.app.fast_get(self.url, time.perf_counter(), self.peer_uid)
             if answer is not None:
                 self.transport.write(answer)
                 return
