@@ -302,3 +302,11 @@ def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
     assert "not valid TOML" in info.value.errors[0]
 
 
+
+
+def test_aauth_refuses_literal_keys_since_specs_show_it() -> None:
+    base = '[[servers]]\nname = "s"\nendpoint = "https://a.example/mcp"\n'
+    errs = errors_of(base + 'aauth = { agent = "x", private_key = "-----BEGIN PRIVATE KEY-----abc" }\n')
+    assert errs[0].startswith("servers[0].aauth.private_key: a credential must not be written")
+    assert "BEGIN" not in errs[0]
+    parse(base + 'aauth = { agent = "x", private_key = "{{secret:AGENT_KEY}}" }\n')

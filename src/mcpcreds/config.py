@@ -635,13 +635,23 @@ def _parse_entry(c: _Collector, path: str, t: dict[str, Any]) -> _Entry:
     elif "oauth" in t:
         auth_kind = "oauth"
         login = _parse_oauth(c, _join(path, "oauth"), t["oauth"])
-    elif "aauth" in t:
+    if "aauth" in t:
+        _check_aauth(c, _join(path, "aauth"), t["aauth"])
+    if auth_kind is None and "aauth" in t:
         auth_kind = "aauth"
-        c.table(_join(path, "aauth"), t["aauth"])
         c.warnings.append(f"{_join(path, 'aauth')}: recorded, but mcpcreds does not sign "
                           "requests with aauth; only headers are served")
     urls = [endpoint, *((login.token_url, login.issuer) if login else ())]
     return _Entry(endpoint, headers, tags, rate, auth_kind, login, _parse_egress(c, path, t, urls))
+
+
+def _check_aauth(c: _Collector, path: str, raw: Any) -> None:
+    """aauth is stored as written and shows in specs: credential-shaped values must be templates."""
+    for key, value in c.table(path, raw).items():
+        if isinstance(value, dict):
+            _check_aauth(c, _join(path, key), value)
+        elif isinstance(value, str) and (is_credential_header(key) or key.lower().endswith("secret")):
+            c.template(_join(path, key), value, credential=True)
 
 
 def _effective_tags(tags: tuple[str, ...]) -> frozenset[str]:
