@@ -150,3 +150,42 @@ def test_escaped_spellings_of_a_secret_are_masked_too() -> None:
     Secret(value)
     assert REDACTOR.redact(json.dumps(value))[1:-1] == "***"
     assert REDACTOR.redact(json.dumps(value, ensure_ascii=False))[1:-1] == "***"
+
+
+async def test_static_headers_are_reread_in_the_background_once_warm() -> None:
+    """Past their freshness, cached static headers are served while a re-read runs; a request
+    waits on a secret source only when nothing usable is cached."""
+    import asyncio
+    import tomllib
+
+    from mcpcreds.broker import Broker
+    from mcpcreds.clock import FakeClock
+    from mcpcreds.config import parse_config
+    from mcpcreds.metrics import Metrics
+
+    class CountingEnv(EnvSource):
+        reads = 0
+
+        def get(self, name: str) -> str | None:
+            CountingEnv.reads += 1
+            return super().get(name)
+
+    environ = {"K": "one-0001"}
+    config = parse_config(tomllib.loads(
+        '[[servers]]\nname = "s"\nendpoint = "https://s.example/mcp"\nheaders = { "X-Key" = "{{secret:K}}" }\n'))
+    clock = FakeClock()
+    broker = Broker(config, SecretResolver([CountingEnv(environ)]), clock, Metrics(), secret_cache_ttl=2)
+    target = broker.target("s")
+    try:
+        assert (await broker.headers(target)).headers == {"X-Key": "one-0001"}
+        environ["K"] = "two-0002"
+        clock.advance(3)  # stale, within the grace of one more TTL: served at once, re-read behind
+        assert broker.cached_headers(target) is not None
+        assert broker.cached_headers(target).headers == {"X-Key": "one-0001"}  # type: ignore[union-attr]
+        await asyncio.gather(*broker._resolving.values())
+        assert broker.cached_headers(target).headers == {"X-Key": "two-0002"}  # type: ignore[union-attr]
+        clock.advance(10)  # past the grace: nothing usable, the caller waits for a fresh read
+        assert broker.cached_headers(target) is None
+        assert CountingEnv.reads == 2
+    finally:
+        await broker.aclose()

@@ -159,10 +159,18 @@ class Broker:
     # -- headers
 
     def cached_headers(self, target: Target) -> HeadersResult | None:
-        """The answer without any I/O, if one is fresh (the hot path)."""
+        """The answer without any I/O, if one is fresh (the hot path). Static headers a little
+        past their freshness are still served while they are re-read in the background, so a
+        slow source (a keyring is ~25 ms a call) never stalls a request once warm."""
         entry = self._cache.get(target.name)
-        if entry is None or entry.fresh_until <= self.clock.time():
+        if entry is None:
             return None
+        now = self.clock.time()
+        if entry.fresh_until <= now:
+            if target.login is not None or now >= entry.fresh_until + self.secret_cache_ttl:
+                return None
+            self._start_resolving(target)
+            return entry.result
         if target.login is not None:
             token = self.logins.current(target.key)
             if token is None or token.fingerprint != entry.result.fingerprint:
@@ -175,13 +183,20 @@ class Broker:
             return cached
         task = self._resolving.get(target.name)
         if task is None:
-            # its own task, so a caller that goes away cancels only its wait, never the others'
-            task = asyncio.ensure_future(self._resolve(target))
-            self._resolving[target.name] = task
-            task.add_done_callback(functools.partial(self._resolved, target.name))
+            task = self._start_resolving(target)
         elif target.login is not None:
             self.logins.note_shared(target.key)
         return await asyncio.shield(task)
+
+    def _start_resolving(self, target: Target) -> asyncio.Task[HeadersResult]:
+        """One resolution per target at a time, as its own task: a caller that goes away
+        cancels only its wait, never the others'."""
+        task = self._resolving.get(target.name)
+        if task is None:
+            task = asyncio.ensure_future(self._resolve(target))
+            self._resolving[target.name] = task
+            task.add_done_callback(functools.partial(self._resolved, target.name))
+        return task
 
     def _resolved(self, name: str, task: asyncio.Task[HeadersResult]) -> None:
         if self._resolving.get(name) is task:
