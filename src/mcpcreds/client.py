@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
@@ -36,6 +37,31 @@ def _decode_parts(status: int, body: Any, call: Call[R]) -> R:
     return call.extract(body)
 
 
+_FAILURES: Final = (TimeoutError, OSError, ValueError, httptools.HttpParserError)
+
+
+class _RetryWindow:
+    """How long to wait before trying the sidecar again: a window of `seconds` that opens at the
+    first failure (a call that waited long in the sidecar is still retried across a restart),
+    with doubling delays and a last try on the deadline. Only `Retryable` failures are retried."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.deadline: float | None = None
+        self.delay = 0.02
+
+    def wait_after(self, exc: BaseException, unavailable: Callable[[BaseException], McpcredsError]) -> float:
+        if not isinstance(exc, Retryable):
+            raise unavailable(exc) from None
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.seconds
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise unavailable(exc) from None
+        wait, self.delay = min(self.delay, left), min(self.delay * 2, 0.25)
+        return wait
+
+
 class _Base:
     def __init__(self, socket: str | os.PathLike[str] | None, grant: str | None, timeout: float,
                  connect_retry: float) -> None:
@@ -44,7 +70,7 @@ class _Base:
         self.connect_retry = connect_retry
         self._headers = _grant_header(grant)
 
-    def _unavailable(self, exc: Exception) -> SidecarUnavailable:
+    def _unavailable(self, exc: BaseException) -> SidecarUnavailable:
         if isinstance(exc, TimeoutError):
             return SidecarUnavailable(f"the sidecar on {self.socket_path} did not answer in time")
         return SidecarUnavailable(f"no mcpcreds sidecar answers on {self.socket_path} "
@@ -69,22 +95,13 @@ class AsyncClient(_Base):
         await self._http.aclose()
 
     async def run(self, call: Call[R]) -> R:
-        deadline: float | None = None  # the retry window opens at the first failure
-        delay = 0.02
+        window = _RetryWindow(self.connect_retry)
         while True:
             try:
                 status, body = await self._http.request(call.method, call.path, call.body,
                                                         timeout=self.timeout + call.extra_time)
-            except (TimeoutError, OSError, ValueError, httptools.HttpParserError) as exc:
-                if not isinstance(exc, Retryable):
-                    raise self._unavailable(exc) from None
-                if deadline is None:
-                    deadline = time.monotonic() + self.connect_retry
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._unavailable(exc) from None
-                await asyncio.sleep(min(delay, left))  # the last try falls on the deadline
-                delay = min(delay * 2, 0.25)
+            except _FAILURES as exc:
+                await asyncio.sleep(window.wait_after(exc, self._unavailable))
                 continue
             return _decode_parts(status, body, call)
 
@@ -158,22 +175,13 @@ class Client(_Base):
         self._http.close()
 
     def run(self, call: Call[R]) -> R:
-        deadline: float | None = None  # the retry window opens at the first failure
-        delay = 0.02
+        window = _RetryWindow(self.connect_retry)
         while True:
             try:
                 status, body = self._http.request(call.method, call.path, call.body,
                                                   timeout=self.timeout + call.extra_time)
-            except (TimeoutError, OSError, ValueError, httptools.HttpParserError) as exc:
-                if not isinstance(exc, Retryable):
-                    raise self._unavailable(exc) from None
-                if deadline is None:
-                    deadline = time.monotonic() + self.connect_retry
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._unavailable(exc) from None
-                time.sleep(min(delay, left))  # the last try falls on the deadline
-                delay = min(delay * 2, 0.25)
+            except _FAILURES as exc:
+                time.sleep(window.wait_after(exc, self._unavailable))
                 continue
             return _decode_parts(status, body, call)
 
