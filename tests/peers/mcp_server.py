@@ -30,18 +30,14 @@ import base64
 import contextlib
 import json
 import os
-import queue
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any, cast
 
 import httpx
 import uvicorn
@@ -55,6 +51,8 @@ from pydantic import AnyHttpUrl
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tests.peers.process import read_log, ready_process
 
 READY_TIMEOUT = 30.0
 ROOT = Path(__file__).resolve().parents[2]
@@ -365,73 +363,30 @@ class McpServerPeer:
         self._post("/_test/fail_429", {"count": n, "retry_after": f"{retry_after:g}", "method": method})
 
     def log(self) -> str:
-        path = self._workdir / "stderr.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+        return read_log(self._workdir)
 
     def stop(self) -> None:
+        """Close the control client; the process ends with start_mcp_server's block."""
         self._http.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        shutil.rmtree(self._workdir, ignore_errors=True)
-
-
-def _pump_lines(stream: IO[str], sink: queue.Queue[str | None]) -> None:
-    for line in stream:
-        sink.put(line)
-    sink.put(None)
 
 
 @contextlib.contextmanager
 def start_mcp_server(issuer: str, jwks_uri: str, *, resource: str | None = None,
                      ready_timeout: float = READY_TIMEOUT) -> Iterator[McpServerPeer]:
     """Run the server for the duration of the with-block; yields an McpServerPeer."""
-    workdir = Path(tempfile.mkdtemp(prefix="mcp-server-peer-"))
     cmd = [sys.executable, "-m", "tests.peers.mcp_server", "--port", "0", "--issuer", issuer,
            "--jwks-uri", jwks_uri]
     if resource is not None:
         cmd += ["--resource", resource]
-    with (workdir / "stderr.log").open("w") as stderr:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=stderr, text=True,
-                                env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                    p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)})
-    assert proc.stdout is not None
-    lines: queue.Queue[str | None] = queue.Queue()
-    threading.Thread(target=_pump_lines, args=(proc.stdout, lines), daemon=True).start()
-    peer: McpServerPeer | None = None
-    try:
-        deadline = time.monotonic() + ready_timeout
-        url = None
-        while url is None:
-            try:
-                line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-            except queue.Empty:
-                line = None
-            if line is None:
-                proc.kill()
-                proc.wait()
-                log = (workdir / "stderr.log").read_text(errors="replace")
-                raise RuntimeError(f"MCP server peer gave no READY line (exit {proc.returncode}):\n{log}")
-            if line.startswith("READY "):
-                url = line.split(" ", 1)[1].strip()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    with ready_process(lambda _: cmd, what="MCP server peer", cwd=ROOT, timeout=ready_timeout,
+                       env=env) as (proc, url, workdir):
         peer = McpServerPeer(proc, url, workdir)
-        yield peer
-    finally:
-        if peer is not None:
+        try:
+            yield peer
+        finally:
             peer.stop()
-        else:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            shutil.rmtree(workdir, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

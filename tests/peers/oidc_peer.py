@@ -22,19 +22,17 @@ import base64
 import contextlib
 import json
 import os
-import queue
 import shutil
 import subprocess
-import tempfile
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any, cast
 
 import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+
+from tests.peers.process import read_log, ready_process
 
 PEER_DIR = Path(__file__).resolve().parent / "oidc"
 NODE = shutil.which("node") or "/usr/bin/node"
@@ -126,27 +124,11 @@ class OidcPeer:
 
     def log(self) -> str:
         """The server's stderr so far (warnings, server errors)."""
-        path = self._workdir / "stderr.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+        return read_log(self._workdir)
 
     def stop(self) -> None:
+        """Close the control client; the process ends with start_oidc_peer's block."""
         self._http.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        shutil.rmtree(self._workdir, ignore_errors=True)
-
-
-def _pump_lines(stream: IO[str], sink: queue.Queue[str | None]) -> None:
-    for line in stream:
-        sink.put(line)
-    sink.put(None)
 
 
 @contextlib.contextmanager
@@ -158,54 +140,15 @@ def start_oidc_peer(
 ) -> Iterator[OidcPeer]:
     """Run the peer for the duration of the with-block; yields an OidcPeer."""
     ensure_node_modules()
-    workdir = Path(tempfile.mkdtemp(prefix="oidc-peer-"))
-    cfg = workdir / "cfg.json"
-    cfg.write_text(json.dumps({"port": port, "access_token_ttl": access_token_ttl, "clients": clients}))
-    stderr = (workdir / "stderr.log").open("w")
-    proc = subprocess.Popen(
-        [NODE, str(PEER_DIR / "server.mjs"), str(cfg)],
-        cwd=PEER_DIR,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-    )
-    stderr.close()
-    assert proc.stdout is not None
-    lines: queue.Queue[str | None] = queue.Queue()
-    threading.Thread(target=_pump_lines, args=(proc.stdout, lines), daemon=True).start()
 
-    peer: OidcPeer | None = None
-    try:
-        started = time.monotonic()
-        seen: list[str] = []
-        issuer = None
-        while issuer is None:
-            remaining = started + ready_timeout - time.monotonic()
-            try:
-                line = lines.get(timeout=max(remaining, 0.01))
-            except queue.Empty:
-                line = None
-            if line is None:
-                state = "still running" if proc.poll() is None else f"exited with {proc.returncode}"
-                proc.kill()
-                proc.wait()
-                log = (workdir / "stderr.log").read_text(errors="replace")
-                raise RuntimeError(
-                    f"oidc peer gave no READY line after {time.monotonic() - started:.1f}s "
-                    f"(process {state}); stdout={seen!r}; stderr:\n{log}"
-                )
-            if line.startswith("READY "):
-                issuer = line.split(" ", 1)[1].strip()
-            else:
-                seen.append(line)
+    def command(workdir: Path) -> list[str]:
+        cfg = workdir / "cfg.json"
+        cfg.write_text(json.dumps({"port": port, "access_token_ttl": access_token_ttl, "clients": clients}))
+        return [NODE, str(PEER_DIR / "server.mjs"), str(cfg)]
+
+    with ready_process(command, what="oidc peer", cwd=PEER_DIR, timeout=ready_timeout) as (proc, issuer, workdir):
         peer = OidcPeer(proc, issuer, workdir)
-        yield peer
-    finally:
-        if peer is not None:
+        try:
+            yield peer
+        finally:
             peer.stop()
-        else:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            shutil.rmtree(workdir, ignore_errors=True)
