@@ -172,9 +172,10 @@ async def test_static_headers_are_reread_in_the_background_once_warm() -> None:
 
     environ = {"K": "one-0001"}
     config = parse_config(tomllib.loads(
-        '[[servers]]\nname = "s"\nendpoint = "https://s.example/mcp"\nheaders = { "X-Key" = "{{secret:K}}" }\n'))
+        '[secrets]\ncache_ttl = "2s"\n[[servers]]\nname = "s"\nendpoint = "https://s.example/mcp"\n'
+        'headers = { "X-Key" = "{{secret:K}}" }\n'))
     clock = FakeClock()
-    broker = Broker(config, SecretResolver([CountingEnv(environ)]), clock, Metrics(), secret_cache_ttl=2)
+    broker = Broker(config, SecretResolver([CountingEnv(environ)]), clock, Metrics())
     target = broker.target("s")
     try:
         assert (await broker.headers(target)).headers == {"X-Key": "one-0001"}

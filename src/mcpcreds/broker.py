@@ -35,7 +35,6 @@ from .shared import build_state
 from .sources import SecretResolver
 from .wire import Response
 
-SECRET_CACHE_TTL: Final = 2.0
 # a server without `rate` still gets a bucket, so that an upstream 429 can pause it
 UNLIMITED: Final = Rate(1_000_000_000, 1.0)
 _log = get_logger("broker")
@@ -66,16 +65,15 @@ class _Cached:
 
 class Broker:
     """Serves headers for a server name or cache key. Static templates are resolved at request
-    time and kept for `secret_cache_ttl` seconds (or until a rotation notice drops them); logins
+    time and kept for `secrets.cache_ttl` seconds (or until a rotation notice drops them); logins
     come from the login cache, one per cache key."""
 
     def __init__(self, config: Config, resolver: SecretResolver, clock: Clock, metrics: Metrics,
-                 secret_cache_ttl: float = SECRET_CACHE_TTL, audit: AuditLog | None = None) -> None:
+                 audit: AuditLog | None = None) -> None:
         self.config = config
         self.resolver = resolver
         self.clock = clock
         self.metrics = metrics
-        self.secret_cache_ttl = secret_cache_ttl
         self.audit = audit or AuditLog(None, clock)
         self._http: dict[tuple[str, EgressPolicy], httpx.AsyncClient] = {}
         self.discovery = Discovery()
@@ -124,13 +122,9 @@ class Broker:
         self.logins.forget(changed)  # their timers and in-flight fetches too
         self._resolving.clear()  # a resolution under way serves its callers, not the new config
         self.discovery.forget()
-        self.limiter.reconfigure(self._rates(config))
+        self.limiter.reconfigure(config.rates)
         self._cache.clear()
         self._servers_body = self._encode_servers()
-
-    @staticmethod
-    def _rates(config: Config) -> dict[str, Rate]:
-        return {key: t.rate for key, t in config.targets_by_key.items() if t.rate is not None}
 
     def rate_of(self, target: Target) -> Rate:
         return target.rate or UNLIMITED
@@ -157,6 +151,10 @@ class Broker:
             await client.aclose()
 
     # -- headers
+
+    @property
+    def secret_cache_ttl(self) -> float:
+        return self.config.secrets.cache_ttl
 
     def cached_headers(self, target: Target) -> HeadersResult | None:
         """The answer without any I/O, if one is fresh (the hot path). Static headers a little
@@ -341,7 +339,7 @@ class Broker:
                 trials.append((target, await self._fetch_login(target, {secret: value})))
         where = await asyncio.to_thread(self.resolver.store, secret, value)
         for target, token in trials:
-            self.logins.install(target.key, token)
+            self.logins.install(target, token)
             await self.sharing.share(target.key, token)
         self._drop_cached({t.key for t in targets})
         if force:
@@ -370,7 +368,7 @@ class Broker:
                 "state": self.sharing.kind}
 
     async def buckets(self) -> list[dict[str, Any]]:
-        return await self.limiter.astatus(self._rates(self.config))
+        return await self.limiter.astatus(self.config.rates)
 
     async def gauges(self) -> list[tuple[str, str, Labels, float]]:
         out: list[tuple[str, str, Labels, float]] = []

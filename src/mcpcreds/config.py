@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from .egress import EgressPolicy, is_dev_loopback_url
+from .egress import EgressPolicy, is_dev_loopback_url, parse_host_pattern, parse_private_entry
 from .errors import ConfigError
 from .policy import TrustPolicy, find_trifecta, trifecta_message
 from .rates import Rate, parse_duration, parse_rate
@@ -174,6 +174,11 @@ class Config:
         if kind == "mcp":
             return self.servers.get(rest)
         return None
+
+    @property
+    def rates(self) -> dict[str, Rate]:
+        """The `rate:` of every cache key that has one (the buckets to keep)."""
+        return {key: t.rate for key, t in self.targets_by_key.items() if t.rate is not None}
 
     @property
     def targets_by_key(self) -> dict[str, Target]:
@@ -588,16 +593,16 @@ def _parse_egress(c: _Collector, path: str, t: dict[str, Any], urls: list[str | 
         c.error(_join(path, "allow_hosts"), 'net = "restricted" needs allow_hosts (the token endpoint, '
                 "issuer and MCP endpoint hosts it may call)")
     dev = any(is_dev_loopback_url(u) for u in urls if u)
+    valid: dict[str, tuple[str, ...]] = {}
     for key, patterns in lists.items():
+        parse = parse_private_entry if key == "allow_private" else parse_host_pattern
+        kept = []
         for i, pattern in enumerate(patterns):
-            try:
-                EgressPolicy(allow_hosts=(pattern,)) if key != "allow_private" else EgressPolicy(
-                    allow_private=(pattern,))
-            except ValueError as exc:
-                c.error(f"{path}.{key}[{i}]", str(exc))
-                lists[key] = ()
+            if c.parsed(f"{path}.{key}[{i}]", pattern, parse) is not None:
+                kept.append(pattern)
+        valid[key] = tuple(kept)
     try:
-        return EgressPolicy(mode, lists["allow_hosts"], lists["deny_hosts"], lists["allow_private"], dev)
+        return EgressPolicy(mode, valid["allow_hosts"], valid["deny_hosts"], valid["allow_private"], dev)
     except ValueError as exc:
         c.error(_join(path, "net"), str(exc))
         return EgressPolicy(dev_loopback=dev)

@@ -109,6 +109,14 @@ def parse_host_pattern(pattern: str) -> str:
     return host
 
 
+def parse_private_entry(entry: str) -> IPNetwork | str:
+    """One `allow_private` entry: an address or CIDR, else a host pattern; ValueError says why."""
+    try:
+        return ipaddress.ip_network(normalize_host(entry), strict=False)
+    except ValueError:
+        return parse_host_pattern(entry)
+
+
 def _label_ok(label: str) -> bool:
     return 0 < len(label) <= 63 and all(ch.isalnum() or ch in "-_" for ch in label)
 
@@ -198,13 +206,9 @@ class EgressPolicy:
             raise ValueError(f"unknown net mode {self.mode!r}: expected one of {', '.join(NET_MODES)}")
         object.__setattr__(self, "allow_hosts", tuple(parse_host_pattern(p) for p in self.allow_hosts))
         object.__setattr__(self, "deny_hosts", tuple(parse_host_pattern(p) for p in self.deny_hosts))
-        nets: list[IPNetwork] = []
-        hosts: list[str] = []
-        for entry in self.allow_private:
-            try:
-                nets.append(ipaddress.ip_network(normalize_host(entry), strict=False))
-            except ValueError:
-                hosts.append(parse_host_pattern(entry))
+        entries = [parse_private_entry(entry) for entry in self.allow_private]
+        nets = [e for e in entries if not isinstance(e, str)]
+        hosts = [e for e in entries if isinstance(e, str)]
         object.__setattr__(self, "allow_private", tuple(self.allow_private))
         object.__setattr__(self, "_private_nets", tuple(nets))
         object.__setattr__(self, "_private_hosts", tuple(hosts))

@@ -124,18 +124,22 @@ class LoginCache:
             state.fetch = None
         if self._states.get(key) is not state:
             return token  # forgotten (a reload) under this fetch: its callers get it, nobody else
-        state.failures = 0
-        state.last_error = None
-        state.retry_not_before = 0.0
-        state.jitter = self.rng.random()
-        if previous is not None:
-            state.renewals += 1
-        self._tokens[key] = token
-        self._schedule(target, state, token)
+        self._keep(target, state, token, renewal=previous is not None)
         _log.info("login renewed" if previous else "login fetched",
                   extra={"key": key, "fingerprint": token.fingerprint,
                          "expires_in": round(token.expires_at - token.obtained_at, 1)})
         return token
+
+    def _keep(self, target: Target, state: _KeyState, token: Token, renewal: bool) -> None:
+        """Make `token` the key's login: clear the failures, count a renewal, set its timer."""
+        state.failures = 0
+        state.last_error = None
+        state.retry_not_before = 0.0
+        state.jitter = self.rng.random()
+        if renewal:
+            state.renewals += 1
+        self._tokens[target.key] = token
+        self._schedule(target, state, token)
 
     def _schedule(self, target: Target, state: _KeyState, token: Token) -> None:
         """Renew ahead of expiry without waiting for a request, if the key is in use."""
@@ -189,17 +193,11 @@ class LoginCache:
         """Forget the cached login (another sidecar has a newer one); its counters stay."""
         self._tokens.pop(key, None)
 
-    def install(self, key: str, token: Token) -> None:
-        """Make `token` the login of `key` (fetched by a rotation's trial)."""
-        state = self._state(key)
-        previous = self._tokens.get(key)
-        state.failures = 0
-        state.last_error = None
-        state.retry_not_before = 0.0
+    def install(self, target: Target, token: Token) -> None:
+        """Make `token` the login of `target`'s key (fetched by a rotation's trial)."""
+        state = self._state(target.key)
         state.token_requests += 1
-        if previous is not None:
-            state.renewals += 1
-        self._tokens[key] = token
+        self._keep(target, state, token, renewal=self._tokens.get(target.key) is not None)
 
     def forget(self, keys: set[str]) -> None:
         for key in keys:

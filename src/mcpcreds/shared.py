@@ -248,9 +248,8 @@ def build_state(config: Config, resolver: SecretResolver, clock: Clock,
                 refresh_ahead: Callable[[], float]) -> StateParts:
     """The memory state (one sidecar) or the Redis state (several), behind the same parts."""
     side = config.sidecar
-    rates = {key: t.rate for key, t in config.targets_by_key.items() if t.rate is not None}
     if side.state == "memory":
-        return StateParts(Limiter(clock, rates), MemoryGrants(clock), LocalLogins(fetch))
+        return StateParts(Limiter(clock, config.rates), MemoryGrants(clock), LocalLogins(fetch))
     assert side.state_key is not None  # config validation requires it with a shared state
     state = RedisState(side.state, resolver.render(side.state_key),
                        resolver.render(side.state_password) if side.state_password else None,

@@ -78,7 +78,7 @@ class Sidecar:
         self.metrics = Metrics()
         self.audit = AuditLog(config.sidecar.audit_log, clock)
         self.broker = Broker(config, SecretResolver.from_config(config.secrets), clock, self.metrics,
-                             secret_cache_ttl=config.secrets.cache_ttl, audit=self.audit)
+                             audit=self.audit)
         self.api = Api(self.broker, self.metrics, self.audit)
         self.connections = Connections(config.sidecar.request_timeout, config.sidecar.idle_timeout)
         self.socket_path = default_socket_path(config.sidecar.socket)
@@ -106,7 +106,6 @@ class Sidecar:
         if config.sidecar.state != self.config.sidecar.state:
             _log.warning("sidecar.state changed: takes effect at the next restart")
         self.broker.reload(config, SecretResolver.from_config(config.secrets))
-        self.broker.secret_cache_ttl = config.secrets.cache_ttl
         self.api.reload()
         if config.sidecar.audit_log != self.audit.path:
             self.audit.close()
