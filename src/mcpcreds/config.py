@@ -52,6 +52,12 @@ class SidecarConfig:
     request_timeout: float = 10.0
     idle_timeout: float = 120.0
     token_timeout: float = 10.0
+    sidecar_uid: int | None = None  # the uid clients expect the sidecar to run as; default: their own
+    invalidate_cooldown: float = 5.0  # a renewal forced by `invalidate` at most once per this, per key
+    max_grants: int = 10_000  # live grants in the whole sidecar
+    max_subgrants: int = 64  # live sub-grants one grant holder may have minted
+    grant_pause_budget: float = 300.0  # seconds of pause grant holders may set per key ...
+    grant_pause_window: float = 900.0  # ... within this window
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,13 +352,23 @@ def _uids(c: _Collector, path: str, key: str, raw: Any) -> list[int]:
     return uids
 
 
+def _count(c: _Collector, path: str, raw: Any, default: int, most: int) -> int:
+    if raw is None:
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= most:
+        c.error(path, f"expected a whole number from 1 to {most}")
+        return default
+    return raw
+
+
 def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
     path = "sidecar"
     t = c.table(path, raw)
     c.keys(path, t, ("socket", "allow_uids", "state", "state_key", "on_state_loss",
                      "local_share", "refresh_ahead", "audit_log", "allow_trifecta",
                      "request_timeout", "idle_timeout", "token_timeout", "state_password",
-                     "state_ca", "grant_only_uids"))
+                     "state_ca", "grant_only_uids", "sidecar_uid", "invalidate_cooldown", "max_grants",
+                     "max_subgrants", "grant_pause_budget", "grant_pause_window"))
     uids = _uids(c, path, "allow_uids", t.get("allow_uids", []))
     grant_only = _uids(c, path, "grant_only_uids", t.get("grant_only_uids", []))
     state = c.typed(_join(path, "state"), t.get("state"), str, "memory")
@@ -385,7 +401,22 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
                                parse_duration)
     idle_timeout = c.parsed(_join(path, "idle_timeout"), t.get("idle_timeout", 120.0), parse_duration)
     token_timeout = c.parsed(_join(path, "token_timeout"), t.get("token_timeout", 10.0), parse_duration)
+    sidecar_uid = None
+    if "sidecar_uid" in t:
+        found = _uids(c, path, "sidecar_uid", [t["sidecar_uid"]])
+        sidecar_uid = found[0] if found else None
+    cooldown = c.parsed(_join(path, "invalidate_cooldown"), t.get("invalidate_cooldown", 5.0), parse_duration)
+    pause_budget = c.parsed(_join(path, "grant_pause_budget"), t.get("grant_pause_budget", 300.0),
+                            parse_duration)
+    pause_window = c.parsed(_join(path, "grant_pause_window"), t.get("grant_pause_window", 900.0),
+                            parse_duration)
     return SidecarConfig(
+        sidecar_uid=sidecar_uid,
+        invalidate_cooldown=cooldown if cooldown is not None else 5.0,
+        max_grants=_count(c, _join(path, "max_grants"), t.get("max_grants"), 10_000, 1_000_000),
+        max_subgrants=_count(c, _join(path, "max_subgrants"), t.get("max_subgrants"), 64, 10_000),
+        grant_pause_budget=pause_budget if pause_budget is not None else 300.0,
+        grant_pause_window=pause_window or 900.0,
         token_timeout=token_timeout or 10.0,
         request_timeout=request_timeout or 10.0,
         idle_timeout=idle_timeout or 120.0,

@@ -85,6 +85,13 @@ class RateLimited(McpcredsError):
         self.retry_after = retry_after
 
 
+class TooManyGrants(McpcredsError):
+    """A grant holder (or the sidecar as a whole) holds as many live grants as it may."""
+
+    code = "too_many_grants"
+    status = 429
+
+
 class TokenEndpointError(McpcredsError):
     """The token endpoint refused or failed. `error` is the IdP's OAuth error code."""
 
@@ -132,6 +139,7 @@ ERRORS_BY_CODE: dict[str, type[McpcredsError]] = {
         PayloadTooLarge,
         HeadersTooLarge,
         RateLimited,
+        TooManyGrants,
         TokenEndpointError,
         SecretUnavailable,
         StateUnavailable,
