@@ -55,7 +55,8 @@ def test_server_inherits_its_service_and_shares_its_key() -> None:
     assert ro.key == rw.key == "service:crm"
     assert ro.endpoint == "https://crm.example.com/mcp"
     assert ro.rate == Rate(60, 60.0)
-    assert ro.tags == {"sensitive"} and rw.tags == {"sensitive", "egress"}
+    # one credential, one set of tags: every name for the key carries the union (effective tags)
+    assert ro.tags == rw.tags == config.services["service:crm"].tags == {"sensitive", "egress"}
     assert str(ro.headers["X-Tenant"]) == "acme"
     assert ro.auth_kind == "oauth" and ro.login is not None
     assert ro.login.client_id == "agent-7"
@@ -86,12 +87,12 @@ def test_restating_an_inherited_field_is_an_error(key: str) -> None:
         "rate": '"1/1s"',
     }[key]
     errs = errors_of(CATALOG + f'[[servers]]\nname = "x"\nservice = "crm"\n{key} = {value}\n')
-    assert any(e.startswith(f"servers[0].{key}: inherited from service 'crm'") for e in errs), errs
+    assert any(e.startswith(f"servers[0].{key}: inherited from its service") for e in errs), errs
 
 
 def test_unknown_service() -> None:
     errs = errors_of('[[servers]]\nname = "x"\nservice = "nope"\n')
-    assert errs == ["servers[0].service: unknown service 'nope' (known: none defined)"]
+    assert errs == ["servers[0].service: unknown service (known: none defined)"]
 
 
 @pytest.mark.parametrize(
@@ -125,15 +126,15 @@ def test_tags() -> None:
                    'tags = ["sensitive", "egress", "sensitive"]\n')
     assert config.servers["s"].tags == {"sensitive", "egress"}
     errs = errors_of('[[servers]]\nname = "s"\nendpoint = "https://a.example"\ntags = ["secret"]\n')
-    assert errs == ["servers[0].tags[0]: unknown tag 'secret': expected one of "
+    assert errs == ["servers[0].tags[0]: unknown tag: expected one of "
                     "untrusted_input, sensitive, egress"]
 
 
 @pytest.mark.parametrize("rate", ["0/1s", "10", "-1/1s", "10/1.5m", "x/1s"])
-def test_bad_rate_is_reported_with_path_and_quote(rate: str) -> None:
+def test_bad_rate_is_reported_with_its_path_never_its_value(rate: str) -> None:
     errs = errors_of(f'[[servers]]\nname = "s"\nendpoint = "https://a.example"\nrate = "{rate}"\n')
     assert len(errs) == 1
-    assert errs[0].startswith("servers[0].rate: ") and repr(rate) in errs[0]
+    assert errs[0].startswith("servers[0].rate: invalid rate") and repr(rate) not in errs[0]
 
 
 def test_auth_precedence_over_oauth_over_aauth() -> None:

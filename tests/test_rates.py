@@ -27,10 +27,10 @@ def test_every_seed_rate_form_parses(text: str, burst: int, per: float) -> None:
 
 
 @pytest.mark.parametrize("text", ["0/1s", "10", "-1/1s", "10/1.5m", "x/1s", "10/0s", "10/1y", "", "5/1 s"])
-def test_bad_rates_are_errors_that_quote_the_string(text: str) -> None:
+def test_bad_rates_are_errors_that_never_quote_the_string(text: str) -> None:
     with pytest.raises(ValueError) as info:
         parse_rate(text)
-    assert repr(text) in str(info.value)
+    assert str(info.value).startswith("invalid rate") and repr(text) not in str(info.value)
 
 
 def test_rate_formats_readably_and_knows_its_refill() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import re
@@ -10,8 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
+from .credshape import credential_name, credential_value
 from .egress import EgressPolicy, is_dev_loopback_url, parse_host_pattern, parse_private_entry
 from .errors import ConfigError
 from .policy import TrustPolicy, find_trifecta, trifecta_message
@@ -242,9 +244,9 @@ class _Collector:
         self.errors.append(f"{path}: {message}")
 
     def keys(self, path: str, table: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
-        for key in table:
+        for i, key in enumerate(table):
             if key not in allowed:
-                self.error(_join(path, key), f"unknown key (allowed: {', '.join(allowed)})")
+                self.error(_key_path(path, key, i), f"unknown key (allowed: {', '.join(allowed)})")
 
     def table(self, path: str, value: Any) -> dict[str, Any]:
         if value is None:
@@ -268,10 +270,13 @@ class _Collector:
         try:
             return parse(value)
         except (ValueError, TypeError) as exc:
-            self.error(path, str(exc))
+            self.error(path, str(exc))  # the parsers in rates.py and egress.py never quote the value
             return None
 
-    def template(self, path: str, value: Any, *, credential: bool) -> Template | None:
+    def template(self, path: str, value: Any, *, credential: bool,
+                 literal_ok: bool = False) -> Template | None:
+        """A template; with `credential`, it must not be a literal; unless `literal_ok`, no literal
+        part of it may look like a credential either."""
         if not isinstance(value, str):
             self.error(path, f"expected a string, got {_kind(value)}")
             return None
@@ -287,11 +292,24 @@ class _Collector:
                 "use {{secret:NAME}} or {{secret-file:PATH}}",
             )
             return None
+        if not literal_ok:
+            for part in template.parts:
+                if isinstance(part, str) and (why := credential_value(part)) is not None:
+                    self.error(path, f"looks like a credential written in the config ({why}): use "
+                               "{{secret:NAME}}, or list the header in literal_headers if it is public")
+                    return None
         return template
 
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+def _key_path(path: str, key: str, index: int) -> str:
+    """The TOML path of a key, which may itself be a pasted secret: named only if it reads as a name."""
+    if _NAME.match(key) and len(key) <= 64 and credential_value(key) is None:
+        return _join(path, key)
+    return f"{path}.<key #{index + 1}>" if path else f"<key #{index + 1}>"
 
 
 def _kind(value: Any) -> str:
@@ -314,8 +332,8 @@ def check_url(value: str) -> str | None:
         parts = urlsplit(value)
         host = parts.hostname
         _ = parts.port
-    except ValueError as exc:
-        return f"invalid URL: {exc}"
+    except ValueError:
+        return "not a valid URL"
     if parts.scheme not in ("https", "http") or not host:
         return "must be an https:// URL with a host"
     if parts.username is not None or parts.password is not None:
@@ -324,6 +342,9 @@ def check_url(value: str) -> str | None:
         return "must not have a #fragment"
     if parts.scheme == "http" and not _is_loopback(host):
         return "http:// is only allowed for a loopback host; use https://"
+    for name, arg in parse_qsl(parts.query, keep_blank_values=True):
+        if credential_name(name) or credential_value(arg) is not None:
+            return "must not carry a credential in its query (the URL is shown in specs and logs)"
     return None
 
 
@@ -334,7 +355,7 @@ def _url(c: _Collector, path: str, value: Any) -> str | None:
         c.error(path, f"expected a URL string, got {_kind(value)}")
         return None
     if (problem := check_url(value)) is not None:
-        c.error(path, f"{problem} (got {value!r})")
+        c.error(path, problem)
         return None
     return value
 
@@ -374,7 +395,7 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
     state = c.typed(_join(path, "state"), t.get("state"), str, "memory")
     if state != "memory" and not state.startswith(("redis://", "rediss://", "unix://")):
         c.error(_join(path, "state"),
-                f"expected 'memory', 'redis://...', 'rediss://...' or 'unix:///path', got {state!r}")
+                "expected 'memory', 'redis://...', 'rediss://...' or 'unix:///path'")
     state_key = None
     if "state_key" in t:
         state_key = c.template(_join(path, "state_key"), t["state_key"], credential=True)
@@ -389,7 +410,7 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
         c.error(_join(path, "state"), "must not carry a password; use sidecar.state_password")
     on_loss = c.typed(_join(path, "on_state_loss"), t.get("on_state_loss"), str, "closed")
     if on_loss not in ("closed", "local"):
-        c.error(_join(path, "on_state_loss"), f"expected 'closed' or 'local', got {on_loss!r}")
+        c.error(_join(path, "on_state_loss"), "expected 'closed' or 'local'")
         on_loss = "closed"
     share = c.typed(_join(path, "local_share"), t.get("local_share"), float, 1.0)
     if not 0 < share <= 1:
@@ -452,7 +473,7 @@ def _parse_secrets(c: _Collector, raw: Any) -> SecretsConfig:
             elif src in _SOURCE_KINDS or (src.startswith("dir:/") and len(src) > 5):
                 sources.append(src)
             else:
-                c.error(spath, f"unknown source {src!r}: expected 'env', 'keyring' or 'dir:/abs/path'")
+                c.error(spath, "unknown source: expected 'env', 'keyring' or 'dir:/abs/path'")
     timeout = c.parsed(_join(path, "keyring_timeout"), t.get("keyring_timeout", 3.0), parse_duration)
     cache_ttl = c.parsed(_join(path, "cache_ttl"), t.get("cache_ttl", 2.0), parse_duration)
     return SecretsConfig(
@@ -468,21 +489,33 @@ def _parse_secrets(c: _Collector, raw: Any) -> SecretsConfig:
     )
 
 
-def _parse_headers(c: _Collector, path: str, raw: Any) -> dict[str, Template]:
+def _parse_headers(c: _Collector, path: str, raw: Any, literal: frozenset[str]) -> dict[str, Template]:
+    """Header templates. A credential-shaped name, or a literal that looks like a credential, must
+    come from a secret, unless the header is listed in `literal_headers` (a public value)."""
     t = c.table(path, raw)
     out: dict[str, Template] = {}
-    for name, value in t.items():
-        hpath = f"{path}.{name}" if _NAME.match(name) else f'{path}."{name}"'
+    for i, (name, value) in enumerate(t.items()):
+        hpath = _key_path(path, name, i)
         if not _HEADER_NAME.match(name):
             c.error(hpath, "not a valid HTTP header name")
             continue
         if isinstance(value, str) and ("\r" in value or "\n" in value):
             c.error(hpath, "header values must not contain line breaks")
             continue
-        template = c.template(hpath, value, credential=is_credential_header(name))
+        public = name.lower() in literal and not is_credential_header(name)
+        template = c.template(hpath, value, credential=is_credential_header(name) or
+                              (credential_name(name) and not public), literal_ok=public)
         if template is not None:
             out[name] = template
     return out
+
+
+def _literal_headers(c: _Collector, path: str, raw: Any) -> frozenset[str]:
+    names = _strings(c, path, raw) or ()
+    for i, name in enumerate(names):
+        if is_credential_header(name):
+            c.error(f"{path}[{i}]", "a credential header cannot be declared literal")
+    return frozenset(n.lower() for n in names)
 
 
 def _scope(c: _Collector, path: str, value: Any) -> str | None:
@@ -510,7 +543,7 @@ def _parse_login(c: _Collector, path: str, t: dict[str, Any], grant: str,
         c.error(_join(path, "client_id"), "required: a non-empty string")
     method = c.typed(_join(path, "auth_method"), t.get("auth_method"), str, "client_secret_basic")
     if method not in AUTH_METHODS:
-        c.error(_join(path, "auth_method"), f"expected one of {', '.join(AUTH_METHODS)}, got {method!r}")
+        c.error(_join(path, "auth_method"), f"expected one of {', '.join(AUTH_METHODS)}")
     secret = private_key = None
     if "client_secret" in t:
         secret = c.template(_join(path, "client_secret"), t["client_secret"], credential=True)
@@ -563,13 +596,13 @@ def _parse_auth(c: _Collector, path: str, raw: Any) -> tuple[dict[str, Template]
     if kind == "oauth2":
         grant = c.typed(_join(path, "grant"), t.get("grant"), str, "client_credentials")
         if grant not in GRANTS:
-            c.error(_join(path, "grant"), f"expected one of {', '.join(GRANTS)}, got {grant!r}")
+            c.error(_join(path, "grant"), f"expected one of {', '.join(GRANTS)}")
         elif grant not in SUPPORTED_GRANTS:
             c.warnings.append(f"{path}.grant: {grant!r} is accepted but mcpcreds only runs "
                               "client_credentials logins; this server's headers will fail")
         scope_key = "scopes" if "scopes" in t else "scope"
         return {}, _parse_login(c, path, t, grant, scope_key)
-    c.error(_join(path, "kind"), f"expected 'static' or 'oauth2', got {kind!r}")
+    c.error(_join(path, "kind"), "expected 'static' or 'oauth2'")
     return {}, None
 
 
@@ -585,7 +618,7 @@ def _parse_tags(c: _Collector, path: str, raw: Any) -> tuple[str, ...]:
             if tag not in tags:
                 tags.append(tag)
         else:
-            c.error(f"{path}[{i}]", f"unknown tag {tag!r}: expected one of {', '.join(TAGS)}")
+            c.error(f"{path}[{i}]", f"unknown tag: expected one of {', '.join(TAGS)}")
     return tuple(tags)
 
 
@@ -604,7 +637,8 @@ class _Entry:
 
 _EGRESS_KEYS: Final = ("net", "allow_hosts", "deny_hosts", "allow_private")
 _TRUST_KEYS: Final = ("trust", "tool_allowlist", "expected_tools", "allow_untrusted_without_allowlist")
-_ENTRY_KEYS: Final = ("endpoint", "headers", "tags", "rate", "oauth", "auth", "aauth", *_EGRESS_KEYS)
+_ENTRY_KEYS: Final = ("endpoint", "headers", "literal_headers", "tags", "rate", "oauth", "auth", "aauth",
+                      *_EGRESS_KEYS)
 
 
 def _strings(c: _Collector, path: str, value: Any) -> tuple[str, ...] | None:
@@ -656,7 +690,8 @@ def _parse_trust(c: _Collector, path: str, t: dict[str, Any]) -> TrustPolicy:
 
 def _parse_entry(c: _Collector, path: str, t: dict[str, Any]) -> _Entry:
     endpoint = _url(c, _join(path, "endpoint"), t.get("endpoint"))
-    headers = _parse_headers(c, _join(path, "headers"), t.get("headers"))
+    literal = _literal_headers(c, _join(path, "literal_headers"), t.get("literal_headers"))
+    headers = _parse_headers(c, _join(path, "headers"), t.get("headers"), literal)
     tags = _parse_tags(c, _join(path, "tags"), t.get("tags"))
     rate = None
     if "rate" in t:
@@ -668,6 +703,9 @@ def _parse_entry(c: _Collector, path: str, t: dict[str, Any]) -> _Entry:
         auth_headers, login = _parse_auth(c, _join(path, "auth"), t["auth"])
         for name, template in auth_headers.items():
             headers.setdefault(name, template)
+        if "oauth" in t:  # shadowed, but shown in specs: validated all the same
+            _parse_oauth(c, _join(path, "oauth"), t["oauth"])
+            c.warnings.append(f"{_join(path, 'oauth')}: not used, `auth` takes precedence")
     elif "oauth" in t:
         auth_kind = "oauth"
         login = _parse_oauth(c, _join(path, "oauth"), t["oauth"])
@@ -683,11 +721,12 @@ def _parse_entry(c: _Collector, path: str, t: dict[str, Any]) -> _Entry:
 
 def _check_aauth(c: _Collector, path: str, raw: Any) -> None:
     """aauth is stored as written and shows in specs: credential-shaped values must be templates."""
-    for key, value in c.table(path, raw).items():
+    for i, (key, value) in enumerate(c.table(path, raw).items()):
         if isinstance(value, dict):
-            _check_aauth(c, _join(path, key), value)
-        elif isinstance(value, str) and (is_credential_header(key) or key.lower().endswith("secret")):
-            c.template(_join(path, key), value, credential=True)
+            _check_aauth(c, _key_path(path, key, i), value)
+        elif isinstance(value, str):
+            c.template(_key_path(path, key, i), value,
+                       credential=is_credential_header(key) or credential_name(key))
 
 
 def _effective_tags(tags: tuple[str, ...]) -> frozenset[str]:
@@ -752,7 +791,8 @@ def _parse_services(c: _Collector, raw: Any) -> tuple[dict[str, Target], dict[st
     return services, tables
 
 
-_INHERITED: Final = ("endpoint", "headers", "auth", "oauth", "aauth", "rate", *_EGRESS_KEYS)
+_INHERITED: Final = ("endpoint", "headers", "literal_headers", "auth", "oauth", "aauth", "rate",
+                     *_EGRESS_KEYS)
 
 
 def _parse_servers(c: _Collector, raw: Any, services: dict[str, Target],
@@ -789,12 +829,12 @@ def _server_from_service(c: _Collector, path: str, name: str, t: dict[str, Any],
                          service_tables: dict[str, dict[str, Any]]) -> Target | None:
     for key in _INHERITED:
         if key in t:
-            c.error(_join(path, key), f"inherited from service {service!r}; do not restate it")
+            c.error(_join(path, key), "inherited from its service; do not restate it")
     tags = _parse_tags(c, _join(path, "tags"), t.get("tags"))
     entry = services.get(f"service:{service}") if isinstance(service, str) else None
     if entry is None:
         known = ", ".join(sorted(k.partition(":")[2] for k in services)) or "none defined"
-        c.error(_join(path, "service"), f"unknown service {service!r} (known: {known})")
+        c.error(_join(path, "service"), f"unknown service (known: {known})")
         return None
     merged: dict[str, Any] = {**service_tables[service], "tags": sorted(set(entry.spec.tags) | set(tags))}
     merged.update((k, t[k]) for k in _TRUST_KEYS if k in t)
@@ -834,6 +874,23 @@ def _standalone_server(c: _Collector, path: str, name: str, t: dict[str, Any]) -
     )
 
 
+def _share_tags(services: dict[str, Target], servers: dict[str, Target]
+                ) -> tuple[dict[str, Target], dict[str, Target]]:
+    """Every name that reaches a cache key reaches the same credential: each carries the union of
+    the tags of all of them (a read-only name cannot launder a login that another name tags
+    `egress`). The specs show these effective tags, `untrusted_input` of an untagged one included."""
+    union: dict[str, frozenset[str]] = {}
+    for target in (*services.values(), *servers.values()):
+        union[target.key] = union.get(target.key, frozenset()) | target.tags
+
+    def widen(target: Target) -> Target:
+        tags = union[target.key]
+        spec = dataclasses.replace(target.spec, tags=tuple(t for t in TAGS if t in tags))
+        return dataclasses.replace(target, tags=tags, spec=spec)
+
+    return ({k: widen(t) for k, t in services.items()}, {k: widen(t) for k, t in servers.items()})
+
+
 def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     c = _Collector()
     c.keys("", data, ("sidecar", "secrets", "services", "servers"))
@@ -841,7 +898,8 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     secrets = _parse_secrets(c, data.get("secrets"))
     services, tables = _parse_services(c, data.get("services"))
     servers = _parse_servers(c, data.get("servers"), services, tables)
-    trio = find_trifecta({name: t.tags for name, t in servers.items()})
+    services, servers = _share_tags(services, servers)
+    trio = find_trifecta({name: t.tags for name, t in (*services.items(), *servers.items())})
     if trio is not None:
         c.warnings.append(f"servers: together the servers complete the trifecta: {trifecta_message(trio)}; "
                           "grants that combine them are refused")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Final
@@ -22,6 +23,9 @@ _NUMBER: Final = re.compile(r"(\d+(?:\.\d+)?)\Z")
 _SECONDS: Final = re.compile(r"(\d+(?:\.\d+)?)(s|sec)\Z")
 _WHOLE_WITH_UNIT: Final = re.compile(r"(\d+)(ms|s|sec|m|min|h|d|w)\Z")
 _RATE: Final = re.compile(r"\s*(\d+)\s*/\s*(\S+)\s*\Z")
+MAX_BURST: Final = 1_000_000_000
+MIN_PERIOD: Final = 0.001
+MAX_SECONDS: Final = 366 * 86400.0  # a year: the longest period or duration anything here needs
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,30 +66,34 @@ def parse_period(text: str) -> float | None:
 
 def parse_rate(text: str) -> Rate:
     """Parse `"<burst>/<per>"`; raise ValueError quoting the string otherwise."""
-    m = _RATE.match(text) if isinstance(text, str) else None
+    m = _RATE.match(text) if isinstance(text, str) and len(text) <= 64 else None
     if m is None:
-        raise ValueError(f"invalid rate {text!r}: expected '<burst>/<per>', e.g. '60/1m' or '5/1s'")
-    burst = int(m.group(1))
+        raise ValueError("invalid rate: expected '<burst>/<per>', e.g. '60/1m' or '5/1s'")
+    burst = int(m.group(1)) if len(m.group(1)) <= 10 else MAX_BURST + 1
     per = parse_period(m.group(2))
     if per is None:
         raise ValueError(
-            f"invalid rate {text!r}: period must be seconds ('1', '0.5s') "
+            "invalid rate: period must be seconds ('1', '0.5s') "
             "or a whole number with ms|s|m|h|d|w ('500ms', '1m')"
         )
     if burst <= 0 or per <= 0:
-        raise ValueError(f"invalid rate {text!r}: burst and period must be greater than zero")
+        raise ValueError("invalid rate: burst and period must be greater than zero")
+    if burst > MAX_BURST or not MIN_PERIOD <= per <= MAX_SECONDS:
+        raise ValueError(f"invalid rate: burst at most {MAX_BURST}, period from 1ms to 366d")
     return Rate(burst, per)
 
 
 def parse_duration(value: str | int | float) -> float:
     """Seconds for a duration like `60s`, `5m`, `1.5s` or a bare number of seconds."""
     if isinstance(value, bool):
-        raise ValueError(f"invalid duration {value!r}")
+        raise ValueError("invalid duration: expected e.g. '60s', '5m', '1h' or a number of seconds")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError(f"invalid duration {value!r}: must not be negative")
-        return float(value)
-    seconds = parse_period(value) if isinstance(value, str) else None
-    if seconds is None:
-        raise ValueError(f"invalid duration {value!r}: expected e.g. '60s', '5m', '1h'")
+        seconds = float(value)
+    else:
+        parsed = parse_period(value) if isinstance(value, str) and len(value) <= 32 else None
+        if parsed is None:
+            raise ValueError("invalid duration: expected e.g. '60s', '5m', '1h'")
+        seconds = parsed
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_SECONDS:
+        raise ValueError("invalid duration: must be a finite number of seconds from 0 to 366 days")
     return seconds

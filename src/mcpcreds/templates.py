@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-_SECRET_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*\Z")
+_SECRET_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}\Z")
 _CREDENTIAL_EXACT: Final = frozenset(
     {"authorization", "api-key", "x-api-key", "token", "password", "secret"}
 )
@@ -85,9 +85,8 @@ def _parse_placeholder(inner: str) -> SecretRef | FileRef:
     kind, arg = kind.strip(), arg.strip()
     if sep and kind == "secret":
         if not _SECRET_NAME.match(arg):
-            raise TemplateError(
-                f"invalid secret name {arg!r} (letters, digits, '_', '.', '-')"
-            )
+            # not quoted: an invalid name is often a secret value pasted in its place
+            raise TemplateError("invalid secret name (letters, digits, '_', '.', '-'; at most 255)")
         return SecretRef(arg)
     if sep and kind == "secret-file":
         if not arg.startswith("/"):
