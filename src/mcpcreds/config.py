@@ -422,10 +422,11 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
                                parse_duration)
     idle_timeout = c.parsed(_join(path, "idle_timeout"), t.get("idle_timeout", 120.0), parse_duration)
     token_timeout = c.parsed(_join(path, "token_timeout"), t.get("token_timeout", 10.0), parse_duration)
-    sidecar_uid = None
-    if "sidecar_uid" in t:
-        found = _uids(c, path, "sidecar_uid", [t["sidecar_uid"]])
-        sidecar_uid = found[0] if found else None
+    sidecar_uid = t.get("sidecar_uid")
+    if sidecar_uid is not None and (isinstance(sidecar_uid, bool) or not isinstance(sidecar_uid, int)
+                                    or not 0 <= sidecar_uid < 2**32):
+        c.error(_join(path, "sidecar_uid"), "expected a non-negative integer uid")
+        sidecar_uid = None
     cooldown = c.parsed(_join(path, "invalidate_cooldown"), t.get("invalidate_cooldown", 5.0), parse_duration)
     pause_budget = c.parsed(_join(path, "grant_pause_budget"), t.get("grant_pause_budget", 300.0),
                             parse_duration)
