@@ -152,7 +152,7 @@ def test_off_refuses_every_host() -> None:
     ("::ffff:169.254.169.254", "metadata"),  # IPv4-mapped
     ("::ffff:10.0.0.5", "private"),
     ("64:ff9b::a00:5", "private"),  # NAT64 of 10.0.0.5
-    ("::a00:5", "reserved"),  # IPv4-compatible
+    ("::a00:5", "private"),  # IPv4-compatible, unwrapped
 ])
 def test_address_problem(ip: str, problem: str | None) -> None:
     assert address_problem(ip) == problem

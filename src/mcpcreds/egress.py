@@ -17,6 +17,10 @@ In every mode the resolved address must be public: private, link-local, cloud-me
 CGNAT, loopback, unspecified, multicast and other non-global addresses are refused, unless the
 host is a loopback name or literal and `dev_loopback` is set, or `allow_private` lists the
 address (an IP or CIDR) or the host (a host pattern; a metadata address needs its IP or CIDR).
+An IPv6 address carrying an IPv4 one (mapped, NAT64, 6to4, Teredo, ...) is judged by the IPv4.
+
+Host spellings are canonical before any comparison (`167772165` and `0xa.0.0.5` are `10.0.0.5`),
+and an address in `deny_hosts` is also compared with every resolved address.
 """
 
 from __future__ import annotations
@@ -71,33 +75,87 @@ _RANGES: Final[tuple[tuple[IPNetwork, str], ...]] = tuple(
         ("224.0.0.0/4", "multicast"),
         ("ff00::/8", "multicast"),
         ("::/96", "reserved"),  # IPv4-compatible IPv6 (deprecated)
+        ("64:ff9b:1::/48", "reserved"),  # local-use NAT64: not globally reachable (RFC 8215)
     )
 )
 _NAT64: Final = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL: Final = ipaddress.ip_network("64:ff9b:1::/48")
+_SIIT: Final = ipaddress.ip_network("::ffff:0:0:0/96")  # IPv4-translated (RFC 2765)
+_COMPAT: Final = ipaddress.ip_network("::/96")  # IPv4-compatible (deprecated)
 
 
 # ---------------------------------------------------------------------------- host names
 
 
 def normalize_host(host: str) -> str:
-    """Lower case, no trailing dot, no IPv6 brackets."""
+    """Lower case, no trailing dot, no IPv6 brackets, an IP address in its canonical form.
+
+    A host that ends in a number is an IPv4 address, read as the resolver (`inet_aton`) and the
+    WHATWG URL parser read it: `167772165`, `10.0.5`, `0xa.0.0.5` and `012.0.0.5` are all
+    `10.0.0.5`. ValueError if it is not a valid one (`1.2.3.256`, `a.1`).
+    """
     host = host.strip().lower().rstrip(".")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    return host
+    if ":" in host:
+        ip = _ip(host)
+        return host if ip is None else str(ip)
+    ipv4 = _numeric_ipv4(host)
+    return host if ipv4 is None else str(ipv4)
+
+
+def _numeric_ipv4(host: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a host ending in a number spells (1 to 4 decimal, 0x-hex or 0-octal
+    parts, the last filling the remaining bytes), None for a host name; ValueError if invalid."""
+    parts = host.split(".")
+    if not _is_number(parts[-1]):
+        return None
+    if len(parts) > 4:
+        raise ValueError(f"invalid IPv4 address {host!r}: more than 4 parts")
+    numbers = []
+    for part in parts:
+        try:
+            numbers.append(_number(part))
+        except ValueError:
+            raise ValueError(f"invalid IPv4 address {host!r}: {part!r} is not a number") from None
+    *first, last = numbers
+    if any(n > 255 for n in first) or last >= 256 ** (5 - len(numbers)):
+        raise ValueError(f"invalid IPv4 address {host!r}: a part is out of range")
+    value = last
+    for i, n in enumerate(first):
+        value += n << (8 * (3 - i))
+    return ipaddress.IPv4Address(value)
+
+
+def _is_number(part: str) -> bool:
+    if part[:2] == "0x":
+        return all(ch in "0123456789abcdef" for ch in part[2:])
+    return part.isascii() and part.isdigit()
+
+
+def _number(part: str) -> int:
+    """One part: 0x-hex, 0-octal or decimal; ValueError otherwise (`08` is no octal number)."""
+    if not _is_number(part):
+        raise ValueError(part)
+    if part[:2] == "0x":
+        return int(part[2:] or "0", 16)
+    if len(part) > 1 and part[0] == "0":
+        return int(part[1:], 8)
+    return int(part)
 
 
 def parse_host_pattern(pattern: str) -> str:
     """Validate and normalise one `allow_hosts`/`deny_hosts` entry; ValueError says why not.
 
-    `*.example.com` matches `example.com` and every subdomain; a plain name or IP matches
-    exactly. Names are ASCII (write an internationalised name in its xn-- form).
+    `*.example.com` matches `example.com` and every subdomain; a plain name matches exactly.
+    An IP matches that address however a URL spells it, and every name that resolves to it
+    (see `check_address`). Names are ASCII (write an internationalised name in its xn-- form).
     """
     if not isinstance(pattern, str):
         raise ValueError(f"expected a host name string, got {type(pattern).__name__}")
-    host = normalize_host(pattern)
-    if "://" in host or "/" in host:
+    if "://" in pattern or "/" in pattern:
         raise ValueError(f"expected a host name, not a URL: {pattern!r}")
+    host = normalize_host(pattern)
     if not host.isascii():
         raise ValueError(f"host name must be ASCII (use the xn-- form): {pattern!r}")
     if (ip := _ip(host)) is not None:
@@ -122,10 +180,14 @@ def _label_ok(label: str) -> bool:
 
 
 def host_matches(pattern: str, host: str) -> bool:
-    """Whether normalised `pattern` (see `parse_host_pattern`) matches `host`."""
+    """Whether normalised `pattern` (see `parse_host_pattern`) matches `host`.
+
+    An IP pattern matches an IP host that reaches the same address (`::ffff:10.0.0.5` is
+    `10.0.0.5`). ValueError if `host` is an invalid numeric host (see `normalize_host`).
+    """
     host = normalize_host(host)
     if (ip := _ip(host)) is not None:
-        host = str(ip)
+        return (wanted := _ip(pattern)) is not None and bool(_reached(wanted) & _reached(ip))
     if pattern.startswith("*."):
         base = pattern[2:]
         return host == base or host.endswith("." + base)
@@ -134,11 +196,16 @@ def host_matches(pattern: str, host: str) -> bool:
 
 def is_loopback_host(host: str) -> bool:
     """`localhost` or a loopback IP literal (a name that merely resolves to 127.0.0.1 is not)."""
-    host = normalize_host(host)
+    try:
+        host = normalize_host(host)
+    except ValueError:
+        return False
     if host == "localhost":
         return True
     ip = _ip(host)
-    return ip is not None and _unwrap(ip).is_loopback
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip is not None and ip.is_loopback
 
 
 def is_dev_loopback_url(url: str) -> bool:
@@ -162,20 +229,50 @@ def _ip(host: str) -> IPAddress | None:
 
 
 def _unwrap(ip: IPAddress) -> IPAddress:
-    """The IPv4 address an IPv4-mapped or NAT64 IPv6 address reaches."""
+    """The IPv4 address an IPv6 address carries and reaches: IPv4-mapped, IPv4-compatible,
+    SIIT-translated, NAT64 (64:ff9b::/96), 6to4 (2002::/16) or Teredo (its client); else `ip`."""
     if isinstance(ip, ipaddress.IPv6Address):
         if ip.ipv4_mapped is not None:
             return ip.ipv4_mapped
-        if ip in _NAT64:
+        if ip in _NAT64 or ip in _SIIT or (ip in _COMPAT and int(ip) > 1):  # ::1 is loopback
             return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if ip.sixtofour is not None:
+            return ip.sixtofour
+        if ip.teredo is not None:
+            return ip.teredo[1]
     return ip
+
+
+def _nat64_local(ip: IPAddress) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses a local-use NAT64 address (64:ff9b:1::/48, RFC 8215) may carry. The
+    operator picks the prefix length, so: every RFC 6052 layout that fits in the /48."""
+    if not isinstance(ip, ipaddress.IPv6Address) or ip not in _NAT64_LOCAL:
+        return []
+    value = int(ip)
+    without_u = (value >> 64 << 56) | (value & (1 << 56) - 1)  # bits 64-71 (the "u" octet) dropped
+    # prefixes /96 (the last 32 bits, the usual one), then /64, /56 and /48 (around the u octet)
+    return [ipaddress.IPv4Address(without_u >> shift & 0xFFFFFFFF) for shift in (0, 24, 32, 40)]
+
+
+def _reached(ip: IPAddress) -> set[IPAddress]:
+    """`ip` and every IPv4 address it may reach through a translation or a tunnel."""
+    return {ip, _unwrap(ip), *_nat64_local(ip)}
 
 
 def address_problem(ip: IPAddress | str) -> str | None:
     """What kind of non-public address `ip` is ("private", "metadata", ...), or None if public."""
-    addr = _unwrap(ipaddress.ip_address(ip) if isinstance(ip, str) else ip)
+    addr = ipaddress.ip_address(ip) if isinstance(ip, str) else ip
     if isinstance(addr, ipaddress.IPv6Address) and addr.scope_id:
         addr = ipaddress.IPv6Address(str(addr).split("%", 1)[0])
+    # every local-use NAT64 address is refused; its candidates only name the problem, "metadata"
+    # first (no host pattern in allow_private may open it), 0.0.0.0/8 being mere zero padding
+    problems = [p for p in map(_problem, _nat64_local(addr)) if p not in (None, "unspecified")]
+    if problems:
+        return "metadata" if "metadata" in problems else problems[0]
+    return _problem(_unwrap(addr))
+
+
+def _problem(addr: IPAddress) -> str | None:
     if addr in METADATA_ADDRESSES:
         return "metadata"
     for net, label in _RANGES:
@@ -217,9 +314,10 @@ class EgressPolicy:
     def audited(self) -> bool:
         return self.mode == "broad_audited"
 
-    def check_host(self, host: str) -> None:
-        """Raise Forbidden unless this policy lets the sidecar call `host` (before any DNS)."""
-        name = normalize_host(host)
+    def check_host(self, host: str) -> str:
+        """Raise Forbidden unless this policy lets the sidecar call `host` (before any DNS);
+        return the host in its canonical form (see `normalize_host`)."""
+        name = _checked_name(host)
         if self.mode == "off":
             raise Forbidden(f"egress to {name} refused: net = \"off\" allows no outbound call", host=name)
         for pattern in self.deny_hosts:
@@ -228,24 +326,36 @@ class EgressPolicy:
         if self.mode == "restricted" and not any(host_matches(p, name) for p in self.allow_hosts):
             raise Forbidden(
                 f"egress to {name} refused: net = \"restricted\" and it is not in allow_hosts", host=name)
+        return name
 
     def check_address(self, host: str, ip: IPAddress | str) -> None:
         check_address(self, host, ip)
 
 
+def _checked_name(host: str) -> str:
+    try:
+        return normalize_host(host)
+    except ValueError as exc:
+        raise Forbidden(f"egress refused: {exc}", host=host) from None
+
+
 def check_address(policy: EgressPolicy, host: str, ip: IPAddress | str) -> None:
     """Raise Forbidden unless the sidecar may connect to `ip`, an address `host` resolved to."""
-    name = normalize_host(host)
+    name = _checked_name(host)
     if policy.mode == "off":
         raise Forbidden(f"egress to {name} refused: net = \"off\" allows no outbound call", host=name)
     addr = ipaddress.ip_address(ip) if isinstance(ip, str) else ip
+    for pattern in policy.deny_hosts:
+        if host_matches(pattern, str(addr)):  # an address in deny_hosts, whatever name reaches it
+            raise Forbidden(f"egress to {name} refused: it resolves to {addr}, and deny_hosts has "
+                            f"{pattern!r}", host=name, address=str(addr))
     problem = address_problem(addr)
     if problem is None:
         return
     if problem == "loopback" and policy.dev_loopback and is_loopback_host(name):
         return
     plain = _unwrap(addr)
-    if any(plain.version == net.version and plain in net for net in policy._private_nets):
+    if any(a.version == net.version and a in net for net in policy._private_nets for a in (addr, plain)):
         return
     if problem != "metadata" and any(host_matches(p, name) for p in policy._private_hosts):
         return
@@ -314,9 +424,8 @@ class EgressTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        host = normalize_host(url.raw_host.decode("ascii"))
+        host = self.policy.check_host(url.raw_host.decode("ascii"))
         port = url.port or (443 if url.scheme == "https" else 80)
-        self.policy.check_host(host)
         addresses = await self._resolve(request, host, port)
         for address in addresses:
             self.policy.check_address(host, address)
