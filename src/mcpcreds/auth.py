@@ -7,7 +7,9 @@ httpx). Two thin drivers run it, sync and async. No lock is held across any requ
 
 from __future__ import annotations
 
+import datetime
 import email.utils
+import re
 import time
 from collections.abc import AsyncGenerator, Generator
 from dataclasses import dataclass
@@ -23,7 +25,9 @@ if TYPE_CHECKING:
 
 On429 = Literal["raise", "wait", "return"]
 DEFAULT_RETRY_AFTER: Final = 1.0
-MAX_RETRY_AFTER: Final = 3600.0
+MAX_RETRY_AFTER: Final = 3600.0  # within the 0 to 86400 the sidecar's backoff route takes
+# RFC 9110 delay-seconds are digits; a sign and a fraction are tolerated (a negative is 0)
+_DELTA_SECONDS: Final = re.compile(r"[+-]?[0-9]+(\.[0-9]+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,19 +44,26 @@ Step = Sidecar | Upstream
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date); 1 s if absent or bad."""
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), from 0 to
+    MAX_RETRY_AFTER; DEFAULT_RETRY_AFTER if absent or neither form (`nan`, `inf`, `1_0`, a bad date).
+
+    The value comes from an upstream: whatever it is, the answer is a number the sidecar's
+    backoff route accepts, so a 429 is never turned into an error.
+    """
     if not value:
         return DEFAULT_RETRY_AFTER
     value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
+    if _DELTA_SECONDS.fullmatch(value):
+        seconds = float(value)  # digits: never nan; too many of them is inf, clamped below
+    else:
         try:
-            when = email.utils.parsedate_to_datetime(value).timestamp()
-        except (TypeError, ValueError):
+            when = email.utils.parsedate_to_datetime(value)
+            if when.tzinfo is None:  # "-0000": UTC, not the local time
+                when = when.replace(tzinfo=datetime.UTC)
+            seconds = when.timestamp() - (time.time() if now is None else now)
+        except (TypeError, ValueError, OverflowError, OSError):
             return DEFAULT_RETRY_AFTER
-        seconds = when - (time.time() if now is None else now)
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+    return min(max(0.0, seconds), MAX_RETRY_AFTER)
 
 
 def _apply(request: Any, answer: dict[str, Any]) -> str | None:
