@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import errno
 import importlib
 import os
 import re
+import secrets
 import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -52,33 +55,133 @@ class EnvSource:
         return self._environ.get(name)
 
 
-def read_private_file(path: Path, what: str) -> str | None:
-    """Read a secret file: None if absent; refused if others can read it or it is not a file."""
+def _refused(what: str, why: str, secret: str | None) -> SecretUnavailable:
+    return SecretUnavailable(f"{what}: refused: {why}", **({"secret": secret} if secret else {}))
+
+
+def _trusted_owner(uid: int) -> bool:
+    return uid in (0, os.geteuid())
+
+
+def _open_folder(folder: Path, what: str, secret: str | None) -> int | None:
+    """Open a secret's folder and check that no other user can change what is in it; None if absent.
+    Files are then opened relative to this descriptor, so the folder checked is the folder used."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise SecretUnavailable(f"{what}: cannot open ({exc.strerror})") from None
+        raise _refused(what, f"cannot open folder {folder} ({exc.strerror})", secret) from None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SecretUnavailable(f"{what}: not a regular file")
-        if info.st_mode & 0o077:
-            raise SecretUnavailable(
-                f"{what}: refused: readable by group or others (mode {stat.S_IMODE(info.st_mode):04o}, "
-                "expected 0600 or 0400)"
-            )
-        data = os.read(fd, _MAX_SECRET_BYTES + 1)
-    finally:
+        if not _trusted_owner(info.st_uid):
+            raise _refused(what, f"folder {folder} is owned by uid {info.st_uid}, not by uid "
+                                 f"{os.geteuid()} or root", secret)
+        if info.st_mode & 0o022:
+            raise _refused(what, f"folder {folder} is writable by group or others "
+                                 f"(mode {stat.S_IMODE(info.st_mode):04o})", secret)
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket",
+             stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
+    return next((kind for test, kind in kinds.items() if test(mode)), "a special file")
+
+
+def read_private_file(path: Path, what: str, secret: str | None = None) -> str | None:
+    """Read a secret file: None if absent. Refused unless its folder and the file are ours (or root's),
+    the folder is writable by no one else, the file is regular, private and at most 64 KiB."""
+    folder_fd = _open_folder(path.parent, what, secret)
+    if folder_fd is None:
+        return None
+    try:
+        try:
+            # O_NONBLOCK: opening a planted FIFO must not wait for a writer
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=folder_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            why = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot open ({exc.strerror})"
+            raise _refused(what, why, secret) from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise _refused(what, f"is {_file_kind(info.st_mode)}, not a regular file", secret)
+            if not _trusted_owner(info.st_uid):
+                raise _refused(what, f"owned by uid {info.st_uid}, not by uid {os.geteuid()} or root",
+                               secret)
+            if info.st_mode & 0o077:
+                raise _refused(what, f"readable by group or others (mode {stat.S_IMODE(info.st_mode):04o}, "
+                                     "expected 0600 or 0400)", secret)
+            data = _read_at_most(fd, _MAX_SECRET_BYTES + 1)  # a huge planted file costs 64 KiB
+        finally:
+            os.close(fd)
+    finally:
+        os.close(folder_fd)
     if len(data) > _MAX_SECRET_BYTES:
-        raise SecretUnavailable(f"{what}: larger than {_MAX_SECRET_BYTES} bytes")
+        raise _refused(what, f"larger than {_MAX_SECRET_BYTES} bytes", secret)
     try:
         text = data.decode("utf-8", errors="strict") if data else ""
     except UnicodeDecodeError:
-        raise SecretUnavailable(f"{what}: not UTF-8 text") from None
+        raise _refused(what, "not UTF-8 text", secret) from None
     return text[:-1] if text.endswith("\n") else text
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit and (chunk := os.read(fd, limit - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _temp_name() -> str:
+    # unpredictable, and never a secret name (those cannot start with '.')
+    return f".mcpcreds-{secrets.token_hex(12)}.tmp"
+
+
+def write_private_file(folder: Path, name: str, value: str, what: str) -> None:
+    """Replace `folder/name` atomically with a new 0600 file: a reader sees the old value or the
+    new, never half. Only a file this call created receives the value: a link planted at the temp
+    or the target name is replaced, never written through."""
+    folder_fd = _open_folder(folder, what, name)
+    if folder_fd is None:
+        raise SecretUnavailable(f"{what}: cannot store: folder {folder} does not exist", secret=name)
+    try:
+        for _ in range(16):
+            tmp = _temp_name()
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600, dir_fd=folder_fd)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise SecretUnavailable(f"{what}: cannot store: no free temporary name in {folder}", secret=name)
+        try:
+            try:
+                data = value.encode()
+                while data:
+                    data = data[os.write(fd, data):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=folder_fd)
+            raise
+        os.fsync(folder_fd)  # the rename itself survives a crash
+    except OSError as exc:
+        raise SecretUnavailable(f"{what}: cannot store in {folder} ({exc.strerror})", secret=name) from None
+    finally:
+        os.close(folder_fd)
 
 
 class DirSource:
@@ -90,19 +193,11 @@ class DirSource:
 
     def get(self, name: str) -> str | None:
         check_secret_name(name)
-        return read_private_file(self.path / name, f"{self.label}/{name}")
+        return read_private_file(self.path / name, f"{self.label}/{name}", secret=name)
 
     def set(self, name: str, value: str) -> None:
-        """Write atomically with mode 0600: a reader sees the old value or the new, never half."""
         check_secret_name(name)
-        tmp = self.path / f".{name}.tmp-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, value.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path / name)
+        write_private_file(self.path, name, value, f"{self.label}/{name}")
 
 
 class KeyringSource:
