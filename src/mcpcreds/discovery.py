@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -15,6 +15,9 @@ from .errors import TokenEndpointError, TokenEndpointTimeout
 from .logs import get_logger
 
 MAX_METADATA_BYTES: Final = 256 * 1024
+MAX_URL_CHARS: Final = 2048  # a URL taken from a document or a header
+_VISIBLE_ASCII: Final = re.compile(r"[\x21-\x7e]+")  # urlsplit drops CR, LF and tab silently
+_IDENTITY: Final = {"Accept": "application/json", "Accept-Encoding": "identity"}
 DISCOVERY_TIMEOUT: Final = 10.0
 _RESOURCE_METADATA: Final = re.compile(r'resource_metadata\s*=\s*"([^"]+)"')
 _log = get_logger("discovery")
@@ -44,15 +47,22 @@ def parse_resource_metadata_header(value: str) -> str | None:
     return match.group(1) if match else None
 
 
+def usable_url(value: object) -> TypeGuard[str]:
+    """A URL from a server's answer: a bounded, visible-ASCII string that check_url accepts."""
+    return (isinstance(value, str) and len(value) <= MAX_URL_CHARS
+            and _VISIBLE_ASCII.fullmatch(value) is not None and check_url(value) is None)
+
+
 def token_endpoint_from(metadata: Any, issuer: str) -> str:
     """Validate AS metadata (RFC 8414 §3.3: the issuer must match) and return its token endpoint."""
     if not isinstance(metadata, dict):
         raise TokenEndpointError("authorization server metadata is not a JSON object", "invalid_metadata")
-    if str(metadata.get("issuer", "")).rstrip("/") != issuer.rstrip("/"):
+    named = metadata.get("issuer")
+    if not isinstance(named, str) or named.rstrip("/") != issuer.rstrip("/"):
         raise TokenEndpointError(f"authorization server metadata names another issuer than {issuer}",
                                  "invalid_metadata")
     endpoint = metadata.get("token_endpoint")
-    if not isinstance(endpoint, str) or check_url(endpoint) is not None:
+    if not usable_url(endpoint):
         raise TokenEndpointError("authorization server metadata has no usable https token_endpoint",
                                  "invalid_metadata")
     return endpoint
@@ -93,7 +103,7 @@ class Discovery:
         if status != 200:
             header = await self._challenge(endpoint, http)
             url = parse_resource_metadata_header(header) if header else None
-            if url is None or check_url(url) is not None:
+            if url is None or not usable_url(url):
                 raise TokenEndpointError(
                     f"{endpoint} publishes no protected-resource metadata; set oauth.token_url or "
                     "oauth.issuer", "discovery_failed")
@@ -108,25 +118,30 @@ class Discovery:
             raise TokenEndpointError(f"protected-resource metadata of {endpoint} names no "
                                      "authorization server", "discovery_failed")
         issuer = servers[0]
-        if check_url(issuer) is not None:
+        if not usable_url(issuer):
             raise TokenEndpointError("protected-resource metadata names an unusable issuer URL",
                                      "discovery_failed")
         return issuer
 
     async def _challenge(self, endpoint: str, http: httpx.AsyncClient) -> str | None:
         """The WWW-Authenticate header of an unauthenticated request to the MCP endpoint."""
-        try:
-            response = await http.post(endpoint, json={"jsonrpc": "2.0", "id": 0, "method": "ping"},
-                                            headers={"Accept": "application/json, text/event-stream"},
-                                            follow_redirects=False, timeout=DISCOVERY_TIMEOUT)
-        except httpx.HTTPError:
+        try:  # only the head is read: the body of a hostile server could be endless
+            async with http.stream("POST", endpoint, json={"jsonrpc": "2.0", "id": 0, "method": "ping"},
+                                   headers={"Accept": "application/json, text/event-stream"},
+                                   follow_redirects=False, timeout=DISCOVERY_TIMEOUT) as response:
+                return response.headers.get("www-authenticate") if response.status_code == 401 else None
+        except (httpx.HTTPError, httpx.InvalidURL):
             return None
-        return response.headers.get("www-authenticate") if response.status_code == 401 else None
 
     async def _get_json(self, url: str, http: httpx.AsyncClient) -> tuple[int, Any]:
         try:
-            async with http.stream("GET", url, headers={"Accept": "application/json"},
-                                        follow_redirects=False, timeout=DISCOVERY_TIMEOUT) as response:
+            async with http.stream("GET", url, headers=_IDENTITY, follow_redirects=False,
+                                   timeout=DISCOVERY_TIMEOUT) as response:
+                if response.status_code != 200:
+                    return response.status_code, None
+                if response.headers.get("content-encoding", "identity").lower() != "identity":
+                    # decoding is not bounded per chunk: a small gzip body can expand a thousandfold
+                    raise TokenEndpointError(f"metadata at {url} is compressed", "invalid_metadata")
                 chunks: list[bytes] = []
                 size = 0
                 async for chunk in response.aiter_bytes():
@@ -134,14 +149,15 @@ class Discovery:
                     if size > MAX_METADATA_BYTES:
                         raise TokenEndpointError(f"metadata at {url} is too large", "invalid_metadata")
                     chunks.append(chunk)
-                if response.status_code != 200:
-                    return response.status_code, None
                 try:
                     return 200, json.loads(b"".join(chunks))
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: nested too deep
                     raise TokenEndpointError(f"metadata at {url} is not JSON", "invalid_metadata") from None
         except httpx.TimeoutException:
             raise TokenEndpointTimeout(f"metadata at {url} did not arrive in time") from None
         except httpx.HTTPError as exc:
             raise TokenEndpointError(f"metadata at {url} unreachable ({type(exc).__name__})",
                                      "temporarily_unavailable") from None
+        except httpx.InvalidURL:
+            raise TokenEndpointError(f"metadata at {url} cannot be requested (InvalidURL)",
+                                     "discovery_failed") from None

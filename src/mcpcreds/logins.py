@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -12,7 +14,7 @@ from cachetools import TLRUCache
 
 from .clock import Clock
 from .config import Target
-from .errors import McpcredsError
+from .errors import McpcredsError, TokenEndpointError
 from .logs import get_logger
 from .oauth import Token, backoff_delay, refresh_at, usable_until
 
@@ -108,20 +110,20 @@ class LoginCache:
         key = target.key
         state.token_requests += 1
         previous = self._tokens.get(key)
+        unexpected: TokenEndpointError | None = None
         try:
             token = await self._fetch(target)
         except McpcredsError as exc:
-            state.failures += 1
-            delay = backoff_delay(state.failures, self.rng)
-            state.retry_not_before = self.clock.time() + delay
-            state.last_error = exc
-            still_valid = self._tokens.get(key)
-            _log.warning("login failed; %s", "serving the current login (stale)" if still_valid
-                         else "no valid login", extra={"key": key, "error": exc.code,
-                                                       "retry_in": round(delay, 2)})
+            self._failed(key, state, exc)
             raise
+        except Exception as exc:  # a bug or a hostile answer: still an error answer, with backoff
+            unexpected = TokenEndpointError(f"{key}: the login failed unexpectedly ({type(exc).__name__})",
+                                            "unexpected_error")
+            self._failed(key, state, unexpected, exc)
         finally:
             state.fetch = None
+        if unexpected is not None:
+            raise unexpected  # raised out here, so never chained to `exc`, whose text may quote a key
         if self._states.get(key) is not state:
             return token  # forgotten (a reload) under this fetch: its callers get it, nobody else
         self._keep(target, state, token, renewal=previous is not None)
@@ -129,6 +131,23 @@ class LoginCache:
                   extra={"key": key, "fingerprint": token.fingerprint,
                          "expires_in": round(token.expires_at - token.obtained_at, 1)})
         return token
+
+    def _failed(self, key: str, state: _KeyState, error: McpcredsError,
+                unexpected: Exception | None = None) -> None:
+        """Count a failed fetch, back off, and log it once (an unexpected one by its type and
+        where it was raised, never its text)."""
+        state.failures += 1
+        delay = backoff_delay(state.failures, self.rng)
+        state.retry_not_before = self.clock.time() + delay
+        state.last_error = error
+        extra: dict[str, Any] = {"key": key, "error": error.code, "retry_in": round(delay, 2)}
+        if unexpected is not None:
+            extra["exception"] = type(unexpected).__name__
+            frames = traceback.extract_tb(unexpected.__traceback__)
+            if frames:
+                extra["where"] = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}"
+        _log.warning("login failed; %s", "serving the current login (stale)" if self._tokens.get(key)
+                     else "no valid login", extra=extra)
 
     def _keep(self, target: Target, state: _KeyState, token: Token, renewal: bool) -> None:
         """Make `token` the key's login: clear the failures, count a renewal, set its timer."""

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import random
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote_plus
@@ -26,6 +28,11 @@ from .errors import TokenEndpointError, TokenEndpointTimeout
 from .secret import REDACTOR, fingerprint
 
 MAX_RESPONSE_BYTES: Final = 64 * 1024
+MAX_TOKEN_CHARS: Final = 16 * 1024
+MAX_LIFETIME: Final = 86400.0  # a longer expires_in is cut to a day: renewing early is harmless
+MIN_LIFETIME: Final = 1.0  # a token that expires sooner is refused (RFC 6749 counts whole seconds)
+MAX_SCOPE_CHARS: Final = 4096
+_HEADER_SAFE: Final = re.compile(r"[\x21-\x7e]+")  # visible ASCII: no space, CR, LF, NUL, DEL
 TOKEN_TIMEOUT: Final = 10.0
 REFRESH_JITTER: Final = 0.1  # of the refresh-ahead window
 REFRESH_LEAD: Final = 0.05  # renew at least this long before a token stops being handed out
@@ -75,9 +82,15 @@ def build_token_request(spec: LoginSpec, token_url: str, credential: str) -> Tok
     else:
         method = spec.auth_method
     body = prepare_token_request("client_credentials", **params)
-    headers = {"Content-Type": _FORM, "Accept": "application/json"}
+    headers = {"Content-Type": _FORM, "Accept": "application/json", "Accept-Encoding": "identity"}
     auth = ClientAuth(spec.client_id, credential, method)
-    _, headers, body = auth.prepare("POST", token_url, headers, body)
+    try:
+        _, headers, body = auth.prepare("POST", token_url, headers, body)
+    except Exception as exc:  # a malformed key: its error may quote the key, so name only its type
+        if spec.auth_method != "private_key_jwt":
+            raise
+        raise TokenEndpointError(f"private_key cannot sign a client assertion ({type(exc).__name__})",
+                                 "invalid_private_key") from None
     return TokenRequest(token_url, dict(headers), body)
 
 
@@ -106,7 +119,7 @@ def parse_token_response(status: int, content_type: str, body: bytes, now: float
                                  "redirects are not followed", "unexpected_redirect")
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
         if status >= 400:
             raise _oauth_error(status, None) from None
         raise TokenEndpointError(f"token endpoint answered HTTP {status} with a body that is not "
@@ -116,29 +129,46 @@ def parse_token_response(status: int, content_type: str, body: bytes, now: float
     if not isinstance(data, dict):
         raise TokenEndpointError("token response is not a JSON object", "invalid_response")
     token = data.get("access_token")
-    if not isinstance(token, str) or not token or len(token) > 16384:
+    if not isinstance(token, str) or len(token) > MAX_TOKEN_CHARS or not _HEADER_SAFE.fullmatch(token):
+        # a token with CR/LF or other control characters must never reach a header
         raise TokenEndpointError("token response has no usable access_token", "invalid_response")
-    REDACTOR.add(token)
     token_type = data.get("token_type", "Bearer")
     if not isinstance(token_type, str) or token_type.lower() != "bearer":
         raise TokenEndpointError("token response has an unsupported token_type (want Bearer)",
                                  "invalid_response")
-    expires_in = data.get("expires_in")
-    try:
-        lifetime = float(expires_in) if expires_in is not None else default_expires_in
-    except (TypeError, ValueError):
-        raise TokenEndpointError("token response has an invalid expires_in", "invalid_response") from None
-    if not lifetime > 0 or lifetime > 10 * 365 * 86400:
-        raise TokenEndpointError("token response has an invalid expires_in", "invalid_response")
+    lifetime = _lifetime(data.get("expires_in"), default_expires_in)
     expires_at = now + lifetime
     if (jwt_exp := _jwt_expiry(token)) is not None and jwt_exp < expires_at:
         expires_at = jwt_exp  # the token's own exp is the truth; expires_in is rounded, and late
-    if expires_at <= now:
-        raise TokenEndpointError("token response carries a token that has already expired",
-                                 "invalid_response")
+    if expires_at - now < MIN_LIFETIME:
+        # it could not be handed out long enough to use: refused, so it is retried with backoff
+        raise TokenEndpointError("token response carries a token that expires within a second or has "
+                                 "expired", "invalid_response")
     scope = data.get("scope")
-    return Token(token, "Bearer", now, expires_at, scope if isinstance(scope, str) else None,
-                 fingerprint(token))
+    if not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS or not scope.isprintable():
+        scope = None
+    REDACTOR.add(token)  # only a token that will be served
+    return Token(token, "Bearer", now, expires_at, scope, fingerprint(token))
+
+
+def _lifetime(expires_in: Any, default: float) -> float:
+    """Seconds the token lives: `expires_in` (a number or a numeric string), else `default`; it
+    must be finite and positive, and is cut to MAX_LIFETIME."""
+    invalid = TokenEndpointError("token response has an invalid expires_in", "invalid_response")
+    if expires_in is None:
+        lifetime = default
+    elif isinstance(expires_in, bool) or not isinstance(expires_in, int | float | str):
+        raise invalid
+    elif isinstance(expires_in, int):
+        lifetime = float(min(expires_in, int(MAX_LIFETIME)))  # an int may be beyond any float
+    else:
+        try:
+            lifetime = float(expires_in)
+        except ValueError:
+            raise invalid from None
+    if not math.isfinite(lifetime) or lifetime <= 0:
+        raise invalid
+    return min(lifetime, MAX_LIFETIME)
 
 
 def _jwt_expiry(token: str) -> float | None:
@@ -149,10 +179,16 @@ def _jwt_expiry(token: str) -> float | None:
         return None
     try:
         payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
         return None
     exp = payload.get("exp") if isinstance(payload, dict) else None
-    return float(exp) if isinstance(exp, int | float) and not isinstance(exp, bool) else None
+    if not isinstance(exp, int | float) or isinstance(exp, bool):
+        return None
+    try:
+        value = float(exp)
+    except OverflowError:  # an int beyond any float: far in the future, so it shortens nothing
+        return None
+    return value if math.isfinite(value) else None
 
 
 def refresh_at(token: Token, refresh_ahead: float, jitter: float) -> float:
@@ -183,6 +219,9 @@ async def send_token_request(http: httpx.AsyncClient, request: TokenRequest, now
         async with http.stream("POST", request.url, headers=request.headers,
                                content=request.body.encode(), follow_redirects=False,
                                timeout=timeout) as response:
+            if response.headers.get("content-encoding", "identity").lower() != "identity":
+                # decoding is not bounded per chunk: a small gzip body can expand a thousandfold
+                raise TokenEndpointError("token endpoint answered with a compressed body", "invalid_response")
             chunks: list[bytes] = []
             size = 0
             async for chunk in response.aiter_bytes():
@@ -198,3 +237,5 @@ async def send_token_request(http: httpx.AsyncClient, request: TokenRequest, now
     except httpx.HTTPError as exc:
         raise TokenEndpointError(f"token endpoint unreachable ({type(exc).__name__})",
                                  "temporarily_unavailable") from None
+    except httpx.InvalidURL:
+        raise TokenEndpointError("token URL cannot be requested (InvalidURL)", "invalid_token_url") from None

@@ -3,6 +3,8 @@ It also serves RFC 9728 protected-resource metadata for discovery tests."""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import threading
 from collections import Counter
@@ -67,10 +69,10 @@ class FaultIdp:
                     self._send(401, b"{}", headers={
                         "WWW-Authenticate": f'Bearer resource_metadata="{idp.base}/prm"'})
                     return
-                if self.path != "/token":
+                if self.path != "/token" and not self.path.startswith("/token/"):
                     self._send(404, b"{}")
                     return
-                mode = idp.mode
+                mode = self.path.removeprefix("/token/") if self.path != "/token" else idp.mode  # per URL
                 if mode == "stall":
                     idp.release.wait(30)
                     self._send(503, b"{}")
@@ -85,6 +87,15 @@ class FaultIdp:
                     self._send(302, b"", headers={"Location": f"{idp.base}/elsewhere"})
                 elif mode == "invalid_client":
                     self._send(401, b'{"error": "invalid_client"}')
+                elif mode == "crlf":  # a header injection, if it were ever served
+                    self._send(200, json.dumps({"access_token": "fault-token\r\nX-Injected: 1",
+                                                "token_type": "Bearer", "expires_in": 3600}).encode())
+                elif mode == "huge_exp":  # a JWT whose exp no float can hold
+                    self._send(200, json.dumps({"access_token": _jwt({"exp": 10**400}), "token_type": "Bearer",
+                                                "expires_in": 3600}).encode())
+                elif mode == "gzip":  # compressed although the request asked for identity
+                    body = gzip.compress(json.dumps({"access_token": "fault-token-gzip", "expires_in": 60}).encode())
+                    self._send(200, body, headers={"Content-Encoding": "gzip"})
                 elif mode == "no_expires":
                     self._send(200, b'{"access_token": "fault-token-no-expiry", "token_type": "Bearer"}')
                 else:
@@ -93,6 +104,13 @@ class FaultIdp:
                                                 "expires_in": 3600}).encode())
 
         return Handler
+
+
+def _jwt(claims: dict[str, Any]) -> str:
+    def part(data: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'none'})}.{part(claims)}.sig"
 
 
 @contextmanager
