@@ -206,3 +206,19 @@ def test_every_number_in_the_config_is_finite_and_bounded(key: str, value: str) 
 def test_rates_are_bounded(rate: str) -> None:
     errs = errors_of(f'[[servers]]\nname = "s"\nendpoint = "https://a.example/mcp"\nrate = "{rate}"\n')
     assert len(errs) == 1 and errs[0].startswith("servers[0].rate: invalid rate"), errs
+
+
+@pytest.mark.parametrize("url", ["https://0177.0.0.1/token", "https://a.exa\\tmple/token",
+                                 "https://a.example/to ken", "https://a.example/t\\r\\nX: y"])
+def test_a_url_httpx_would_send_differently_is_refused(url: str) -> None:
+    errs = errors_of('[[servers]]\nname = "s"\nendpoint = "https://a.example/mcp"\n'
+                     f'oauth = {{ client_id = "c", client_secret = "{{{{secret:S}}}}", token_url = "{url}" }}\n')
+    assert len(errs) == 1 and errs[0].startswith("servers[0].oauth.token_url: "), errs
+
+
+@pytest.mark.parametrize("value", ['"0.5s"', '"2d"'])
+def test_expires_in_default_is_bounded(value: str) -> None:
+    errs = errors_of('[[servers]]\nname = "s"\nendpoint = "https://a.example/mcp"\n'
+                     'oauth = { client_id = "c", client_secret = "{{secret:S}}", '
+                     f'token_url = "https://a.example/t", expires_in_default = {value} }}\n')
+    assert len(errs) == 1 and errs[0].startswith("servers[0].oauth.expires_in_default: "), errs

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
+import httpx
+
 from .credshape import credential_name, credential_value
 from .egress import EgressPolicy, is_dev_loopback_url, parse_host_pattern, parse_private_entry
 from .errors import ConfigError
@@ -328,11 +330,15 @@ def _is_loopback(host: str) -> bool:
 
 def check_url(value: str) -> str | None:
     """Why `value` is not an acceptable endpoint URL, or None if it is."""
+    if len(value) > 2048 or not all("!" <= ch <= "~" for ch in value):
+        # urlsplit drops CR, LF and tab silently; what it accepts must also be what httpx sends
+        return "must be at most 2048 visible ASCII characters (no spaces or control characters)"
     try:
         parts = urlsplit(value)
         host = parts.hostname
         _ = parts.port
-    except ValueError:
+        httpx.URL(value)
+    except (ValueError, httpx.InvalidURL):
         return "not a valid URL"
     if parts.scheme not in ("https", "http") or not host:
         return "must be an https:// URL with a host"
@@ -556,6 +562,8 @@ def _parse_login(c: _Collector, path: str, t: dict[str, Any], grant: str,
         c.error(_join(path, "client_secret"), f"required for auth_method = {method!r}")
     expires_default = c.parsed(_join(path, "expires_in_default"),
                                t.get("expires_in_default", DEFAULT_EXPIRES_IN), parse_duration)
+    if expires_default is not None and not 1 <= expires_default <= 86400:
+        c.error(_join(path, "expires_in_default"), "expected from 1s to 1d")
     return LoginSpec(
         grant=grant,
         client_id=client_id if isinstance(client_id, str) else "",
