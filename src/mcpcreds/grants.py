@@ -3,16 +3,40 @@
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import secrets
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from .clock import Clock
+from .errors import TooManyGrants
 from .redis_state import RedisState
 
 TOKEN_PREFIX: Final = "mcg_"
 MAX_TTL: Final = 7 * 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class GrantLimits:
+    """The most live (unexpired, unrevoked) grants a store holds, and the most live direct
+    sub-grants one grant may have minted (`sidecar.max_grants`, `sidecar.max_subgrants`)."""
+
+    max_total: int = 10_000
+    max_children: int = 64
+
+
+DEFAULT_LIMITS: Final = GrantLimits()
+
+
+def _too_many_total(limits: GrantLimits) -> TooManyGrants:
+    return TooManyGrants(f"the sidecar holds its limit of {limits.max_total} live grants "
+                         "(sidecar.max_grants); revoke some or let them expire")
+
+
+def _too_many_children(limits: GrantLimits) -> TooManyGrants:
+    return TooManyGrants(f"this grant holds its limit of {limits.max_children} live sub-grants "
+                         "(sidecar.max_subgrants); revoke some or let them expire")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +68,10 @@ def token_hash(token: str) -> str:
 
 
 class GrantStore(Protocol):
-    async def put(self, grant: Grant, hashed: str) -> None: ...
+    async def put(self, grant: Grant, hashed: str, limits: GrantLimits = DEFAULT_LIMITS) -> None:
+        """Store `grant` under the hash of its token; TooManyGrants if the store holds
+        `limits.max_total` live grants, or its parent `limits.max_children` live sub-grants."""
+        ...
 
     async def get(self, hashed: str) -> Grant | None: ...
 
@@ -52,18 +79,30 @@ class GrantStore(Protocol):
 
 
 class MemoryGrants:
+    """Grants in this sidecar's memory. A heap by expiry sweeps lapsed grants, so a put costs
+    O(log n) whatever the store holds, and a lapsed or revoked grant frees its place."""
+
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._by_hash: dict[str, Grant] = {}
-        self._hash_of: dict[str, str] = {}
-        self._children: dict[str, set[str]] = {}
+        self._hash_of: dict[str, str] = {}  # id -> hash, of live grants
+        self._children: dict[str, set[str]] = {}  # id -> ids of its live direct sub-grants
+        self._expiry: list[tuple[float, str]] = []  # (expires_at, id), a heap; may hold revoked ids
 
-    async def put(self, grant: Grant, hashed: str) -> None:
+    async def put(self, grant: Grant, hashed: str, limits: GrantLimits = DEFAULT_LIMITS) -> None:
         self._expire()
+        if len(self._hash_of) >= limits.max_total:
+            raise _too_many_total(limits)
+        if grant.parent and len(self._children.get(grant.parent, ())) >= limits.max_children:
+            raise _too_many_children(limits)
         self._by_hash[hashed] = grant
         self._hash_of[grant.id] = hashed
         if grant.parent:
             self._children.setdefault(grant.parent, set()).add(grant.id)
+        heapq.heappush(self._expiry, (grant.expires_at, grant.id))
+        if len(self._expiry) > 2 * len(self._hash_of) + 64:  # mostly revoked ids: rebuild (amortised O(1))
+            self._expiry = [(self._by_hash[h].expires_at, i) for i, h in self._hash_of.items()]
+            heapq.heapify(self._expiry)
 
     async def get(self, hashed: str) -> Grant | None:
         grant = self._by_hash.get(hashed)
@@ -74,64 +113,138 @@ class MemoryGrants:
         return grant
 
     async def revoke(self, grant_id: str) -> bool:
+        if grant_id not in self._hash_of:
+            return False
+        todo = [grant_id]
+        while todo:  # not recursive: a chain of sub-grants may be deeper than Python's stack
+            gid = todo.pop()
+            self._remove(gid)
+            todo.extend(self._children.pop(gid, ()))
+        return True
+
+    def _remove(self, grant_id: str) -> None:
         hashed = self._hash_of.pop(grant_id, None)
         if hashed is None:
-            return False
-        self._by_hash.pop(hashed, None)
-        for child in self._children.pop(grant_id, set()):
-            await self.revoke(child)
-        return True
+            return
+        grant = self._by_hash.pop(hashed)
+        if grant.parent and (siblings := self._children.get(grant.parent)) is not None:
+            siblings.discard(grant_id)
+            if not siblings:
+                del self._children[grant.parent]
 
     def _expire(self) -> None:
         now = self.clock.time()
-        for hashed, grant in list(self._by_hash.items()):
-            if grant.expires_at <= now:
-                del self._by_hash[hashed]
-                self._hash_of.pop(grant.id, None)
-                self._children.pop(grant.id, None)
+        while self._expiry and self._expiry[0][0] <= now:
+            _, gid = heapq.heappop(self._expiry)
+            hashed = self._hash_of.get(gid)
+            if hashed is not None and self._by_hash[hashed].expires_at <= now:
+                self._remove(gid)
+
+
+_GRANTS: Final = "mcpcreds:{grants}"  # one hash tag: every grant key on one Redis Cluster slot
+
+# Store a grant if the limits allow, atomically (two sidecars cannot both take the last place).
+# KEYS: record, id, live (a sorted set of every grant id by expiry), and the parent's sorted set of
+# sub-grant ids by expiry (for a sub-grant). ARGV: now, max total, max children, id, expires_at,
+# sealed record, id record (hash and parent), TTL in ms. Returns 0 stored, 1 too many in all,
+# 2 too many sub-grants of that parent.
+PUT_SCRIPT: Final = """
+local now = ARGV[1]
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[2]) then return 1 end
+if #KEYS == 4 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  if redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[3]) then return 2 end
+end
+local ttl = tonumber(ARGV[8])
+redis.call('SET', KEYS[1], ARGV[6], 'PX', ttl)
+redis.call('SET', KEYS[2], ARGV[7], 'PX', ttl)
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4])
+if #KEYS == 4 then
+  redis.call('ZADD', KEYS[4], ARGV[5], ARGV[4])
+  if redis.call('PTTL', KEYS[4]) < ttl then redis.call('PEXPIRE', KEYS[4], ttl) end
+end
+return 0
+"""
 
 
 class RedisGrants:
-    """Grants in the shared state, so a child may use any sidecar that shares it."""
+    """Grants in the shared state, so a child may use any sidecar that shares it. A grant record
+    carries an HMAC bound to its Redis key: one written by hand, or moved from another token's
+    key, is not honoured."""
 
     def __init__(self, state: RedisState, clock: Clock) -> None:
         self.state = state
         self.clock = clock
+        self._put = state.redis.register_script(PUT_SCRIPT)
 
-    async def put(self, grant: Grant, hashed: str) -> None:
-        ttl = max(1, int((grant.expires_at - self.clock.time()) * 1000))
-        r = self.state.redis
-        pipe = r.pipeline(transaction=True)
-        pipe.set(f"mcpcreds:grant:{hashed}", grant.to_json(), px=ttl)
-        pipe.set(f"mcpcreds:grantid:{grant.id}", hashed, px=ttl)
-        if grant.parent:  # for clean-up on revoke; get() checks the ancestors either way
-            pipe.sadd(f"mcpcreds:grantkids:{grant.parent}", grant.id)
-            pipe.pexpire(f"mcpcreds:grantkids:{grant.parent}", ttl)
-        await self.state.call("store grant", pipe.execute())
+    @staticmethod
+    def _record(hashed: str) -> str:
+        return f"{_GRANTS}:rec:{hashed}"
+
+    @staticmethod
+    def _id(grant_id: str) -> str:
+        return f"{_GRANTS}:id:{grant_id}"
+
+    @staticmethod
+    def _kids(grant_id: str) -> str:
+        return f"{_GRANTS}:kids:{grant_id}"
+
+    async def put(self, grant: Grant, hashed: str, limits: GrantLimits = DEFAULT_LIMITS) -> None:
+        now = self.clock.time()
+        ttl = max(1, int((grant.expires_at - now) * 1000))
+        name = self._record(hashed)
+        sealed = await self.state.seal("grant", name, grant.to_json().encode())
+        keys = [name, self._id(grant.id), f"{_GRANTS}:live"]
+        if grant.parent:
+            keys.append(self._kids(grant.parent))
+        verdict = await self.state.call("store grant", self._put(keys=keys, args=[
+            now, limits.max_total, limits.max_children, grant.id, grant.expires_at, sealed,
+            f"{hashed} {grant.parent or ''}", ttl]))
+        if int(verdict) == 1:
+            raise _too_many_total(limits)
+        if int(verdict) == 2:
+            raise _too_many_children(limits)
 
     async def get(self, hashed: str) -> Grant | None:
-        raw = await self.state.call("read grant", self.state.redis.get(f"mcpcreds:grant:{hashed}"))
+        name = self._record(hashed)
+        raw = await self.state.call("read grant", self.state.redis.get(name))
         if raw is None:
             return None
-        grant = Grant.from_json(raw)
+        payload = await self.state.unseal("grant", name, raw)
+        if payload is None:
+            return None
+        try:
+            grant = Grant.from_json(payload)
+        except (ValueError, KeyError, TypeError):
+            self.state.refuse("grant", name)
+            return None
         if grant.expires_at <= self.clock.time():
             return None
         if grant.ancestors:  # a revoked (or lapsed) ancestor ends the grant, whatever its own TTL
             alive = await self.state.call("read grant", self.state.redis.exists(
-                *(f"mcpcreds:grantid:{a}" for a in grant.ancestors)))
+                *(self._id(a) for a in grant.ancestors)))
             if int(alive) != len(grant.ancestors):
                 return None
         return grant
 
     async def revoke(self, grant_id: str) -> bool:
+        """Revoke the grant and every grant below it; each frees its place in the limits."""
         r = self.state.redis
-        hashed = await self.state.call("revoke grant", r.get(f"mcpcreds:grantid:{grant_id}"))
-        if hashed is None:
-            return False
-        kids: Any = await self.state.call("revoke grant", r.smembers(f"mcpcreds:grantkids:{grant_id}"))
-        await self.state.call("revoke grant", r.delete(
-            f"mcpcreds:grant:{hashed.decode()}", f"mcpcreds:grantid:{grant_id}",
-            f"mcpcreds:grantkids:{grant_id}"))
-        for kid in kids or ():
-            await self.revoke(kid.decode() if isinstance(kid, bytes) else str(kid))
-        return True
+        todo, found = [grant_id], False
+        while todo:
+            gid = todo.pop()
+            entry = await self.state.call("revoke grant", r.get(self._id(gid)))
+            if entry is None:
+                continue
+            found = True
+            hashed, _, parent = entry.decode().partition(" ")
+            kids: Any = await self.state.call("revoke grant", r.zrange(self._kids(gid), 0, -1))
+            pipe = r.pipeline(transaction=True)
+            pipe.delete(self._record(hashed), self._id(gid), self._kids(gid))
+            pipe.zrem(f"{_GRANTS}:live", gid)
+            if parent:
+                pipe.zrem(self._kids(parent), gid)
+            await self.state.call("revoke grant", pipe.execute())
+            todo.extend(k.decode() if isinstance(k, bytes) else str(k) for k in kids or ())
+        return found

@@ -1,20 +1,28 @@
 """The shared state in Redis: buckets (one atomic script on the server's clock), logins
-(encrypted, with a TTL), a single-flight lock with a lease, and events on pub/sub."""
+(encrypted, with a TTL), a single-flight lock with a lease, and events on pub/sub.
+
+Whoever can write to Redis must not be able to mint a grant or send an event: the keys come from
+`state_key` with HKDF (a salt kept in Redis, set once with SET NX so every sidecar agrees), logins
+are Fernet-encrypted, grants and events carry an HMAC bound to what they are (kind and Redis key),
+and a record or event that does not verify is ignored and logged once."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
-import hashlib
 import json
 import os
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
 
 import redis.asyncio as aioredis
+from cryptography.exceptions import InvalidSignature
 from cryptography.fernet import Fernet, InvalidToken
+from cryptography.hazmat.primitives import hashes, hmac
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
@@ -28,12 +36,19 @@ from .secret import REDACTOR
 CALL_TIMEOUT: Final = 1.0
 DOWN_SECONDS: Final = 0.25
 EVENTS: Final = "mcpcreds:events"
+SALT_KEY: Final = "mcpcreds:salt"
+MAX_PAUSE: Final = 86400.0  # the longest pause the API lets anyone set
+MAX_REFUSALS_LOGGED: Final = 1024
 _log = get_logger("redis")
+T = TypeVar("T")
 
 # Token bucket on the Redis server's clock (so the hosts' clock skew does not matter).
-# KEYS[1] bucket hash. ARGV: burst, refill per second, cost, mode (take|peek|pause), pause seconds.
-# Returns {granted 0/1, wait seconds, level, pause remaining} (floats as strings: Lua numbers
-# would be truncated to integers in the reply).
+# KEYS[1] bucket hash. ARGV: burst, refill per second, cost, mode (take|peek|pause), pause seconds,
+# longest pause. Returns {granted 0/1, wait seconds, level, pause remaining} (floats as strings: Lua
+# numbers would be truncated to integers in the reply).
+# The record is computed on the server, so it cannot carry a MAC whose key Redis never sees; instead
+# what is read is held to what the script itself could have written (a level within 0..burst, no
+# update from the future, no pause longer than the API allows), whoever wrote it.
 BUCKET_SCRIPT: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -41,11 +56,16 @@ local burst = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local mode = ARGV[4]
+local function num(v, default, lo, hi)
+  local x = tonumber(v)
+  if x == nil or x ~= x then return default end
+  return math.max(lo, math.min(hi, x))
+end
 local h = redis.call('HMGET', KEYS[1], 'level', 'updated', 'paused_until')
-local level = tonumber(h[1]) or burst
-local updated = tonumber(h[2]) or now
-local paused = tonumber(h[3]) or 0
-level = math.min(burst, level + math.max(0, now - updated) * rate)
+local level = num(h[1], burst, 0, burst)
+local updated = num(h[2], now, 0, now)
+local paused = num(h[3], 0, 0, now + tonumber(ARGV[6]))
+level = math.min(burst, level + (now - updated) * rate)
 if mode == 'pause' then
   local till = now + tonumber(ARGV[5])
   if till > paused then paused = till end
@@ -85,8 +105,48 @@ def _tag(key: str) -> str:
     return "mcpcreds:{" + key + "}"
 
 
-def fernet_from_secret(secret: str) -> Fernet:
-    return Fernet(base64.urlsafe_b64encode(hashlib.sha256(secret.encode()).digest()))
+def _bound(kind: str, name: str) -> bytes:
+    """What a MAC is bound to, length-prefixed so no two (kind, name) pairs read the same."""
+    return f"mcpcreds/{kind}/{len(name)}:{name}\n".encode()
+
+
+@dataclass(frozen=True, slots=True)
+class StateKeys:
+    """Keys derived from state_key with HKDF and the deployment's salt: one for encrypting logins,
+    another for the HMAC on grants and events."""
+
+    salt: bytes
+    fernet: Fernet
+    mac_key: bytes
+
+    def _mac(self, kind: str, name: str, payload: bytes) -> hmac.HMAC:
+        mac = hmac.HMAC(self.mac_key, hashes.SHA256())
+        mac.update(_bound(kind, name) + payload)
+        return mac
+
+    def seal(self, kind: str, name: str, payload: bytes) -> bytes:
+        """`payload` with an HMAC (hex, then a dot) bound to the record's kind and Redis key."""
+        return self._mac(kind, name, payload).finalize().hex().encode() + b"." + payload
+
+    def open(self, kind: str, name: str, sealed: bytes) -> bytes | None:
+        """The payload if its HMAC is valid for this kind and name, else None."""
+        tag, dot, payload = sealed.partition(b".")
+        try:
+            if not dot or len(tag) != 64:
+                return None
+            self._mac(kind, name, payload).verify(bytes.fromhex(tag.decode("ascii")))
+        except (ValueError, InvalidSignature):
+            return None
+        return payload
+
+
+def derive_keys(state_key: str, salt: bytes) -> StateKeys:
+    def hkdf(purpose: bytes) -> bytes:
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt,
+                    info=b"mcpcreds " + purpose).derive(state_key.encode())
+
+    return StateKeys(salt, Fernet(base64.urlsafe_b64encode(hkdf(b"login encryption v1"))),
+                     hkdf(b"record mac v1"))
 
 
 class RedisState:
@@ -105,7 +165,10 @@ class RedisState:
             self.redis = aioredis.Redis.from_url(url, **options)
         self._down_until = 0.0
         self.url = url
-        self.fernet = fernet_from_secret(state_key)
+        self._state_key = state_key
+        self._keys: StateKeys | None = None
+        self._refused: set[tuple[str, str]] = set()
+        self.refusals = 0  # records and events that failed verification
         self.node = os.urandom(6).hex()  # who published an event
         self._bucket = self.redis.register_script(BUCKET_SCRIPT)
         self._drop = self.redis.register_script(DROP_SCRIPT)
@@ -125,35 +188,87 @@ class RedisState:
             raise StateUnavailable(f"shared state unreachable ({what}: {type(exc).__name__}); "
                                    "requests fail until it is back") from None
 
+    # -- keys
+
+    async def keys(self, refresh: bool = False) -> StateKeys:
+        """The keys for the salt in Redis. The first sidecar sets the salt (SET NX) and the others
+        read it; `refresh` reads it again and sets ours back if Redis lost it (a restart without
+        persistence), so sidecars started before and after the loss agree again."""
+        if self._keys is not None and not refresh:
+            return self._keys
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(SALT_KEY, self._keys.salt if self._keys is not None else os.urandom(16), nx=True)
+        pipe.get(SALT_KEY)
+        _, salt = await self.call("read salt", pipe.execute())
+        if salt is None:
+            raise StateUnavailable("shared state: the key salt vanished as it was set; try again")
+        if self._keys is None or salt != self._keys.salt:
+            self._keys = derive_keys(self._state_key, bytes(salt))
+        return self._keys
+
+    async def seal(self, kind: str, name: str, payload: bytes) -> bytes:
+        return (await self.keys(refresh=True)).seal(kind, name, payload)
+
+    async def unseal(self, kind: str, name: str, sealed: bytes) -> bytes | None:
+        return await self._verified(kind, name, lambda keys: keys.open(kind, name, sealed))
+
+    async def _verified(self, kind: str, name: str, read: Callable[[StateKeys], T | None]) -> T | None:
+        """`read` with our keys, then (if that fails) with the salt read again: None, logged once,
+        if the record still does not verify."""
+        keys = await self.keys()
+        value = read(keys)
+        if value is None:
+            fresh = await self.keys(refresh=True)
+            if fresh is not keys:
+                value = read(fresh)
+        if value is None:
+            self.refuse(kind, name)
+        return value
+
+    def refuse(self, kind: str, name: str) -> None:
+        """Count a record or event that failed verification; log it the first time."""
+        self.refusals += 1
+        if (kind, name) in self._refused or len(self._refused) >= MAX_REFUSALS_LOGGED:
+            return
+        self._refused.add((kind, name))
+        _log.warning(f"a shared {kind} failed verification and is ignored (forged, or another state_key)",
+                     extra={"record": name})
+
     # -- buckets
 
     async def bucket(self, key: str, rate: Rate, cost: int, mode: str,
                      pause: float = 0.0) -> tuple[bool, float, float, float]:
         reply = await self.call("bucket", self._bucket(
-            keys=[_tag(key) + ":bucket"], args=[rate.burst, rate.per_second, cost, mode, pause]))
+            keys=[_tag(key) + ":bucket"], args=[rate.burst, rate.per_second, cost, mode, pause, MAX_PAUSE]))
         granted, wait, level, paused = reply
         return bool(int(granted)), float(wait), float(level), float(paused)
 
     # -- logins
 
     async def get_login(self, key: str) -> Token | None:
-        blob = await self.call("get login", self.redis.hget(_tag(key) + ":login", "blob"))
+        name = _tag(key) + ":login"
+        blob = await self.call("get login", self.redis.hget(name, "blob"))
         if blob is None:
             return None
-        try:
-            data = json.loads(self.fernet.decrypt(blob))
-        except (InvalidToken, ValueError):
-            _log.warning("a shared login could not be decrypted (another state_key?)", extra={"key": key})
-            return None
-        if data.get("key") != key:  # a login copied from another key's slot: not ours
-            _log.warning("a shared login is bound to another key; ignored", extra={"key": key})
+
+        def read(keys: StateKeys) -> dict[str, Any] | None:
+            try:
+                data = json.loads(keys.fernet.decrypt(blob))
+            except (InvalidToken, ValueError):
+                return None
+            # a login copied from another key's slot is not ours
+            return data if isinstance(data, dict) and data.get("key") == key else None
+
+        data = await self._verified("login", name, read)
+        if data is None:
             return None
         REDACTOR.add(data["access_token"])
         return Token(data["access_token"], data["token_type"], data["obtained_at"], data["expires_at"],
                      data.get("scope"), data["fingerprint"])
 
     async def put_login(self, key: str, token: Token, ttl: float) -> None:
-        blob = self.fernet.encrypt(json.dumps({
+        keys = await self.keys(refresh=True)
+        blob = keys.fernet.encrypt(json.dumps({
             "key": key, "access_token": token.access_token, "token_type": token.token_type,
             "obtained_at": token.obtained_at, "expires_at": token.expires_at, "scope": token.scope,
             "fingerprint": token.fingerprint}).encode())
@@ -179,8 +294,8 @@ class RedisState:
     # -- events
 
     async def publish(self, kind: str, key: str, **fields: Any) -> None:
-        message = json.dumps({"kind": kind, "key": key, "node": self.node, **fields})
-        await self.call("publish", self.redis.publish(EVENTS, message))
+        message = json.dumps({"kind": kind, "key": key, "node": self.node, **fields}).encode()
+        await self.call("publish", self.redis.publish(EVENTS, await self.seal("event", EVENTS, message)))
 
     def listen(self, handler: Callable[[dict[str, Any]], None]) -> None:
         """Deliver other sidecars' events to `handler`, reconnecting after a loss."""
@@ -197,11 +312,8 @@ class RedisState:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
                     if message is None or message.get("type") != "message":
                         continue
-                    try:
-                        event = json.loads(message["data"])
-                    except ValueError:
-                        continue
-                    if isinstance(event, dict) and event.get("node") != self.node:
+                    event = await self._event(message["data"])
+                    if event is not None and event.get("node") != self.node:
                         handler(event)
             except asyncio.CancelledError:
                 raise
@@ -211,6 +323,17 @@ class RedisState:
             finally:
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _event(self, data: Any) -> dict[str, Any] | None:
+        """A published event if its HMAC verifies, else None."""
+        if not isinstance(data, bytes):
+            return None
+        try:
+            payload = await self.unseal("event", EVENTS, data)
+            event = json.loads(payload) if payload is not None else None
+        except (StateUnavailable, ValueError):
+            return None
+        return event if isinstance(event, dict) else None
 
     async def ping(self) -> bool:
         try:
