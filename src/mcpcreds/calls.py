@@ -1,5 +1,6 @@
 """Each call of the socket API described once: method, path, body and what to return.
-The sync and async clients, and the auth flow, only drive the I/O."""
+The sync and async clients, and the auth flow, only drive the I/O. Every answer is checked for
+the shape its caller relies on: a malformed one is a `MalformedAnswer`, never a TypeError."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
+
+from .errors import McpcredsError
 
 R = TypeVar("R")
 
@@ -20,12 +23,74 @@ class Call(Generic[R]):
     extra_time: float = 0.0  # on top of the client timeout (a permit wait)
 
 
+class MalformedAnswer(McpcredsError):
+    """The sidecar answered, but not with the shape this call expects."""
+
+    code = "malformed_answer"
+    status = 502
+
+
 def _server(name: str, action: str) -> str:
     return f"/v1/servers/{quote(name, safe=':')}/{action}"
 
 
 def _whole(body: Any) -> dict[str, Any]:
-    return dict(body)
+    if not isinstance(body, dict):
+        raise MalformedAnswer(f"the sidecar answered {type(body).__name__} where an object was expected")
+    return body
+
+
+def _field(body: Any, key: str, *types: type) -> Any:
+    """`body[key]`, which must be there and be one of `types` (a bool is not a number here)."""
+    whole = _whole(body)
+    value = whole.get(key)
+    if key not in whole or not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise MalformedAnswer(f"the sidecar's answer has no valid {key!r} "
+                              f"({' or '.join(t.__name__ for t in types)} expected)")
+    return value
+
+
+def _strings(body: Any, key: str) -> list[str]:
+    value: list[Any] = _field(body, key, list)
+    if not all(isinstance(item, str) for item in value):
+        raise MalformedAnswer(f"the sidecar's answer has a non-string in {key!r}")
+    return value
+
+
+def _with_headers(body: Any) -> dict[str, Any]:
+    headers: dict[Any, Any] = _field(body, "headers", dict)
+    if not all(isinstance(v, str) for v in headers.values()):
+        raise MalformedAnswer("the sidecar's answer has a header value that is not a string")
+    return _whole(body)
+
+
+def _servers(body: Any) -> list[dict[str, Any]]:
+    servers: list[Any] = _field(body, "servers", list)
+    if not all(isinstance(s, dict) for s in servers):
+        raise MalformedAnswer("the sidecar's answer has a server that is not an object")
+    return servers
+
+
+def _permits(body: Any) -> dict[str, Any]:
+    _field(body, "granted", int)
+    _field(body, "waited", int, float)
+    return _whole(body)
+
+
+def _permits_and_headers(body: Any) -> dict[str, Any]:
+    return _permits(_with_headers(body))
+
+
+def _grant(body: Any) -> dict[str, Any]:
+    _field(body, "id", str)
+    _field(body, "grant", str)
+    return _whole(body)
+
+
+def _rotation(body: Any) -> dict[str, Any]:
+    _strings(body, "renewed")
+    _field(body, "stored_in", str)
+    return _whole(body)
 
 
 class Calls:
@@ -37,37 +102,38 @@ class Calls:
 
     @staticmethod
     def servers() -> Call[list[dict[str, Any]]]:
-        return Call("GET", "/v1/servers", lambda b: list(b["servers"]))
+        return Call("GET", "/v1/servers", _servers)
 
     @staticmethod
     def headers_info(name: str) -> Call[dict[str, Any]]:
-        return Call("GET", _server(name, "headers"), _whole)
+        return Call("GET", _server(name, "headers"), _with_headers)
 
     @staticmethod
     def headers(name: str) -> Call[dict[str, str]]:
-        return Call("GET", _server(name, "headers"), lambda b: dict(b["headers"]))
+        return Call("GET", _server(name, "headers"), lambda b: dict(_with_headers(b)["headers"]))
 
     @staticmethod
     def acquire(name: str, cost: int, max_wait: float) -> Call[dict[str, Any]]:
-        return Call("POST", _server(name, "acquire"), _whole, {"cost": cost, "max_wait": max_wait},
+        return Call("POST", _server(name, "acquire"), _permits, {"cost": cost, "max_wait": max_wait},
                      max_wait)
 
     @staticmethod
     def call(name: str, cost: int, max_wait: float) -> Call[dict[str, Any]]:
-        return Call("POST", _server(name, "call"), _whole, {"cost": cost, "max_wait": max_wait},
-                     max_wait)
+        return Call("POST", _server(name, "call"), _permits_and_headers,
+                    {"cost": cost, "max_wait": max_wait}, max_wait)
 
     @staticmethod
     def invalidate(name: str, fingerprint: str | None, reason: str) -> Call[bool]:
         body: dict[str, Any] = {"reason": reason}
         if fingerprint:
             body["fingerprint"] = fingerprint
-        return Call("POST", _server(name, "invalidate"), lambda b: bool(b["dropped"]), body)
+        return Call("POST", _server(name, "invalidate"), lambda b: bool(_field(b, "dropped", bool)),
+                    body)
 
     @staticmethod
     def backoff(name: str, retry_after: float) -> Call[float | None]:
-        return Call("POST", _server(name, "backoff"), lambda b: b["paused_until"],
-                     {"retry_after": retry_after})
+        return Call("POST", _server(name, "backoff"),
+                    lambda b: _field(b, "paused_until", int, float, type(None)), {"retry_after": retry_after})
 
     @staticmethod
     def status() -> Call[dict[str, Any]]:
@@ -75,18 +141,19 @@ class Calls:
 
     @staticmethod
     def secret_rotated(name: str) -> Call[list[str]]:
-        return Call("POST", f"/v1/secrets/{quote(name, safe='')}/rotated", lambda b: list(b["renewed"]),
+        return Call("POST", f"/v1/secrets/{quote(name, safe='')}/rotated", lambda b: _strings(b, "renewed"),
                      {})
 
     @staticmethod
     def secret_rotate(name: str, value: str, force: bool) -> Call[dict[str, Any]]:
-        return Call("POST", f"/v1/secrets/{quote(name, safe='')}/rotate", lambda b: dict(b),
+        return Call("POST", f"/v1/secrets/{quote(name, safe='')}/rotate", _rotation,
                     {"value": value, "force": force}, 60.0)
 
     @staticmethod
     def grant(servers: list[str], ttl: float) -> Call[dict[str, Any]]:
-        return Call("POST", "/v1/grants", lambda b: dict(b), {"servers": servers, "ttl": ttl})
+        return Call("POST", "/v1/grants", _grant, {"servers": servers, "ttl": ttl})
 
     @staticmethod
     def revoke_grant(grant_id: str) -> Call[bool]:
-        return Call("DELETE", f"/v1/grants/{quote(grant_id, safe='')}", lambda b: bool(b["revoked"]))
+        return Call("DELETE", f"/v1/grants/{quote(grant_id, safe='')}",
+                    lambda b: bool(_field(b, "revoked", bool)))

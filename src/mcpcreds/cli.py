@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from . import __version__
+from .calls import MalformedAnswer
 from .client import Client
 from .config import Config, SecretsConfig, default_socket_path, find_config_path, load_config
 from .errors import (
@@ -22,6 +23,7 @@ from .errors import (
     UnknownSecret,
     UnknownServer,
 )
+from .socket_check import UntrustedSidecar
 from .sources import KeyringSource, check_secret_name
 
 EXIT_OK = 0
@@ -85,22 +87,19 @@ def _print_json(data: Any) -> None:
     sys.stdout.write("\n")
 
 
-def _socket(args: argparse.Namespace) -> str:
-    """--socket, else the config's sidecar.socket (if a config exists), else the defaults."""
-    if getattr(args, "socket", None):
-        return str(args.socket)
+def _client(args: argparse.Namespace, **options: Any) -> Client:
+    """A client for the socket (--socket, else the config's sidecar.socket if a config exists, else
+    the defaults) that expects the sidecar to run as sidecar.sidecar_uid (else the client's defaults)."""
+    config = None
     explicit = getattr(args, "config", None)
     if explicit or find_config_path().exists():
         try:
-            return str(default_socket_path(_config(args).sidecar.socket))
+            config = _config(args)
         except ConfigError:
             if explicit:
                 raise
-    return str(default_socket_path())
-
-
-def _client(args: argparse.Namespace) -> Client:
-    return Client(_socket(args))
+    socket = getattr(args, "socket", None) or default_socket_path(config.sidecar.socket if config else None)
+    return Client(socket, sidecar_uid=config.sidecar.sidecar_uid if config else None, **options)
 
 
 # ---------------------------------------------------------------------------- commands
@@ -158,6 +157,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json or (not sys.stdout.isatty() and args.json is None):
         _print_json(status)
         return EXIT_OK
+    try:
+        _print_status(status)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise MalformedAnswer(f"the sidecar's status answer is malformed ({type(exc).__name__}); "
+                              "`mcpcreds status --json` shows it as it came") from None
+    return EXIT_OK
+
+
+def _print_status(status: dict[str, Any]) -> None:
     print(f"mcpcreds {status.get('version', '?')}  config {status.get('config') or '-'}")
     print("\nservers")
     rows: list[tuple[str, ...]] = [("name", "key", "auth", "rate", "secrets")]
@@ -181,7 +189,6 @@ def cmd_status(args: argparse.Namespace) -> int:
                          str(b.get("waiting", 0)), str(b.get("granted", 0)), str(b.get("refused", 0)),
                          _fmt_time(b.get("paused_until"))))
         _print_table(rows)
-    return EXIT_OK
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -220,15 +227,20 @@ def cmd_spawn_payload(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _notify_sidecar(args: argparse.Namespace, name: str) -> None:
-    """Tell a running sidecar that `name` changed; fine if none runs or nothing uses it."""
+def _notify_sidecar(args: argparse.Namespace, name: str) -> int:
+    """Tell a running sidecar that `name` changed; fine if none runs or nothing uses it, but a
+    socket that is not the sidecar's is reported (exit 69)."""
     try:
-        with Client(_socket(args), connect_retry=0) as client:
+        with _client(args, connect_retry=0) as client:
             renewed = client.secret_rotated(name)
+    except UntrustedSidecar as exc:
+        print(f"mcpcreds: the sidecar was not told: {exc.message}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except (SidecarUnavailable, UnknownSecret):
-        return
+        return EXIT_OK
     if renewed:
         print(f"sidecar renewed: {', '.join(renewed)}", file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_secret_set(args: argparse.Namespace) -> int:
@@ -236,8 +248,7 @@ def cmd_secret_set(args: argparse.Namespace) -> int:
     value = read_secret_value(sys.stdin, f"value for {name}: ")
     _keyring(args).set(name, value)
     print(f"stored {name} in the keyring", file=sys.stderr)
-    _notify_sidecar(args, name)
-    return EXIT_OK
+    return _notify_sidecar(args, name)
 
 
 def cmd_secret_rotate(args: argparse.Namespace) -> int:
@@ -245,9 +256,11 @@ def cmd_secret_rotate(args: argparse.Namespace) -> int:
     name = check_secret_name(args.name)
     value = read_secret_value(sys.stdin, f"new value for {name}: ")
     try:
-        with Client(_socket(args), connect_retry=0, timeout=60) as client:
+        with _client(args, connect_retry=0, timeout=60) as client:
             result = client.secret_rotate(name, value, force=args.force)
-    except SidecarUnavailable:
+    except SidecarUnavailable as exc:
+        if isinstance(exc, UntrustedSidecar):  # someone else's socket: say so, store nothing
+            raise
         if not args.force:
             print("mcpcreds: no sidecar is running to try the new value; "
                   "use --force to store it untested", file=sys.stderr)

@@ -16,9 +16,10 @@ from typing import Any, Final, Literal, TypeVar
 import httptools
 
 from .auth import AUTH_CLASS, HttpxAuth
-from .calls import Call, Calls
+from .calls import Call, Calls, MalformedAnswer
 from .config import default_socket_path
 from .errors import McpcredsError, SidecarUnavailable, error_from_wire
+from .socket_check import expected_sidecar_uid
 from .uds import Retryable, SyncUdsHttp, UdsHttp
 
 DEFAULT_TIMEOUT: Final = 10.0
@@ -33,7 +34,12 @@ def _grant_header(grant: str | None) -> dict[str, str]:
 
 def _decode_parts(status: int, body: Any, call: Call[R]) -> R:
     if status >= 400:
-        raise error_from_wire(status, body if isinstance(body, dict) else {})
+        try:
+            error = error_from_wire(status, body if isinstance(body, dict) else {})
+        except (TypeError, ValueError) as exc:  # e.g. a retry_after that is not a number
+            raise MalformedAnswer(f"the sidecar's HTTP {status} answer to {call.method} {call.path} "
+                                  f"is malformed ({exc})") from None
+        raise error
     return call.extract(body)
 
 
@@ -64,8 +70,9 @@ class _RetryWindow:
 
 class _Base:
     def __init__(self, socket: str | os.PathLike[str] | None, grant: str | None, timeout: float,
-                 connect_retry: float) -> None:
+                 connect_retry: float, sidecar_uid: int | None) -> None:
         self.socket_path = Path(socket) if socket else default_socket_path()
+        self.sidecar_uid = expected_sidecar_uid(sidecar_uid)
         self.timeout = timeout
         self.connect_retry = connect_retry
         self._headers = _grant_header(grant)
@@ -73,17 +80,24 @@ class _Base:
     def _unavailable(self, exc: BaseException) -> SidecarUnavailable:
         if isinstance(exc, TimeoutError):
             return SidecarUnavailable(f"the sidecar on {self.socket_path} did not answer in time")
+        if isinstance(exc, ValueError | httptools.HttpParserError):
+            return SidecarUnavailable(f"the sidecar on {self.socket_path} sent a malformed HTTP answer "
+                                      f"({type(exc).__name__})")
         return SidecarUnavailable(f"no mcpcreds sidecar answers on {self.socket_path} "
                                   f"({type(exc).__name__}); start one with `mcpcreds serve`")
 
 
 class AsyncClient(_Base):
-    """`async with AsyncClient() as creds: await creds.headers("crm-ro")`."""
+    """`async with AsyncClient() as creds: await creds.headers("crm-ro")`.
+
+    `sidecar_uid`: the uid the sidecar runs as (default $MCPCREDS_SIDECAR_UID, else ours); a socket
+    whose folder or listener is another uid's is refused with `UntrustedSidecar` before a byte."""
 
     def __init__(self, socket: str | os.PathLike[str] | None = None, *, grant: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, connect_retry: float = CONNECT_RETRY_SECONDS) -> None:
-        super().__init__(socket, grant, timeout, connect_retry)
-        self._http = UdsHttp(str(self.socket_path), self._headers)
+                 timeout: float = DEFAULT_TIMEOUT, connect_retry: float = CONNECT_RETRY_SECONDS,
+                 sidecar_uid: int | None = None) -> None:
+        super().__init__(socket, grant, timeout, connect_retry, sidecar_uid)
+        self._http = UdsHttp(str(self.socket_path), self._headers, self.sidecar_uid)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -161,9 +175,10 @@ class Client(_Base):
     """The synchronous twin of `AsyncClient`."""
 
     def __init__(self, socket: str | os.PathLike[str] | None = None, *, grant: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, connect_retry: float = CONNECT_RETRY_SECONDS) -> None:
-        super().__init__(socket, grant, timeout, connect_retry)
-        self._http = SyncUdsHttp(str(self.socket_path), self._headers)
+                 timeout: float = DEFAULT_TIMEOUT, connect_retry: float = CONNECT_RETRY_SECONDS,
+                 sidecar_uid: int | None = None) -> None:
+        super().__init__(socket, grant, timeout, connect_retry, sidecar_uid)
+        self._http = SyncUdsHttp(str(self.socket_path), self._headers, self.sidecar_uid)
 
     def __enter__(self) -> Client:
         return self

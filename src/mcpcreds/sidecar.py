@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
 import stat
+import sys
 from pathlib import Path
-from typing import Final
+from typing import Final, NoReturn
 
 from .api import Api
 from .audit import AuditLog
@@ -31,23 +33,52 @@ class SocketInUse(McpcredsError):
     code = "socket_in_use"
 
 
+class UnsafeSocketPath(McpcredsError):
+    code = "unsafe_socket_path"
+
+
 def prepare_socket_dir(path: Path) -> None:
-    """Create the socket's folder 0700, or refuse one that others can enter."""
+    """Create the socket's folder 0700, or check the existing one, never following a symlink: a
+    folder planted by someone else (e.g. at the predictable /tmp/mcpcreds-$UID) is refused, and so
+    is a parent that others could swap the folder in."""
     folder = path.parent
-    if not folder.exists():
-        old = os.umask(0o077)
-        try:
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        finally:
-            os.umask(old)
-    info = folder.stat()
-    if info.st_uid != os.getuid():
-        raise McpcredsError(f"socket folder {folder} belongs to uid {info.st_uid}, not to us")
+    uid = os.getuid()
+    old = os.umask(0o077)
+    try:
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+    finally:
+        os.umask(old)
+    parent = folder.parent.stat()
+    if parent.st_uid not in (0, uid):
+        raise UnsafeSocketPath(f"socket folder {folder} is inside {folder.parent}, which belongs to uid "
+                               f"{parent.st_uid}; move the socket (sidecar.socket)")
+    if parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX:
+        raise UnsafeSocketPath(f"socket folder {folder} is inside {folder.parent}, which others can write "
+                               f"to (mode {stat.S_IMODE(parent.st_mode):04o}, no sticky bit); "
+                               "move the socket (sidecar.socket)")
+    info = folder.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafeSocketPath(f"socket folder {folder} is a symlink; refusing it (remove it, or set "
+                               "sidecar.socket to a folder of your own)")
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeSocketPath(f"socket folder {folder} is not a folder")
+    if info.st_uid != uid:
+        raise UnsafeSocketPath(f"socket folder {folder} belongs to uid {info.st_uid}, not to us (uid {uid})")
     if stat.S_IMODE(info.st_mode) & 0o077:
-        raise McpcredsError(
+        raise UnsafeSocketPath(
             f"socket folder {folder} has mode {stat.S_IMODE(info.st_mode):04o}; it must be 0700 "
             f"(chmod 700 {folder})"
         )
+
+
+def check_sidecar_uid(config: Config) -> None:
+    """Clients refuse a sidecar that does not run as sidecar.sidecar_uid: say so at start."""
+    expected = config.sidecar.sidecar_uid
+    if expected is not None and expected != os.getuid():
+        raise UnsafeSocketPath(f"sidecar.sidecar_uid is {expected}, but this sidecar runs as uid "
+                               f"{os.getuid()}: every client would refuse it")
 
 
 def claim_socket_path(path: Path) -> None:
@@ -124,6 +155,7 @@ class Sidecar:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         shared_ssl_context()  # built before the first login needs it, not on the event loop then
+        check_sidecar_uid(self.config)
         prepare_socket_dir(self.socket_path)
         claim_socket_path(self.socket_path)
         sock = bind_unix_socket(str(self.socket_path))
@@ -169,5 +201,24 @@ class Sidecar:
 def serve(config_path: str | None) -> int:
     config = load_config(config_path)
     sidecar = Sidecar(config)
-    asyncio.run(sidecar.run())
-    return 0
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(sidecar.run())
+    finally:
+        # what asyncio.run does, bounded, and without waiting for the default executor's threads
+        if tasks := asyncio.all_tasks(loop):
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.wait(tasks, timeout=1.0))
+        loop.close()
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit without joining worker threads: the interpreter joins every pool thread at exit, and one
+    hung in a keyring call or a blocking read would keep a stopped sidecar alive forever. Everything
+    is closed and drained by now; only the logs need flushing."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

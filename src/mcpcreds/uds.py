@@ -2,7 +2,8 @@
 
 httpx costs about 1.7 ms a request here; this costs a tenth of that, and the client's calls are
 on every upstream request's path. Kept connections are reused (one per concurrent request, per
-event loop); a connection that fails before any answer byte is reported retryable.
+event loop); a connection that fails before any answer byte is reported retryable. Each new
+connection is checked before its first byte (`socket_check`): the folder, then the peer's uid.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import threading
 from typing import Any, Final
 
 import httptools
+
+from .socket_check import check_folder, check_peer
 
 MAX_RESPONSE: Final = 1024 * 1024
 
@@ -83,15 +86,16 @@ def _encode(head: bytes, method: str, path: str, body: dict[str, Any] | None) ->
 def _decode_json(raw: bytes) -> Any:
     try:
         return json.loads(raw) if raw else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
         return None
 
 
 class UdsHttp:
     """`await http.request("POST", "/v1/...", {"cost": 1}, timeout=10)` -> (status, JSON body)."""
 
-    def __init__(self, path: str, headers: dict[str, str]) -> None:
+    def __init__(self, path: str, headers: dict[str, str], sidecar_uid: int) -> None:
         self.path = path
+        self.sidecar_uid = sidecar_uid
         self._head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
         self._idle: list[_Connection] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -104,9 +108,15 @@ class UdsHttp:
         if self._idle:
             return self._idle.pop()
         try:
+            check_folder(self.path, self.sidecar_uid)
             reader, writer = await asyncio.open_unix_connection(self.path)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise Retryable(str(exc)) from None
+        try:
+            check_peer(writer.get_extra_info("socket"), self.path, self.sidecar_uid)
+        except BaseException:
+            writer.close()
+            raise
         return _Connection(reader, writer)
 
     async def request(self, method: str, path: str, body: dict[str, Any] | None,
@@ -136,8 +146,9 @@ class UdsHttp:
 class SyncUdsHttp:
     """The blocking twin of `UdsHttp`, for `Client`; kept connections are shared by threads."""
 
-    def __init__(self, path: str, headers: dict[str, str]) -> None:
+    def __init__(self, path: str, headers: dict[str, str], sidecar_uid: int) -> None:
         self.path = path
+        self.sidecar_uid = sidecar_uid
         self._head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -148,10 +159,15 @@ class SyncUdsHttp:
                 sock = self._idle.pop()
                 sock.settimeout(timeout)
                 return sock
+        try:
+            check_folder(self.path, self.sidecar_uid)
+        except FileNotFoundError as exc:
+            raise Retryable(str(exc)) from None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
             sock.connect(self.path)
+            check_peer(sock, self.path, self.sidecar_uid)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
             raise Retryable(str(exc)) from None
