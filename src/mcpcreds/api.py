@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -11,7 +13,7 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from .audit import AuditLog
-from .broker import Broker, HeadersResult
+from .broker import Actor, Broker, HeadersResult
 from .config import Target
 from .errors import (
     Forbidden,
@@ -20,17 +22,22 @@ from .errors import (
     MethodNotAllowed,
     NotFound,
 )
-from .grants import MAX_TTL, Grant, new_token, token_hash
+from .grants import MAX_TTL, Grant, GrantLimits, new_token, token_hash
 from .logs import get_logger
 from .metrics import Metrics
 from .policy import check_rule_of_two
-from .secret import REDACTOR, Secret
+from .secret import redact_json
 from .sources import check_secret_name
 from .wire import Request, Response, json_response
 
 _log = get_logger("api")
 _PROMETHEUS: Final = b"text/plain; version=0.0.4; charset=utf-8"
 GRANT_MAX_BACKOFF: Final = 300.0
+MAX_COST: Final = 1_000_000_000  # the burst of a server without a rate
+MAX_FINGERPRINT: Final = 128
+MAX_REASON: Final = 256
+MAX_GRANT_SERVERS: Final = 1024
+_GRANT_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 _OPEN_ROUTES: Final = frozenset({"health", "openapi"})
 
 Handler = Callable[[Request], Response | Awaitable[Response]]
@@ -38,28 +45,61 @@ Handler = Callable[[Request], Response | Awaitable[Response]]
 
 def error_to_response(exc: McpcredsError, route: str) -> Response:
     # a last guard: whatever a message was built from, no live secret leaves in it
-    body = REDACTOR.redact(json.dumps(exc.to_wire(), separators=(",", ":"))).encode()
+    body = json.dumps(redact_json(exc.to_wire()), separators=(",", ":")).encode()
     extra: tuple[tuple[bytes, bytes], ...] = ()
     retry_after = exc.details.get("retry_after")
-    if retry_after is not None:
+    if isinstance(retry_after, int | float) and math.isfinite(retry_after):
         extra = ((b"Retry-After", str(max(1, int(-(-float(retry_after) // 1)))).encode()),)
     return Response(exc.status, body, extra_headers=extra, route=route)
+
+
+def answer(data: Any) -> Response:
+    """A JSON answer built from dynamic data: masked inside its strings, so always valid JSON."""
+    return json_response(redact_json(data))
 
 
 def _actor(request: Request) -> dict[str, int]:
     return {"uid": request.peer_uid, "pid": request.peer_pid}
 
 
+def _not_json(text: str) -> float:
+    raise ValueError(f"{text} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999
+        raise ValueError("a number out of range")
+    return value
+
+
 def parse_json_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object (NaN, Infinity and numbers beyond a float refused)."""
     if not request.body.strip():
         return {}
     try:
-        data = json.loads(request.body)
+        data = json.loads(request.body, parse_constant=_not_json, parse_float=_finite)
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("request body is not valid JSON") from None
     if not isinstance(data, dict):
         raise InvalidRequest("request body must be a JSON object")
     return data
+
+
+def seconds_field(body: dict[str, Any], field: str, default: float, low: float, high: float) -> float:
+    """A finite number of seconds from `low` to `high` (never echoes what was sent)."""
+    value = body.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise InvalidRequest(f"{field} must be a number of seconds from {low:g} to {high:g}")
+    return float(value)
+
+
+def text_field(body: dict[str, Any], field: str, limit: int) -> str | None:
+    """An optional printable string of at most `limit` characters (never echoes what was sent)."""
+    value = body.get(field)
+    if value is not None and (not isinstance(value, str) or len(value) > limit or not value.isprintable()):
+        raise InvalidRequest(f"{field} must be a printable string of at most {limit} characters")
+    return value
 
 
 class Api:
@@ -151,7 +191,7 @@ class Api:
             request.grant = grant
             route, handler = self._route(request)
             if route not in self._grant_routes:
-                raise Forbidden(f"a grant cannot use {request.path}")
+                raise Forbidden(f"a grant cannot use the {route} route")
             result = handler(request)
             response = result if isinstance(result, Response) else await result
         except McpcredsError as exc:
@@ -179,9 +219,10 @@ class Api:
         if found is not None:
             return found
         parts = request.path.split("/")
+        # what the caller put in a path is never echoed: only the route it matched
         if len(parts) == 4 and parts[1] == "v1" and parts[2] == "grants" and parts[3]:
             if request.method != "DELETE":
-                raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+                raise MethodNotAllowed(f"{request.method} is not allowed on /v1/grants/{{id}}")
             request.name = unquote(parts[3])
             return "revoke", self.revoke_grant
         # ["", "v1", "servers", NAME, ACTION]
@@ -193,10 +234,11 @@ class Api:
                     request.name = unquote(parts[3])
                     return found
                 if any(action == parts[4] for _, action in table):
-                    raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+                    raise MethodNotAllowed(f"{request.method} is not allowed on /v1/{parts[2]}/{{name}}/"
+                                           f"{parts[4]}")
         if any(path == request.path for _, path in self._fixed):
             raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
-        raise NotFound(f"no route for {request.method} {request.path}")
+        raise NotFound(f"no route for {request.method} on this path")
 
     # -- routes
 
@@ -207,16 +249,16 @@ class Api:
         if request.grant is not None:
             specs = [t.spec.to_dict() for name in request.grant.servers
                      if (t := self.broker.config.target(name)) is not None]
-            return json_response({"servers": specs})
-        return Response(200, self.broker.servers_body)
+            return answer({"servers": specs})
+        return answer(self.broker.server_specs)
 
     async def create_grant(self, request: Request) -> Response:
         body = parse_json_body(request)
-        names, ttl = body.get("servers"), body.get("ttl", 3600)
-        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-            raise InvalidRequest("servers must be a non-empty array of server names")
-        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_TTL:
-            raise InvalidRequest(f"ttl must be a number of seconds from 1 to {MAX_TTL:g}")
+        names = body.get("servers")
+        if not isinstance(names, list) or not 0 < len(names) <= MAX_GRANT_SERVERS \
+                or not all(isinstance(n, str) for n in names):
+            raise InvalidRequest(f"servers must be an array of 1 to {MAX_GRANT_SERVERS} server names")
+        ttl = seconds_field(body, "ttl", 3600, 1, MAX_TTL)
         targets = []
         for name in names:
             request.name = name
@@ -228,34 +270,37 @@ class Api:
         parent = request.grant
         if parent is not None:
             expires_at = min(expires_at, parent.expires_at)
-        token = new_token()
-        Secret(token)  # never in a log line or an error
+        token = new_token()  # never logged, so not given to the redactor
         grant = Grant(secrets.token_hex(8), tuple(dict.fromkeys(t.name for t in targets)), expires_at,
                       parent.id if parent is not None else None,
                       (*parent.ancestors, parent.id) if parent is not None else ())
-        await self.broker.grants.put(grant, token_hash(token))
+        side = self.broker.config.sidecar
+        limits = GrantLimits(side.max_grants, side.max_subgrants)
+        await self.broker.grants.put(grant, token_hash(token), limits)  # 429 too_many_grants past them
         self.audit.write("grant", id=grant.id, servers=list(grant.servers), expires_at=expires_at,
                          parent=grant.parent, **_actor(request))
         if trio_warning:
             _log.warning("grant completes the trifecta (allowed by allow_trifecta)",
                          extra={"grant": grant.id, "warning": trio_warning})
             self.audit.write("grant_trifecta_allowed", id=grant.id, warning=trio_warning, **_actor(request))
-        return json_response({"id": grant.id, "grant": token, "expires_at": expires_at,
-                              "servers": [t.spec.to_dict() for t in targets]})
+        return answer({"id": grant.id, "grant": token, "expires_at": expires_at,
+                       "servers": [t.spec.to_dict() for t in targets]})
 
     async def revoke_grant(self, request: Request) -> Response:
         grant_id = request.name
+        if not _GRANT_ID.match(grant_id):
+            raise InvalidRequest("invalid grant id")
         if request.grant is not None and grant_id != request.grant.id:
             # a grant holder may revoke itself; its children go with it
             raise Forbidden("a grant can only revoke itself")
         revoked = await self.broker.grants.revoke(grant_id)
         if not revoked:
-            raise NotFound(f"no grant {grant_id!r}")
+            raise NotFound("no live grant has that id")
         self.audit.write("grant_revoked", id=grant_id, **_actor(request))
         return json_response({"revoked": True})
 
     async def status(self, request: Request) -> Response:
-        return json_response(await self.broker.status())
+        return answer(await self.broker.status())
 
     def openapi_doc(self, request: Request) -> Response:
         return Response(200, self.openapi)
@@ -275,12 +320,9 @@ class Api:
     def _permit_request(request: Request) -> tuple[int, float]:
         body = parse_json_body(request)
         cost = body.get("cost", 1)
-        max_wait = body.get("max_wait", 0.0)
-        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
-            raise InvalidRequest("cost must be a whole number of at least 1")
-        if isinstance(max_wait, bool) or not isinstance(max_wait, int | float) or not 0 <= max_wait <= 3600:
-            raise InvalidRequest("max_wait must be a number of seconds from 0 to 3600")
-        return cost, float(max_wait)
+        if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
+            raise InvalidRequest(f"cost must be a whole number from 1 to {MAX_COST}")
+        return cost, seconds_field(body, "max_wait", 0.0, 0, 3600)
 
     def acquire(self, request: Request) -> Response | Awaitable[Response]:
         target = self._target(request)
@@ -292,7 +334,7 @@ class Api:
 
     async def _acquire_async(self, target: Target, cost: int, max_wait: float) -> Response:
         waited = await self.broker.limiter.acquire(target.key, self.broker.rate_of(target), cost, max_wait)
-        return json_response({"granted": cost, "waited": round(waited, 6)})
+        return answer({"granted": cost, "waited": round(waited, 6)})
 
     def call(self, request: Request) -> Response | Awaitable[Response]:
         """Permits and headers in one round trip: the client's hot path."""
@@ -316,32 +358,31 @@ class Api:
     async def backoff(self, request: Request) -> Response:
         target = self._target(request)
         body = parse_json_body(request)
-        retry_after = body.get("retry_after")
-        if isinstance(retry_after, bool) or not isinstance(retry_after, int | float) \
-                or not 0 <= retry_after <= 86400:
-            raise InvalidRequest("retry_after must be a number of seconds from 0 to 86400")
-        if request.grant is not None:
-            retry_after = min(float(retry_after), GRANT_MAX_BACKOFF)  # a child cannot shut a service
-        until = await self.broker.pause(target, float(retry_after))
-        _log.info("backoff", extra={"key": target.key, "retry_after": retry_after,
+        if "retry_after" not in body:
+            raise InvalidRequest("retry_after is required")
+        retry_after = seconds_field(body, "retry_after", 0.0, 0, 86400)
+        grant = request.grant.id if request.grant is not None else None
+        if grant is not None:
+            retry_after = min(retry_after, GRANT_MAX_BACKOFF)  # a child cannot shut a service...
+        # ... nor renew a pause forever: the broker bounds what grant holders set per window
+        until = await self.broker.pause(target, retry_after, Actor(request.peer_uid, request.peer_pid, grant))
+        _log.info("backoff", extra={"key": target.key, "retry_after": retry_after, "grant": grant,
                                     "uid": request.peer_uid, "pid": request.peer_pid})
-        return json_response({"paused_until": until})
+        return answer({"paused_until": until})
 
     async def invalidate(self, request: Request) -> Response:
         target = self._target(request)
         body = parse_json_body(request)
-        fp = body.get("fingerprint")
-        if fp is not None and not isinstance(fp, str):
-            raise InvalidRequest("fingerprint must be a string")
+        fp = text_field(body, "fingerprint", MAX_FINGERPRINT)
+        reason = text_field(body, "reason", MAX_REASON)
         if fp is None and request.grant is not None and target.login is not None:
             raise InvalidRequest("a grant holder must name the fingerprint of the login it was refused with")
-        reason = body.get("reason")
-        dropped = await self.broker.invalidate(target, fp)
-        fields = {"key": target.key, "dropped": dropped, "fingerprint": fp,
-                  "reason": REDACTOR.redact(str(reason))[:64] if reason else None, **_actor(request)}
+        dropped, renewed = await self.broker.invalidate(target, fp)
+        fields = {"key": target.key, "dropped": dropped, "renewed": renewed, "fingerprint": fp,
+                  "reason": reason, **_actor(request)}
         _log.info("invalidate", extra=fields)
         self.audit.write("invalidation", **fields)
-        return json_response({"dropped": dropped})
+        return answer({"dropped": dropped, "renewed": renewed})
 
     async def secret_rotated(self, request: Request) -> Response:
         name = check_secret_name(request.name)
@@ -353,7 +394,7 @@ class Api:
         body: dict[str, Any] = {"renewed": renewed}
         if failed:
             body["failed"] = failed
-        return json_response(body)
+        return answer(body)
 
     async def secret_rotate(self, request: Request) -> Response:
         name = check_secret_name(request.name)
@@ -361,22 +402,23 @@ class Api:
         value, force = body.get("value"), body.get("force", False)
         if not isinstance(value, str) or not value:
             raise InvalidRequest("value must be a non-empty string")
-        Secret(value)  # from here on, the new value is masked wherever it might show up
+        # not given to the redactor here: only a value that gets stored is (by the resolver)
         if not isinstance(force, bool):
             raise InvalidRequest("force must be true or false")
         keys = [t.key for t in self.broker.dependents(name)]
         try:
             renewed, where = await self.broker.rotate(name, value, force)
         except McpcredsError as exc:
-            self.audit.write("rotation_failed", secret=name, keys=keys, force=force,
-                             error=str(exc.details.get("error") or exc.code), **_actor(request))
-            _log.warning("secret rotation failed; nothing changed",
-                         extra={"secret": name, "error": exc.code})
+            if keys:  # the name of a secret nothing uses is only the caller's word: never logged
+                self.audit.write("rotation_failed", secret=name, keys=keys, force=force,
+                                 error=str(exc.details.get("error") or exc.code), **_actor(request))
+                _log.warning("secret rotation failed; nothing changed",
+                             extra={"secret": name, "error": exc.code})
             raise
         self.audit.write("rotation", secret=name, how="rotate", keys=renewed, stored_in=where,
                          force=force, outcome="ok", **_actor(request))
         _log.info("secret rotated", extra={"secret": name, "renewed": renewed, "stored_in": where})
-        return json_response({"renewed": renewed, "stored_in": where})
+        return answer({"renewed": renewed, "stored_in": where})
 
     async def _headers_async(self, target: Target) -> Response:
         result: HeadersResult = await self.broker.headers(target)

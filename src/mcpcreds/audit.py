@@ -9,7 +9,7 @@ from typing import Any
 
 from .clock import Clock
 from .logs import get_logger
-from .secret import REDACTOR
+from .secret import redact_json
 
 _log = get_logger("audit")
 
@@ -30,7 +30,7 @@ class AuditLog:
         if self._fd is None:
             return
         entry = {"time": round(self.clock.time(), 3), "event": event, **fields}
-        line = REDACTOR.redact(json.dumps(entry, default=str, separators=(",", ":"))) + "\n"
+        line = json.dumps(redact_json(entry), separators=(",", ":")) + "\n"
         os.write(self._fd, line.encode())  # one write per line: appends do not interleave
 
     def close(self) -> None:

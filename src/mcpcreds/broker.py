@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -31,13 +32,37 @@ from .logs import get_logger
 from .metrics import Labels, Metrics
 from .oauth import Token, build_token_request, send_token_request
 from .rates import Rate
+from .secret import REDACTOR
 from .shared import build_state
 from .sources import SecretResolver
 from .wire import Response
 
 # a server without `rate` still gets a bucket, so that an upstream 429 can pause it
 UNLIMITED: Final = Rate(1_000_000_000, 1.0)
+# a server name (the config's grammar) or a cache key made of one
+_SERVER_NAME: Final = re.compile(r"(?:(?:service|mcp):)?[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\Z")
 _log = get_logger("broker")
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who asked: the peer's uid and pid, and the id of the grant it acted within, if any."""
+
+    uid: int
+    pid: int
+    grant: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uid": self.uid, "pid": self.pid, "grant": self.grant}
+
+
+@dataclass(slots=True)
+class _PauseBudget:
+    """The pause grant holders have set on one key in the current window (monotonic seconds)."""
+
+    window_start: float
+    used: float = 0.0
+    until: float = 0.0  # the end of the last pause they set
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +110,10 @@ class Broker:
         self.logins = LoginCache(self.sharing.fetch, clock, config.sidecar.refresh_ahead)
         self._cache: dict[str, _Cached] = {}
         self._resolving: dict[str, asyncio.Task[HeadersResult]] = {}
-        self._servers_body = self._encode_servers()
+        self.server_specs = self._specs()
+        self._forced_at: dict[str, float] = {}  # key -> when an invalidation last dropped its login
+        self._pause_budgets: dict[str, _PauseBudget] = {}
+        self._paused_by: dict[str, tuple[float, Actor]] = {}  # key -> (paused until, who set it)
         self.health_body = json.dumps({"status": "ok", "version": __version__}).encode()
 
     # -- shared state
@@ -124,23 +152,23 @@ class Broker:
         self.discovery.forget()
         self.limiter.reconfigure(config.rates)
         self._cache.clear()
-        self._servers_body = self._encode_servers()
+        self.server_specs = self._specs()
 
     def rate_of(self, target: Target) -> Rate:
         return target.rate or UNLIMITED
 
-    def _encode_servers(self) -> bytes:
-        specs = [t.spec.to_dict() for t in self.config.servers.values()]
-        return json.dumps({"servers": specs}, separators=(",", ":")).encode()
-
-    @property
-    def servers_body(self) -> bytes:
-        return self._servers_body
+    def _specs(self) -> dict[str, Any]:
+        return {"servers": [t.spec.to_dict() for t in self.config.servers.values()]}
 
     def target(self, name: str) -> Target:
+        """The server (or catalog entry) `name` names. A name that is not configured is never
+        echoed: a masked echo would tell the caller it had guessed a live secret."""
         target = self.config.target(name)
         if target is None:
-            raise UnknownServer(f"unknown server {name!r}")
+            if not _SERVER_NAME.match(name):
+                raise InvalidRequest("invalid server name: letters, digits, '_', '.', '-' (at most 128), "
+                                     "or a cache key")
+            raise UnknownServer("unknown server: no configured server or cache key has that name")
         return target
 
     async def aclose(self) -> None:
@@ -212,6 +240,7 @@ class Broker:
             token = await self.logins.get(target)
             headers = {"Authorization": f"Bearer {token.access_token}"}
             headers.update((k, v) for k, v in static.items() if k.lower() != "authorization")
+            REDACTOR.add(token.access_token, owner=f"login:{target.key}")  # forgets the one it replaces
             result = HeadersResult.build(headers, target.key, token.expires_at, token.fingerprint)
             fresh_until = min(fresh_until, self.logins.refresh_time(target.key, token))
         if self.secret_cache_ttl > 0:
@@ -270,20 +299,59 @@ class Broker:
         for name in [n for n, c in self._cache.items() if c.result.key in keys]:
             del self._cache[name]
 
-    async def invalidate(self, target: Target, fingerprint: str | None) -> bool:
+    async def invalidate(self, target: Target, fingerprint: str | None) -> tuple[bool, bool]:
         """Drop the login (or the cached headers) the caller was refused with, here and, with a
-        shared state, everywhere."""
+        shared state, everywhere. Returns (dropped, renewed): `dropped` when this call dropped it,
+        `renewed` when the login named is no longer the one served (dropped now or replaced
+        before). A login is dropped by invalidation at most once per `invalidate_cooldown` per
+        key: within it, the current login stays (dropped and renewed false)."""
+        key = target.key
         if target.login is None:
-            self._drop_cached({target.key})
-            return True
-        dropped = self.logins.invalidate(target.key, fingerprint)
-        dropped = await self.sharing.drop(target.key, fingerprint) or dropped
+            self._drop_cached({key})
+            return True, True
+        current = self.logins.peek(key)
+        named_is_current = fingerprint is None or current is None or current.fingerprint == fingerprint
+        now = self.clock.monotonic()
+        last = self._forced_at.get(key)
+        if named_is_current and last is not None and now < last + self.config.sidecar.invalidate_cooldown:
+            return False, False
+        dropped = self.logins.invalidate(key, fingerprint)
+        dropped = await self.sharing.drop(key, fingerprint) or dropped
         if dropped:
-            self._drop_cached({target.key})
-        return dropped
+            self._forced_at[key] = now
+            self._drop_cached({key})
+        return dropped, dropped or not named_is_current
 
-    async def pause(self, target: Target, seconds: float) -> float | None:
-        return await self.limiter.apause(target.key, self.rate_of(target), seconds)
+    async def pause(self, target: Target, seconds: float, actor: Actor | None = None) -> float | None:
+        """Pause the key's bucket for `seconds` (an upstream 429). A grant holder's pauses are
+        bounded: `grant_pause_budget` seconds in all per `grant_pause_window` per key; past it, the
+        pause is not extended. Returns the end of the pause (wall clock), if any."""
+        if actor is not None and actor.grant is not None:
+            seconds = self._grant_pause(target.key, seconds)
+        until = await self.limiter.apause(target.key, self.rate_of(target), seconds)
+        if actor is not None and seconds > 0 and until is not None:
+            previous = self._paused_by.get(target.key)
+            if previous is None or until > previous[0] + 0.001:
+                self._paused_by[target.key] = (until, actor)  # this call moved the end of the pause
+        return until
+
+    def _grant_pause(self, key: str, seconds: float) -> float:
+        """How much of a `seconds` pause a grant holder may set on `key` now: only the part past
+        the end of the pauses grant holders set before counts against the budget."""
+        side = self.config.sidecar
+        now = self.clock.monotonic()
+        budget = self._pause_budgets.get(key)
+        if budget is None or now >= budget.window_start + side.grant_pause_window:
+            budget = self._pause_budgets[key] = _PauseBudget(now, 0.0, budget.until if budget else 0.0)
+        start = max(now, budget.until)
+        extra = min(max(0.0, now + seconds - start), max(0.0, side.grant_pause_budget - budget.used))
+        if extra < now + seconds - start:
+            _log.warning("grant pause budget spent: the pause is not extended",
+                         extra={"key": key, "budget": side.grant_pause_budget,
+                                "window": side.grant_pause_window})
+        budget.used += extra
+        budget.until = start + extra
+        return budget.until - now
 
     # -- secrets and rotation
 
@@ -307,7 +375,7 @@ class Broker:
         Returns the keys renewed (or re-read) and the keys whose renewal failed, with why."""
         targets = self.dependents(secret)
         if not targets:
-            raise UnknownSecret(f"no configured server uses secret {secret!r}")
+            raise UnknownSecret("no configured server uses a secret of that name")
         self._drop_cached({t.key for t in targets})
         renewed: list[str] = []
         failed: dict[str, str] = {}
@@ -328,7 +396,7 @@ class Broker:
         renewed and where the value was stored."""
         targets = self.dependents(secret)
         if not targets:
-            raise UnknownSecret(f"no configured server uses secret {secret!r}")
+            raise UnknownSecret("no configured server uses a secret of that name")
         logins = [t for t in targets if t.login is not None]
         if not logins and not force:
             raise InvalidRequest(f"nothing can test secret {secret!r} (no login uses it); "
@@ -368,7 +436,12 @@ class Broker:
                 "state": self.sharing.kind}
 
     async def buckets(self) -> list[dict[str, Any]]:
-        return await self.limiter.astatus(self.config.rates)
+        """The buckets, each with who set its current pause (`paused_by`: uid, pid, grant)."""
+        rows = await self.limiter.astatus(self.config.rates)
+        for row in rows:
+            setter = self._paused_by.get(row["key"])
+            row["paused_by"] = setter[1].to_dict() if setter and row["paused_until"] is not None else None
+        return rows
 
     async def gauges(self) -> list[tuple[str, str, Labels, float]]:
         out: list[tuple[str, str, Labels, float]] = []

@@ -23,23 +23,25 @@ EPSILON = 1e-9
 """Slack, in permits and in seconds, so that a grant due exactly at `t` is made at `t`."""
 
 
+# Messages never quote what the caller sent (a cost, a wait): masked by the redactor, an echo
+# would tell the caller it had guessed a secret.
+
+
 def check_cost(cost: int, rate: Rate) -> None:
     """Raise InvalidRequest unless `cost` is a whole number from 1 to the burst."""
     if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
-        raise InvalidRequest(f"cost must be a whole number of at least 1, not {cost!r}")
+        raise InvalidRequest("cost must be a whole number of at least 1")
     if cost > rate.burst:
-        raise _never(cost, rate)
+        raise _never(rate)
 
 
-def _never(cost: int, rate: Rate) -> InvalidRequest:
-    return InvalidRequest(
-        f"cost {cost} is more than the burst of the bucket ({rate}), so it could never be granted"
-    )
+def _never(rate: Rate) -> InvalidRequest:
+    return InvalidRequest(f"the cost is more than the burst of the bucket ({rate}): never granted")
 
 
 def _check_seconds(name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise InvalidRequest(f"{name} must be a finite number of seconds, at least 0, not {value!r}")
+        raise InvalidRequest(f"{name} must be a finite number of seconds, at least 0")
     return float(value)
 
 
@@ -171,7 +173,7 @@ class Limiter:
         grant_at, tail = self._project(key, lane, cost, now)
         if grant_at - now > max_wait + EPSILON:
             lane.refused += 1
-            raise RateLimited(_refusal(key, cost, max_wait), retry_after=grant_at - now)
+            raise RateLimited(_refusal(key), retry_after=grant_at - now)
         waiter = _Waiter(cost, max_wait, now + max_wait, asyncio.get_running_loop().create_future())
         lane.queue.append(waiter)
         lane.tail, lane.tail_at = tail, grant_at
@@ -305,13 +307,13 @@ class Limiter:
             if waiter.future.done():  # cancelled, its task not yet told
                 continue
             if waiter.cost > sim.capacity:  # the rate was lowered under it
-                waiter.future.set_exception(_never(waiter.cost, sim.rate))
+                waiter.future.set_exception(_never(sim.rate))
                 continue
             grant_at = at + sim.wait_time(waiter.cost, at)
             if grant_at > waiter.deadline + EPSILON:
                 lane.refused += 1
                 waiter.future.set_exception(
-                    RateLimited(_refusal(key, waiter.cost, waiter.max_wait), retry_after=grant_at - now)
+                    RateLimited(_refusal(key), retry_after=grant_at - now)
                 )
                 continue
             sim.take(waiter.cost, grant_at)
@@ -363,6 +365,5 @@ class Limiter:
         return self._clock.time() + (mono - now)
 
 
-def _refusal(key: str, cost: int, max_wait: float) -> str:
-    permits = "permit" if cost == 1 else "permits"
-    return f"{key}: {cost} {permits} not available within max_wait {max_wait:g}s"
+def _refusal(key: str) -> str:
+    return f"{key}: the permits asked for are not available within max_wait"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 
@@ -159,7 +160,7 @@ def error_from_wire(status: int, body: dict[str, Any]) -> McpcredsError:
     cls = ERRORS_BY_CODE.get(code, McpcredsError)
     exc: McpcredsError
     if cls is RateLimited:
-        exc = RateLimited(message, float(err.get("retry_after", 0.0)))
+        exc = RateLimited(message, _seconds(err.get("retry_after")))
     elif cls is TokenEndpointError:
         exc = TokenEndpointError(message, str(err.get("error", "server_error")))
     elif cls is ConfigError:
@@ -168,3 +169,14 @@ def error_from_wire(status: int, body: dict[str, Any]) -> McpcredsError:
         extra = {k: v for k, v in err.items() if k not in ("code", "message")}
         exc = cls(message, **extra)
     return exc
+
+
+def _seconds(value: Any) -> float:
+    """A finite, non-negative number of seconds from an answer; 0 for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond any float
+        return 0.0
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from .secret import REDACTOR
+from .secret import REDACTOR, redact_json
 
 LOGGER_NAME = "mcpcreds"
 _RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)))
@@ -33,7 +33,7 @@ class JsonFormatter(logging.Formatter):
         entry.update(_fields(record))
         if record.exc_info and record.exc_info[0] is not None:
             entry["exception"] = self.formatException(record.exc_info)
-        return REDACTOR.redact(json.dumps(entry, default=str))
+        return json.dumps(redact_json(entry))  # masked inside its strings: always valid JSON
 
 
 class ConsoleFormatter(logging.Formatter):

@@ -5,21 +5,26 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from typing import Final
+from collections import OrderedDict
+from typing import Any, Final
 
 REDACTED: Final = "***"
 _MIN_MASK_LEN: Final = 4
+REDACTOR_LIMIT: Final = 4096  # owners (secret names, cache keys) whose values are masked
 
 
 class Secret:
-    """A secret value. `repr`/`str` never show it; `reveal()` is the one way to read it."""
+    """A secret value. `repr`/`str` never show it; `reveal()` is the one way to read it.
+
+    Making one registers its value with the redactor, under `owner` (`secret:NAME`) when given: a
+    later value for the same owner replaces it there."""
 
     __slots__ = ("__value", "source")
 
-    def __init__(self, value: str, source: str = "") -> None:
+    def __init__(self, value: str, source: str = "", owner: str | None = None) -> None:
         self.__value = value
         self.source = source
-        REDACTOR.add(value)
+        REDACTOR.add(value, owner)
 
     def reveal(self) -> str:
         return self.__value
@@ -41,39 +46,106 @@ class Secret:
 
 
 class Redactor:
-    """Remembers every secret value and token the process has handled and masks them in text.
+    """Masks the live secret values (resolved secrets, the access tokens being served) in text.
 
-    Values are kept in a plain set: a value that was ever live may still sit in a log buffer,
-    so forgetting it early would be the wrong trade.
+    Each value belongs to an owner (`secret:NAME`, `login:KEY`); a new value for an owner
+    replaces and forgets the old one. A value added without an owner is its own owner until an
+    owner claims it. At most `limit` owners are kept, the least recently added forgotten first.
+    Adding costs the same whatever the number of values; so does masking, which looks values up
+    by their last four characters among the text's four-character substrings.
     """
 
-    def __init__(self) -> None:
-        self._values: set[str] = set()
+    def __init__(self, limit: int = REDACTOR_LIMIT) -> None:
+        self.limit = limit
         self._lock = threading.Lock()
-        self._ordered: tuple[str, ...] = ()
+        self._entries: OrderedDict[tuple[str, str], tuple[str, ...]] = OrderedDict()  # owner -> forms
+        self._refs: dict[str, int] = {}  # form -> how many entries hold it
+        self._index: dict[str, tuple[str, ...]] = {}  # last four characters -> forms
 
-    def add(self, value: str) -> None:
-        if len(value) < _MIN_MASK_LEN or value in self._values:
+    def add(self, value: str, owner: str | None = None) -> None:
+        if len(value) < _MIN_MASK_LEN:
+            if owner is not None:
+                self.forget(owner)
             return
-        # text is masked after JSON encoding too: mask the escaped spellings of the value as well
-        forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}
+        key = ("owner", owner) if owner is not None else ("value", value)
         with self._lock:
-            self._values.update(forms)
-            # longest first so a secret containing another is masked whole
-            self._ordered = tuple(sorted(self._values, key=len, reverse=True))
+            held = self._entries.get(key)
+            if held is not None and held[0] == value:
+                self._entries.move_to_end(key)
+                return
+            if owner is None and value in self._refs:
+                return  # an owner holds it already and decides when it goes
+            if owner is not None:
+                self._drop(("value", value))  # claimed: forgotten when its owner moves on
+            if held is not None:
+                self._drop(key)
+            # JSON-escaped spellings too, for text that was serialised before it was masked
+            forms = tuple(dict.fromkeys((value, json.dumps(value)[1:-1],
+                                         json.dumps(value, ensure_ascii=False)[1:-1])))
+            self._entries[key] = forms
+            for form in forms:
+                self._hold(form)
+            while len(self._entries) > self.limit:
+                self._drop(next(iter(self._entries)))
+
+    def forget(self, owner: str) -> None:
+        with self._lock:
+            self._drop(("owner", owner))
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        for form in self._entries.pop(key, ()):
+            count = self._refs.pop(form) - 1
+            if count:
+                self._refs[form] = count
+                continue
+            rest = tuple(f for f in self._index[form[-4:]] if f != form)
+            if rest:
+                self._index[form[-4:]] = rest
+            else:
+                del self._index[form[-4:]]
+
+    def _hold(self, form: str) -> None:
+        count = self._refs.get(form, 0)
+        self._refs[form] = count + 1
+        if not count:
+            self._index[form[-4:]] = (*self._index.get(form[-4:], ()), form)
 
     def redact(self, text: str) -> str:
-        for value in self._ordered:
-            if value in text:
-                text = text.replace(value, REDACTED)
+        index = self._index
+        if not index or len(text) < _MIN_MASK_LEN:
+            return text
+        grams = {text[i:i + 4] for i in range(len(text) - 3)}
+        found = [form for gram in grams if (forms := index.get(gram)) for form in forms]
+        # longest first, so that a value containing another is masked whole
+        for form in sorted(found, key=len, reverse=True):
+            if form in text:
+                text = text.replace(form, REDACTED)
         return text
 
     def __contains__(self, value: str) -> bool:
-        return value in self._values
+        return value in self._refs
+
+    def __len__(self) -> int:
+        """The number of values held (one per owner)."""
+        return len(self._entries)
 
 
 REDACTOR: Final = Redactor()
 
+
+def redact_json(data: Any) -> Any:
+    """A copy of JSON-ready data with live secrets masked inside its strings (keys included),
+    never across its syntax: whatever the values, the result serialises to valid JSON. Objects
+    JSON has no type for become their (masked) `str`."""
+    if isinstance(data, str):
+        return REDACTOR.redact(data)
+    if data is None or isinstance(data, bool | int | float):
+        return data
+    if isinstance(data, dict):
+        return {REDACTOR.redact(k) if isinstance(k, str) else k: redact_json(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [redact_json(v) for v in data]
+    return REDACTOR.redact(str(data))
 
 
 def fingerprint(token: str) -> str:
