@@ -20,11 +20,17 @@ from typing import Any, Final, Protocol
 
 import httptools
 
+from .clock import SYSTEM_CLOCK, Clock
 from .logs import get_logger
 
 MAX_HEAD_BYTES: Final = 16 * 1024
 MAX_BODY_BYTES: Final = 64 * 1024
 MAX_PIPELINED: Final = 32
+# Bytes handed to the parser at once while a head is awaited (or a chunked body, whose end is
+# not known in advance). A head that begins inside one of these feeds, after a complete request,
+# is counted from the next feed, so it may exceed MAX_HEAD_BYTES by at most this much before its
+# 431. A Content-Length body is fed up to its end, so the next head is counted from its first byte.
+HEAD_FEED_BYTES: Final = 1024
 _PEERCRED: Final = struct.Struct("3i")
 _log = get_logger("wire")
 
@@ -99,10 +105,12 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 class Connections:
     """Every open connection, swept regularly for idle and slow ones."""
 
-    def __init__(self, request_timeout: float = 10.0, idle_timeout: float = 120.0) -> None:
+    def __init__(self, request_timeout: float = 10.0, idle_timeout: float = 120.0,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.open: set[HttpConnection] = set()
         self.request_timeout = request_timeout
         self.idle_timeout = idle_timeout
+        self.clock = clock
 
     def sweep(self, now: float) -> None:
         for conn in list(self.open):
@@ -125,17 +133,19 @@ class HttpConnection(asyncio.Protocol):
         self.queue: deque[tuple[Request, bool, float]] = deque()
         self.in_flight: asyncio.Task[Response] | None = None
         self.closing = False
-        self.last_active = time.monotonic()
-        self.head_started: float | None = None
+        self.rejected = False  # for good: a rejected request closes its connection
+        self.last_active = connections.clock.monotonic()
+        self.head_started: float | None = None  # when the pending head's first byte came
+        self.head_pending = True  # no head is complete: what comes is (part of) one
+        self.head_bytes = 0  # raw bytes fed while head_pending
         self._reset()
 
     def _reset(self) -> None:
         self.url = b""
-        self.head_bytes = 0
         self.body_parts: list[bytes] = []
         self.body_bytes = 0
+        self.content_length: int | None = None
         self.authorization: bytes | None = None
-        self.rejected = False
 
     # -- connection events
 
@@ -175,16 +185,29 @@ class HttpConnection(asyncio.Protocol):
         return None
 
     def data_received(self, data: bytes) -> None:
-        self.last_active = time.monotonic()
-        if self.head_started is None:
-            self.head_started = self.last_active
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(400, "invalid_request", "protocol upgrades are not supported")
-        except httptools.HttpParserError:
-            if not self.rejected:
-                self._fail(400, "invalid_request", "malformed HTTP request")
+        """Feed the parser, counting the raw bytes of a pending head: httptools buffers a partial
+        header line itself, so its callbacks come too late to bound a head that never ends."""
+        self.last_active = self.connections.clock.monotonic()
+        view = memoryview(data)
+        while view and not self.rejected:
+            if self.head_pending:
+                if self.head_bytes >= MAX_HEAD_BYTES:
+                    self._reject(431, "headers_too_large",
+                                 f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
+                    return
+                size = min(HEAD_FEED_BYTES, MAX_HEAD_BYTES - self.head_bytes, len(view))
+                self.head_bytes += size
+            elif self.content_length is not None:  # up to the end of this body, not into the next head
+                size = max(1, min(self.content_length, MAX_BODY_BYTES) - self.body_bytes)
+            else:
+                size = HEAD_FEED_BYTES  # a chunked body
+            chunk, view = view[:size], view[size:]
+            try:
+                self.parser.feed_data(chunk)
+            except httptools.HttpParserUpgrade:
+                self._reject(400, "invalid_request", "protocol upgrades are not supported")
+            except httptools.HttpParserError:
+                self._reject(400, "invalid_request", "malformed HTTP request")
 
     def check_timeouts(self, now: float) -> None:
         if self.transport is None or self.in_flight is not None or self.queue:
@@ -198,26 +221,27 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._reset()
+        self.head_started = self.last_active  # request_timeout runs from the head's first byte
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        self.head_bytes += len(url)
-        if self.head_bytes > MAX_HEAD_BYTES:
-            self._reject(431, "headers_too_large", f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.head_bytes += len(name) + len(value) + 4
-        if self.head_bytes > MAX_HEAD_BYTES:
-            self._reject(431, "headers_too_large", f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
-        elif len(name) == 13 and name.lower() == b"authorization":
+        if len(name) == 13 and name.lower() == b"authorization":
             self.authorization = value
         elif len(name) == 14 and name.lower() == b"content-length":
             try:
-                too_big = int(value) > MAX_BODY_BYTES
+                self.content_length = int(value)
             except ValueError:
-                too_big = False
-            if too_big:
+                self.content_length = None  # the parser refuses it
+            if self.content_length is not None and self.content_length > MAX_BODY_BYTES:
                 self._reject(413, "payload_too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+
+    def on_headers_complete(self) -> None:
+        self.head_pending = False
+        self.head_bytes = 0
+        if self.parser.should_upgrade():  # answered here, before on_message_complete dispatches it
+            self._reject(400, "invalid_request", "protocol upgrades are not supported")
 
     def on_body(self, body: bytes) -> None:
         self.body_bytes += len(body)
@@ -228,7 +252,8 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.head_started = None
-        if self.rejected:
+        self.head_pending = True
+        if self.rejected or self.closing:  # after a close nothing more is answered: nor run
             return
         if (self.in_flight is None and not self.queue and not self.body_parts
                 and self.authorization is None and self.transport is not None
@@ -307,7 +332,6 @@ class HttpConnection(asyncio.Protocol):
 
     def _reject(self, status: int, code: str, message: str) -> None:
         if not self.rejected:
-            self.rejected = True
             self._fail(status, code, message)
 
     def _fail(self, status: int, code: str, message: str) -> None:
