@@ -97,11 +97,13 @@ def test_sub_grants_narrow_and_revocation_cascades(sidecar: SidecarProcess) -> N
 
 def test_an_expired_or_made_up_grant_is_refused(sidecar: SidecarProcess) -> None:
     with Client(sidecar.socket) as parent:
-        short = parent.grant(["web"], ttl=0.05)
+        short = parent.grant(["web"], ttl=3)
     out = subprocess_curl(sidecar, "/v1/servers/web/headers", "Bearer mcg_made_up")
     assert out["error"]["code"] == "forbidden"
     with Client(sidecar.socket, grant=short["grant"]) as child:
-        time.sleep(0.1)  # outlive the grant's 50 ms lifetime (time only moves one way: no race)
+        assert child.headers("web") == {"X-Api-Key": CANARY}  # it worked while it lived
+        # outlive it (wall time only moves one way: no race), then it is refused
+        time.sleep(max(0.0, short["expires_at"] - time.time()) + 0.05)
         with pytest.raises(Forbidden):
             child.headers("web")
 

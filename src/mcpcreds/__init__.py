@@ -1,5 +1,6 @@
 """mcpcreds: a credential and rate-limit sidecar for MCP agents."""
 
+from .calls import MalformedAnswer
 from .client import AsyncClient, Client
 from .config import Config, McpServerSpec, load_config
 from .errors import (
@@ -17,6 +18,7 @@ from .errors import (
     UnknownServer,
 )
 from .secret import Secret
+from .socket_check import UntrustedSidecar
 
 __version__ = "0.1.0"
 
@@ -27,6 +29,7 @@ __all__ = [
     "ConfigError",
     "Forbidden",
     "InvalidRequest",
+    "MalformedAnswer",
     "McpServerSpec",
     "McpcredsError",
     "RateLimited",
@@ -38,6 +41,7 @@ __all__ = [
     "TokenEndpointTimeout",
     "UnknownSecret",
     "UnknownServer",
+    "UntrustedSidecar",
     "__version__",
     "load_config",
 ]

@@ -390,6 +390,18 @@ class Broker:
                 failed[target.key] = str(exc.details.get("error") or exc.code)
         return sorted(renewed), failed
 
+    async def _trial_login(self, target: Target, secret: str, value: str) -> Token:
+        """A login with the new value, outside the login cache; whatever goes wrong is a
+        token_endpoint_error that never quotes the exception (it may carry key material)."""
+        try:
+            return await self._fetch_login(target, {secret: value})
+        except McpcredsError:
+            raise
+        except Exception as exc:
+            kind = type(exc).__name__
+        raise TokenEndpointError(f"{target.key}: the trial login failed unexpectedly ({kind})",
+                                 "unexpected_error")
+
     async def rotate(self, secret: str, value: str, force: bool) -> tuple[list[str], str]:
         """Rotate with overlap: try `value` first (a token request per login that uses it), store
         it only if every trial succeeds, then make the trial logins current. Returns the keys
@@ -404,7 +416,7 @@ class Broker:
         trials: list[tuple[Target, Token]] = []
         if not force:
             for target in logins:
-                trials.append((target, await self._fetch_login(target, {secret: value})))
+                trials.append((target, await self._trial_login(target, secret, value)))
         where = await asyncio.to_thread(self.resolver.store, secret, value)
         for target, token in trials:
             self.logins.install(target, token)

@@ -72,7 +72,7 @@ class SharedLimiter:
                     await lock.acquire()
             except TimeoutError:
                 counts[1] += 1
-                raise RateLimited(f"{key}: the queue ahead did not clear within max_wait {max_wait:g}s",
+                raise RateLimited(f"{key}: the queue ahead did not clear within max_wait",
                                   retry_after=max(max_wait, 0.001)) from None
             try:
                 while True:
@@ -83,8 +83,8 @@ class SharedLimiter:
                         return now - start
                     if now + wait > deadline + 1e-6:
                         counts[1] += 1
-                        raise RateLimited(f"{key}: {cost} permit(s) not available within max_wait "
-                                          f"{max_wait:g}s", retry_after=wait)
+                        raise RateLimited(f"{key}: the permits asked for are not available within "
+                                          "max_wait", retry_after=wait)
                     await asyncio.sleep(wait)
             finally:
                 lock.release()

@@ -318,7 +318,7 @@ class SecretResolver:
         for source in self.sources:
             value = source.get(name)
             if value is not None:
-                return Secret(value, source=source.label)
+                return Secret(value, source=source.label, owner=f"secret:{name}")
         where = ", ".join(s.label for s in self.sources) or "no sources configured"
         raise SecretUnavailable(f"secret {name!r} not found (looked in: {where})", secret=name)
 
@@ -326,7 +326,7 @@ class SecretResolver:
         value = read_private_file(Path(path), f"secret-file {path}")
         if value is None:
             raise SecretUnavailable(f"secret-file {path} does not exist")
-        return Secret(value, source=f"secret-file:{path}")
+        return Secret(value, source=f"secret-file:{path}", owner=f"secret-file:{path}")
 
     def lookup(self, ref: SecretRef | FileRef) -> str:
         return (self.secret(ref.name) if isinstance(ref, SecretRef) else self.file(ref.path)).reveal()
@@ -370,7 +370,7 @@ class SecretResolver:
                 raise SecretUnavailable(f"secret {name!r} comes from {source.label}, which mcpcreds "
                                         f"cannot change; storing it in {target.label} would not take effect")
         target.set(name, value)
-        Secret(value, source=target.label)  # registers the new value with the redactor
+        Secret(value, source=target.label, owner=f"secret:{name}")  # the redactor forgets the old value
         return target.label
 
     def render_all(self, templates: Iterable[tuple[str, Template]]) -> dict[str, str]:
