@@ -222,3 +222,10 @@ def test_expires_in_default_is_bounded(value: str) -> None:
                      'oauth = { client_id = "c", client_secret = "{{secret:S}}", '
                      f'token_url = "https://a.example/t", expires_in_default = {value} }}\n')
     assert len(errs) == 1 and errs[0].startswith("servers[0].oauth.expires_in_default: "), errs
+
+
+@pytest.mark.parametrize("entry", [f"https://{PASTED}.example", f"{PASTED}.1", f"*.{PASTED}*"])
+def test_an_egress_entry_error_never_quotes_the_entry(entry: str) -> None:
+    errs = errors_of('[[servers]]\nname = "s"\nendpoint = "https://a.example/mcp"\n'
+                     f'deny_hosts = ["{entry}"]\n')
+    assert len(errs) == 1 and errs[0].startswith("servers[0].deny_hosts[0]: ") and PASTED not in errs[0], errs

@@ -111,16 +111,16 @@ def _numeric_ipv4(host: str) -> ipaddress.IPv4Address | None:
     if not _is_number(parts[-1]):
         return None
     if len(parts) > 4:
-        raise ValueError(f"invalid IPv4 address {host!r}: more than 4 parts")
+        raise ValueError("invalid IPv4 address: more than 4 parts")
     numbers = []
     for part in parts:
         try:
             numbers.append(_number(part))
         except ValueError:
-            raise ValueError(f"invalid IPv4 address {host!r}: {part!r} is not a number") from None
+            raise ValueError("invalid IPv4 address: a part is not a number") from None
     *first, last = numbers
     if any(n > 255 for n in first) or last >= 256 ** (5 - len(numbers)):
-        raise ValueError(f"invalid IPv4 address {host!r}: a part is out of range")
+        raise ValueError("invalid IPv4 address: a part is out of range")
     value = last
     for i, n in enumerate(first):
         value += n << (8 * (3 - i))
@@ -154,16 +154,16 @@ def parse_host_pattern(pattern: str) -> str:
     if not isinstance(pattern, str):
         raise ValueError(f"expected a host name string, got {type(pattern).__name__}")
     if "://" in pattern or "/" in pattern:
-        raise ValueError(f"expected a host name, not a URL: {pattern!r}")
+        raise ValueError("expected a host name, not a URL")
     host = normalize_host(pattern)
     if not host.isascii():
-        raise ValueError(f"host name must be ASCII (use the xn-- form): {pattern!r}")
+        raise ValueError("host name must be ASCII (use the xn-- form)")
     if (ip := _ip(host)) is not None:
         return str(ip)
     rest = host[2:] if host.startswith("*.") else host
     labels = rest.split(".")
     if not rest or "*" in rest or any(not _label_ok(label) for label in labels):
-        raise ValueError(f"invalid host pattern {pattern!r}: expected 'name.example' or '*.example.com'")
+        raise ValueError("invalid host pattern: expected 'name.example' or '*.example.com'")
     return host
 
 
@@ -300,7 +300,7 @@ class EgressPolicy:
 
     def __post_init__(self) -> None:
         if self.mode not in NET_MODES:
-            raise ValueError(f"unknown net mode {self.mode!r}: expected one of {', '.join(NET_MODES)}")
+            raise ValueError(f"unknown net mode: expected one of {', '.join(NET_MODES)}")
         object.__setattr__(self, "allow_hosts", tuple(parse_host_pattern(p) for p in self.allow_hosts))
         object.__setattr__(self, "deny_hosts", tuple(parse_host_pattern(p) for p in self.deny_hosts))
         entries = [parse_private_entry(entry) for entry in self.allow_private]

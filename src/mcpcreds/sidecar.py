@@ -111,7 +111,8 @@ class Sidecar:
         self.broker = Broker(config, SecretResolver.from_config(config.secrets), clock, self.metrics,
                              audit=self.audit)
         self.api = Api(self.broker, self.metrics, self.audit)
-        self.connections = Connections(config.sidecar.request_timeout, config.sidecar.idle_timeout)
+        self.connections = Connections(config.sidecar.request_timeout, config.sidecar.idle_timeout,
+                                       clock=clock)
         self.socket_path = default_socket_path(config.sidecar.socket)
         self._allow_uids = self._uids(config)
         self._stop = asyncio.Event()
