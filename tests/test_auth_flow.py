@@ -51,7 +51,7 @@ def test_one_call_then_the_upstream() -> None:
 
 def test_401_invalidates_that_fingerprint_and_retries_once() -> None:
     trace, response = run(credential_flow("crm-ro", request()),
-                          [answer("t1", "f1"), {"dropped": True}, answer("t2", "f2")],
+                          [answer("t1", "f1"), True, answer("t2", "f2")],
                           [httpx.Response(401), httpx.Response(200)])
     assert trace[1:] == ["upstream Bearer t1",
                          "sidecar POST /v1/servers/crm-ro/invalidate {'reason': '401', 'fingerprint': 'f1'}",
@@ -62,9 +62,27 @@ def test_401_invalidates_that_fingerprint_and_retries_once() -> None:
 
 def test_a_second_401_is_returned_not_retried_forever() -> None:
     trace, response = run(credential_flow("crm-ro", request()),
-                          [answer("t1", "f1"), {"dropped": True}, answer("t2", "f2")],
+                          [answer("t1", "f1"), True, answer("t2", "f2")],
                           [httpx.Response(401), httpx.Response(401)])
     assert response.status_code == 401 and len(trace) == 5
+
+
+def test_a_401_within_the_invalidation_cooldown_is_returned_without_resending() -> None:
+    # the sidecar keeps the login (renewed: false): resending it would only be refused again
+    trace, response = run(credential_flow("crm-ro", request()), [answer("t1", "f1"), False],
+                          [httpx.Response(401)])
+    assert response.status_code == 401
+    assert trace == ["sidecar POST /v1/servers/crm-ro/call {'cost': 1, 'max_wait': 30.0}", "upstream Bearer t1",
+                     "sidecar POST /v1/servers/crm-ro/invalidate {'reason': '401', 'fingerprint': 'f1'}"]
+
+
+def test_refused_reads_renewed_and_falls_back_to_dropped() -> None:
+    from mcpcreds.calls import Calls
+
+    extract = Calls.refused("crm-ro", "f1").extract
+    assert extract({"dropped": False, "renewed": True}) is True
+    assert extract({"dropped": False, "renewed": False}) is False
+    assert extract({"dropped": True}) is True
 
 
 def test_429_pauses_the_bucket_then_raises() -> None:

@@ -81,7 +81,9 @@ def credential_flow(name: str, request: Any, *, cost: int = 1, max_wait: float =
     fingerprint = _apply(request, answer)
     response = yield Upstream(request)
     if response.status_code == 401:
-        yield Sidecar(Calls.invalidate(name, fingerprint, "401"))
+        renewed = yield Sidecar(Calls.refused(name, fingerprint))
+        if not renewed:  # the same login again would be refused again: hand the 401 back
+            return response
         answer = yield Sidecar(Calls.call(name, cost, max_wait))
         _apply(request, answer)
         response = yield Upstream(request)

@@ -50,6 +50,12 @@ def _field(body: Any, key: str, *types: type) -> Any:
     return value
 
 
+def _renewed(body: Any) -> bool:
+    if "renewed" in _whole(body):
+        return bool(_field(body, "renewed", bool))
+    return bool(_field(body, "dropped", bool))  # a sidecar from before the cooldown
+
+
 def _strings(body: Any, key: str) -> list[str]:
     value: list[Any] = _field(body, key, list)
     if not all(isinstance(item, str) for item in value):
@@ -129,6 +135,15 @@ class Calls:
             body["fingerprint"] = fingerprint
         return Call("POST", _server(name, "invalidate"), lambda b: bool(_field(b, "dropped", bool)),
                     body)
+
+    @staticmethod
+    def refused(name: str, fingerprint: str | None) -> Call[bool]:
+        """The upstream answered 401 to this login: drop it. True when the next `call` will
+        carry another login (within the invalidation cooldown it will not: no point resending)."""
+        body: dict[str, Any] = {"reason": "401"}
+        if fingerprint:
+            body["fingerprint"] = fingerprint
+        return Call("POST", _server(name, "invalidate"), _renewed, body)
 
     @staticmethod
     def backoff(name: str, retry_after: float) -> Call[float | None]:
