@@ -144,6 +144,17 @@ async def test_an_invalidation_renews_a_login_at_most_once_per_cooldown(h: Harne
     assert idp.hits["/token"] == 3
 
 
+async def test_an_invalidation_while_the_new_login_is_fetched_reports_renewed(h: Harness) -> None:
+    # fifty callers refused with the same login: the first drops it; the others arrive while the
+    # new one is fetched (nothing held) and must be told to resend, not handed their 401 back
+    first = await h.ok("GET", "/v1/servers/crm/headers")
+    assert (await h.ok("POST", "/v1/servers/crm/invalidate", {"fingerprint": first["fingerprint"]}))[
+        "renewed"] is True
+    assert await h.ok("POST", "/v1/servers/crm/invalidate", {"fingerprint": first["fingerprint"]}) == {
+        "dropped": False, "renewed": True}
+    assert await h.ok("POST", "/v1/servers/crm/invalidate", {}) == {"dropped": False, "renewed": True}
+
+
 # -- the grant pause budget
 
 

@@ -310,7 +310,8 @@ class Broker:
             self._drop_cached({key})
             return True, True
         current = self.logins.peek(key)
-        named_is_current = fingerprint is None or current is None or current.fingerprint == fingerprint
+        # nothing held (a renewal under way): the next call brings a new login, whatever was named
+        named_is_current = current is not None and (fingerprint is None or current.fingerprint == fingerprint)
         now = self.clock.monotonic()
         last = self._forced_at.get(key)
         if named_is_current and last is not None and now < last + self.config.sidecar.invalidate_cooldown:
