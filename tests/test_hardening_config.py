@@ -229,3 +229,21 @@ def test_an_egress_entry_error_never_quotes_the_entry(entry: str) -> None:
     errs = errors_of('[[servers]]\nname = "s"\nendpoint = "https://a.example/mcp"\n'
                      f'deny_hosts = ["{entry}"]\n')
     assert len(errs) == 1 and errs[0].startswith("servers[0].deny_hosts[0]: ") and PASTED not in errs[0], errs
+
+
+# ---------------------------------------------------------------------------- gateway keys
+
+
+def test_gateway_keys_are_inherited_and_a_server_may_only_narrow_expose() -> None:
+    base = ('[services.crm]\nendpoint = "https://crm.example.com/mcp"\nexpose = "proxy"\n'
+            'rate_methods = ["tools/call"]\n')
+    config = parse_config(tomllib.loads(base + '[[servers]]\nname = "ro"\nservice = "crm"\nmax_wait = "5s"\n'))
+    ro = config.servers["ro"].gateway
+    assert (ro.expose, ro.rate_methods, ro.max_wait) == ("proxy", ("tools/call",), 5.0)
+    assert config.target("service:crm") is not None and config.services["service:crm"].gateway.expose == "proxy"
+    errs = errors_of(base + '[[servers]]\nname = "rw"\nservice = "crm"\nexpose = "both"\n')
+    assert errs == ["servers[0].expose: wider than its service's: a server may only narrow `expose`"]
+    assert errors_of('[[servers]]\nname = "s"\nendpoint = "https://a.example/mcp"\nexpose = "all"\n') == [
+        "servers[0].expose: expected one of both, proxy, headers"]
+    assert errors_of('[[servers]]\nname = "s"\nendpoint = "https://a.example/mcp"\nmax_wait = "2h"\n') == [
+        "servers[0].max_wait: expected at most 1h"]

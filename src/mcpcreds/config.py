@@ -136,6 +136,32 @@ class McpServerSpec:
         )
 
 
+EXPOSE: Final = ("both", "proxy", "headers")
+DEFAULT_GATEWAY_WAIT: Final = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySpec:
+    """How the gateway (`/mcp/{server}`) and the credential routes serve a server.
+
+    `expose`: `proxy` keeps the credential inside the sidecar (only the gateway uses it),
+    `headers` serves it to callers only, `both` (default) does both. `rate_methods`: the JSON-RPC
+    methods that take a permit (None: every request). `max_wait`: how long a gateway request
+    waits for a permit before a 429."""
+
+    expose: str = "both"
+    rate_methods: tuple[str, ...] | None = None
+    max_wait: float = DEFAULT_GATEWAY_WAIT
+
+    @property
+    def serves_headers(self) -> bool:
+        return self.expose != "proxy"
+
+    @property
+    def serves_proxy(self) -> bool:
+        return self.expose != "headers"
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """A server (or a catalog entry) resolved: what the broker needs to serve it."""
@@ -151,6 +177,7 @@ class Target:
     login: LoginSpec | None
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     trust: TrustPolicy = field(default_factory=TrustPolicy)
+    gateway: GatewaySpec = field(default_factory=GatewaySpec)
 
     @property
     def templates(self) -> tuple[Template, ...]:
@@ -642,12 +669,14 @@ class _Entry:
     auth_kind: AuthKind | None
     login: LoginSpec | None
     egress: EgressPolicy
+    gateway: GatewaySpec
 
 
 _EGRESS_KEYS: Final = ("net", "allow_hosts", "deny_hosts", "allow_private")
 _TRUST_KEYS: Final = ("trust", "tool_allowlist", "expected_tools", "allow_untrusted_without_allowlist")
+_GATEWAY_KEYS: Final = ("expose", "rate_methods", "max_wait")
 _ENTRY_KEYS: Final = ("endpoint", "headers", "literal_headers", "tags", "rate", "oauth", "auth", "aauth",
-                      *_EGRESS_KEYS)
+                      *_EGRESS_KEYS, *_GATEWAY_KEYS)
 
 
 def _strings(c: _Collector, path: str, value: Any) -> tuple[str, ...] | None:
@@ -680,6 +709,30 @@ def _parse_egress(c: _Collector, path: str, t: dict[str, Any], urls: list[str | 
     except ValueError as exc:
         c.error(_join(path, "net"), str(exc))
         return EgressPolicy(dev_loopback=dev)
+
+
+def _parse_gateway(c: _Collector, path: str, t: dict[str, Any], base: GatewaySpec) -> GatewaySpec:
+    """A server's gateway keys over `base` (its service's); a server may not widen `expose`."""
+    expose = c.typed(_join(path, "expose"), t.get("expose"), str, base.expose)
+    if expose not in EXPOSE:
+        c.error(_join(path, "expose"), f"expected one of {', '.join(EXPOSE)}")
+        expose = base.expose
+    elif base.expose != "both" and expose != base.expose:
+        c.error(_join(path, "expose"), "wider than its service's: a server may only narrow `expose`")
+        expose = base.expose
+    methods = base.rate_methods
+    if "rate_methods" in t:
+        methods = _strings(c, _join(path, "rate_methods"), t["rate_methods"])
+        if methods is not None and any(not m or len(m) > 128 for m in methods):
+            c.error(_join(path, "rate_methods"), "expected JSON-RPC method names (1 to 128 characters)")
+    max_wait = base.max_wait
+    if "max_wait" in t:
+        parsed = c.parsed(_join(path, "max_wait"), t["max_wait"], parse_duration)
+        if parsed is not None and parsed > 3600:
+            c.error(_join(path, "max_wait"), "expected at most 1h")
+        elif parsed is not None:
+            max_wait = parsed
+    return GatewaySpec(expose, methods, max_wait)
 
 
 def _parse_trust(c: _Collector, path: str, t: dict[str, Any]) -> TrustPolicy:
@@ -725,7 +778,8 @@ def _parse_entry(c: _Collector, path: str, t: dict[str, Any]) -> _Entry:
         c.warnings.append(f"{_join(path, 'aauth')}: recorded, but mcpcreds does not sign "
                           "requests with aauth; only headers are served")
     urls = [endpoint, *((login.token_url, login.issuer) if login else ())]
-    return _Entry(endpoint, headers, tags, rate, auth_kind, login, _parse_egress(c, path, t, urls))
+    return _Entry(endpoint, headers, tags, rate, auth_kind, login, _parse_egress(c, path, t, urls),
+                  _parse_gateway(c, path, t, GatewaySpec()))
 
 
 def _check_aauth(c: _Collector, path: str, raw: Any) -> None:
@@ -796,6 +850,7 @@ def _parse_services(c: _Collector, raw: Any) -> tuple[dict[str, Target], dict[st
             auth_kind=entry.auth_kind,
             login=_default_resource(entry.login, entry.endpoint),
             egress=entry.egress,
+            gateway=entry.gateway,
         )
     return services, tables
 
@@ -859,6 +914,7 @@ def _server_from_service(c: _Collector, path: str, name: str, t: dict[str, Any],
         login=entry.login,
         egress=entry.egress,
         trust=_parse_trust(c, path, t),
+        gateway=_parse_gateway(c, path, t, entry.gateway),
     )
 
 
@@ -880,6 +936,7 @@ def _standalone_server(c: _Collector, path: str, name: str, t: dict[str, Any]) -
         login=_default_resource(entry.login, entry.endpoint),
         egress=entry.egress,
         trust=_parse_trust(c, path, t),
+        gateway=entry.gateway,
     )
 
 
