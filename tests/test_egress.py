@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+import ipaddress
 import re
 import ssl
 from collections.abc import AsyncIterator
@@ -28,6 +30,7 @@ from mcpcreds.egress import (
     is_dev_loopback_url,
     is_loopback_host,
     parse_host_pattern,
+    system_resolver,
 )
 from mcpcreds.errors import Forbidden
 
@@ -231,14 +234,24 @@ class Listener:
             writer.close()
 
 
+@contextlib.asynccontextmanager
+async def open_listener(host: str = "127.0.0.1", port: int = 0,
+                        tls: ssl.SSLContext | None = None) -> AsyncIterator[Listener]:
+    """A Listener on `host` (the address connections must reach) and `port` (0: any free one)."""
+    lst = Listener()
+    lst.server = await asyncio.start_server(lst.handle, host, port, ssl=tls)
+    lst.port = lst.server.sockets[0].getsockname()[1]
+    try:
+        yield lst
+    finally:
+        lst.server.close()
+        await lst.server.wait_closed()
+
+
 @pytest.fixture
 async def listener() -> AsyncIterator[Listener]:
-    lst = Listener()
-    lst.server = await asyncio.start_server(lst.handle, "127.0.0.1", 0)
-    lst.port = lst.server.sockets[0].getsockname()[1]
-    yield lst
-    lst.server.close()
-    await lst.server.wait_closed()
+    async with open_listener() as lst:
+        yield lst
 
 
 def fixed_resolver(table: dict[str, list[str]], calls: list[str] | None = None) -> Resolver:
@@ -258,7 +271,6 @@ async def test_off_makes_no_connection(listener: Listener) -> None:
         for url in (f"http://127.0.0.1:{listener.port}/", f"http://localhost:{listener.port}/"):
             with pytest.raises(Forbidden, match='net = "off"'):
                 await http.post(url, data={"grant_type": "client_credentials"})
-    await asyncio.sleep(0.05)
     assert listener.accepted == 0 and resolved == []
     # the same listener does count a connection the policy allows
     on = EgressPolicy("inherit", allow_private=("127.0.0.1",), dev_loopback=True)
@@ -267,13 +279,18 @@ async def test_off_makes_no_connection(listener: Listener) -> None:
     assert listener.accepted == 1
 
 
-@pytest.mark.parametrize("address", ["169.254.169.254", "10.0.0.5"])
-async def test_name_resolving_to_a_private_address_is_refused(address: str) -> None:
-    transport = EgressTransport(EgressPolicy(), resolver=fixed_resolver({"evil.test": [address]}))
-    async with httpx.AsyncClient(transport=transport) as http:
+@pytest.mark.parametrize("address", ["169.254.169.254", "10.0.0.5", "127.0.0.1"])
+async def test_name_resolving_to_a_private_address_is_refused(listener: Listener, address: str) -> None:
+    """Refused before any connection: the audit (called right before each connection) stays
+    empty, and the real listener behind 127.0.0.1 never sees one (dev_loopback opens a loopback
+    name, never a name that merely resolves to loopback)."""
+    audit: list[tuple[str, str, int]] = []
+    policy = EgressPolicy("broad_audited", dev_loopback=True)
+    async with egress_client(policy, resolver=fixed_resolver({"evil.test": [address]}),
+                             on_connect=lambda *a: audit.append(a), timeout=5) as http:
         with pytest.raises(Forbidden, match=rf"evil\.test refused: it resolves to {re.escape(address)}"):
-            await http.get("https://evil.test/latest/meta-data/")
-    assert transport._pools == {}  # no connection pool was even created
+            await http.get(f"http://evil.test:{listener.port}/latest/meta-data/")
+    assert audit == [] and listener.accepted == 0
 
 
 async def test_every_resolved_address_is_checked() -> None:
@@ -325,6 +342,107 @@ async def test_http_end_to_end_connects_to_the_checked_address(listener: Listene
     assert second["line"] == "GET /second HTTP/1.1" and second["host"] == f"idp.test:{listener.port}"
     # the caller still sees its own URL
     assert response.request.url.host == "idp.test"
+
+
+@contextlib.asynccontextmanager
+async def listeners_on_one_port(*hosts: str) -> AsyncIterator[list[Listener]]:
+    """A Listener on each of `hosts`, all on the same port (a name rebound to another of these
+    addresses reaches that one's listener)."""
+    for _ in range(20):  # the port picked on the first host may be taken on another
+        async with contextlib.AsyncExitStack() as stack:
+            first = await stack.enter_async_context(open_listener(hosts[0]))
+            try:
+                rest = [await stack.enter_async_context(open_listener(h, first.port)) for h in hosts[1:]]
+            except OSError:
+                continue
+            yield [first, *rest]
+            return
+    raise RuntimeError(f"no port free on all of {hosts}")
+
+
+def rebinding_resolver(answers: list[list[str]], calls: list[str]) -> Resolver:
+    """A name whose every lookup gets the next answer (the last one for ever): DNS rebinding."""
+    async def resolve(host: str, port: int) -> list[str]:
+        calls.append(host)
+        return answers[min(len(calls), len(answers)) - 1]
+    return resolve
+
+
+async def test_rebinding_never_reaches_the_address_it_rebinds_to() -> None:
+    """The first lookup answers the allowed address (127.0.0.1 stands for a public one: the policy
+    lets only it through), every later one a forbidden address with a real listener behind it.
+    Each request looks the name up once and connects to the address it checked; the second
+    request sees the new answer and is refused."""
+    calls: list[str] = []
+    audit: list[tuple[str, str, int]] = []
+    async with listeners_on_one_port("127.0.0.1", "127.0.0.2") as (allowed, target):
+        policy = EgressPolicy("broad_audited", allow_private=("127.0.0.1",))
+        resolver = rebinding_resolver([["127.0.0.1"], ["127.0.0.2"]], calls)
+        async with egress_client(policy, resolver=resolver, on_connect=lambda *a: audit.append(a),
+                                 timeout=10) as http:
+            assert (await http.get(f"http://rebind.test:{allowed.port}/first")).json() == {"ok": True}
+            with pytest.raises(Forbidden, match=r"rebind\.test refused: it resolves to 127\.0\.0\.2") as info:
+                await http.get(f"http://rebind.test:{allowed.port}/second")
+    assert info.value.details == {"host": "rebind.test", "address": "127.0.0.2"}
+    assert target.accepted == 0 and target.requests == []
+    assert [(r["line"], r["local"]) for r in allowed.requests] == [("GET /first HTTP/1.1", "127.0.0.1")]
+    assert audit == [("rebind.test", "127.0.0.1", allowed.port)]
+    assert calls == ["rebind.test", "rebind.test"]  # one lookup per request, none at connect time
+
+
+def hosts_file_entries(path: Path = Path("/etc/hosts")) -> list[tuple[str, str]]:
+    """(name, address) of each name the hosts file maps to a non-global address, localhost aside."""
+    entries: list[tuple[str, str]] = []
+    lines = path.read_text().splitlines() if path.exists() else []
+    for address, *names in (fields for line in lines if (fields := line.split("#", 1)[0].split())):
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            continue
+        if not ip.is_global and "%" not in address:  # a scoped address names no single host
+            entries += [(name, str(ip)) for name in names if name.lower() != "localhost"]
+    return list(dict.fromkeys(entries))
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost.", "LocalHost."])
+async def test_system_resolver_refuses_localhost_unless_dev_loopback(listener: Listener, host: str) -> None:
+    """No resolver passed: the production `system_resolver` resolves the name."""
+    url = f"http://{host}:{listener.port}/token"
+    async with egress_client(EgressPolicy(), timeout=10) as http:
+        with pytest.raises(Forbidden, match=r"localhost refused: it resolves to .*a loopback address") as info:
+            await http.get(url)
+    assert address_problem(info.value.details["address"]) == "loopback"
+    assert listener.accepted == 0
+    # the name did resolve to the machine's loopback: with dev_loopback, the listener answers
+    async with egress_client(EgressPolicy(dev_loopback=True), timeout=10) as http:
+        assert (await http.get(url)).json() == {"ok": True}
+    assert listener.requests[0]["local"] == "127.0.0.1"
+    assert listener.requests[0]["host"] == f"{host.lower()}:{listener.port}"
+
+
+@pytest.mark.parametrize(("name", "address"), hosts_file_entries())
+async def test_system_resolver_refuses_names_the_hosts_file_maps_to_local_addresses(name: str,
+                                                                                   address: str) -> None:
+    """A name from /etc/hosts (this machine's own name, say) that maps to a loopback or private
+    address: refused even with dev_loopback, which opens loopback names only; listed in
+    allow_private, it reaches a real listener on that address, so the system resolver did run."""
+    assert address in await system_resolver(name, 80)
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            lst: Listener | None = await stack.enter_async_context(open_listener(address))
+        except OSError:  # not an address of this machine: the refusal alone is checked
+            lst = None
+        port = lst.port if lst is not None else 9
+        async with egress_client(EgressPolicy(dev_loopback=True), timeout=10) as http:
+            with pytest.raises(Forbidden, match=rf"{re.escape(name.lower())} refused: it resolves to") as info:
+                await http.get(f"http://{name}:{port}/token")
+        assert address_problem(info.value.details["address"]) is not None
+        if lst is not None:
+            assert lst.accepted == 0
+            addresses = await system_resolver(name, port)
+            async with egress_client(EgressPolicy(allow_private=tuple(addresses)), timeout=10) as http:
+                assert (await http.get(f"http://{name}:{port}/token")).json() == {"ok": True}
+            assert lst.requests[0]["local"] == address
 
 
 async def test_next_address_is_tried_on_connect_error(listener: Listener) -> None:
@@ -380,25 +498,6 @@ async def test_resolution_failures_are_httpx_errors() -> None:
             await http.get("https://slow.test/")
 
 
-async def test_https_request_is_pinned_with_sni_and_host() -> None:
-    seen: list[httpx.Request] = []
-
-    def inner(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json={})
-
-    resolver = fixed_resolver({"auth.example.com": ["2606:4700::6810:84e5"]})
-    transport = EgressTransport(EgressPolicy(), resolver=resolver)
-    transport._pools[("https", "auth.example.com", 8443)] = httpx.MockTransport(inner)
-    async with httpx.AsyncClient(transport=transport) as http:
-        await http.get("https://Auth.Example.com:8443/oauth2/token")
-    (pinned,) = seen
-    assert str(pinned.url) == "https://[2606:4700::6810:84e5]:8443/oauth2/token"
-    assert pinned.extensions["sni_hostname"] == "auth.example.com"
-    assert pinned.headers["host"] == "auth.example.com:8443"
-    assert "timeout" in pinned.extensions
-
-
 def _cert(tmp_path: Path, name: str) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
@@ -415,6 +514,71 @@ def _cert(tmp_path: Path, name: str) -> tuple[Path, Path]:
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return cert_path, key_path
+
+
+async def test_https_request_is_pinned_to_an_ipv6_address_with_sni_and_host(tmp_path: Path) -> None:
+    """A real TLS listener on [::1], for a name that resolves there only through the resolver:
+    the connection goes to the bracketed IPv6 address, TLS sends and verifies the name, the
+    request carries the name in Host, and the caller keeps its URL."""
+    cert, key = _cert(tmp_path, "auth.example.com")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    sni: list[str | None] = []
+    server_ctx.sni_callback = lambda sock, name, ctx: sni.append(name)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    resolver = fixed_resolver({"auth.example.com": ["::1"]})
+    policy = EgressPolicy(allow_private=("::1",))
+    async with (open_listener("::1", tls=server_ctx) as lst,
+                egress_client(policy, resolver=resolver, transport_kwargs={"verify": client_ctx}, timeout=10) as http):
+        response = await http.get(f"https://Auth.Example.com:{lst.port}/oauth2/token")
+    assert response.json() == {"ok": True}
+    assert sni == ["auth.example.com"]
+    assert lst.requests == [{"line": "GET /oauth2/token HTTP/1.1", "host": f"auth.example.com:{lst.port}",
+                             "local": "::1", "body": ""}]
+    assert str(response.request.url) == f"https://auth.example.com:{lst.port}/oauth2/token"
+
+
+async def test_the_callers_timeout_holds_on_the_pinned_request() -> None:
+    """A listener that accepts and never answers: the request ends with the caller's read timeout
+    (the pinned request keeps the caller's timeouts; without them it would wait for ever)."""
+    accepted = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.set()
+        await reader.read()  # until the client gives up and closes
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with egress_client(EgressPolicy(allow_private=("127.0.0.1",)),
+                                 resolver=fixed_resolver({"idp.test": ["127.0.0.1"]}),
+                                 timeout=httpx.Timeout(10, read=0.2)) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await asyncio.wait_for(http.get(f"http://idp.test:{port}/token"), 30)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert accepted.is_set()
+
+
+async def test_a_tls_connection_verified_for_one_name_never_carries_another(tmp_path: Path) -> None:
+    """Two names on one address and port, a certificate for the first only: the second name gets
+    its own connection, verified against it (and refused), not the first name's kept-alive one."""
+    cert, key = _cert(tmp_path, "idp.test")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    resolver = fixed_resolver({"idp.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]})
+    policy = EgressPolicy(allow_private=("127.0.0.1",))
+    async with (open_listener(tls=server_ctx) as lst,
+                egress_client(policy, resolver=resolver, transport_kwargs={"verify": client_ctx}, timeout=10) as http):
+        assert (await http.get(f"https://idp.test:{lst.port}/first")).json() == {"ok": True}
+        with pytest.raises(httpx.ConnectError, match="certificate verify failed"):
+            await http.get(f"https://other.test:{lst.port}/second")
+        assert (await http.get(f"https://idp.test:{lst.port}/third")).json() == {"ok": True}
+    assert [(r["line"], r["host"]) for r in lst.requests] == [("GET /first HTTP/1.1", f"idp.test:{lst.port}"),
+                                                             ("GET /third HTTP/1.1", f"idp.test:{lst.port}")]
 
 
 @pytest.mark.parametrize(("cert_name", "ok"), [("idp.test", True), ("other.test", False)])

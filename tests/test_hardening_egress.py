@@ -84,8 +84,8 @@ def test_deny_holds_for_a_name_that_resolves_to_a_denied_address(resolved: str) 
 
 
 async def test_no_spelling_of_a_denied_address_reaches_it(listener: Listener) -> None:
-    """A real listener on 127.0.0.1, denied; every spelling of it (and a name resolving to it)
-    is refused before a connection, by the system resolver as by a pinned one."""
+    """A real listener on 127.0.0.1, denied; every numeric spelling of it (never resolved) and a
+    name a resolver maps to it are refused before a connection."""
     port = listener.port
     policy = EgressPolicy(deny_hosts=("127.0.0.1",), allow_private=("127.0.0.0/8",))
     resolver = fixed_resolver({"idp.test": ["127.0.0.1"]})

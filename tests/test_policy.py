@@ -1,14 +1,29 @@
-"""The Rule of Two and the trust policy (pure), and the MCP session helpers (fake session)."""
+"""The Rule of Two and the trust policy (pure), and the MCP session helpers on real MCP sessions:
+the real MCP server peer (tools/list over Streamable HTTP, behind OAuth), and an in-process SDK
+server that pages."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import json
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
+import httpx
+import httpx2
+import mcp_types
 import pytest
+from mcp.client import Client
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server import Server
 
 from mcpcreds.errors import Forbidden
 from mcpcreds.policy import (
+    MAX_TOOL_PAGES,
     TrustPolicy,
     check_rule_of_two,
     check_tool_call,
@@ -17,6 +32,12 @@ from mcpcreds.policy import (
     trifecta_message,
     visible_tools,
 )
+from tests.conftest import CANARY
+from tests.peers.mcp_server import McpServerPeer, start_mcp_server
+from tests.peers.oidc_peer import start_oidc_peer
+from tests.test_mcp_sdk_e2e import mcp1_python
+
+__all__ = ["mcp1_python"]  # the fixture (the side venv with the MCP SDK 1.x), imported to be used here
 
 U, S, E = "untrusted_input", "sensitive", "egress"
 
@@ -187,47 +208,135 @@ def test_allows_agrees_with_filter(policy: TrustPolicy) -> None:
 # ---------------------------------------------------------------------------- MCP helpers
 
 
-@dataclass
-class FakeTool:
-    name: str
+PEER_CLIENTS: list[dict[str, Any]] = [
+    {"client_id": "agent", "client_secret": CANARY, "token_endpoint_auth_method": "client_secret_basic",
+     "scope": "tools:read tools:call"},
+]
 
 
-@dataclass
-class FakeResult:
-    tools: list[FakeTool]
-    next_cursor: str | None = None
+@pytest.fixture(scope="module")
+def mcp_peer() -> Iterator[tuple[McpServerPeer, str]]:
+    """The real MCP server peer and a bearer token it accepts (from the real oidc-provider)."""
+    with start_oidc_peer(PEER_CLIENTS, access_token_ttl=600) as oidc, \
+            start_mcp_server(oidc.issuer, oidc.jwks_uri) as server:
+        response = httpx.post(oidc.token_url, auth=("agent", CANARY), timeout=30, data={
+            "grant_type": "client_credentials", "scope": "tools:read tools:call", "resource": server.url})
+        response.raise_for_status()
+        yield server, response.json()["access_token"]
 
 
-class FakeSession:
-    """Duck-typed like mcp.ClientSession: list_tools(params=...) with cursor pagination."""
-
-    def __init__(self, pages: list[list[str]]) -> None:
-        self.pages = pages
-        self.calls: list[Any] = []
-
-    async def list_tools(self, *, params: Any = None) -> FakeResult:
-        self.calls.append(params)
-        index = 0 if params is None else int(params.cursor)
-        nxt = str(index + 1) if index + 1 < len(self.pages) else None
-        return FakeResult([FakeTool(n) for n in self.pages[index]], nxt)
+@asynccontextmanager
+async def peer_session(peer: tuple[McpServerPeer, str]) -> AsyncIterator[ClientSession]:
+    server, token = peer
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as http,
+        streamable_http_client(server.url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
 
 
-async def test_list_allowed_tools_filters_the_session_tools() -> None:
-    session = FakeSession([["read", "write", "delete"]])
-    tools = await list_allowed_tools(session, TrustPolicy("untrusted", tool_allowlist=("read", "delete")))
-    assert [t.name for t in tools] == ["read", "delete"]
-    assert all(isinstance(t, FakeTool) for t in tools)  # the session's own objects come back
+PEER_POLICIES: list[tuple[TrustPolicy, set[str]]] = [
+    (TrustPolicy("trusted"), {"echo", "add"}),
+    (TrustPolicy("trusted", expected_tools=("echo",)), {"echo", "add"}),
+    (TrustPolicy(), set()),
+    (TrustPolicy("untrusted", tool_allowlist=("add", "missing")), {"add"}),
+    (TrustPolicy("untrusted", allow_untrusted_without_allowlist=True), {"echo", "add"}),
+    (TrustPolicy("untrusted", allow_untrusted_without_allowlist=True, expected_tools=("echo",)), {"echo"}),
+    (TrustPolicy("sandboxed", tool_allowlist=("echo",)), {"echo"}),
+    (TrustPolicy("sandboxed", allow_untrusted_without_allowlist=True), set()),
+]
 
 
-async def test_list_allowed_tools_follows_pages() -> None:
-    session = FakeSession([["read"], ["write"], ["delete"]])
-    tools = await list_allowed_tools(session, TrustPolicy("trusted"))
-    assert [t.name for t in tools] == ["read", "write", "delete"]
-    assert [getattr(p, "cursor", None) for p in session.calls] == [None, "1", "2"]
+async def test_policy_on_the_real_peers_tools_list(mcp_peer: tuple[McpServerPeer, str]) -> None:
+    """The peer's real `tools/list`: for each policy, `list_allowed_tools` keeps exactly the exposed
+    tools, as the SDK's own objects in the server's order, and `check_tool_call` refuses exactly
+    the others; an exposed tool, as listed, is callable on the peer."""
+    async with peer_session(mcp_peer) as session:
+        offered = [tool.name for tool in (await session.list_tools()).tools]
+        assert sorted(offered) == ["add", "echo"]
+        for policy, expected in PEER_POLICIES:
+            allowed = await list_allowed_tools(session, policy)
+            assert [tool.name for tool in allowed] == [name for name in offered if name in expected], policy
+            assert all(isinstance(tool, mcp_types.Tool) for tool in allowed), policy
+            for name in offered:
+                if name in expected:
+                    check_tool_call(policy, name, server="tools")
+                else:
+                    with pytest.raises(Forbidden, match=f"tool '{name}' of server 'tools' is not exposed"):
+                        check_tool_call(policy, name, server="tools")
+        add = next(tool for tool in await list_allowed_tools(session, TrustPolicy("trusted")) if tool.name == "add")
+        assert add.description == "Add two integers."
+        result = await session.call_tool(add.name, {"a": 2, "b": 3})
+        assert not result.is_error and result.structured_content == {"result": 5}
 
 
-async def test_list_allowed_tools_default_policy_shows_nothing() -> None:
-    assert await list_allowed_tools(FakeSession([TOOLS]), TrustPolicy()) == []
+def paging_server(pages: list[list[str]] | None, cursors: list[str | None]) -> Server[Any]:
+    """A real SDK server whose `tools/list` answers one page per request (`cursors` records the
+    cursor of each request); `pages=None`: a page with one new tool and a next cursor for ever."""
+    async def on_list_tools(ctx: Any, params: mcp_types.PaginatedRequestParams | None) -> mcp_types.ListToolsResult:
+        cursor = None if params is None else params.cursor
+        cursors.append(cursor)
+        index = 0 if cursor is None else int(cursor)
+        names = [f"tool{index}"] if pages is None else pages[index]
+        more = pages is None or index + 1 < len(pages)
+        return mcp_types.ListToolsResult(tools=[mcp_types.Tool(name=n, input_schema={"type": "object"})
+                                                for n in names], next_cursor=str(index + 1) if more else None)
+    return Server("paging", on_list_tools=on_list_tools)
+
+
+async def test_list_allowed_tools_follows_every_page_of_a_real_session() -> None:
+    cursors: list[str | None] = []
+    async with Client(paging_server([["read"], ["write", "admin"], ["delete"]], cursors)) as client:
+        tools = await list_allowed_tools(client.session, TrustPolicy("untrusted", tool_allowlist=("read", "delete")))
+    assert [tool.name for tool in tools] == ["read", "delete"]  # the first page and the last one
+    assert cursors == [None, "1", "2"]
+
+
+async def test_list_allowed_tools_stops_at_the_page_cap_of_an_endless_listing() -> None:
+    cursors: list[str | None] = []
+    async with Client(paging_server(None, cursors)) as client:
+        tools = await asyncio.wait_for(list_allowed_tools(client.session, TrustPolicy("trusted")), 60)
+    assert len(cursors) == MAX_TOOL_PAGES and cursors[-1] == str(MAX_TOOL_PAGES - 1)
+    assert [tool.name for tool in tools] == [f"tool{i}" for i in range(MAX_TOOL_PAGES)]
+
+
+# the MCP SDK 1.x (in the side venv of tests/test_mcp_sdk_e2e.py): a real 1.x server that pages,
+# in memory, and a real 1.x ClientSession; prints what list_allowed_tools returned
+SDK1_PAGING = """
+import asyncio, json
+import mcp.types as types
+from mcp.server.lowlevel import Server
+from mcp.shared.memory import create_connected_server_and_client_session
+from mcpcreds.policy import TrustPolicy, list_allowed_tools
+
+PAGES = [["read"], ["write", "admin"], ["delete"]]
+cursors = []
+server = Server("paging")
+
+@server.list_tools()
+async def list_tools(request: types.ListToolsRequest) -> types.ListToolsResult:
+    cursor = request.params.cursor if request.params is not None else None
+    cursors.append(cursor)
+    index = 0 if cursor is None else int(cursor)
+    return types.ListToolsResult(tools=[types.Tool(name=n, inputSchema={"type": "object"}) for n in PAGES[index]],
+                                 nextCursor=str(index + 1) if index + 1 < len(PAGES) else None)
+
+async def main():
+    async with create_connected_server_and_client_session(server) as session:
+        tools = await list_allowed_tools(session, TrustPolicy("untrusted", tool_allowlist=("read", "delete")))
+    print(json.dumps({"tools": [t.name for t in tools], "cursors": cursors}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="list_allowed_tools reads `next_cursor` only; SDK 1.x says `nextCursor`")
+def test_list_allowed_tools_follows_every_page_of_an_sdk1_session(mcp1_python: Path) -> None:
+    proc = subprocess.run([str(mcp1_python), "-c", SDK1_PAGING], capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"tools": ["read", "delete"], "cursors": [None, "1", "2"]}
 
 
 def test_check_tool_call() -> None:
