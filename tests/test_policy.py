@@ -332,7 +332,6 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.xfail(strict=True, reason="list_allowed_tools reads `next_cursor` only; SDK 1.x says `nextCursor`")
 def test_list_allowed_tools_follows_every_page_of_an_sdk1_session(mcp1_python: Path) -> None:
     proc = subprocess.run([str(mcp1_python), "-c", SDK1_PAGING], capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stderr

@@ -165,16 +165,22 @@ async def list_allowed_tools(session: Any, policy: TrustPolicy) -> list[Any]:
     """
     result = await session.list_tools()
     tools = list(result.tools)
-    cursor = getattr(result, "next_cursor", None)
+    cursor = _next_cursor(result)
     pages = 1
     while cursor is not None and pages < MAX_TOOL_PAGES:
         from mcp.types import PaginatedRequestParams
 
         result = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
         tools.extend(result.tools)
-        cursor, pages = getattr(result, "next_cursor", None), pages + 1
+        cursor, pages = _next_cursor(result), pages + 1
     allowed = set(policy.filter(t.name for t in tools).tools)
     return [t for t in tools if t.name in allowed]
+
+
+def _next_cursor(result: Any) -> str | None:
+    """The cursor of the next page: `next_cursor` in MCP SDK 2.x, `nextCursor` in 1.x."""
+    cursor = getattr(result, "next_cursor", None)
+    return cursor if cursor is not None else getattr(result, "nextCursor", None)
 
 
 def check_tool_call(policy: TrustPolicy, tool_name: str, *, server: str | None = None) -> None:
