@@ -1,7 +1,9 @@
 """HTTP/1.1 over a Unix socket: peer check, parsing with limits, keep-alive, cached replies.
 
 This module knows bytes and connections, not routes: each parsed request is handed to an
-`App`, which answers with a `Response` at once or with an awaitable of one.
+`App`, which answers with a `Response` at once or with an awaitable of one (or of a
+`StreamingResponse`, written with chunked transfer-encoding as its body yields, paused while the
+client does not read).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import socket
 import struct
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Final, Protocol
@@ -25,6 +27,10 @@ from .logs import get_logger
 
 MAX_HEAD_BYTES: Final = 16 * 1024
 MAX_BODY_BYTES: Final = 64 * 1024
+# The gateway (`/mcp/{server}`) relays JSON-RPC bodies, bigger than the API's but bounded: a body
+# is held whole, so it can be replayed when a request is retried (a renewed login, a 429).
+GATEWAY_PREFIX: Final = b"/mcp/"
+MAX_GATEWAY_BODY_BYTES: Final = 4 * 1024 * 1024
 MAX_PIPELINED: Final = 32
 # Bytes handed to the parser at once while a head is awaited (or a chunked body, whose end is
 # not known in advance). A head that begins inside one of these feeds, after a complete request,
@@ -46,6 +52,7 @@ class Request:
     peer_pid: int
     name: str = ""  # the {name} of the path, set by the router
     grant: Any = None  # the grants.Grant the caller presented, if any
+    headers: tuple[tuple[bytes, bytes], ...] = ()  # every header as sent: for /mcp/ requests only
 
 
 @dataclass(slots=True)
@@ -68,6 +75,44 @@ class Response:
         return b"".join(parts)
 
 
+class ResponseBody(Protocol):
+    """What a StreamingResponse streams: chunks as they come; `aclose` releases what feeds it
+    (called once the body is done, or never iterated because the client went away)."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(slots=True)
+class StreamingResponse:
+    """An answer whose body is written as it is produced (chunked transfer-encoding), chunk by
+    chunk, with no buffering; the producer is paused while the client's transport is. A body
+    that raises after the head was sent aborts the connection (the client sees a truncated
+    answer, never a complete-looking one); one that ends is terminated cleanly.
+    `long_lived` marks a listening stream (an SSE GET) that may never end: draining on stop does
+    not wait for it."""
+
+    status: int
+    body: ResponseBody
+    content_type: bytes = b"text/event-stream"
+    extra_headers: tuple[tuple[bytes, bytes], ...] = ()
+    close: bool = False
+    route: str = field(default="")
+    long_lived: bool = False
+
+    def head(self, keep_alive: bool) -> bytes:
+        head = _STATUS_LINES.get(self.status) or _status_line(self.status)
+        parts = [head, b"Content-Type: ", self.content_type, b"\r\nTransfer-Encoding: chunked"]
+        for name, value in self.extra_headers:
+            parts += [b"\r\n", name, b": ", value]
+        parts.append(b"\r\n\r\n" if keep_alive else b"\r\nConnection: close\r\n\r\n")
+        return b"".join(parts)
+
+
+Answer = Response | StreamingResponse
+
+
 def _status_line(status: int) -> bytes:
     try:
         phrase = HTTPStatus(status).phrase
@@ -86,7 +131,7 @@ def error_response(status: int, code: str, message: str, close: bool = False) ->
 
 
 class App(Protocol):
-    def handle(self, request: Request) -> Response | Awaitable[Response]: ...
+    def handle(self, request: Request) -> Answer | Awaitable[Answer]: ...
 
     def fast_get(self, url: bytes, started: float, peer_uid: int) -> bytes | None:
         """A complete keep-alive answer to a bodiless GET, if one is ready without work."""
@@ -117,7 +162,8 @@ class Connections:
             conn.check_timeouts(now)
 
     def busy(self) -> int:
-        return sum(1 for c in self.open if c.in_flight is not None)
+        """Connections with an answer under way (a listening stream that may never end aside)."""
+        return sum(1 for c in self.open if c.in_flight is not None and not c.long_lived)
 
 
 class HttpConnection(asyncio.Protocol):
@@ -131,7 +177,10 @@ class HttpConnection(asyncio.Protocol):
         self.peer_uid = -1
         self.peer_pid = -1
         self.queue: deque[tuple[Request, bool, float]] = deque()
-        self.in_flight: asyncio.Task[Response] | None = None
+        self.in_flight: asyncio.Task[Any] | None = None
+        self.long_lived = False  # in_flight is a listening stream
+        self.write_paused = False  # the client's transport is full: a streaming body waits
+        self._writable: asyncio.Future[None] | None = None
         self.closing = False
         self.rejected = False  # for good: a rejected request closes its connection
         self.last_active = connections.clock.monotonic()
@@ -146,6 +195,9 @@ class HttpConnection(asyncio.Protocol):
         self.body_bytes = 0
         self.content_length: int | None = None
         self.authorization: bytes | None = None
+        self.body_limit = MAX_BODY_BYTES
+        self.collect = False  # a gateway request: its headers are kept
+        self.headers: list[tuple[bytes, bytes]] = []
 
     # -- connection events
 
@@ -169,15 +221,25 @@ class HttpConnection(asyncio.Protocol):
         if self.in_flight is not None:
             self.in_flight.cancel()  # a client gone while waiting gives its place up
         self.queue.clear()
+        self._wake_writer()
 
     def pause_writing(self) -> None:
-        """The client does not read its answers: stop reading its requests until it does."""
+        """The client does not read its answers: stop reading its requests until it does (and
+        stop producing a streaming body)."""
+        self.write_paused = True
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
+        self.write_paused = False
+        self._wake_writer()
         if self.transport is not None and not self.closing:
             self.transport.resume_reading()
+
+    def _wake_writer(self) -> None:
+        waiter, self._writable = self._writable, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def eof_received(self) -> bool | None:
         """EOF means the client is gone (HTTP clients do not half-close): whatever it waits for
@@ -198,7 +260,7 @@ class HttpConnection(asyncio.Protocol):
                 size = min(HEAD_FEED_BYTES, MAX_HEAD_BYTES - self.head_bytes, len(view))
                 self.head_bytes += size
             elif self.content_length is not None:  # up to the end of this body, not into the next head
-                size = max(1, min(self.content_length, MAX_BODY_BYTES) - self.body_bytes)
+                size = max(1, min(self.content_length, self.body_limit) - self.body_bytes)
             else:
                 size = HEAD_FEED_BYTES  # a chunked body
             chunk, view = view[:size], view[size:]
@@ -224,9 +286,14 @@ class HttpConnection(asyncio.Protocol):
         self.head_started = self.last_active  # request_timeout runs from the head's first byte
 
     def on_url(self, url: bytes) -> None:
-        self.url += url
+        self.url += url  # the whole target comes before the first header
+        if self.url.startswith(GATEWAY_PREFIX):
+            self.collect = True
+            self.body_limit = MAX_GATEWAY_BODY_BYTES
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.collect:
+            self.headers.append((name, value))
         if len(name) == 13 and name.lower() == b"authorization":
             self.authorization = value
         elif len(name) == 14 and name.lower() == b"content-length":
@@ -234,8 +301,8 @@ class HttpConnection(asyncio.Protocol):
                 self.content_length = int(value)
             except ValueError:
                 self.content_length = None  # the parser refuses it
-            if self.content_length is not None and self.content_length > MAX_BODY_BYTES:
-                self._reject(413, "payload_too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+            if self.content_length is not None and self.content_length > self.body_limit:
+                self._reject(413, "payload_too_large", f"request body exceeds {self.body_limit} bytes")
 
     def on_headers_complete(self) -> None:
         self.head_pending = False
@@ -245,8 +312,8 @@ class HttpConnection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.body_bytes += len(body)
-        if self.body_bytes > MAX_BODY_BYTES:
-            self._reject(413, "payload_too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+        if self.body_bytes > self.body_limit:
+            self._reject(413, "payload_too_large", f"request body exceeds {self.body_limit} bytes")
         else:
             self.body_parts.append(body)
 
@@ -279,6 +346,8 @@ class HttpConnection(asyncio.Protocol):
             peer_uid=self.peer_uid,
             peer_pid=self.peer_pid,
         )
+        if self.collect:
+            request.headers = tuple(self.headers)
         keep_alive = self.parser.should_keep_alive()
         if self.in_flight is not None or self.queue:
             self.queue.append((request, keep_alive, time.perf_counter()))
@@ -298,26 +367,92 @@ class HttpConnection(asyncio.Protocol):
         if isinstance(result, Response):
             self._send(result, keep_alive, started)
             return
+        if isinstance(result, StreamingResponse):
+            self._start_stream(result, keep_alive, started)
+            return
         # reading goes on while the answer is pending, so a disconnect is seen (and cancels it)
         task = asyncio.ensure_future(result)
         self.in_flight = task
         task.add_done_callback(lambda t: self._finished(t, keep_alive, started))
 
-    def _finished(self, task: asyncio.Task[Response], keep_alive: bool, started: float) -> None:
+    def _finished(self, task: asyncio.Task[Answer], keep_alive: bool, started: float) -> None:
         self.in_flight = None
-        if task.cancelled() or self.closing:
+        if task.cancelled():
             return
         exc = task.exception()
         if exc is not None:
             _log.error("unhandled error in handler", exc_info=exc)
-            response = error_response(500, "internal_error", "internal error")
+            response: Answer = error_response(500, "internal_error", "internal error")
         else:
             response = task.result()
+        if isinstance(response, StreamingResponse):
+            if self.closing:  # nobody to stream to: release what feeds the body
+                _release(response.body)
+                return
+            self._start_stream(response, keep_alive, started)
+            return
+        if self.closing:
+            return
         self._send(response, keep_alive, started)
+        self._next()
+
+    def _next(self) -> None:
+        """The answer is out: serve what was pipelined behind it, then read again."""
         while self.queue and self.in_flight is None and not self.closing:
             self._dispatch(*self.queue.popleft())
         if self.in_flight is None and self.transport is not None and not self.closing:
             self.transport.resume_reading()
+
+    # -- streaming
+
+    def _start_stream(self, response: StreamingResponse, keep_alive: bool, started: float) -> None:
+        transport = self.transport
+        if transport is None or self.closing:
+            _release(response.body)
+            return
+        keep = keep_alive and not response.close
+        transport.write(response.head(keep))
+        self.app.observe(response.route, response.status, time.perf_counter() - started)
+        task = asyncio.ensure_future(self._pump(response.body))
+        self.in_flight = task
+        self.long_lived = response.long_lived
+        task.add_done_callback(lambda t: self._streamed(t, keep))
+
+    async def _pump(self, body: ResponseBody) -> None:
+        """Each chunk out as it comes; while the client's transport is full, the body is not
+        read (so neither is whatever feeds it)."""
+        try:
+            async for chunk in body:
+                transport = self.transport
+                if transport is None or self.closing:
+                    return
+                if chunk:
+                    transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                    if self.write_paused:
+                        self._writable = self._writable or asyncio.get_running_loop().create_future()
+                        await self._writable
+            if self.transport is not None and not self.closing:
+                self.transport.write(b"0\r\n\r\n")
+        finally:
+            await body.aclose()
+
+    def _streamed(self, task: asyncio.Task[None], keep: bool) -> None:
+        self.in_flight = None
+        self.long_lived = False
+        if task.cancelled() or self.transport is None or self.closing:
+            return
+        exc = task.exception()
+        if exc is not None:  # the head is out: the only honest end is a cut connection
+            _log.warning("streaming answer failed; connection aborted",
+                         extra={"error": type(exc).__name__})
+            self.closing = True
+            self.transport.abort()
+            return
+        if not keep:
+            self.closing = True
+            self.transport.close()
+            return
+        self._next()
 
     def _send(self, response: Response, keep_alive: bool, started: float) -> None:
         transport = self.transport
@@ -345,6 +480,16 @@ class HttpConnection(asyncio.Protocol):
         elif self.transport is not None:
             self.closing = True
             self.transport.close()
+
+
+_releasing: set[asyncio.Task[None]] = set()
+
+
+def _release(body: ResponseBody) -> None:
+    """Close a body that will never be streamed, in a task kept until it is done."""
+    task = asyncio.ensure_future(body.aclose())
+    _releasing.add(task)
+    task.add_done_callback(_releasing.discard)
 
 
 def bind_unix_socket(path: str) -> socket.socket:
