@@ -1,0 +1,236 @@
+"""The gateway's protocol logic (mcpcreds.jsonrpc), with no I/O: parsing what a client POSTs,
+counting permits, refusing tool calls, filtering tools/list results in JSON and SSE, splitting
+SSE streams, and masking the credentials the gateway sent."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from mcpcreds import jsonrpc
+from mcpcreds.jsonrpc import Inspector, JsonRpcError, SseSplitter, parse_body
+from mcpcreds.policy import TrustPolicy
+
+TOOLS = [{"name": n, "inputSchema": {"type": "object"}} for n in ("echo", "add", "delete_all")]
+ALLOW_ECHO = TrustPolicy("untrusted", ("echo",))
+CLOSED = TrustPolicy()
+TRUSTED = TrustPolicy("trusted")
+
+
+def body(data: Any) -> bytes:
+    return json.dumps(data).encode()
+
+
+def call(id_: Any, tool: Any = "echo") -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": {"name": tool, "arguments": {}}}
+
+
+def listing(id_: Any, tools: list[dict[str, Any]] = TOOLS) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id_, "result": {"tools": tools, "nextCursor": "page-2"}}
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize(("raw", "code"), [
+    (b"not json", jsonrpc.PARSE_ERROR),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "x", "params": NaN}', jsonrpc.PARSE_ERROR),
+    (b"[" * 100_000 + b"]" * 100_000, jsonrpc.PARSE_ERROR),
+    (b"\xff\xfe", jsonrpc.PARSE_ERROR),
+    (b"[]", jsonrpc.INVALID_REQUEST),
+    (b'"a string"', jsonrpc.INVALID_REQUEST),
+    (b'{"id": 1, "method": "ping"}', jsonrpc.INVALID_REQUEST),  # no jsonrpc member
+    (b'{"jsonrpc": "2.0", "id": 1, "method": 7}', jsonrpc.INVALID_REQUEST),
+    (b'{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}', jsonrpc.INVALID_REQUEST),
+    (b'{"jsonrpc": "2.0", "id": true, "method": "ping"}', jsonrpc.INVALID_REQUEST),
+    (b'{"jsonrpc": "2.0", "id": 1, "method": "x", "params": 3}', jsonrpc.INVALID_REQUEST),
+    (b'{"jsonrpc": "2.0", "id": 1, "result": {}, "error": {}}', jsonrpc.INVALID_REQUEST),
+    (b'{"jsonrpc": "2.0"}', jsonrpc.INVALID_REQUEST),
+    (b'[{"jsonrpc": "2.0", "id": 1, "method": "a"}, {"jsonrpc": "2.0", "id": 1, "method": "b"}]',
+     jsonrpc.INVALID_REQUEST),  # two requests with one id: their answers could not be told apart
+])
+def test_what_is_not_json_rpc_is_refused_with_its_code(raw: bytes, code: int) -> None:
+    with pytest.raises(JsonRpcError) as refused:
+        parse_body(raw)
+    assert refused.value.code == code
+
+
+def test_requests_notifications_and_responses_are_told_apart() -> None:
+    out = parse_body(body([call(1), {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                           {"jsonrpc": "2.0", "id": 9, "result": {}}, {"jsonrpc": "2.0", "id": "1", "method": "ping"}]))
+    assert out.batch
+    assert [m.kind for m in out.messages] == ["request", "notification", "response", "request"]
+    assert out.tool_calls() == {("n", 1): "echo"}
+    assert out.methods() == {("n", 1): "tools/call", ("s", "1"): "ping"}  # "1" and 1 are two ids
+    assert out.single_id is None
+    assert parse_body(body(call("abc"))).single_id == "abc"
+
+
+@pytest.mark.parametrize(("messages", "rate_methods", "permits"), [
+    ([call(1)], None, 1),
+    ([call(1), call(2), {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}], None, 3),
+    ([call(1), call(2), {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}], ("tools/call",), 2),
+    ([{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}], ("tools/call",), 0),
+    ([{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {}}], None, 0),
+    ([{"jsonrpc": "2.0", "id": 4, "result": {}}], None, 0),  # a response to the server's request
+])
+def test_one_permit_per_counted_request(messages: list[dict[str, Any]], rate_methods: tuple[str, ...] | None,
+                                        permits: int) -> None:
+    assert jsonrpc.permits(parse_body(body(messages)), rate_methods) == permits
+
+
+# ---------------------------------------------------------------------------- refusals
+
+
+def test_a_call_outside_the_policy_is_refused_naming_the_policy_not_the_tool() -> None:
+    guessed = "ghp_" + "x" * 36  # whatever the caller puts in a name is never echoed
+    (answer,) = jsonrpc.refusals(parse_body(body(call(7, guessed))), ALLOW_ECHO, "crm")
+    assert answer["id"] == 7 and answer["error"]["code"] == jsonrpc.INVALID_PARAMS
+    assert "trust policy of server 'crm'" in answer["error"]["message"]
+    assert "tool_allowlist" in answer["error"]["message"]
+    assert guessed not in json.dumps(answer)
+    assert jsonrpc.refusals(parse_body(body(call(7, "echo"))), ALLOW_ECHO, "crm") == []
+
+
+def test_an_untrusted_server_without_allowlist_refuses_every_call() -> None:
+    (answer,) = jsonrpc.refusals(parse_body(body(call("a", "echo"))), CLOSED, "x")
+    assert "no tool_allowlist: no tool is exposed" in answer["error"]["message"]
+    assert jsonrpc.refusals(parse_body(body(call("a", "anything"))), TRUSTED, "x") == []
+
+
+@pytest.mark.parametrize("params", [None, {"arguments": {}}, {"name": 3}, ["echo"]])
+def test_a_call_that_names_no_tool_is_refused(params: Any) -> None:
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+    if params is not None:
+        message["params"] = params
+    (answer,) = jsonrpc.refusals(parse_body(body(message)), TRUSTED, "x")
+    assert answer["error"]["code"] == jsonrpc.INVALID_PARAMS
+
+
+def test_a_batch_with_a_refused_call_is_refused_whole() -> None:
+    batch = [call(1, "echo"), call(2, "delete_all"), {"jsonrpc": "2.0", "id": 3, "method": "tools/list"},
+             {"jsonrpc": "2.0", "method": "notifications/progress", "params": {}}]
+    answers = jsonrpc.refusals(parse_body(body(batch)), ALLOW_ECHO, "x")
+    assert [(a["id"], a["error"]["code"]) for a in answers] == [
+        (1, jsonrpc.INVALID_REQUEST), (2, jsonrpc.INVALID_PARAMS), (3, jsonrpc.INVALID_REQUEST)]
+    assert "forwarded whole or not at all" in answers[0]["error"]["message"]
+    assert jsonrpc.refusals(parse_body(body([call(1, "echo"), call(2, "echo")])), ALLOW_ECHO, "x") == []
+
+
+# ---------------------------------------------------------------------------- answers
+
+
+def names(message: dict[str, Any]) -> list[str]:
+    return [t["name"] for t in message["result"]["tools"]]
+
+
+def test_a_tools_list_result_is_filtered_in_a_json_answer() -> None:
+    inspector = Inspector(ALLOW_ECHO, pending={("n", 1): "tools/list"})
+    out = json.loads(inspector.json_body(body(listing(1))))
+    assert names(out) == ["echo"]
+    assert out["result"]["nextCursor"] == "page-2"  # pagination passes: each page is filtered
+    assert inspector.pending == {}
+
+
+def test_any_result_shaped_like_a_tool_list_is_filtered_whatever_its_stream() -> None:
+    """A listing replayed on a resumed GET stream is not known as tools/list by its id: filtered anyway."""
+    assert names(json.loads(Inspector(CLOSED).json_body(body(listing("other"))))) == []
+    assert names(json.loads(Inspector(TRUSTED).json_body(body(listing(1))))) == ["echo", "add", "delete_all"]
+
+
+def test_a_batch_answer_is_filtered_and_each_answer_reported() -> None:
+    seen: list[tuple[Any, str, str]] = []
+    inspector = Inspector(ALLOW_ECHO, pending={("n", 1): "tools/list", ("n", 2): "tools/call"},
+                          on_answer=lambda key, method, status: seen.append((key, method, status)))
+    answer = [listing(1), {"jsonrpc": "2.0", "id": 2, "result": {"content": [], "isError": True}}]
+    out = json.loads(inspector.json_body(body(answer)))
+    assert names(out[0]) == ["echo"] and out[1]["result"]["isError"] is True
+    assert seen == [(("n", 1), "tools/list", "ok"), (("n", 2), "tools/call", "tool_error")]
+
+
+def test_answer_status() -> None:
+    assert jsonrpc.answer_status({"result": {}}) == "ok"
+    assert jsonrpc.answer_status({"result": {"isError": True}}) == "tool_error"
+    assert jsonrpc.answer_status({"error": {"code": -32602, "message": "x"}}) == "error:-32602"
+    assert jsonrpc.answer_status({"error": {"code": True}}) == "error"
+
+
+def test_an_sse_event_is_rewritten_only_when_its_message_changes() -> None:
+    inspector = Inspector(ALLOW_ECHO)
+    progress = b'id: 7\r\nevent: message\r\ndata: {"jsonrpc":"2.0","method":"notifications/progress"}\r\n\r\n'
+    assert inspector.event(progress) == progress  # byte for byte
+    changed = b"id: 8\nevent: message\ndata: " + body(listing(1)) + b"\n\n"
+    out = inspector.event(changed)
+    assert out.startswith(b"id: 8\nevent: message\ndata: ") and out.endswith(b"\n\n")
+    assert names(json.loads(out.split(b"data: ", 1)[1])) == ["echo"]
+
+
+def test_an_sse_event_split_over_data_lines_is_read_whole() -> None:
+    text = json.dumps(listing(1), indent=1)  # a JSON document over many data: lines
+    raw = b"".join(b"data: " + line.encode() + b"\n" for line in text.split("\n")) + b"\n"
+    out = Inspector(ALLOW_ECHO).event(raw)
+    assert names(json.loads(out.split(b"data: ", 1)[1])) == ["echo"]
+
+
+def test_events_that_are_no_message_pass_untouched() -> None:
+    inspector = Inspector(CLOSED)
+    for raw in (b": a comment\n\n", b"event: ping\ndata: " + body(listing(1)) + b"\n\n", b"data: not json\n\n",
+                b"retry: 100\n\n"):
+        assert inspector.event(raw) == raw
+
+
+# ---------------------------------------------------------------------------- masking
+
+
+def test_the_credentials_sent_are_masked_in_every_spelling() -> None:
+    token = "tok/en-" + "z" * 20
+    forms = jsonrpc.mask_forms(["Bearer " + token, "short", "k3y-" + "q" * 10])
+    assert b"short" not in forms  # a short value would mangle ordinary text
+    leaked = body({"a": token, "b": "Bearer " + token, "c": "k3y-" + "q" * 10}) + b' "tok\\/en-' + b"z" * 20 + b'"'
+    masked = jsonrpc.mask(leaked, forms)
+    assert token.encode() not in masked and b"tok\\/en" not in masked and b"qqqqqqqqqq" not in masked
+    json.loads(masked.rsplit(b" ", 1)[0])  # still JSON
+    inspector = Inspector(TRUSTED, forms)
+    assert token.encode() not in inspector.event(b"data: " + body({"jsonrpc": "2.0", "id": 1, "result": token}) + b"\n\n")
+    assert token.encode() not in inspector.json_body(b"not json " + token.encode())
+
+
+# ---------------------------------------------------------------------------- SSE splitting
+
+
+def feed_all(chunks: list[bytes], limit: int = 1 << 20) -> tuple[list[bytes], bytes]:
+    splitter = SseSplitter(limit)
+    events = [e for chunk in chunks for e in splitter.feed(chunk)]
+    return events, splitter.rest()
+
+
+STREAM = b"id: 1\r\ndata: a\r\n\r\n: comment\n\ndata: b\rdata: c\r\r" + b"event: message\ndata: d\n\n"
+
+
+def test_events_come_out_whole_and_byte_for_byte_however_the_stream_is_cut() -> None:
+    whole, rest = feed_all([STREAM])
+    assert rest == b"" and b"".join(whole) == STREAM
+    assert whole == [b"id: 1\r\ndata: a\r\n\r\n", b": comment\n\n", b"data: b\rdata: c\r\r",
+                     b"event: message\ndata: d\n\n"]
+    for size in (1, 2, 3, 5, 7):
+        chunks = [STREAM[i:i + size] for i in range(0, len(STREAM), size)]
+        events, rest = feed_all(chunks)
+        assert b"".join(events) + rest == STREAM, size
+        assert [e.replace(b"\r\n", b"\n").strip(b"\r\n") for e in events if e.strip(b"\r\n")] == \
+               [e.replace(b"\r\n", b"\n").strip(b"\r\n") for e in whole], size
+
+
+def test_a_crlf_is_one_line_end_never_an_empty_line() -> None:
+    events, rest = feed_all([b"data: a\r\n", b"data: b\r\n", b"\r\n"])
+    assert events == [b"data: a\r\ndata: b\r\n\r\n"] and rest == b""
+
+
+def test_an_incomplete_event_is_held_and_an_endless_one_refused() -> None:
+    events, rest = feed_all([b"data: done\n\n", b'data: {"partial":'])
+    assert events == [b"data: done\n\n"] and rest == b'data: {"partial":'
+    splitter = SseSplitter(64)
+    splitter.feed(b"data: " + b"x" * 40)
+    with pytest.raises(jsonrpc.EventTooLarge):
+        splitter.feed(b"x" * 40)
