@@ -21,14 +21,17 @@ from .errors import (
     McpcredsError,
     MethodNotAllowed,
     NotFound,
+    ProxyDisabled,
+    ProxyOnly,
 )
+from .gateway import Gateway
 from .grants import MAX_TTL, Grant, GrantLimits, new_token, token_hash
 from .logs import get_logger
 from .metrics import Metrics
 from .policy import check_rule_of_two
 from .secret import redact_json
 from .sources import check_secret_name
-from .wire import Request, Response, json_response
+from .wire import Answer, Request, Response, StreamingResponse, json_response
 
 _log = get_logger("api")
 _PROMETHEUS: Final = b"text/plain; version=0.0.4; charset=utf-8"
@@ -40,7 +43,8 @@ MAX_GRANT_SERVERS: Final = 1024
 _GRANT_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 _OPEN_ROUTES: Final = frozenset({"health", "openapi"})
 
-Handler = Callable[[Request], Response | Awaitable[Response]]
+Handler = Callable[[Request], Answer | Awaitable[Answer]]
+GATEWAY_METHODS: Final = ("POST", "GET", "DELETE")  # on /mcp/{server}
 
 
 def error_to_response(exc: McpcredsError, route: str) -> Response:
@@ -110,6 +114,7 @@ class Api:
         self.metrics = metrics
         self.audit = audit or AuditLog(None, broker.clock)
         self.openapi = (resources.files("mcpcreds") / "openapi.json").read_bytes()
+        self.gateway = Gateway(broker, metrics)
         self._fixed: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "/v1/health"): ("health", self.health),
             ("GET", "/v1/servers"): ("servers", self.servers),
@@ -131,7 +136,7 @@ class Api:
         }
         self._fast_targets: dict[bytes, Target] = {}
         self._grant_routes = frozenset({"health", "openapi", "servers", "headers", "acquire", "call",
-                                        "invalidate", "backoff", "grant", "revoke"})
+                                        "invalidate", "backoff", "grant", "revoke", "mcp"})
 
     def reload(self) -> None:
         self._fast_targets.clear()
@@ -153,6 +158,8 @@ class Api:
                 target = self.broker.target(unquote(url[12:-8].decode("utf-8")))
             except (McpcredsError, UnicodeDecodeError):
                 return None
+            if not self.broker.serves_headers(target):
+                return None  # refused on the slow path (and never cached here)
             if len(self._fast_targets) < 4096:
                 self._fast_targets[url] = target
         cached = self.broker.cached_headers(target)
@@ -161,7 +168,7 @@ class Api:
         self.metrics.observe_request("headers", 200, time.perf_counter() - started)
         return cached.wire
 
-    def handle(self, request: Request) -> Response | Awaitable[Response]:
+    def handle(self, request: Request) -> Answer | Awaitable[Answer]:
         if request.authorization is not None:
             return self._handle_with_grant(request)
         route = "unknown"
@@ -172,13 +179,20 @@ class Api:
                                 "send Authorization: Bearer <grant>")
             result = handler(request)
         except McpcredsError as exc:
-            return error_to_response(exc, route)
-        if isinstance(result, Response):
+            return self._error(exc, route, request)
+        if isinstance(result, Response | StreamingResponse):
             result.route = route
             return result
-        return self._finish(result, route)
+        return self._finish(result, route, request)
 
-    async def _handle_with_grant(self, request: Request) -> Response:
+    def _error(self, exc: McpcredsError, route: str, request: Request) -> Response:
+        if route == "mcp":  # an MCP client reads a JSON-RPC error
+            response = self.gateway.error(exc, request)
+            response.route = route
+            return response
+        return error_to_response(exc, route)
+
+    async def _handle_with_grant(self, request: Request) -> Answer:
         """A caller that presents a grant acts within it only."""
         route = "unknown"
         try:
@@ -193,9 +207,9 @@ class Api:
             if route not in self._grant_routes:
                 raise Forbidden(f"a grant cannot use the {route} route")
             result = handler(request)
-            response = result if isinstance(result, Response) else await result
+            response = result if isinstance(result, Response | StreamingResponse) else await result
         except McpcredsError as exc:
-            return error_to_response(exc, route)
+            return self._error(exc, route, request)
         response.route = route
         return response
 
@@ -206,11 +220,11 @@ class Api:
             raise Forbidden(f"server {target.name!r} is not in this grant")
         return target
 
-    async def _finish(self, pending: Awaitable[Response], route: str) -> Response:
+    async def _finish(self, pending: Awaitable[Answer], route: str, request: Request) -> Answer:
         try:
             response = await pending
         except McpcredsError as exc:
-            return error_to_response(exc, route)
+            return self._error(exc, route, request)
         response.route = route
         return response
 
@@ -220,6 +234,12 @@ class Api:
             return found
         parts = request.path.split("/")
         # what the caller put in a path is never echoed: only the route it matched
+        if len(parts) == 3 and parts[1] == "mcp" and parts[2]:
+            if request.method not in GATEWAY_METHODS:
+                raise MethodNotAllowed(f"{request.method} is not allowed on /mcp/{{server}}: "
+                                       "POST, GET or DELETE")
+            request.name = unquote(parts[2])
+            return "mcp", self.mcp
         if len(parts) == 4 and parts[1] == "v1" and parts[2] == "grants" and parts[3]:
             if request.method != "DELETE":
                 raise MethodNotAllowed(f"{request.method} is not allowed on /v1/grants/{{id}}")
@@ -309,8 +329,24 @@ class Api:
         text = self.metrics.render(await self.broker.gauges())
         return Response(200, text.encode(), content_type=_PROMETHEUS)
 
-    def headers(self, request: Request) -> Response | Awaitable[Response]:
+    def mcp(self, request: Request) -> Awaitable[Answer]:
+        """The gateway: MCP Streamable HTTP relayed to the server (see gateway.py)."""
         target = self._target(request)
+        if not target.gateway.serves_proxy:
+            raise ProxyDisabled(f"server {target.name!r} is not served through the gateway "
+                                "(expose = \"headers\")")
+        return self.gateway.handle(request, target)
+
+    def _credential_target(self, request: Request) -> Target:
+        """The server of a route that hands out its credential, if its `expose` allows that."""
+        target = self._target(request)
+        if not self.broker.serves_headers(target):
+            raise ProxyOnly(f"the credential of server {target.name!r} stays in the sidecar "
+                            "(expose = \"proxy\"): use the gateway, /mcp/{server}")
+        return target
+
+    def headers(self, request: Request) -> Response | Awaitable[Response]:
+        target = self._credential_target(request)
         cached = self.broker.cached_headers(target)
         if cached is not None:
             return Response(200, cached.body)
@@ -338,7 +374,7 @@ class Api:
 
     def call(self, request: Request) -> Response | Awaitable[Response]:
         """Permits and headers in one round trip: the client's hot path."""
-        target = self._target(request)
+        target = self._credential_target(request)
         cost, max_wait = self._permit_request(request)
         cached = self.broker.cached_headers(target)
         if cached is not None and self.broker.limiter.try_acquire(target.key, self.broker.rate_of(target),

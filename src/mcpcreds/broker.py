@@ -39,9 +39,17 @@ from .wire import Response
 
 # a server without `rate` still gets a bucket, so that an upstream 429 can pause it
 UNLIMITED: Final = Rate(1_000_000_000, 1.0)
+# Connections of the gateway's pool per upstream (host, port): SSE streams hold theirs for long,
+# so the gateway has its own pool, and logins are never queued behind open streams.
+GATEWAY_CONNECTIONS: Final = 1000
 # a server name (the config's grammar) or a cache key made of one
 _SERVER_NAME: Final = re.compile(r"(?:(?:service|mcp):)?[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\Z")
 _log = get_logger("broker")
+
+
+def _proxy_only_keys(config: Config) -> frozenset[str]:
+    return frozenset(t.key for t in (*config.services.values(), *config.servers.values())
+                     if t.gateway.expose == "proxy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +108,7 @@ class Broker:
         self.clock = clock
         self.metrics = metrics
         self.audit = audit or AuditLog(None, clock)
-        self._http: dict[tuple[str, EgressPolicy], httpx.AsyncClient] = {}
+        self._http: dict[tuple[str, EgressPolicy, bool], httpx.AsyncClient] = {}
         self.discovery = Discovery()
         parts = build_state(config, resolver, clock, self._fetch_login,
                             lambda: self.config.sidecar.refresh_ahead)
@@ -111,6 +119,7 @@ class Broker:
         self._cache: dict[str, _Cached] = {}
         self._resolving: dict[str, asyncio.Task[HeadersResult]] = {}
         self.server_specs = self._specs()
+        self.proxy_only_keys = _proxy_only_keys(config)
         self._forced_at: dict[str, float] = {}  # key -> when an invalidation last dropped its login
         self._pause_budgets: dict[str, _PauseBudget] = {}
         self._paused_by: dict[str, tuple[float, Actor]] = {}  # key -> (paused until, who set it)
@@ -153,6 +162,13 @@ class Broker:
         self.limiter.reconfigure(config.rates)
         self._cache.clear()
         self.server_specs = self._specs()
+        self.proxy_only_keys = _proxy_only_keys(config)
+
+    def serves_headers(self, target: Target) -> bool:
+        """Whether the credential of `target` may be handed to callers (`headers`, `call`). It is
+        judged per credential, like tags: when any name of a cache key is `expose = "proxy"`,
+        the login behind every name of that key stays inside the sidecar."""
+        return target.gateway.serves_headers and target.key not in self.proxy_only_keys
 
     def rate_of(self, target: Target) -> Rate:
         return target.rate or UNLIMITED
@@ -262,7 +278,7 @@ class Broker:
         if login.grant != "client_credentials":
             raise TokenEndpointError(f"grant {login.grant!r} is not run by mcpcreds; only "
                                      "client_credentials", "unsupported_grant_type")
-        http = self._http_for(target)
+        http = self.http_for(target)
         token_url = await self.discovery.token_url(login, target.endpoint, http)
         credential_template = login.private_key or login.client_secret
         assert credential_template is not None
@@ -282,16 +298,25 @@ class Broker:
                              help_text="Token requests that failed, by cache key.")
             raise
 
-    def _http_for(self, target: Target) -> httpx.AsyncClient:
-        """The HTTP client for a target's own outbound calls, behind its egress policy."""
-        key = (target.key, target.egress)
+    def http_for(self, target: Target, gateway: bool = False) -> httpx.AsyncClient:
+        """The HTTP client for a target's outbound calls, behind its egress policy (SSRF guard,
+        pinned DNS, audit): its own calls (logins, discovery), or with `gateway` the MCP traffic
+        the gateway relays, in a pool of its own."""
+        key = (target.key, target.egress, gateway)
         client = self._http.get(key)
         if client is None:
             def on_connect(host: str, ip: str, port: int) -> None:
                 self.audit.write("egress", key=target.key, host=host, ip=ip, port=port)
 
-            client = self._http[key] = egress_client(target.egress, on_connect=on_connect)
+            kwargs: dict[str, Any] = {}
+            if gateway:
+                kwargs["limits"] = httpx.Limits(max_connections=GATEWAY_CONNECTIONS,
+                                                max_keepalive_connections=64)
+            client = self._http[key] = egress_client(target.egress, on_connect=on_connect,
+                                                     transport_kwargs=kwargs)
         return client
+
+    _http_for = http_for
 
     # -- invalidation
 

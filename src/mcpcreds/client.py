@@ -7,24 +7,98 @@ are thin drivers that send it, with the same retry and error mapping.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Final, Literal, TypeVar
+from urllib.parse import quote
 
 import httptools
+import httpx
 
 from .auth import AUTH_CLASS, HttpxAuth
 from .calls import Call, Calls, MalformedAnswer
 from .config import default_socket_path
 from .errors import McpcredsError, SidecarUnavailable, error_from_wire
-from .socket_check import expected_sidecar_uid
+from .socket_check import check_folder, check_peer, expected_sidecar_uid
 from .uds import Retryable, SyncUdsHttp, UdsHttp
 
 DEFAULT_TIMEOUT: Final = 10.0
 CONNECT_RETRY_SECONDS: Final = 2.0  # ride out a sidecar restart
+GATEWAY_ORIGIN: Final = "http://mcpcreds"  # the host part of gateway URLs: the socket is what is reached
+# the MCP SDK's own defaults: 30 s to connect or write, 300 s between two bytes of an SSE stream
+MCP_CONNECT_TIMEOUT: Final = 30.0
+MCP_READ_TIMEOUT: Final = 300.0
 R = TypeVar("R")
+
+
+def _checked_backend(httpcore: ModuleType, socket_path: str, sidecar_uid: int) -> Any:
+    """An httpcore (or httpcore2) network backend that checks the sidecar, as the library does,
+    on every new connection before a byte is sent: the socket's folder (owner, mode, not a
+    symlink) before connecting, the listener's SO_PEERCRED uid once connected."""
+
+    class CheckedBackend(httpcore.AsyncNetworkBackend):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            self.inner = httpcore.AnyIOBackend()
+
+        async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                      socket_options: Iterable[Any] | None = None) -> Any:
+            try:
+                check_folder(socket_path, sidecar_uid)
+            except FileNotFoundError as exc:
+                raise httpcore.ConnectError(f"no sidecar socket folder ({exc.strerror})") from None
+            stream = await self.inner.connect_unix_socket(socket_path, timeout, socket_options)
+            try:
+                check_peer(stream.get_extra_info("socket"), socket_path, sidecar_uid)
+            except BaseException:
+                await stream.aclose()
+                raise
+            return stream
+
+        async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                              local_address: str | None = None,
+                              socket_options: Iterable[Any] | None = None) -> Any:
+            raise httpcore.ConnectError("a sidecar client connects to the Unix socket only")
+
+        async def sleep(self, seconds: float) -> None:
+            await self.inner.sleep(seconds)
+
+    return CheckedBackend()
+
+
+def gateway_http_client(flavour: str, socket_path: str, sidecar_uid: int, name: str,
+                        headers: dict[str, str], **kwargs: Any) -> Any:
+    """An `httpx.AsyncClient` (`flavour` "httpx") or `httpx2.AsyncClient` ("httpx2") bound to the
+    sidecar's socket, its base URL the gateway URL of server `name`. The socket's folder is
+    checked now, and every new connection is checked before its first byte."""
+    http = importlib.import_module(flavour)
+    core = importlib.import_module("httpcore2" if flavour == "httpx2" else "httpcore")
+    check_folder_if_there(socket_path, sidecar_uid)
+    limits = kwargs.pop("limits", http.Limits(max_connections=100, max_keepalive_connections=20))
+    transport = http.AsyncHTTPTransport(uds=socket_path, verify=False, limits=limits)
+    if not hasattr(transport, "_pool"):  # pragma: no cover - an httpx that builds its pool elsewhere
+        raise RuntimeError(f"this {flavour} version cannot carry the sidecar's socket checks")
+    transport._pool = core.AsyncConnectionPool(
+        uds=socket_path, network_backend=_checked_backend(core, socket_path, sidecar_uid),
+        max_connections=limits.max_connections, max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry)
+    kwargs.setdefault("timeout", http.Timeout(MCP_CONNECT_TIMEOUT, read=MCP_READ_TIMEOUT))
+    return http.AsyncClient(transport=transport, base_url=gateway_url(name), headers=headers, **kwargs)
+
+
+def check_folder_if_there(socket_path: str, sidecar_uid: int) -> None:
+    """The folder check, now; a folder not made yet (no sidecar yet) is left to connect time."""
+    with contextlib.suppress(FileNotFoundError):
+        check_folder(socket_path, sidecar_uid)
+
+
+def gateway_url(name: str) -> str:
+    """The URL to give an MCP client for server `name`, with a client from `mcp_http_client`."""
+    return f"{GATEWAY_ORIGIN}/mcp/{quote(name, safe=':')}"
 
 
 def _grant_header(grant: str | None) -> dict[str, str]:
@@ -169,6 +243,26 @@ class AsyncClient(_Base):
              on_429: Literal["raise", "wait", "return"] = "wait") -> HttpxAuth:
         """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled."""
         return AUTH_CLASS(None, self, name, cost=cost, max_wait=max_wait, on_429=on_429)  # type: ignore[return-value]
+
+    # -- the gateway
+
+    def mcp_url(self, name: str) -> str:
+        """`http://mcpcreds/mcp/{name}`: the URL to give the MCP SDK with `mcp_http_client(name)`."""
+        return gateway_url(name)
+
+    def mcp_http_client(self, name: str, **kwargs: Any) -> httpx.AsyncClient:
+        """An `httpx.AsyncClient` for the gateway of server `name` (MCP SDK 1.x), over the sidecar's
+        socket with the library's checks (see `gateway_http_client`), carrying this client's grant.
+        Use it with `streamable_http_client(creds.mcp_url(name), http_client=...)`: the
+        credential, the rate limit and the tool policy are applied in the sidecar."""
+        client: httpx.AsyncClient = gateway_http_client("httpx", str(self.socket_path), self.sidecar_uid,
+                                                        name, dict(self._headers), **kwargs)
+        return client
+
+    def mcp_httpx2_client(self, name: str, **kwargs: Any) -> Any:
+        """The same as `mcp_http_client`, an `httpx2.AsyncClient` (the MCP SDK 2.x); needs httpx2."""
+        return gateway_http_client("httpx2", str(self.socket_path), self.sidecar_uid, name,
+                                   dict(self._headers), **kwargs)
 
 
 class Client(_Base):

@@ -47,6 +47,18 @@ class Forbidden(McpcredsError):
     status = 403
 
 
+class ProxyOnly(Forbidden):
+    """The server's credential is used by the gateway only (`expose = "proxy"`): not handed out."""
+
+    code = "proxy_only"
+
+
+class ProxyDisabled(Forbidden):
+    """The server is not served through the gateway (`expose = "headers"`)."""
+
+    code = "proxy_disabled"
+
+
 class UnknownServer(McpcredsError):
     code = "unknown_server"
     status = 404
@@ -104,6 +116,18 @@ class TokenEndpointError(McpcredsError):
         self.error = error
 
 
+class UpstreamError(McpcredsError):
+    """The gateway could not reach the MCP server, or its answer could not be relayed."""
+
+    code = "upstream_error"
+    status = 502
+
+
+class UpstreamTimeout(McpcredsError):
+    code = "upstream_timeout"
+    status = 504
+
+
 class SecretUnavailable(McpcredsError):
     code = "secret_unavailable"
     status = 503
@@ -133,6 +157,8 @@ ERRORS_BY_CODE: dict[str, type[McpcredsError]] = {
         ConfigError,
         InvalidRequest,
         Forbidden,
+        ProxyOnly,
+        ProxyDisabled,
         UnknownServer,
         UnknownSecret,
         NotFound,
@@ -142,6 +168,8 @@ ERRORS_BY_CODE: dict[str, type[McpcredsError]] = {
         RateLimited,
         TooManyGrants,
         TokenEndpointError,
+        UpstreamError,
+        UpstreamTimeout,
         SecretUnavailable,
         StateUnavailable,
         TokenEndpointTimeout,

@@ -10,6 +10,10 @@ LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
                           2.5, 5.0, 10.0)
 
 Labels = tuple[tuple[str, str], ...]
+# Label sets kept per metric for labels a caller can vary (a tool name): past this, new ones are
+# counted under `OTHER`, so a client cannot grow the scrape (or the sidecar) without bound.
+MAX_LABEL_SETS: Final = 1000
+OTHER: Final = "_other"
 
 
 def _escape(value: str) -> str:
@@ -31,6 +35,35 @@ class Metrics:
         self._hist_sum: defaultdict[str, float] = defaultdict(float)
         self.counters: defaultdict[tuple[str, Labels], float] = defaultdict(float)
         self.help: dict[str, str] = {}
+        # labelled histograms: name -> labels -> [bucket counts..., +Inf count], and their sums
+        self.histograms: dict[str, dict[Labels, list[int]]] = {}
+        self.histogram_sums: defaultdict[tuple[str, Labels], float] = defaultdict(float)
+        self._label_sets: defaultdict[str, set[Labels]] = defaultdict(set)
+
+    def bounded(self, name: str, labels: Labels, free: str) -> Labels:
+        """`labels`, or the same with label `free` set to OTHER once `name` has MAX_LABEL_SETS."""
+        seen = self._label_sets[name]
+        if labels in seen:
+            return labels
+        if len(seen) >= MAX_LABEL_SETS:
+            return tuple((k, OTHER if k == free else v) for k, v in labels)
+        seen.add(labels)
+        return labels
+
+    def observe(self, name: str, labels: Labels, seconds: float, help_text: str = "") -> None:
+        """One observation of the labelled histogram `name` (latency buckets, in seconds)."""
+        counts = self.histograms.setdefault(name, {}).get(labels)
+        if counts is None:
+            counts = self.histograms[name][labels] = [0] * (len(LATENCY_BUCKETS) + 1)
+        for i, bound in enumerate(LATENCY_BUCKETS):
+            if seconds <= bound:
+                counts[i] += 1
+                break
+        else:
+            counts[-1] += 1
+        self.histogram_sums[(name, labels)] += seconds
+        if help_text and name not in self.help:
+            self.help[name] = help_text
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         self.requests[(route, status)] += 1
@@ -71,6 +104,19 @@ class Metrics:
             out.append(f"mcpcreds_request_seconds_bucket{_labels(lab, le_inf)} {running}")
             out.append(f"mcpcreds_request_seconds_sum{_labels(lab)} {self._hist_sum[route]:.6f}")
             out.append(f"mcpcreds_request_seconds_count{_labels(lab)} {running}")
+        for name in sorted(self.histograms):
+            out += [f"# HELP {name} {self.help.get(name, name)}", f"# TYPE {name} histogram"]
+            for labels, counts in sorted(self.histograms[name].items()):
+                running = 0
+                for bound, count in zip(LATENCY_BUCKETS, counts, strict=False):
+                    running += count
+                    le = 'le="' + str(bound) + '"'
+                    out.append(f"{name}_bucket{_labels(labels, le)} {running}")
+                running += counts[-1]
+                le_inf = 'le="+Inf"'
+                out.append(f"{name}_bucket{_labels(labels, le_inf)} {running}")
+                out.append(f"{name}_sum{_labels(labels)} {self.histogram_sums[(name, labels)]:.6f}")
+                out.append(f"{name}_count{_labels(labels)} {running}")
         by_name: defaultdict[str, list[tuple[Labels, float]]] = defaultdict(list)
         for (name, labels), value in self.counters.items():
             by_name[name].append((labels, value))

@@ -1,0 +1,386 @@
+"""The gateway: `/mcp/{server}` relays the MCP Streamable HTTP transport to the server's endpoint,
+so that the credential never leaves the sidecar and its bucket, tool policy and egress policy are
+enforced on the traffic itself.
+
+- `POST` (a JSON-RPC message or batch), `GET` (the server-initiated SSE stream) and `DELETE` (end
+  the session) are forwarded. Only the MCP transport's own headers pass (`Accept`,
+  `Content-Type`, `Mcp-Session-Id`, `MCP-Protocol-Version`, `Last-Event-ID`, `Mcp-Method`,
+  `Mcp-Name`, `Mcp-Param-*` that are not credential-shaped, `traceparent`, `tracestate`,
+  `User-Agent`); anything else the caller sent (`Authorization`, `Cookie`, API keys) stays here,
+  and the server's credential headers are added.
+- Every upstream request goes through the server's egress policy (`Broker.http_for`).
+- A POST takes one permit per counted JSON-RPC request from the server's shared bucket, waiting
+  up to `max_wait`; a 401 to the login sent is invalidated (by fingerprint) and retried once
+  with the renewed login; a 429 (or a 503 with Retry-After) pauses the shared bucket and is
+  retried once after the pause if that fits in `max_wait`.
+- The trust policy applies: see `jsonrpc` (refused calls never reach the upstream; `tools/list`
+  results are filtered, in JSON answers and SSE events alike).
+- SSE answers are relayed event by event as they arrive (never a partial event, never held back);
+  a JSON answer is read whole (bounded) to be filtered. Credential values the gateway sent are
+  masked in whatever comes back. A client that goes away cancels the upstream request; an
+  upstream that drops mid-stream ends the client's stream cleanly after the last whole event
+  (the MCP client then resumes with `Last-Event-ID` or fails that request).
+- One audit line per `tools/call` (server, tool, caller, status, duration; never arguments or
+  results) and Prometheus counters and histograms per server and tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Final
+
+import httpx
+
+from . import jsonrpc
+from .auth import parse_retry_after
+from .broker import Actor, Broker, HeadersResult
+from .config import Target
+from .credshape import credential_name
+from .errors import ERRORS_BY_CODE, McpcredsError, MethodNotAllowed, UpstreamError, UpstreamTimeout
+from .logs import get_logger
+from .metrics import Metrics
+from .secret import redact_json
+from .wire import MAX_GATEWAY_BODY_BYTES, Answer, Request, Response, StreamingResponse
+
+_log = get_logger("gateway")
+
+MAX_JSON_ANSWER: Final = 16 * 1024 * 1024  # a JSON (or other non-SSE) answer is read whole, up to this
+MAX_SSE_EVENT: Final = MAX_GATEWAY_BODY_BYTES  # one SSE event (the MCP SDK client takes 1 MiB)
+MAX_AUDITED_NAME: Final = 128
+# connect and write are bounded; reading is not (a tool may run long, an SSE stream may idle):
+# a client that gives up closes its connection, and that cancels the upstream request
+UPSTREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
+_FORWARDED: Final = frozenset({
+    "accept", "content-type", "mcp-session-id", "mcp-protocol-version", "last-event-id", "mcp-method",
+    "mcp-name", "traceparent", "tracestate", "user-agent",
+})
+_PARAM_PREFIX: Final = "mcp-param-"
+_RETURNED: Final = ("mcp-session-id", "mcp-protocol-version", "retry-after", "cache-control")
+_METHODS: Final = ("POST", "GET", "DELETE")
+_STATUS_GROUPS: Final = frozenset({"ok", "tool_error", "error", "refused", "rate_limited", "upstream_error",
+                                   "no_response", "dropped", "cancelled"})
+
+
+def forwarded_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[str, str]]:
+    """The caller's headers that go upstream (see the module doc), names lower-cased."""
+    kept = []
+    for name_b, value_b in raw:
+        name = name_b.decode("latin-1").strip().lower()
+        param = name.startswith(_PARAM_PREFIX) and not credential_name(name[len(_PARAM_PREFIX):])
+        if name in _FORWARDED or param:
+            kept.append((name, value_b.decode("latin-1")))
+    return kept
+
+
+def _rpc_response(status: int, body: Any, extra: tuple[tuple[bytes, bytes], ...] = ()) -> Response:
+    return Response(status, jsonrpc.dumps(body), extra_headers=extra)
+
+
+def _metric_status(status: str) -> str:
+    head = status.split(":", 1)[0]
+    if head in _STATUS_GROUPS or head in ERRORS_BY_CODE:
+        return head
+    if head.startswith("http_") and head[5:].isdigit():
+        return f"http_{head[5]}xx"
+    return "other"
+
+
+class _ToolCalls:
+    """The `tools/call` requests of one POST, each audited once when its fate is known."""
+
+    def __init__(self, gateway: Gateway, target: Target, request: Request,
+                 calls: dict[jsonrpc.IdKey, str]) -> None:
+        self.gateway = gateway
+        self.target = target
+        self.actor = Actor(request.peer_uid, request.peer_pid, request.grant.id if request.grant else None)
+        self.started = time.perf_counter()
+        self.calls = calls
+
+    def answered(self, key: jsonrpc.IdKey, method: str, status: str) -> None:
+        tool = self.calls.pop(key, None)
+        if tool is not None:
+            seconds = time.perf_counter() - self.started
+            self.gateway.tool_call_done(self.target, tool, self.actor, status, seconds)
+
+    def finish_all(self, status: str) -> None:
+        for key in list(self.calls):
+            self.answered(key, jsonrpc.TOOLS_CALL, status)
+
+
+class _SseBody:
+    """An upstream SSE answer, relayed event by event (see `wire.ResponseBody`)."""
+
+    def __init__(self, response: httpx.Response, inspector: jsonrpc.Inspector, calls: _ToolCalls | None,
+                 target: Target) -> None:
+        self.response = response
+        self.inspector = inspector
+        self.calls = calls
+        self.target = target
+        self.gen: AsyncIterator[bytes] | None = None
+        self.end = "cancelled"  # what befalls the calls still unanswered when the body is closed
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        self.gen = self._events()
+        return self.gen
+
+    async def _events(self) -> AsyncIterator[bytes]:
+        splitter = jsonrpc.SseSplitter(MAX_SSE_EVENT)
+        try:
+            async for chunk in self.response.aiter_bytes():
+                events = splitter.feed(chunk)
+                if events:
+                    yield b"".join([self.inspector.event(event) for event in events])
+            self.end = "no_response"
+        except httpx.HTTPError as exc:  # the upstream dropped mid-stream
+            self.end = "dropped"
+            _log.warning("upstream stream dropped", extra={"server": self.target.name,
+                                                            "error": type(exc).__name__})
+        except jsonrpc.EventTooLarge:
+            self.end = "dropped"
+            _log.warning("upstream SSE event too large: stream ended",
+                         extra={"server": self.target.name, "limit": MAX_SSE_EVENT})
+        if self.calls is not None:  # before the client sees the end of the stream
+            self.calls.finish_all(self.end)
+
+    async def aclose(self) -> None:
+        try:
+            if self.gen is not None:
+                await self.gen.aclose()  # type: ignore[attr-defined]
+        finally:
+            await self.response.aclose()
+            if self.calls is not None:
+                self.calls.finish_all(self.end)
+
+
+class Gateway:
+    def __init__(self, broker: Broker, metrics: Metrics) -> None:
+        self.broker = broker
+        self.metrics = metrics
+        self._warned: set[tuple[str, str]] = set()
+
+    # -- entry points
+
+    def handle(self, request: Request, target: Target) -> Awaitable[Answer]:
+        if request.method == "POST":
+            return self._post(request, target)
+        if request.method in _METHODS:
+            return self._relay(request, target)
+        raise MethodNotAllowed(f"{request.method} is not allowed on /mcp/{{server}}: POST, GET or DELETE")
+
+    def error(self, exc: McpcredsError, request: Request) -> Response:
+        """A gateway failure as an MCP client reads one: the HTTP status, and a JSON-RPC error
+        (with the id of the request if one was POSTed) whose `data` holds the wire code."""
+        wire = redact_json(exc.to_wire())["error"]
+        data = {k: v for k, v in wire.items() if k != "message"}
+        body = jsonrpc.error(_single_id(request), jsonrpc.GATEWAY_ERROR, str(wire["message"]), data)
+        extra: tuple[tuple[bytes, bytes], ...] = ()
+        retry_after = exc.details.get("retry_after")
+        if isinstance(retry_after, int | float):
+            extra = ((b"Retry-After", str(max(1, int(-(-float(retry_after) // 1)))).encode()),)
+        return _rpc_response(exc.status, body, extra)
+
+    # -- POST
+
+    async def _post(self, request: Request, target: Target) -> Answer:
+        started = time.perf_counter()
+        try:
+            out = jsonrpc.parse_body(request.body)
+        except jsonrpc.JsonRpcError as exc:
+            self._observe(target, request.method, 400, started)
+            return _rpc_response(400, jsonrpc.error(None, exc.code, exc.message))
+        calls = _ToolCalls(self, target, request, out.tool_calls())
+        refused = jsonrpc.refusals(out, target.trust, target.name)
+        if refused:
+            calls.finish_all("refused")
+            self._observe(target, request.method, 200, started)
+            return _rpc_response(200, refused if out.batch else refused[0])
+        cost = jsonrpc.permits(out, target.gateway.rate_methods)
+        try:
+            response, sent = await self._exchange(request, target, cost)
+        except BaseException as exc:
+            calls.finish_all("cancelled" if isinstance(exc, asyncio.CancelledError) else _failure(exc))
+            raise
+        return await self._answer(request, target, response, sent, calls, out.methods(), started)
+
+    # -- GET and DELETE
+
+    async def _relay(self, request: Request, target: Target) -> Answer:
+        started = time.perf_counter()
+        response, sent = await self._exchange(request, target, 0)
+        return await self._answer(request, target, response, sent, None, {}, started)
+
+    # -- the upstream exchange
+
+    async def _exchange(self, request: Request, target: Target,
+                        cost: int) -> tuple[httpx.Response, HeadersResult]:
+        """The upstream's answer (its body not read yet) and the credentials it was sent with."""
+        broker = self.broker
+        max_wait = target.gateway.max_wait
+        deadline = broker.clock.monotonic() + max_wait
+        rate = broker.rate_of(target)
+        result = await broker.headers(target)  # first: a failing login costs no permit
+        if cost and await broker.limiter.acquire(target.key, rate, cost, max_wait) > 0:
+            result = await broker.headers(target)  # renewed while we waited, maybe
+        forwarded = forwarded_headers(request.headers)
+        renewed_once = paused_once = False
+        while True:
+            response = await self._send(target, request, forwarded, result)
+            status = response.status_code
+            try:
+                retry = False
+                if status == 401 and not renewed_once:
+                    renewed_once = True
+                    retry = await self._refused_login(request, target, result)
+                elif _backoff(response) and not paused_once:
+                    paused_once = True
+                    seconds = parse_retry_after(response.headers.get("retry-after"))
+                    await broker.pause(target, seconds, Actor(request.peer_uid, request.peer_pid, None))
+                    left = deadline - broker.clock.monotonic()
+                    retry = seconds <= left
+                    _log.info("gateway backoff", extra={"server": target.name, "key": target.key,
+                                                        "status": status, "retry_after": seconds,
+                                                        "retry": retry})
+                    if retry:
+                        await response.aclose()
+                        if cost:
+                            await broker.limiter.acquire(target.key, rate, cost, max(0.0, left))
+                        else:
+                            await asyncio.sleep(seconds)
+                if not retry:
+                    return response, result
+                await response.aclose()
+                result = await broker.headers(target)
+            except BaseException:
+                await response.aclose()
+                raise
+
+    async def _refused_login(self, request: Request, target: Target, sent: HeadersResult) -> bool:
+        """The upstream refused the credentials sent: drop them (by fingerprint); True when the
+        next attempt will carry others."""
+        dropped, renewed = await self.broker.invalidate(target, sent.fingerprint)
+        fields = {"key": target.key, "dropped": dropped, "renewed": renewed, "fingerprint": sent.fingerprint,
+                  "reason": "gateway: upstream 401", "uid": request.peer_uid, "pid": request.peer_pid}
+        _log.info("invalidate", extra=fields)
+        self.broker.audit.write("invalidation", **fields)
+        return renewed
+
+    async def _send(self, target: Target, request: Request, forwarded: list[tuple[str, str]],
+                    creds: HeadersResult) -> httpx.Response:
+        http = self.broker.http_for(target, gateway=True)
+        own = {name.lower() for name in creds.headers}
+        headers = [(k, v) for k, v in forwarded if k not in own]
+        headers += list(creds.headers.items())
+        if not any(k == "accept" for k, _ in forwarded):
+            headers.append(("accept", "text/event-stream" if request.method == "GET"
+                            else "application/json, text/event-stream"))
+        if request.method == "POST" and not any(k == "content-type" for k, _ in forwarded):
+            headers.append(("content-type", "application/json"))
+        headers.append(("accept-encoding", "identity"))  # answers are inspected: not compressed
+        upstream = http.build_request(request.method, target.endpoint, headers=headers,
+                                      content=request.body if request.method == "POST" else None,
+                                      timeout=UPSTREAM_TIMEOUT)
+        try:
+            return await http.send(upstream, stream=True)
+        except httpx.TimeoutException:
+            raise UpstreamTimeout("the MCP server did not answer in time") from None
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"the MCP server could not be reached ({type(exc).__name__})") from None
+
+    # -- the answer
+
+    async def _answer(self, request: Request, target: Target, response: httpx.Response, sent: HeadersResult,
+                      calls: _ToolCalls | None, pending: dict[jsonrpc.IdKey, str], started: float) -> Answer:
+        try:
+            status = response.status_code
+            ctype = response.headers.get("content-type", "")
+            extra = tuple((name.title().encode(), response.headers[name].encode("latin-1"))
+                          for name in _RETURNED if name in response.headers)
+            inspector = jsonrpc.Inspector(target.trust, jsonrpc.mask_forms(sent.headers.values()), pending,
+                                          calls.answered if calls is not None else None,
+                                          lambda warnings: self._policy_warnings(target, warnings))
+            self._observe(target, request.method, status, started)
+            kind = ctype.partition(";")[0].strip().lower()
+            if kind == "text/event-stream" and 200 <= status < 300:
+                return StreamingResponse(status, _SseBody(response, inspector, calls, target),
+                                         content_type=ctype.encode("latin-1"), extra_headers=extra,
+                                         long_lived=request.method == "GET")
+            body = await _read(response, MAX_JSON_ANSWER)
+        except BaseException:
+            await response.aclose()
+            if calls is not None:
+                calls.finish_all("upstream_error")
+            raise
+        await response.aclose()
+        if kind == "application/json":
+            body = inspector.json_body(body)
+        else:
+            body = jsonrpc.mask(body, inspector.forms)
+        if calls is not None:
+            calls.finish_all(f"http_{status}" if status >= 300 else "no_response")
+        return Response(status, body, content_type=ctype.encode("latin-1") or b"application/json",
+                        extra_headers=extra)
+
+    # -- audit, metrics, logs
+
+    def tool_call_done(self, target: Target, tool: str, actor: Actor, status: str, seconds: float) -> None:
+        self.broker.audit.write("tool_call", server=target.name, key=target.key, tool=tool[:MAX_AUDITED_NAME],
+                                status=status, duration=round(seconds, 6), **actor.to_dict())
+        shown = "_refused" if status == "refused" else tool[:MAX_AUDITED_NAME]
+        labels = self.metrics.bounded("mcpcreds_tool_calls_total",
+                                      (("server", target.name), ("tool", shown)), "tool")
+        self.metrics.inc("mcpcreds_tool_calls_total", (*labels, ("status", _metric_status(status))),
+                         help_text="tools/call requests through the gateway, by server, tool and outcome.")
+        self.metrics.observe("mcpcreds_tool_call_seconds", labels, seconds,
+                             help_text="Time from a tools/call request to its answer, by server and tool.")
+
+    def _observe(self, target: Target, method: str, status: int, started: float) -> None:
+        labels = (("server", target.name),)
+        self.metrics.inc("mcpcreds_gateway_requests_total",
+                         (*labels, ("method", method), ("status", str(status))),
+                         help_text="Requests relayed by the gateway, by server, HTTP method and status.")
+        self.metrics.observe("mcpcreds_gateway_seconds", labels, time.perf_counter() - started,
+                             help_text="Time from a gateway request to the head of its answer, by server.")
+
+    def _policy_warnings(self, target: Target, warnings: list[str]) -> None:
+        for warning in warnings:
+            if (target.name, warning) not in self._warned and len(self._warned) < 4096:
+                self._warned.add((target.name, warning))
+                _log.warning("tool policy", extra={"server": target.name, "warning": warning})
+
+
+async def _read(response: httpx.Response, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise UpstreamError(f"the MCP server's answer exceeds {limit} bytes")
+            parts.append(chunk)
+    except httpx.TimeoutException:
+        raise UpstreamTimeout("the MCP server did not finish its answer in time") from None
+    except httpx.HTTPError as exc:
+        raise UpstreamError(f"the MCP server's answer was cut ({type(exc).__name__})") from None
+    return b"".join(parts)
+
+
+def _backoff(response: httpx.Response) -> bool:
+    """An upstream asking to be left alone: a 429, or a 503 that says for how long."""
+    return response.status_code == 429 or (response.status_code == 503 and "retry-after" in response.headers)
+
+
+def _single_id(request: Request) -> Any:
+    if request.method != "POST" or not request.body:
+        return None
+    try:
+        return jsonrpc.parse_body(request.body).single_id
+    except jsonrpc.JsonRpcError:
+        return None
+
+
+def _failure(exc: BaseException) -> str:
+    """An audit status for a request that failed before any answer: the wire code of the error."""
+    return exc.code if isinstance(exc, McpcredsError) else "upstream_error"
+

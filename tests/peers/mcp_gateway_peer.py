@@ -1,0 +1,290 @@
+"""A real MCP server (the MCP Python SDK 2.x, Streamable HTTP under uvicorn) for the gateway tests.
+
+Tools: ``echo(text)``, ``add(a, b)``, ``progress(steps)`` (reports progress ``steps`` times and,
+after the first report, waits until the test releases it: a first event that reached the client
+before the tool finished is proven, not timed) and ``leak()`` (returns the Authorization and
+X-Api-Key headers the server received: a server that echoes credentials).
+
+Every request to ``/mcp`` must carry credentials: ``Authorization: Bearer <t>`` with ``t``
+starting with ``--token-prefix`` and not revoked, or ``X-Api-Key: <--static-key>``; otherwise
+401. Besides ``/mcp``:
+
+    POST /drop      answers with an SSE stream: one event, then the connection is cut
+    POST /forever   answers with an SSE stream: one event, then nothing until the client leaves
+    GET  /_test/stats        {"requests": {"POST": n, ...}, "methods": {...}, "tools": {...},
+                              "unauthorized", "rate_limited", "disconnects", "tokens": [...],
+                              "sessions": [...], "headers": [[name, value], ...] of the last request}
+    POST /_test/release      let the waiting ``progress`` tool go on
+    POST /_test/revoke_all   refuse every token seen so far (a 401 for it)
+    POST /_test/fail_429     {"count": N, "retry_after": "S"}: the next N tools/call POSTs get a 429
+
+Run it as ``python -m tests.peers.mcp_gateway_peer --token-prefix P --static-key K``: it prints
+``READY <base url>``. From a test: ``with start_gateway_peer(prefix, key) as peer: peer.url``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tests.peers.process import read_log, ready_process
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class PeerState:
+    def __init__(self, token_prefix: str, static_key: str) -> None:
+        self.token_prefix = token_prefix
+        self.static_key = static_key
+        self.requests: Counter[str] = Counter()
+        self.methods: Counter[str] = Counter()
+        self.tools: Counter[str] = Counter()
+        self.unauthorized = 0
+        self.rate_limited = 0
+        self.disconnects = 0
+        self.tokens: list[str] = []
+        self.revoked: set[str] = set()
+        self.sessions: list[str | None] = []
+        self.headers: list[list[str]] = []
+        self.fail_429 = 0
+        self.retry_after = "1"
+        self.release = asyncio.Event()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"requests": dict(self.requests), "methods": dict(self.methods), "tools": dict(self.tools),
+                "unauthorized": self.unauthorized, "rate_limited": self.rate_limited,
+                "disconnects": self.disconnects, "tokens": list(self.tokens), "sessions": list(self.sessions),
+                "headers": self.headers}
+
+    def authorized(self, headers: dict[str, str]) -> bool:
+        if self.static_key and headers.get("x-api-key") == self.static_key:
+            return True
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.startswith(self.token_prefix) or token in self.revoked:
+            return False
+        if token not in self.tokens:
+            self.tokens.append(token)
+        return True
+
+
+def build_server(state: PeerState) -> MCPServer[Any]:
+    server: MCPServer[Any] = MCPServer("mcpcreds-gateway-peer", log_level="WARNING")
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Return the text unchanged."""
+        return text
+
+    @server.tool()
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @server.tool()
+    async def progress(steps: int, ctx: Context) -> str:
+        """Report progress `steps` times; after the first, wait for the test's release."""
+        for step in range(1, steps + 1):
+            await ctx.report_progress(step, steps, f"step {step}")
+            if step == 1:
+                await state.release.wait()
+                state.release.clear()
+        return "done"
+
+    @server.tool()
+    def leak() -> str:
+        """Return the credentials this server received (a server that echoes them)."""
+        last = dict((k, v) for k, v in state.headers)
+        return json.dumps({"authorization": last.get("authorization"), "x-api-key": last.get("x-api-key")})
+
+    return server
+
+
+async def _body(receive: Receive) -> tuple[bytes, Receive]:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    body = b"".join(chunks)
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay
+
+
+async def _json(send: Send, status: int, payload: Any, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _messages(body: bytes) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return []
+    items = data if isinstance(data, list) else [data]
+    return [m for m in items if isinstance(m, dict)]
+
+
+def build_app(state: PeerState) -> ASGIApp:
+    mcp_app = build_server(state).streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
+
+    async def one_event_stream(receive: Receive, send: Send, then_cut: bool) -> None:
+        _, receive = await _body(receive)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        event = {"jsonrpc": "2.0", "method": "notifications/message",
+                 "params": {"level": "info", "data": "first and last event"}}
+        await send({"type": "http.response.body", "body": b"event: message\ndata: " + json.dumps(event).encode()
+                    + b"\n\n", "more_body": True})
+        # half an event: a client must never receive it
+        await send({"type": "http.response.body", "body": b"event: message\ndata: {\"partial\":", "more_body": True})
+        if then_cut:
+            raise RuntimeError("the peer cuts the stream")  # uvicorn drops the connection mid-body
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        state.disconnects += 1
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http":
+            await mcp_app(scope, receive, send)
+            return
+        if path == "/_test/stats":
+            await _json(send, 200, state.snapshot())
+            return
+        if path == "/_test/release":
+            state.release.set()
+            await _json(send, 200, {"ok": True})
+            return
+        if path == "/_test/revoke_all":
+            state.revoked.update(state.tokens)
+            await _json(send, 200, {"ok": True})
+            return
+        if path == "/_test/fail_429":
+            body, _ = await _body(receive)
+            args = json.loads(body or b"{}")
+            state.fail_429 = int(args.get("count", 1))
+            state.retry_after = str(args.get("retry_after", "1"))
+            await _json(send, 200, {"ok": True})
+            return
+        if path not in ("/mcp", "/drop", "/forever"):
+            await mcp_app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        state.headers = [[k.decode("latin-1").lower(), v.decode("latin-1")] for k, v in scope["headers"]]
+        state.requests[scope["method"]] += 1
+        state.sessions.append(headers.get("mcp-session-id"))
+        body, receive = await _body(receive)
+        messages = _messages(body)
+        for message in messages:
+            if isinstance(message.get("method"), str):
+                state.methods[message["method"]] += 1
+                if message["method"] == "tools/call":
+                    state.tools[str((message.get("params") or {}).get("name"))] += 1
+        if not state.authorized(headers):
+            state.unauthorized += 1
+            await _json(send, 401, {"error": "invalid_token"},
+                        [(b"www-authenticate", b'Bearer error="invalid_token"')])
+            return
+        if state.fail_429 > 0 and any(m.get("method") == "tools/call" for m in messages):
+            state.fail_429 -= 1
+            state.rate_limited += 1
+            await _json(send, 429, {"error": "rate_limited"}, [(b"retry-after", state.retry_after.encode())])
+            return
+        if path == "/drop":
+            await one_event_stream(receive, send, then_cut=True)
+        elif path == "/forever":
+            await one_event_stream(receive, send, then_cut=False)
+        else:
+            await mcp_app(scope, receive, send)
+
+    return app
+
+
+async def serve(args: argparse.Namespace) -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    state = PeerState(args.token_prefix, args.static_key)
+    config = uvicorn.Config(build_app(state), log_level="critical", lifespan="on", timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            await task
+            raise RuntimeError("uvicorn stopped before it started")
+        await asyncio.sleep(0.01)
+    print(f"READY http://127.0.0.1:{port}", flush=True)
+    await task
+
+
+class GatewayPeer:
+    def __init__(self, base: str, workdir: Path) -> None:
+        self.base = base
+        self.url = f"{base}/mcp"
+        self._workdir = workdir
+        self._http = httpx.Client(base_url=base, timeout=10.0)
+
+    def stats(self) -> dict[str, Any]:
+        response = self._http.get("/_test/stats")
+        response.raise_for_status()
+        return cast(dict[str, Any], response.json())
+
+    def release(self) -> None:
+        self._http.post("/_test/release").raise_for_status()
+
+    def revoke_all(self) -> None:
+        self._http.post("/_test/revoke_all").raise_for_status()
+
+    def fail_next_with_429(self, count: int, retry_after: str) -> None:
+        self._http.post("/_test/fail_429", json={"count": count, "retry_after": retry_after}).raise_for_status()
+
+    def log(self) -> str:
+        return read_log(self._workdir)
+
+
+@contextlib.contextmanager
+def start_gateway_peer(token_prefix: str, static_key: str) -> Iterator[GatewayPeer]:
+    cmd = [sys.executable, "-m", "tests.peers.mcp_gateway_peer", "--token-prefix", token_prefix,
+           "--static-key", static_key]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    with ready_process(lambda _: cmd, what="MCP gateway peer", cwd=ROOT, timeout=30, env=env) as (_, base, workdir):
+        peer = GatewayPeer(base, workdir)
+        try:
+            yield peer
+        finally:
+            peer._http.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--token-prefix", required=True)
+    parser.add_argument("--static-key", default="")
+    asyncio.run(serve(parser.parse_args()))

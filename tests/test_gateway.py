@@ -1,0 +1,556 @@
+"""The gateway (issue 14) end to end: the real MCP SDK 2.x client, through `/mcp/{server}` on the
+real sidecar's socket (`mcpcreds serve`), to a real MCP SDK 2.x server (tests/peers/mcp_gateway_peer.py)
+that demands a bearer token the sidecar obtained from a token endpoint (tests/peers/fault_idp.py),
+or a static API key.
+
+What the gateway must do is observed where it happens: the server counts what reached it
+(methods, tools, headers, tokens, disconnects), the client records every byte it received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from mcpcreds import AsyncClient, Forbidden
+from mcpcreds.errors import ProxyOnly
+from mcpcreds.socket_check import UntrustedSidecar
+from mcpcreds.wire import MAX_GATEWAY_BODY_BYTES
+from tests.conftest import CANARY, run_cli
+from tests.peers.fault_idp import FaultIdp, fault_idp
+from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
+from tests.sidecar_proc import SidecarProcess, run_sidecar
+from tests.test_hardening_socket import NOBODY, Listener, folder
+
+STATIC_KEY = "STATIC-" + CANARY  # the API key of the key-protected servers
+TOKEN_PREFIX = "fault-token-"  # what the token endpoint issues
+ALL_TOOLS = {"echo", "add", "progress", "leak"}
+INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "0"}}}
+RPC_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def idp() -> Iterator[FaultIdp]:
+    with fault_idp() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def peer() -> Iterator[GatewayPeer]:
+    with start_gateway_peer(TOKEN_PREFIX, STATIC_KEY) as server:
+        yield server
+
+
+def keyed(name: str, endpoint: str, extra: str = "") -> str:
+    return f"""
+[[servers]]
+name = "{name}"
+endpoint = "{endpoint}"
+headers = {{ "X-Api-Key" = "{{{{secret:STATIC_KEY}}}}" }}
+trust = "trusted"
+{extra}
+"""
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="mcpcreds-gw-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def sidecar(idp: FaultIdp, peer: GatewayPeer, workdir: Path) -> Iterator[SidecarProcess]:
+    socket = workdir / "run" / "mcpcreds.sock"
+    config = workdir / "config.toml"
+    config.write_text(f"""
+[sidecar]
+socket = "{socket}"
+audit_log = "{workdir / 'audit.jsonl'}"
+
+[secrets]
+sources = ["env"]
+
+[services.peer]
+endpoint = "{peer.url}"
+rate = "1000/1s"
+[services.peer.oauth]
+token_url = "{idp.token_url}"
+client_id = "agent"
+client_secret = "{{{{secret:AGENT_SECRET}}}}"
+
+[[servers]]
+name = "tools"
+service = "peer"
+trust = "trusted"
+expose = "proxy"
+
+[[servers]]
+name = "closed"
+service = "peer"
+
+[[servers]]
+name = "allow"
+service = "peer"
+tool_allowlist = ["echo", "progress"]
+{keyed("keyed", peer.url, 'rate = "2/1h"' + chr(10) + 'rate_methods = ["tools/call"]' + chr(10) + 'max_wait = "0s"')}
+{keyed("impatient", peer.url, 'max_wait = "1s"')}
+{keyed("headers-only", peer.url, 'expose = "headers"')}
+{keyed("dropper", peer.base + "/drop")}
+{keyed("forever", peer.base + "/forever")}
+""")
+    with run_sidecar(config, socket, {"AGENT_SECRET": CANARY, "STATIC_KEY": STATIC_KEY}) as proc:
+        yield proc
+
+
+# ------------------------------------------------------------------------------------- helpers
+
+
+class Recording(httpx2.AsyncBaseTransport):
+    """Every byte the client receives: status lines aside, each header and body chunk."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        self.inner = inner
+        self.received = bytearray()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self.inner.handle_async_request(request)
+        for name, value in response.headers.raw:
+            self.received += name + b": " + value + b"\r\n"
+        recorder, stream = self, response.stream
+
+        class Stream(httpx2.AsyncByteStream):
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                async for chunk in stream:  # type: ignore[union-attr]
+                    recorder.received += chunk
+                    yield chunk
+
+            async def aclose(self) -> None:
+                await stream.aclose()  # type: ignore[union-attr]
+
+        return httpx2.Response(response.status_code, headers=response.headers, stream=Stream(),
+                               extensions=response.extensions)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@asynccontextmanager
+async def mcp_session(sidecar: SidecarProcess, name: str, grant: str | None = None,
+                      recording: Recording | None = None) -> AsyncIterator[ClientSession]:
+    """What a user writes: the gateway's client for the MCP SDK 2.x, then a session."""
+    async with AsyncClient(sidecar.socket, grant=grant) as creds, creds.mcp_httpx2_client(name) as http:
+        if recording is not None:
+            recording.inner = http._transport
+            http._transport = recording
+        async with (streamable_http_client(creds.mcp_url(name), http_client=http) as (read, write),
+                    ClientSession(read, write) as session):
+            await session.initialize()
+            yield session
+
+
+def raw_client(sidecar: SidecarProcess, **headers: str) -> httpx.AsyncClient:
+    """Plain httpx on the socket, for what an MCP client would not send."""
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(sidecar.socket)),
+                             base_url="http://mcpcreds", headers=headers, timeout=30)
+
+
+def value(result: Any) -> Any:
+    assert not result.is_error, result
+    return result.structured_content["result"]
+
+
+async def healthy(sidecar: SidecarProcess) -> None:
+    async with raw_client(sidecar) as http:
+        assert (await http.get("/v1/health")).json()["status"] == "ok"
+
+
+def audit(workdir: Path, event: str) -> list[dict[str, Any]]:
+    lines = (workdir / "audit.jsonl").read_text().splitlines()
+    return [entry for line in lines if (entry := json.loads(line))["event"] == event]
+
+
+async def eventually(check: Any, timeout: float = 10.0) -> None:
+    """Wait until `check()` holds (what it observes happens in another process)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+# ------------------------------------------------------------------------------------- the SDK
+
+
+async def test_sdk2_initializes_lists_calls_and_ends_its_session_through_the_gateway(
+        peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    before = peer.stats()
+    async with mcp_session(sidecar, "tools") as session:
+        assert {t.name for t in (await session.list_tools()).tools} == ALL_TOOLS
+        assert value(await session.call_tool("add", {"a": 2, "b": 3})) == 5
+        assert value(await session.call_tool("echo", {"text": "héllo"})) == "héllo"
+    after = peer.stats()
+    sessions = after["sessions"][len(before["sessions"]):]
+    assert sessions[0] is None and len(set(sessions[1:])) == 1 and sessions[1]  # one session throughout
+    assert after["requests"]["DELETE"] == before["requests"].get("DELETE", 0) + 1  # the session was ended
+    assert after["requests"]["GET"] > before["requests"].get("GET", 0)  # the server's own SSE stream
+    assert after["tokens"] and all(t.startswith(TOKEN_PREFIX) for t in after["tokens"])  # the sidecar's login
+    assert after["unauthorized"] == before["unauthorized"]
+
+
+async def test_progress_reaches_the_client_while_the_tool_still_runs(peer: GatewayPeer,
+                                                                     sidecar: SidecarProcess) -> None:
+    """The tool waits, after its first progress event, until the client has seen that event:
+    a gateway that buffered the stream would never deliver it, and the call would not end."""
+    seen: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(progress)
+        if progress == 1:
+            await asyncio.to_thread(peer.release)
+
+    async with mcp_session(sidecar, "tools") as session:
+        result = await asyncio.wait_for(session.call_tool("progress", {"steps": 3}, progress_callback=on_progress),
+                                        30)
+    assert value(result) == "done" and seen == [1, 2, 3]
+
+
+# ------------------------------------------------------------------------------------- policy
+
+
+async def test_an_untrusted_server_without_allowlist_lists_no_tool_and_refuses_every_call(
+        peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    before = peer.stats()
+    async with mcp_session(sidecar, "closed") as session:
+        assert (await session.list_tools()).tools == []
+        with pytest.raises(MCPError) as refused:
+            await session.call_tool("echo", {"text": "x"})
+    assert refused.value.error.code == -32602
+    assert "trust policy of server 'closed'" in refused.value.error.message
+    after = peer.stats()
+    assert after["methods"]["tools/list"] == before["methods"].get("tools/list", 0) + 1  # listed upstream...
+    assert after["methods"].get("tools/call", 0) == before["methods"].get("tools/call", 0)  # ...never called
+
+
+async def test_an_allowlist_shows_exactly_its_tools_and_refuses_the_others_before_the_upstream(
+        peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    before = peer.stats()["tools"]
+    async with mcp_session(sidecar, "allow") as session:
+        assert sorted(t.name for t in (await session.list_tools()).tools) == ["echo", "progress"]
+        assert value(await session.call_tool("echo", {"text": "allowed"})) == "allowed"
+        for tool in ("add", "leak", "no-such-tool"):
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool(tool, {})
+            assert refused.value.error.code == -32602 and tool not in refused.value.error.message
+    after = peer.stats()["tools"]
+    assert after.get("echo", 0) == before.get("echo", 0) + 1
+    for tool in ("add", "leak", "no-such-tool"):
+        assert after.get(tool, 0) == before.get(tool, 0), tool
+
+
+async def test_a_batch_with_a_refused_call_is_answered_here_and_sends_nothing(
+        peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    before = peer.stats()
+    batch = [{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo", "arguments": {}}},
+             {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "add", "arguments": {}}}]
+    async with raw_client(sidecar) as http:
+        answer = await http.post("/mcp/allow", json=batch, headers=RPC_HEADERS)
+    assert answer.status_code == 200
+    assert [(a["id"], a["error"]["code"]) for a in answer.json()] == [(1, -32600), (2, -32602)]
+    assert peer.stats()["requests"] == before["requests"]
+
+
+# ------------------------------------------------------------------------------------- least privilege
+
+
+async def test_canary_with_expose_proxy_no_byte_the_client_receives_holds_a_credential(
+        idp: FaultIdp, peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    recording = Recording(httpx2.AsyncHTTPTransport())
+    async with mcp_session(sidecar, "tools", recording=recording) as session:
+        assert {t.name for t in (await session.list_tools()).tools} == ALL_TOOLS
+        leaked = json.loads((await session.call_tool("leak", {})).content[0].text)
+        assert leaked["authorization"] == "***"  # the server echoed the token: masked on the way back
+        assert value(await session.call_tool("add", {"a": 1, "b": 1})) == 2
+    received = bytes(recording.received)
+    async with raw_client(sidecar) as http:
+        for name in ("tools", "service:peer"):  # every name of the credential
+            for method, action in (("GET", "headers"), ("POST", "call")):
+                refused = await http.request(method, f"/v1/servers/{name}/{action}")
+                assert refused.status_code == 403 and refused.json()["error"]["code"] == "proxy_only", action
+                received += refused.content
+        for path in ("/v1/status", "/metrics", "/v1/servers"):
+            received += (await http.get(path)).content
+    tokens = peer.stats()["tokens"]
+    assert tokens and received
+    assert TOKEN_PREFIX.encode() not in received and CANARY.encode() not in received
+    for token in tokens:
+        assert token.encode() not in received
+    async with AsyncClient(sidecar.socket) as creds:
+        with pytest.raises(ProxyOnly):
+            await creds.headers("tools")
+    result = await asyncio.to_thread(run_cli, "token", "tools", "--socket", str(sidecar.socket))
+    assert result.code == 77 and "proxy_only" in result.output and TOKEN_PREFIX not in result.output
+
+
+async def test_expose_headers_serves_the_credential_and_no_gateway(sidecar: SidecarProcess) -> None:
+    async with raw_client(sidecar) as http:
+        assert (await http.get("/v1/servers/headers-only/headers")).json()["headers"] == {"X-Api-Key": STATIC_KEY}
+        refused = await http.post("/mcp/headers-only", json=INIT, headers=RPC_HEADERS)
+    assert refused.status_code == 403
+    assert refused.json()["error"]["data"]["code"] == "proxy_disabled" and refused.json()["id"] == 0
+
+
+async def test_only_mcp_headers_go_upstream_and_the_callers_credentials_stay(
+        peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    sent = {"Cookie": "session=caller", "X-Api-Key": "caller-key", "Proxy-Authorization": "Basic Y2FsbGVy",
+            "X-Forwarded-For": "10.0.0.1", "Mcp-Session-Id": "caller-session", "MCP-Protocol-Version": "2025-06-18",
+            "Last-Event-ID": "41", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "Mcp-Param-Region": "eu", "Mcp-Param-Api-Key": "caller-param-key"}
+    async with raw_client(sidecar, **sent) as http:
+        await http.post("/mcp/tools", json=INIT, headers=RPC_HEADERS)
+    seen = dict(peer.stats()["headers"])
+    assert seen["mcp-session-id"] == "caller-session" and seen["mcp-protocol-version"] == "2025-06-18"
+    assert seen["last-event-id"] == "41" and seen["traceparent"] == sent["traceparent"]
+    assert seen["mcp-param-region"] == "eu"
+    assert seen["authorization"].startswith("Bearer " + TOKEN_PREFIX)
+    for name in ("cookie", "x-api-key", "proxy-authorization", "x-forwarded-for", "mcp-param-api-key"):
+        assert name not in seen, name
+
+
+async def test_a_grant_reaches_its_servers_only_and_never_travels_upstream(
+        peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    async with AsyncClient(sidecar.socket) as creds:
+        minted = await creds.grant(["tools"], ttl=60)
+    async with mcp_session(sidecar, "tools", grant=minted["grant"]) as session:
+        assert value(await session.call_tool("add", {"a": 4, "b": 4})) == 8
+    seen = dict(peer.stats()["headers"])
+    assert minted["grant"] not in json.dumps(seen) and seen["authorization"].startswith("Bearer " + TOKEN_PREFIX)
+    async with raw_client(sidecar, Authorization=f"Bearer {minted['grant']}") as http:
+        refused = await http.post("/mcp/allow", json=INIT, headers=RPC_HEADERS)
+    assert refused.status_code == 403 and refused.json()["error"]["data"]["code"] == "forbidden"
+    async with AsyncClient(sidecar.socket, grant=minted["grant"]) as creds:
+        with pytest.raises(Forbidden):
+            await creds.headers("tools")  # proxy-only, whoever asks
+
+
+# ------------------------------------------------------------------------------------- logins and rate
+
+
+async def test_a_401_renews_the_login_and_retries_once(idp: FaultIdp, peer: GatewayPeer,
+                                                       sidecar: SidecarProcess, workdir: Path) -> None:
+    async with mcp_session(sidecar, "tools") as session:
+        assert value(await session.call_tool("add", {"a": 1, "b": 2})) == 3
+        logins, before = idp.hits["/token"], peer.stats()
+        peer.revoke_all()  # the token is unexpired, but the server now answers 401
+        assert value(await session.call_tool("add", {"a": 2, "b": 3})) == 5
+        after = peer.stats()
+        assert idp.hits["/token"] == logins + 1  # one renewal
+        assert after["unauthorized"] == before["unauthorized"] + 1  # one 401, then the retry passed
+        assert after["tools"]["add"] == before["tools"]["add"] + 2  # the refused attempt and the retry
+        assert len(after["tokens"]) == len(before["tokens"]) + 1
+    entry = audit(workdir, "invalidation")[-1]
+    assert entry["reason"] == "gateway: upstream 401" and entry["renewed"] is True
+
+
+async def test_a_429_pauses_the_shared_bucket_and_is_retried_after_the_pause(
+        peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    async with mcp_session(sidecar, "tools") as session:
+        before = peer.stats()
+        peer.fail_next_with_429(1, "1")
+        started = time.monotonic()
+        assert value(await session.call_tool("add", {"a": 20, "b": 22})) == 42
+        elapsed = time.monotonic() - started
+    after = peer.stats()
+    assert after["rate_limited"] == before["rate_limited"] + 1
+    assert after["tools"]["add"] == before["tools"]["add"] + 2  # the attempt refused with 429, and one retry
+    assert elapsed >= 0.9, elapsed  # the retry waited for the pause
+    backoff = await asyncio.to_thread(sidecar.wait_for, "gateway backoff", 5)
+    assert backoff["key"] == "service:peer" and backoff["retry"] is True and backoff["retry_after"] == 1
+
+
+async def test_a_429_whose_pause_exceeds_max_wait_is_passed_on(peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    async with mcp_session(sidecar, "impatient") as session:
+        peer.fail_next_with_429(1, "30")
+        with pytest.raises(MCPError):
+            await session.call_tool("add", {"a": 1, "b": 1})
+        async with raw_client(sidecar) as http:  # the shared bucket is paused: the gateway says so itself
+            refused = await http.post("/mcp/impatient", json={"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                                                              "params": {"name": "add"}}, headers=RPC_HEADERS)
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) > 1
+    assert refused.json()["id"] == 5 and refused.json()["error"]["data"]["code"] == "rate_limited"
+
+
+async def test_the_gateway_takes_one_permit_per_counted_request(peer: GatewayPeer,
+                                                                sidecar: SidecarProcess) -> None:
+    """`keyed`: 2 permits an hour, counting tools/call only, no waiting."""
+    async with mcp_session(sidecar, "keyed") as session:
+        for _ in range(3):  # not counted
+            assert {t.name for t in (await session.list_tools()).tools} == ALL_TOOLS
+        before = peer.stats()["tools"].get("echo", 0)
+        assert value(await session.call_tool("echo", {"text": "1"})) == "1"
+        assert value(await session.call_tool("echo", {"text": "2"})) == "2"
+        with pytest.raises(MCPError) as limited:
+            await session.call_tool("echo", {"text": "3"})
+        assert limited.value.error.data["code"] == "rate_limited"
+        async with raw_client(sidecar) as http:
+            answer = await http.post("/mcp/keyed", json={"jsonrpc": "2.0", "id": "x", "method": "tools/call",
+                                                         "params": {"name": "echo"}}, headers=RPC_HEADERS)
+    assert answer.status_code == 429 and int(answer.headers["retry-after"]) > 1000
+    assert answer.json()["id"] == "x" and answer.json()["error"]["data"]["code"] == "rate_limited"
+    assert peer.stats()["tools"]["echo"] == before + 2
+
+
+# ------------------------------------------------------------------------------------- bad input
+
+
+async def test_malformed_json_rpc_is_answered_here(peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    before = peer.stats()["requests"]
+    async with raw_client(sidecar) as http:
+        for raw, code in ((b"{not json", -32700), (b'{"jsonrpc": "2.0", "id": 1}', -32600), (b"[]", -32600)):
+            answer = await http.post("/mcp/tools", content=raw, headers=RPC_HEADERS)
+            assert answer.status_code == 400
+            assert answer.json()["error"]["code"] == code and answer.json()["id"] is None
+        assert (await http.put("/mcp/tools", content=b"{}")).status_code == 405
+        assert (await http.post("/mcp/nope", json=INIT)).json()["error"]["data"]["code"] == "unknown_server"
+    assert peer.stats()["requests"] == before
+    await healthy(sidecar)
+
+
+async def test_a_body_over_the_limit_is_refused_and_nothing_sent(peer: GatewayPeer,
+                                                                 sidecar: SidecarProcess) -> None:
+    before = peer.stats()["requests"]
+    big = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                      "params": {"name": "echo", "arguments": {"text": "x" * MAX_GATEWAY_BODY_BYTES}}})
+    async with raw_client(sidecar) as http:
+        answer = await http.post("/mcp/tools", content=big, headers=RPC_HEADERS)
+        assert answer.status_code == 413 and answer.json()["error"]["code"] == "payload_too_large"
+        assert peer.stats()["requests"] == before
+        # bigger than the API's 64 KiB, within the gateway's limit: relayed (a notification: no answer)
+        fits = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"pad": "x" * (MAX_GATEWAY_BODY_BYTES - 1024)}}
+        assert (await http.post("/mcp/tools", json=fits, headers=RPC_HEADERS)).status_code != 413
+    assert peer.stats()["requests"]["POST"] == before["POST"] + 1
+    async with mcp_session(sidecar, "tools") as session:  # an SDK client's big call (its answer < 1 MiB)
+        text = "y" * 300_000
+        assert value(await session.call_tool("echo", {"text": text})) == text
+    await healthy(sidecar)
+
+
+async def test_an_upstream_that_drops_mid_stream_ends_the_clients_stream_cleanly(
+        peer: GatewayPeer, sidecar: SidecarProcess, workdir: Path) -> None:
+    call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "echo"}}
+    async with raw_client(sidecar) as http, http.stream("POST", "/mcp/dropper", json=call,
+                                                        headers=RPC_HEADERS) as answer:
+        assert answer.status_code == 200 and answer.headers["content-type"] == "text/event-stream"
+        body = await answer.aread()  # a clean end of the chunked body: no error here
+    assert body.count(b"data:") == 1 and b"first and last event" in body and b"partial" not in body
+    assert audit(workdir, "tool_call")[-1]["status"] == "dropped"
+
+    async def sdk_session() -> None:
+        async with mcp_session(sidecar, "dropper"):
+            pass
+
+    with pytest.raises(Exception) as failed:  # what the SDK makes of it: an error, not a hang
+        await asyncio.wait_for(sdk_session(), 30)
+    assert failed.group_contains(MCPError, match="SSE stream ended without a response")
+    await healthy(sidecar)
+
+
+async def test_a_client_that_leaves_cancels_the_upstream_stream(peer: GatewayPeer, sidecar: SidecarProcess,
+                                                                workdir: Path) -> None:
+    before = peer.stats()["disconnects"]
+    call = {"jsonrpc": "2.0", "id": 10, "method": "tools/call", "params": {"name": "echo"}}
+    async with raw_client(sidecar) as http, http.stream("POST", "/mcp/forever", json=call,
+                                                        headers=RPC_HEADERS) as answer:
+        first = await answer.aiter_raw().__anext__()
+        assert b"first and last event" in first
+    await eventually(lambda: peer.stats()["disconnects"] == before + 1)
+    await eventually(lambda: audit(workdir, "tool_call")[-1]["status"] == "cancelled")
+    await healthy(sidecar)
+
+
+# ------------------------------------------------------------------------------------- audit, metrics
+
+
+async def test_each_tool_call_is_audited_and_measured_without_its_arguments(
+        sidecar: SidecarProcess, workdir: Path) -> None:
+    marker = "ARGUMENT-" + os.urandom(4).hex()
+    async with AsyncClient(sidecar.socket) as creds:
+        minted = await creds.grant(["allow"], ttl=60)
+    async with mcp_session(sidecar, "allow", grant=minted["grant"]) as session:
+        assert value(await session.call_tool("echo", {"text": marker})) == marker
+        with pytest.raises(MCPError):
+            await session.call_tool("add", {"a": 1, "b": 2})
+    lines = audit(workdir, "tool_call")
+    ok, refused = lines[-2], lines[-1]
+    assert (ok["server"], ok["tool"], ok["status"], ok["grant"]) == ("allow", "echo", "ok", minted["id"])
+    assert ok["uid"] == os.getuid() and ok["pid"] > 0 and 0 < ok["duration"] < 30 and ok["key"] == "service:peer"
+    assert (refused["tool"], refused["status"]) == ("add", "refused")
+    assert marker not in (workdir / "audit.jsonl").read_text()
+    async with raw_client(sidecar) as http:
+        metrics = (await http.get("/metrics")).text
+    assert 'mcpcreds_tool_calls_total{server="allow",tool="echo",status="ok"}' in metrics
+    assert 'mcpcreds_tool_calls_total{server="allow",tool="_refused",status="refused"}' in metrics
+    assert 'mcpcreds_tool_call_seconds_count{server="allow",tool="echo"}' in metrics
+    assert 'mcpcreds_gateway_requests_total{server="allow",method="POST",status="200"}' in metrics
+    assert 'mcpcreds_gateway_seconds_bucket{server="allow",le="+Inf"}' in metrics
+    assert marker not in metrics
+
+
+# ------------------------------------------------------------------------------------- the library
+
+
+async def test_the_gateway_client_checks_the_socket_before_a_byte(sidecar: SidecarProcess, tmp_path: Path) -> None:
+    async with AsyncClient(sidecar.socket) as creds, creds.mcp_http_client("tools") as http:
+        assert str(http.base_url).rstrip("/") == creds.mcp_url("tools") == "http://mcpcreds/mcp/tools"
+        assert (await http.get("http://mcpcreds/v1/health")).status_code == 200
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    link = shared / "s.sock"
+    link.symlink_to(sidecar.socket)  # the real sidecar, behind a folder others may write to
+    shared.chmod(0o777)
+    async with AsyncClient(link) as creds:
+        for build in (creds.mcp_http_client, creds.mcp_httpx2_client):
+            with pytest.raises(UntrustedSidecar):
+                build("tools")  # checked when the client is built...
+    shared.chmod(0o700)
+    async with AsyncClient(link) as creds, creds.mcp_http_client("tools") as http:
+        shared.chmod(0o777)  # ...and again when it connects
+        with pytest.raises(UntrustedSidecar):
+            await http.get("http://mcpcreds/v1/health")
+
+
+async def test_the_gateway_client_sends_nothing_to_a_listener_of_another_uid() -> None:
+    """A socket in a folder that passes, but `nobody` listens on it: refused once connected."""
+    arena = Path(tempfile.mkdtemp(prefix="mcpcreds-arena-"))
+    arena.chmod(0o755)
+    listener = Listener(folder(arena / "theirs", uid=NOBODY) / "s.sock", as_nobody=True)
+    try:
+        listener.moved_to(folder(arena / "ours") / "s.sock")
+        async with AsyncClient(listener.path) as creds:
+            for build in (creds.mcp_http_client, creds.mcp_httpx2_client):
+                async with build("tools") as http:
+                    with pytest.raises(UntrustedSidecar) as refused:
+                        await http.post(creds.mcp_url("tools"), json=INIT)
+                assert f"runs as uid {NOBODY}" in refused.value.message
+        assert await asyncio.to_thread(listener.connections) == ["", ""]  # connected, sent nothing
+    finally:
+        listener.stop()
+        shutil.rmtree(arena, ignore_errors=True)
