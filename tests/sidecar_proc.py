@@ -29,7 +29,8 @@ class SidecarProcess:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             text=True, env={**os.environ, **(env or {})},
         )
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
@@ -65,6 +66,12 @@ class SidecarProcess:
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
+    def wait(self, timeout: float = READY_TIMEOUT) -> int:
+        """Wait for the process to exit and for its last log line to be read (`log` is complete)."""
+        code = self.proc.wait(timeout)
+        self._reader.join(timeout)
+        return code
+
     def stop(self, timeout: float = 15) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -72,8 +79,7 @@ class SidecarProcess:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return self.wait()
 
 
 @contextmanager

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import random
 import tomllib
+from collections.abc import Iterator
 
 import pytest
 
@@ -55,9 +54,9 @@ def idp(clock: FakeClock) -> FakeIdp:
 
 
 @pytest.fixture
-def cache(idp: FakeIdp, clock: FakeClock) -> LoginCache:
+def cache(idp: FakeIdp, clock: FakeClock) -> Iterator[LoginCache]:
     c = LoginCache(idp.fetch, clock, refresh_ahead=20, rng=random.Random(0))
-    yield c  # type: ignore[misc]
+    yield c
     c.close()
 
 
@@ -123,18 +122,29 @@ async def test_stale_if_error_then_failing_with_backoff(cache: LoginCache, idp: 
     assert cache.status()[0]["state"] == "valid"
 
 
-async def test_failures_back_off_exponentially(cache: LoginCache, idp: FakeIdp, clock: FakeClock) -> None:
+async def test_failures_back_off_exponentially_up_to_the_cap(cache: LoginCache, idp: FakeIdp,
+                                                             clock: FakeClock) -> None:
+    """After failure k the next try waits uniform(c/2, c) with c = min(60, 2**(k-1)) (jittered,
+    drawn from the cache's seeded rng): no try a moment before that, one try right at it."""
     idp.fail = TokenEndpointError("bad", "invalid_client")
-    attempts_at: list[float] = []
-    for _ in range(200):
-        with contextlib.suppress(TokenEndpointError):
+    draws = random.Random(0)  # the same seed as the cache's rng, drawn by hand
+    delays = []
+    for failures in range(1, 10):
+        ceiling = min(60.0, 2.0 ** (failures - 1))
+        delays.append(ceiling / 2 + ceiling / 2 * draws.random())
+    with pytest.raises(TokenEndpointError):
+        await cache.get(TARGET)
+    assert idp.calls == 1
+    for attempt, delay in enumerate(delays, start=2):
+        clock.advance(delay - 0.001)
+        for _ in range(3):  # still backing off: answered with the last error, the IdP left alone
+            with pytest.raises(TokenEndpointError):
+                await cache.get(TARGET)
+        assert idp.calls == attempt - 1
+        clock.advance(0.002)
+        with pytest.raises(TokenEndpointError):
             await cache.get(TARGET)
-        if idp.calls > len(attempts_at):
-            attempts_at.append(clock.time())
-        clock.advance(0.5)
-    gaps = [b - a for a, b in itertools.pairwise(attempts_at)]
-    assert len(attempts_at) < 12  # 100 s of retries, not 200 token requests
-    assert gaps == sorted(gaps) or max(gaps) >= 16
+        assert idp.calls == attempt
 
 
 async def test_invalidate_only_the_token_the_caller_was_refused_with(cache: LoginCache,

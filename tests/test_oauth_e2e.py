@@ -16,11 +16,14 @@ from joserfc.jwk import KeySet
 
 from mcpcreds import Client, TokenEndpointError
 from tests.conftest import CANARY
+from tests.peers.fault_idp import fault_idp
 from tests.peers.oidc_peer import OidcPeer, make_rsa_keypair, start_oidc_peer
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 PEM, JWK = make_rsa_keypair(kid="e2e")
-TTL = 6
+TTL = 3600  # no renewal within a test, unless it sets a short lifetime itself
+RENEW_TTL = 8  # renewed at 45-50 % of the lifetime: 4 s of margin before expiry
+STALE_TTL = 16  # time to fail, serve the old login, and recover before it expires
 CLIENTS: list[dict[str, Any]] = [
     {"client_id": "c-basic", "client_secret": CANARY, "token_endpoint_auth_method": "client_secret_basic",
      "scope": "tools:read tools:call"},
@@ -92,7 +95,7 @@ def sidecar(peer: OidcPeer, tmp_path: Path) -> Iterator[SidecarProcess]:
 
 def claims(peer: OidcPeer, authorization: str) -> dict[str, Any]:
     assert authorization.startswith("Bearer ")
-    token = jwt.decode(authorization[7:], KeySet.import_key_set(peer.jwks()))
+    token = jwt.decode(authorization[7:], KeySet.import_key_set(peer.jwks()))  # type: ignore[arg-type]
     return dict(token.claims)
 
 
@@ -122,16 +125,23 @@ def test_one_login_per_service_shared_by_its_servers(peer: OidcPeer, sidecar: Si
 
 
 def test_renewal_before_expiry(peer: OidcPeer, sidecar: SidecarProcess) -> None:
-    with Client(sidecar.socket) as client:
-        first = client.headers_info("crm-ro")
-        renewed = sidecar.wait_for("login renewed", timeout=TTL + 5)
-        assert renewed["key"] == "service:crm"
-        # renewed by the timer at half the lifetime, while the first token is still valid
-        assert time.time() < first["expires_at"]
-        second = client.headers_info("crm-ro")
+    peer.set_ttl(RENEW_TTL)
+    try:
+        with Client(sidecar.socket) as client:
+            first = client.headers_info("crm-ro")
+            lifetime = sidecar.wait_for("login fetched")["expires_in"]  # to 0.1 s (the JWT's exp)
+            renewed = sidecar.wait_for("login renewed", timeout=RENEW_TTL + 20)
+            second = client.headers_info("crm-ro")
+    finally:
+        peer.set_ttl(TTL)
+    # renewed by the timer, without a request, while the first token was still valid, and not
+    # before 45 % of its life (all times read by the sidecar)
+    assert renewed["key"] == "service:crm" and renewed["time"] < first["expires_at"]
+    assert renewed["time"] >= first["expires_at"] - 0.55 * lifetime - 0.1
     assert second["fingerprint"] != first["fingerprint"]
     assert second["expires_at"] > first["expires_at"]
-    assert peer.stats()["by_client"]["c-basic"] == 2
+    # one token request per renewal: a login lives at least 35 % of its lifetime before the next
+    assert peer.stats()["by_client"]["c-basic"] <= 2 + (time.time() - renewed["time"]) // (RENEW_TTL * 0.35)
 
 
 def test_wrong_secret_is_invalid_client_without_the_secret(peer: OidcPeer, sidecar: SidecarProcess) -> None:
@@ -173,3 +183,41 @@ def test_status_and_metrics_show_logins_without_tokens(peer: OidcPeer, sidecar: 
     assert 'mcpcreds_login_state{key="service:crm",state="valid"} 1' in metrics
     for text in (json.dumps(status), metrics, sidecar.log):
         assert token not in text and CANARY not in text and "not-the-secret" not in text
+
+
+def test_a_failing_idp_is_bridged_by_the_still_valid_login_until_it_recovers(tmp_path: Path) -> None:
+    """Stale-if-error with a real sidecar: the IdP fails at renewal time, the old login (still
+    valid) keeps being served, and once the IdP is back a new login comes before the old expires."""
+    socket = tmp_path / "run" / "s.sock"
+    config = tmp_path / "config.toml"
+    with fault_idp() as idp:
+        idp.expires_in = STALE_TTL
+        config.write_text(f"""
+[sidecar]
+socket = "{socket}"
+refresh_ahead = "60s"
+[secrets]
+sources = ["env"]
+[[servers]]
+name = "crm"
+endpoint = "{idp.base}/mcp"
+oauth = {{ client_id = "c", client_secret = "{{{{secret:S}}}}", token_url = "{idp.token_url}" }}
+""")
+        with run_sidecar(config, socket, {"S": CANARY}) as sidecar, Client(socket) as client:
+            first = client.headers_info("crm")
+            assert first["headers"] == {"Authorization": "Bearer fault-token-1"}
+            idp.mode = "500"
+            failed = sidecar.wait_for("login failed; serving the current login (stale)", timeout=STALE_TTL + 20)
+            assert failed["key"] == "mcp:crm" and failed["time"] < first["expires_at"]
+            for _ in range(5):  # the IdP is down: the old login, still valid, is what is served
+                assert client.headers_info("crm") == first
+            login = client.status()["logins"][0]
+            assert login["state"] == "stale" and login["last_error"] == "server_error"
+            idp.mode = "ok"
+            while (info := client.headers_info("crm"))["fingerprint"] == first["fingerprint"]:
+                assert info == first and time.time() < first["expires_at"] + 5  # never past expiry
+                time.sleep(0.05)  # the next request after the backoff renews in the background
+            renewed = sidecar.wait_for("login renewed")
+    assert renewed["time"] < first["expires_at"]  # the new login came before the old one expired
+    assert info["headers"]["Authorization"].startswith("Bearer fault-token-")
+    assert info["expires_at"] > first["expires_at"]

@@ -3,6 +3,7 @@ code, never a body or a secret, and never follows a redirect."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import tomllib
 from collections.abc import AsyncIterator, Iterator
@@ -10,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from mcpcreds.broker import Broker
-from mcpcreds.clock import SystemClock
+from mcpcreds.clock import FakeClock, SystemClock
 from mcpcreds.config import parse_config
 from mcpcreds.errors import TokenEndpointError, TokenEndpointTimeout
 from mcpcreds.metrics import Metrics
@@ -25,21 +26,29 @@ def idp() -> Iterator[FaultIdp]:
         yield server
 
 
-def make_broker(idp: FaultIdp, extra: str = "") -> Broker:
+def make_broker(idp: FaultIdp, extra: str = "", clock: FakeClock | None = None,
+                token_timeout: str = "0.5s") -> Broker:
+    """A broker on a fake clock (starting now, so expiries read like real ones): the token
+    endpoint is real, time only moves when a test moves it."""
     config = parse_config(tomllib.loads(f"""
 [sidecar]
-token_timeout = "0.5s"
+token_timeout = "{token_timeout}"
 [[servers]]
 name = "crm"
 endpoint = "{idp.base}/mcp"
 oauth = {{ client_id = "c", client_secret = "{{{{secret:S}}}}", token_url = "{idp.token_url}" {extra} }}
 """))
-    return Broker(config, SecretResolver([EnvSource({"S": CANARY})]), SystemClock(), Metrics())
+    return Broker(config, SecretResolver([EnvSource({"S": CANARY})]), clock or FakeClock(time.time()), Metrics())
 
 
 @pytest.fixture
-async def broker(idp: FaultIdp) -> AsyncIterator[Broker]:
-    b = make_broker(idp)
+def clock() -> FakeClock:
+    return FakeClock(time.time())
+
+
+@pytest.fixture
+async def broker(idp: FaultIdp, clock: FakeClock) -> AsyncIterator[Broker]:
+    b = make_broker(idp, clock=clock)
     yield b
     await b.aclose()
 
@@ -67,28 +76,28 @@ async def test_a_stalled_endpoint_times_out_with_504(idp: FaultIdp, broker: Brok
     with pytest.raises(TokenEndpointTimeout) as info:
         await broker.headers(broker.target("crm"))
     assert info.value.status == 504
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # token_timeout is 0.5 s; the stall would last 30 s
 
 
-async def test_missing_expires_in_means_300_seconds(idp: FaultIdp, broker: Broker) -> None:
+async def test_missing_expires_in_means_300_seconds(idp: FaultIdp, broker: Broker, clock: FakeClock) -> None:
     idp.mode = "no_expires"
-    before = time.time()
     result = await broker.headers(broker.target("crm"))
     assert result.headers["Authorization"] == "Bearer fault-token-no-expiry"
-    assert result.expires_at is not None and before + 299 <= result.expires_at <= time.time() + 301
+    assert result.expires_at == clock.time() + 300
 
 
-async def test_service_default_lifetime_is_used_when_configured(idp: FaultIdp) -> None:
+async def test_service_default_lifetime_is_used_when_configured(idp: FaultIdp, clock: FakeClock) -> None:
     idp.mode = "no_expires"
-    broker = make_broker(idp, ', expires_in_default = "1h"')
+    broker = make_broker(idp, ', expires_in_default = "1h"', clock)
     try:
         result = await broker.headers(broker.target("crm"))
-        assert result.expires_at is not None and result.expires_at > time.time() + 3500
+        assert result.expires_at == clock.time() + 3600
     finally:
         await broker.aclose()
 
 
-async def test_failures_do_not_herd_the_token_endpoint(idp: FaultIdp, broker: Broker) -> None:
+async def test_failures_do_not_herd_the_token_endpoint(idp: FaultIdp, broker: Broker,
+                                                      clock: FakeClock) -> None:
     idp.mode = "500"
     target = broker.target("crm")
     for _ in range(50):
@@ -96,8 +105,13 @@ async def test_failures_do_not_herd_the_token_endpoint(idp: FaultIdp, broker: Br
             await broker.headers(target)
     assert idp.hits["/token"] == 1  # later calls are answered from the backoff
     idp.mode = "ok"
-    broker.logins._states[target.key].retry_not_before = 0  # the backoff has run out
+    clock.advance(0.49)  # the first backoff is 0.5 to 1 s
+    with pytest.raises(TokenEndpointError):
+        await broker.headers(target)
+    assert idp.hits["/token"] == 1
+    clock.advance(0.52)  # the backoff has run out: the next call asks the endpoint again
     assert (await broker.headers(target)).headers["Authorization"] == "Bearer fault-token-2"
+    assert idp.hits["/token"] == 2
 
 
 async def test_discovery_from_protected_resource_metadata(idp: FaultIdp) -> None:
@@ -126,20 +140,20 @@ oauth = {{ client_id = "c", client_secret = "{{{{secret:S}}}}", scope = "tools:r
         assert idp.hits["/mcp"] == 1 and idp.hits["/prm"] == 1
 
 
-async def test_a_caller_that_leaves_does_not_cancel_the_others(idp: FaultIdp, broker: Broker) -> None:
+async def test_a_caller_that_leaves_does_not_cancel_the_others(idp: FaultIdp) -> None:
     """Two callers wait on one resolution; the first goes away; the second still gets headers."""
-    import asyncio
-
+    broker = make_broker(idp, token_timeout="20s")  # the stall ends when the test says so
     idp.mode = "stall"
     target = broker.target("crm")
     first = asyncio.create_task(broker.headers(target))
     second = asyncio.create_task(broker.headers(target))
-    for _ in range(200):  # until the token request is at the endpoint (bounded)
-        if idp.hits["/token"]:
-            break
-        await asyncio.sleep(0.01)
+    assert await asyncio.to_thread(idp.stalled.wait, 20)  # the token request is at the endpoint
     first.cancel()
     idp.release.set()  # the stalled request now answers 503
-    with pytest.raises(TokenEndpointError):
-        await second  # answered (with the endpoint's error), not cancelled with the first
+    try:
+        with pytest.raises(TokenEndpointError) as info:
+            await second  # answered (with the endpoint's error), not cancelled with the first
+    finally:
+        await broker.aclose()
+    assert info.value.error == "server_error"  # the 503 the stall ends with, not a timeout
     assert first.cancelled() and idp.hits["/token"] == 1

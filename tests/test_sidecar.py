@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import select
 import shutil
 import signal
 import socket
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,7 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mcpcreds import AsyncClient, Client, SecretUnavailable, SidecarUnavailable, UnknownServer
+from mcpcreds.sidecar import DRAIN_SECONDS
 from tests.conftest import CANARY, run_cli
+from tests.peers.fault_idp import fault_idp
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 CONFIG = """
@@ -56,8 +62,9 @@ class Env:
         self.config = root / "config.toml"
         self.write_config()
 
-    def write_config(self, extra: str = "") -> None:
-        self.config.write_text(CONFIG.format(socket=self.socket, creds=self.creds) + extra)
+    def write_config(self, extra: str = "", sidecar: str = "") -> None:
+        text = CONFIG.format(socket=self.socket, creds=self.creds)
+        self.config.write_text(text.replace("[sidecar]\n", f"[sidecar]\n{sidecar}", 1) + extra)
 
     def secret_file(self, name: str, value: str) -> None:
         path = self.creds / name
@@ -112,7 +119,7 @@ def test_curl_health_servers_headers(env: Env, sidecar: SidecarProcess) -> None:
     assert curl(env, "/v1/health") == (200, {"status": "ok", "version": "0.1.0"})
     code, body = curl(env, "/v1/servers")
     assert code == 200 and isinstance(body, dict)
-    names = [s["name"] for s in body["servers"]]  # type: ignore[union-attr,index]
+    names = [s["name"] for s in body["servers"]]  # type: ignore[attr-defined]
     assert names == ["crm-ro", "docs", "broken"]
     assert CANARY not in json.dumps(body)
     code, body = curl(env, "/v1/servers/crm-ro/headers")
@@ -144,7 +151,7 @@ def test_a_group_readable_socket_folder_is_refused(env: Env) -> None:
     env.run.mkdir(mode=0o755)
     env.run.chmod(0o755)
     proc = SidecarProcess(env.config, env.socket)
-    assert proc.proc.wait(20) == 1
+    assert proc.wait(20) == 1  # waits for the last log line too
     assert "must be 0700" in proc.log
 
 
@@ -200,32 +207,134 @@ def test_stale_socket_is_replaced_and_a_live_one_is_not_stolen(env: Env) -> None
     with run_sidecar(env.config, env.socket) as first:
         assert "removed stale socket" in first.log
         second = SidecarProcess(env.config, env.socket)
-        assert second.proc.wait(20) == 1
+        assert second.wait(20) == 1
         assert "another sidecar is already listening" in second.log
         with Client(env.socket) as client:
             assert client.health()["status"] == "ok"
 
 
-def test_peer_of_another_uid_is_refused_and_logged() -> None:
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"  # runs as nobody (the test's own interpreter may sit in a 0700 home)
+# A client of another uid that holds one keep-alive connection: two answers on it, then it waits
+# for the sidecar to close it ("closed"), or says the connection stayed "open".
+HOLDER = r"""
+import http.client, socket, sys
+
+class Conn(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(sys.argv[1])
+
+conn = Conn("mcpcreds")
+answers = []
+for _ in range(2):
+    conn.request("GET", "/v1/servers/crm-ro/headers")
+    answer = conn.getresponse()
+    answers.append(f"{answer.status}:{answer.read().count(b'Bearer ')}:{conn.sock.fileno()}")
+print("answered", *answers, flush=True)
+try:
+    print("closed" if conn.sock.recv(1) == b"" else "data", flush=True)
+except TimeoutError:
+    print("open", flush=True)
+except ConnectionResetError:
+    print("reset", flush=True)
+"""
+
+
+def as_nobody(*command: str) -> list[str]:
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *command]
+
+
+class UnixHttp(http.client.HTTPConnection):
+    """A keep-alive HTTP connection to the sidecar's socket (one socket for all its requests)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__("mcpcreds", timeout=20)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(str(self.path))
+
+    def get(self, path: str) -> int:
+        self.request("GET", path)
+        answer = self.getresponse()
+        answer.read()
+        return answer.status
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The next line the process prints, or a TimeoutError (never blocks the test for good)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    if not ready:
+        raise TimeoutError("no line from the client process")
+    return proc.stdout.readline().strip()
+
+
+@pytest.fixture
+def shared_env() -> Iterator[Env]:
     root = Path(tempfile.mkdtemp(prefix="mcpcreds-peer-"))  # outside pytest's 0700 tmp tree
     try:
-        env = Env(root)
-        with run_sidecar(env.config, env.socket, {"MCP_TOKEN": CANARY}) as sidecar:
-            # open the file permissions on purpose: SO_PEERCRED must still refuse `nobody`
-            root.chmod(0o755)
-            env.run.chmod(0o755)
-            env.socket.chmod(0o666)
-            result = subprocess.run(
-                ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "curl", "-s", "-o",
-                 "/dev/null", "-w", "%{http_code}", "--unix-socket", str(env.socket),
-                 "http://x/v1/servers/crm-ro/headers"],
-                capture_output=True, text=True, timeout=20)
-            assert result.stdout == "000"  # closed before any answer
-            refused = sidecar.wait_for("peer refused")
-            assert refused["uid"] == 65534 and refused["pid"] > 0
-            assert curl(env, "/v1/health")[0] == 200  # our own uid still gets in
+        yield Env(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def open_to_others(env: Env) -> None:
+    """Let every uid reach the socket (the sidecar insisted on 0700 when it started): from here on
+    only its peer uid check keeps anyone out."""
+    env.root.chmod(0o755)
+    env.run.chmod(0o755)
+    env.socket.chmod(0o666)
+
+
+def test_peer_of_another_uid_is_refused_and_logged(shared_env: Env) -> None:
+    env = shared_env
+    with run_sidecar(env.config, env.socket, {"MCP_TOKEN": CANARY}) as sidecar:
+        open_to_others(env)  # on purpose: SO_PEERCRED must still refuse `nobody`
+        result = subprocess.run(
+            as_nobody("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", str(env.socket),
+                      "http://x/v1/servers/crm-ro/headers"),
+            capture_output=True, text=True, timeout=20)
+        assert result.stdout == "000"  # closed before any answer
+        refused = sidecar.wait_for("peer refused")
+        assert refused["uid"] == NOBODY and refused["pid"] > 0
+        assert curl(env, "/v1/health")[0] == 200  # our own uid still gets in
+
+
+def test_an_allowed_second_uid_is_served_until_a_reload_removes_it(shared_env: Env) -> None:
+    env = shared_env
+    env.write_config(sidecar=f"allow_uids = [{os.getuid()}, {NOBODY}]\n")
+    with run_sidecar(env.config, env.socket, {"MCP_TOKEN": CANARY}) as sidecar:
+        open_to_others(env)
+        ours = UnixHttp(env.socket)
+        assert ours.get("/v1/health") == 200
+        ours_socket = ours.sock
+        holder = subprocess.Popen(as_nobody(SYSTEM_PYTHON, "-c", HOLDER, str(env.socket)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = read_line(holder, 30)
+            assert line.startswith("answered "), (line, holder.communicate()[1])
+            first, second = (a.split(":") for a in line.split()[1:])
+            assert first[:2] == second[:2] == ["200", "1"] and first[2] == second[2]  # one connection
+            # the reload takes the second uid off the list while its connection is open
+            env.write_config(sidecar=f"allow_uids = [{os.getuid()}]\n")
+            sidecar.signal(signal.SIGHUP)
+            sidecar.wait_for("config reloaded")
+            assert read_line(holder, 40) == "closed"
+        finally:
+            holder.kill()
+            holder.wait()
+        refused = subprocess.run(as_nobody("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket",
+                                           str(env.socket), "http://x/v1/health"),
+                                 capture_output=True, text=True, timeout=20)
+        assert refused.stdout == "000"  # a new connection of that uid is refused too
+        assert sidecar.wait_for("peer refused")["uid"] == NOBODY
+        assert ours.get("/v1/servers/crm-ro/headers") == 200 and ours.sock is ours_socket  # ours stays open
+        ours.close()
 
 
 def test_limits_and_malformed_requests(env: Env, sidecar: SidecarProcess) -> None:
@@ -285,18 +394,113 @@ def test_sigterm_drains_and_exits_0(env: Env) -> None:
     assert not env.socket.exists()
 
 
+IN_FLIGHT = """
+[[servers]]
+name = "stalled"
+endpoint = "{base}/mcp"
+oauth = {{ client_id = "c", client_secret = "{{{{secret:DOCS_KEY}}}}", token_url = "{base}/token/stall" }}
+[[servers]]
+name = "quick"
+endpoint = "https://quick.example.com/mcp"
+headers = {{ "X-Client" = "q" }}
+rate = "1/8s"
+[[servers]]
+name = "slow"
+endpoint = "https://slow.example.com/mcp"
+headers = {{ "X-Client" = "s" }}
+rate = "1/1m"
+"""
+
+
+def ask(env: Env, method: str, path: str, body: bytes = b"", timeout: float = 40) -> tuple[str, bytes]:
+    """One request on its own connection: ("answer", bytes), ("closed", b"") for a clean close
+    without an answer, or ("reset" | "timeout", what came)."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    chunks: list[bytes] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(env.socket))
+        s.sendall(head.encode() + body)
+        try:
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except ConnectionResetError:
+            return "reset", b"".join(chunks)
+        except TimeoutError:
+            return "timeout", b"".join(chunks)
+    data = b"".join(chunks)
+    return ("answer" if data.startswith(b"HTTP/1.1 ") else "closed" if not data else "partial"), data
+
+
+def both_queued(client: Client) -> bool:
+    """The slow waiter is queued, and the quick one queued or already granted."""
+    rows = {b["key"]: b for b in client.status()["buckets"]}
+    quick, slow = rows["mcp:quick"], rows["mcp:slow"]
+    return bool(slow["waiting"] == 1 and quick["waiting"] + quick["granted"] == 2)
+
+
+def test_idle_connections_close_and_sigterm_answers_or_closes_every_request(env: Env) -> None:
+    """An idle connection is closed after idle_timeout; one waiting for an answer is not. On
+    SIGTERM, what can finish within the drain is answered (a bucket waiter, a login that times
+    out), what cannot is closed cleanly when the drain ends; the process exits 0, nothing hangs."""
+    with fault_idp() as idp:
+        env.write_config(IN_FLIGHT.format(base=idp.base), sidecar='idle_timeout = "1s"\ntoken_timeout = "4s"\n')
+        sidecar = SidecarProcess(env.config, env.socket, {"MCP_TOKEN": CANARY})
+        try:
+            sidecar.wait_for("ready")
+            started = time.monotonic()
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
+                idle.settimeout(20)
+                idle.connect(str(env.socket))
+                assert idle.recv(1) == b""  # closed by the sidecar
+            assert time.monotonic() - started >= 1.0  # and not before idle_timeout
+            with Client(env.socket) as client:
+                assert client.acquire("quick")["granted"] == 1 and client.acquire("slow")["granted"] == 1
+                with ThreadPoolExecutor(3) as pool:
+                    quick = pool.submit(ask, env, "POST", "/v1/servers/quick/acquire", b'{"max_wait": 60}')
+                    slow = pool.submit(ask, env, "POST", "/v1/servers/slow/acquire", b'{"max_wait": 3600}')
+                    login = pool.submit(ask, env, "GET", "/v1/servers/stalled/headers")
+                    assert idp.stalled.wait(20)  # the login is in progress at the IdP
+                    deadline = time.monotonic() + 20
+                    while not both_queued(client):
+                        assert time.monotonic() < deadline, client.status()["buckets"]
+                        time.sleep(0.05)
+                    sidecar.signal(signal.SIGTERM)
+                    assert sidecar.wait(DRAIN_SECONDS + 20) == 0
+                    quick_kind, quick_answer = quick.result()
+                    login_kind, login_answer = login.result()
+                    slow_kind, _ = slow.result()
+        finally:
+            sidecar.stop()
+    assert quick_kind == "answer" and quick_answer.startswith(b"HTTP/1.1 200 ")  # granted in the drain
+    assert b'"granted":1' in quick_answer
+    assert login_kind == "answer" and login_answer.startswith(b"HTTP/1.1 504 ")  # its token_timeout
+    assert slow_kind == "closed"  # its permit is a minute away: closed cleanly when the drain ends
+    assert not env.socket.exists()
+
+
 def test_canary_never_in_logs_status_metrics_or_errors(env: Env, sidecar: SidecarProcess) -> None:
+    # spawn payloads for a child, made by a CLI that holds the secret in its own environment too:
+    # each names the template, never the value, and the child still gets the value from the sidecar
+    template = {"Authorization": "Bearer {{secret:MCP_TOKEN}}"}
+    local = run_cli("spawn-payload", "crm-ro", "--config", str(env.config), env={"MCP_TOKEN": CANARY})
+    granted = run_cli("spawn-payload", "--grant", "crm-ro", "--socket", str(env.socket), env={"MCP_TOKEN": CANARY})
+    assert local.code == 0 and granted.code == 0, local.output + granted.output
+    assert json.loads(local.stdout)[0]["headers"] == template
+    assert json.loads(granted.stdout)["servers"][0]["headers"] == template
+    child = run_cli("token", "crm-ro", "--socket", str(env.socket),
+                    env={"MCPCREDS_GRANT": json.loads(granted.stdout)["grant"]})
+    assert child.code == 0 and child.stdout.strip() == CANARY
     with Client(env.socket) as client:
         assert client.headers("crm-ro")["Authorization"] == f"Bearer {CANARY}"
-        outputs = [json.dumps(client.status())]
+        outputs = [json.dumps(client.status()), local.output + granted.output]
         for path in ("/metrics", "/v1/servers", "/v1/openapi.json", f"/v1/servers/{CANARY}/headers",
                      "/v1/servers/broken/headers", f"/v1/secrets/{CANARY}/rotated"):
             outputs.append(str(curl(env, path)[1]))
     outputs.append(raw(env, f"GET /{CANARY} HTTP/1.1\r\nX: {CANARY}\r\nConnection: close\r\n\r\n".encode()).decode())
     # never echoed, so redaction cannot turn the answer into an oracle for a live secret
-    assert CANARY not in outputs[4] and "***" not in outputs[4] and "***" not in outputs[6]
+    assert CANARY not in outputs[5] and "***" not in outputs[5] and "***" not in outputs[7]
     assert sidecar.stop() == 0
     outputs.append(sidecar.log)
     for text in outputs:
         assert CANARY not in text
-    assert os.environ.get("MCP_TOKEN") != CANARY

@@ -4,6 +4,7 @@ It also serves RFC 9728 protected-resource metadata for discovery tests."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import json
 import threading
@@ -19,13 +20,15 @@ class FaultIdp:
         self.mode = "ok"
         self.hits: Counter[str] = Counter()
         self.release = threading.Event()
+        self.stalled = threading.Event()  # set once a token request is held by "stall"
+        self.expires_in = 3600  # the lifetime of the tokens of mode "ok"
         self.authorization_server = ""  # issuer named by the protected-resource metadata
         self.challenge_only = False  # hide the well-known PRM: only the 401 names it
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.token_url = f"{self.base}/token"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -42,13 +45,14 @@ class FaultIdp:
 
             def _send(self, status: int, body: bytes, ctype: str = "application/json",
                       headers: dict[str, str] | None = None) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(body)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the caller gave up
+                    self.send_response(status)
+                    self.send_header("Content-Type", ctype)
+                    self.send_header("Content-Length", str(len(body)))
+                    for k, v in (headers or {}).items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(body)
 
             def do_GET(self) -> None:
                 idp.hits[self.path] += 1
@@ -74,6 +78,7 @@ class FaultIdp:
                     return
                 mode = self.path.removeprefix("/token/") if self.path != "/token" else idp.mode  # per URL
                 if mode == "stall":
+                    idp.stalled.set()
                     idp.release.wait(30)
                     self._send(503, b"{}")
                 elif mode == "500":
@@ -101,7 +106,7 @@ class FaultIdp:
                 else:
                     n = idp.hits["/token"]
                     self._send(200, json.dumps({"access_token": f"fault-token-{n}", "token_type": "Bearer",
-                                                "expires_in": 3600}).encode())
+                                                "expires_in": idp.expires_in}).encode())
 
         return Handler
 
