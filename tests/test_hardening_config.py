@@ -247,3 +247,8 @@ def test_gateway_keys_are_inherited_and_a_server_may_only_narrow_expose() -> Non
         "servers[0].expose: expected one of both, proxy, headers"]
     assert errors_of('[[servers]]\nname = "s"\nendpoint = "https://a.example/mcp"\nmax_wait = "2h"\n') == [
         "servers[0].max_wait: expected at most 1h"]
+
+
+def test_drain_timeout_is_configurable_and_bounded() -> None:
+    assert parse_config(tomllib.loads('[sidecar]\ndrain_timeout = "3s"\n')).sidecar.drain_timeout == 3.0
+    assert errors_of('[sidecar]\ndrain_timeout = "10m"\n') == ["sidecar.drain_timeout: expected at most 5m"]

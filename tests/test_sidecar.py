@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mcpcreds import AsyncClient, Client, SecretUnavailable, SidecarUnavailable, UnknownServer
-from mcpcreds.sidecar import DRAIN_SECONDS
 from tests.conftest import CANARY, run_cli
 from tests.peers.fault_idp import fault_idp
 from tests.sidecar_proc import SidecarProcess, run_sidecar
@@ -403,7 +402,7 @@ oauth = {{ client_id = "c", client_secret = "{{{{secret:DOCS_KEY}}}}", token_url
 name = "quick"
 endpoint = "https://quick.example.com/mcp"
 headers = {{ "X-Client" = "q" }}
-rate = "1/8s"
+rate = "1/4s"
 [[servers]]
 name = "slow"
 endpoint = "https://slow.example.com/mcp"
@@ -444,7 +443,7 @@ def test_idle_connections_close_and_sigterm_answers_or_closes_every_request(env:
     SIGTERM, what can finish within the drain is answered (a bucket waiter, a login that times
     out), what cannot is closed cleanly when the drain ends; the process exits 0, nothing hangs."""
     with fault_idp() as idp:
-        env.write_config(IN_FLIGHT.format(base=idp.base), sidecar='idle_timeout = "1s"\ntoken_timeout = "4s"\n')
+        env.write_config(IN_FLIGHT.format(base=idp.base), sidecar='idle_timeout = "1s"\ntoken_timeout = "4s"\ndrain_timeout = "8s"\n')
         sidecar = SidecarProcess(env.config, env.socket, {"MCP_TOKEN": CANARY})
         try:
             sidecar.wait_for("ready")
@@ -466,7 +465,7 @@ def test_idle_connections_close_and_sigterm_answers_or_closes_every_request(env:
                         assert time.monotonic() < deadline, client.status()["buckets"]
                         time.sleep(0.05)
                     sidecar.signal(signal.SIGTERM)
-                    assert sidecar.wait(DRAIN_SECONDS + 20) == 0
+                    assert sidecar.wait(8 + 20) == 0
                     quick_kind, quick_answer = quick.result()
                     login_kind, login_answer = login.result()
                     slow_kind, _ = slow.result()

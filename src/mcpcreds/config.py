@@ -56,6 +56,7 @@ class SidecarConfig:
     request_timeout: float = 10.0
     idle_timeout: float = 120.0
     token_timeout: float = 10.0
+    drain_timeout: float = 10.0  # SIGTERM: in-flight requests get this long, then the process exits
     sidecar_uid: int | None = None  # the uid clients expect the sidecar to run as; default: their own
     invalidate_cooldown: float = 5.0  # a renewal forced by `invalidate` at most once per this, per key
     max_grants: int = 10_000  # live grants in the whole sidecar
@@ -422,7 +423,7 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
                      "local_share", "refresh_ahead", "audit_log", "allow_trifecta",
                      "request_timeout", "idle_timeout", "token_timeout", "state_password",
                      "state_ca", "grant_only_uids", "sidecar_uid", "invalidate_cooldown", "max_grants",
-                     "max_subgrants", "grant_pause_budget", "grant_pause_window"))
+                     "max_subgrants", "grant_pause_budget", "grant_pause_window", "drain_timeout"))
     uids = _uids(c, path, "allow_uids", t.get("allow_uids", []))
     grant_only = _uids(c, path, "grant_only_uids", t.get("grant_only_uids", []))
     state = c.typed(_join(path, "state"), t.get("state"), str, "memory")
@@ -465,7 +466,11 @@ def _parse_sidecar(c: _Collector, raw: Any) -> SidecarConfig:
                             parse_duration)
     pause_window = c.parsed(_join(path, "grant_pause_window"), t.get("grant_pause_window", 900.0),
                             parse_duration)
+    drain = c.parsed(_join(path, "drain_timeout"), t.get("drain_timeout", 10.0), parse_duration)
+    if drain is not None and drain > 300:
+        c.error(_join(path, "drain_timeout"), "expected at most 5m")
     return SidecarConfig(
+        drain_timeout=drain if drain is not None and drain <= 300 else 10.0,
         sidecar_uid=sidecar_uid,
         invalidate_cooldown=cooldown if cooldown is not None else 5.0,
         max_grants=_count(c, _join(path, "max_grants"), t.get("max_grants"), 10_000, 1_000_000),

@@ -11,7 +11,7 @@ import socket
 import stat
 import sys
 from pathlib import Path
-from typing import Final, NoReturn
+from typing import NoReturn
 
 from .api import Api
 from .audit import AuditLog
@@ -25,7 +25,6 @@ from .metrics import Metrics
 from .sources import SecretResolver
 from .wire import Connections, HttpConnection, bind_unix_socket
 
-DRAIN_SECONDS: Final = 10.0
 _log = get_logger("sidecar")
 
 
@@ -188,7 +187,7 @@ class Sidecar:
             _log.info("stopped")
 
     async def _drain(self) -> None:
-        deadline = self.clock.monotonic() + DRAIN_SECONDS
+        deadline = self.clock.monotonic() + self.config.sidecar.drain_timeout
         while self.connections.busy() and self.clock.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
