@@ -17,10 +17,10 @@ def answer(token: str, fp: str) -> dict[str, Any]:
             "key": "service:crm", "expires_at": None, "fingerprint": fp}
 
 
-def run(flow: Generator[Step, Any, Any], sidecar: list[Any], upstream: list[httpx.Response]
-        ) -> tuple[list[str], Any]:
-    """Drive the flow with canned answers; return the trace of steps and the flow's result."""
-    trace: list[str] = []
+def drive(flow: Generator[Step, Any, Any], sidecar: list[Any], upstream: list[httpx.Response],
+          trace: list[str]) -> Any:
+    """Drive the flow with canned answers, recording each step in `trace` (also when the flow
+    raises); return the flow's result once every canned answer was asked for, none left over."""
     value: Any = None
     try:
         step = next(flow)
@@ -34,7 +34,18 @@ def run(flow: Generator[Step, Any, Any], sidecar: list[Any], upstream: list[http
                 value = upstream.pop(0)
             step = flow.send(value)
     except StopIteration as stop:
-        return trace, stop.value
+        assert sidecar == [] and upstream == [], f"answers never asked for: {sidecar} {upstream}"
+        return stop.value
+
+
+def run(flow: Generator[Step, Any, Any], sidecar: list[Any], upstream: list[httpx.Response]
+        ) -> tuple[list[str], Any]:
+    """Drive the flow with canned answers; return the trace of steps and the flow's result."""
+    trace: list[str] = []
+    return trace, drive(flow, sidecar, upstream, trace)
+
+
+CALL = "sidecar POST /v1/servers/crm-ro/call {'cost': 1, 'max_wait': 30.0}"
 
 
 def request() -> httpx.Request:
@@ -86,10 +97,31 @@ def test_refused_reads_renewed_and_falls_back_to_dropped() -> None:
 
 
 def test_429_pauses_the_bucket_then_raises() -> None:
+    trace: list[str] = []
+    sidecar = [answer("t1", "f1"), {"paused_until": 1.0}]
     with pytest.raises(RateLimited) as info:
-        run(credential_flow("crm-ro", request(), on_429="raise"), [answer("t1", "f1"), {"paused_until": 1.0}],
-            [httpx.Response(429, headers={"Retry-After": "2"})])
+        drive(credential_flow("crm-ro", request(), on_429="raise"), sidecar,
+              [httpx.Response(429, headers={"Retry-After": "2"})], trace)
     assert info.value.retry_after == 2.0
+    # the pause was asked of the sidecar (shared by every client of the bucket) before raising
+    assert trace == [CALL, "upstream Bearer t1", "sidecar POST /v1/servers/crm-ro/backoff {'retry_after': 2.0}"]
+    assert sidecar == []
+
+
+def test_429_return_mode_pauses_the_bucket_then_hands_back_the_429() -> None:
+    trace, response = run(credential_flow("crm-ro", request(), on_429="return"),
+                          [answer("t1", "f1"), {"paused_until": 1.0}],
+                          [httpx.Response(429, headers={"Retry-After": "7"})])
+    assert response.status_code == 429
+    assert trace == [CALL, "upstream Bearer t1", "sidecar POST /v1/servers/crm-ro/backoff {'retry_after': 7.0}"]
+
+
+def test_429_without_a_usable_retry_after_pauses_for_the_default() -> None:
+    trace, response = run(credential_flow("crm-ro", request(), on_429="return"),
+                          [answer("t1", "f1"), {"paused_until": 1.0}],
+                          [httpx.Response(429, headers={"Retry-After": "nan"})])
+    assert response.status_code == 429
+    assert trace[-1] == "sidecar POST /v1/servers/crm-ro/backoff {'retry_after': 1.0}"
 
 
 def test_429_wait_mode_retries_after_the_pause() -> None:
@@ -105,7 +137,9 @@ def test_429_wait_mode_returns_a_pause_longer_than_max_wait() -> None:
     trace, response = run(credential_flow("crm-ro", request(), max_wait=5, on_429="wait"),
                           [answer("t1", "f1"), {"paused_until": 1.0}],
                           [httpx.Response(429, headers={"Retry-After": "3600"})])
-    assert response.status_code == 429 and len(trace) == 3  # no retry, no oversized wait asked for
+    assert response.status_code == 429  # no retry, no oversized wait asked for; the pause is shared
+    assert trace == [CALL.replace("30.0", "5"), "upstream Bearer t1",
+                     "sidecar POST /v1/servers/crm-ro/backoff {'retry_after': 3600.0}"]
 
 
 def test_a_second_429_is_shared_too() -> None:

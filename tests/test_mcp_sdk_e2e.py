@@ -4,19 +4,24 @@ JWT access tokens issued by a real authorization server (oidc-provider, tests/pe
 to the real sidecar (`mcpcreds serve`).
 
 SDK 2.x (httpx2) runs in this interpreter; SDK 1.x (plain httpx) cannot be installed beside it,
-so it runs in a side venv, `.venv-mcp1`, made on first use (tests/peers/mcp1_client.py).
+so it runs in a side venv, `.venv-mcp1`, made on first use. tests/peers/mcp_client.py drives
+either SDK the same way.
+
+Times: the server peer stamps each POST with `time.monotonic()`, the clock the sidecar's buckets
+read too (one clock for every process of the machine). A 429 is answered before the pause it
+causes begins and a retry arrives after the permit the sidecar granted it, so the gap between the
+two is at least the pause whatever the load: a bound only a bug can cross.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import base64
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -27,7 +32,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from mcpcreds import AsyncClient
+from mcpcreds import AsyncClient, Client
 from tests.conftest import CANARY
 from tests.peers.mcp_server import McpServerPeer, start_mcp_server
 from tests.peers.oidc_peer import OidcPeer, start_oidc_peer
@@ -64,6 +69,9 @@ def sidecar(oidc: OidcPeer, mcp_server: McpServerPeer,
     config.write_text(f"""
 [sidecar]
 socket = "{socket}"
+# every 401 here follows a revocation a test made on purpose: each must renew, however soon after
+# the last one (the cooldown that stops a storm of renewals: tests/test_hardening_api.py)
+invalidate_cooldown = "0s"
 
 [secrets]
 sources = ["env"]
@@ -87,11 +95,13 @@ service = "mcp"
 
 @asynccontextmanager
 async def mcp_session(sidecar: SidecarProcess, url: str,
-                      on_429: Literal["raise", "wait", "return"] = "wait") -> AsyncIterator[ClientSession]:
-    """What a user writes: the sidecar's auth on the SDK's HTTP client, then a session."""
+                      on_429: Literal["raise", "wait", "return"] | None = None) -> AsyncIterator[ClientSession]:
+    """What a user writes: the sidecar's auth (its defaults unless `on_429` is given) on the SDK's
+    HTTP client, then a session."""
     async with (
         AsyncClient(sidecar.socket) as creds,
-        httpx2.AsyncClient(auth=creds.auth("tools", on_429=on_429)) as http,
+        httpx2.AsyncClient(auth=creds.auth("tools") if on_429 is None else creds.auth("tools", on_429=on_429)
+                           ) as http,
         streamable_http_client(url, http_client=http) as (read, write),
         ClientSession(read, write) as session,
     ):
@@ -104,17 +114,28 @@ def tool_value(result: Any) -> Any:
     return result.structured_content["result"]
 
 
-async def test_sdk2_lists_and_calls_tools(oidc: OidcPeer, mcp_server: McpServerPeer,
-                                          sidecar: SidecarProcess) -> None:
-    async with mcp_session(sidecar, mcp_server.url) as session:
-        tools = await session.list_tools()
-        assert {t.name for t in tools.tools} == {"echo", "add"}
-        assert tool_value(await session.call_tool("add", {"a": 2, "b": 3})) == 5
-        assert tool_value(await session.call_tool("echo", {"text": "héllo"})) == "héllo"
-    stats = mcp_server.stats()
-    assert stats["tokens_seen"], stats  # the server verified a JWT from the peer, for its resource
-    assert stats["rejected"] == {} and stats["unauthorized"] == 0, stats
-    assert oidc.stats()["by_client"].get("agent", 0) >= 1
+def retry_gap(posts: Sequence[dict[str, Any]]) -> float:
+    """Seconds, on the server's clock, from the (one) 429 among `posts` to the next tool call."""
+    [i] = [i for i, post in enumerate(posts) if post["status"] == 429]
+    retry = next(post for post in posts[i + 1:] if post["method"] == "tools/call")
+    return float(retry["at"] - posts[i]["at"])
+
+
+def revoke_the_login_held(sidecar: SidecarProcess, mcp_server: McpServerPeer) -> None:
+    """Make the server refuse the login the sidecar holds (fetched now if it holds none), by its
+    `jti`: the next request through the sidecar meets a 401, whatever ran before."""
+    with Client(sidecar.socket) as creds:
+        token = creds.headers("tools")["Authorization"].removeprefix("Bearer ")
+    claims = token.split(".")[1]
+    mcp_server.revoke(json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))["jti"])
+
+
+def wait_for_backoff(sidecar: SidecarProcess, retry_after: float) -> dict[str, Any]:
+    """The sidecar's log line for a pause of `retry_after` seconds (each test pauses for its own
+    length; the lines of other lengths are passed over)."""
+    while (entry := sidecar.wait_for("backoff", timeout=10))["retry_after"] != retry_after:
+        pass
+    return entry
 
 
 async def test_sdk2_401_renews_the_login_once_and_retries(oidc: OidcPeer, mcp_server: McpServerPeer,
@@ -139,41 +160,34 @@ async def test_sdk2_401_renews_the_login_once_and_retries(oidc: OidcPeer, mcp_se
         assert mcp_server.stats()["unauthorized"] == server_after["unauthorized"]
 
 
-async def test_sdk2_429_pauses_the_shared_bucket_then_waits(mcp_server: McpServerPeer,
-                                                            sidecar: SidecarProcess) -> None:
-    async with mcp_session(sidecar, mcp_server.url, "wait") as session:
-        before = mcp_server.stats()["rate_limited"]
+async def test_sdk2_429_with_the_default_auth_waits_out_the_shared_pause(mcp_server: McpServerPeer,
+                                                                          sidecar: SidecarProcess) -> None:
+    """The default `on_429="wait"`: the call that met the 429 succeeds, once the pause it put on
+    the shared bucket is over, and the session goes on."""
+    async with mcp_session(sidecar, mcp_server.url) as session:
+        before = mcp_server.stats()
         mcp_server.fail_next_with_429(1, retry_after=1)
-        started = time.monotonic()
         assert tool_value(await session.call_tool("add", {"a": 20, "b": 22})) == 42
-        elapsed = time.monotonic() - started
-        assert mcp_server.stats()["rate_limited"] == before + 1
-        assert elapsed >= 0.9, elapsed  # the retry waited for the pause the 429 asked for
-    # the pause was put on the shared bucket: every process using service:mcp waited too
-    backoff = sidecar.wait_for("backoff", timeout=5)
-    while backoff["retry_after"] != 1:  # skip those of other tests
-        backoff = sidecar.wait_for("backoff", timeout=5)
-    assert backoff["key"] == "service:mcp"
+        after = mcp_server.stats()
+        assert tool_value(await session.call_tool("add", {"a": 1, "b": 2})) == 3
+    assert after["rate_limited"] == before["rate_limited"] + 1
+    assert after["tool_calls"] == before["tool_calls"] + 1  # the retry, and only it, reached the tool
+    assert retry_gap(after["posts"][len(before["posts"]):]) >= 1  # granted after the pause, not before
+    assert wait_for_backoff(sidecar, 1)["key"] == "service:mcp"  # the pause is the service's bucket's
 
 
 async def test_sdk2_429_returned_fails_that_call_only(mcp_server: McpServerPeer,
                                                       sidecar: SidecarProcess) -> None:
     async with mcp_session(sidecar, mcp_server.url, "return") as session:
-        mcp_server.fail_next_with_429(1, retry_after=1)
-        started = time.monotonic()
+        before = mcp_server.stats()
+        mcp_server.fail_next_with_429(1, retry_after=0.8)
         with pytest.raises(MCPError):  # the SDK turns the 429 into this request's error
             await session.call_tool("add", {"a": 1, "b": 1})
         assert tool_value(await session.call_tool("add", {"a": 1, "b": 2})) == 3
-        assert time.monotonic() - started >= 0.9  # the next permit waited out the shared pause
-
-
-async def test_sdk2_429_with_the_default_auth_keeps_the_session(mcp_server: McpServerPeer,
-                                                                sidecar: SidecarProcess) -> None:
-    async with mcp_session(sidecar, mcp_server.url) as session:
-        mcp_server.fail_next_with_429(1, retry_after=0.2)
-        with contextlib.suppress(MCPError):  # that call may fail, or wait and succeed
-            await asyncio.wait_for(session.call_tool("add", {"a": 1, "b": 1}), 10)
-        assert tool_value(await asyncio.wait_for(session.call_tool("add", {"a": 1, "b": 2}), 10)) == 3
+        after = mcp_server.stats()
+    assert after["rate_limited"] == before["rate_limited"] + 1
+    assert retry_gap(after["posts"][len(before["posts"]):]) >= 0.8  # the next call waited out the pause
+    assert wait_for_backoff(sidecar, 0.8)["key"] == "service:mcp"
 
 
 @pytest.mark.parametrize("example", ["list_tools_mcp.py", "list_tools_httpx.py"])
@@ -222,23 +236,45 @@ def mcp1_python() -> Path:
     return python
 
 
-def test_sdk1_lists_and_calls_tools_with_plain_httpx(mcp1_python: Path, oidc: OidcPeer,
-                                                     mcp_server: McpServerPeer,
-                                                     sidecar: SidecarProcess) -> None:
-    mcp_server.revoke_all()  # the first request of each run is a 401 that the auth recovers from
+# --- both SDKs, one scenario ---------------------------------------------------------------------
+
+# each SDK's run meets a 429 with its own Retry-After, so that its sidecar log line is told apart
+SDK_RETRY_AFTER = {"2.x": 0.5, "1.x": 0.4}
+SDK_ENTRY_POINTS = {"2.x": ["streamable_http_client(http_client=)"],
+                    "1.x": ["streamablehttp_client(auth=)", "streamable_http_client(http_client=)"]}
+
+
+@pytest.mark.parametrize("sdk", ["2.x", "1.x"])
+def test_sdk_client_through_the_library(sdk: str, request: pytest.FixtureRequest, oidc: OidcPeer,
+                                        mcp_server: McpServerPeer, sidecar: SidecarProcess) -> None:
+    """The MCP SDK's own client, 2.x over httpx2 (this interpreter) and 1.x over plain httpx (the
+    side venv), with `creds.auth(name)` and its defaults against the real MCP server: the first
+    request meets a 401 (the login is renewed once), the first tool call a 429 (the shared
+    bucket is paused, the call waits the pause out and succeeds); every tool answers."""
+    python = sys.executable if sdk == "2.x" else request.getfixturevalue("mcp1_python")
+    retry_after = SDK_RETRY_AFTER[sdk]
+    revoke_the_login_held(sidecar, mcp_server)
+    mcp_server.fail_next_with_429(1, retry_after=retry_after)
     tokens_before = oidc.stats()["token_requests"]
-    proc = subprocess.run(
-        [str(mcp1_python), str(ROOT / "tests" / "peers" / "mcp1_client.py"), str(sidecar.socket), "tools",
-         mcp_server.url],
-        capture_output=True, text=True, timeout=90, cwd=ROOT,
-    )
+    before = mcp_server.stats()
+    proc = subprocess.run([str(python), str(ROOT / "tests" / "peers" / "mcp_client.py"), str(sidecar.socket),
+                           "tools", mcp_server.url], capture_output=True, text=True, timeout=90, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["mcp_version"].startswith("1.")
-    assert out["auth_is_httpx2"] is False  # no httpx2 there: a plain httpx.Auth
-    assert out["runs"][0]["via"] == "streamablehttp_client(auth=)", out  # the classic 1.x spelling
+    assert out["mcp_version"].split(".")[0] == sdk[0]
+    assert out["auth_is_httpx2"] is (sdk == "2.x")  # 1.x: a plain httpx.Auth, no httpx2 there
+    assert [run["via"] for run in out["runs"]] == SDK_ENTRY_POINTS[sdk]
     for run in out["runs"]:
-        assert run["tools"] == ["add", "echo"], run
-        assert run["add"] == 5 and run["echo"] == "mcp1", run
-    assert oidc.stats()["token_requests"] == tokens_before + 1  # one renewal after the revocation
+        assert run == {"via": run["via"], "tools": ["add", "echo"], "add": 5, "echo": "héllo mcp"}
+    after = mcp_server.stats()
+    # the 401: one renewal (not one per request or run), and the server verified the new JWT
+    assert oidc.stats()["token_requests"] == tokens_before + 1
+    assert after["unauthorized"] == before["unauthorized"] + 1
+    assert after["rejected"].get("revoked", 0) == before["rejected"].get("revoked", 0) + 1
+    assert len(after["tokens_seen"]) == len(before["tokens_seen"]) + 1
+    # the 429: the call was retried once the pause it set on the shared bucket was over
+    assert after["rate_limited"] == before["rate_limited"] + 1
+    assert retry_gap(after["posts"][len(before["posts"]):]) >= retry_after
+    assert wait_for_backoff(sidecar, retry_after)["key"] == "service:mcp"
+    assert after["tool_calls"] == before["tool_calls"] + 2 * len(out["runs"])
     assert CANARY not in proc.stdout + proc.stderr

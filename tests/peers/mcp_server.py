@@ -7,7 +7,11 @@ unexpired and not revoked. Tools: ``echo(text)`` and ``add(a, b)``.
 Test controls are plain HTTP routes beside ``/mcp`` (no auth):
 
     GET  /_test/stats          -> {"requests", "by_method", "unauthorized", "rate_limited",
-                                   "tool_calls", "tokens_seen", "jwks_fetches", "rejected"}
+                                   "tool_calls", "tokens_seen", "jwks_fetches", "rejected", "posts"}
+                               "posts": every POST to /mcp, in order, as {"at": time.monotonic()
+                               once its body was read (before any answer), "method": its JSON-RPC
+                               method, "status": the answer's}; monotonic time is one clock for
+                               every process of the machine, so tests compare it with their own
     POST /_test/reset_stats
     POST /_test/revoke         {"jti": "..."} revokes one token; {"all": true} every token
                                issued before now (and every token seen so far)
@@ -75,6 +79,7 @@ class ServerState:
         self.jwks_fetches = 0
         self.rejected: Counter[str] = Counter()  # why a token was refused
         self.tokens_seen: list[str] = []  # jti of every distinct token verified, in order
+        self.posts: list[dict[str, Any]] = []  # every POST to /mcp: {"at", "method", "status"}
         self.revoked_jtis: set[str] = set()
         self.revoked_before = 0  # tokens with iat < this are revoked
         self.fail_429 = 0
@@ -86,6 +91,7 @@ class ServerState:
         self.by_method.clear()
         self.rejected.clear()
         self.tokens_seen.clear()
+        self.posts.clear()
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -97,6 +103,7 @@ class ServerState:
             "tokens_seen": list(self.tokens_seen),
             "jwks_fetches": self.jwks_fetches,
             "rejected": dict(self.rejected),
+            "posts": [dict(post) for post in self.posts],
         }
 
 
@@ -275,18 +282,24 @@ def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) 
             return
         state.requests += 1
         state.by_method[scope["method"]] += 1
-        if scope["method"] == "POST" and state.fail_429 > 0:
+        post: dict[str, Any] = {}
+        if scope["method"] == "POST":
             body, receive = await _buffered(receive)  # read the body to see the JSON-RPC method
-            if state.fail_429_method in (None, _rpc_method(body)):
+            post = {"at": time.monotonic(), "method": _rpc_method(body), "status": None}
+            state.posts.append(post)
+            if state.fail_429 > 0 and state.fail_429_method in (None, post["method"]):
                 state.fail_429 -= 1
                 state.rate_limited += 1
+                post["status"] = 429
                 await _send_json(send, 429, {"error": "rate_limited"},
                                  [(b"retry-after", state.retry_after.encode())])
                 return
 
         async def counting_send(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] == 401:
-                state.unauthorized += 1
+            if message["type"] == "http.response.start":
+                post["status"] = message["status"]
+                if message["status"] == 401:
+                    state.unauthorized += 1
             await send(message)
 
         await app(scope, receive, counting_send)
