@@ -26,7 +26,8 @@ CONTRACT_ROUTES: list[tuple[str, str]] = [
     ("get", "/metrics"),
 ]
 # routes mcpcreds adds beyond the contract's table (documented in the README)
-EXTENSIONS = [("post", "/v1/secrets/{name}/rotate")]
+EXTENSIONS = [("post", "/v1/secrets/{name}/rotate"),
+              ("post", "/mcp/{server}"), ("get", "/mcp/{server}"), ("delete", "/mcp/{server}")]
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 
 
@@ -70,7 +71,7 @@ def test_the_document_matches_the_routes_the_sidecar_serves(doc: dict[str, Any])
     """Every route the API answers is documented, and nothing else is."""
     import tomllib
 
-    from mcpcreds.api import Api
+    from mcpcreds.api import GATEWAY_METHODS, Api
     from mcpcreds.broker import Broker
     from mcpcreds.clock import FakeClock
     from mcpcreds.config import parse_config
@@ -82,6 +83,7 @@ def test_the_document_matches_the_routes_the_sidecar_serves(doc: dict[str, Any])
     served |= {(m.lower(), f"/v1/servers/{{name}}/{a}") for (m, a) in api._server_actions}
     served |= {(m.lower(), f"/v1/secrets/{{name}}/{a}") for (m, a) in api._secret_actions}
     served.add(("delete", "/v1/grants/{id}"))
+    served |= {(m.lower(), "/mcp/{server}") for m in GATEWAY_METHODS}
     documented = {(m, p) for p, item in doc["paths"].items() for m in item if m in HTTP_METHODS}
     assert served == documented
 
@@ -134,7 +136,8 @@ def test_response_shapes(doc: dict[str, Any]) -> None:
     ("path", "method", "status", "codes"),
     [
         ("/v1/servers/{name}/acquire", "post", "400", {"invalid_request"}),
-        ("/v1/servers/{name}/headers", "get", "403", {"forbidden"}),
+        ("/v1/servers/{name}/headers", "get", "403", {"forbidden", "proxy_only"}),
+        ("/v1/servers/{name}/call", "post", "403", {"forbidden", "proxy_only"}),
         ("/v1/servers/{name}/headers", "get", "404", {"unknown_server"}),
         ("/v1/secrets/{name}/rotated", "post", "404", {"unknown_secret"}),
         ("/v1/grants/{id}", "delete", "404", {"not_found"}),
@@ -151,6 +154,36 @@ def test_error_codes(doc: dict[str, Any], path: str, method: str, status: str, c
     schema = _json_schema_of(doc, response)
     assert schema["allOf"][0] == {"$ref": "#/components/schemas/Error"}
     assert set(schema["allOf"][1]["properties"]["error"]["properties"]["code"]["enum"]) == codes
+
+
+def test_every_wire_code_is_documented(doc: dict[str, Any]) -> None:
+    from mcpcreds.errors import ERRORS_BY_CODE
+
+    described = _schema(doc, "Error")["properties"]["error"]["properties"]["code"]["description"]
+    for code in ERRORS_BY_CODE:
+        if code not in ("config_error", "sidecar_unavailable"):  # the CLI's and the client's own
+            assert code in described, code
+
+
+def _gateway_codes(doc: dict[str, Any], method: str, status: str) -> set[str]:
+    schema = _json_schema_of(doc, doc["paths"]["/mcp/{server}"][method]["responses"][status])
+    assert schema["allOf"][0] == {"$ref": "#/components/schemas/GatewayError"}
+    return set(schema["allOf"][1]["properties"]["error"]["properties"]["data"]["properties"]["code"]["enum"])
+
+
+def test_the_gateway_route(doc: dict[str, Any]) -> None:
+    """`/mcp/{server}`: JSON-RPC in, JSON or SSE out, its errors JSON-RPC errors with the wire code."""
+    post = doc["paths"]["/mcp/{server}"]["post"]
+    assert post["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/JsonRpcBody"}
+    assert set(post["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+    assert "202" in post["responses"] and "-32602" in post["description"]
+    assert _gateway_codes(doc, "post", "403") == {"forbidden", "proxy_disabled"}
+    assert _gateway_codes(doc, "post", "429") == {"rate_limited"}
+    assert "Retry-After" in post["responses"]["429"]["headers"]
+    assert _gateway_codes(doc, "post", "502") == {"upstream_error", "token_endpoint_error"}
+    assert _gateway_codes(doc, "get", "504") == {"upstream_timeout", "token_endpoint_timeout"}
+    assert set(doc["paths"]["/mcp/{server}"]["get"]["responses"]["200"]["content"]) == {"text/event-stream"}
+    assert set(_schema(doc, "GatewayError")["required"]) == {"jsonrpc", "id", "error"}
 
 
 def test_rate_limited_carries_retry_after(doc: dict[str, Any]) -> None:
