@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -18,13 +19,14 @@ from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 SECRET = "shared-client-secret-0"
 STATE_KEY = "state-key-for-tests-0123456789"
+LIVENESS = 30.0  # generous: what must happen by itself happens well within this
 
 
 @pytest.fixture(scope="module")
 def peer() -> Iterator[OidcPeer]:
     clients = [{"client_id": "shared", "client_secret": SECRET,
                 "token_endpoint_auth_method": "client_secret_basic", "scope": "tools:read"}]
-    with start_oidc_peer(clients, access_token_ttl=300) as p:
+    with start_oidc_peer(clients, access_token_ttl=300, ready_timeout=60) as p:
         yield p
 
 
@@ -34,7 +36,8 @@ def redis() -> Iterator[RedisPeer]:
         yield r
 
 
-def write_config(path: Path, socket: Path, redis: RedisPeer, peer: OidcPeer, extra: str = "") -> Path:
+def write_config(path: Path, socket: Path, redis: RedisPeer, peer: OidcPeer, extra: str = "",
+                 rate: str = "100/1s") -> Path:
     path.write_text(f"""
 [sidecar]
 socket = "{socket}"
@@ -45,7 +48,7 @@ state_key = "{{{{secret:STATE_KEY}}}}"
 sources = ["env"]
 [services.crm]
 endpoint = "https://crm.example.com/mcp"
-rate = "100/1s"
+rate = "{rate}"
 oauth = {{ token_url = "{peer.token_url}", client_id = "shared", client_secret = "{{{{secret:CRM_SECRET}}}}", scope = "tools:read" }}
 [[servers]]
 name = "crm"
@@ -55,12 +58,12 @@ service = "crm"
 
 
 def start_sidecars(stack: ExitStack, tmp_path: Path, redis: RedisPeer, peer: OidcPeer, count: int,
-                   extra: str = "") -> list[SidecarProcess]:
+                   extra: str = "", rate: str = "100/1s") -> list[SidecarProcess]:
     env = {"STATE_KEY": STATE_KEY, "CRM_SECRET": SECRET}
     procs = []
     for i in range(count):
         socket = tmp_path / f"run{i}" / "s.sock"
-        config = write_config(tmp_path / f"config{i}.toml", socket, redis, peer, extra)
+        config = write_config(tmp_path / f"config{i}.toml", socket, redis, peer, extra, rate)
         procs.append(stack.enter_context(run_sidecar(config, socket, env)))
     return procs
 
@@ -88,7 +91,7 @@ def test_invalidation_on_one_sidecar_is_seen_by_the_others(tmp_path: Path, redis
             first = ca.headers_info("crm")["fingerprint"]
             assert cb.headers_info("crm")["fingerprint"] == first
             assert ca.invalidate("crm", first)
-            b.wait_for("login dropped by another sidecar", timeout=5)
+            b.wait_for("login dropped by another sidecar", timeout=LIVENESS)
             second = cb.headers_info("crm")["fingerprint"]
             assert second != first
             assert ca.headers_info("crm")["fingerprint"] == second
@@ -96,9 +99,11 @@ def test_invalidation_on_one_sidecar_is_seen_by_the_others(tmp_path: Path, redis
 
 
 async def test_shared_bucket_holds_across_sidecars(tmp_path: Path, redis: RedisPeer, peer: OidcPeer) -> None:
-    """100/1s hammered through three sidecars for 10 s: at most 100 + 100 x 10 grants, and at
-    least 98 % of that (the bucket is never left idle)."""
-    seconds, bound = 10.0, 100 + 100 * 10
+    """100/1s hammered through three sidecars for 3 s: every grant counted was decided within
+    those 3 s, so one bucket allows at most 100 + 100 x 3 (a bucket per sidecar would allow three
+    times that). At least half of it is granted (liveness; the machine may be busy)."""
+    seconds = 3.0
+    bound = 100 + 100 * seconds
     with ExitStack() as stack:
         sidecars = start_sidecars(stack, tmp_path, redis, peer, 3)
         clients = [AsyncClient(s.socket, timeout=30) for s in sidecars]
@@ -125,10 +130,10 @@ async def test_shared_bucket_holds_across_sidecars(tmp_path: Path, redis: RedisP
             for c in clients:
                 await c.aclose()
     assert len(grants) <= bound
-    assert len(grants) >= 0.98 * bound, f"{len(grants)} grants"
+    assert len(grants) >= bound / 2, f"{len(grants)} grants"
 
 
-def until_ok(call: Callable[[], dict[str, Any]], seconds: float = 5.0) -> dict[str, Any]:
+def until_ok(call: Callable[[], dict[str, Any]], seconds: float = LIVENESS) -> dict[str, Any]:
     """Call until it succeeds: the sidecar probes Redis again a moment after a failure."""
     deadline = time.monotonic() + seconds
     while True:
@@ -145,11 +150,13 @@ def test_redis_lost_and_back(tmp_path: Path, redis: RedisPeer, peer: OidcPeer) -
         (sidecar,) = start_sidecars(stack, tmp_path, redis, peer, 1)
         with Client(sidecar.socket) as client:
             assert client.acquire("crm")["granted"] == 1
+            login = client.headers_info("crm")
             redis.stop()
             with pytest.raises(StateUnavailable) as info:
                 client.acquire("crm")
             assert "shared state unreachable" in info.value.message
             assert client.health()["status"] == "ok"  # the sidecar itself keeps serving
+            assert client.headers_info("crm") == login  # a login it holds is still served
             redis.start()
             assert until_ok(lambda: client.acquire("crm"))["granted"] == 1  # recovers by itself
             assert client.headers_info("crm")["key"] == "service:crm"
@@ -157,19 +164,31 @@ def test_redis_lost_and_back(tmp_path: Path, redis: RedisPeer, peer: OidcPeer) -
 
 
 def test_degraded_mode_uses_a_local_share(tmp_path: Path, redis: RedisPeer, peer: OidcPeer) -> None:
+    """A tenth of 100/10m while Redis is away: a local bucket of 10 refilled at 1 a minute, so at
+    most 10 + (minutes asked) of 50 immediate acquires are granted, and all of the first 10 (the
+    sidecar's own clock decides, however slow the machine). Back on Redis, its bucket's 100 are
+    there again, which the empty local one could not give."""
     with ExitStack() as stack:
-        (sidecar,) = start_sidecars(stack, tmp_path, redis, peer, 1,
+        (sidecar,) = start_sidecars(stack, tmp_path, redis, peer, 1, rate="100/10m",
                                     extra='on_state_loss = "local"\nlocal_share = 0.1')
         with Client(sidecar.socket) as client:
             redis.stop()
+            start = time.monotonic()
             granted = 0
-            with pytest.raises(RateLimited):
-                for _ in range(50):
-                    client.acquire("crm", max_wait=0)
-                    granted += 1
-            assert granted == 10  # a tenth of the burst, while Redis is away
+            for _ in range(50):
+                with contextlib.suppress(RateLimited):
+                    granted += client.acquire("crm", max_wait=0)["granted"]
+            minutes = (time.monotonic() - start) / 60
+            assert 10 <= granted <= 10 + minutes, granted
             redis.start()
-            assert until_ok(lambda: client.acquire("crm", max_wait=1))["granted"] == 1
+            deadline = time.monotonic() + LIVENESS
+            shared = 0
+            while shared < 30:  # the local bucket holds at most 1 a minute now
+                try:
+                    shared += client.acquire("crm", max_wait=0)["granted"]
+                except RateLimited:
+                    assert time.monotonic() < deadline, f"{shared} granted since Redis came back"
+                    time.sleep(0.05)
 
 
 def test_a_grant_minted_on_one_sidecar_works_on_another(tmp_path: Path, redis: RedisPeer,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -86,10 +88,13 @@ class RedisPeer:
             [self.binary, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
              "--save", "", "--appendonly", "no", "--dir", str(self.workdir), *self._tls_args, *auth],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # generous: a busy machine starts it late
         while time.monotonic() < deadline:  # wait until it accepts: the socket appears, then answers
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode} as it started")
             try:
                 with socket.socket(socket.AF_UNIX) as s:
+                    s.settimeout(5)
                     s.connect(str(self.socket))
                     s.sendall(b"PING\r\n")
                     if s.recv(64).startswith((b"+PONG", b"-NOAUTH")):  # up (auth or not)
@@ -98,8 +103,19 @@ class RedisPeer:
                 time.sleep(0.02)
         raise RuntimeError("redis-server did not start")
 
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections are still accepted, nothing is answered."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server run again (SIGCONT); harmless if it was not paused."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc is not None:
+            self.resume()  # a stopped process would not act on SIGTERM
             self.proc.terminate()
             self.proc.wait(10)
             self.proc = None
