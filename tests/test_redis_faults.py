@@ -190,8 +190,6 @@ async def test_degraded_mode_fetches_a_login_locally(tmp_path: Path, redis: Redi
     assert peer.stats()["token_requests"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="degraded mode takes min(cost, local burst) and grants the whole "
-                   "cost (shared.py SharedLimiter._take): a cost above the local burst passes the share")
 def test_degraded_mode_never_grants_more_than_the_local_share_in_one_acquire(
         tmp_path: Path, redis: RedisPeer, peer: OidcPeer) -> None:
     """A tenth of 100/10m is a local bucket of 10 refilled at 1 a minute: acquires of 50 at a

@@ -100,8 +100,11 @@ class SharedLimiter:
             if self.degrade is None:
                 raise
             local = self._local_rate(rate)
+            if cost > local.burst:  # the local share could never grant it: wait for the shared bucket
+                raise StateUnavailable(f"{key}: the shared state is unreachable and the cost is more "
+                                       "than this sidecar's local share of the bucket") from None
             remaining = max(0.0, deadline - self.clock.monotonic())
-            await self.degrade.acquire(key, local, min(cost, local.burst), remaining)
+            await self.degrade.acquire(key, local, cost, remaining)
             return True, 0.0
 
     async def apause(self, key: str, rate: Rate, seconds: float) -> float | None:
