@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -36,6 +37,9 @@ from tests.peers.fault_idp import FaultIdp, fault_idp
 from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 from tests.test_hardening_socket import NOBODY, Listener, folder
+from tests.test_mcp_sdk_e2e import mcp1_python  # noqa: F401  (the side venv with MCP SDK 1.x)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 STATIC_KEY = "STATIC-" + CANARY  # the API key of the key-protected servers
 TOKEN_PREFIX = "fault-token-"  # what the token endpoint issues
@@ -231,6 +235,19 @@ async def test_progress_reaches_the_client_while_the_tool_still_runs(peer: Gatew
         result = await asyncio.wait_for(session.call_tool("progress", {"steps": 3}, progress_callback=on_progress),
                                         30)
     assert value(result) == "done" and seen == [1, 2, 3]
+
+
+def test_sdk1_through_the_gateway_by_both_of_its_entry_points(mcp1_python: Path,  # noqa: F811
+                                                              sidecar: SidecarProcess) -> None:
+    proc = subprocess.run([str(mcp1_python), "-m", "tests.peers.mcp_gateway_peer", "client", str(sidecar.socket),
+                           "tools"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    runs = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["via"] for r in runs] == ["http_client", "httpx_client_factory"]
+    for run in runs:
+        assert run["mcp"].startswith("1.") and run["tools"] == sorted(ALL_TOOLS) and run["add"] == 5, run
+    assert TOKEN_PREFIX not in proc.stdout + proc.stderr
 
 
 # ------------------------------------------------------------------------------------- policy

@@ -71,10 +71,12 @@ def _checked_backend(httpcore: ModuleType, socket_path: str, sidecar_uid: int) -
 
 
 def gateway_http_client(flavour: str, socket_path: str, sidecar_uid: int, name: str,
-                        headers: dict[str, str], **kwargs: Any) -> Any:
+                        grant_headers: dict[str, str], **kwargs: Any) -> Any:
     """An `httpx.AsyncClient` (`flavour` "httpx") or `httpx2.AsyncClient` ("httpx2") bound to the
     sidecar's socket, its base URL the gateway URL of server `name`. The socket's folder is
-    checked now, and every new connection is checked before its first byte."""
+    checked now, and every new connection is checked before its first byte. `kwargs` go to the
+    client; `headers`, `timeout` and `auth` may be None (the MCP SDK 1.x `httpx_client_factory`
+    signature), a None timeout meaning the MCP SDK's defaults."""
     http = importlib.import_module(flavour)
     core = importlib.import_module("httpcore2" if flavour == "httpx2" else "httpcore")
     check_folder_if_there(socket_path, sidecar_uid)
@@ -86,8 +88,12 @@ def gateway_http_client(flavour: str, socket_path: str, sidecar_uid: int, name: 
         uds=socket_path, network_backend=_checked_backend(core, socket_path, sidecar_uid),
         max_connections=limits.max_connections, max_keepalive_connections=limits.max_keepalive_connections,
         keepalive_expiry=limits.keepalive_expiry)
-    kwargs.setdefault("timeout", http.Timeout(MCP_CONNECT_TIMEOUT, read=MCP_READ_TIMEOUT))
-    return http.AsyncClient(transport=transport, base_url=gateway_url(name), headers=headers, **kwargs)
+    if kwargs.get("timeout") is None:
+        kwargs["timeout"] = http.Timeout(MCP_CONNECT_TIMEOUT, read=MCP_READ_TIMEOUT)
+    if kwargs.get("auth") is None:
+        kwargs.pop("auth", None)
+    merged = {**(kwargs.pop("headers", None) or {}), **grant_headers}
+    return http.AsyncClient(transport=transport, base_url=gateway_url(name), headers=merged, **kwargs)
 
 
 def check_folder_if_there(socket_path: str, sidecar_uid: int) -> None:

@@ -20,6 +20,10 @@ starting with ``--token-prefix`` and not revoked, or ``X-Api-Key: <--static-key>
 
 Run it as ``python -m tests.peers.mcp_gateway_peer --token-prefix P --static-key K``: it prints
 ``READY <base url>``. From a test: ``with start_gateway_peer(prefix, key) as peer: peer.url``.
+
+``python -m tests.peers.mcp_gateway_peer client SOCKET SERVER`` is the other end, for the MCP SDK
+1.x (run in its side venv, where the server's imports are absent): a session through the gateway
+with ``creds.mcp_http_client``, by each 1.x entry point, printing one JSON line per run.
 """
 
 from __future__ import annotations
@@ -34,14 +38,15 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
-import uvicorn
-from mcp.server.mcpserver import Context, MCPServer
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tests.peers.process import read_log, ready_process
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,6 +87,9 @@ class PeerState:
 
 
 def build_server(state: PeerState) -> MCPServer[Any]:
+    from mcp.server.mcpserver import Context, MCPServer
+
+    globals()["Context"] = Context  # the SDK resolves the tools' annotations in this module's globals
     server: MCPServer[Any] = MCPServer("mcpcreds-gateway-peer", log_level="WARNING")
 
     @server.tool()
@@ -228,6 +236,8 @@ def build_app(state: PeerState) -> ASGIApp:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -283,7 +293,40 @@ def start_gateway_peer(token_prefix: str, static_key: str) -> Iterator[GatewayPe
             peer._http.close()
 
 
+async def sdk1_client(socket_path: str, name: str) -> None:
+    """Through the gateway with MCP SDK 1.x: `streamable_http_client(url, http_client=...)` (newer
+    1.x) and `streamablehttp_client(url, httpx_client_factory=...)` (every 1.x)."""
+    import importlib.metadata
+    import warnings
+
+    import mcp.client.streamable_http as transport
+    from mcp import ClientSession
+
+    from mcpcreds import AsyncClient
+
+    async def run(via: str, streams_cm: Any) -> None:
+        async with streams_cm as streams, ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            tools = sorted(t.name for t in (await session.list_tools()).tools)
+            added = await session.call_tool("add", {"a": 2, "b": 3})
+        print(json.dumps({"via": via, "mcp": importlib.metadata.version("mcp"), "tools": tools,
+                          "add": (added.structuredContent or {}).get("result")}), flush=True)
+
+    async with AsyncClient(socket_path) as creds:
+        url = creds.mcp_url(name)
+        if hasattr(transport, "streamable_http_client"):
+            async with creds.mcp_http_client(name) as http:
+                await run("http_client", transport.streamable_http_client(url, http_client=http))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            await run("httpx_client_factory", transport.streamablehttp_client(
+                url, httpx_client_factory=lambda **kw: creds.mcp_http_client(name, **kw)))
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["client"]:
+        asyncio.run(sdk1_client(sys.argv[2], sys.argv[3]))
+        sys.exit(0)
     parser = argparse.ArgumentParser()
     parser.add_argument("--token-prefix", required=True)
     parser.add_argument("--static-key", default="")
