@@ -67,25 +67,54 @@ def test_no_route_beyond_the_contract_and_its_documented_extensions(doc: dict[st
     assert documented == set(CONTRACT_ROUTES) | set(EXTENSIONS)
 
 
-def test_the_document_matches_the_routes_the_sidecar_serves(doc: dict[str, Any]) -> None:
-    """Every route the API answers is documented, and nothing else is."""
+async def _ask(api: Any, method: str, path: str) -> tuple[int, str]:
+    """The status and error code the API answers a bodiless request with (Api.handle, its seam)."""
+    import os
+
+    from mcpcreds.wire import Request, Response
+
+    result = api.handle(Request(method, path, "", b"", None, os.getuid(), os.getpid()))
+    response = result if isinstance(result, Response) else await result
+    code = json.loads(response.body)["error"]["code"] if response.status >= 400 else ""
+    return response.status, code
+
+
+async def test_the_document_matches_the_routes_the_sidecar_serves(doc: dict[str, Any]) -> None:
+    """Every documented route is served (answered with anything but "no route"), every other
+    method on a documented path is a 405, and every action the document names is "no route" under
+    the prefixes it is not documented for."""
     import tomllib
 
-    from mcpcreds.api import GATEWAY_METHODS, Api
+    from mcpcreds.api import Api
     from mcpcreds.broker import Broker
     from mcpcreds.clock import FakeClock
     from mcpcreds.config import parse_config
     from mcpcreds.metrics import Metrics
     from mcpcreds.sources import SecretResolver
 
-    api = Api(Broker(parse_config(tomllib.loads("")), SecretResolver([]), FakeClock(), Metrics()), Metrics())
-    served = {(m.lower(), p) for (m, p) in api._fixed}
-    served |= {(m.lower(), f"/v1/servers/{{name}}/{a}") for (m, a) in api._server_actions}
-    served |= {(m.lower(), f"/v1/secrets/{{name}}/{a}") for (m, a) in api._secret_actions}
-    served.add(("delete", "/v1/grants/{id}"))
-    served |= {(m.lower(), "/mcp/{server}") for m in GATEWAY_METHODS}
+    broker = Broker(parse_config(tomllib.loads("")), SecretResolver([]), FakeClock(), Metrics())
+    api = Api(broker, Metrics())
     documented = {(m, p) for p, item in doc["paths"].items() for m in item if m in HTTP_METHODS}
-    assert served == documented
+    try:
+        for path in doc["paths"]:
+            concrete = path.replace("{name}", "nx").replace("{server}", "nx").replace("{id}", "!")  # unknown; bad id
+            for method in ("get", "post", "put", "delete", "patch"):
+                status, code = await _ask(api, method.upper(), concrete)
+                if (method, path) in documented:
+                    assert status != 405 and (status, code) != (404, "not_found"), (method, path, status, code)
+                else:
+                    assert (status, code) == (405, "method_not_allowed"), (method, path, status, code)
+        actions = {p.rsplit("/", 1)[1] for p in doc["paths"] if p.count("/") == 4} | {"token", "login", "x"}
+        for prefix in ("/v1/servers/{name}", "/v1/secrets/{name}", "/v1/grants/{id}"):
+            for action in sorted(actions):
+                path = f"{prefix}/{action}"
+                if any(p == path for _, p in documented):
+                    continue
+                for method in ("GET", "POST", "DELETE"):
+                    answer = await _ask(api, method, path.replace("{name}", "nx").replace("{id}", "x"))
+                    assert answer == (404, "not_found"), (method, path, answer)
+    finally:
+        await broker.aclose()
 
 
 def test_server_is_the_unix_socket_placeholder(doc: dict[str, Any]) -> None:
