@@ -571,3 +571,103 @@ async def test_the_gateway_client_sends_nothing_to_a_listener_of_another_uid() -
     finally:
         listener.stop()
         shutil.rmtree(arena, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------- wire streaming
+
+
+class _Transport(asyncio.Transport):
+    """What the connection writes, on a real socket pair (for SO_PEERCRED)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sock, self._peer = __import__("socket").socketpair()
+        self.written = bytearray()
+        self.aborted = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.sock if name == "socket" else default
+
+    def write(self, data: Any) -> None:
+        self.written += data
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+class _Body:
+    def __init__(self, fail: bool = False) -> None:
+        self.pulled: list[int] = []
+        self.closed = False
+        self.fail = fail
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        for i in range(5):
+            self.pulled.append(i)
+            yield b"c%d" % i
+        if self.fail:
+            raise RuntimeError("the upstream went away")
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks()
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def _connection(body: _Body) -> tuple[Any, _Transport]:
+    from mcpcreds.wire import Connections, HttpConnection, StreamingResponse
+
+    class App:
+        def handle(self, request: Any) -> Any:
+            return StreamingResponse(200, body)
+
+        def fast_get(self, url: bytes, started: float, peer_uid: int) -> None:
+            return None
+
+        def observe(self, route: str, status: int, seconds: float) -> None:
+            pass
+
+    transport = _Transport()
+    conn = HttpConnection(App(), lambda: frozenset({os.getuid()}), Connections())
+    conn.connection_made(transport)
+    return conn, transport
+
+
+async def test_a_streaming_body_is_not_read_while_the_client_does_not_read() -> None:
+    body = _Body()
+    conn, transport = _connection(body)
+    conn.pause_writing()  # the client's transport is full
+    conn.data_received(b"GET /mcp/x HTTP/1.1\r\nHost: mcpcreds\r\n\r\n")
+    for _ in range(50):  # the loop runs freely: nothing else can make the body go on
+        await asyncio.sleep(0)
+    assert body.pulled == [0]
+    assert transport.written.endswith(b"Transfer-Encoding: chunked\r\n\r\n2\r\nc0\r\n")
+    conn.resume_writing()
+    await conn.in_flight
+    assert body.pulled == [0, 1, 2, 3, 4] and body.closed
+    assert transport.written.endswith(b"2\r\nc4\r\n0\r\n\r\n") and not transport.aborted
+    transport.sock.close()
+    transport._peer.close()
+
+
+async def test_a_body_that_fails_after_the_head_cuts_the_connection() -> None:
+    body = _Body(fail=True)
+    conn, transport = _connection(body)
+    conn.data_received(b"GET /mcp/x HTTP/1.1\r\nHost: mcpcreds\r\n\r\n")
+    with pytest.raises(RuntimeError):
+        await conn.in_flight
+    await asyncio.sleep(0)  # the done callback
+    assert transport.aborted and body.closed
+    assert not transport.written.endswith(b"0\r\n\r\n")  # never a complete-looking answer
+    transport.sock.close()
+    transport._peer.close()
