@@ -307,10 +307,10 @@ class Gateway:
                                          content_type=ctype.encode("latin-1"), extra_headers=extra,
                                          long_lived=request.method == "GET")
             body = await _read(response, MAX_JSON_ANSWER)
-        except BaseException:
+        except BaseException as exc:
             await response.aclose()
             if calls is not None:
-                calls.finish_all("upstream_error")
+                calls.finish_all("cancelled" if isinstance(exc, asyncio.CancelledError) else _failure(exc))
             raise
         await response.aclose()
         if kind == "application/json":
