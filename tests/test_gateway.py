@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 STATIC_KEY = "STATIC-" + CANARY  # the API key of the key-protected servers
 TOKEN_PREFIX = "fault-token-"  # what the token endpoint issues
+ODD_KEY = "caf\u00e9-" + CANARY  # a secret that is no valid header value
 ALL_TOOLS = {"echo", "add", "progress", "leak"}
 INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
@@ -121,8 +122,15 @@ tool_allowlist = ["echo", "progress"]
 {keyed("headers-only", peer.url, 'expose = "headers"')}
 {keyed("dropper", peer.base + "/drop")}
 {keyed("forever", peer.base + "/forever")}
+
+[[servers]]
+name = "odd-key"
+endpoint = "{peer.url}"
+headers = {{ "X-Api-Key" = "{{{{secret:ODD_KEY}}}}" }}
+trust = "trusted"
 """)
-    with run_sidecar(config, socket, {"AGENT_SECRET": CANARY, "STATIC_KEY": STATIC_KEY}) as proc:
+    env = {"AGENT_SECRET": CANARY, "STATIC_KEY": STATIC_KEY, "ODD_KEY": ODD_KEY}
+    with run_sidecar(config, socket, env) as proc:
         yield proc
 
 
@@ -366,6 +374,27 @@ async def test_a_grant_reaches_its_servers_only_and_never_travels_upstream(
     async with AsyncClient(sidecar.socket, grant=minted["grant"]) as creds:
         with pytest.raises(Forbidden):
             await creds.headers("tools")  # proxy-only, whoever asks
+
+
+async def test_what_no_header_can_carry_is_an_error_never_a_500(peer: GatewayPeer,
+                                                                 sidecar: SidecarProcess) -> None:
+    before = peer.stats()["requests"]
+    async with raw_client(sidecar) as http:
+        refused = await http.post("/mcp/odd-key", json=INIT, headers=RPC_HEADERS)
+        assert refused.status_code == 502 and refused.json()["error"]["data"]["code"] == "upstream_error"
+        assert "caf" not in refused.text and CANARY not in refused.text
+        assert peer.stats()["requests"] == before  # nothing was sent
+        sent = await http.post("/mcp/tools", json=INIT, headers={**RPC_HEADERS, "User-Agent": "caf\u00e9".encode("latin-1")})
+    assert sent.status_code == 200  # a caller's header is passed on as it came, never re-encoded
+    assert dict(peer.stats()["headers"])["user-agent"] == "caf\u00e9"
+    await healthy(sidecar)
+
+
+async def test_a_stale_grant_is_refused_as_an_mcp_client_reads_errors(sidecar: SidecarProcess) -> None:
+    async with raw_client(sidecar, Authorization="Bearer revoked-or-never-minted") as http:
+        refused = await http.post("/mcp/tools", json=INIT, headers=RPC_HEADERS)
+    assert refused.status_code == 403 and refused.json()["id"] == 0
+    assert refused.json()["error"]["data"]["code"] == "forbidden"
 
 
 # ------------------------------------------------------------------------------------- logins and rate

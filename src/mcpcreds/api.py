@@ -194,7 +194,8 @@ class Api:
 
     async def _handle_with_grant(self, request: Request) -> Answer:
         """A caller that presents a grant acts within it only."""
-        route = "unknown"
+        # a gateway request is answered as an MCP client reads errors, a refused grant included
+        route = "mcp" if request.path.startswith("/mcp/") and request.method in GATEWAY_METHODS else "unknown"
         try:
             scheme, _, token = (request.authorization or "").partition(" ")
             if scheme.lower() != "bearer" or not token.strip():

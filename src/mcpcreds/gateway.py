@@ -63,14 +63,15 @@ _STATUS_GROUPS: Final = frozenset({"ok", "tool_error", "error", "refused", "rate
                                    "no_response", "dropped", "cancelled"})
 
 
-def forwarded_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[str, str]]:
-    """The caller's headers that go upstream (see the module doc), names lower-cased."""
+def forwarded_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[str, bytes]]:
+    """The caller's headers that go upstream (see the module doc), names lower-cased, values as
+    sent (bytes: a value that is not ASCII goes on as it came, never re-encoded)."""
     kept = []
     for name_b, value_b in raw:
         name = name_b.decode("latin-1").strip().lower()
         param = name.startswith(_PARAM_PREFIX) and not credential_name(name[len(_PARAM_PREFIX):])
         if name in _FORWARDED or param:
-            kept.append((name, value_b.decode("latin-1")))
+            kept.append((name, value_b))
     return kept
 
 
@@ -266,19 +267,24 @@ class Gateway:
         self.broker.audit.write("invalidation", **fields)
         return renewed
 
-    async def _send(self, target: Target, request: Request, forwarded: list[tuple[str, str]],
+    async def _send(self, target: Target, request: Request, forwarded: list[tuple[str, bytes]],
                     creds: HeadersResult) -> httpx.Response:
         http = self.broker.http_for(target, gateway=True)
         own = {name.lower() for name in creds.headers}
         headers = [(k, v) for k, v in forwarded if k not in own]
-        headers += list(creds.headers.items())
+        try:
+            headers += [(k, v.encode("ascii")) for k, v in creds.headers.items()]
+        except UnicodeEncodeError:
+            raise UpstreamError(f"a credential of server {target.name!r} is not a valid HTTP header value "
+                                "(not ASCII): nothing was sent") from None
         if not any(k == "accept" for k, _ in forwarded):
-            headers.append(("accept", "text/event-stream" if request.method == "GET"
-                            else "application/json, text/event-stream"))
+            headers.append(("accept", b"text/event-stream" if request.method == "GET"
+                            else b"application/json, text/event-stream"))
         if request.method == "POST" and not any(k == "content-type" for k, _ in forwarded):
-            headers.append(("content-type", "application/json"))
-        headers.append(("accept-encoding", "identity"))  # answers are inspected: not compressed
-        upstream = http.build_request(request.method, target.endpoint, headers=headers,
+            headers.append(("content-type", b"application/json"))
+        headers.append(("accept-encoding", b"identity"))  # answers are inspected: not compressed
+        upstream = http.build_request(request.method, target.endpoint,
+                                      headers=[(k.encode("ascii"), v) for k, v in headers],
                                       content=request.body if request.method == "POST" else None,
                                       timeout=UPSTREAM_TIMEOUT)
         try:
