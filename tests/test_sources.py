@@ -154,8 +154,10 @@ def test_escaped_spellings_of_a_secret_are_masked_too() -> None:
 
 async def test_static_headers_are_reread_in_the_background_once_warm() -> None:
     """Past their freshness, cached static headers are served while a re-read runs; a request
-    waits on a secret source only when nothing usable is cached."""
+    waits on a secret source only when nothing usable is cached. The source is held shut by a
+    gate, so "served at once" and "waits" are facts, not timings."""
     import asyncio
+    import threading
     import tomllib
 
     from mcpcreds.broker import Broker
@@ -163,11 +165,15 @@ async def test_static_headers_are_reread_in_the_background_once_warm() -> None:
     from mcpcreds.config import parse_config
     from mcpcreds.metrics import Metrics
 
-    class CountingEnv(EnvSource):
+    gate, entered = threading.Event(), threading.Event()
+
+    class GatedEnv(EnvSource):
         reads = 0
 
         def get(self, name: str) -> str | None:
-            CountingEnv.reads += 1
+            GatedEnv.reads += 1
+            entered.set()
+            gate.wait(30)  # bounds only a failing run
             return super().get(name)
 
     environ = {"K": "one-0001"}
@@ -175,18 +181,26 @@ async def test_static_headers_are_reread_in_the_background_once_warm() -> None:
         '[secrets]\ncache_ttl = "2s"\n[[servers]]\nname = "s"\nendpoint = "https://s.example/mcp"\n'
         'headers = { "X-Key" = "{{secret:K}}" }\n'))
     clock = FakeClock()
-    broker = Broker(config, SecretResolver([CountingEnv(environ)]), clock, Metrics())
+    broker = Broker(config, SecretResolver([GatedEnv(environ)]), clock, Metrics())
     target = broker.target("s")
+    gate.set()
     try:
         assert (await broker.headers(target)).headers == {"X-Key": "one-0001"}
         environ["K"] = "two-0002"
+        gate.clear()
+        entered.clear()
         clock.advance(3)  # stale, within the grace of one more TTL: served at once, re-read behind
-        assert broker.cached_headers(target) is not None
-        assert broker.cached_headers(target).headers == {"X-Key": "one-0001"}  # type: ignore[union-attr]
-        await asyncio.gather(*broker._resolving.values())
+        served = await asyncio.wait_for(broker.headers(target), 10)  # the source is shut: no waiting
+        assert served.headers == {"X-Key": "one-0001"}
+        assert await asyncio.to_thread(entered.wait, 10)  # the re-read is under way
+        clock.advance(10)  # past the grace: nothing usable, the caller waits for the read
+        waiting = asyncio.ensure_future(broker.headers(target))
+        await asyncio.sleep(0)  # one turn of the loop: the request runs up to its wait
+        assert not waiting.done()
+        gate.set()
+        assert (await waiting).headers == {"X-Key": "two-0002"}
+        assert GatedEnv.reads == 2  # the waiting request joined the read under way
         assert broker.cached_headers(target).headers == {"X-Key": "two-0002"}  # type: ignore[union-attr]
-        clock.advance(10)  # past the grace: nothing usable, the caller waits for a fresh read
-        assert broker.cached_headers(target) is None
-        assert CountingEnv.reads == 2
     finally:
+        gate.set()
         await broker.aclose()
