@@ -1360,7 +1360,6 @@ def test_known_status_buckets_match_the_document(target: FuzzTarget) -> None:
     assert check(Case("GET", "/v1/status", "/v1/status"), answer, BatchState(), None) == []
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS["gateway-grant-403"])
 def test_known_the_gateway_refuses_a_stale_grant_with_a_json_rpc_error(target: FuzzTarget) -> None:
     case = Case("POST", "/mcp/static", "/mcp/{server}", json.dumps(_rpc("ping")).encode(),
                 (_MCP_ACCEPT, ("Content-Type", "application/json")), authorization="Bearer revoked")
@@ -1368,7 +1367,6 @@ def test_known_the_gateway_refuses_a_stale_grant_with_a_json_rpc_error(target: F
     assert check(case, answer, BatchState(), None) == []
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS["gateway-get-delete-400"])
 def test_known_the_gateway_get_answers_as_documented_without_a_session(target: FuzzTarget) -> None:
     case = Case("GET", "/mcp/static", "/mcp/{server}", b"", (_MCP_ACCEPT,))
     wire = Wire(target.socket)
@@ -1379,7 +1377,6 @@ def test_known_the_gateway_get_answers_as_documented_without_a_session(target: F
     assert check(case, answer, BatchState(), None) == []
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS["gateway-header-500"])
 def test_known_a_credential_that_is_no_header_value_is_no_500(target: FuzzTarget) -> None:
     def rotate(value: str) -> Answer:
         body = json.dumps({"value": value, "force": True}).encode()

@@ -58,7 +58,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tests.peers.process import read_log, ready_process
 
-READY_TIMEOUT = 30.0
+READY_TIMEOUT = 60.0
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -36,7 +36,7 @@ from tests.peers.process import read_log, ready_process
 
 PEER_DIR = Path(__file__).resolve().parent / "oidc"
 NODE = shutil.which("node") or "/usr/bin/node"
-READY_TIMEOUT = 20.0
+READY_TIMEOUT = 60.0
 
 
 def ensure_node_modules() -> None:

@@ -39,7 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 Predicate = Callable[[str], bool]
-READY_TIMEOUT = 20.0
+READY_TIMEOUT = 60.0
 
 
 def is_jwt(token: str) -> bool:
