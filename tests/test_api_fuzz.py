@@ -1338,7 +1338,6 @@ def _one(target: FuzzTarget, request: bytes) -> Answer:
         wire.close()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS["deep-json-500"])
 def test_known_a_deeply_nested_body_is_a_400(target: FuzzTarget) -> None:
     body = b"[" * 1000 + b"]" * 1000
     answer = _one(target, b"POST /v1/servers/static/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"

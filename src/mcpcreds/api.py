@@ -83,7 +83,7 @@ def parse_json_body(request: Request) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(request.body, parse_constant=_not_json, parse_float=_finite)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting too deep
         raise InvalidRequest("request body is not valid JSON") from None
     if not isinstance(data, dict):
         raise InvalidRequest("request body must be a JSON object")
