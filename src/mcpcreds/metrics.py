@@ -93,30 +93,12 @@ class Metrics:
         out += ["# HELP mcpcreds_request_seconds Socket API request latency.",
                 "# TYPE mcpcreds_request_seconds histogram"]
         for route, counts in sorted(self._hist_counts.items()):
-            running = 0
-            lab = (("route", route),)
-            for bound, count in zip(LATENCY_BUCKETS, counts, strict=False):
-                running += count
-                le = 'le="' + str(bound) + '"'
-                out.append(f"mcpcreds_request_seconds_bucket{_labels(lab, le)} {running}")
-            running += counts[-1]
-            le_inf = 'le="+Inf"'
-            out.append(f"mcpcreds_request_seconds_bucket{_labels(lab, le_inf)} {running}")
-            out.append(f"mcpcreds_request_seconds_sum{_labels(lab)} {self._hist_sum[route]:.6f}")
-            out.append(f"mcpcreds_request_seconds_count{_labels(lab)} {running}")
+            out += _histogram_lines("mcpcreds_request_seconds", (("route", route),), counts,
+                                    self._hist_sum[route])
         for name in sorted(self.histograms):
             out += [f"# HELP {name} {self.help.get(name, name)}", f"# TYPE {name} histogram"]
             for labels, counts in sorted(self.histograms[name].items()):
-                running = 0
-                for bound, count in zip(LATENCY_BUCKETS, counts, strict=False):
-                    running += count
-                    le = 'le="' + str(bound) + '"'
-                    out.append(f"{name}_bucket{_labels(labels, le)} {running}")
-                running += counts[-1]
-                le_inf = 'le="+Inf"'
-                out.append(f"{name}_bucket{_labels(labels, le_inf)} {running}")
-                out.append(f"{name}_sum{_labels(labels)} {self.histogram_sums[(name, labels)]:.6f}")
-                out.append(f"{name}_count{_labels(labels)} {running}")
+                out += _histogram_lines(name, labels, counts, self.histogram_sums[(name, labels)])
         by_name: defaultdict[str, list[tuple[Labels, float]]] = defaultdict(list)
         for (name, labels), value in self.counters.items():
             by_name[name].append((labels, value))
@@ -136,3 +118,19 @@ class Metrics:
             for labels, value in gauge_rows[name]:
                 out.append(f"{name}{_labels(labels)} {value:g}")
         return "\n".join(out) + "\n"
+
+
+def _histogram_lines(name: str, labels: Labels, counts: list[int], total: float) -> list[str]:
+    """One histogram's cumulative `_bucket` lines, then `_sum` and `_count` (Prometheus text)."""
+    lines = []
+    running = 0
+    for bound, count in zip(LATENCY_BUCKETS, counts, strict=False):
+        running += count
+        le = 'le="' + str(bound) + '"'
+        lines.append(f"{name}_bucket{_labels(labels, le)} {running}")
+    running += counts[-1]
+    le_inf = 'le="+Inf"'
+    lines.append(f"{name}_bucket{_labels(labels, le_inf)} {running}")
+    lines.append(f"{name}_sum{_labels(labels)} {total:.6f}")
+    lines.append(f"{name}_count{_labels(labels)} {running}")
+    return lines
