@@ -1345,7 +1345,6 @@ def test_known_a_deeply_nested_body_is_a_400(target: FuzzTarget) -> None:
     assert answer.status == 400, answer.raw
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS["head-content"])
 def test_known_a_head_answer_has_no_content(target: FuzzTarget) -> None:
     answers, rest = Wire(target.socket).one_shot(b"HEAD /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
                                                  head_only=True)
@@ -1353,7 +1352,6 @@ def test_known_a_head_answer_has_no_content(target: FuzzTarget) -> None:
     assert rest == b""
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS["status-bucket-rate"])
 def test_known_status_buckets_match_the_document(target: FuzzTarget) -> None:
     answer = _one(target, b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
     assert check(Case("GET", "/v1/status", "/v1/status"), answer, BatchState(), None) == []
@@ -1391,7 +1389,6 @@ def test_known_a_credential_that_is_no_header_value_is_no_500(target: FuzzTarget
     assert answer.status != 500, answer.raw
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS["open-route-403"])
 def test_known_health_answers_as_documented_with_a_stale_grant(target: FuzzTarget) -> None:
     answer = _one(target, b"GET /v1/health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer revoked\r\n\r\n")
     assert check(Case("GET", "/v1/health", "/v1/health", authorization="Bearer revoked"), answer,

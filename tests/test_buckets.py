@@ -310,7 +310,7 @@ async def test_snapshot_and_status(limiter: Limiter, clock: FakeClock) -> None:
     limiter.pause(KEY, 10)
     clock.advance(0.5)
     expected = {
-        "key": KEY, "level": 0.5, "capacity": 60, "rate": "60/1m", "waiting": 1,
+        "key": KEY, "level": 0.5, "capacity": 60, "rate": "60/1m", "per_second": 1.0, "waiting": 1,
         "granted": 60, "refused": 1, "paused_until": clock.time() + 9.5,
     }
     assert limiter.snapshot(KEY) == expected

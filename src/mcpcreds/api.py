@@ -169,7 +169,7 @@ class Api:
         return cached.wire
 
     def handle(self, request: Request) -> Answer | Awaitable[Answer]:
-        if request.authorization is not None:
+        if request.authorization is not None and not self._is_open_route(request):
             return self._handle_with_grant(request)
         route = "unknown"
         try:
@@ -184,6 +184,12 @@ class Api:
             result.route = route
             return result
         return self._finish(result, route, request)
+
+    def _is_open_route(self, request: Request) -> bool:
+        """Health and the API document answer anyone the socket admits: an Authorization
+        header (a grant, live or not) changes nothing there."""
+        found = self._fixed.get((request.method, request.path))
+        return found is not None and found[0] in _OPEN_ROUTES
 
     def _error(self, exc: McpcredsError, route: str, request: Request) -> Response:
         if route == "mcp":  # an MCP client reads a JSON-RPC error

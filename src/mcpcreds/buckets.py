@@ -257,6 +257,7 @@ class Limiter:
             "level": round(bucket.level(now), 3),
             "capacity": bucket.capacity,
             "rate": str(bucket.rate),
+            "per_second": bucket.rate.per_second,
             "waiting": len(lane.queue),
             "granted": lane.granted,
             "refused": lane.refused,

@@ -117,6 +117,7 @@ class SharedLimiter:
             _, _, level, paused = await self.state.bucket(key, rate, 1, "peek")
             granted, refused = self._counts.get(key, [0, 0])
             rows.append({"key": key, "level": round(level, 3), "capacity": rate.burst, "rate": str(rate),
+                         "per_second": rate.per_second,
                          "waiting": self._waiting.get(key, 0), "granted": granted, "refused": refused,
                          "paused_until": time.time() + paused if paused > 0 else None,
                          "shared": True})

@@ -64,14 +64,16 @@ class Response:
     close: bool = False
     route: str = field(default="")
 
-    def encode(self, keep_alive: bool) -> bytes:
+    def encode(self, keep_alive: bool, head_only: bool = False) -> bytes:
+        """The answer on the wire; `head_only` for a HEAD request (RFC 9110 9.3.2: no content)."""
         head = _STATUS_LINES.get(self.status) or _status_line(self.status)
         parts = [head, b"Content-Type: ", self.content_type, b"\r\nContent-Length: ",
                  str(len(self.body)).encode()]
         for name, value in self.extra_headers:
             parts += [b"\r\n", name, b": ", value]
         parts.append(b"\r\n\r\n" if keep_alive else b"\r\nConnection: close\r\n\r\n")
-        parts.append(self.body)
+        if not head_only:
+            parts.append(self.body)
         return b"".join(parts)
 
 
@@ -197,6 +199,7 @@ class HttpConnection(asyncio.Protocol):
         self.authorization: bytes | None = None
         self.body_limit = MAX_BODY_BYTES
         self.collect = False  # a gateway request: its headers are kept
+        self.head_only = False  # the answer being sent is to a HEAD request: head without content
         self.headers: list[tuple[bytes, bytes]] = []
 
     # -- connection events
@@ -359,6 +362,7 @@ class HttpConnection(asyncio.Protocol):
     # -- answering
 
     def _dispatch(self, request: Request, keep_alive: bool, started: float) -> None:
+        self.head_only = request.method == "HEAD"
         try:
             result = self.app.handle(request)
         except Exception:
@@ -459,7 +463,7 @@ class HttpConnection(asyncio.Protocol):
         if transport is None or self.closing:
             return
         keep = keep_alive and not response.close
-        transport.write(response.encode(keep))
+        transport.write(response.encode(keep, self.head_only))
         self.app.observe(response.route, response.status, time.perf_counter() - started)
         if not keep:
             self.closing = True
