@@ -40,6 +40,8 @@ MAX_COST: Final = 1_000_000_000  # the burst of a server without a rate
 MAX_FINGERPRINT: Final = 128
 MAX_REASON: Final = 256
 MAX_GRANT_SERVERS: Final = 1024
+MAX_GRANT_TOOLS: Final = 256  # tool names per server in a grant's `tools`
+MAX_TOOL_NAME: Final = 128  # characters (the MCP spec's bound on a tool name)
 _GRANT_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 _OPEN_ROUTES: Final = frozenset({"health", "openapi"})
 
@@ -104,6 +106,45 @@ def text_field(body: dict[str, Any], field: str, limit: int) -> str | None:
     if value is not None and (not isinstance(value, str) or len(value) > limit or not value.isprintable()):
         raise InvalidRequest(f"{field} must be a printable string of at most {limit} characters")
     return value
+
+
+def _tool_names(value: Any) -> frozenset[str]:
+    if not isinstance(value, list) or len(value) > MAX_GRANT_TOOLS or not all(
+            isinstance(n, str) and 0 < len(n) <= MAX_TOOL_NAME and n.isprintable() for n in value):
+        raise InvalidRequest(f"each entry of tools must be an array of at most {MAX_GRANT_TOOLS} tool names, "
+                             f"each of 1 to {MAX_TOOL_NAME} printable characters")
+    return frozenset(value)
+
+
+def grant_tools(body: dict[str, Any], names: dict[str, Target],
+                parent: Grant | None) -> dict[str, frozenset[str]]:
+    """The tools a new grant narrows its servers to: `body["tools"]` (server -> tool names; each
+    server one of the grant's, by the name sent or the one it resolved to), within what `parent`
+    allows; a server the parent narrows and the body does not is narrowed as the parent does.
+    Never echoes what was sent."""
+    raw = body.get("tools")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict) or len(raw) > MAX_GRANT_SERVERS:
+        raise InvalidRequest("tools must be an object: server name -> array of tool names")
+    tools: dict[str, frozenset[str]] = {}
+    for key, value in raw.items():
+        target = names.get(key)
+        if target is None:
+            raise InvalidRequest("tools names a server that is not in servers")
+        if target.name in tools:
+            raise InvalidRequest("tools names one server twice")
+        tools[target.name] = _tool_names(value)
+    if parent is not None:
+        for target in names.values():
+            inherited = parent.tools_of(target.name)
+            if inherited is None:
+                continue
+            asked = tools.setdefault(target.name, inherited)
+            if not asked <= inherited:
+                raise Forbidden(f"the grant narrows the tools of server {target.name!r}: a sub-grant "
+                                "can only narrow them further")
+    return tools
 
 
 class Api:
@@ -287,9 +328,13 @@ class Api:
             raise InvalidRequest(f"servers must be an array of 1 to {MAX_GRANT_SERVERS} server names")
         ttl = seconds_field(body, "ttl", 3600, 1, MAX_TTL)
         targets = []
+        by_name: dict[str, Target] = {}
         for name in names:
             request.name = name
-            targets.append(self._target(request))  # a grant can only narrow what its holder has
+            target = self._target(request)  # a grant can only narrow what its holder has
+            targets.append(target)
+            by_name[name] = by_name[target.name] = target
+        tools = grant_tools(body, by_name, request.grant)
         trio_warning = check_rule_of_two({t.name: t.tags for t in targets},
                                          allow_trifecta=self.broker.config.sidecar.allow_trifecta)
         now = self.broker.clock.time()
@@ -300,18 +345,22 @@ class Api:
         token = new_token()  # never logged, so not given to the redactor
         grant = Grant(secrets.token_hex(8), tuple(dict.fromkeys(t.name for t in targets)), expires_at,
                       parent.id if parent is not None else None,
-                      (*parent.ancestors, parent.id) if parent is not None else ())
+                      (*parent.ancestors, parent.id) if parent is not None else (), tools)
         side = self.broker.config.sidecar
         limits = GrantLimits(side.max_grants, side.max_subgrants)
         await self.broker.grants.put(grant, token_hash(token), limits)  # 429 too_many_grants past them
         self.audit.write("grant", id=grant.id, servers=list(grant.servers), expires_at=expires_at,
-                         parent=grant.parent, **_actor(request))
+                         parent=grant.parent, tools=grant.tools_json() or None, **_actor(request))
         if trio_warning:
             _log.warning("grant completes the trifecta (allowed by allow_trifecta)",
                          extra={"grant": grant.id, "warning": trio_warning})
             self.audit.write("grant_trifecta_allowed", id=grant.id, warning=trio_warning, **_actor(request))
-        return answer({"id": grant.id, "grant": token, "expires_at": expires_at,
-                       "servers": [t.spec.to_dict() for t in targets]})
+        shown = redact_json({"id": grant.id, "grant": token, "expires_at": expires_at,
+                             "servers": [t.spec.to_dict() for t in targets]})
+        # the tool names as the caller sent them, not through the redactor: a name masked because it
+        # happens to be a live secret would tell the caller so (the redactor as an oracle)
+        shown["tools"] = grant.tools_json()
+        return json_response(shown)
 
     async def revoke_grant(self, request: Request) -> Response:
         grant_id = request.name
@@ -327,13 +376,13 @@ class Api:
         return json_response({"revoked": True})
 
     async def status(self, request: Request) -> Response:
-        return answer(await self.broker.status())
+        return answer({**await self.broker.status(), "gateway": self.gateway.status()})
 
     def openapi_doc(self, request: Request) -> Response:
         return Response(200, self.openapi)
 
     async def metrics_text(self, request: Request) -> Response:
-        text = self.metrics.render(await self.broker.gauges())
+        text = self.metrics.render([*await self.broker.gauges(), *self.gateway.gauges()])
         return Response(200, text.encode(), content_type=_PROMETHEUS)
 
     def mcp(self, request: Request) -> Awaitable[Answer]:
@@ -350,6 +399,13 @@ class Api:
         if not self.broker.serves_headers(target):
             raise ProxyOnly(f"the credential of server {target.name!r} stays in the sidecar "
                             "(expose = \"proxy\"): use the gateway, /mcp/{server}")
+        grant = request.grant
+        if grant is not None and grant.tools and any(
+                (narrowed := self.broker.config.target(name)) is not None and narrowed.key == target.key
+                for name in grant.tools):
+            # with the credential in hand, the holder could call any tool: the narrowing would be advisory
+            raise ProxyOnly(f"this grant narrows the tools of the credential of server {target.name!r}: "
+                            "it is used through the gateway only, /mcp/{server}")
         return target
 
     def headers(self, request: Request) -> Response | Awaitable[Response]:

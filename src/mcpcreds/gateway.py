@@ -22,13 +22,20 @@ enforced on the traffic itself.
   (the MCP client then resumes with `Last-Event-ID` or fails that request).
 - One audit line per `tools/call` (server, tool, caller, status, duration; never arguments or
   results) and Prometheus counters and histograms per server and tool.
+- A grant that narrows a server's tools (`Grant.tools`) narrows them here, on top of the policy.
+- Live state for `status`: requests in flight and SSE streams open per server, and the MCP
+  sessions seen (`LiveSessions`: an `Mcp-Session-Id` an answer carried, until its DELETE, a 404
+  for it, or `SESSION_IDLE` without traffic; a bounded table keyed by a digest of the id).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
-from collections.abc import AsyncIterator, Awaitable
+import weakref
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 import httpx
@@ -59,6 +66,8 @@ _FORWARDED: Final = frozenset({
 _PARAM_PREFIX: Final = "mcp-param-"
 _RETURNED: Final = ("mcp-session-id", "mcp-protocol-version", "retry-after", "cache-control")
 _METHODS: Final = ("POST", "GET", "DELETE")
+SESSION_LIMIT: Final = 10_000  # MCP sessions tracked for status (past it, the least recently seen go)
+SESSION_IDLE: Final = 3600.0  # seconds without traffic after which a session is no longer counted
 _STATUS_GROUPS: Final = frozenset({"ok", "tool_error", "error", "refused", "rate_limited", "upstream_error",
                                    "no_response", "dropped", "cancelled"})
 
@@ -110,6 +119,61 @@ class _ToolCalls:
             self.answered(key, jsonrpc.TOOLS_CALL, status)
 
 
+class LiveSessions:
+    """The MCP sessions seen through the gateway, per server: bounded (`limit` entries, the least
+    recently seen dropped first) and expiring (`idle` seconds without traffic). An id is bearer-ish:
+    only a digest of it is kept, and only counts and ages are shown."""
+
+    def __init__(self, clock: Callable[[], float], limit: int = SESSION_LIMIT,
+                 idle: float = SESSION_IDLE) -> None:
+        self.clock = clock
+        self.limit = limit
+        self.idle = idle
+        # (server, digest) -> (first seen, last seen), least recently seen first
+        self._seen: OrderedDict[tuple[str, bytes], tuple[float, float]] = OrderedDict()
+
+    @staticmethod
+    def _key(server: str, session_id: bytes) -> tuple[str, bytes]:
+        return server, hashlib.blake2b(session_id, digest_size=16).digest()
+
+    def seen(self, server: str, session_id: bytes) -> None:
+        """An answer carried this id: the session is live."""
+        now = self.clock()
+        key = self._key(server, session_id)
+        first = self._seen.pop(key, (now, now))[0]
+        self._seen[key] = (first, now)
+        self._expire(now)
+        while len(self._seen) > self.limit:
+            self._seen.popitem(last=False)
+
+    def used(self, server: str, session_id: bytes) -> None:
+        """A request of a known session was answered: it is still live (an unknown id adds nothing)."""
+        key = self._key(server, session_id)
+        found = self._seen.pop(key, None)
+        if found is not None:
+            self._seen[key] = (found[0], self.clock())
+
+    def ended(self, server: str, session_id: bytes) -> None:
+        self._seen.pop(self._key(server, session_id), None)
+
+    def _expire(self, now: float) -> None:
+        while self._seen:
+            key, (_, last) = next(iter(self._seen.items()))
+            if now - last < self.idle:
+                return
+            del self._seen[key]
+
+    def by_server(self) -> dict[str, tuple[int, float]]:
+        """server -> (sessions, age in seconds of the oldest)."""
+        now = self.clock()
+        self._expire(now)
+        out: dict[str, tuple[int, float]] = {}
+        for (server, _), (first, _) in self._seen.items():
+            count, oldest = out.get(server, (0, 0.0))
+            out[server] = (count + 1, max(oldest, now - first))
+        return out
+
+
 class _SseBody:
     """An upstream SSE answer, relayed event by event (see `wire.ResponseBody`)."""
 
@@ -121,6 +185,7 @@ class _SseBody:
         self.target = target
         self.gen: AsyncIterator[bytes] | None = None
         self.end = "cancelled"  # what befalls the calls still unanswered when the body is closed
+        self.closed = False
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         self.gen = self._events()
@@ -146,6 +211,7 @@ class _SseBody:
             self.calls.finish_all(self.end)
 
     async def aclose(self) -> None:
+        self.closed = True
         try:
             if self.gen is not None:
                 await self.gen.aclose()  # type: ignore[attr-defined]
@@ -160,15 +226,53 @@ class Gateway:
         self.broker = broker
         self.metrics = metrics
         self._warned: set[tuple[str, str]] = set()
+        self.sessions = LiveSessions(broker.clock.monotonic)
+        self._in_flight: Counter[str] = Counter()  # server -> requests waiting for the upstream's answer
+        self._streams: weakref.WeakSet[_SseBody] = weakref.WeakSet()  # SSE answers being relayed
 
     # -- entry points
 
     def handle(self, request: Request, target: Target) -> Awaitable[Answer]:
-        if request.method == "POST":
-            return self._post(request, target)
-        if request.method in _METHODS:
-            return self._relay(request, target)
-        raise MethodNotAllowed(f"{request.method} is not allowed on /mcp/{{server}}: POST, GET or DELETE")
+        if request.method not in _METHODS:
+            raise MethodNotAllowed(f"{request.method} is not allowed on /mcp/{{server}}: POST, GET or DELETE")
+        return self._counted(request, target)
+
+    async def _counted(self, request: Request, target: Target) -> Answer:
+        self._in_flight[target.name] += 1
+        try:
+            if request.method == "POST":
+                return await self._post(request, target)
+            return await self._relay(request, target)
+        finally:
+            self._in_flight[target.name] -= 1
+            if not self._in_flight[target.name]:
+                del self._in_flight[target.name]
+
+    def status(self) -> dict[str, Any]:
+        """Live state per server, for `GET /v1/status` (counts and ages only, never a session id)."""
+        streams = Counter(body.target.name for body in list(self._streams) if not body.closed)
+        sessions = self.sessions.by_server()
+        rows = []
+        for name in sorted(set(streams) | set(sessions) | set(self._in_flight)):
+            count, oldest = sessions.get(name, (0, 0.0))
+            rows.append({"name": name, "sessions": count,
+                         "oldest_session_age": round(oldest, 3) if count else None,
+                         "streams": streams[name], "in_flight": self._in_flight[name]})
+        return {"sessions": sum(r["sessions"] for r in rows), "streams": sum(streams.values()),
+                "in_flight": sum(self._in_flight.values()), "session_limit": self.sessions.limit,
+                "session_idle": self.sessions.idle, "servers": rows}
+
+    def gauges(self) -> list[tuple[str, str, tuple[tuple[str, str], ...], float]]:
+        out: list[tuple[str, str, tuple[tuple[str, str], ...], float]] = []
+        for row in self.status()["servers"]:
+            labels = (("server", row["name"]),)
+            out += [("mcpcreds_gateway_sessions", "MCP sessions live through the gateway.", labels,
+                     row["sessions"]),
+                    ("mcpcreds_gateway_streams", "SSE answers being relayed by the gateway.", labels,
+                     row["streams"]),
+                    ("mcpcreds_gateway_in_flight", "Gateway requests waiting for the upstream's answer.",
+                     labels, row["in_flight"])]
+        return out
 
     def error(self, exc: McpcredsError, request: Request) -> Response:
         """A gateway failure as an MCP client reads one: the HTTP status, and a JSON-RPC error
@@ -192,7 +296,8 @@ class Gateway:
             self._observe(target, request.method, 400, started)
             return _rpc_response(400, jsonrpc.error(None, exc.code, exc.message))
         calls = _ToolCalls(self, target, request, out.tool_calls())
-        refused = jsonrpc.refusals(out, target.trust, target.name)
+        granted = request.grant.tools_of(target.name) if request.grant is not None else None
+        refused = jsonrpc.refusals(out, target.trust, target.name, granted)
         if refused:
             calls.finish_all("refused")
             self._observe(target, request.method, 200, started)
@@ -303,15 +408,19 @@ class Gateway:
             ctype = response.headers.get("content-type", "")
             extra = tuple((name.title().encode(), response.headers[name].encode("latin-1"))
                           for name in _RETURNED if name in response.headers)
+            granted = request.grant.tools_of(target.name) if request.grant is not None else None
             inspector = jsonrpc.Inspector(target.trust, jsonrpc.mask_forms(sent.headers.values()), pending,
                                           calls.answered if calls is not None else None,
-                                          lambda warnings: self._policy_warnings(target, warnings))
+                                          lambda warnings: self._policy_warnings(target, warnings),
+                                          granted=granted)
             self._observe(target, request.method, status, started)
+            self._follow_session(request, target, response)
             kind = ctype.partition(";")[0].strip().lower()
             if kind == "text/event-stream" and 200 <= status < 300:
-                return StreamingResponse(status, _SseBody(response, inspector, calls, target),
-                                         content_type=ctype.encode("latin-1"), extra_headers=extra,
-                                         long_lived=request.method == "GET")
+                stream = _SseBody(response, inspector, calls, target)
+                self._streams.add(stream)
+                return StreamingResponse(status, stream, content_type=ctype.encode("latin-1"),
+                                         extra_headers=extra, long_lived=request.method == "GET")
             body = await _read(response, MAX_JSON_ANSWER)
         except BaseException as exc:
             await response.aclose()
@@ -327,6 +436,20 @@ class Gateway:
             calls.finish_all(f"http_{status}" if status >= 300 else "no_response")
         return Response(status, body, content_type=ctype.encode("latin-1") or b"application/json",
                         extra_headers=extra)
+
+    def _follow_session(self, request: Request, target: Target, response: httpx.Response) -> None:
+        asked = next((v for k, v in request.headers if k.lower() == b"mcp-session-id"), None)
+        status = response.status_code
+        if 200 <= status < 300:
+            if request.method == "DELETE":
+                if asked:
+                    self.sessions.ended(target.name, asked)
+            elif (given := response.headers.get("mcp-session-id")):
+                self.sessions.seen(target.name, given.encode("latin-1"))
+            elif asked:
+                self.sessions.used(target.name, asked)
+        elif status == 404 and asked:  # the server no longer knows the session
+            self.sessions.ended(target.name, asked)
 
     # -- audit, metrics, logs
 

@@ -6,7 +6,8 @@ import hashlib
 import heapq
 import json
 import secrets
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from .clock import Clock
@@ -46,16 +47,34 @@ class Grant:
     expires_at: float
     parent: str | None = None
     ancestors: tuple[str, ...] = ()  # every grant above it: revoking any of them revokes this one
+    # server name -> the only tools the grant allows there (through the gateway); a server not
+    # named here is narrowed by its trust policy only
+    tools: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def tools_of(self, server: str) -> frozenset[str] | None:
+        """The tools this grant narrows `server` to, or None if it does not narrow them."""
+        return self.tools.get(server)
+
+    def tools_json(self) -> dict[str, list[str]]:
+        return {server: sorted(names) for server, names in sorted(self.tools.items())}
 
     def to_json(self) -> str:
-        return json.dumps({"id": self.id, "servers": list(self.servers), "expires_at": self.expires_at,
-                           "parent": self.parent, "ancestors": list(self.ancestors)})
+        data: dict[str, Any] = {"id": self.id, "servers": list(self.servers), "expires_at": self.expires_at,
+                                "parent": self.parent, "ancestors": list(self.ancestors)}
+        if self.tools:  # a record without tools reads as before, by old and new sidecars alike
+            data["tools"] = self.tools_json()
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Grant:
         data = json.loads(text)
+        tools = data.get("tools") or {}
+        lists = tools.values() if isinstance(tools, dict) else [None]
+        if not all(isinstance(names, list) and all(isinstance(n, str) for n in names) for names in lists):
+            raise ValueError("grant tools must map server names to lists of tool names")
         return cls(str(data["id"]), tuple(data["servers"]), float(data["expires_at"]), data.get("parent"),
-                   tuple(data.get("ancestors") or ()))
+                   tuple(data.get("ancestors") or ()),
+                   {str(server): frozenset(names) for server, names in tools.items()})
 
 
 def new_token() -> str:

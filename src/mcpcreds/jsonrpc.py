@@ -10,10 +10,13 @@ policy, Server-Sent Events, and masking the credentials the gateway sent.
   with -32602 naming the policy, each other request with -32600 saying why it was not sent.
   An answer never repeats the tool name the caller sent (the redactor would make an echo an
   oracle for guessed secrets); the request `id` is echoed verbatim, as JSON-RPC requires.
+- A grant may narrow a server's tools further (`granted`: the tool names it allows there, or
+  None): a call outside it is refused like one outside the policy, and listings show only the
+  tools both allow.
 - `Inspector` follows an upstream answer (a JSON body, or SSE events one by one): a result with
-  a `tools` array (a `tools/list` page) is filtered to the tools the policy exposes, whatever
-  stream it comes on; the answers to `tools/call` requests are reported (for the audit); every
-  credential value the gateway sent is masked.
+  a `tools` array (a `tools/list` page) is filtered to the tools the policy (and the grant)
+  exposes, whatever stream it comes on; the answers to `tools/call` requests are reported (for
+  the audit); every credential value the gateway sent is masked.
 - `SseSplitter` cuts a byte stream into complete SSE events, without changing a byte of them.
 """
 
@@ -187,7 +190,8 @@ def policy_text(policy: TrustPolicy) -> str:
     return f"trust = {policy.trust}: only the tools of its tool_allowlist{expected} are exposed"
 
 
-def refusals(out: Outgoing, policy: TrustPolicy, server: str) -> list[dict[str, Any]]:
+def refusals(out: Outgoing, policy: TrustPolicy, server: str,
+             granted: frozenset[str] | None = None) -> list[dict[str, Any]]:
     """The answers that refuse this POST, or [] if it may be forwarded (see the module doc)."""
     refused: dict[IdKey, dict[str, Any]] = {}
     for m in out.requests:
@@ -201,6 +205,10 @@ def refusals(out: Outgoing, policy: TrustPolicy, server: str) -> list[dict[str, 
             refused[id_key(m.id)] = error(m.id, INVALID_PARAMS, "tools/call refused by the gateway: that "
                                           f"tool is not exposed by the trust policy of server {server!r} "
                                           f"({policy_text(policy)})", {"policy": policy.trust})
+        elif granted is not None and tool not in granted:
+            refused[id_key(m.id)] = error(m.id, INVALID_PARAMS, "tools/call refused by the gateway: that "
+                                          f"tool is not among the tools the caller's grant allows on server "
+                                          f"{server!r}", {"policy": "grant"})
     if not refused:
         return []
     answers = []
@@ -335,6 +343,7 @@ class Inspector:
     on_answer: Callable[[IdKey, str, str], None] | None = None
     on_warnings: Callable[[list[str]], None] | None = None
     limit: int = 16 * 1024 * 1024
+    granted: frozenset[str] | None = None  # the tools a grant narrows the server to (None: no narrowing)
 
     def json_body(self, body: bytes) -> bytes:
         """A whole application/json answer (one message or a batch), filtered and masked."""
@@ -389,12 +398,15 @@ class Inspector:
         return changed, message
 
     def _filter_tools(self, tools: list[Any]) -> list[Any] | None:
-        """The tools the policy exposes, in the server's order (None if nothing is removed)."""
+        """The tools the policy (and the grant) expose, in the server's order (None if nothing is
+        removed)."""
         names = [str(t["name"]) for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)]
         decision = self.policy.filter(names)
         if decision.warnings and self.on_warnings is not None:
             self.on_warnings(decision.warnings)
         allowed = set(decision.tools)
+        if self.granted is not None:
+            allowed &= self.granted
         kept = [t for t in tools if isinstance(t, dict) and t.get("name") in allowed]
         return None if len(kept) == len(tools) else kept
 
