@@ -18,6 +18,7 @@ import httpx
 from .credshape import credential_name, credential_value
 from .egress import EgressPolicy, is_dev_loopback_url, parse_host_pattern, parse_private_entry
 from .errors import ConfigError
+from .exec_config import ExecEntry, parse_execs
 from .policy import TrustPolicy, find_trifecta, trifecta_message
 from .rates import Rate, parse_duration, parse_rate
 from .templates import Template, TemplateError, is_credential_header, parse_template
@@ -194,6 +195,22 @@ class Target:
 
 
 @dataclass(frozen=True, slots=True)
+class ListenConfig:
+    """The `[gateway]` table: the loopback TCP listener of the gateway (off when `listen` is None).
+    `host` is a loopback address literal (`127.0.0.1`, `::1`); `port` 0 means one the kernel picks
+    (logged at start)."""
+
+    host: str | None = None
+    port: int = 0
+
+    @property
+    def listen(self) -> str | None:
+        if self.host is None:
+            return None
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     path: str | None
     sidecar: SidecarConfig
@@ -201,6 +218,8 @@ class Config:
     services: Mapping[str, Target]
     servers: Mapping[str, Target]
     warnings: tuple[str, ...] = ()
+    gateway: ListenConfig = field(default_factory=ListenConfig)
+    execs: Mapping[str, ExecEntry] = field(default_factory=dict)  # [exec.NAME]
 
     def target(self, name: str) -> Target | None:
         """A server by name, or a cache key (`service:crm`, `mcp:docs`)."""
@@ -962,10 +981,54 @@ def _share_tags(services: dict[str, Target], servers: dict[str, Target]
     return ({k: widen(t) for k, t in services.items()}, {k: widen(t) for k, t in servers.items()})
 
 
+_LISTEN: Final = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]{2,45})\]|(?P<v4>[0-9.]{7,15}))"
+                            r":(?P<port>[0-9]{1,5})\Z")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`127.0.0.1:PORT` or `[::1]:PORT` (a loopback address literal, a port from 0 to 65535; 0:
+    one the kernel picks) as (host, port). Raises ValueError, never quoting `value`."""
+    match = _LISTEN.match(value) if len(value) <= 64 else None
+    if match is None:
+        raise ValueError("expected \"127.0.0.1:PORT\" or \"[::1]:PORT\"")
+    host = match["v6"] or match["v4"]
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError("expected \"127.0.0.1:PORT\" or \"[::1]:PORT\" (not an IP address)") from None
+    mapped = getattr(address, "ipv4_mapped", None)
+    if not address.is_loopback or mapped is not None:
+        raise ValueError("the gateway listens on a loopback address only (127.0.0.0/8 or ::1): "
+                         "its callers are identified by the kernel's table of local sockets")
+    port = int(match["port"])
+    if port > 65535:
+        raise ValueError("the port must be from 0 to 65535 (0: one the kernel picks, logged at start)")
+    return str(address), port
+
+
+def _parse_gateway_table(c: _Collector, raw: Any) -> ListenConfig:
+    path = "gateway"
+    t = c.table(path, raw)
+    c.keys(path, t, ("listen",))
+    listen = t.get("listen")
+    if listen is None:
+        return ListenConfig()
+    if not isinstance(listen, str):
+        c.error(_join(path, "listen"), f"expected a string, got {_kind(listen)}")
+        return ListenConfig()
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as exc:
+        c.error(_join(path, "listen"), str(exc))
+        return ListenConfig()
+    return ListenConfig(host, port)
+
+
 def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     c = _Collector()
-    c.keys("", data, ("sidecar", "secrets", "services", "servers"))
+    c.keys("", data, ("sidecar", "secrets", "services", "servers", "gateway", "exec"))
     sidecar = _parse_sidecar(c, data.get("sidecar"))
+    gateway = _parse_gateway_table(c, data.get("gateway"))
     secrets = _parse_secrets(c, data.get("secrets"))
     services, tables = _parse_services(c, data.get("services"))
     servers = _parse_servers(c, data.get("servers"), services, tables)
@@ -974,6 +1037,7 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     if trio is not None:
         c.warnings.append(f"servers: together the servers complete the trifecta: {trifecta_message(trio)}; "
                           "grants that combine them are refused")
+    execs = parse_execs(c, data.get("exec"))
     if c.errors:
         raise ConfigError(c.errors, path)
-    return Config(path, sidecar, secrets, services, servers, tuple(c.warnings))
+    return Config(path, sidecar, secrets, services, servers, tuple(c.warnings), gateway, execs=execs)

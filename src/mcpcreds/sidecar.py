@@ -23,6 +23,7 @@ from .errors import ConfigError, McpcredsError
 from .logs import get_logger
 from .metrics import Metrics
 from .sources import SecretResolver
+from .tcp_listener import start_listener
 from .wire import Connections, HttpConnection, bind_unix_socket
 
 _log = get_logger("sidecar")
@@ -114,6 +115,7 @@ class Sidecar:
                                        clock=clock)
         self.socket_path = default_socket_path(config.sidecar.socket)
         self._allow_uids = self._uids(config)
+        self._listen = config.gateway  # the TCP listener's config, fixed at start
         self._stop = asyncio.Event()
 
     @staticmethod
@@ -136,6 +138,8 @@ class Sidecar:
             _log.warning("sidecar.socket changed: takes effect at the next restart")
         if config.sidecar.state != self.config.sidecar.state:
             _log.warning("sidecar.state changed: takes effect at the next restart")
+        if config.gateway != self._listen:
+            _log.warning("gateway.listen changed: takes effect at the next restart")
         self.broker.reload(config, SecretResolver.from_config(config.secrets))
         self.api.reload()
         if config.sidecar.audit_log != self.audit.path:
@@ -158,9 +162,20 @@ class Sidecar:
         check_sidecar_uid(self.config)
         prepare_socket_dir(self.socket_path)
         claim_socket_path(self.socket_path)
-        sock = bind_unix_socket(str(self.socket_path))
-        server = await loop.create_unix_server(
-            lambda: HttpConnection(self.api, self.allow_uids, self.connections), sock=sock, backlog=1024)
+        servers: list[asyncio.Server] = []
+        listening: dict[str, str] = {}
+        if self._listen.host is not None:  # first: a port taken fails the start before the socket exists
+            tcp, listening["gateway_listen"] = await start_listener(self._listen, self.api, self.allow_uids,
+                                                                    self.connections)
+            servers.append(tcp)
+        try:
+            sock = bind_unix_socket(str(self.socket_path))
+            servers.append(await loop.create_unix_server(
+                lambda: HttpConnection(self.api, self.allow_uids, self.connections), sock=sock, backlog=1024))
+        except BaseException:
+            for server in servers:
+                server.close()
+            raise
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
@@ -169,12 +184,13 @@ class Sidecar:
         for warning in self.config.warnings:
             _log.warning(warning)
         _log.info("ready", extra={"socket": str(self.socket_path), "pid": os.getpid(),
-                                  "servers": len(self.config.servers)})
+                                  "servers": len(self.config.servers), **listening})
         try:
             await self._stop.wait()
         finally:
             _log.info("stopping: draining requests")
-            server.close()
+            for server in servers:
+                server.close()
             await self._drain()
             sweeper.cancel()
             for conn in list(self.connections.open):
