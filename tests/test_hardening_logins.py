@@ -160,7 +160,7 @@ async def test_metadata_nested_too_deep_or_compressed_is_invalid_metadata() -> N
     async with hostile(handler) as http:
         for issuer in ("https://as.example/nested", "https://as.example/gz"):
             with pytest.raises(TokenEndpointError) as info:
-                await Discovery()._from_issuer(issuer, http)
+                await Discovery().from_issuer(issuer, http)
             assert info.value.error == "invalid_metadata"
 
 
@@ -181,7 +181,7 @@ async def test_the_challenge_reads_only_the_head_of_an_endless_body() -> None:
 
     async with hostile(handler) as http:
         with pytest.raises(TokenEndpointError) as info:
-            await Discovery()._issuer_for("https://rs.example/mcp", http)
+            await Discovery().issuer_for("https://rs.example/mcp", http)
     assert info.value.error == "discovery_failed"  # the tab makes the named URL unusable
     assert pulled <= 1
 

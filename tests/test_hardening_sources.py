@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from mcpcreds import sources
 from mcpcreds.errors import SecretUnavailable
 from mcpcreds.sources import DirSource, SecretResolver
 from tests.conftest import CANARY
@@ -134,10 +133,11 @@ def planted_link(folder: Path, name: str, outside: Path) -> Path:
     return bait
 
 
-def test_a_link_planted_at_a_temp_name_never_receives_the_rotated_value(folder: Path, outside: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_link_planted_at_a_temp_name_never_receives_the_rotated_value(folder: Path, outside: Path) -> None:
     private_file(folder / NAME, "old")
+    names = iter([".guessed", ".guessed-symlink", ".fresh"])
     source = DirSource(str(folder))
+    guessing = DirSource(str(folder), temp_name=lambda: next(names))
     predictable = planted_link(folder, f".{NAME}.tmp-{os.getpid()}", outside)  # the name used before
     source.set(NAME, f"{CANARY}-1")
     assert predictable.read_text() == "bait" and source.get(NAME) == f"{CANARY}-1"
@@ -145,9 +145,7 @@ def test_a_link_planted_at_a_temp_name_never_receives_the_rotated_value(folder: 
     # an attacker who guesses the temp name: a hard link and a symlink there are skipped, not written
     guessed = planted_link(folder, ".guessed", outside)
     (folder / ".guessed-symlink").symlink_to(outside / "symlink-target")
-    names = iter([".guessed", ".guessed-symlink", ".fresh"])
-    monkeypatch.setattr(sources, "_temp_name", lambda: next(names))
-    source.set(NAME, f"{CANARY}-2")
+    guessing.set(NAME, f"{CANARY}-2")
     assert source.get(NAME) == f"{CANARY}-2"
     assert guessed.read_text() == "bait"
     assert not (outside / "symlink-target").exists()

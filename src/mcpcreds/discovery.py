@@ -79,8 +79,8 @@ class Discovery:
         cache_key = (login.client_id, login.issuer, endpoint)
         if (known := self._token_urls.get(cache_key)) is not None:
             return known
-        issuer = login.issuer or self.issuers.get(endpoint) or await self._issuer_for(endpoint, http)
-        url = await self._from_issuer(issuer, http)
+        issuer = login.issuer or self.issuers.get(endpoint) or await self.issuer_for(endpoint, http)
+        url = await self.from_issuer(issuer, http)
         self.issuers.setdefault(endpoint, issuer)
         self._token_urls[cache_key] = url
         _log.info("token endpoint discovered", extra={"issuer": issuer, "token_url": url})
@@ -89,7 +89,8 @@ class Discovery:
     def forget(self) -> None:
         self._token_urls.clear()
 
-    async def _from_issuer(self, issuer: str, http: httpx.AsyncClient) -> str:
+    async def from_issuer(self, issuer: str, http: httpx.AsyncClient) -> str:
+        """The token endpoint named by the issuer's metadata (RFC 8414, then OpenID)."""
         for url in metadata_urls(issuer):
             status, data = await self._get_json(url, http)
             if status == 200:
@@ -97,7 +98,7 @@ class Discovery:
         raise TokenEndpointError(f"no authorization server metadata found for issuer {issuer}",
                                  "discovery_failed")
 
-    async def _issuer_for(self, endpoint: str, http: httpx.AsyncClient) -> str:
+    async def issuer_for(self, endpoint: str, http: httpx.AsyncClient) -> str:
         """RFC 9728: the resource's metadata names its authorization server."""
         status, data = await self._get_json(resource_metadata_url(endpoint), http)
         if status != 200:

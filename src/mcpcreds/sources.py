@@ -141,21 +141,23 @@ def _read_at_most(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _temp_name() -> str:
-    # unpredictable, and never a secret name (those cannot start with '.')
+def random_temp_name() -> str:
+    """A temporary file name: unpredictable, and never a secret name (those cannot start with '.')."""
     return f".mcpcreds-{secrets.token_hex(12)}.tmp"
 
 
-def write_private_file(folder: Path, name: str, value: str, what: str) -> None:
+def write_private_file(folder: Path, name: str, value: str, what: str,
+                       temp_name: Callable[[], str] = random_temp_name) -> None:
     """Replace `folder/name` atomically with a new 0600 file: a reader sees the old value or the
     new, never half. Only a file this call created receives the value: a link planted at the temp
-    or the target name is replaced, never written through."""
+    or the target name is replaced, never written through. `temp_name` draws the temporary names
+    (a test passes names it planted links at)."""
     folder_fd = _open_folder(folder, what, name)
     if folder_fd is None:
         raise SecretUnavailable(f"{what}: cannot store: folder {folder} does not exist", secret=name)
     try:
         for _ in range(16):
-            tmp = _temp_name()
+            tmp = temp_name()
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                              0o600, dir_fd=folder_fd)
@@ -187,9 +189,10 @@ def write_private_file(folder: Path, name: str, value: str, what: str) -> None:
 class DirSource:
     """`dir:PATH`: one file per secret, named after it (systemd's $CREDENTIALS_DIRECTORY)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, temp_name: Callable[[], str] = random_temp_name) -> None:
         self.path = Path(path)
         self.label = f"dir:{path}"
+        self.temp_name = temp_name  # where set() writes before the rename
 
     def get(self, name: str) -> str | None:
         check_secret_name(name)
@@ -197,7 +200,7 @@ class DirSource:
 
     def set(self, name: str, value: str) -> None:
         check_secret_name(name)
-        write_private_file(self.path, name, value, f"{self.label}/{name}")
+        write_private_file(self.path, name, value, f"{self.label}/{name}", self.temp_name)
 
 
 class KeyringSource:
