@@ -9,13 +9,19 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import secretstorage
+from jeepney.bus_messages import MatchRule, message_bus
+from jeepney.io.blocking import open_dbus_connection
 
 CANARY = "CANARY-7f3a9c2e-do-not-leak"
+SECRET_SERVICE = "org.freedesktop.secrets"
+KEYRING_READY_TIMEOUT = 60.0  # generous: a bound only a daemon that never comes up crosses
 
 
 @dataclass
@@ -56,7 +62,9 @@ class KeyringSession:
     env: dict[str, str]
 
 
-def _start_keyring_session(workdir: Path) -> tuple[KeyringSession, list[int]]:
+def _start_keyring_session(workdir: Path) -> tuple[KeyringSession, Callable[[], None]]:
+    """Start a private session bus and gnome-keyring-daemon (unlocked with a test password) on it;
+    return the session once the keyring is ready, and the function that stops both."""
     missing = [b for b in ("dbus-daemon", "gnome-keyring-daemon") if shutil.which(b) is None]
     if missing:
         raise RuntimeError(f"missing {missing}: run .ci/run (apt-get install dbus gnome-keyring)")
@@ -71,23 +79,80 @@ def _start_keyring_session(workdir: Path) -> tuple[KeyringSession, list[int]]:
     ).stdout.split()
     address, dbus_pid = out[0], int(out[1])
     env["DBUS_SESSION_BUS_ADDRESS"] = address
-    daemon = subprocess.run(
-        ["gnome-keyring-daemon", "--unlock", "--components=secrets", "--daemonize"],
-        input="test-password", capture_output=True, text=True, env=env, check=True, timeout=20,
+    # in the foreground, so its pid is known and it is stopped with the session (--daemonize
+    # prints no pid for the secrets component alone, and left a daemon behind every run)
+    daemon = subprocess.Popen(
+        ["gnome-keyring-daemon", "--unlock", "--components=secrets", "--foreground"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env,
     )
-    pids = [dbus_pid]
-    for line in daemon.stdout.splitlines():
-        if line.startswith("GNOME_KEYRING_PID="):
-            pids.append(int(line.split("=", 1)[1]))
+
+    def stop() -> None:
+        daemon.terminate()
+        try:
+            daemon.wait(10)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(dbus_pid, signal.SIGTERM)
+
+    try:
+        assert daemon.stdin is not None
+        daemon.stdin.write("test-password")  # --unlock reads the password up to end of input
+        daemon.stdin.close()
+        _wait_until_secret_service_is_ready(address, daemon)
+    except BaseException:
+        stop()
+        raise
     return KeyringSession(address, {"DBUS_SESSION_BUS_ADDRESS": address,
-                                    "HOME": str(home), "XDG_RUNTIME_DIR": str(runtime)}), pids
+                                    "HOME": str(home), "XDG_RUNTIME_DIR": str(runtime)}), stop
+
+
+def _wait_until_secret_service_is_ready(address: str, daemon: subprocess.Popen[str],
+                                        timeout: float = KEYRING_READY_TIMEOUT) -> None:
+    """Block until the daemon started with the password owns the SecretService name, and its
+    default collection is unlocked.
+
+    The daemon claims its bus name some time after it starts. A call made in that gap
+    D-Bus-activates a second daemon (org.freedesktop.secrets.service), which never received the
+    password: the collection it serves is locked, and the first test fails with KeyringLocked
+    on a loaded machine. Waiting is on the bus's NameOwnerChanged signal, not on a clock."""
+    deadline = time.monotonic() + timeout
+    conn = open_dbus_connection(bus=address)
+    try:
+        rule = MatchRule(type="signal", sender=message_bus.bus_name, interface=message_bus.interface,
+                         member="NameOwnerChanged", path=message_bus.object_path)
+        rule.add_arg_condition(0, SECRET_SERVICE)
+        with conn.filter(rule) as changes:
+            conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=timeout)
+            # subscribed first, then asked: an owner that appears in between is not missed
+            owned = bool(conn.send_and_get_reply(message_bus.NameHasOwner(SECRET_SERVICE), timeout=timeout).body[0])
+            while not owned:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or daemon.poll() is not None:
+                    raise RuntimeError(f"gnome-keyring-daemon (exit {daemon.poll()}) did not claim "
+                                       f"{SECRET_SERVICE} in {timeout:g}s")
+                try:
+                    owned = conn.recv_until_filtered(changes, timeout=remaining).body[2] != ""
+                except TimeoutError:
+                    continue  # the deadline is checked above
+        owner = conn.send_and_get_reply(message_bus.GetConnectionUnixProcessID(SECRET_SERVICE),
+                                        timeout=timeout).body[0]
+        if owner != daemon.pid:
+            raise RuntimeError(f"{SECRET_SERVICE} is owned by pid {owner}, not by the daemon started "
+                               f"with the password ({daemon.pid})")
+        collection = secretstorage.get_default_collection(conn)
+        if collection.is_locked():
+            raise RuntimeError("the keyring's default collection is locked after --unlock")
+    finally:
+        conn.close()
 
 
 @pytest.fixture(scope="session")
 def keyring_session() -> Iterator[KeyringSession]:
     """A real gnome-keyring (SecretService) on a private D-Bus session bus."""
     workdir = Path(tempfile.mkdtemp(prefix="mcpcreds-keyring-"))
-    session, pids = _start_keyring_session(workdir)
+    session, stop = _start_keyring_session(workdir)
     old = os.environ.get("DBUS_SESSION_BUS_ADDRESS")
     os.environ["DBUS_SESSION_BUS_ADDRESS"] = session.bus_address
     try:
@@ -97,7 +162,5 @@ def keyring_session() -> Iterator[KeyringSession]:
             os.environ.pop("DBUS_SESSION_BUS_ADDRESS", None)
         else:
             os.environ["DBUS_SESSION_BUS_ADDRESS"] = old
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+        stop()
         shutil.rmtree(workdir, ignore_errors=True)
