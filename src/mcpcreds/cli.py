@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
 import sys
@@ -32,6 +33,7 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 69
 EXIT_RATE_LIMITED = 75
 EXIT_FORBIDDEN = 77
+MAX_NAME = 256  # a server name or cache key on the command line
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -87,9 +89,9 @@ def _print_json(data: Any) -> None:
     sys.stdout.write("\n")
 
 
-def _client(args: argparse.Namespace, **options: Any) -> Client:
-    """A client for the socket (--socket, else the config's sidecar.socket if a config exists, else
-    the defaults) that expects the sidecar to run as sidecar.sidecar_uid (else the client's defaults)."""
+def _sidecar_address(args: argparse.Namespace) -> tuple[str, int | None]:
+    """The socket (--socket, else the config's sidecar.socket if a config exists, else the
+    defaults) and the uid the sidecar must run as (sidecar.sidecar_uid, else the client's defaults)."""
     config = None
     explicit = getattr(args, "config", None)
     if explicit or find_config_path().exists():
@@ -99,7 +101,12 @@ def _client(args: argparse.Namespace, **options: Any) -> Client:
             if explicit:
                 raise
     socket = getattr(args, "socket", None) or default_socket_path(config.sidecar.socket if config else None)
-    return Client(socket, sidecar_uid=config.sidecar.sidecar_uid if config else None, **options)
+    return str(socket), config.sidecar.sidecar_uid if config else None
+
+
+def _client(args: argparse.Namespace, **options: Any) -> Client:
+    socket, sidecar_uid = _sidecar_address(args)
+    return Client(socket, sidecar_uid=sidecar_uid, **options)
 
 
 # ---------------------------------------------------------------------------- commands
@@ -195,6 +202,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     config = _config(args)
     for warning in config.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    both = [t.name for t in config.servers.values() if t.gateway.expose == "both"]
+    if both:
+        print(f"hint: {', '.join(both)} keep expose = \"both\" (the default); with expose = \"proxy\" "
+              "the credential never leaves the sidecar (only the gateway, /mcp/{server}, uses it)",
+              file=sys.stderr)
     print(f"{config.path}: ok")
     rows: list[tuple[str, ...]] = [("server", "key", "endpoint", "auth", "rate")]
     for target in (*config.services.values(), *config.servers.values()):
@@ -209,6 +221,24 @@ def _print_table(rows: Sequence[Sequence[str]], out: TextIO | None = None) -> No
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def cmd_stdio(args: argparse.Namespace) -> int:
+    """A stdio MCP server relaying to the gateway: stdout is JSON-RPC only (see stdio_relay)."""
+    from .client import grant_header
+    from .socket_check import check_folder, expected_sidecar_uid
+    from .stdio_relay import run
+
+    name = args.name
+    if not 0 < len(name) <= MAX_NAME or not name.isprintable():
+        raise InvalidRequest(f"SERVER must be a server name or cache key of 1 to {MAX_NAME} printable "
+                             "characters")
+    socket, configured = _sidecar_address(args)
+    sidecar_uid = expected_sidecar_uid(configured)
+    # a planted socket is refused now (exit 69); with no sidecar yet, each request gets an error
+    with contextlib.suppress(FileNotFoundError):
+        check_folder(socket, sidecar_uid)
+    return run(socket, sidecar_uid, name, grant_header(None))
 
 
 def cmd_spawn_payload(args: argparse.Namespace) -> int:
@@ -351,6 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also mint a grant for exactly these servers (from the sidecar): prints "
                         '{"id", "grant", "expires_at", "servers"}; give the child MCPCREDS_GRANT')
     p.add_argument("--ttl", type=float, default=3600, help="grant lifetime in seconds (default 3600)")
+    p = add_client("stdio", cmd_stdio,
+                   "a stdio MCP server relaying to the gateway, /mcp/SERVER (for MCP clients that launch "
+                   "stdio servers); stdout carries JSON-RPC only; MCPCREDS_GRANT is sent as the grant")
+    p.add_argument("name", metavar="SERVER", help="server name or cache key")
 
     secret = sub.add_parser("secret", parents=[common], help="manage secrets in the keyring",
                             description="Manage secrets in the keyring; values never on argv.")

@@ -107,7 +107,8 @@ def gateway_url(name: str) -> str:
     return f"{GATEWAY_ORIGIN}/mcp/{quote(name, safe=':')}"
 
 
-def _grant_header(grant: str | None) -> dict[str, str]:
+def grant_header(grant: str | None) -> dict[str, str]:
+    """`Authorization: Bearer <grant>` for `grant`, else $MCPCREDS_GRANT; none without a grant."""
     grant = grant if grant is not None else os.environ.get("MCPCREDS_GRANT")
     return {"Authorization": f"Bearer {grant}"} if grant else {}
 
@@ -155,7 +156,7 @@ class _Base:
         self.sidecar_uid = expected_sidecar_uid(sidecar_uid)
         self.timeout = timeout
         self.connect_retry = connect_retry
-        self._headers = _grant_header(grant)
+        self._headers = grant_header(grant)
 
     def _unavailable(self, exc: BaseException) -> SidecarUnavailable:
         if isinstance(exc, TimeoutError):
