@@ -5,6 +5,7 @@ Run from the repository root (the package installed, e.g. `pip install -e .`):
     python bench/client_bench.py
     python bench/client_bench.py --seconds 2 --rounds 5 --json
     python bench/client_bench.py --profile          # and where the time goes (cProfile)
+    python bench/client_bench.py --quick            # a smoke run of a few seconds
 
 What it measures: `GET /mcp` requests from one `httpx.AsyncClient` (asyncio; one client per run)
 to a local upstream that answers at once (`tests/peers/upstream.py` in its own process: uvicorn
@@ -30,98 +31,33 @@ same run only.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import cProfile
+import pstats
+import socket
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # for `import tests.sidecar_proc`
+import httpx
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import cProfile  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import pstats  # noqa: E402
-import shutil  # noqa: E402
-import socket  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Awaitable, Callable  # noqa: E402
-from dataclasses import asdict, dataclass  # noqa: E402
-from typing import Any  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
 
-import httpx  # noqa: E402
-from tests.peers.upstream import start_upstream_process  # noqa: E402
-from tests.sidecar_proc import SidecarProcess  # noqa: E402
+from tests.peers.upstream import start_upstream_process
 
-from mcpcreds import AsyncClient  # noqa: E402
+from bench import harness
+from bench.harness import Latency
+from mcpcreds import AsyncClient
 
 SERVER = "bench"
 TOKEN = "bench-token-0123456789abcdef0123456789abcdef"
-CONFIG = """\
-[sidecar]
-socket = "{socket}"
-[secrets]
-sources = ["env"]
-[[servers]]
-name = "{name}"
-endpoint = "{endpoint}"
-headers = {{ "Authorization" = "Bearer {{{{secret:BENCH_TOKEN}}}}" }}
-rate = "1000000/1s"
-"""
 CONCURRENCY = (1, 16)
-CALL_BODY = b'{"cost": 1, "max_wait": 30.0}'
-CALL_REQUEST = (f"POST /v1/servers/{SERVER}/call HTTP/1.1\r\nHost: mcpcreds\r\n"
-                "Content-Type: application/json\r\n"
-                f"Content-Length: {len(CALL_BODY)}\r\n\r\n").encode() + CALL_BODY
+CALL_REQUEST = harness.request_bytes("POST", f"/v1/servers/{SERVER}/call", b'{"cost": 1, "max_wait": 30.0}')
 
 
-@dataclass
-class Result:
-    mode: str
-    concurrency: int
-    requests: int
-    seconds: float
-    throughput: float  # requests/s
-    p50_ms: float
-    p99_ms: float
-    mean_ms: float
-
-
-def summarize(mode: str, concurrency: int, samples: list[int], seconds: float) -> Result:
-    ordered = sorted(samples)
-    n = len(ordered)
-
-    def pct(q: float) -> float:
-        return ordered[min(n - 1, int(q * n))] / 1e6
-
-    return Result(mode, concurrency, n, round(seconds, 3), round(n / seconds, 1), round(pct(0.50), 4),
-                  round(pct(0.99), 4), round(sum(ordered) / n / 1e6, 4))
-
-
-Send = Callable[[], Awaitable[None]]
-
-
-async def drive(send: Send, concurrency: int, seconds: float, samples: list[int] | None) -> int:
-    """`concurrency` loops calling `send` until `seconds` pass; the latency of each call in ns."""
-    stop = time.perf_counter() + seconds
-    done = 0
-
-    async def loop() -> None:
-        nonlocal done
-        while time.perf_counter() < stop:
-            started = time.perf_counter_ns()
-            await send()
-            if samples is not None:
-                samples.append(time.perf_counter_ns() - started)
-            done += 1
-
-    await asyncio.gather(*(loop() for _ in range(concurrency)))
-    return done
-
-
-def upstream_send(http: httpx.AsyncClient) -> Send:
+def upstream_send(http: httpx.AsyncClient) -> harness.Send:
     async def send() -> None:
         response = await http.get("/mcp")
         if response.status_code != 200:
@@ -130,7 +66,8 @@ def upstream_send(http: httpx.AsyncClient) -> Send:
     return send
 
 
-async def measure(upstream: str, sock: Path, concurrency: int, args: argparse.Namespace) -> list[Result]:
+async def measure(upstream: str, sock: Path, concurrency: int, args: argparse.Namespace) -> list[Latency]:
+    """`plain` and `auth` alternating in `args.rounds` rounds of `args.seconds`, after a warmup."""
     samples: dict[str, list[int]] = {"plain": [], "auth": []}
     elapsed = {"plain": 0.0, "auth": 0.0}
     async with AsyncClient(sock) as creds, \
@@ -138,16 +75,16 @@ async def measure(upstream: str, sock: Path, concurrency: int, args: argparse.Na
             httpx.AsyncClient(base_url=upstream, auth=creds.auth(SERVER)) as authed:
         sends = {"plain": upstream_send(plain), "auth": upstream_send(authed)}
         for send in sends.values():
-            await drive(send, concurrency, args.warmup, None)
+            await harness.drive(send, concurrency, time.monotonic() + args.warmup)
         for _ in range(args.rounds):
             for mode, send in sends.items():
-                started = time.perf_counter()
-                await drive(send, concurrency, args.seconds, samples[mode])
-                elapsed[mode] += time.perf_counter() - started
-    return [summarize(mode, concurrency, samples[mode], elapsed[mode]) for mode in samples]
+                started = time.monotonic()
+                await harness.drive(send, concurrency, started + args.seconds, samples[mode])
+                elapsed[mode] += time.monotonic() - started
+    return [harness.summarize(mode, concurrency, samples[mode], elapsed[mode]) for mode in samples]
 
 
-def added(plain: Result, auth: Result) -> dict[str, Any]:
+def added(plain: Latency, auth: Latency) -> dict[str, Any]:
     return {"concurrency": plain.concurrency,
             "p50_ms": round(auth.p50_ms - plain.p50_ms, 4),
             "p99_ms": round(auth.p99_ms - plain.p99_ms, 4),
@@ -155,50 +92,31 @@ def added(plain: Result, auth: Result) -> dict[str, Any]:
             "throughput_ratio": round(auth.throughput / plain.throughput, 3)}
 
 
-def raw_call_latency(sock: Path, seconds: float) -> Result:
+def raw_call_latency(sock: Path, seconds: float) -> Latency:
     """The sidecar's `call` on one blocking keep-alive Unix socket: no httpx, no event loop."""
     samples: list[int] = []
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(str(sock))
-        stop = time.perf_counter() + seconds
-        started_all = time.perf_counter()
-        while time.perf_counter() < stop:
-            started = time.perf_counter_ns()
-            conn.sendall(CALL_REQUEST)
-            buf = b""
-            while True:
-                buf += conn.recv(65536)
-                head_end = buf.find(b"\r\n\r\n")
-                if head_end < 0:
-                    continue
-                length = int(buf.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
-                if len(buf) >= head_end + 4 + length:
-                    break
-            if not buf.startswith(b"HTTP/1.1 200"):
-                raise RuntimeError(f"sidecar answered {buf[:200]!r}")
-            samples.append(time.perf_counter_ns() - started)
-        return summarize("sidecar call, raw socket", 1, samples, time.perf_counter() - started_all)
+        started = time.monotonic()
+        while time.monotonic() < started + seconds:
+            t0 = time.perf_counter_ns()
+            status, body = harness.roundtrip(conn, CALL_REQUEST)
+            if status != 200:
+                raise RuntimeError(f"sidecar answered {status}: {body[:200]!r}")
+            samples.append(time.perf_counter_ns() - t0)
+        return harness.summarize("sidecar call, raw socket", 1, samples, time.monotonic() - started)
 
 
-async def decompose(upstream: str, sock: Path, seconds: float) -> list[Result]:
-    out = []
+async def decompose(upstream: str, sock: Path, seconds: float) -> list[Latency]:
+    warmup = min(seconds, 0.5)
     async with AsyncClient(sock) as creds:
         async def call() -> None:
             await creds.call(SERVER)
 
-        await drive(call, 1, min(seconds, 0.5), None)
-        samples: list[int] = []
-        started = time.perf_counter()
-        await drive(call, 1, seconds, samples)
-        out.append(summarize("sidecar call, AsyncClient.call", 1, samples, time.perf_counter() - started))
+        out = [await harness.measure("sidecar call, AsyncClient.call", call, 1, seconds, warmup)]
     out.append(await asyncio.to_thread(raw_call_latency, sock, seconds))
     async with httpx.AsyncClient(base_url=upstream, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-        send = upstream_send(http)
-        await drive(send, 1, min(seconds, 0.5), None)
-        samples = []
-        started = time.perf_counter()
-        await drive(send, 1, seconds, samples)
-        out.append(summarize("upstream GET, bare httpx", 1, samples, time.perf_counter() - started))
+        out.append(await harness.measure("upstream GET, bare httpx", upstream_send(http), 1, seconds, warmup))
     return out
 
 
@@ -244,81 +162,53 @@ async def profile(upstream: str, sock: Path, requests: int) -> dict[str, Any]:
     }
 
 
-def start_sidecar(workdir: Path, upstream: str) -> SidecarProcess:
-    sock = workdir / "run" / "mcpcreds.sock"
-    config = workdir / "config.toml"
-    config.write_text(CONFIG.format(socket=sock, name=SERVER, endpoint=f"{upstream}/mcp"))
-    sidecar = SidecarProcess(config, sock, {"BENCH_TOKEN": TOKEN})
-    try:
-        sidecar.wait_for("ready")
-    except BaseException:
-        sidecar.stop()
-        raise
-    return sidecar
-
-
-def fmt(r: Result) -> str:
-    return (f"{r.mode:<34} c={r.concurrency:<3} n={r.requests:<7} {r.throughput:>9.1f} req/s   "
-            f"p50 {r.p50_ms:7.3f} ms   p99 {r.p99_ms:7.3f} ms   mean {r.mean_ms:7.3f} ms")
+def render(report: dict[str, Any]) -> str:
+    out = []
+    for plain, auth, a in zip(report["results"][::2], report["results"][1::2], report["added"], strict=True):
+        out += [harness.line(plain), harness.line(auth),
+                f"{'added by auth=':<34} c={a['concurrency']:<3} {'':<9}"
+                f"p50 {a['p50_ms']:+7.3f} ms   p99 {a['p99_ms']:+7.3f} ms   "
+                f"mean {a['mean_ms']:+7.3f} ms   throughput x{a['throughput_ratio']}", ""]
+    out.append("decomposition at concurrency 1:")
+    out += ["  " + harness.line(r) for r in report["decomposition"]]
+    if prof := report.get("profile"):
+        out.append(f"\nprofile ({prof['requests']} requests through auth=, c=1; "
+                   f"{prof['wall_ms_per_request_profiled']} ms/request under cProfile):")
+        for label, ms in prof["cumulative_ms_per_request"].items():
+            out.append(f"  {label:<58} {ms:8.4f} ms/request")
+        out.append("  top functions by own time:")
+        for row in prof["top_tottime_ms_per_request"]:
+            out.append(f"    {row['function']:<60} {row['calls_per_request']:>6} calls {row['ms']:8.4f} ms")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Latency added by auth=creds.auth(...) per request.")
-    parser.add_argument("--seconds", type=float, default=1.5, help="per mode and round (default 1.5)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
-    parser.add_argument("--warmup", type=float, default=0.5, help="seconds per mode first (default 0.5)")
-    parser.add_argument("--profile", action="store_true", help="cProfile the auth mode at concurrency 1")
-    parser.add_argument("--profile-requests", type=int, default=2000)
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    args = parser.parse_args(argv)
+    p = harness.arguments("Latency added by auth=creds.auth(...) per request.")
+    p.add_argument("--seconds", type=float, default=1.5, help="per mode and round (default 1.5)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    p.add_argument("--warmup", type=float, default=0.5, help="seconds per mode first (default 0.5)")
+    p.add_argument("--profile", action="store_true", help="cProfile the auth mode at concurrency 1")
+    p.add_argument("--profile-requests", type=int, default=2000)
+    args = harness.parse(p, argv, quick={"seconds": 0.2, "rounds": 1, "warmup": 0.1, "profile_requests": 100})
 
-    workdir = Path(tempfile.mkdtemp(prefix="mcpcreds-client-bench-"))
-    os.chmod(workdir, 0o700)
-    report: dict[str, Any] = {"python": sys.version.split()[0], "httpx": httpx.__version__,
-                              "cpus": os.cpu_count(), "seconds": args.seconds, "rounds": args.rounds,
-                              "results": [], "added": [], "decomposition": []}
-    try:
-        with start_upstream_process(TOKEN) as upstream:
-            sidecar = start_sidecar(workdir, upstream)
-            try:
-                for concurrency in CONCURRENCY:
-                    plain, auth = asyncio.run(measure(upstream, sidecar.socket, concurrency, args))
-                    report["results"] += [asdict(plain), asdict(auth)]
-                    report["added"].append(added(plain, auth))
-                    if not args.json:
-                        print(fmt(plain))
-                        print(fmt(auth))
-                        a = report["added"][-1]
-                        print(f"{'added by auth=':<34} c={concurrency:<3} {'':<9}"
-                              f"p50 {a['p50_ms']:+7.3f} ms   p99 {a['p99_ms']:+7.3f} ms   "
-                              f"mean {a['mean_ms']:+7.3f} ms   throughput x{a['throughput_ratio']}\n",
-                              flush=True)
-                parts = asyncio.run(decompose(upstream, sidecar.socket, args.seconds))
-                report["decomposition"] = [asdict(r) for r in parts]
-                if not args.json:
-                    print("decomposition at concurrency 1:")
-                    for r in parts:
-                        print("  " + fmt(r))
-                if args.profile:
-                    report["profile"] = asyncio.run(profile(upstream, sidecar.socket, args.profile_requests))
-                    if not args.json:
-                        prof = report["profile"]
-                        print(f"\nprofile ({prof['requests']} requests through auth=, c=1; "
-                              f"{prof['wall_ms_per_request_profiled']} ms/request under cProfile):")
-                        for label, ms in prof["cumulative_ms_per_request"].items():
-                            print(f"  {label:<58} {ms:8.4f} ms/request")
-                        print("  top functions by own time:")
-                        for row in prof["top_tottime_ms_per_request"]:
-                            print(f"    {row['function']:<60} {row['calls_per_request']:>6} calls "
-                                  f"{row['ms']:8.4f} ms")
-            finally:
-                sidecar.stop()
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    if args.json:
-        print(json.dumps(report, indent=2))
+    report: dict[str, Any] = {**harness.machine(), "httpx": httpx.__version__, "seconds": args.seconds,
+                              "rounds": args.rounds, "results": [], "added": [], "decomposition": []}
+    with harness.workdir("client-bench") as tmp, \
+            harness.started(start_upstream_process(TOKEN), "the upstream") as upstream, \
+            harness.sidecar(tmp, harness.static_server(
+                SERVER, {"Authorization": "Bearer {{secret:BENCH_TOKEN}}"}, rate="1000000/1s",
+                endpoint=f"{upstream}/mcp"), env={"BENCH_TOKEN": TOKEN}) as sidecar:
+        for concurrency in CONCURRENCY:
+            plain, auth = asyncio.run(measure(upstream, sidecar.socket, concurrency, args))
+            report["results"] += [plain, auth]
+            report["added"].append(added(plain, auth))
+            harness.progress(f"c={concurrency}: measured")
+        report["decomposition"] = asyncio.run(decompose(upstream, sidecar.socket, args.seconds))
+        if args.profile:
+            report["profile"] = asyncio.run(profile(upstream, sidecar.socket, args.profile_requests))
+    harness.emit(args, report, render)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    harness.main(main)
