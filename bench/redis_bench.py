@@ -7,6 +7,7 @@ PATH):
     python bench/redis_bench.py
     python bench/redis_bench.py --seconds 5 --concurrency 1,16 --json
     python bench/redis_bench.py --clients 2        # drive from 2 client processes
+    python bench/redis_bench.py --quick            # a smoke run of a few seconds
 
 What it measures, in one run, against one private redis-server on a Unix socket
 (`tests/peers/redis_peer.py`): `acquire` requests for `--seconds` each (after `--warmup`), at each
@@ -40,60 +41,38 @@ same run only.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import os
 import sys
+import time
+from contextlib import AsyncExitStack, ExitStack
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # for `import tests.peers.redis_peer`, `tests.sidecar_proc`
+import redis
+import redis.asyncio as aioredis
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import json  # noqa: E402
-import multiprocessing  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Awaitable, Callable  # noqa: E402
-from contextlib import AsyncExitStack, ExitStack  # noqa: E402
-from dataclasses import asdict, dataclass  # noqa: E402
-from multiprocessing.pool import Pool  # noqa: E402
-from typing import Any  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
 
-import redis  # noqa: E402
-import redis.asyncio as aioredis  # noqa: E402
-from tests.peers.redis_peer import start_redis  # noqa: E402
-from tests.sidecar_proc import SidecarProcess  # noqa: E402
+from tests.peers.redis_peer import start_redis
 
-from mcpcreds import AsyncClient  # noqa: E402
-from mcpcreds.clock import SystemClock  # noqa: E402
-from mcpcreds.rates import parse_rate  # noqa: E402
-from mcpcreds.redis_state import BUCKET_SCRIPT, RedisState  # noqa: E402
-from mcpcreds.shared import SharedLimiter  # noqa: E402
+from bench import harness
+from bench.harness import Latency
+from mcpcreds import AsyncClient
+from mcpcreds.clock import SystemClock
+from mcpcreds.rates import parse_rate
+from mcpcreds.redis_state import BUCKET_SCRIPT, MAX_PAUSE, RedisState
+from mcpcreds.shared import SharedLimiter
 
 SERVER = "bench"
 RATE = "1000000/1s"
 STATE_KEY = "bench-state-key-0123456789abcdef"
 FLOOR_KEY = "mcpcreds:{bench-evalsha}:bucket"
 DECOMPOSE_KEY = "bench-decompose"
-CONFIG = """\
-[sidecar]
-socket = "{socket}"
-{state}
-[secrets]
-sources = ["env"]
-[[servers]]
-name = "{name}"
-endpoint = "https://bench.example.com/mcp"
-headers = {{ "X-Api-Key" = "{{{{secret:KEY}}}}" }}
-rate = "{rate}"
-"""
-STATE_LINES = 'state = "{url}"\nstate_key = "{{{{secret:STATE_KEY}}}}"'
-ACQUIRE_BODY = b'{"cost": 1, "max_wait": 1}'
-ACQUIRE_REQUEST = (f"POST /v1/servers/{SERVER}/acquire HTTP/1.1\r\nHost: mcpcreds\r\n"
-                   "Content-Type: application/json\r\n"
-                   f"Content-Length: {len(ACQUIRE_BODY)}\r\n\r\n").encode() + ACQUIRE_BODY
+ACQUIRE_REQUEST = harness.request_bytes("POST", f"/v1/servers/{SERVER}/acquire",
+                                        b'{"cost": 1, "max_wait": 1}')
 MODES = ("memory", "redis", "evalsha")
 DECOMPOSITION = ("memory.raw", "redis.raw", "state.bucket", "limiter.acquire")
 LABELS = {
@@ -115,36 +94,7 @@ class Targets:
     rate: str
 
 
-@dataclass
-class Result:
-    mode: str
-    concurrency: int
-    clients: int
-    requests: int
-    seconds: float
-    throughput: float  # requests/s
-    p50_ms: float
-    p99_ms: float
-    mean_ms: float
-
-
-def summarize(mode: str, concurrency: int, clients: int, samples: list[int], seconds: float) -> Result:
-    ordered = sorted(samples)
-    n = len(ordered)
-    if n == 0:
-        raise RuntimeError(f"{mode}: no request completed in {seconds:.2f}s")
-
-    def pct(q: float) -> float:
-        return ordered[min(n - 1, int(q * n))] / 1e6
-
-    return Result(mode, concurrency, clients, n, round(seconds, 3), round(n / seconds, 1),
-                  round(pct(0.50), 4), round(pct(0.99), 4), round(sum(ordered) / n / 1e6, 4))
-
-
-Send = Callable[[], Awaitable[None]]
-
-
-async def _sender(mode: str, targets: Targets, tasks: int, stack: AsyncExitStack) -> Send:
+async def _sender(mode: str, targets: Targets, tasks: int, stack: AsyncExitStack) -> harness.Send:
     """One send of `mode` for `tasks` tasks in flight; what it opens is closed by `stack`."""
     rate = parse_rate(targets.rate)
     if mode in ("memory", "redis"):
@@ -169,20 +119,17 @@ async def _sender(mode: str, targets: Targets, tasks: int, stack: AsyncExitStack
 
         async def raw() -> None:
             reader, writer = idle.pop()
-            writer.write(ACQUIRE_REQUEST)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
-            body = await reader.readexactly(length)
+            status, body = await harness.aroundtrip(reader, writer, ACQUIRE_REQUEST)
             idle.append((reader, writer))
-            if not head.startswith(b"HTTP/1.1 200") or not body.startswith(b'{"granted":1,'):
-                raise RuntimeError(f"{mode}: unexpected answer {head + body!r}")
+            if status != 200 or not body.startswith(b'{"granted":1,'):
+                raise RuntimeError(f"{mode}: unexpected answer {status} {body!r}")
 
         return raw
     if mode == "evalsha":
         r = aioredis.Redis(unix_socket_path=targets.redis_server)
         stack.push_async_callback(r.aclose)
         sha = await r.script_load(BUCKET_SCRIPT)
-        args = (rate.burst, rate.per_second, 1, "take")
+        args = (rate.burst, rate.per_second, 1, "take", 0.0, MAX_PAUSE)  # as RedisState.bucket sends
 
         async def evalsha() -> None:
             reply = await r.evalsha(sha, 1, FLOOR_KEY, *args)
@@ -219,47 +166,27 @@ async def _drive(mode: str, targets: Targets, tasks: int, start: float,
     async with AsyncExitStack() as stack:
         send = await _sender(mode, targets, tasks, stack)
         samples: list[int] = []
-        sent = 0
-
-        async def loop() -> None:
-            nonlocal sent
-            while True:
-                began = time.monotonic()
-                if began >= end:
-                    return
-                t0 = time.perf_counter_ns()
-                await send()
-                sent += 1
-                if began >= start:
-                    samples.append(time.perf_counter_ns() - t0)
-
-        await asyncio.gather(*(loop() for _ in range(tasks)))
+        sent = await harness.drive(send, tasks, end, samples, record_from=start)
         return samples, sent
 
 
-def worker(mode: str, targets: Targets, tasks: int, start: float, end: float) -> tuple[list[int], int]:
-    """A client process's share of one measurement."""
-    return asyncio.run(_drive(mode, targets, tasks, start, end))
+async def client(params: tuple[str, Targets, int, float, float],
+                 release: harness.Release) -> tuple[list[int], int]:
+    """A client process's share of one measurement (a load phase)."""
+    mode, targets, tasks, warmup, seconds = params
+    start = await release.wait_async() + warmup
+    return await _drive(mode, targets, tasks, start, start + seconds)
 
 
-def _ready(_: int) -> int:
-    return os.getpid()
-
-
-def split(concurrency: int, clients: int) -> list[int]:
-    clients = max(1, min(clients, concurrency))
-    return [concurrency // clients + (1 if i < concurrency % clients else 0) for i in range(clients)]
-
-
-def measure(mode: str, targets: Targets, concurrency: int, pool: Pool | None, clients: int,
+def measure(mode: str, targets: Targets, concurrency: int, workers: harness.Workers | None,
             warmup: float, seconds: float) -> tuple[list[int], int]:
     """Latency samples of the measured window, and all requests sent (warmup included)."""
-    shares = split(concurrency, clients if pool is not None else 1)
-    start = time.monotonic() + warmup
-    end = start + seconds
-    if pool is None:
-        return worker(mode, targets, shares[0], start, end)
-    parts = pool.starmap(worker, [(mode, targets, n, start, end) for n in shares])
+    if workers is None:
+        start = time.monotonic() + warmup
+        return asyncio.run(_drive(mode, targets, concurrency, start, start + seconds))
+    shares = harness.split(concurrency, len(workers.procs))
+    parts = workers.run(client, [(mode, targets, n, warmup, seconds) for n in shares],
+                        timeout=warmup + seconds + 60.0)
     return [s for part, _ in parts for s in part], sum(sent for _, sent in parts)
 
 
@@ -276,40 +203,8 @@ def per_acquire(stats: dict[str, dict[str, float]], requests: int) -> dict[str, 
             for name, v in sorted(stats.items()) if name not in ("info", "config|resetstat", "config")}
 
 
-def ratios(a: Result, b: Result) -> dict[str, float]:
-    return {"throughput": round(a.throughput / b.throughput, 3), "p50": round(a.p50_ms / b.p50_ms, 3),
-            "p99": round(a.p99_ms / b.p99_ms, 3), "mean": round(a.mean_ms / b.mean_ms, 3)}
-
-
-def start_sidecar(workdir: Path, name: str, state: str, env: dict[str, str]) -> SidecarProcess:
-    sock = workdir / name / "s.sock"
-    config = workdir / f"{name}.toml"
-    config.write_text(CONFIG.format(socket=sock, state=state, name=SERVER, rate=RATE))
-    sidecar = SidecarProcess(config, sock, env)
-    try:
-        sidecar.wait_for("ready")
-    except BaseException:
-        sidecar.stop()
-        raise
-    return sidecar
-
-
-def odd_log_lines(sidecar: SidecarProcess) -> list[str]:
-    out = []
-    for line in sidecar.lines:
-        try:
-            level = str(json.loads(line).get("level", "")).lower()
-        except ValueError:
-            level = "unparsed"
-        if level not in ("info", "debug"):
-            out.append(line.strip())
-    return out
-
-
-def fmt(r: Result) -> str:
-    return (f"{LABELS.get(r.mode, r.mode):<34} c={r.concurrency:<3} n={r.requests:<7} "
-            f"{r.throughput:>9.1f} req/s   p50 {r.p50_ms:7.3f} ms   p99 {r.p99_ms:7.3f} ms   "
-            f"mean {r.mean_ms:7.3f} ms")
+def fmt(r: Latency) -> str:
+    return harness.line(r, LABELS.get(r.mode, r.mode))
 
 
 def fmt_ratio(label: str, x: dict[str, float]) -> str:
@@ -324,108 +219,103 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Acquire cost: Redis state vs memory state vs bare EVALSHA.")
-    parser.add_argument("--seconds", type=float, default=5.0, help="per mode, level and round (default 5)")
-    parser.add_argument("--concurrency", type=parse_levels, default=[1, 16],
-                        help="requests in flight, comma-separated (default 1,16)")
-    parser.add_argument("--clients", type=int, default=1,
-                        help="client processes sharing the load (default 1: tasks in this process)")
-    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds (default 1)")
-    parser.add_argument("--warmup", type=float, default=0.5, help="seconds before each measurement")
-    parser.add_argument("--no-decompose", action="store_true", help="skip the in-process decomposition")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    args = parser.parse_args(argv)
+def measure_level(concurrency: int, targets: Targets, workers: harness.Workers | None, admin: redis.Redis,
+                  args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """Every mode at one level, `args.rounds` alternating rounds; into `report`, and printed."""
+    samples: dict[str, list[int]] = {mode: [] for mode in MODES}
+    stats: dict[str, dict[str, dict[str, float]]] = {mode: {} for mode in MODES}
+    sent = dict.fromkeys(MODES, 0)
+    for _ in range(args.rounds):
+        for mode in MODES:
+            admin.config_resetstat()
+            got, n = measure(mode, targets, concurrency, workers, args.warmup, args.seconds)
+            samples[mode] += got
+            sent[mode] += n
+            for name, v in commandstats(admin).items():
+                acc = stats[mode].setdefault(name, {"calls": 0.0, "usec": 0.0})
+                acc["calls"] += v["calls"]
+                acc["usec"] += v["usec"]
+    used = len(harness.split(concurrency, args.clients if workers is not None else 1))
+    results = {mode: harness.summarize(mode, concurrency, samples[mode], args.seconds * args.rounds, used)
+               for mode in MODES}
+    report["results"] += results.values()
+    vs_memory = harness.ratios(results["redis"], results["memory"])
+    vs_evalsha = harness.ratios(results["redis"], results["evalsha"])
+    report["ratios"].append({"concurrency": concurrency, "redis_vs_memory": vs_memory,
+                             "redis_vs_evalsha": vs_evalsha})
+    # the warmup's commands count too: divided by every request sent, not only the sampled
+    cmds = {mode: per_acquire(stats[mode], max(1, sent[mode])) for mode in MODES}
+    report["redis_commands_per_acquire"][str(concurrency)] = cmds
+    if not args.json:
+        for r in results.values():
+            print(fmt(r))
+        print(fmt_ratio("redis / memory", vs_memory))
+        print(fmt_ratio("redis / evalsha", vs_evalsha))
+        print("  Redis commands per grant (server-side usec):")
+        for mode in ("memory", "redis", "evalsha"):
+            row = ", ".join(f"{name} {v['calls']} ({v['usec']} us)"
+                            for name, v in cmds[mode].items() if v["calls"] >= 0.01) or "none"
+            print(f"    {mode:<8} {row}")
+        print(flush=True)
 
-    workdir = Path(tempfile.mkdtemp(prefix="mcpcreds-redis-bench-"))
-    os.chmod(workdir, 0o700)
+
+def main(argv: list[str] | None = None) -> int:
+    p = harness.arguments("Acquire cost: Redis state vs memory state vs bare EVALSHA.")
+    p.add_argument("--seconds", type=float, default=5.0, help="per mode, level and round (default 5)")
+    p.add_argument("--concurrency", type=parse_levels, default=[1, 16],
+                   help="requests in flight, comma-separated (default 1,16)")
+    p.add_argument("--clients", type=int, default=1,
+                   help="client processes sharing the load (default 1: tasks in this process)")
+    p.add_argument("--rounds", type=int, default=1, help="alternating rounds (default 1)")
+    p.add_argument("--warmup", type=float, default=0.5, help="seconds before each measurement")
+    p.add_argument("--no-decompose", action="store_true", help="skip the in-process decomposition")
+    args = harness.parse(p, argv, quick={"seconds": 0.2, "warmup": 0.1, "concurrency": [1, 4]})
+
     env = {"KEY": "bench-api-key-0123456789", "STATE_KEY": STATE_KEY}
     report: dict[str, Any] = {
-        "python": sys.version.split()[0], "redis_py": redis.__version__, "cpus": os.cpu_count(),
-        "seconds": args.seconds, "rounds": args.rounds, "warmup": args.warmup, "clients": args.clients,
-        "rate": RATE, "results": [], "ratios": [], "redis_commands_per_acquire": {}, "decomposition": [],
-        "sidecar_log_warnings": {}}
-    try:
-        with ExitStack() as stack:
-            server = stack.enter_context(start_redis())
-            admin = redis.Redis(unix_socket_path=str(server.socket))
-            stack.callback(admin.close)
-            report["redis_server"] = admin.info("server")["redis_version"]
-            memory = start_sidecar(workdir, "memory", "", env)
-            stack.callback(memory.stop)
-            shared = start_sidecar(workdir, "redis", STATE_LINES.format(url=server.url), env)
-            stack.callback(shared.stop)
-            targets = Targets(str(memory.socket), str(shared.socket), str(server.socket), RATE)
-            pool: Pool | None = None
-            if args.clients > 1:
-                pool = multiprocessing.get_context("spawn").Pool(args.clients)
-                stack.callback(pool.terminate)
-                pool.map(_ready, range(args.clients))  # the processes are up before any clock starts
+        **harness.machine(), "redis_py": redis.__version__, "seconds": args.seconds, "rounds": args.rounds,
+        "warmup": args.warmup, "clients": args.clients, "rate": RATE, "results": [], "ratios": [],
+        "redis_commands_per_acquire": {}, "decomposition": [], "sidecar_log_warnings": {}}
+    block = harness.static_server(SERVER, {"X-Api-Key": "{{secret:KEY}}"}, rate=RATE)
+    with ExitStack() as stack:
+        tmp = stack.enter_context(harness.workdir("redis-bench"))
+        workers = stack.enter_context(harness.Workers(args.clients)) if args.clients > 1 else None
+        server = stack.enter_context(harness.started(start_redis(), "redis-server"))
+        admin = redis.Redis(unix_socket_path=str(server.socket))
+        stack.callback(admin.close)
+        report["redis_server"] = admin.info("server")["redis_version"]
+        memory = stack.enter_context(harness.sidecar(tmp / "memory", block, env=env))
+        state = f'state = "{server.url}"\nstate_key = "{{{{secret:STATE_KEY}}}}"'
+        shared = stack.enter_context(harness.sidecar(tmp / "redis", block, env=env, settings=state))
+        targets = Targets(str(memory.socket), str(shared.socket), str(server.socket), RATE)
+        if not args.json:
+            print(f"redis-server {report['redis_server']}, redis-py {redis.__version__}, "
+                  f"{os.cpu_count()} cpus; {args.seconds}s x {args.rounds} round(s) per mode; "
+                  f"client: {args.clients} process(es)\n", flush=True)
+        for concurrency in args.concurrency:
+            measure_level(concurrency, targets, workers, admin, args, report)
+        if not args.no_decompose:
             if not args.json:
-                print(f"redis-server {report['redis_server']}, redis-py {redis.__version__}, "
-                      f"{os.cpu_count()} cpus; {args.seconds}s x {args.rounds} round(s) per mode; "
-                      f"client: {args.clients} process(es)\n", flush=True)
+                print("decomposition (this process, asyncio): acquire as fixed bytes on a bare Unix "
+                      "socket per task in flight, then the Redis state's parts without the sidecar:")
             for concurrency in args.concurrency:
-                samples: dict[str, list[int]] = {mode: [] for mode in MODES}
-                stats: dict[str, dict[str, dict[str, float]]] = {mode: {} for mode in MODES}
-                sent = dict.fromkeys(MODES, 0)
-                for _ in range(args.rounds):
-                    for mode in MODES:
-                        admin.config_resetstat()
-                        got, n = measure(mode, targets, concurrency, pool, args.clients, args.warmup,
-                                         args.seconds)
-                        samples[mode] += got
-                        sent[mode] += n
-                        for name, v in commandstats(admin).items():
-                            acc = stats[mode].setdefault(name, {"calls": 0.0, "usec": 0.0})
-                            acc["calls"] += v["calls"]
-                            acc["usec"] += v["usec"]
-                elapsed = args.seconds * args.rounds
-                used = len(split(concurrency, args.clients if pool is not None else 1))
-                results = {mode: summarize(mode, concurrency, used, samples[mode], elapsed) for mode in MODES}
-                report["results"] += [asdict(r) for r in results.values()]
-                x = {"concurrency": concurrency,
-                     "redis_vs_memory": ratios(results["redis"], results["memory"]),
-                     "redis_vs_evalsha": ratios(results["redis"], results["evalsha"])}
-                report["ratios"].append(x)
-                # the warmup's commands count too: divided by every request sent, not only the sampled
-                cmds = {mode: per_acquire(stats[mode], max(1, sent[mode])) for mode in MODES}
-                report["redis_commands_per_acquire"][str(concurrency)] = cmds
-                if not args.json:
-                    for r in results.values():
-                        print(fmt(r))
-                    print(fmt_ratio("redis / memory", x["redis_vs_memory"]))
-                    print(fmt_ratio("redis / evalsha", x["redis_vs_evalsha"]))
-                    print("  Redis commands per grant (server-side usec):")
-                    for mode in ("memory", "redis", "evalsha"):
-                        row = ", ".join(f"{name} {v['calls']} ({v['usec']} us)"
-                                        for name, v in cmds[mode].items() if v["calls"] >= 0.01) or "none"
-                        print(f"    {mode:<8} {row}")
-                    print(flush=True)
-            if not args.no_decompose:
-                if not args.json:
-                    print("decomposition (this process, asyncio): acquire as fixed bytes on a bare Unix "
-                          "socket per task in flight, then the Redis state's parts without the sidecar:")
-                for concurrency in args.concurrency:
-                    for mode in DECOMPOSITION:
-                        got, _ = measure(mode, targets, concurrency, None, 1, args.warmup, args.seconds)
-                        r = summarize(mode, concurrency, 1, got, args.seconds)
-                        report["decomposition"].append(asdict(r))
-                        if not args.json:
-                            print("  " + fmt(r), flush=True)
-            for name, sidecar in (("memory", memory), ("redis", shared)):
-                report["sidecar_log_warnings"][name] = odd_log_lines(sidecar)
-            if not args.json and any(report["sidecar_log_warnings"].values()):
-                print("\nsidecar log lines above info:")
-                for name, lines in report["sidecar_log_warnings"].items():
-                    for line in lines[:10]:
-                        print(f"  {name}: {line}")
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+                for mode in DECOMPOSITION:
+                    got, _ = measure(mode, targets, concurrency, None, args.warmup, args.seconds)
+                    r = harness.summarize(mode, concurrency, got, args.seconds)
+                    report["decomposition"].append(r)
+                    if not args.json:
+                        print("  " + fmt(r), flush=True)
+        for name, sidecar in (("memory", memory), ("redis", shared)):
+            report["sidecar_log_warnings"][name] = harness.log_warnings(sidecar)
+        if not args.json and any(report["sidecar_log_warnings"].values()):
+            print("\nsidecar log lines above info:")
+            for name, lines in report["sidecar_log_warnings"].items():
+                for line in lines[:10]:
+                    print(f"  {name}: {line}")
     if args.json:
-        print(json.dumps(report, indent=2))
+        harness.emit(args, report, str)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    harness.main(main)
