@@ -29,6 +29,7 @@ import json
 import math
 import multiprocessing
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -80,7 +81,10 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
           quick: Mapping[str, Any]) -> argparse.Namespace:
     """Parse `argv` with `--quick` added: it sets `quick` (option destinations and values) unless
     the command line gives them."""
-    words = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in quick.items())
+    def word(v: Any) -> str:
+        return shlex.quote(",".join(map(str, v)) if isinstance(v, list | tuple) else str(v))
+
+    words = " ".join(f"--{k.replace('_', '-')} {word(v)}" for k, v in quick.items())
     p.add_argument("--quick", action="store_true", help=f"a smoke run of a few seconds: {words}")
     args = p.parse_args(argv)
     if args.quick:

@@ -5,6 +5,7 @@ Run from the repository root (the package installed, e.g. `pip install -e .`, an
     python bench/rate_bench.py           # 8 processes, "100/1s", 10 s; writes bench/rate_bench.png
     python bench/rate_bench.py --json    # the same, the figures as JSON on stdout
     python bench/rate_bench.py --seconds 10 --processes 8 --rate 100/1s --png bench/rate_bench.png
+    python bench/rate_bench.py --quick   # a smoke run: 2 processes x 2 tasks for 1 s, no PNG
 
 What it measures (issue 5): `--processes` OS processes (spawned) hammer one server whose
 `rate = "<burst>/<per>"` for `--seconds`, all released at the same wall-clock instant t0.
@@ -31,47 +32,25 @@ Exit status: 0 when the sidecar's total is within [98% of the bound, the bound],
 
 from __future__ import annotations
 
+import asyncio
+import math
+import os
+import resource
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import multiprocessing  # noqa: E402
-import os  # noqa: E402
-import queue  # noqa: E402
-import resource  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from dataclasses import asdict, dataclass, field  # noqa: E402
-from multiprocessing.synchronize import Event  # noqa: E402
-from typing import Any  # noqa: E402
-
-from mcpcreds.rates import Rate, parse_rate  # noqa: E402
+from bench import harness
+from mcpcreds.rates import Rate, parse_rate
 
 SERVER_NAME = "bench"
 FLOOR = 0.98  # the sidecar must grant at least this share of the bound
 START_DELAY = 0.5  # seconds between "every worker is ready" and t0
-READY_TIMEOUT = 60.0
-CONFIG_TEMPLATE = """\
-[sidecar]
-socket = "{socket}"
-
-[secrets]
-sources = ["env"]
-
-[[servers]]
-name = "{name}"
-endpoint = "https://bench.example.com/mcp"
-headers = {{ "X-Api-Key" = "{{{{secret:BENCH_KEY}}}}" }}
-rate = "{rate}"
-"""
 SIDECAR = "sidecar"
 STATUS_QUO = "aiolimiter"
 
@@ -89,7 +68,7 @@ class WorkerSpec:
 @dataclass
 class WorkerResult:
     index: int
-    grants: list[float] = field(default_factory=list)  # wall times (time.time()) of granted permits
+    grants: list[float] = field(default_factory=list)  # times (time.monotonic()) of granted permits
     late: int = 0  # grants whose answer arrived at or after t0 + seconds (not counted)
     late_grants: list[float] = field(default_factory=list)  # their wall times
     refused: int = 0  # RateLimited answers (max_wait too short for the queue ahead)
@@ -97,7 +76,7 @@ class WorkerResult:
     waited: list[float] = field(default_factory=list)  # the sidecar's "waited" for each counted grant
     overhead: list[float] = field(default_factory=list)  # round trip minus "waited": client + socket + HTTP
     cpu_seconds: float = 0.0  # user + system CPU of the worker during the window
-    woke: float = 0.0  # wall time at which the worker's event loop ran again after sleeping until t0
+    woke: float = 0.0  # time.monotonic() at which the worker's event loop ran again after sleeping until t0
 
 
 @dataclass
@@ -121,7 +100,7 @@ class RunSummary:
     max_burst_seen: float | None = None  # see `max_burst`
 
 
-# --------------------------------------------------------------------------- worker processes
+# --------------------------------------------------------------------------- load phases
 
 
 def _cpu_now() -> float:
@@ -129,25 +108,23 @@ def _cpu_now() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _sidecar_worker(spec: WorkerSpec, result: WorkerResult, ready: Any, go: Event,
-                          t0_value: Any) -> None:
+async def sidecar_worker(spec: WorkerSpec, release: harness.Release) -> WorkerResult:
+    """A load phase: `tasks` coroutines on one AsyncClient calling for permits until t0 + seconds."""
     from mcpcreds import AsyncClient, McpcredsError, RateLimited
 
     async with AsyncClient(spec.socket) as creds:
         # Before t0: open one keep-alive connection per task and have the sidecar resolve the
         # headers once (a GET, which takes no permit), so the window measures the bucket.
         await asyncio.gather(*(creds.headers(SERVER_NAME) for _ in range(spec.tasks)))
-        ready.put(spec.index)
-        await asyncio.to_thread(go.wait)
-        t0 = float(t0_value.value)
+        t0 = await release.wait_async()
         end = t0 + spec.seconds
-        await asyncio.sleep(max(0.0, t0 - time.time()))
-        result.woke = time.time()
+        await asyncio.sleep(max(0.0, t0 - time.monotonic()))
+        result = WorkerResult(spec.index, woke=time.monotonic())
         cpu_start = _cpu_now()
 
         async def hammer() -> None:
             while True:
-                remaining = end - time.time()
+                remaining = end - time.monotonic()
                 if remaining <= 0:
                     return
                 sent = time.perf_counter()
@@ -155,13 +132,13 @@ async def _sidecar_worker(spec: WorkerSpec, result: WorkerResult, ready: Any, go
                     answer = await creds.call(SERVER_NAME, cost=1, max_wait=remaining)
                 except RateLimited as exc:
                     result.refused += 1
-                    if exc.retry_after >= end - time.time():
+                    if exc.retry_after >= end - time.monotonic():
                         return  # the queue ahead already fills the window: no grant can come in time
                     continue
                 except McpcredsError as exc:
                     result.errors.append(f"{type(exc).__name__}: {exc}")
                     return
-                now, rtt = time.time(), time.perf_counter() - sent
+                now, rtt = time.monotonic(), time.perf_counter() - sent
                 if now < end:
                     result.grants.extend([now] * int(answer["granted"]))
                     result.waited.append(float(answer["waited"]))
@@ -172,25 +149,24 @@ async def _sidecar_worker(spec: WorkerSpec, result: WorkerResult, ready: Any, go
 
         await asyncio.gather(*(hammer() for _ in range(spec.tasks)))
         result.cpu_seconds = _cpu_now() - cpu_start
+    return result
 
 
-async def _status_quo_worker(spec: WorkerSpec, result: WorkerResult, ready: Any, go: Event,
-                             t0_value: Any) -> None:
+async def status_quo_worker(spec: WorkerSpec, release: harness.Release) -> WorkerResult:
+    """A load phase: the same coroutines, each process with its own AsyncLimiter."""
     from aiolimiter import AsyncLimiter
 
     rate = parse_rate(spec.rate)
     limiter = AsyncLimiter(max_rate=rate.burst, time_period=rate.per)
-    ready.put(spec.index)
-    await asyncio.to_thread(go.wait)
-    t0 = float(t0_value.value)
+    t0 = await release.wait_async()
     end = t0 + spec.seconds
-    await asyncio.sleep(max(0.0, t0 - time.time()))
-    result.woke = time.time()
+    await asyncio.sleep(max(0.0, t0 - time.monotonic()))
+    result = WorkerResult(spec.index, woke=time.monotonic())
     cpu_start = _cpu_now()
 
     async def hammer() -> None:
         while True:
-            remaining = end - time.time()
+            remaining = end - time.monotonic()
             if remaining <= 0:
                 return
             try:
@@ -198,7 +174,7 @@ async def _status_quo_worker(spec: WorkerSpec, result: WorkerResult, ready: Any,
                     await limiter.acquire()
             except TimeoutError:
                 return
-            now = time.time()
+            now = time.monotonic()
             if now < end:
                 result.grants.append(now)
             else:
@@ -206,69 +182,32 @@ async def _status_quo_worker(spec: WorkerSpec, result: WorkerResult, ready: Any,
 
     await asyncio.gather(*(hammer() for _ in range(spec.tasks)))
     result.cpu_seconds = _cpu_now() - cpu_start
-
-
-def worker_main(spec: WorkerSpec, ready: Any, go: Event, t0_value: Any, results: Any) -> None:
-    """Entry point of a spawned worker: wait for the shared t0, hammer, send back a WorkerResult."""
-    result = WorkerResult(spec.index)
-    run = _sidecar_worker if spec.mode == SIDECAR else _status_quo_worker
-    try:
-        asyncio.run(run(spec, result, ready, go, t0_value))
-    except Exception as exc:  # reported, not hidden: the parent prints it and fails the run
-        result.errors.append(f"{type(exc).__name__}: {exc}")
-        ready.put(spec.index)  # never leave the parent waiting for a worker that died early
-    results.put(asdict(result))
+    return result
 
 
 # --------------------------------------------------------------------------- the parent
 
 
-def run_phase(mode: str, socket: str, rate: str, seconds: float, processes: int, tasks: int,
+def run_phase(workers: harness.Workers, phase: harness.Phase, specs: list[WorkerSpec], seconds: float,
               cpu_of: Callable[[], float] | None = None) -> tuple[float, list[WorkerResult], float]:
-    """Spawn the workers, release them together at t0, collect their results.
+    """Release the workers together at t0, collect their results.
 
     Returns (t0, results, CPU seconds that `cpu_of` (e.g. the sidecar's) grew by over the window).
     """
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Queue()
-    results_q = ctx.Queue()
-    go = ctx.Event()
-    t0_value = ctx.Value("d", 0.0)
-    workers = [
-        ctx.Process(target=worker_main,
-                    args=(WorkerSpec(i, mode, socket, rate, seconds, tasks), ready, go, t0_value, results_q),
-                    daemon=True)
-        for i in range(processes)
-    ]
-    for proc in workers:
-        proc.start()
-    try:
-        for _ in range(processes):
-            ready.get(timeout=READY_TIMEOUT)
-        t0 = time.time() + START_DELAY
-        t0_value.value = t0
-        go.set()
-        window_cpu = 0.0
+    window_cpu = 0.0
+    t0 = 0.0
+
+    def watch(start: float) -> None:
+        nonlocal window_cpu, t0
+        t0 = start
         if cpu_of is not None:
-            time.sleep(max(0.0, t0 - time.time()))
+            harness.sleep_until(start)
             cpu_start = cpu_of()
-            time.sleep(max(0.0, t0 + seconds - time.time()))
+            harness.sleep_until(start + seconds)
             window_cpu = cpu_of() - cpu_start
-        results: list[WorkerResult] = []
-        deadline = time.monotonic() + START_DELAY + seconds + READY_TIMEOUT
-        while len(results) < processes:
-            try:
-                raw = results_q.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                raise TimeoutError(f"{mode}: only {len(results)} of {processes} workers answered") from None
-            results.append(WorkerResult(**raw))
-    finally:
-        for proc in workers:
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    results.sort(key=lambda r: r.index)
+
+    results = workers.run(phase, specs, timeout=START_DELAY + seconds + 60.0, start_delay=START_DELAY,
+                          while_running=watch)
     return t0, results, window_cpu
 
 
@@ -287,13 +226,6 @@ def max_burst(times: list[float], per_second: float) -> float | None:
         lowest = min(lowest, j - 1 - per_second * t)
         best = max(best, j - per_second * t - lowest)
     return best
-
-
-def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def summarize(name: str, t0: float, seconds: float, results: list[WorkerResult],
@@ -321,8 +253,8 @@ def summarize(name: str, t0: float, seconds: float, results: list[WorkerResult],
         worker_cpu_seconds=sum(res.cpu_seconds for res in results),
         waited_p50=waited[len(waited) // 2] if waited else None,
         waited_max=waited[-1] if waited else None,
-        overhead_p50=_quantile(overhead, 0.5),
-        overhead_p99=_quantile(overhead, 0.99),
+        overhead_p50=harness.percentile(sorted(overhead), 0.5) if overhead else None,
+        overhead_p99=harness.percentile(sorted(overhead), 0.99) if overhead else None,
         first_grant_after_t0=min(every) - t0 if every else None,
         woke_after_t0=max(res.woke for res in results) - t0,
         last_answer_after_end=max(late) - t0 - seconds if late else None,
@@ -339,13 +271,6 @@ def _proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def sidecar_status(socket: str) -> dict[str, Any]:
-    from mcpcreds import Client
-
-    with Client(socket) as creds:
-        return creds.status()
-
-
 def _bucket(status: dict[str, Any]) -> dict[str, Any]:
     for bucket in status.get("buckets", []):
         if bucket.get("key") == f"mcp:{SERVER_NAME}":
@@ -353,21 +278,19 @@ def _bucket(status: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def run_sidecar_phase(rate: Rate, seconds: float, processes: int, tasks: int) -> dict[str, Any]:
-    from tests.sidecar_proc import run_sidecar
-
-    with tempfile.TemporaryDirectory(prefix="mcpcreds-rate-") as tmp:
-        socket = f"{tmp}/s.sock"
-        config = Path(tmp) / "config.toml"
-        config.write_text(CONFIG_TEMPLATE.format(socket=socket, name=SERVER_NAME, rate=str(rate)))
-        with run_sidecar(config, Path(socket), {"BENCH_KEY": "bench-key-0123456789"}) as sidecar:
-            before = _bucket(sidecar_status(socket))
-            pid = sidecar.proc.pid
-            t0, results, window_cpu = run_phase(SIDECAR, socket, str(rate), seconds, processes, tasks,
-                                                lambda: _proc_cpu_seconds(pid))
-            after = _bucket(sidecar_status(socket))
-            stray = [line.strip() for line in sidecar.lines
-                     if '"level": "error"' in line or '"level":"error"' in line or "Traceback" in line]
+def run_sidecar_phase(workers: harness.Workers, rate: Rate, seconds: float, processes: int,
+                      tasks: int) -> dict[str, Any]:
+    block = harness.static_server(SERVER_NAME, {"X-Api-Key": "{{secret:BENCH_KEY}}"}, rate=str(rate))
+    with harness.workdir("rate-bench") as tmp, \
+            harness.sidecar(tmp, block, env={"BENCH_KEY": "bench-key-0123456789"}) as sidecar:
+        socket = str(sidecar.socket)
+        before = _bucket(harness.status(socket))
+        pid = sidecar.proc.pid
+        specs = [WorkerSpec(i, SIDECAR, socket, str(rate), seconds, tasks) for i in range(processes)]
+        t0, results, window_cpu = run_phase(workers, sidecar_worker, specs, seconds,
+                                            lambda: _proc_cpu_seconds(pid))
+        after = _bucket(harness.status(socket))
+        stray = harness.log_warnings(sidecar)
     summary = summarize(SIDECAR, t0, seconds, results, rate)
     return {
         "summary": summary,
@@ -480,31 +403,35 @@ def _table(report: dict[str, Any]) -> str:
     errors = side.errors + quo.errors + sc["sidecar_error_lines"]
     if errors:
         lines += ["", "errors:"] + [f"  {e}" for e in errors[:20]]
-    lines += ["", f"PNG: {report['png']}", f"verdict: {report['verdict']}"]
+    lines += ["", harness.ratio_line(f"permits in {report['seconds']:g} s", (SIDECAR, side.total),
+                                     (STATUS_QUO, quo.total)),
+              f"PNG: {report['png'] or 'not drawn'}", f"verdict: {report['verdict']}"]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="length of the window (default 10)")
-    parser.add_argument("--processes", type=int, default=8, help="worker processes (default 8)")
-    parser.add_argument("--tasks", type=int, default=4, help="concurrent coroutines per process (default 4)")
-    parser.add_argument("--rate", default="100/1s", help='the bucket, "<burst>/<per>" (default "100/1s")')
-    parser.add_argument("--png", type=Path, default=ROOT / "bench" / "rate_bench.png",
-                        help="where to draw the figure (default bench/rate_bench.png)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    args = parser.parse_args(argv)
+    p = harness.arguments(__doc__)
+    p.add_argument("--seconds", type=float, default=10.0, help="length of the window (default 10)")
+    p.add_argument("--processes", type=int, default=8, help="worker processes (default 8)")
+    p.add_argument("--tasks", type=int, default=4, help="concurrent coroutines per process (default 4)")
+    p.add_argument("--rate", default="100/1s", help='the bucket, "<burst>/<per>" (default "100/1s")')
+    p.add_argument("--png", default=str(harness.ROOT / "bench" / "rate_bench.png"),
+                   help="where to draw the figure (default bench/rate_bench.png; '' draws none)")
+    args = harness.parse(p, argv, quick={"seconds": 1.0, "processes": 2, "tasks": 2, "png": ""})
     try:
         rate = parse_rate(args.rate)
     except ValueError as exc:
-        parser.error(str(exc))
+        p.error(str(exc))
     if args.seconds <= 0 or args.processes < 1 or args.tasks < 1:
-        parser.error("--seconds, --processes and --tasks must be positive")
+        p.error("--seconds, --processes and --tasks must be positive")
 
     bound = rate.burst + rate.per_second * args.seconds
     floor = FLOOR * bound
-    sidecar = run_sidecar_phase(rate, args.seconds, args.processes, args.tasks)
-    t0, results, _ = run_phase(STATUS_QUO, "", args.rate, args.seconds, args.processes, args.tasks)
+    with harness.Workers(args.processes) as workers:
+        sidecar = run_sidecar_phase(workers, rate, args.seconds, args.processes, args.tasks)
+        specs = [WorkerSpec(i, STATUS_QUO, "", args.rate, args.seconds, args.tasks)
+                 for i in range(args.processes)]
+        t0, results, _ = run_phase(workers, status_quo_worker, specs, args.seconds)
     status_quo = summarize(STATUS_QUO, t0, args.seconds, results)
     side: RunSummary = sidecar["summary"]
 
@@ -517,20 +444,18 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("worker errors")
     verdict = "FAIL: " + "; ".join(problems) if problems else (
         f"PASS: sidecar {side.total} permits, {side.total / bound:.1%} of the bound {bound:g}")
-    draw(args.png, rate, args.seconds, bound, [side, status_quo])
+    if args.png:
+        draw(Path(args.png), rate, args.seconds, bound, [side, status_quo])
 
     report: dict[str, Any] = {
         "rate": str(args.rate), "burst": rate.burst, "per_second": rate.per_second,
         "seconds": args.seconds, "processes": args.processes, "tasks": args.tasks,
         "bound": bound, "floor": floor, "limit_per_second": _limit_per_second(rate, args.seconds),
-        "sidecar": sidecar, "status_quo": status_quo, "png": str(args.png), "verdict": verdict,
+        "sidecar": sidecar, "status_quo": status_quo, "png": args.png or None, "verdict": verdict,
     }
-    if args.json:
-        print(json.dumps(report, default=asdict, indent=2))
-    else:
-        print(_table(report))
+    harness.emit(args, report, _table)
     return 1 if problems else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.main(main)
