@@ -5,7 +5,8 @@ Run from the repository root (the package installed, e.g. `pip install -e .`; No
     python bench/login_bench.py                  # defaults below; about 50-60 s
     python bench/login_bench.py --json           # the same figures, machine-readable
     python bench/login_bench.py --ttl 3 --lifetimes 10 --processes 8 --calls 125 --interval 0.02 \\
-        --refresh-ahead 60s                      # every option, at its default
+        --refresh-ahead 0.25s                    # every option, at its default
+    python bench/login_bench.py --quick          # a smoke run: 2 processes, a 2 s steady run
 
 Targets (from the issue), each checked; the exit status is 1 if one is missed:
 
@@ -50,31 +51,20 @@ import base64
 import contextlib
 import itertools
 import json
-import multiprocessing
 import os
-import shutil
 import sys
-import tempfile
 import time
 import warnings
-from collections.abc import Callable, Coroutine, Iterator
-from multiprocessing.connection import Connection
-from multiprocessing.synchronize import Event
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `python bench/login_bench.py` puts bench/, not the root, on sys.path
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
 
-if TYPE_CHECKING:  # imported where used, so that the spawned client processes stay light
-    from multiprocessing.sharedctypes import Synchronized
+from bench import harness
 
+if TYPE_CHECKING:
     from tests.peers.oidc_peer import OidcPeer
-
-    SharedFloat = Synchronized[float]
-else:
-    SharedFloat = Any
 
 SERVER = "crm-ro"
 SERVICE_KEY = "service:crm"
@@ -83,31 +73,6 @@ CLIENT_ID = "bench"
 CLIENT_SECRET = "bench-secret-5f0c1d6e8a2b4f7e9c3a1b0d"
 SCOPE = "tools:read"
 COLD_TTL = 60  # the peer's token lifetime during the cold burst and the baseline
-READY_TIMEOUT = 60.0  # spawned processes importing httpx/authlib on a busy machine
-CONFIG_TEMPLATE = """\
-[sidecar]
-socket = "{socket}"
-refresh_ahead = "{refresh_ahead}"
-
-[secrets]
-sources = ["env"]
-
-[services.crm]
-endpoint = "{endpoint}"
-[services.crm.oauth]
-token_url = "{token_url}"
-client_id = "{client_id}"
-client_secret = "{{{{secret:BENCH_SECRET}}}}"
-scope = "{scope}"
-
-[[servers]]
-name = "{server}"
-service = "crm"
-"""
-
-
-class BenchError(Exception):
-    """A process or server failed: the message says which and why."""
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -127,20 +92,12 @@ def jwt_claims(authorization: str) -> dict[str, Any]:
     return claims
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, min(len(sorted_values), round(q * len(sorted_values) + 0.5)))
-    return sorted_values[rank - 1]
-
-
 def latency_ms(values: list[float]) -> dict[str, float | None]:
     ordered = sorted(values)
     if not ordered:
         return {"p50_ms": None, "p99_ms": None, "max_ms": None}
-    return {"p50_ms": round(percentile(ordered, 0.50) * 1e3, 3),
-            "p99_ms": round(percentile(ordered, 0.99) * 1e3, 3),
+    return {"p50_ms": round(harness.percentile(ordered, 0.50) * 1e3, 3),
+            "p99_ms": round(harness.percentile(ordered, 0.99) * 1e3, 3),
             "max_ms": round(ordered[-1] * 1e3, 3)}
 
 
@@ -148,21 +105,16 @@ def ms(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+# ----------------------------------------------------------------------------------- load phases
 
 
-# ------------------------------------------------------------------------------- worker processes
-
-
-async def _cold(params: dict[str, Any], go: Event, _start_at: SharedFloat, ctl: Connection) -> dict[str, Any]:
+async def cold(params: dict[str, Any], release: harness.Release) -> dict[str, Any]:
     """One AsyncClient; on `go`, `calls` concurrent headers_info calls."""
     from mcpcreds import AsyncClient
 
     async with AsyncClient(params["socket"]) as creds:
         await creds.health()  # reachable; touches no login
-        ctl.send(("ready", ""))
-        go.wait()
+        release.wait()
         released = time.perf_counter()
 
         async def one() -> tuple[float, str]:
@@ -171,13 +123,12 @@ async def _cold(params: dict[str, Any], go: Event, _start_at: SharedFloat, ctl: 
 
         outcomes = await asyncio.gather(*(one() for _ in range(params["calls"])), return_exceptions=True)
     latencies = [o[0] for o in outcomes if isinstance(o, tuple)]
-    errors = [_describe(o) for o in outcomes if isinstance(o, BaseException)]
+    errors = [harness.describe(o) for o in outcomes if isinstance(o, BaseException)]
     return {"latencies": latencies, "fingerprints": sorted({o[1] for o in outcomes if isinstance(o, tuple)}),
             "errors": len(errors), "first_error": errors[0] if errors else ""}
 
 
-async def _baseline(params: dict[str, Any], go: Event, _start_at: SharedFloat,
-                    ctl: Connection) -> dict[str, Any]:
+async def baseline(params: dict[str, Any], release: harness.Release) -> dict[str, Any]:
     """The status quo: one direct client-credentials fetch with authlib, on `go`."""
     from authlib.deprecate import AuthlibDeprecationWarning
 
@@ -187,23 +138,21 @@ async def _baseline(params: dict[str, Any], go: Event, _start_at: SharedFloat,
 
     token_url = params["token_url"]
     async with AsyncOAuth2Client(CLIENT_ID, CLIENT_SECRET, scope=SCOPE, token_endpoint=token_url) as client:
-        ctl.send(("ready", ""))
-        go.wait()
+        release.wait()
         released = time.perf_counter()
         try:
             token = await client.fetch_token(token_url, grant_type="client_credentials", scope=SCOPE,
                                              resource=ENDPOINT)
         except Exception as exc:
-            return {"latencies": [], "tokens": 0, "errors": 1, "first_error": _describe(exc)}
+            return {"latencies": [], "tokens": 0, "errors": 1, "first_error": harness.describe(exc)}
         took = time.perf_counter() - released
     ok = isinstance(token.get("access_token"), str)
     return {"latencies": [took], "tokens": 1 if ok else 0, "errors": 0 if ok else 1,
             "first_error": "" if ok else "no access_token in the answer"}
 
 
-async def _steady(params: dict[str, Any], go: Event, start_at: SharedFloat,
-                  ctl: Connection) -> dict[str, Any]:
-    """On `go`, headers_info every `interval` s from `start_at` (time.time()) for `duration` s,
+async def steady(params: dict[str, Any], release: harness.Release) -> dict[str, Any]:
+    """Once released, headers_info every `interval` s from the start for `duration` s,
     checking each token received against the clock."""
     from mcpcreds import AsyncClient
 
@@ -216,14 +165,12 @@ async def _steady(params: dict[str, Any], go: Event, start_at: SharedFloat,
     max_skew: float | None = None  # the answer's expires_at minus the JWT's exp, s
     async with AsyncClient(params["socket"]) as creds:
         await creds.health()
-        ctl.send(("ready", ""))
-        go.wait()
-        start = float(start_at.value)
+        start = release.wait()
         end = start + float(params["duration"])
-        loop_start = time.perf_counter() + (start - time.time())
-        await asyncio.sleep(max(0.0, start - time.time()))
+        loop_start = time.perf_counter() + (start - time.monotonic())
+        await asyncio.sleep(max(0.0, start - time.monotonic()))
         tick = 0
-        while time.time() < end:
+        while time.monotonic() < end:
             sent = time.perf_counter()
             try:
                 info = await creds.headers_info(SERVER)
@@ -232,7 +179,7 @@ async def _steady(params: dict[str, Any], go: Event, start_at: SharedFloat,
                 claims = jwt_claims(info["headers"]["Authorization"])
             except Exception as exc:
                 errors += 1
-                first_error = first_error or _describe(exc)
+                first_error = first_error or harness.describe(exc)
             else:
                 calls += 1
                 exp = float(claims["exp"])
@@ -254,118 +201,22 @@ async def _steady(params: dict[str, Any], go: Event, start_at: SharedFloat,
             "min_left": min_left, "max_skew": max_skew}
 
 
-Phase = Callable[[dict[str, Any], Event, SharedFloat, Connection], Coroutine[Any, Any, dict[str, Any]]]
-PHASES: dict[str, Phase] = {
-    "cold": _cold, "baseline": _baseline, "steady": _steady,
-}
-
-
-def worker_main(ctl: Connection, go: dict[str, Event], start_at: SharedFloat) -> None:
-    """Process target: run the phases the parent asks for, one at a time, until it sends None.
-    Each phase answers ("ready", "") once set up, then ("result", {...}); ("error", text) on failure."""
-    while True:
-        try:
-            command: tuple[str, dict[str, Any]] | None = ctl.recv()
-        except EOFError:
-            return
-        if command is None:
-            return
-        phase, params = command
-        try:
-            result = asyncio.run(PHASES[phase](params, go[phase], start_at, ctl))
-        except Exception as exc:
-            ctl.send(("error", _describe(exc)))
-        else:
-            ctl.send(("result", result))
-
-
-# ------------------------------------------------------------------------------ process plumbing
-
-
-class Pool:
-    """`processes` spawned client processes, started once and used by every phase."""
-
-    def __init__(self, processes: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.go: dict[str, Event] = {phase: ctx.Event() for phase in PHASES}
-        self.start_at: SharedFloat = ctx.Value("d", 0.0)
-        self.procs: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
-        for _ in range(processes):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(child, self.go, self.start_at), daemon=True)
-            proc.start()
-            child.close()
-            self.procs.append((proc, parent))
-
-    def _recv(self, pipe: Connection, timeout: float, what: str, expect: str) -> Any:
-        if not pipe.poll(timeout):
-            raise BenchError(f"{what}: a client process did not answer within {timeout:.0f} s")
-        try:
-            kind, payload = pipe.recv()
-        except EOFError:
-            raise BenchError(f"{what}: a client process died (see its traceback above)") from None
-        if kind == "error":
-            raise BenchError(f"{what}: a client process failed: {payload}")
-        if kind != expect:
-            raise BenchError(f"{what}: a client process sent {kind!r}, expected {expect!r}")
-        return payload
-
-    def prepare(self, phase: str, params: dict[str, Any]) -> None:
-        """Send the phase to every process and wait until each is set up and waiting for `go`."""
-        self.go[phase].clear()
-        for _, pipe in self.procs:
-            pipe.send((phase, params))
-        for _, pipe in self.procs:
-            self._recv(pipe, READY_TIMEOUT, phase, "ready")
-
-    def release(self, phase: str) -> None:
-        self.go[phase].set()
-
-    def results(self, phase: str, timeout: float) -> list[dict[str, Any]]:
-        return [self._recv(pipe, timeout, phase, "result") for _, pipe in self.procs]
-
-    def close(self) -> None:
-        for event in self.go.values():  # a process left waiting for a release (after an error) goes on
-            event.set()
-        for _, pipe in self.procs:
-            with contextlib.suppress(OSError):
-                pipe.send(None)
-            pipe.close()
-        deadline = time.monotonic() + 10
-        for proc, _ in self.procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+# ------------------------------------------------------------------------------ the sidecar
 
 
 @contextlib.contextmanager
 def sidecar(peer: OidcPeer, tmp: Path, name: str, refresh_ahead: str) -> Iterator[Path]:
     """A fresh `mcpcreds serve` on its own socket and config; yields the socket path."""
-    from tests.sidecar_proc import run_sidecar
-
-    folder = tmp / name
-    folder.mkdir(mode=0o700)
-    folder.chmod(0o700)  # the sidecar refuses a socket folder others can read
-    socket = folder / "s.sock"
-    config = folder / "config.toml"
-    config.write_text(CONFIG_TEMPLATE.format(
-        socket=socket, refresh_ahead=refresh_ahead, endpoint=ENDPOINT, token_url=peer.token_url,
-        client_id=CLIENT_ID, scope=SCOPE, server=SERVER), encoding="utf-8")
-    try:
-        with run_sidecar(config, socket, {"BENCH_SECRET": CLIENT_SECRET}):
-            yield socket
-    except (TimeoutError, RuntimeError) as exc:
-        raise BenchError(f"the sidecar ({name}) failed: {exc}") from None
+    block = harness.oauth_service("crm", SERVER, ENDPOINT, peer.token_url, CLIENT_ID, "BENCH_SECRET", SCOPE)
+    with harness.sidecar(tmp / name, block, env={"BENCH_SECRET": CLIENT_SECRET},
+                         settings=f'refresh_ahead = "{refresh_ahead}"') as proc:
+        yield proc.socket
 
 
 def login_status(socket: Path) -> dict[str, Any]:
-    from mcpcreds import Client
-
-    with Client(socket) as client:
-        for login in client.status().get("logins", []):
-            if login.get("key") == SERVICE_KEY:
-                return dict(login)
+    for login in harness.status(socket).get("logins", []):
+        if login.get("key") == SERVICE_KEY:
+            return dict(login)
     return {}
 
 
@@ -395,14 +246,18 @@ def first_error(out: list[dict[str, Any]]) -> str:
 # ----------------------------------------------------------------------------------------- phases
 
 
-def run_cold(pool: Pool, peer: OidcPeer, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_cold(pool: harness.Workers, peer: OidcPeer, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     peer.set_ttl(COLD_TTL)
     peer.reset_stats()
     with sidecar(peer, tmp, "cold", args.refresh_ahead) as socket:
-        pool.prepare("cold", {"socket": str(socket), "calls": args.calls})
-        before = peer.stats()["token_requests"]
-        pool.release("cold")
-        out = pool.results("cold", 120.0)
+        before = 0
+
+        def count() -> None:
+            nonlocal before
+            before = peer.stats()["token_requests"]
+
+        out = pool.run(cold, [{"socket": str(socket), "calls": args.calls}] * args.processes, timeout=120.0,
+                       before_release=count)
         stats = peer.stats()
         status = login_status(socket)
         inside = headers_route_seconds(socket)
@@ -418,12 +273,10 @@ def run_cold(pool: Pool, peer: OidcPeer, tmp: Path, args: argparse.Namespace) ->
     }
 
 
-def run_baseline(pool: Pool, peer: OidcPeer, args: argparse.Namespace) -> dict[str, Any]:
+def run_baseline(pool: harness.Workers, peer: OidcPeer, args: argparse.Namespace) -> dict[str, Any]:
     peer.set_ttl(COLD_TTL)
     peer.reset_stats()
-    pool.prepare("baseline", {"token_url": peer.token_url})
-    pool.release("baseline")
-    out = pool.results("baseline", 60.0)
+    out = pool.run(baseline, [{"token_url": peer.token_url}] * args.processes, timeout=60.0)
     stats = peer.stats()
     latencies = [lat for r in out for lat in r["latencies"]]
     return {
@@ -433,21 +286,30 @@ def run_baseline(pool: Pool, peer: OidcPeer, args: argparse.Namespace) -> dict[s
     }
 
 
-def run_steady(pool: Pool, peer: OidcPeer, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_steady(pool: harness.Workers, peer: OidcPeer, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     duration = args.ttl * args.lifetimes
     peer.set_ttl(args.ttl)
     peer.reset_stats()
     with sidecar(peer, tmp, "steady", args.refresh_ahead) as socket:
-        pool.prepare("steady", {"socket": str(socket), "interval": args.interval, "duration": duration})
-        before = peer.stats()["token_requests"]
-        start = time.time() + 0.2
-        pool.start_at.value = start
-        pool.release("steady")
-        time.sleep(max(0.0, start + duration - time.time()))
-        stats = peer.stats()  # at the end of the run, before any later renewal
-        stats_lag = time.time() - (start + duration)
-        status = login_status(socket)
-        out = pool.results("steady", 60.0)
+        before = 0
+        stats: dict[str, Any] = {}
+        status: dict[str, Any] = {}
+        stats_lag = 0.0
+
+        def count() -> None:
+            nonlocal before
+            before = peer.stats()["token_requests"]
+
+        def at_end(start: float) -> None:
+            nonlocal stats, stats_lag, status
+            harness.sleep_until(start + duration)
+            stats = peer.stats()  # at the end of the run, before any later renewal
+            stats_lag = time.monotonic() - (start + duration)
+            status = login_status(socket)
+
+        params = {"socket": str(socket), "interval": args.interval, "duration": duration}
+        out = pool.run(steady, [params] * args.processes, timeout=duration + 60.0, start_delay=0.2,
+                       before_release=count, while_running=at_end)
     first_seen: dict[str, float] = {}  # fingerprint -> first receipt by any process
     for r in out:
         for fp, (_exp, seen) in r["tokens"].items():
@@ -516,24 +378,13 @@ def notes(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = []
-    for n, row in enumerate(rows):
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
-        lines.append("  ".join(cells).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def render(report: dict[str, Any]) -> str:
     cold, base, steady = report["cold_burst"], report["baseline"], report["steady"]
     s = steady["sidecar_status_after_run"]
     out = [
         f"cold burst: {cold['calls']:,} concurrent headers calls from {cold['processes']} processes "
         f"({report['cpus']} CPUs, load average {report['load_average_1m_at_start']} at the start)",
-        table([
+        harness.table([
             ("", "sidecar", "baseline (authlib per process)"),
             ("token requests at the IdP", str(cold["token_requests"]), str(base["token_requests"])),
             ("distinct tokens received", str(cold["fingerprints"]), str(base["tokens_received"])),
@@ -544,12 +395,14 @@ def render(report: dict[str, Any]) -> str:
             ("latency max ms", ms(cold["max_ms"]), ms(base["max_ms"])),
             ("  of which in the sidecar, mean ms", ms(cold["sidecar_side_mean_ms"]), ""),
         ]),
+        harness.ratio_line("token requests in the cold burst", ("sidecar", cold["token_requests"]),
+                           ("baseline", base["token_requests"])),
         "",
         f"steady run: {steady['lifetimes']} lifetimes of a {steady['ttl_s']} s token "
         f"({steady['seconds']} s), "
         f"{steady['processes']} processes, a call every {steady['interval_s'] * 1e3:.0f} ms each, "
         f"refresh_ahead {steady['refresh_ahead']}",
-        table([
+        harness.table([
             ("figure", "value"),
             ("calls (per s)", f"{steady['calls']:,} ({steady['calls_per_s']:,.0f})"),
             ("errors", str(steady["errors"])),
@@ -567,8 +420,9 @@ def render(report: dict[str, Any]) -> str:
              f"{ms(steady['p50_ms'], 2)} / {ms(steady['p99_ms'], 2)} / {ms(steady['max_ms'])}"),
         ]),
         "",
-        table([("target", "measured", "met"),
-               *((t["target"], str(t["value"]), "yes" if t["met"] else "NO") for t in report["targets"])]),
+        harness.table([("target", "measured", "met"),
+                       *((t["target"], str(t["value"]), "yes" if t["met"] else "NO")
+                         for t in report["targets"])]),
     ]
     out.extend(notes(report))
     for name, phase in (("cold burst", cold), ("baseline", base), ("steady run", steady)):
@@ -577,8 +431,8 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def main(argv: list[str] | None = None) -> int:
+    p = harness.arguments(__doc__)
     p.add_argument("--ttl", type=int, default=15, help="token lifetime in the steady run, s (default 15)")
     p.add_argument("--lifetimes", type=int, default=10, help="length of the steady run in lifetimes (10)")
     p.add_argument("--processes", type=int, default=8, help="client processes (default 8)")
@@ -587,52 +441,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--refresh-ahead", default="0.25s",
                    help="the sidecar's refresh_ahead (default 0.25s: 11 logins in 10 lifetimes "
                         "needs a renewal in the last 1/11 of each)")
-    p.add_argument("--json", action="store_true", help="print machine-readable figures")
-    args = p.parse_args(argv)
+    args = harness.parse(p, argv, quick={"ttl": 2, "lifetimes": 1, "processes": 2, "calls": 10})
     if args.ttl < 1 or args.lifetimes < 1 or args.processes < 1 or args.calls < 1 or args.interval <= 0:
         p.error("--ttl, --lifetimes, --processes, --calls must be >= 1 and --interval > 0")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    from tests.peers.oidc_peer import start_oidc_peer
-
-    args = parse_args(argv)
-    clients = [{"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
-                "token_endpoint_auth_method": "client_secret_basic", "scope": SCOPE}]
-    tmp = Path(tempfile.mkdtemp(prefix="mcpcreds-login-bench-"))
-
-    def say(message: str) -> None:
-        if not args.json:
-            print(message, file=sys.stderr)
 
     started = time.monotonic()
     load = os.getloadavg()[0]  # latencies depend on what else the machine runs; the counts do not
-    pool = Pool(args.processes)  # the processes start while the peer does
-    try:
-        with start_oidc_peer(clients, access_token_ttl=COLD_TTL) as peer:
-            say("cold burst...")
-            cold = run_cold(pool, peer, tmp, args)
-            say("baseline...")
-            base = run_baseline(pool, peer, args)
-            say(f"steady run ({args.ttl * args.lifetimes} s)...")
-            steady = run_steady(pool, peer, tmp, args)
-    except BenchError as exc:
-        print(f"login_bench: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        pool.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+    with harness.workdir("login-bench") as tmp, \
+            harness.Workers(args.processes) as pool, \
+            harness.oidc_peer(CLIENT_ID, CLIENT_SECRET, SCOPE, COLD_TTL) as peer:  # while the processes start
+        harness.progress("cold burst...")
+        cold_burst = run_cold(pool, peer, tmp, args)
+        harness.progress("baseline...")
+        base = run_baseline(pool, peer, args)
+        harness.progress(f"steady run ({args.ttl * args.lifetimes} s)...")
+        steady_run = run_steady(pool, peer, tmp, args)
     report: dict[str, Any] = {
         "cpus": os.cpu_count(), "load_average_1m_at_start": round(load, 2), "python": sys.version.split()[0],
         "wall_s": round(time.monotonic() - started, 1),
-        "cold_burst": cold, "baseline": base, "steady": steady,
+        "cold_burst": cold_burst, "baseline": base, "steady": steady_run,
     }
-    report["targets"] = targets(cold, steady)
+    report["targets"] = targets(cold_burst, steady_run)
     report["ok"] = all(t["met"] for t in report["targets"])
-    print(json.dumps(report, indent=2) if args.json else render(report))
+    harness.emit(args, report, render)
     return 0 if report["ok"] else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.main(main)
