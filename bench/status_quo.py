@@ -6,6 +6,7 @@ Run from the repository root (Node for the authorization server peer; the MCP SD
     python bench/status_quo.py --json            # the same figures, machine-readable
     python bench/status_quo.py --processes 8 --tasks 2 --seconds 15 --ttl 5 --rate 20/1s
                                                  # every option, at its default
+    python bench/status_quo.py --quick           # a smoke run: 2 processes x 1 loop for 2 s
 
 Both sides run against the same real peers on loopback: an authorization server (oidc-provider,
 `tests/peers/oidc_peer.py`) issuing RFC 9068 JWT access tokens that live `--ttl` seconds, and an
@@ -87,76 +88,29 @@ import argparse
 import asyncio
 import contextlib
 import json
-import multiprocessing
-import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from multiprocessing.connection import Connection
-from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-ROOT = Path(__file__).resolve().parent.parent
-SRC = ROOT / "src"
-# `python bench/status_quo.py` puts bench/, not the root, on sys.path. src/ too: measure this
-# checkout's mcpcreds even if `pip install -e` points elsewhere (spawned processes inherit sys.path;
-# the sidecar gets it as PYTHONPATH).
-for _path in (SRC, ROOT):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
+
+from bench import harness
+from bench.harness import BenchError
 
 if TYPE_CHECKING:  # imported where used, so that the spawned client processes stay light
-    from multiprocessing.sharedctypes import Synchronized
-
     import httpx2
     from tests.peers.mcp_server import McpServerPeer
     from tests.peers.oidc_peer import OidcPeer
-
-    SharedFloat = Synchronized[float]
-else:
-    SharedFloat = Any
 
 SIDES = ("status_quo", "mcpcreds")
 SERVER = "tools"
 CLIENT_ID = "agent"
 CLIENT_SECRET = "bench-secret-0b7c5e2a9d4f4c1e8a6b3d2f1e0c9a8b"
 SCOPE = "tools:read tools:call"
-READY_TIMEOUT = 90.0  # spawned processes importing the MCP SDK on a busy machine
 ROUND_GAP = 1.0  # token requests more than this far apart (s) belong to different renewal rounds
-CONFIG_TEMPLATE = """\
-[sidecar]
-socket = "{socket}"
-
-[secrets]
-sources = ["env"]
-
-[services.mcp]
-endpoint = "{endpoint}"
-rate = "{rate}"
-[services.mcp.oauth]
-token_url = "{token_url}"
-client_id = "{client_id}"
-client_secret = "{{{{secret:BENCH_SECRET}}}}"
-scope = "{scope}"
-
-[[servers]]
-name = "{server}"
-service = "mcp"
-"""
-
-
-class BenchError(Exception):
-    """A process or peer failed: the message says which and why."""
-
-
-def _describe(exc: BaseException) -> str:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # anyio task groups wrap the cause
-        exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {exc}"
 
 
 # ------------------------------------------------------------------------------ worker processes
@@ -304,8 +258,7 @@ def _counting_transport(traffic: Traffic, mcp_url: str, token_url: str, issuer: 
     return Counting()
 
 
-async def _session_calls(params: dict[str, Any], go: Event, start_at: SharedFloat,
-                         ctl: Connection) -> dict[str, Any]:
+async def session_calls(params: dict[str, Any], release: harness.Release) -> dict[str, Any]:
     """Set up, say ready, wait for the release; then one MCP session and `tasks` loops of `add`."""
     import anyio
     import httpx2
@@ -341,9 +294,7 @@ async def _session_calls(params: dict[str, Any], go: Event, start_at: SharedFloa
     # so load it on both sides, or the mcpcreds processes pay tens of ms of imports after the release.
     await anyio.sleep(0)
     anyio.Lock()
-    ctl.send(("ready", ""))
-    await asyncio.to_thread(go.wait)
-    traffic.t0 = float(start_at.value)
+    traffic.t0 = await release.wait_async()
     done: list[float] = []  # completion times of `add` results, from the release
     latencies: list[float] = []
     errors = 0
@@ -372,7 +323,7 @@ async def _session_calls(params: dict[str, Any], go: Event, start_at: SharedFloa
                             raise BenchError(f"add({task}, {n}) answered {result!r}")
                     except Exception as exc:
                         errors += 1
-                        first_error = first_error or _describe(exc)
+                        first_error = first_error or harness.describe(exc)
                     else:
                         done.append(traffic.now())
                         latencies.append(traffic.now() - sent)
@@ -381,7 +332,7 @@ async def _session_calls(params: dict[str, Any], go: Event, start_at: SharedFloa
             await asyncio.gather(*(loop(task) for task in range(params["tasks"])))
     except Exception as exc:
         errors += 1
-        first_error = first_error or _describe(exc)
+        first_error = first_error or harness.describe(exc)
     return {"requests": traffic.requests, "done": done, "latencies": latencies, "opened": opened,
             "errors": errors, "first_error": first_error, "max_heads": traffic.max_heads,
             "max_bodies": traffic.max_bodies, "posts": traffic.posts,
@@ -390,86 +341,24 @@ async def _session_calls(params: dict[str, Any], go: Event, start_at: SharedFloa
             "mcpcreds_module": module}
 
 
-def worker_main(ctl: Connection, params: dict[str, Any], go: Event, start_at: SharedFloat) -> None:
-    """Process target: answers ("ready", ""), then ("result", {...}) or ("error", text)."""
-    try:
-        result = asyncio.run(_session_calls(params, go, start_at, ctl))
-    except Exception as exc:
-        ctl.send(("error", _describe(exc)))
-    else:
-        ctl.send(("result", result))
-    finally:
-        ctl.close()
-
-
 # --------------------------------------------------------------------------------- the parent
-
-
-def _recv(pipe: Connection, timeout: float, what: str, expect: str) -> Any:
-    if not pipe.poll(timeout):
-        raise BenchError(f"{what}: a client process did not answer within {timeout:.0f} s")
-    try:
-        kind, payload = pipe.recv()
-    except EOFError:
-        raise BenchError(f"{what}: a client process died (see its traceback above)") from None
-    if kind == "error":
-        raise BenchError(f"{what}: a client process failed: {payload}")
-    if kind != expect:
-        raise BenchError(f"{what}: a client process sent {kind!r}, expected {expect!r}")
-    return payload
 
 
 def run_processes(side: str, params: dict[str, Any], processes: int, seconds: float,
                   before_release: Callable[[], None] | None = None) -> list[dict[str, Any]]:
     """Spawn the processes, wait until each is set up, release them together, collect the results."""
-    ctx = multiprocessing.get_context("spawn")
-    go = ctx.Event()
-    start_at: SharedFloat = ctx.Value("d", 0.0)
-    procs: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
-    try:
-        for _ in range(processes):
-            parent, child = ctx.Pipe()
-            spawned = ctx.Process(target=worker_main, args=(child, {**params, "side": side}, go, start_at),
-                                  daemon=True)
-            spawned.start()
-            child.close()
-            procs.append((spawned, parent))
-        for _, pipe in procs:
-            _recv(pipe, READY_TIMEOUT, side, "ready")
-        if before_release is not None:
-            before_release()
-        start_at.value = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process
-        go.set()
-        return [_recv(pipe, seconds + 120.0, side, "result") for _, pipe in procs]
-    finally:
-        go.set()
-        for proc, pipe in procs:
-            pipe.close()
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+    with harness.Workers(processes) as workers:
+        return workers.run(session_calls, [{**params, "side": side}] * processes, timeout=seconds + 120.0,
+                           before_release=before_release)
 
 
 @contextlib.contextmanager
 def sidecar(oidc: OidcPeer, mcp: McpServerPeer, tmp: Path, rate: str) -> Iterator[Path]:
     """`mcpcreds serve` on its own socket and config; yields the socket path."""
-    from tests.sidecar_proc import run_sidecar
-
-    folder = tmp / "sidecar"
-    folder.mkdir(mode=0o700)
-    folder.chmod(0o700)  # the sidecar refuses a socket folder others can read
-    socket = folder / "s.sock"
-    config = folder / "config.toml"
-    config.write_text(CONFIG_TEMPLATE.format(
-        socket=socket, endpoint=mcp.url, rate=rate, token_url=oidc.token_url, client_id=CLIENT_ID,
-        scope=SCOPE, server=SERVER), encoding="utf-8")
-    try:
-        pythonpath = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p)
-        with run_sidecar(config, socket, {"BENCH_SECRET": CLIENT_SECRET, "PYTHONPATH": pythonpath}):
-            yield socket
-    except (TimeoutError, RuntimeError) as exc:
-        raise BenchError(f"the sidecar failed: {exc}") from None
+    block = harness.oauth_service("mcp", SERVER, mcp.url, oidc.token_url, CLIENT_ID, "BENCH_SECRET", SCOPE,
+                                  rate=rate)
+    with harness.sidecar(tmp / "sidecar", block, env={"BENCH_SECRET": CLIENT_SECRET}) as proc:
+        yield proc.socket
 
 
 def _ms(seconds: float) -> float:
@@ -718,7 +607,14 @@ def render(report: dict[str, Any]) -> str:
         "| | MCP SDK `ClientCredentialsOAuthProvider` in each process | mcpcreds |",
         "|---|---|---|",
         *(f"| {a} | {b} | {c} |" for a, b, c in rows),
+        "",
+        harness.ratio_line("token requests", ("mcpcreds", mc["token_requests"]),
+                           ("status quo", sq["token_requests"])),
     ]
+    firsts = [s["first_call"]["first_authorized_request_ms"]["p50"] for s in (mc, sq)]
+    if None not in firsts:
+        lines.append(harness.ratio_line("first request with a valid token, p50 ms", ("mcpcreds", firsts[0]),
+                                        ("status quo", firsts[1])))
     notes = []
     for side, s in (("status quo", sq), ("mcpcreds", mc)):
         if s["first_error"]:
@@ -735,8 +631,8 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def main(argv: list[str] | None = None) -> int:
+    p = harness.arguments(__doc__)
     p.add_argument("--processes", type=int, default=8, help="client processes per side (default 8)")
     p.add_argument("--tasks", type=int, default=2, help="concurrent call loops per process (default 2)")
     p.add_argument("--seconds", type=float, default=15.0, help="how long each process calls (default 15)")
@@ -744,8 +640,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", default="20/1s", help="the service's rate, for mcpcreds (default 20/1s)")
     p.add_argument("--no-prm-fix", action="store_true",
                    help="do not correct the MCP server's PRM document in the status-quo processes")
-    p.add_argument("--json", action="store_true", help="print machine-readable figures")
-    args = p.parse_args(argv)
+    args = harness.parse(p, argv, quick={"processes": 2, "tasks": 1, "seconds": 2.0, "ttl": 2})
     from mcpcreds.rates import parse_rate
 
     try:
@@ -754,33 +649,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(str(exc))
     if args.processes < 1 or args.tasks < 1 or args.seconds <= 0 or args.ttl < 1:
         p.error("--processes, --tasks, --ttl must be at least 1 and --seconds positive")
-    return args
 
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
     from tests.peers.mcp_server import start_mcp_server
-    from tests.peers.oidc_peer import start_oidc_peer
 
-    clients = [{"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
-                "token_endpoint_auth_method": "client_secret_basic", "scope": SCOPE}]
-    report: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "json"}}
-    tmp = Path(tempfile.mkdtemp(prefix="status-quo-bench-"))
-    try:
-        with start_oidc_peer(clients, access_token_ttl=args.ttl) as oidc, \
-                start_mcp_server(oidc.issuer, oidc.jwks_uri) as mcp:
-            warm_up(oidc, mcp)
-            for side in SIDES:
-                print(f"running {side} ...", file=sys.stderr, flush=True)
-                report[side] = run_side(side, oidc, mcp, tmp, args)
-    except (BenchError, RuntimeError, TimeoutError) as exc:  # the peers raise RuntimeError
-        print(f"status_quo: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(json.dumps(report, indent=2) if args.json else render(report))
+    report: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k not in ("json", "quick")}}
+    with harness.workdir("status-quo-bench") as tmp, \
+            harness.oidc_peer(CLIENT_ID, CLIENT_SECRET, SCOPE, args.ttl) as oidc, \
+            harness.started(start_mcp_server(oidc.issuer, oidc.jwks_uri), "the MCP server peer") as mcp:
+        warm_up(oidc, mcp)
+        for side in SIDES:
+            harness.progress(f"running {side} ...")
+            report[side] = run_side(side, oidc, mcp, tmp, args)
+    harness.emit(args, report, render)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.main(main)
