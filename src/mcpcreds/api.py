@@ -24,6 +24,8 @@ from .errors import (
     ProxyDisabled,
     ProxyOnly,
 )
+from .exec_api import ExecRoutes, grant_entries
+from .exec_config import EXEC_PREFIX
 from .gateway import Gateway
 from .grants import MAX_TTL, Grant, GrantLimits, new_token, token_hash
 from .logs import get_logger
@@ -175,9 +177,13 @@ class Api:
             ("POST", "rotated"): ("rotated", self.secret_rotated),
             ("POST", "rotate"): ("rotate", self.secret_rotate),
         }
+        self.exec_routes = ExecRoutes(self)  # mcpcreds exec (exec_api.py)
+        self._exec_actions: dict[tuple[str, str], tuple[str, Handler]] = {
+            ("POST", "session"): ("exec", self.exec_routes.session),
+        }
         self._fast_targets: dict[bytes, Target] = {}
         self._grant_routes = frozenset({"health", "openapi", "servers", "headers", "acquire", "call",
-                                        "invalidate", "backoff", "grant", "revoke", "mcp"})
+                                        "invalidate", "backoff", "grant", "revoke", "mcp", "exec"})
 
     def reload(self) -> None:
         self._fast_targets.clear()
@@ -295,7 +301,8 @@ class Api:
             return "revoke", self.revoke_grant
         # ["", "v1", "servers", NAME, ACTION]
         if len(parts) == 5 and parts[1] == "v1" and parts[3]:
-            table = {"servers": self._server_actions, "secrets": self._secret_actions}.get(parts[2])
+            table = {"servers": self._server_actions, "secrets": self._secret_actions,
+                     "exec": self._exec_actions}.get(parts[2])
             if table is not None:
                 found = table.get((request.method, parts[4]))
                 if found is not None:
@@ -327,15 +334,19 @@ class Api:
                 or not all(isinstance(n, str) for n in names):
             raise InvalidRequest(f"servers must be an array of 1 to {MAX_GRANT_SERVERS} server names")
         ttl = seconds_field(body, "ttl", 3600, 1, MAX_TTL)
+        execs = grant_entries(self.broker.config, names, request)  # the `exec:NAME` entries
         targets = []
         by_name: dict[str, Target] = {}
         for name in names:
+            if name.startswith(EXEC_PREFIX):
+                continue
             request.name = name
             target = self._target(request)  # a grant can only narrow what its holder has
             targets.append(target)
             by_name[name] = by_name[target.name] = target
         tools = grant_tools(body, by_name, request.grant)
-        trio_warning = check_rule_of_two({t.name: t.tags for t in targets},
+        exec_tags = {e.grant_name: e.tags for e in execs}
+        trio_warning = check_rule_of_two({**{t.name: t.tags for t in targets}, **exec_tags},
                                          allow_trifecta=self.broker.config.sidecar.allow_trifecta)
         now = self.broker.clock.time()
         expires_at = now + float(ttl)
@@ -343,7 +354,8 @@ class Api:
         if parent is not None:
             expires_at = min(expires_at, parent.expires_at)
         token = new_token()  # never logged, so not given to the redactor
-        grant = Grant(secrets.token_hex(8), tuple(dict.fromkeys(t.name for t in targets)), expires_at,
+        granted = [*(t.name for t in targets), *exec_tags]
+        grant = Grant(secrets.token_hex(8), tuple(dict.fromkeys(granted)), expires_at,
                       parent.id if parent is not None else None,
                       (*parent.ancestors, parent.id) if parent is not None else (), tools)
         side = self.broker.config.sidecar
@@ -356,7 +368,8 @@ class Api:
                          extra={"grant": grant.id, "warning": trio_warning})
             self.audit.write("grant_trifecta_allowed", id=grant.id, warning=trio_warning, **_actor(request))
         shown = redact_json({"id": grant.id, "grant": token, "expires_at": expires_at,
-                             "servers": [t.spec.to_dict() for t in targets]})
+                             "servers": [*(t.spec.to_dict() for t in targets),
+                                         *(e.to_dict() for e in execs)]})
         # the tool names as the caller sent them, not through the redactor: a name masked because it
         # happens to be a live secret would tell the caller so (the redactor as an oracle)
         shown["tools"] = grant.tools_json()

@@ -1,0 +1,138 @@
+"""A network namespace for `mcpcreds exec`'s child, and the forwarder that is its only way out.
+
+`enter_network_namespace()` moves the calling process (single-threaded: the CLI before it
+execs) into a new network namespace with only `lo`, brought up. As root: `unshare(CLONE_NEWNET)`;
+otherwise an unprivileged user namespace with it (the caller's uid and gid mapped to themselves,
+so the child runs as who it was, and loses the namespace's capabilities at `execve`).
+Python 3.11 has no `os.unshare`: libc's, through ctypes.
+
+`start_forwarder()` forks the forwarder inside that namespace: it accepts on 127.0.0.1 (the
+proxy address the child is given) and relays each connection to the sidecar's egress proxy
+on its Unix socket (a path: reachable from any network namespace). It dies with the child
+(`PR_SET_PDEATHSIG`), ignores the terminal's signals, holds none of the child's stdio, and exits
+when the sidecar ends the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import fcntl
+import os
+import signal
+import socket
+import struct
+from typing import Final
+
+CLONE_NEWUSER: Final = 0x10000000
+CLONE_NEWNET: Final = 0x40000000
+PR_SET_PDEATHSIG: Final = 1
+SIOCGIFFLAGS: Final = 0x8913
+SIOCSIFFLAGS: Final = 0x8914
+IFF_UP: Final = 0x1
+_IFREQ: Final = struct.Struct("16sH22x")
+
+
+class NamespaceUnavailable(OSError):
+    """The kernel (or the sandbox this runs in) refuses a new network namespace."""
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def enter_network_namespace() -> str:
+    """Move this process into a new network namespace with loopback only; returns how
+    ("netns" as root, "userns+netns" otherwise). NamespaceUnavailable if the kernel refuses."""
+    libc = _libc()
+    if os.geteuid() == 0:
+        if libc.unshare(CLONE_NEWNET) != 0:
+            raise NamespaceUnavailable(ctypes.get_errno(), "unshare(CLONE_NEWNET) refused")
+        how = "netns"
+    else:
+        uid, gid = os.geteuid(), os.getegid()
+        if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise NamespaceUnavailable(err, f"unprivileged user and network namespaces refused "
+                                            f"({os.strerror(err)})")
+        try:
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
+            _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
+        except OSError as exc:
+            raise NamespaceUnavailable(exc.errno or 0, "cannot map the uid in the user namespace") from None
+        how = "userns+netns"
+    loopback_up()
+    return how
+
+
+def loopback_up() -> None:
+    """`ip link set lo up`, as one ioctl."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        raw = fcntl.ioctl(sock, SIOCGIFFLAGS, _IFREQ.pack(b"lo", 0))
+        flags = _IFREQ.unpack(raw)[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, _IFREQ.pack(b"lo", flags | IFF_UP))
+
+
+def start_forwarder(listener: socket.socket, proxy_path: str, hold: socket.socket) -> int:
+    """Fork the forwarder; returns its pid. The caller closes its copies of both sockets."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the forwarder: never returns
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the child is already gone
+            os._exit(0)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_IGN)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # the MCP channel is the child's alone: its EOF must be its own
+            os.dup2(null, fd)
+        keep = sorted({listener.fileno(), hold.fileno()})
+        os.closerange(3, keep[0])
+        for low, high in zip(keep, [*keep[1:], 65536], strict=True):
+            os.closerange(low + 1, high)
+        asyncio.run(_forward(listener, proxy_path, hold))
+    finally:
+        os._exit(0)
+
+
+async def _forward(listener: socket.socket, proxy_path: str, hold: socket.socket) -> None:
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_unix_connection(proxy_path)
+        except OSError:
+            writer.close()
+            return
+        try:
+            await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+        finally:
+            up_writer.close()
+            writer.close()
+
+    server = await asyncio.start_server(relay, sock=listener)
+    hold_reader, _hold_writer = await asyncio.open_connection(sock=hold)
+    async with server:
+        with contextlib.suppress(OSError):
+            while await hold_reader.read(4096):  # the sidecar closes it when the session ends
+                pass
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(OSError, RuntimeError):
+            if writer.can_write_eof():
+                writer.write_eof()
