@@ -32,7 +32,7 @@ from mcpcreds.errors import ConfigError
 from mcpcreds.tcp_listener import LoopbackApp, TcpConnection
 from mcpcreds.tcp_peer import find_peer_uid, lookup_uid, parse_endpoint, parse_line, parse_table
 from mcpcreds.wire import Connections, Request, Response
-from tests.conftest import CANARY
+from tests.conftest import CANARY, run_cli
 from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 from tests.test_hardening_socket import NOBODY, SETPRIV
@@ -502,3 +502,14 @@ async def test_a_uid_that_cannot_be_found_is_refused_before_a_byte_is_read() -> 
 
     received, app, _ = await serve_once(lambda peer, ours: 4242, frozenset({os.getuid()}))
     assert received == b"" and app.requests == []
+
+
+def test_check_hints_at_expose_proxy_for_servers_that_keep_both(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[[servers]]\nname = "open"\nendpoint = "https://a.example/mcp"\n'
+                      '[[servers]]\nname = "closed"\nendpoint = "https://a.example/mcp"\nexpose = "proxy"\n')
+    result = run_cli("check", "--config", str(config))
+    assert result.code == 0, result.output
+    hints = [line for line in result.stderr.splitlines() if line.startswith("hint: ")]
+    assert len(hints) == 1 and hints[0].startswith('hint: expose = "both" (the default) on open: ')
+    assert 'expose = "proxy"' in hints[0] and "closed" not in hints[0]

@@ -24,6 +24,7 @@ from .errors import (
     UnknownSecret,
     UnknownServer,
 )
+from .exec_cli import add_parser as add_exec_parser
 from .socket_check import UntrustedSidecar
 from .sources import KeyringSource, check_secret_name
 
@@ -204,7 +205,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     both = [t.name for t in config.servers.values() if t.gateway.expose == "both"]
     if both:
-        print(f"hint: {', '.join(both)} keep expose = \"both\" (the default); with expose = \"proxy\" "
+        print(f"hint: expose = \"both\" (the default) on {', '.join(both)}: with expose = \"proxy\" "
               "the credential never leaves the sidecar (only the gateway, /mcp/{server}, uses it)",
               file=sys.stderr)
     print(f"{config.path}: ok")
@@ -385,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "a stdio MCP server relaying to the gateway, /mcp/SERVER (for MCP clients that launch "
                    "stdio servers); stdout carries JSON-RPC only; MCPCREDS_GRANT is sent as the grant")
     p.add_argument("name", metavar="SERVER", help="server name or cache key")
+
+    add_exec_parser(add_client)  # mcpcreds exec NAME -- CMD ARGS... (exec_cli.py)
 
     secret = sub.add_parser("secret", parents=[common], help="manage secrets in the keyring",
                             description="Manage secrets in the keyring; values never on argv.")
