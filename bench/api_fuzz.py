@@ -5,6 +5,7 @@ Run from the repository root (the package installed with its test extra, e.g. `p
     python bench/api_fuzz.py                            # 100,000 cases, a fresh sidecar every 25,000
     python bench/api_fuzz.py --cases 1000000 --seed 7   # longer; the seed repeats the same requests
     python bench/api_fuzz.py --json                     # the figures as JSON on stdout
+    python bench/api_fuzz.py --quick                    # a smoke run: 50 cases, one worker
 
 What it runs: the generator and the checks of `tests/test_api_fuzz.py` (issue #13), unchanged.
 Hypothesis draws batches of `--batch` requests from the shipped OpenAPI document
@@ -26,27 +27,24 @@ it). Exit status: 1 when there is any failure that is not a known bug, else 0.
 
 from __future__ import annotations
 
+import argparse
+import json
+import multiprocessing
+import os
+import random
 import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `python bench/api_fuzz.py` puts bench/, not the root, on sys.path
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import multiprocessing  # noqa: E402
-import os  # noqa: E402
-import random  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections import Counter  # noqa: E402
-from concurrent.futures import ProcessPoolExecutor  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Any  # noqa: E402
-
-from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
-from tests.test_api_fuzz import (  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from tests.test_api_fuzz import (
     KNOWN_BUGS,
     Case,
     batches,
@@ -54,6 +52,8 @@ from tests.test_api_fuzz import (  # noqa: E402
     leaks_in_logs,
     run_batch,
 )
+
+from bench import harness
 
 
 def operation(case: Case) -> str:
@@ -133,10 +133,10 @@ def run(args: argparse.Namespace) -> tuple[Tally, float]:
                 size = min(args.round, args.cases - tally.cases)
                 print(f"sidecar {tally.sidecars}: {size:,} cases from {args.workers} worker(s)...",
                       file=sys.stderr, flush=True)
-                shares = [size // args.workers + (w < size % args.workers) for w in range(args.workers)]
-                seeds = [args.seed + 1000 * tally.sidecars + w for w in range(args.workers)]
-                for part in pool.map(fuzz_round, [target.socket] * args.workers, shares, seeds,
-                                     [args.batch] * args.workers):
+                shares = harness.split(size, args.workers)
+                seeds = [args.seed + 1000 * tally.sidecars + w for w in range(len(shares))]
+                for part in pool.map(fuzz_round, [target.socket] * len(shares), shares, seeds,
+                                     [args.batch] * len(shares)):
                     tally.merge(part)
                 tally.failures += [f"sidecar {tally.sidecars}: {leak}" for leak in leaks_in_logs(target)]
     return tally, time.perf_counter() - started
@@ -171,7 +171,7 @@ def render(tally: Tally, seconds: float, args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(__doc__)
     parser.add_argument("--cases", type=int, default=100_000, help="cases to run in all (default 100,000)")
     parser.add_argument("--round", type=int, default=25_000, help="cases per sidecar (default 25,000)")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
@@ -179,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=25, help="cases per batch (default 25)")
     parser.add_argument("--seed", type=int, default=None, help="Hypothesis seed (default: random, printed)")
     parser.add_argument("--show", type=int, default=10, help="failures printed in full (default 10)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    args = parser.parse_args(argv)
+    args = harness.parse(parser, argv, quick={"cases": 50, "round": 50, "workers": 1})
     if args.seed is None:
         args.seed = random.randrange(2**32)
     tally, seconds = run(args)
@@ -201,4 +200,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.main(main)
