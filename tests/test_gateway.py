@@ -122,6 +122,9 @@ tool_allowlist = ["echo", "progress"]
 {keyed("headers-only", peer.url, 'expose = "headers"')}
 {keyed("dropper", peer.base + "/drop")}
 {keyed("forever", peer.base + "/forever")}
+{keyed("flood", peer.base + "/flood")}
+{keyed("watched", peer.url)}
+{keyed("plain", peer.url)}
 
 [[servers]]
 name = "odd-key"
@@ -395,6 +398,180 @@ async def test_a_stale_grant_is_refused_as_an_mcp_client_reads_errors(sidecar: S
         refused = await http.post("/mcp/tools", json=INIT, headers=RPC_HEADERS)
     assert refused.status_code == 403 and refused.json()["id"] == 0
     assert refused.json()["error"]["data"]["code"] == "forbidden"
+
+
+# ------------------------------------------------------------------------------------- grants narrow tools
+
+
+async def mint(sidecar: SidecarProcess, body: dict[str, Any], grant: str | None = None) -> httpx.Response:
+    """`POST /v1/grants` as sent (the library's `grant()` takes no tools)."""
+    async with raw_client(sidecar, **({"Authorization": f"Bearer {grant}"} if grant else {})) as http:
+        return await http.post("/v1/grants", json=body)
+
+
+async def test_a_grant_narrows_the_tools_of_a_server_below_its_policy(peer: GatewayPeer, sidecar: SidecarProcess,
+                                                                       workdir: Path) -> None:
+    """`allow`'s policy exposes echo and progress; the grant allows echo and add: only echo is left."""
+    minted = (await mint(sidecar, {"servers": ["allow", "tools"], "tools": {"allow": ["echo", "add"]},
+                                   "ttl": 60})).json()
+    assert minted["tools"] == {"allow": ["add", "echo"]}
+    entry = audit(workdir, "grant")[-1]
+    assert entry["id"] == minted["id"] and entry["tools"] == {"allow": ["add", "echo"]}
+    before = peer.stats()
+    async with mcp_session(sidecar, "allow", grant=minted["grant"]) as session:
+        assert [t.name for t in (await session.list_tools()).tools] == ["echo"]
+        assert value(await session.call_tool("echo", {"text": "in"})) == "in"
+        with pytest.raises(MCPError) as refused:
+            await session.call_tool("progress", {"steps": 0})  # the policy allows it, the grant does not
+        assert refused.value.error.code == -32602 and "grant" in refused.value.error.message
+        assert "progress" not in refused.value.error.message
+        with pytest.raises(MCPError) as refused:
+            await session.call_tool("add", {"a": 1, "b": 1})  # the grant allows it, the policy does not
+        assert refused.value.error.code == -32602 and "trust policy" in refused.value.error.message
+    async with mcp_session(sidecar, "tools", grant=minted["grant"]) as session:  # a server it does not narrow
+        assert {t.name for t in (await session.list_tools()).tools} == ALL_TOOLS
+    after = peer.stats()
+    assert after["tools"].get("echo", 0) == before["tools"].get("echo", 0) + 1
+    for tool in ("progress", "add"):
+        assert after["tools"].get(tool, 0) == before["tools"].get(tool, 0), tool  # never reached the server
+    posts = after["requests"]["POST"]
+    async with raw_client(sidecar, Authorization=f"Bearer {minted['grant']}") as http:
+        answer = await http.post("/mcp/allow", json=[
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo", "arguments": {}}},
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "progress"}}], headers=RPC_HEADERS)
+    assert [(a["id"], a["error"]["code"]) for a in answer.json()] == [(1, -32600), (2, -32602)]
+    assert peer.stats()["requests"]["POST"] == posts  # a batch with a refused call: nothing sent
+
+
+async def test_a_sub_grant_can_only_narrow_its_grants_tools(sidecar: SidecarProcess) -> None:
+    parent = (await mint(sidecar, {"servers": ["allow", "tools"], "tools": {"allow": ["echo", "progress"]}})).json()
+    wider = await mint(sidecar, {"servers": ["allow"], "tools": {"allow": ["echo", "add"]}}, parent["grant"])
+    assert wider.status_code == 403 and wider.json()["error"]["code"] == "forbidden"
+    inherited = await mint(sidecar, {"servers": ["allow", "tools"]}, parent["grant"])
+    assert inherited.status_code == 200 and inherited.json()["tools"] == {"allow": ["echo", "progress"]}
+    narrower = (await mint(sidecar, {"servers": ["mcp:allow"], "tools": {"allow": ["progress"]}},
+                           parent["grant"])).json()
+    assert narrower["tools"] == {"allow": ["progress"]}  # named by the name it resolves to
+    nothing = (await mint(sidecar, {"servers": ["allow"], "tools": {"allow": []}}, parent["grant"])).json()
+    for grant, tools in ((inherited.json(), ["echo", "progress"]), (narrower, ["progress"]), (nothing, [])):
+        async with mcp_session(sidecar, "allow", grant=grant["grant"]) as session:
+            assert [t.name for t in (await session.list_tools()).tools] == tools
+
+
+async def test_grant_tools_are_bounded_and_never_echoed(sidecar: SidecarProcess) -> None:
+    made_up = "echo-" + CANARY[:6] + "-server"
+    for tools in ({made_up: ["echo"]}, {"allow": ["x" * 129]}, {"allow": [f"t{i}" for i in range(257)]},
+                  {"allow": "echo"}, {"allow": [""]}, {"allow": [7]}, ["allow"], {"allow": [], "mcp:allow": []},
+                  {"tools": ["echo"]}):
+        refused = await mint(sidecar, {"servers": ["allow"], "tools": tools})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request", tools
+        assert made_up not in refused.text and "xxxxxxxx" not in refused.text and "t256" not in refused.text
+    assert (await mint(sidecar, {"servers": ["allow"], "tools": {"allow": ["y" * 128] * 2}})).status_code == 200
+
+
+async def test_a_grant_that_narrows_a_credentials_tools_cannot_take_the_credential(sidecar: SidecarProcess) -> None:
+    """With the API key in hand the holder could call any tool: the narrowing would be advisory."""
+    narrowed = (await mint(sidecar, {"servers": ["plain"], "tools": {"plain": ["echo"]}})).json()
+    plain = (await mint(sidecar, {"servers": ["plain"]})).json()
+    async with raw_client(sidecar, Authorization=f"Bearer {narrowed['grant']}") as http:
+        for method, action in (("GET", "headers"), ("POST", "call")):
+            refused = await http.request(method, f"/v1/servers/plain/{action}")
+            assert refused.status_code == 403 and refused.json()["error"]["code"] == "proxy_only", action
+            assert STATIC_KEY not in refused.text
+    async with raw_client(sidecar, Authorization=f"Bearer {plain['grant']}") as http:
+        assert (await http.get("/v1/servers/plain/headers")).json()["headers"] == {"X-Api-Key": STATIC_KEY}
+    async with mcp_session(sidecar, "plain", grant=narrowed["grant"]) as session:
+        assert [t.name for t in (await session.list_tools()).tools] == ["echo"]
+
+
+# ------------------------------------------------------------------------------------- live sessions
+
+
+async def gateway_row(sidecar: SidecarProcess, server: str) -> tuple[dict[str, Any], str]:
+    async with raw_client(sidecar) as http:
+        answer = await http.get("/v1/status")
+    rows = {row["name"]: row for row in answer.json()["gateway"]["servers"]}
+    return rows.get(server, {"sessions": 0, "streams": 0, "in_flight": 0}), answer.text
+
+
+async def status_until(sidecar: SidecarProcess, server: str, check: Any) -> tuple[dict[str, Any], str]:
+    """The status row of `server` once `check(row)` holds (what it counts changes in other processes)."""
+    deadline = time.monotonic() + 30
+    while not check((found := await gateway_row(sidecar, server))[0]):
+        assert time.monotonic() < deadline, found
+        await asyncio.sleep(0.02)
+    return found
+
+
+async def test_status_counts_live_sessions_and_streams_per_server_never_their_ids(
+        peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    async with mcp_session(sidecar, "watched") as session:
+        session_id = [s for s in peer.stats()["sessions"] if s][-1]
+        row, text = await status_until(sidecar, "watched", lambda r: r["sessions"] == 1 and r["streams"] == 1)
+        assert row["oldest_session_age"] >= 0 and row["in_flight"] == 0  # the stream: the SDK's GET
+        assert session_id not in text
+        async with raw_client(sidecar) as http:
+            assert session_id not in (await http.get("/metrics")).text
+        async with mcp_session(sidecar, "watched"):
+            await status_until(sidecar, "watched", lambda r: r["sessions"] == 2)
+        await status_until(sidecar, "watched", lambda r: r["sessions"] == 1)  # the other one was DELETEd
+        assert value(await session.call_tool("echo", {"text": "still here"})) == "still here"
+    await status_until(sidecar, "watched", lambda r: r["sessions"] == 0 and r["streams"] == 0)
+    async with raw_client(sidecar) as http:  # an id no answer carried counts for nothing, nor does its DELETE
+        await http.post("/mcp/watched", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                        headers={**RPC_HEADERS, "Mcp-Session-Id": "made-up"})
+    row, _ = await gateway_row(sidecar, "watched")
+    assert row["sessions"] == 0
+
+
+# ------------------------------------------------------------------------------------- streaming
+
+FLOOD = 12 * 2**20  # bytes of SSE events the peer streams
+
+
+def vm(pid: int, field: str) -> int:
+    """A memory figure of a process from /proc/PID/status, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(field)
+
+
+async def flood(peer: GatewayPeer, sidecar: SidecarProcess, size: int) -> int:
+    """Stream `size` bytes of SSE events from the peer to a slow reader; the bytes received."""
+    call = {"jsonrpc": "2.0", "id": "flood", "method": "tools/call",
+            "params": {"name": "flood", "arguments": {"bytes": size}}}
+    done = peer.stats()["floods_done"]
+    received, tail = 0, b""
+    async with raw_client(sidecar) as http, http.stream("POST", "/mcp/flood", json=call, headers=RPC_HEADERS) as answer:
+        chunks = answer.aiter_raw()
+        first = await chunks.__anext__()
+        # the first event arrived while the peer waits for the release: relayed, not held back
+        assert b'"progress": 0' in first and peer.stats()["flood_sent"] == 0
+        await asyncio.to_thread(peer.release)
+        received = len(first)
+        async for chunk in chunks:
+            received += len(chunk)
+            tail = (tail + chunk)[-256:]
+            await asyncio.sleep(0.004)  # a slow reader: the peer is held back by the gateway, not by us
+    assert b"flooded" in tail and peer.stats()["floods_done"] == done + 1
+    return received
+
+
+async def test_a_big_sse_stream_to_a_slow_reader_passes_with_bounded_sidecar_memory(
+        peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    """The peer writes as fast as the gateway reads; the client reads slowly. A gateway that kept
+    what the client has not read yet (or read the stream whole) would grow by about FLOOD; one that
+    stops reading while its client does not stays within a few events (measured after a first,
+    small stream: the allocator's first growth is not what is measured)."""
+    pid = sidecar.proc.pid
+    assert await flood(peer, sidecar, 2**20) > 2**20
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # the peak (VmHWM) starts again from now
+    base = vm(pid, "VmRSS")
+    assert await flood(peer, sidecar, FLOOD) > FLOOD
+    growth = vm(pid, "VmHWM") - base
+    assert growth < FLOOD // 3, f"the sidecar grew by {growth / 2**20:.1f} MiB"
+    await healthy(sidecar)
 
 
 # ------------------------------------------------------------------------------------- logins and rate

@@ -11,8 +11,13 @@ starting with ``--token-prefix`` and not revoked, or ``X-Api-Key: <--static-key>
 
     POST /drop      answers with an SSE stream: one event, then the connection is cut
     POST /forever   answers with an SSE stream: one event, then nothing until the client leaves
+    POST /flood     a tools/call answered by an SSE stream: one progress event; after the test's
+                    release, progress events of ``arguments.event`` bytes (default 64 KiB) until
+                    ``arguments.bytes`` (default 10 MiB) are sent, then the call's result; it
+                    writes as fast as its client's connection takes it (``flood_sent`` counts)
     GET  /_test/stats        {"requests": {"POST": n, ...}, "methods": {...}, "tools": {...},
-                              "unauthorized", "rate_limited", "disconnects", "tokens": [...],
+                              "unauthorized", "rate_limited", "disconnects", "flood_sent",
+                              "floods_done", "tokens": [...],
                               "sessions": [...], "headers": [[name, value], ...] of the last request}
     POST /_test/release      let the waiting ``progress`` tool go on
     POST /_test/revoke_all   refuse every token seen so far (a 401 for it)
@@ -42,11 +47,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
+from tests.peers.asgi import Fail429, buffered, send_json
 from tests.peers.process import read_log, ready_process
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
-    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,20 +65,20 @@ class PeerState:
         self.methods: Counter[str] = Counter()
         self.tools: Counter[str] = Counter()
         self.unauthorized = 0
-        self.rate_limited = 0
         self.disconnects = 0
+        self.flood_sent = 0
+        self.floods_done = 0
         self.tokens: list[str] = []
         self.revoked: set[str] = set()
         self.sessions: list[str | None] = []
         self.headers: list[list[str]] = []
-        self.fail_429 = 0
-        self.retry_after = "1"
+        self.fail_429 = Fail429()
         self.release = asyncio.Event()
 
     def snapshot(self) -> dict[str, Any]:
         return {"requests": dict(self.requests), "methods": dict(self.methods), "tools": dict(self.tools),
-                "unauthorized": self.unauthorized, "rate_limited": self.rate_limited,
-                "disconnects": self.disconnects, "tokens": list(self.tokens), "sessions": list(self.sessions),
+                "unauthorized": self.unauthorized, "rate_limited": self.fail_429.refused,
+                "disconnects": self.disconnects, "flood_sent": self.flood_sent, "floods_done": self.floods_done, "tokens": list(self.tokens), "sessions": list(self.sessions),
                 "headers": self.headers}
 
     def authorized(self, headers: dict[str, str]) -> bool:
@@ -121,35 +127,6 @@ def build_server(state: PeerState) -> MCPServer[Any]:
     return server
 
 
-async def _body(receive: Receive) -> tuple[bytes, Receive]:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    body = b"".join(chunks)
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return body, replay
-
-
-async def _json(send: Send, status: int, payload: Any, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = json.dumps(payload).encode()
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]})
-    await send({"type": "http.response.body", "body": body})
-
-
 def _messages(body: bytes) -> list[dict[str, Any]]:
     try:
         data = json.loads(body)
@@ -163,7 +140,7 @@ def build_app(state: PeerState) -> ASGIApp:
     mcp_app = build_server(state).streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
 
     async def one_event_stream(receive: Receive, send: Send, then_cut: bool) -> None:
-        _, receive = await _body(receive)
+        _, receive = await buffered(receive)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
         event = {"jsonrpc": "2.0", "method": "notifications/message",
@@ -178,37 +155,65 @@ def build_app(state: PeerState) -> ASGIApp:
             pass
         state.disconnects += 1
 
+    async def flood(receive: Receive, send: Send) -> None:
+        body, _ = await buffered(receive)
+        call = next((m for m in _messages(body) if m.get("method") == "tools/call"), {})
+        args = (call.get("params") or {}).get("arguments") or {}
+        total, size = int(args.get("bytes", 10 * 2**20)), int(args.get("event", 64 * 1024))
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+
+        def event(message: dict[str, Any]) -> bytes:
+            return b"event: message\ndata: " + json.dumps(message).encode() + b"\n\n"
+
+        def progress(n: int, text: str) -> bytes:
+            return event({"jsonrpc": "2.0", "method": "notifications/progress",
+                          "params": {"progressToken": "flood", "progress": n, "message": text}})
+
+        state.flood_sent = 0
+        await send({"type": "http.response.body", "body": progress(0, "first"), "more_body": True})
+        await state.release.wait()
+        state.release.clear()
+        pad, n = "x" * size, 0
+        while state.flood_sent < total:
+            n += 1
+            chunk = progress(n, pad)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})  # waits while full
+            state.flood_sent += len(chunk)
+        result = {"content": [{"type": "text", "text": f"flooded {n}"}], "isError": False}
+        await send({"type": "http.response.body", "body": event({"jsonrpc": "2.0", "id": call.get("id"),
+                                                                 "result": result})})
+        state.floods_done += 1
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if scope["type"] != "http":
             await mcp_app(scope, receive, send)
             return
         if path == "/_test/stats":
-            await _json(send, 200, state.snapshot())
+            await send_json(send, 200, state.snapshot())
             return
         if path == "/_test/release":
             state.release.set()
-            await _json(send, 200, {"ok": True})
+            await send_json(send, 200, {"ok": True})
             return
         if path == "/_test/revoke_all":
             state.revoked.update(state.tokens)
-            await _json(send, 200, {"ok": True})
+            await send_json(send, 200, {"ok": True})
             return
         if path == "/_test/fail_429":
-            body, _ = await _body(receive)
-            args = json.loads(body or b"{}")
-            state.fail_429 = int(args.get("count", 1))
-            state.retry_after = str(args.get("retry_after", "1"))
-            await _json(send, 200, {"ok": True})
+            body, _ = await buffered(receive)
+            state.fail_429.arm(json.loads(body or b"{}"))
+            await send_json(send, 200, {"ok": True})
             return
-        if path not in ("/mcp", "/drop", "/forever"):
+        if path not in ("/mcp", "/drop", "/forever", "/flood"):
             await mcp_app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         state.headers = [[k.decode("latin-1").lower(), v.decode("latin-1")] for k, v in scope["headers"]]
         state.requests[scope["method"]] += 1
         state.sessions.append(headers.get("mcp-session-id"))
-        body, receive = await _body(receive)
+        body, receive = await buffered(receive)
         messages = _messages(body)
         for message in messages:
             if isinstance(message.get("method"), str):
@@ -217,15 +222,14 @@ def build_app(state: PeerState) -> ASGIApp:
                     state.tools[str((message.get("params") or {}).get("name"))] += 1
         if not state.authorized(headers):
             state.unauthorized += 1
-            await _json(send, 401, {"error": "invalid_token"},
+            await send_json(send, 401, {"error": "invalid_token"},
                         [(b"www-authenticate", b'Bearer error="invalid_token"')])
             return
-        if state.fail_429 > 0 and any(m.get("method") == "tools/call" for m in messages):
-            state.fail_429 -= 1
-            state.rate_limited += 1
-            await _json(send, 429, {"error": "rate_limited"}, [(b"retry-after", state.retry_after.encode())])
+        if await state.fail_429.refuse(send, [str(m.get("method")) for m in messages]):
             return
-        if path == "/drop":
+        if path == "/flood":
+            await flood(receive, send)
+        elif path == "/drop":
             await one_event_stream(receive, send, then_cut=True)
         elif path == "/forever":
             await one_event_stream(receive, send, then_cut=False)

@@ -56,6 +56,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tests.peers.asgi import Fail429, buffered, rpc_methods
 from tests.peers.process import read_log, ready_process
 
 READY_TIMEOUT = 60.0
@@ -74,7 +75,6 @@ class ServerState:
         self.requests = 0
         self.by_method: Counter[str] = Counter()
         self.unauthorized = 0
-        self.rate_limited = 0
         self.tool_calls = 0
         self.jwks_fetches = 0
         self.rejected: Counter[str] = Counter()  # why a token was refused
@@ -82,12 +82,10 @@ class ServerState:
         self.posts: list[dict[str, Any]] = []  # every POST to /mcp: {"at", "method", "status"}
         self.revoked_jtis: set[str] = set()
         self.revoked_before = 0  # tokens with iat < this are revoked
-        self.fail_429 = 0
-        self.fail_429_method: str | None = "tools/call"
-        self.retry_after = "1"
+        self.fail_429 = Fail429()
 
     def reset(self) -> None:
-        self.requests = self.unauthorized = self.rate_limited = self.tool_calls = 0
+        self.requests = self.unauthorized = self.fail_429.refused = self.tool_calls = 0
         self.by_method.clear()
         self.rejected.clear()
         self.tokens_seen.clear()
@@ -98,7 +96,7 @@ class ServerState:
             "requests": self.requests,
             "by_method": dict(self.by_method),
             "unauthorized": self.unauthorized,
-            "rate_limited": self.rate_limited,
+            "rate_limited": self.fail_429.refused,
             "tool_calls": self.tool_calls,
             "tokens_seen": list(self.tokens_seen),
             "jwks_fetches": self.jwks_fetches,
@@ -179,46 +177,6 @@ class JwtTokenVerifier:
         )
 
 
-async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
-    """Read the whole request body; return it and a `receive` that replays it."""
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    body = b"".join(chunks)
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return body, replay
-
-
-def _rpc_method(body: bytes) -> str | None:
-    try:
-        message = json.loads(body)
-    except ValueError:
-        return None
-    return message.get("method") if isinstance(message, dict) else None
-
-
-async def _send_json(send: Send, status: int, payload: dict[str, Any],
-                     extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = json.dumps(payload).encode()
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        *(extra or [])]})
-    await send({"type": "http.response.body", "body": body})
-
-
 def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) -> ASGIApp:
     """The SDK's Streamable HTTP app with bearer auth, wrapped by the test controls."""
     server: MCPServer[Any] = MCPServer(
@@ -268,10 +226,7 @@ def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) 
 
     @server.custom_route("/_test/fail_429", methods=["POST"])
     async def fail_429(request: Request) -> Response:
-        args = await read_args(request)
-        state.fail_429 = int(args.get("count", 1))
-        state.retry_after = str(args.get("retry_after", 1))
-        state.fail_429_method = args.get("method", "tools/call")
+        state.fail_429.arm(await read_args(request))
         return JSONResponse({"ok": True})
 
     app = server.streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
@@ -284,15 +239,12 @@ def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) 
         state.by_method[scope["method"]] += 1
         post: dict[str, Any] = {}
         if scope["method"] == "POST":
-            body, receive = await _buffered(receive)  # read the body to see the JSON-RPC method
-            post = {"at": time.monotonic(), "method": _rpc_method(body), "status": None}
+            body, receive = await buffered(receive)  # read the body to see the JSON-RPC method
+            methods = rpc_methods(body)
+            post = {"at": time.monotonic(), "method": methods[0] if len(methods) == 1 else None, "status": None}
             state.posts.append(post)
-            if state.fail_429 > 0 and state.fail_429_method in (None, post["method"]):
-                state.fail_429 -= 1
-                state.rate_limited += 1
+            if await state.fail_429.refuse(send, methods):
                 post["status"] = 429
-                await _send_json(send, 429, {"error": "rate_limited"},
-                                 [(b"retry-after", state.retry_after.encode())])
                 return
 
         async def counting_send(message: Message) -> None:
