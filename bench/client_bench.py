@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=0.5, help="seconds per mode first (default 0.5)")
     p.add_argument("--profile", action="store_true", help="cProfile the auth mode at concurrency 1")
     p.add_argument("--profile-requests", type=int, default=2000)
-    args = harness.parse(p, argv, quick={"seconds": 0.2, "rounds": 1, "warmup": 0.1, "profile_requests": 100})
+    args = harness.parse(p, argv, quick={"seconds": 0.5, "rounds": 1, "warmup": 0.1, "profile_requests": 100})
 
     report: dict[str, Any] = {**harness.machine(), "httpx": httpx.__version__, "seconds": args.seconds,
                               "rounds": args.rounds, "results": [], "added": [], "decomposition": []}

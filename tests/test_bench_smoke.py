@@ -1,0 +1,94 @@
+"""The benches still run: each bench's `--quick` mode, as the command line runs it, prints its
+baseline from the same run and its ratio (issue 18). No figure is checked, only that it is there.
+
+The benches run at once, each in its own process group (they spawn load processes, sidecars and
+peers), so the whole module takes about as long as the slowest one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 100.0
+
+
+class Bench(NamedTuple):
+    script: str
+    args: tuple[str, ...]
+    baseline: str  # a regex a line of stdout must match: the baseline's figures
+    ratio: str  # ... and the ratio against it
+    codes: tuple[int, ...] = (0,)  # exit statuses that still mean it ran (1: a target missed)
+
+
+BENCHES = {
+    "socket": Bench("socket_bench.py", (), r"^echo\s+1\s+[\d,]+\s", r"^sidecar\s+1\s.*\s\d+\.\d\d$"),
+    "client": Bench("client_bench.py", (), r"^plain\s+c=1\s.*req/s", r"^added by auth=\s+c=1\s.*throughput x[\d.]+$"),
+    "redis": Bench("redis_bench.py", (), r"^bare EVALSHA .*c=1\s.*req/s", r"^\s+redis / evalsha\s+throughput x[\d.]+"),
+    "rate": Bench("rate_bench.py", (), r"^aiolimiter\s+\d+\s",
+                  r"^ratio: permits in 1 s: sidecar \d+ / aiolimiter \d+ = [\d.]+x$", (0, 1)),
+    "login": Bench("login_bench.py", (), r"^token requests at the IdP\s+1\s+2$",
+                   r"^ratio: token requests in the cold burst: sidecar 1 / baseline 2 = 0\.50x$", (0, 1)),
+    "status_quo": Bench("status_quo.py", ("--processes", "1", "--seconds", "1"),
+                        r"^\| token requests \(at the IdP\) \| \d+ \| \d+ \|$",
+                        r"^ratio: first request with a valid token, p50 ms: mcpcreds [\d.]+ / status quo [\d.]+ = "),
+    # a fuzz, not a measurement: no baseline; its summary and no failure
+    "api_fuzz": Bench("api_fuzz.py", ("--seed", "1"), r"^api_fuzz: [\d,]+ cases in ", r"^failures: 0$"),
+}
+
+
+class Run(NamedTuple):
+    proc: subprocess.Popen[bytes]
+    out: IO[bytes]
+    err: IO[bytes]
+
+
+@pytest.fixture(scope="module")
+def runs() -> Iterator[dict[str, Run]]:
+    """Every bench's quick mode, started together."""
+    started = {}
+    with contextlib.ExitStack() as stack:
+        for name, bench in BENCHES.items():
+            out = stack.enter_context(tempfile.TemporaryFile())
+            err = stack.enter_context(tempfile.TemporaryFile())
+            proc = subprocess.Popen(
+                [sys.executable, f"bench/{bench.script}", "--quick", *bench.args], cwd=ROOT,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+            started[name] = Run(proc, out, err)
+        try:
+            yield started
+        finally:
+            for run in started.values():
+                if run.proc.poll() is None:
+                    os.killpg(run.proc.pid, signal.SIGKILL)
+                    run.proc.wait()
+
+
+@pytest.mark.parametrize("name", list(BENCHES))
+def test_quick_run_prints_baseline_and_ratio(runs: dict[str, Run], name: str) -> None:
+    bench, run = BENCHES[name], runs[name]
+    try:
+        code = run.proc.wait(TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.proc.pid, signal.SIGKILL)
+        code = run.proc.wait()
+    run.out.seek(0)
+    run.err.seek(0)
+    stdout = run.out.read().decode(errors="replace")
+    stderr = run.err.read().decode(errors="replace")
+    where = f"bench/{bench.script} --quick exited {code}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-3000:]}"
+    assert code in bench.codes, where
+    assert "Traceback" not in stderr, where
+    assert re.search(bench.baseline, stdout, re.MULTILINE), f"no baseline line /{bench.baseline}/\n{where}"
+    assert re.search(bench.ratio, stdout, re.MULTILINE), f"no ratio line /{bench.ratio}/\n{where}"
