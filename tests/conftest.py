@@ -13,11 +13,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import secretstorage
 from jeepney.bus_messages import MatchRule, message_bus
 from jeepney.io.blocking import open_dbus_connection
+
+from tests.peers.oidc_peer import OidcPeer, start_oidc_peer
+from tests.peers.redis_peer import RedisPeer, start_redis
 
 CANARY = "CANARY-7f3a9c2e-do-not-leak"
 SECRET_SERVICE = "org.freedesktop.secrets"
@@ -164,3 +168,41 @@ def keyring_session() -> Iterator[KeyringSession]:
             os.environ["DBUS_SESSION_BUS_ADDRESS"] = old
         stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# -- one oidc-provider for the whole run
+
+OIDC_TTL = 3600  # the shared peer's token lifetime until a module sets its own
+
+
+@pytest.fixture(scope="session")
+def oidc_session(request: pytest.FixtureRequest) -> Iterator[OidcPeer]:
+    """One real authorization server (oidc-provider) for every module that needs one: node takes
+    a second or more to start, once per module added up to a sixth of the suite. It knows every
+    client a collected test module declares in its OIDC_CLIENTS; a client id declared twice must
+    be declared alike. Use it through `module_peer` (a module's token lifetime, fresh counters)."""
+    clients: dict[str, dict[str, Any]] = {}
+    modules = {item.module for item in request.session.items if getattr(item, "module", None) is not None}
+    for module in sorted(modules, key=lambda m: m.__name__):
+        for client in getattr(module, "OIDC_CLIENTS", ()):
+            known = clients.setdefault(client["client_id"], client)
+            if known != client:
+                raise RuntimeError(f"{module.__name__} declares oidc client {client['client_id']!r} "
+                                   "unlike another module: give it another client_id")
+    with start_oidc_peer(list(clients.values()), access_token_ttl=OIDC_TTL, ready_timeout=90) as peer:
+        yield peer
+
+
+def module_peer(peer: OidcPeer, ttl: int) -> OidcPeer:
+    """The shared peer as one module wants it: tokens live `ttl` seconds, the counters start at 0.
+    (Client secrets a module changes are its own to set back: each module has its own clients.)"""
+    peer.set_ttl(ttl)
+    peer.reset_stats()
+    return peer
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisPeer]:
+    """A fresh redis-server (on a Unix socket) per test: the tests stop, pause and fill it."""
+    with start_redis() as r:
+        yield r

@@ -30,13 +30,14 @@ from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
 from mcpcreds import AsyncClient, Client, RateLimited, SidecarUnavailable
-from tests.peers.oidc_peer import OidcPeer, start_oidc_peer
+from tests.conftest import module_peer
+from tests.peers.oidc_peer import OidcPeer
 from tests.peers.upstream import Upstream, one_of, start_upstream
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 CLIENT_SECRET = "e2e-client-secret-5d1f"
 STATIC_TOKEN = "static-token-8c0b7e2a41f9"
-CLIENTS: list[dict[str, Any]] = [
+OIDC_CLIENTS: list[dict[str, Any]] = [  # on the shared peer (conftest)
     {"client_id": "c-crm", "client_secret": CLIENT_SECRET, "token_endpoint_auth_method": "client_secret_basic",
      "scope": "tools:read tools:call"},
 ]
@@ -86,9 +87,8 @@ service = "api"
 
 
 @pytest.fixture(scope="module")
-def peer() -> Iterator[OidcPeer]:
-    with start_oidc_peer(CLIENTS, access_token_ttl=TTL) as p:
-        yield p
+def peer(oidc_session: OidcPeer) -> OidcPeer:
+    return module_peer(oidc_session, TTL)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -21,18 +21,14 @@ from mcpcreds.grants import Grant, GrantLimits, MemoryGrants, RedisGrants
 from mcpcreds.oauth import Token
 from mcpcreds.rates import Rate
 from mcpcreds.redis_state import EVENTS, RedisState
-from tests.peers.oidc_peer import OidcPeer, start_oidc_peer
-from tests.peers.redis_peer import RedisPeer, start_redis
-from tests.sidecar_proc import SidecarProcess, run_sidecar
+from tests.conftest import module_peer
+from tests.grant_config import MAIL, WEB
+from tests.peers.oidc_peer import OidcPeer
+from tests.peers.redis_peer import RedisPeer
+from tests.redis_sidecar import STATE_KEY, oidc_client, start_on_state
+from tests.sidecar_proc import SidecarProcess
 
-STATE_KEY = "state-key-for-tests-0123456789"
 SECRET = "shared-client-secret-0"
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisPeer]:
-    with start_redis() as r:
-        yield r
 
 
 @pytest.fixture
@@ -283,14 +279,18 @@ async def test_a_forged_bucket_record_cannot_shut_or_drain_a_bucket_for_long(red
 
 # -- end to end, through real sidecars
 
-CONFIG = """
-[sidecar]
-socket = "{socket}"
-state = "{state}"
-state_key = "{{{{secret:STATE_KEY}}}}"
-grant_only_uids = []
-[secrets]
-sources = ["env"]
+OIDC_CLIENTS = [oidc_client("shared", SECRET)]  # on the shared peer (conftest)
+
+
+@pytest.fixture(scope="module")
+def peer(oidc_session: OidcPeer) -> OidcPeer:
+    return module_peer(oidc_session, 300)
+
+
+def start(stack: ExitStack, tmp_path: Path, state: str, token_url: str) -> SidecarProcess:
+    """A sidecar on `state` ("memory" or a Redis URL): `crm` (sensitive) logs in as `shared` at
+    `token_url`, `web` and `mail` are the other two legs of the Rule of Two; every uid may mint."""
+    body = f"""
 [services.crm]
 endpoint = "https://crm.example.com/mcp"
 rate = "100/1s"
@@ -299,33 +299,9 @@ oauth = {{ token_url = "{token_url}", client_id = "shared", client_secret = "{{{
 [[servers]]
 name = "crm"
 service = "crm"
-[[servers]]
-name = "web"
-endpoint = "https://web.example.com/mcp"
-headers = {{ "X-Api-Key" = "{{{{secret:KEY}}}}" }}
-tags = ["untrusted_input"]
-[[servers]]
-name = "mail"
-endpoint = "https://mail.example.com/mcp"
-headers = {{ "X-Api-Key" = "{{{{secret:KEY}}}}" }}
-tags = ["egress"]
-"""
-
-
-@pytest.fixture(scope="module")
-def peer() -> Iterator[OidcPeer]:
-    clients = [{"client_id": "shared", "client_secret": SECRET,
-                "token_endpoint_auth_method": "client_secret_basic", "scope": "tools:read"}]
-    with start_oidc_peer(clients, access_token_ttl=300) as p:
-        yield p
-
-
-def start(stack: ExitStack, tmp_path: Path, state: str, token_url: str) -> SidecarProcess:
-    socket = tmp_path / "run" / "s.sock"
-    config = tmp_path / "config.toml"
-    config.write_text(CONFIG.format(socket=socket, state=state, token_url=token_url))
-    env = {"STATE_KEY": STATE_KEY, "CRM_SECRET": SECRET, "KEY": "key-value-0"}
-    return stack.enter_context(run_sidecar(config, socket, env))
+{WEB}{MAIL}"""
+    return start_on_state(stack, tmp_path, state, body, {"CRM_SECRET": SECRET, "KEY": "key-value-0"},
+                          "grant_only_uids = []")
 
 
 async def test_a_grant_widened_in_redis_gives_the_child_nothing_more(tmp_path: Path, redis: RedisPeer,

@@ -33,25 +33,24 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from mcpcreds import AsyncClient, Client
-from tests.conftest import CANARY
+from tests.conftest import CANARY, module_peer
 from tests.peers.mcp_server import McpServerPeer, start_mcp_server
-from tests.peers.oidc_peer import OidcPeer, start_oidc_peer
+from tests.peers.oidc_peer import OidcPeer
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 ROOT = Path(__file__).resolve().parents[1]
 MCP1_VENV = ROOT / ".venv-mcp1"
 MCP1_SPEC = "mcp>=1.20,<2"
-CLIENTS: list[dict[str, Any]] = [
+OIDC_CLIENTS: list[dict[str, Any]] = [  # on the shared peer (conftest)
     {"client_id": "agent", "client_secret": CANARY, "token_endpoint_auth_method": "client_secret_basic",
      "scope": "tools:read tools:call"},
 ]
 
 
 @pytest.fixture(scope="module")
-def oidc() -> Iterator[OidcPeer]:
+def oidc(oidc_session: OidcPeer) -> OidcPeer:
     # Long-lived tokens: every token request in these tests is caused by a test, never by renewal.
-    with start_oidc_peer(CLIENTS, access_token_ttl=600) as peer:
-        yield peer
+    return module_peer(oidc_session, 600)
 
 
 @pytest.fixture(scope="module")

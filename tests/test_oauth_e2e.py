@@ -15,16 +15,16 @@ from joserfc import jwt
 from joserfc.jwk import KeySet
 
 from mcpcreds import Client, TokenEndpointError
-from tests.conftest import CANARY
+from tests.conftest import CANARY, module_peer
 from tests.peers.fault_idp import fault_idp
-from tests.peers.oidc_peer import OidcPeer, make_rsa_keypair, start_oidc_peer
+from tests.peers.oidc_peer import OidcPeer, make_rsa_keypair
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 PEM, JWK = make_rsa_keypair(kid="e2e")
 TTL = 3600  # no renewal within a test, unless it sets a short lifetime itself
 RENEW_TTL = 8  # renewed at 45-50 % of the lifetime: 4 s of margin before expiry
 STALE_TTL = 16  # time to fail, serve the old login, and recover before it expires
-CLIENTS: list[dict[str, Any]] = [
+OIDC_CLIENTS: list[dict[str, Any]] = [  # on the shared peer (conftest)
     {"client_id": "c-basic", "client_secret": CANARY, "token_endpoint_auth_method": "client_secret_basic",
      "scope": "tools:read tools:call"},
     {"client_id": "c-post", "client_secret": "post-secret:with%odd+chars",
@@ -35,9 +35,8 @@ CLIENTS: list[dict[str, Any]] = [
 
 
 @pytest.fixture(scope="module")
-def peer() -> Iterator[OidcPeer]:
-    with start_oidc_peer(CLIENTS, access_token_ttl=TTL) as p:
-        yield p
+def peer(oidc_session: OidcPeer) -> OidcPeer:
+    return module_peer(oidc_session, TTL)
 
 
 def config_text(peer: OidcPeer, socket: Path) -> str:

@@ -18,6 +18,7 @@ from mcpcreds.metrics import Metrics
 from mcpcreds.sources import EnvSource, SecretResolver
 from tests.conftest import CANARY
 from tests.peers.fault_idp import FaultIdp, fault_idp
+from tests.peers.oidc_peer import OidcPeer
 
 
 @pytest.fixture
@@ -114,30 +115,30 @@ async def test_failures_do_not_herd_the_token_endpoint(idp: FaultIdp, broker: Br
     assert idp.hits["/token"] == 2
 
 
-async def test_discovery_from_protected_resource_metadata(idp: FaultIdp) -> None:
-    """No token_url, no issuer: RFC 9728 metadata of the endpoint names the AS."""
-    from tests.peers.oidc_peer import start_oidc_peer
+OIDC_CLIENTS = [{"client_id": "c", "client_secret": CANARY,  # on the shared peer (conftest)
+                 "token_endpoint_auth_method": "client_secret_basic", "scope": "tools:read"}]
 
-    with start_oidc_peer([{"client_id": "c", "client_secret": CANARY,
-                           "token_endpoint_auth_method": "client_secret_basic",
-                           "scope": "tools:read"}]) as peer:
-        idp.authorization_server = peer.issuer
-        for challenge_only in (False, True):
-            idp.challenge_only = challenge_only
-            config = parse_config(tomllib.loads(f"""
+
+async def test_discovery_from_protected_resource_metadata(idp: FaultIdp, oidc_session: OidcPeer) -> None:
+    """No token_url, no issuer: RFC 9728 metadata of the endpoint names the AS."""
+    peer = oidc_session
+    idp.authorization_server = peer.issuer
+    for challenge_only in (False, True):
+        idp.challenge_only = challenge_only
+        config = parse_config(tomllib.loads(f"""
 [[servers]]
 name = "crm"
 endpoint = "{idp.base}/mcp"
 oauth = {{ client_id = "c", client_secret = "{{{{secret:S}}}}", scope = "tools:read" }}
 """))
-            broker = Broker(config, SecretResolver([EnvSource({"S": CANARY})]), SystemClock(), Metrics())
-            try:
-                result = await broker.headers(broker.target("crm"))
-                assert result.headers["Authorization"].startswith("Bearer ey")
-                assert broker.discovery.issuers[f"{idp.base}/mcp"] == peer.issuer
-            finally:
-                await broker.aclose()
-        assert idp.hits["/mcp"] == 1 and idp.hits["/prm"] == 1
+        broker = Broker(config, SecretResolver([EnvSource({"S": CANARY})]), SystemClock(), Metrics())
+        try:
+            result = await broker.headers(broker.target("crm"))
+            assert result.headers["Authorization"].startswith("Bearer ey")
+            assert broker.discovery.issuers[f"{idp.base}/mcp"] == peer.issuer
+        finally:
+            await broker.aclose()
+    assert idp.hits["/mcp"] == 1 and idp.hits["/prm"] == 1
 
 
 async def test_a_caller_that_leaves_does_not_cancel_the_others(idp: FaultIdp) -> None:

@@ -32,9 +32,9 @@ from mcpcreds.policy import (
     trifecta_message,
     visible_tools,
 )
-from tests.conftest import CANARY
+from tests.conftest import CANARY, module_peer
 from tests.peers.mcp_server import McpServerPeer, start_mcp_server
-from tests.peers.oidc_peer import start_oidc_peer
+from tests.peers.oidc_peer import OidcPeer
 from tests.test_mcp_sdk_e2e import mcp1_python
 
 __all__ = ["mcp1_python"]  # the fixture (the side venv with the MCP SDK 1.x), imported to be used here
@@ -208,17 +208,17 @@ def test_allows_agrees_with_filter(policy: TrustPolicy) -> None:
 # ---------------------------------------------------------------------------- MCP helpers
 
 
-PEER_CLIENTS: list[dict[str, Any]] = [
+OIDC_CLIENTS: list[dict[str, Any]] = [  # on the shared peer (conftest)
     {"client_id": "agent", "client_secret": CANARY, "token_endpoint_auth_method": "client_secret_basic",
      "scope": "tools:read tools:call"},
 ]
 
 
 @pytest.fixture(scope="module")
-def mcp_peer() -> Iterator[tuple[McpServerPeer, str]]:
+def mcp_peer(oidc_session: OidcPeer) -> Iterator[tuple[McpServerPeer, str]]:
     """The real MCP server peer and a bearer token it accepts (from the real oidc-provider)."""
-    with start_oidc_peer(PEER_CLIENTS, access_token_ttl=600) as oidc, \
-            start_mcp_server(oidc.issuer, oidc.jwks_uri) as server:
+    oidc = module_peer(oidc_session, 600)
+    with start_mcp_server(oidc.issuer, oidc.jwks_uri) as server:
         response = httpx.post(oidc.token_url, auth=("agent", CANARY), timeout=30, data={
             "grant_type": "client_credentials", "scope": "tools:read tools:call", "resource": server.url})
         response.raise_for_status()

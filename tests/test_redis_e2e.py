@@ -5,67 +5,48 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from mcpcreds import AsyncClient, Client, Forbidden, RateLimited, StateUnavailable
-from tests.peers.oidc_peer import OidcPeer, start_oidc_peer
+from tests.conftest import module_peer
+from tests.peers.oidc_peer import OidcPeer
 from tests.peers.redis_peer import RedisPeer, start_redis
+from tests.redis_sidecar import (
+    LIVENESS,
+    STATE_KEY,
+    oauth_line,
+    oidc_client,
+    start_on_state,
+    until_state_available,
+)
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 SECRET = "shared-client-secret-0"
-STATE_KEY = "state-key-for-tests-0123456789"
-LIVENESS = 30.0  # generous: what must happen by itself happens well within this
+OIDC_CLIENTS = [oidc_client("shared", SECRET)]  # on the shared peer (conftest)
 
 
 @pytest.fixture(scope="module")
-def peer() -> Iterator[OidcPeer]:
-    clients = [{"client_id": "shared", "client_secret": SECRET,
-                "token_endpoint_auth_method": "client_secret_basic", "scope": "tools:read"}]
-    with start_oidc_peer(clients, access_token_ttl=300, ready_timeout=60) as p:
-        yield p
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisPeer]:
-    with start_redis() as r:
-        yield r
-
-
-def write_config(path: Path, socket: Path, redis: RedisPeer, peer: OidcPeer, extra: str = "",
-                 rate: str = "100/1s") -> Path:
-    path.write_text(f"""
-[sidecar]
-socket = "{socket}"
-state = "{redis.url}"
-state_key = "{{{{secret:STATE_KEY}}}}"
-{extra}
-[secrets]
-sources = ["env"]
-[services.crm]
-endpoint = "https://crm.example.com/mcp"
-rate = "{rate}"
-oauth = {{ token_url = "{peer.token_url}", client_id = "shared", client_secret = "{{{{secret:CRM_SECRET}}}}", scope = "tools:read" }}
-[[servers]]
-name = "crm"
-service = "crm"
-""")
-    return path
+def peer(oidc_session: OidcPeer) -> OidcPeer:
+    return module_peer(oidc_session, 300)
 
 
 def start_sidecars(stack: ExitStack, tmp_path: Path, redis: RedisPeer, peer: OidcPeer, count: int,
                    extra: str = "", rate: str = "100/1s") -> list[SidecarProcess]:
-    env = {"STATE_KEY": STATE_KEY, "CRM_SECRET": SECRET}
-    procs = []
-    for i in range(count):
-        socket = tmp_path / f"run{i}" / "s.sock"
-        config = write_config(tmp_path / f"config{i}.toml", socket, redis, peer, extra, rate)
-        procs.append(stack.enter_context(run_sidecar(config, socket, env)))
-    return procs
+    """`count` sidecars on `redis`, each with the service `crm` (one login, one bucket of `rate`)."""
+    body = f"""
+[services.crm]
+endpoint = "https://crm.example.com/mcp"
+rate = "{rate}"
+{oauth_line(peer, "shared")}
+[[servers]]
+name = "crm"
+service = "crm"
+"""
+    return [start_on_state(stack, tmp_path / f"sidecar{i}", redis.url, body, {"CRM_SECRET": SECRET}, extra)
+            for i in range(count)]
 
 
 async def test_one_token_request_for_a_cold_service_across_sidecars(
@@ -133,18 +114,6 @@ async def test_shared_bucket_holds_across_sidecars(tmp_path: Path, redis: RedisP
     assert len(grants) >= bound / 2, f"{len(grants)} grants"
 
 
-def until_ok(call: Callable[[], dict[str, Any]], seconds: float = LIVENESS) -> dict[str, Any]:
-    """Call until it succeeds: the sidecar probes Redis again a moment after a failure."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            return call()
-        except StateUnavailable:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 def test_redis_lost_and_back(tmp_path: Path, redis: RedisPeer, peer: OidcPeer) -> None:
     with ExitStack() as stack:
         (sidecar,) = start_sidecars(stack, tmp_path, redis, peer, 1)
@@ -158,7 +127,7 @@ def test_redis_lost_and_back(tmp_path: Path, redis: RedisPeer, peer: OidcPeer) -
             assert client.health()["status"] == "ok"  # the sidecar itself keeps serving
             assert client.headers_info("crm") == login  # a login it holds is still served
             redis.start()
-            assert until_ok(lambda: client.acquire("crm"))["granted"] == 1  # recovers by itself
+            assert until_state_available(lambda: client.acquire("crm"))["granted"] == 1  # recovers by itself
             assert client.headers_info("crm")["key"] == "service:crm"
     assert sidecar.proc.returncode == 0
 

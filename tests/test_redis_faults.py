@@ -11,7 +11,6 @@ import base64
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -20,60 +19,41 @@ import httpx
 import pytest
 
 from mcpcreds import AsyncClient, Client, RateLimited, StateUnavailable
-from tests.peers.oidc_peer import OidcPeer, start_oidc_peer
-from tests.peers.redis_peer import RedisPeer, start_redis
-from tests.sidecar_proc import SidecarProcess, run_sidecar
+from tests.conftest import module_peer
+from tests.peers.oidc_peer import OidcPeer
+from tests.peers.redis_peer import RedisPeer
+from tests.redis_sidecar import oauth_line, oidc_client, start_on_state, until_state_available
+from tests.sidecar_proc import SidecarProcess
 
 SECRET = "faults-client-secret-0"
-STATE_KEY = "state-key-for-fault-tests-0123"
 API_KEY = "api-key-for-fault-tests-0123"
+OIDC_CLIENTS = [oidc_client("faults", SECRET)]  # on the shared peer (conftest)
 # A hung Redis costs one call timeout (1 s, README "Many hosts"); only a hang crosses this.
 HANG_BOUND = 10.0
 WIRE_TIMEOUT = 30.0  # the test's own HTTP timeout: a hung request fails the test, never blocks it
-LIVENESS = 30.0  # generous: the sidecar is back on Redis well within this
 
 
 @pytest.fixture(scope="module")
-def peer() -> Iterator[OidcPeer]:
-    clients = [{"client_id": "faults", "client_secret": SECRET,
-                "token_endpoint_auth_method": "client_secret_basic", "scope": "tools:read"}]
-    with start_oidc_peer(clients, access_token_ttl=300, ready_timeout=60) as p:
-        yield p
-
-
-@pytest.fixture
-def redis() -> Iterator[RedisPeer]:
-    with start_redis() as r:
-        yield r
+def peer(oidc_session: OidcPeer) -> OidcPeer:
+    return module_peer(oidc_session, 300)
 
 
 def start_sidecar(stack: ExitStack, tmp_path: Path, redis: RedisPeer, peer: OidcPeer,
                   extra: str = "") -> SidecarProcess:
     """One sidecar on `redis`: `crm` logs in at the real IdP, `api` has a static header; both
     have a slow rate, so nothing refills during a test."""
-    socket = tmp_path / "run" / "s.sock"
-    config = tmp_path / "config.toml"
-    config.write_text(f"""
-[sidecar]
-socket = "{socket}"
-state = "{redis.url}"
-state_key = "{{{{secret:STATE_KEY}}}}"
-{extra}
-[secrets]
-sources = ["env"]
+    return start_on_state(stack, tmp_path, redis.url, f"""
 [[servers]]
 name = "crm"
 endpoint = "https://crm.example.com/mcp"
 rate = "100/10m"
-oauth = {{ token_url = "{peer.token_url}", client_id = "faults", client_secret = "{{{{secret:CRM_SECRET}}}}", scope = "tools:read" }}
+{oauth_line(peer, "faults")}
 [[servers]]
 name = "api"
 endpoint = "https://api.example.com/mcp"
 headers = {{ "X-Api-Key" = "{{{{secret:API_KEY}}}}" }}
 rate = "100/10m"
-""")
-    env = {"STATE_KEY": STATE_KEY, "CRM_SECRET": SECRET, "API_KEY": API_KEY}
-    return stack.enter_context(run_sidecar(config, socket, env))
+""", {"CRM_SECRET": SECRET, "API_KEY": API_KEY}, extra)
 
 
 def wire(sidecar: SidecarProcess) -> httpx.AsyncClient:
@@ -124,18 +104,6 @@ async def test_redis_down_is_503_state_unavailable_on_the_wire(
     assert "internal_error" not in sidecar.log
 
 
-def until(call: Callable[[], dict[str, Any]], seconds: float = LIVENESS) -> dict[str, Any]:
-    """Call until it succeeds (a liveness bound, not a timing window)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            return call()
-        except StateUnavailable:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 async def test_a_redis_that_never_answers_fails_within_the_bound_and_recovers(
         tmp_path: Path, redis: RedisPeer, peer: OidcPeer) -> None:
     """A paused redis-server accepts connections and never answers: every request that needs it
@@ -159,8 +127,8 @@ async def test_a_redis_that_never_answers_fails_within_the_bound_and_recovers(
             finally:
                 redis.resume()
         with Client(sidecar.socket) as client:
-            assert until(lambda: client.acquire("api"))["granted"] == 1
-            assert until(lambda: client.headers_info("crm"))["headers"]["Authorization"].startswith("Bearer ")
+            assert until_state_available(lambda: client.acquire("api"))["granted"] == 1
+            assert until_state_available(lambda: client.headers_info("crm"))["headers"]["Authorization"].startswith("Bearer ")
 
 
 def claims(access_token: str) -> dict[str, Any]:

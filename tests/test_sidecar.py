@@ -84,6 +84,16 @@ def sidecar(env: Env) -> Iterator[SidecarProcess]:
         yield proc
 
 
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """One sidecar with the default config for the tests that only ask it things (none changes
+    its config, its secrets or its process): they share its start-up."""
+    e = Env(tmp_path_factory.mktemp("served"))
+    e.secret_file("DOCS_KEY", "docs-one\n")
+    with run_sidecar(e.config, e.socket, {"MCP_TOKEN": CANARY}):
+        yield e
+
+
 def curl(env: Env, path: str, *args: str) -> tuple[int, dict[str, object] | str]:
     out = subprocess.run(
         ["curl", "-s", "-w", "\n%{http_code}", "--unix-socket", str(env.socket), *args,
@@ -114,36 +124,36 @@ def raw(env: Env, data: bytes, timeout: float = 5.0, half_close: bool = False) -
     return b"".join(chunks)
 
 
-def test_curl_health_servers_headers(env: Env, sidecar: SidecarProcess) -> None:
-    assert curl(env, "/v1/health") == (200, {"status": "ok", "version": "0.1.0"})
-    code, body = curl(env, "/v1/servers")
+def test_curl_health_servers_headers(served: Env) -> None:
+    assert curl(served, "/v1/health") == (200, {"status": "ok", "version": "0.1.0"})
+    code, body = curl(served, "/v1/servers")
     assert code == 200 and isinstance(body, dict)
     names = [s["name"] for s in body["servers"]]  # type: ignore[attr-defined]
     assert names == ["crm-ro", "docs", "broken"]
     assert CANARY not in json.dumps(body)
-    code, body = curl(env, "/v1/servers/crm-ro/headers")
+    code, body = curl(served, "/v1/servers/crm-ro/headers")
     assert code == 200
     assert body == {"headers": {"Authorization": f"Bearer {CANARY}"}, "key": "service:crm",
                     "expires_at": None, "fingerprint": None}
-    assert curl(env, "/v1/servers/service:crm/headers")[1] == body
-    assert curl(env, "/v1/servers/mcp:docs/headers")[1]["headers"] == {  # type: ignore[index]
+    assert curl(served, "/v1/servers/service:crm/headers")[1] == body
+    assert curl(served, "/v1/servers/mcp:docs/headers")[1]["headers"] == {  # type: ignore[index]
         "X-Api-Key": "docs-one", "X-Client": "tests"}
 
 
-def test_errors_have_the_contract_shape(env: Env, sidecar: SidecarProcess) -> None:
-    assert curl(env, "/v1/servers/nope/headers") == (
+def test_errors_have_the_contract_shape(served: Env) -> None:
+    assert curl(served, "/v1/servers/nope/headers") == (
         404, {"error": {"code": "unknown_server", "message": "unknown server: no configured server or cache key has that name"}})
-    code, body = curl(env, "/v1/servers/broken/headers")
+    code, body = curl(served, "/v1/servers/broken/headers")
     assert code == 503 and body["error"]["code"] == "secret_unavailable"  # type: ignore[index]
     assert "NOT_ANYWHERE" in body["error"]["message"]  # type: ignore[index]
-    assert curl(env, "/v1/nothing")[0] == 404
-    assert curl(env, "/v1/health", "-X", "DELETE")[0] == 405
+    assert curl(served, "/v1/nothing")[0] == 404
+    assert curl(served, "/v1/health", "-X", "DELETE")[0] == 405
 
 
-def test_socket_and_folder_modes(env: Env, sidecar: SidecarProcess) -> None:
-    assert stat.S_IMODE(env.run.stat().st_mode) == 0o700
-    assert stat.S_IMODE(env.socket.stat().st_mode) == 0o600
-    assert stat.S_ISSOCK(env.socket.stat().st_mode)
+def test_socket_and_folder_modes(served: Env) -> None:
+    assert stat.S_IMODE(served.run.stat().st_mode) == 0o700
+    assert stat.S_IMODE(served.socket.stat().st_mode) == 0o600
+    assert stat.S_ISSOCK(served.socket.stat().st_mode)
 
 
 def test_a_group_readable_socket_folder_is_refused(env: Env) -> None:
@@ -161,8 +171,8 @@ def test_changed_secret_is_picked_up_without_restart(env: Env, sidecar: SidecarP
         assert client.headers("docs")["X-Api-Key"] == "docs-two"
 
 
-async def test_async_client(env: Env, sidecar: SidecarProcess) -> None:
-    async with AsyncClient(env.socket) as creds:
+async def test_async_client(served: Env) -> None:
+    async with AsyncClient(served.socket) as creds:
         assert (await creds.health())["status"] == "ok"
         assert await creds.headers("crm-ro") == {"Authorization": f"Bearer {CANARY}"}
         info = await creds.headers_info("docs")
@@ -174,12 +184,12 @@ async def test_async_client(env: Env, sidecar: SidecarProcess) -> None:
         assert [s["name"] for s in await creds.servers()] == ["crm-ro", "docs", "broken"]
 
 
-def test_sync_client_and_cli(env: Env, sidecar: SidecarProcess) -> None:
-    with Client(env.socket) as client:
+def test_sync_client_and_cli(served: Env) -> None:
+    with Client(served.socket) as client:
         assert client.headers("service:crm") == {"Authorization": f"Bearer {CANARY}"}
         with pytest.raises(UnknownServer):
             client.headers("nope")
-    cfg = ["--config", str(env.config)]
+    cfg = ["--config", str(served.config)]
     assert run_cli("token", "crm-ro", *cfg).stdout.strip() == CANARY
     result = run_cli("headers", "docs", *cfg)
     assert result.code == 0 and result.stdout.splitlines() == ["X-Api-Key: docs-one", "X-Client: tests"]
@@ -336,24 +346,24 @@ def test_an_allowed_second_uid_is_served_until_a_reload_removes_it(shared_env: E
         ours.close()
 
 
-def test_limits_and_malformed_requests(env: Env, sidecar: SidecarProcess) -> None:
+def test_limits_and_malformed_requests(served: Env) -> None:
     big_header = b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
-    assert raw(env, big_header).startswith(b"HTTP/1.1 431 ")
+    assert raw(served, big_header).startswith(b"HTTP/1.1 431 ")
     big_body = (b"POST /v1/servers/docs/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
                 + b"{" * 1000)
-    assert raw(env, big_body).startswith(b"HTTP/1.1 413 ")
-    assert raw(env, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400 ")
-    assert raw(env, b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -4\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    assert raw(served, big_body).startswith(b"HTTP/1.1 413 ")
+    assert raw(served, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+    assert raw(served, b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -4\r\n\r\n").startswith(b"HTTP/1.1 400 ")
     # a head that never ends
-    slow = raw(env, b"GET /v1/health HTTP/1.1\r\nHost:", timeout=10)
+    slow = raw(served, b"GET /v1/health HTTP/1.1\r\nHost:", timeout=10)
     assert slow.startswith(b"HTTP/1.1 408 ")
-    assert curl(env, "/v1/health")[0] == 200
+    assert curl(served, "/v1/health")[0] == 200
 
 
-def test_keep_alive_and_pipelining(env: Env, sidecar: SidecarProcess) -> None:
+def test_keep_alive_and_pipelining(served: Env) -> None:
     req = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
     last = b"GET /v1/servers/docs/headers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    answer = raw(env, req * 3 + last)
+    answer = raw(served, req * 3 + last)
     assert answer.count(b"HTTP/1.1 200 OK") == 4
     assert answer.endswith(b'"fingerprint":null}')
 
@@ -365,11 +375,11 @@ def test_keep_alive_and_pipelining(env: Env, sidecar: SidecarProcess) -> None:
               st.sampled_from(["GET", "POST", "PUT", "BREW", "G\x00T"]),
               st.text(max_size=80), st.text(max_size=120)),
 ), min_size=1, max_size=5))
-def test_fuzzed_requests_never_stop_the_service(env: Env, sidecar: SidecarProcess,
+def test_fuzzed_requests_never_stop_the_service(served: Env,
                                                  batch: list[bytes]) -> None:
     for data in batch:
-        raw(env, data, timeout=3, half_close=True)
-    assert curl(env, "/v1/health")[0] == 200
+        raw(served, data, timeout=3, half_close=True)
+    assert curl(served, "/v1/health")[0] == 200
 
 
 def test_sighup_reload_keeps_old_config_when_new_is_invalid(env: Env, sidecar: SidecarProcess) -> None:
@@ -402,7 +412,7 @@ oauth = {{ client_id = "c", client_secret = "{{{{secret:DOCS_KEY}}}}", token_url
 name = "quick"
 endpoint = "https://quick.example.com/mcp"
 headers = {{ "X-Client" = "q" }}
-rate = "1/4s"
+rate = "1/2s"
 [[servers]]
 name = "slow"
 endpoint = "https://slow.example.com/mcp"
@@ -438,12 +448,16 @@ def both_queued(client: Client) -> bool:
     return bool(slow["waiting"] == 1 and quick["waiting"] + quick["granted"] == 2)
 
 
+DRAIN = 5  # s: the quick permit (1/2s) and the login's token_timeout (2s) fall due at most 2 s
+# after SIGTERM, leaving 3 s to answer them; the slow permit (1/1m) is far beyond the drain
+
+
 def test_idle_connections_close_and_sigterm_answers_or_closes_every_request(env: Env) -> None:
     """An idle connection is closed after idle_timeout; one waiting for an answer is not. On
     SIGTERM, what can finish within the drain is answered (a bucket waiter, a login that times
     out), what cannot is closed cleanly when the drain ends; the process exits 0, nothing hangs."""
     with fault_idp() as idp:
-        env.write_config(IN_FLIGHT.format(base=idp.base), sidecar='idle_timeout = "1s"\ntoken_timeout = "4s"\ndrain_timeout = "8s"\n')
+        env.write_config(IN_FLIGHT.format(base=idp.base), sidecar=f'idle_timeout = "1s"\ntoken_timeout = "2s"\ndrain_timeout = "{DRAIN}s"\n')
         sidecar = SidecarProcess(env.config, env.socket, {"MCP_TOKEN": CANARY})
         try:
             sidecar.wait_for("ready")
@@ -465,7 +479,7 @@ def test_idle_connections_close_and_sigterm_answers_or_closes_every_request(env:
                         assert time.monotonic() < deadline, client.status()["buckets"]
                         time.sleep(0.05)
                     sidecar.signal(signal.SIGTERM)
-                    assert sidecar.wait(8 + 20) == 0
+                    assert sidecar.wait(DRAIN + 20) == 0
                     quick_kind, quick_answer = quick.result()
                     login_kind, login_answer = login.result()
                     slow_kind, _ = slow.result()
