@@ -38,7 +38,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,18 @@ def _cpu_now() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+async def _window(spec: WorkerSpec, release: harness.Release,
+                  hammer: Callable[[WorkerResult, float], Awaitable[None]]) -> WorkerResult:
+    """Once released, from t0 to t0 + seconds: `spec.tasks` coroutines of `hammer(result, end)`."""
+    t0 = await release.wait_async()
+    await asyncio.sleep(max(0.0, t0 - time.monotonic()))
+    result = WorkerResult(spec.index, woke=time.monotonic())
+    cpu_start = _cpu_now()
+    await asyncio.gather(*(hammer(result, t0 + spec.seconds) for _ in range(spec.tasks)))
+    result.cpu_seconds = _cpu_now() - cpu_start
+    return result
+
+
 async def sidecar_worker(spec: WorkerSpec, release: harness.Release) -> WorkerResult:
     """A load phase: `tasks` coroutines on one AsyncClient calling for permits until t0 + seconds."""
     from mcpcreds import AsyncClient, McpcredsError, RateLimited
@@ -116,13 +128,8 @@ async def sidecar_worker(spec: WorkerSpec, release: harness.Release) -> WorkerRe
         # Before t0: open one keep-alive connection per task and have the sidecar resolve the
         # headers once (a GET, which takes no permit), so the window measures the bucket.
         await asyncio.gather(*(creds.headers(SERVER_NAME) for _ in range(spec.tasks)))
-        t0 = await release.wait_async()
-        end = t0 + spec.seconds
-        await asyncio.sleep(max(0.0, t0 - time.monotonic()))
-        result = WorkerResult(spec.index, woke=time.monotonic())
-        cpu_start = _cpu_now()
 
-        async def hammer() -> None:
+        async def hammer(result: WorkerResult, end: float) -> None:
             while True:
                 remaining = end - time.monotonic()
                 if remaining <= 0:
@@ -147,9 +154,7 @@ async def sidecar_worker(spec: WorkerSpec, release: harness.Release) -> WorkerRe
                     result.late += int(answer["granted"])
                     result.late_grants.extend([now] * int(answer["granted"]))
 
-        await asyncio.gather(*(hammer() for _ in range(spec.tasks)))
-        result.cpu_seconds = _cpu_now() - cpu_start
-    return result
+        return await _window(spec, release, hammer)
 
 
 async def status_quo_worker(spec: WorkerSpec, release: harness.Release) -> WorkerResult:
@@ -158,13 +163,8 @@ async def status_quo_worker(spec: WorkerSpec, release: harness.Release) -> Worke
 
     rate = parse_rate(spec.rate)
     limiter = AsyncLimiter(max_rate=rate.burst, time_period=rate.per)
-    t0 = await release.wait_async()
-    end = t0 + spec.seconds
-    await asyncio.sleep(max(0.0, t0 - time.monotonic()))
-    result = WorkerResult(spec.index, woke=time.monotonic())
-    cpu_start = _cpu_now()
 
-    async def hammer() -> None:
+    async def hammer(result: WorkerResult, end: float) -> None:
         while True:
             remaining = end - time.monotonic()
             if remaining <= 0:
@@ -180,9 +180,7 @@ async def status_quo_worker(spec: WorkerSpec, release: harness.Release) -> Worke
             else:
                 result.late += 1
 
-    await asyncio.gather(*(hammer() for _ in range(spec.tasks)))
-    result.cpu_seconds = _cpu_now() - cpu_start
-    return result
+    return await _window(spec, release, hammer)
 
 
 # --------------------------------------------------------------------------- the parent
