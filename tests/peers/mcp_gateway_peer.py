@@ -244,6 +244,7 @@ async def serve(args: argparse.Namespace) -> None:
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted connections inherit it
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     state = PeerState(args.token_prefix, args.static_key)

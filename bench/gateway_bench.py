@@ -1,0 +1,279 @@
+"""Gateway benchmark (issue 14): what `/mcp/{server}` costs against calling the server directly.
+
+Run from the repository root (the package installed, with the test extras: the MCP SDK 2.x):
+
+    python bench/gateway_bench.py
+    python bench/gateway_bench.py --calls 300 --sessions 500
+    python bench/gateway_bench.py --quick           # a smoke run of a few seconds
+
+Processes: the real MCP SDK 2.x server of the tests (`tests/peers/mcp_gateway_peer.py`, uvicorn),
+the real sidecar (`mcpcreds serve`), and this client (the MCP SDK 2.x `ClientSession` over
+httpx2). The server `bench` has a static API key, `trust = "trusted"` and a rate no call waits
+for. Two ways to reach it, measured alternately in the same run:
+
+- `direct`: the SDK client to the server's URL with `auth=creds.auth("bench")` (one
+  `POST /v1/servers/bench/call` on the socket before each request: permit and headers);
+- `gateway`: the SDK client to `http://mcpcreds/mcp/bench` through `creds.mcp_httpx2_client`.
+
+(a) one `tools/call` (`add`): latency at concurrency 1 (p50, p99), and throughput with 16
+    sessions calling at once; target p50 added <= 1 ms, throughput >= 0.8x direct.
+(b) time to the first SSE event of a `tools/call` answer (raw httpx2 POSTs in an initialized
+    session, time from sending to the first body bytes); target gateway <= direct + 1 ms p50.
+(c) the sidecar's RSS with `--sessions` MCP sessions each holding its GET SSE stream open through
+    the gateway; target <= 150 MB.
+
+Client, sidecar and server share the machine's cores: compare figures of one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.peers
+
+import httpx
+import httpx2
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
+from tests.sidecar_proc import SidecarProcess, run_sidecar
+
+from mcpcreds import AsyncClient
+
+SERVER = "bench"
+KEY = "bench-key-0123456789abcdef0123456789"
+INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "bench", "version": "0"}}}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+RPC = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+       "MCP-Protocol-Version": "2025-06-18"}
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.3f} ms"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+# ---------------------------------------------------------------------------- the two ways
+
+
+@asynccontextmanager
+async def session(creds: AsyncClient, peer: GatewayPeer, way: str) -> AsyncIterator[ClientSession]:
+    async with AsyncExitStack() as stack:
+        if way == "gateway":
+            http = await stack.enter_async_context(creds.mcp_httpx2_client(SERVER))
+            url = creds.mcp_url(SERVER)
+        else:
+            http = await stack.enter_async_context(httpx2.AsyncClient(auth=creds.auth(SERVER), timeout=30))
+            url = peer.url
+        read, write = await stack.enter_async_context(streamable_http_client(url, http_client=http))
+        client = await stack.enter_async_context(ClientSession(read, write))
+        await client.initialize()
+        yield client
+
+
+async def latency(creds: AsyncClient, peer: GatewayPeer, way: str, calls: int) -> list[float]:
+    async with session(creds, peer, way) as client:
+        for _ in range(20):  # warm-up
+            await client.call_tool("add", {"a": 1, "b": 2})
+        out = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            await client.call_tool("add", {"a": 1, "b": 2})
+            out.append(time.perf_counter() - started)
+        return out
+
+
+async def throughput(creds: AsyncClient, peer: GatewayPeer, way: str, calls: int, workers: int = 16) -> float:
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(session(creds, peer, way)) for _ in range(workers)]
+        await asyncio.gather(*(c.call_tool("add", {"a": 1, "b": 2}) for c in clients))  # warm-up
+
+        async def work(client: ClientSession) -> None:
+            for _ in range(calls // workers):
+                await client.call_tool("add", {"a": 1, "b": 2})
+
+        started = time.perf_counter()
+        await asyncio.gather(*(work(c) for c in clients))
+        return (calls // workers) * workers / (time.perf_counter() - started)
+
+
+async def first_event(creds: AsyncClient, peer: GatewayPeer, way: str, calls: int) -> list[float]:
+    """Raw POSTs of a tools/call in an initialized session: time to the first SSE bytes."""
+    if way == "gateway":
+        http: Any = creds.mcp_httpx2_client(SERVER)
+        url = creds.mcp_url(SERVER)
+    else:
+        http = httpx2.AsyncClient(auth=creds.auth(SERVER), timeout=30)
+        url = peer.url
+    async with http:
+        init = await http.post(url, json=INIT, headers=RPC)
+        await init.aread()
+        headers = {**RPC, "Mcp-Session-Id": init.headers["mcp-session-id"]}
+        await http.post(url, json=INITIALIZED, headers=headers)
+        out = []
+        for i in range(calls + 20):
+            call = {"jsonrpc": "2.0", "id": i + 1, "method": "tools/call",
+                    "params": {"name": "echo", "arguments": {"text": "x"}}}
+            started = time.perf_counter()
+            async with http.stream("POST", url, json=call, headers=headers) as answer:
+                assert answer.headers["content-type"].startswith("text/event-stream"), answer.headers
+                seen = False
+                async for chunk in answer.aiter_raw():  # read to the end: the connection is reused
+                    if chunk and not seen:
+                        seen = True
+                        if i >= 20:
+                            out.append(time.perf_counter() - started)
+        await http.request("DELETE", url, headers=headers)
+        return out
+
+
+async def open_sessions(sidecar: SidecarProcess, count: int) -> tuple[int, int]:
+    """The sidecar's RSS before and with `count` sessions each holding its GET stream open."""
+    pid = sidecar.proc.pid
+    before = rss(pid)
+    limits = httpx.Limits(max_connections=count + 64, max_keepalive_connections=count + 64)
+    async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(sidecar.socket), limits=limits),
+                                 base_url="http://mcpcreds", timeout=60) as http:
+        url = f"/mcp/{SERVER}"
+        semaphore = asyncio.Semaphore(32)
+        streams: list[httpx.Response] = []
+
+        async def one() -> None:
+            async with semaphore:
+                init = await http.post(url, json=INIT, headers=RPC)
+                sid = init.headers["mcp-session-id"]
+                headers = {**RPC, "Mcp-Session-Id": sid}
+                await http.post(url, json=INITIALIZED, headers=headers)
+                stream = await http.send(http.build_request("GET", url, headers={**headers,
+                                                            "Accept": "text/event-stream"}), stream=True)
+                assert stream.status_code == 200, stream.status_code
+                streams.append(stream)
+
+        await asyncio.gather(*(one() for _ in range(count)))
+        status = (await http.get("/v1/status")).json()["gateway"]
+        await asyncio.sleep(1.0)  # let the sidecar settle
+        with_sessions = rss(pid)
+        print(f"    status: sessions={status['sessions']} streams={status['streams']}")
+        for stream in streams:
+            await stream.aclose()
+    return before, with_sessions
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def config(workdir: Path, peer: GatewayPeer) -> tuple[Path, Path]:
+    socket = workdir / "run" / "s.sock"
+    path = workdir / "config.toml"
+    path.write_text(f"""
+[sidecar]
+socket = "{socket}"
+
+[secrets]
+sources = ["env"]
+
+[[servers]]
+name = "{SERVER}"
+endpoint = "{peer.url}"
+headers = {{ "X-Api-Key" = "{{{{secret:BENCH_KEY}}}}" }}
+trust = "trusted"
+rate = "1000000/1s"
+""")
+    return path, socket
+
+
+async def measure(sidecar: SidecarProcess, peer: GatewayPeer, args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    async with AsyncClient(sidecar.socket) as creds:
+        print(f"(a) tools/call latency at concurrency 1, {args.calls} calls per way per round, "
+              f"{args.rounds} rounds")
+        lat: dict[str, list[float]] = {"direct": [], "gateway": []}
+        for _ in range(args.rounds):
+            for way in lat:
+                lat[way] += await latency(creds, peer, way, args.calls)
+        for way, values in lat.items():
+            print(f"    {way:8} p50 {ms(pct(values, 0.5))}  p99 {ms(pct(values, 0.99))}  "
+                  f"mean {ms(statistics.fmean(values))}")
+        added = pct(lat["gateway"], 0.5) - pct(lat["direct"], 0.5)
+        print(f"    added p50: {ms(added)} (target <= 1 ms); "
+              f"ratio gateway/direct p50 {pct(lat['gateway'], 0.5) / pct(lat['direct'], 0.5):.2f}")
+        results["latency"] = {w: {"p50": pct(v, 0.5), "p99": pct(v, 0.99)} for w, v in lat.items()}
+
+        print(f"(a) throughput, 16 sessions at once, {args.calls * 4} calls per way per round")
+        tput: dict[str, list[float]] = {"direct": [], "gateway": []}
+        for _ in range(args.rounds):
+            for way in tput:
+                tput[way].append(await throughput(creds, peer, way, args.calls * 4))
+        best = {way: statistics.median(v) for way, v in tput.items()}
+        for way, value in best.items():
+            print(f"    {way:8} {value:8.0f} calls/s (median of {args.rounds})")
+        print(f"    ratio gateway/direct {best['gateway'] / best['direct']:.2f} (target >= 0.8)")
+        results["throughput"] = best
+
+        print(f"(b) time to the first SSE event of a tools/call answer, {args.calls} per way per round")
+        first: dict[str, list[float]] = {"direct": [], "gateway": []}
+        for _ in range(args.rounds):
+            for way in first:
+                first[way] += await first_event(creds, peer, way, args.calls)
+        for way, values in first.items():
+            print(f"    {way:8} p50 {ms(pct(values, 0.5))}  p99 {ms(pct(values, 0.99))}")
+        print(f"    gateway - direct p50: {ms(pct(first['gateway'], 0.5) - pct(first['direct'], 0.5))} "
+              "(target <= 1 ms)")
+        results["first_event"] = {w: pct(v, 0.5) for w, v in first.items()}
+
+    print(f"(c) sidecar RSS with {args.sessions} MCP sessions holding their GET SSE stream open")
+    before, during = await open_sessions(sidecar, args.sessions)
+    print(f"    before {before / 1e6:.1f} MB, with the sessions {during / 1e6:.1f} MB (target <= 150 MB); "
+          f"{(during - before) / args.sessions / 1024:.1f} KiB per session")
+    results["rss"] = {"before": before, "with_sessions": during}
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sessions", type=int, default=500)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.calls, args.rounds, args.sessions = 40, 1, 50
+    workdir = Path(tempfile.mkdtemp(prefix="mcpcreds-gwbench-"))
+    try:
+        with start_gateway_peer("unused-", KEY) as peer:
+            path, socket = config(workdir, peer)
+            with run_sidecar(path, socket, {"BENCH_KEY": KEY}) as sidecar:
+                results = asyncio.run(measure(sidecar, peer, args))
+        if args.json:
+            print(json.dumps(results))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
