@@ -364,3 +364,29 @@ def test_unprivileged_user_and_network_namespace() -> None:
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["userns+netns", "65534", "101"]  # ENETUNREACH
+
+
+def test_proxy_demands_the_sessions_credential(sidecar: SidecarProcess, upstream: Upstream) -> None:
+    from mcpcreds import Client
+
+    with Client(sidecar.socket) as client:
+        answer = client.request("POST", "/v1/exec/restricted/session", {"proxy": True})
+    path, token = answer["proxy"]["socket"], answer["proxy"]["token"]
+
+    def connect(credential: str | None) -> bytes:
+        import socket as sockets
+
+        with sockets.socket(sockets.AF_UNIX) as sock:
+            sock.connect(path)
+            auth = f"Proxy-Authorization: Basic {credential}\r\n" if credential is not None else ""
+            sock.sendall(f"CONNECT localhost:{_port(upstream)} HTTP/1.1\r\n{auth}\r\n".encode())
+            return sock.recv(4096).split(b"\r\n", 1)[0]
+
+    import base64
+
+    def basic(text: str) -> str:
+        return base64.b64encode(text.encode()).decode()
+
+    assert connect(None) == b"HTTP/1.1 407 Proxy Authentication Required"
+    assert connect(basic("mcpcreds:not-the-token")) == b"HTTP/1.1 407 Proxy Authentication Required"
+    assert connect(basic(f"mcpcreds:{token}")) == b"HTTP/1.1 200 Connection established"
