@@ -140,11 +140,12 @@ async def test_the_sdk2_stdio_client_through_mcpcreds_stdio(peer: GatewayPeer, s
     params = StdioServerParameters(command=sys.executable, args=["-m", "mcpcreds", "stdio", "tools"],
                                    env=relay_env(sidecar, workdir), cwd=str(tmp_path))
     seen: list[float] = []
+    first = asyncio.Event()
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         seen.append(progress)
-        if progress == 1:  # the tool waits for this: the event came while the call still ran
-            await asyncio.to_thread(peer.release)
+        if progress == 1:
+            first.set()
 
     with (tmp_path / "stderr").open("w+") as errlog:
         async with (stdio_client(params, errlog=errlog) as (read, write),
@@ -152,7 +153,12 @@ async def test_the_sdk2_stdio_client_through_mcpcreds_stdio(peer: GatewayPeer, s
             await session.initialize()
             assert {t.name for t in (await session.list_tools()).tools} == ALL_TOOLS
             assert value(await session.call_tool("add", {"a": 2, "b": 3})) == 5
-            progress = session.call_tool("progress", {"steps": 3}, progress_callback=on_progress)
+            progress = asyncio.ensure_future(session.call_tool("progress", {"steps": 3},
+                                                               progress_callback=on_progress))
+            await asyncio.wait_for(first.wait(), 60)  # the tool now waits for the release: it still runs...
+            meanwhile = session.call_tool("echo", {"text": "meanwhile"})  # ...and another request is not held up
+            assert value(await asyncio.wait_for(meanwhile, 60)) == "meanwhile"
+            await asyncio.to_thread(peer.release)
             assert value(await asyncio.wait_for(progress, 60)) == "done" and seen == [1, 2, 3]
             leaked = json.loads(value(await session.call_tool("leak", {})))
             assert leaked["x-api-key"] == "***"  # the server echoed the key: masked on the way back

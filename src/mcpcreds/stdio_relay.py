@@ -208,11 +208,17 @@ class Output:
 
     def __init__(self, stream: IO[bytes]) -> None:
         self.stream = stream
+        self.closed = False  # the client closed its end: what comes is dropped until stdin ends
 
     def write(self, message: Any) -> None:
+        if self.closed:
+            return
         line = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
-        self.stream.write(line)
-        self.stream.flush()
+        try:
+            self.stream.write(line)
+            self.stream.flush()
+        except OSError:  # EPIPE
+            self.closed = True
 
 
 # ---------------------------------------------------------------------------- the relay
