@@ -286,7 +286,8 @@ class Broker:
             credential = await asyncio.to_thread(self.resolver.render, credential_template, overrides)
         else:
             credential = (await self._render(target.key, [("credential", credential_template)]))["credential"]
-        request = build_token_request(login, token_url, credential)
+        request = build_token_request(login, token_url, credential,
+                                      issuer=login.issuer or self.discovery.issuers.get(target.endpoint))
         self.metrics.inc("mcpcreds_token_requests_total", (("key", target.key),),
                          help_text="Token requests sent to token endpoints, by cache key.")
         try:

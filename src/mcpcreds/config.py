@@ -25,9 +25,12 @@ from .templates import Template, TemplateError, is_credential_header, parse_temp
 
 TAGS: Final = ("untrusted_input", "sensitive", "egress")
 DEFAULT_TAGS: Final = frozenset({"untrusted_input"})
-AUTH_METHODS: Final = ("client_secret_basic", "client_secret_post", "private_key_jwt")
-GRANTS: Final = ("client_credentials", "device", "refresh_token")
-SUPPORTED_GRANTS: Final = ("client_credentials",)
+AUTH_METHODS: Final = ("client_secret_basic", "client_secret_post", "private_key_jwt", "none")
+GRANTS: Final = ("client_credentials", "device", "authorization_code")
+SUPPORTED_GRANTS: Final = GRANTS
+LOGIN_GRANTS: Final = ("device", "authorization_code")  # run by `mcpcreds login`, renewed by refresh token
+SIGNING_ALGS: Final = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
+                       "EdDSA")
 DEFAULT_EXPIRES_IN: Final = 300.0
 _NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\Z")
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
@@ -91,6 +94,7 @@ class LoginSpec:
     resource: str | None
     audience: str | None
     expires_in_default: float = DEFAULT_EXPIRES_IN
+    signing_alg: str | None = None  # private_key_jwt: the JWS alg; default: from the key
 
     @property
     def templates(self) -> tuple[Template, ...]:
@@ -588,10 +592,10 @@ def _scope(c: _Collector, path: str, value: Any) -> str | None:
 
 
 _OAUTH_KEYS: Final = ("token_url", "issuer", "client_id", "client_secret", "private_key",
-                      "scope", "resource", "audience", "auth_method", "expires_in_default")
+                      "scope", "resource", "audience", "auth_method", "expires_in_default", "signing_alg")
 _AUTH_KEYS: Final = ("kind", "token", "header", "value", "grant", "issuer", "token_url",
                      "client_id", "client_secret", "private_key", "scopes", "scope", "audience",
-                     "resource", "auth_method", "expires_in_default")
+                     "resource", "auth_method", "expires_in_default", "signing_alg")
 
 
 def _parse_login(c: _Collector, path: str, t: dict[str, Any], grant: str,
@@ -599,9 +603,19 @@ def _parse_login(c: _Collector, path: str, t: dict[str, Any], grant: str,
     client_id = t.get("client_id")
     if not isinstance(client_id, str) or not client_id:
         c.error(_join(path, "client_id"), "required: a non-empty string")
-    method = c.typed(_join(path, "auth_method"), t.get("auth_method"), str, "client_secret_basic")
+    public = grant in LOGIN_GRANTS and "client_secret" not in t and "private_key" not in t
+    method = c.typed(_join(path, "auth_method"), t.get("auth_method"), str,
+                     "none" if public else "client_secret_basic")
     if method not in AUTH_METHODS:
         c.error(_join(path, "auth_method"), f"expected one of {', '.join(AUTH_METHODS)}")
+    elif method == "none" and grant not in LOGIN_GRANTS:
+        c.error(_join(path, "auth_method"), "'none' (a public client) only with grant = 'device' or "
+                                            "'authorization_code'")
+    signing_alg = c.typed(_join(path, "signing_alg"), t.get("signing_alg"), str, "") or None
+    if signing_alg is not None and signing_alg not in SIGNING_ALGS:
+        c.error(_join(path, "signing_alg"), f"expected one of {', '.join(SIGNING_ALGS)}")
+    elif signing_alg is not None and method != "private_key_jwt":
+        c.error(_join(path, "signing_alg"), "only with auth_method = 'private_key_jwt'")
     secret = private_key = None
     if "client_secret" in t:
         secret = c.template(_join(path, "client_secret"), t["client_secret"], credential=True)
@@ -627,6 +641,7 @@ def _parse_login(c: _Collector, path: str, t: dict[str, Any], grant: str,
         resource=_url(c, _join(path, "resource"), t.get("resource")),
         audience=c.typed(_join(path, "audience"), t.get("audience"), str, "") or None,
         expires_in_default=expires_default or DEFAULT_EXPIRES_IN,
+        signing_alg=signing_alg,
     )
 
 
@@ -655,11 +670,11 @@ def _parse_auth(c: _Collector, path: str, raw: Any) -> tuple[dict[str, Template]
         return ({header: template} if template else {}), None
     if kind == "oauth2":
         grant = c.typed(_join(path, "grant"), t.get("grant"), str, "client_credentials")
-        if grant not in GRANTS:
+        if grant == "refresh_token":
+            c.error(_join(path, "grant"), "a refresh token comes from a login: use grant = 'device' or "
+                                          "'authorization_code' and run `mcpcreds login NAME`")
+        elif grant not in GRANTS:
             c.error(_join(path, "grant"), f"expected one of {', '.join(GRANTS)}")
-        elif grant not in SUPPORTED_GRANTS:
-            c.warnings.append(f"{path}.grant: {grant!r} is accepted but mcpcreds only runs "
-                              "client_credentials logins; this server's headers will fail")
         scope_key = "scopes" if "scopes" in t else "scope"
         return {}, _parse_login(c, path, t, grant, scope_key)
     c.error(_join(path, "kind"), "expected 'static' or 'oauth2'")

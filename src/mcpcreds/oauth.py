@@ -14,6 +14,8 @@ import json
 import math
 import random
 import re
+import secrets
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote_plus
@@ -21,8 +23,8 @@ from urllib.parse import quote_plus
 import httpx
 from authlib.oauth2.auth import ClientAuth
 from authlib.oauth2.rfc6749.parameters import prepare_token_request
-from authlib.oauth2.rfc7523 import PrivateKeyJWT
 
+from .client_assertion import ASSERTION_TYPE, client_assertion
 from .config import LoginSpec
 from .errors import TokenEndpointError, TokenEndpointTimeout
 from .secret import REDACTOR, fingerprint
@@ -65,33 +67,37 @@ class Token:
         return f"Token(fingerprint={self.fingerprint!r}, expires_at={self.expires_at})"
 
 
-def build_token_request(spec: LoginSpec, token_url: str, credential: str) -> TokenRequest:
-    """The POST a client-credentials login sends. `credential` is the client secret, or the
-    private key (PEM) for private_key_jwt."""
-    params: dict[str, str] = {}
-    if spec.scope:
-        params["scope"] = spec.scope
+def build_token_request(spec: LoginSpec, token_url: str, credential: str | None, *,
+                        issuer: str | None = None, grant_type: str = "client_credentials",
+                        params: dict[str, str] | None = None, now: float | None = None) -> TokenRequest:
+    """The POST a login sends: client credentials by default, or `grant_type` with its own
+    `params` (a refresh token, an authorization code, a device code). `credential` is the client
+    secret, the private key (PEM) for private_key_jwt, or None for a public client
+    (`auth_method = "none"`). A private_key_jwt assertion is addressed to `issuer` (the
+    authorization server's issuer, RFC 7523 and the MCP spec) when known, else the token URL."""
+    form: dict[str, str] = {}
+    if spec.scope and grant_type in ("client_credentials", "refresh_token"):
+        form["scope"] = spec.scope
     if spec.resource:
-        params["resource"] = spec.resource
+        form["resource"] = spec.resource
     if spec.audience:
-        params["audience"] = spec.audience
-    if spec.auth_method == "private_key_jwt":
-        method: Any = PrivateKeyJWT(token_url)
-    elif spec.auth_method == "client_secret_basic":
-        method = _client_secret_basic
-    else:
-        method = spec.auth_method
-    body = prepare_token_request("client_credentials", **params)
+        form["audience"] = spec.audience
+    form.update(params or {})
     headers = {"Content-Type": _FORM, "Accept": "application/json", "Accept-Encoding": "identity"}
-    auth = ClientAuth(spec.client_id, credential, method)
-    try:
-        _, headers, body = auth.prepare("POST", token_url, headers, body)
-    except Exception as exc:  # a malformed key: its error may quote the key, so name only its type
-        if spec.auth_method != "private_key_jwt":
-            raise
-        raise TokenEndpointError(f"private_key cannot sign a client assertion ({type(exc).__name__})",
-                                 "invalid_private_key") from None
-    return TokenRequest(token_url, dict(headers), body)
+    if spec.auth_method == "private_key_jwt":
+        assertion = client_assertion(credential or "", spec.client_id, issuer or token_url,
+                                     time.time() if now is None else now, secrets.token_urlsafe(24),
+                                     spec.signing_alg)
+        form.update(client_id=spec.client_id, client_assertion_type=ASSERTION_TYPE,
+                    client_assertion=assertion)
+        return TokenRequest(token_url, headers, prepare_token_request(grant_type, **form))
+    if spec.auth_method == "none" or credential is None:
+        form["client_id"] = spec.client_id
+        return TokenRequest(token_url, headers, prepare_token_request(grant_type, **form))
+    method: Any = _client_secret_basic if spec.auth_method == "client_secret_basic" else spec.auth_method
+    body = prepare_token_request(grant_type, **form)
+    _, out, body = ClientAuth(spec.client_id, credential, method).prepare("POST", token_url, headers, body)
+    return TokenRequest(token_url, dict(out), body)
 
 
 def _client_secret_basic(auth: Any, method: str, uri: str, headers: dict[str, str],

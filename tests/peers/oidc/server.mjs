@@ -2,7 +2,10 @@
 //
 // Usage: node server.mjs config.json   (or JSON in env OIDC_PEER_CONFIG)
 // Config: {"port": 0, "access_token_ttl": 5, "clients": [{client_id, client_secret,
-//          token_endpoint_auth_method, jwks, scope}]}
+//          token_endpoint_auth_method, jwks, scope, grant_types, redirect_uris}]}
+// Clients with grant_types device_code / authorization_code (+ refresh_token) log in through the
+// devInteractions pages (any login name and password; consent by a form POST); PKCE is required
+// and refresh tokens rotate on every use (a used one is refused: invalid_grant).
 // Prints exactly one stdout line when listening: "READY <issuer>".
 //
 // Test-only endpoints (no auth, loopback only):
@@ -37,16 +40,22 @@ const state = {
 
 const clients = (config.clients ?? []).map((c) => {
   const method = c.token_endpoint_auth_method ?? 'client_secret_basic';
+  const grantTypes = c.grant_types ?? ['client_credentials'];
   const meta = {
     client_id: c.client_id,
     token_endpoint_auth_method: method,
-    grant_types: ['client_credentials'],
-    response_types: [],
-    redirect_uris: [],
+    grant_types: grantTypes,
+    response_types: grantTypes.includes('authorization_code') ? ['code'] : [],
+    redirect_uris: c.redirect_uris ?? [],
     scope: c.scope ?? '',
   };
+  if ((c.redirect_uris ?? []).some((u) => u.startsWith('http://127.0.0.1'))) {
+    meta.application_type = 'native'; // RFC 8252: any loopback port
+  }
   if (method === 'private_key_jwt') {
     meta.jwks = c.jwks;
+  } else if (method === 'none') {
+    // a public client: no secret
   } else {
     if (typeof c.client_secret !== 'string' || !c.client_secret) {
       console.error(`client ${c.client_id}: client_secret required for ${method}`);
@@ -117,8 +126,16 @@ const provider = new Provider(issuer, {
   scopes: [...allScopes],
   clientAuthMethods: ['client_secret_basic', 'client_secret_post', 'private_key_jwt'],
   cookies: { keys: ['mcpcreds-oidc-peer-test-cookie-key'] },
+  enabledJWA: {
+    clientAuthSigningAlgValues: ['RS256', 'PS256', 'ES256', 'ES384', 'EdDSA'],
+  },
+  pkce: { required: () => true },
+  issueRefreshToken: async (ctx, client) => client.grantTypeAllowed('refresh_token'),
+  rotateRefreshToken: () => true,
   features: {
-    devInteractions: { enabled: false },
+    devInteractions: { enabled: true },
+    deviceFlow: { enabled: true },
+    revocation: { enabled: true },
     clientCredentials: { enabled: true },
     introspection: { enabled: true },
     resourceIndicators: {
@@ -141,6 +158,9 @@ const provider = new Provider(issuer, {
   ttl: {
     AccessToken: () => state.ttl,
     ClientCredentials: () => state.ttl,
+    DeviceCode: 600,
+    RefreshToken: 3600,
+    Grant: 3600,
   },
 });
 
@@ -194,6 +214,16 @@ provider.use(async (ctx, next) => {
     } finally {
       const id = clientIdOf(ctx);
       state.stats.by_client[id] = (state.stats.by_client[id] ?? 0) + 1;
+      const assertion = ctx.oidc?.params?.client_assertion;
+      if (assertion) {
+        try {
+          const [h, p] = assertion.split('.').slice(0, 2).map((x) => JSON.parse(Buffer.from(x, 'base64url')));
+          state.stats.assertions = state.stats.assertions ?? {};
+          state.stats.assertions[id] = { alg: h.alg, aud: p.aud, lifetime: p.exp - p.iat, ok: ctx.status === 200 };
+        } catch { /* not a JWT: the provider refused it */ }
+      }
+      const grantType = ctx.oidc?.params?.grant_type;
+      if (grantType) state.stats.by_grant = { ...(state.stats.by_grant ?? {}), [grantType]: (state.stats.by_grant?.[grantType] ?? 0) + 1 };
       if (ctx.status === 200) state.stats.token_issued += 1;
     }
     return undefined;
