@@ -144,13 +144,15 @@ def test_auth_precedence_over_oauth_over_aauth() -> None:
     auth = 'auth = { kind = "static", token = "{{secret:T}}" }\n'
     oauth = ('oauth = { client_id = "c", client_secret = "{{secret:S}}", '
              'token_url = "https://a.example/token" }\n')
-    aauth = 'aauth = { agent = "x" }\n'
-    assert parse(base + auth + oauth + aauth).servers["s"].auth_kind == "auth"
-    both = parse(base + oauth + aauth).servers["s"]
-    assert both.auth_kind == "oauth" and both.login is not None
+    aauth = 'aauth = true\n'
+    first = parse(base + auth + oauth + aauth)
+    assert first.servers["s"].auth_kind == "auth" and not first.servers["s"].aauth
+    both = parse(base + oauth + aauth)
+    assert both.servers["s"].auth_kind == "oauth" and both.servers["s"].login is not None
+    assert not both.servers["s"].aauth  # an oauth server is never also signed
+    assert any("servers[0].aauth: not used, `oauth` takes precedence" in w for w in both.warnings)
     only = parse(base + aauth)
-    assert only.servers["s"].auth_kind == "aauth"
-    assert any("aauth" in w for w in only.warnings)
+    assert only.servers["s"].auth_kind == "aauth" and only.servers["s"].aauth
 
 
 def test_static_auth_becomes_a_bearer_header() -> None:
@@ -307,9 +309,9 @@ def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
 
 
 
-def test_aauth_refuses_literal_keys_since_specs_show_it() -> None:
+def test_aauth_is_a_boolean_as_the_seed_defines_it() -> None:
     base = '[[servers]]\nname = "s"\nendpoint = "https://a.example/mcp"\n'
     errs = errors_of(base + 'aauth = { agent = "x", private_key = "-----BEGIN PRIVATE KEY-----abc" }\n')
-    assert errs[0].startswith("servers[0].aauth.private_key: a credential must not be written")
-    assert "BEGIN" not in errs[0]
-    parse(base + 'aauth = { agent = "x", private_key = "{{secret:AGENT_KEY}}" }\n')
+    assert errs == ["servers[0].aauth: expected true or false (sign requests to this server with the "
+                    "AAuth agent key)"]
+    assert parse(base + "aauth = false\n").servers["s"].spec.aauth is False

@@ -15,10 +15,11 @@ from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
+from .aauth_config import AAuthConfig, entry_aauth, parse_aauth, signs
 from .credshape import credential_name, credential_value
 from .egress import EgressPolicy, is_dev_loopback_url, parse_host_pattern, parse_private_entry
 from .errors import ConfigError
-from .exec_config import ExecEntry, parse_execs
+from .exec_config import ExecEntry, exec_trifecta_warnings, parse_execs
 from .policy import TrustPolicy, find_trifecta, trifecta_message
 from .rates import Rate, parse_duration, parse_rate
 from .templates import Template, TemplateError, is_credential_header, parse_template
@@ -109,7 +110,7 @@ class McpServerSpec:
     endpoint: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     tags: tuple[str, ...] = ()
-    aauth: Mapping[str, Any] | None = None
+    aauth: bool | None = None  # sign with the AAuth agent key; None inherits [aauth] default
     oauth: Mapping[str, Any] | None = None
     auth: Mapping[str, Any] | None = None
     service: str | None = None
@@ -133,7 +134,7 @@ class McpServerSpec:
             endpoint=data.get("endpoint"),
             headers=dict(data.get("headers") or {}),
             tags=tuple(data.get("tags") or ()),
-            aauth=data.get("aauth"),
+            aauth=data["aauth"] if isinstance(data.get("aauth"), bool) else None,
             oauth=data.get("oauth"),
             auth=data.get("auth"),
             service=data.get("service"),
@@ -184,6 +185,7 @@ class Target:
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     trust: TrustPolicy = field(default_factory=TrustPolicy)
     gateway: GatewaySpec = field(default_factory=GatewaySpec)
+    aauth: bool = False  # requests to it are signed with the AAuth agent key (see aauth_config)
 
     @property
     def templates(self) -> tuple[Template, ...]:
@@ -224,6 +226,7 @@ class Config:
     warnings: tuple[str, ...] = ()
     gateway: ListenConfig = field(default_factory=ListenConfig)
     execs: Mapping[str, ExecEntry] = field(default_factory=dict)  # [exec.NAME]
+    aauth: AAuthConfig = field(default_factory=AAuthConfig)  # [aauth]
 
     def target(self, name: str) -> Target | None:
         """A server by name, or a cache key (`service:crm`, `mcp:docs`)."""
@@ -327,7 +330,8 @@ class _Collector:
             return None
 
     def template(self, path: str, value: Any, *, credential: bool,
-                 literal_ok: bool = False) -> Template | None:
+                 literal_ok: bool = False,
+                 public: str = "or list the header in literal_headers if it is public") -> Template | None:
         """A template; with `credential`, it must not be a literal; unless `literal_ok`, no literal
         part of it may look like a credential either."""
         if not isinstance(value, str):
@@ -349,7 +353,7 @@ class _Collector:
             for part in template.parts:
                 if isinstance(part, str) and (why := credential_value(part)) is not None:
                     self.error(path, f"looks like a credential written in the config ({why}): use "
-                               "{{secret:NAME}}, or list the header in literal_headers if it is public")
+                               "{{secret:NAME}}, " + public)
                     return None
         return template
 
@@ -727,13 +731,14 @@ def _strings(c: _Collector, path: str, value: Any) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def _parse_egress(c: _Collector, path: str, t: dict[str, Any], urls: list[str | None]) -> EgressPolicy:
+def _parse_egress(c: _Collector, path: str, t: dict[str, Any], urls: list[str | None],
+                  needs: str = "the token endpoint, issuer and MCP endpoint hosts it may call"
+                  ) -> EgressPolicy:
     """`net` and its host lists; loopback is allowed (dev mode) when the config's own URLs are."""
     mode = c.typed(_join(path, "net"), t.get("net"), str, "inherit")
     lists = {k: _strings(c, _join(path, k), t.get(k)) or () for k in _EGRESS_KEYS[1:]}
     if mode == "restricted" and not lists["allow_hosts"]:
-        c.error(_join(path, "allow_hosts"), 'net = "restricted" needs allow_hosts (the token endpoint, '
-                "issuer and MCP endpoint hosts it may call)")
+        c.error(_join(path, "allow_hosts"), f'net = "restricted" needs allow_hosts ({needs})')
     dev = any(is_dev_loopback_url(u) for u in urls if u)
     valid: dict[str, tuple[str, ...]] = {}
     for key, patterns in lists.items():
@@ -810,25 +815,10 @@ def _parse_entry(c: _Collector, path: str, t: dict[str, Any]) -> _Entry:
     elif "oauth" in t:
         auth_kind = "oauth"
         login = _parse_oauth(c, _join(path, "oauth"), t["oauth"])
-    if "aauth" in t:
-        _check_aauth(c, _join(path, "aauth"), t["aauth"])
-    if auth_kind is None and "aauth" in t:
-        auth_kind = "aauth"
-        c.warnings.append(f"{_join(path, 'aauth')}: recorded, but mcpcreds does not sign "
-                          "requests with aauth; only headers are served")
+    entry_aauth(c, path, t, auth_kind)  # a flag; which servers sign is decided in parse_config
     urls = [endpoint, *((login.token_url, login.issuer) if login else ())]
     return _Entry(endpoint, headers, tags, rate, auth_kind, login, _parse_egress(c, path, t, urls),
                   _parse_gateway(c, path, t, GatewaySpec()))
-
-
-def _check_aauth(c: _Collector, path: str, raw: Any) -> None:
-    """aauth is stored as written and shows in specs: credential-shaped values must be templates."""
-    for i, (key, value) in enumerate(c.table(path, raw).items()):
-        if isinstance(value, dict):
-            _check_aauth(c, _key_path(path, key, i), value)
-        elif isinstance(value, str):
-            c.template(_key_path(path, key, i), value,
-                       credential=is_credential_header(key) or credential_name(key))
 
 
 def _effective_tags(tags: tuple[str, ...]) -> frozenset[str]:
@@ -852,7 +842,7 @@ def _spec_from_table(name: str, t: dict[str, Any], service: str | None) -> McpSe
         endpoint=t.get("endpoint") if isinstance(t.get("endpoint"), str) else None,
         headers={k: v for k, v in (mapping("headers") or {}).items() if isinstance(v, str)},
         tags=tuple(x for x in t.get("tags") or () if isinstance(x, str)),
-        aauth=mapping("aauth"),
+        aauth=t["aauth"] if isinstance(t.get("aauth"), bool) else None,
         oauth=mapping("oauth"),
         auth=mapping("auth"),
         service=service,
@@ -1041,18 +1031,31 @@ def _parse_gateway_table(c: _Collector, raw: Any) -> ListenConfig:
 
 def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     c = _Collector()
-    c.keys("", data, ("sidecar", "secrets", "services", "servers", "gateway", "exec"))
+    c.keys("", data, ("sidecar", "secrets", "services", "servers", "gateway", "exec", "aauth"))
     sidecar = _parse_sidecar(c, data.get("sidecar"))
     gateway = _parse_gateway_table(c, data.get("gateway"))
     secrets = _parse_secrets(c, data.get("secrets"))
     services, tables = _parse_services(c, data.get("services"))
     servers = _parse_servers(c, data.get("servers"), services, tables)
     services, servers = _share_tags(services, servers)
+    aauth = parse_aauth(c, data.get("aauth"))
+    services, servers = ({k: _signing(t, aauth) for k, t in services.items()},
+                         {k: _signing(t, aauth) for k, t in servers.items()})
     trio = find_trifecta({name: t.tags for name, t in (*services.items(), *servers.items())})
     if trio is not None:
         c.warnings.append(f"servers: together the servers complete the trifecta: {trifecta_message(trio)}; "
                           "grants that combine them are refused")
     execs = parse_execs(c, data.get("exec"))
+    c.warnings.extend(exec_trifecta_warnings({n: t.tags for n, t in (*services.items(), *servers.items())},
+                                             execs, trio))
     if c.errors:
         raise ConfigError(c.errors, path)
-    return Config(path, sidecar, secrets, services, servers, tuple(c.warnings), gateway, execs=execs)
+    return Config(path, sidecar, secrets, services, servers, tuple(c.warnings), gateway, execs=execs,
+                  aauth=aauth)
+
+
+def _signing(target: Target, aauth: AAuthConfig) -> Target:
+    """`target` with `aauth` set when its requests are signed (and `auth_kind` "aauth" if it has no other)."""
+    if not signs(target, aauth):
+        return target
+    return dataclasses.replace(target, aauth=True, auth_kind=target.auth_kind or "aauth")
