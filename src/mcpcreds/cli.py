@@ -197,6 +197,31 @@ def _print_status(status: dict[str, Any]) -> None:
                          str(b.get("waiting", 0)), str(b.get("granted", 0)), str(b.get("refused", 0)),
                          _fmt_time(b.get("paused_until"))))
         _print_table(rows)
+    gateway = status.get("gateway")
+    if isinstance(gateway, dict):
+        _print_gateway(gateway)
+
+
+def _fmt_age(seconds: Any) -> str:
+    if not isinstance(seconds, int | float):
+        return "-"
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _print_gateway(gateway: dict[str, Any]) -> None:
+    rows = gateway.get("servers") or []
+    if not rows:
+        print("\ngateway: no live sessions")
+        return
+    print("\ngateway")
+    table: list[tuple[str, ...]] = [("server", "sessions", "oldest", "streams", "in flight")]
+    for row in rows:
+        table.append((row["name"], str(row.get("sessions", 0)), _fmt_age(row.get("oldest_session_age")),
+                      str(row.get("streams", 0)), str(row.get("in_flight", 0))))
+    _print_table(table)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
