@@ -404,7 +404,7 @@ async def test_a_stale_grant_is_refused_as_an_mcp_client_reads_errors(sidecar: S
 
 
 async def mint(sidecar: SidecarProcess, body: dict[str, Any], grant: str | None = None) -> httpx.Response:
-    """`POST /v1/grants` as sent (the library's `grant()` takes no tools)."""
+    """`POST /v1/grants` exactly as sent (bad bodies included)."""
     async with raw_client(sidecar, **({"Authorization": f"Bearer {grant}"} if grant else {})) as http:
         return await http.post("/v1/grants", json=body)
 
@@ -412,8 +412,8 @@ async def mint(sidecar: SidecarProcess, body: dict[str, Any], grant: str | None 
 async def test_a_grant_narrows_the_tools_of_a_server_below_its_policy(peer: GatewayPeer, sidecar: SidecarProcess,
                                                                        workdir: Path) -> None:
     """`allow`'s policy exposes echo and progress; the grant allows echo and add: only echo is left."""
-    minted = (await mint(sidecar, {"servers": ["allow", "tools"], "tools": {"allow": ["echo", "add"]},
-                                   "ttl": 60})).json()
+    async with AsyncClient(sidecar.socket) as creds:  # the library sends the tools
+        minted = await creds.grant(["allow", "tools"], ttl=60, tools={"allow": ["echo", "add"]})
     assert minted["tools"] == {"allow": ["add", "echo"]}
     entry = audit(workdir, "grant")[-1]
     assert entry["id"] == minted["id"] and entry["tools"] == {"allow": ["add", "echo"]}

@@ -257,3 +257,14 @@ def test_a_grant_holder_cannot_pause_a_service_for_long(sidecar: SidecarProcess)
     with Client(sidecar.socket, grant=minted["grant"]) as child:
         until = child.backoff("mail", 86400)
     assert until is not None and until <= time.time() + 301
+
+
+def test_spawn_payload_grant_with_tools_narrows_them(sidecar: SidecarProcess) -> None:
+    result = run_cli("spawn-payload", "--grant", "crm", "--tool", "crm:search", "--tool", "crm:get",
+                     "--socket", str(sidecar.socket))
+    assert result.code == 0, result.output
+    assert json.loads(result.stdout)["tools"] == {"crm": ["get", "search"]}
+    assert run_cli("spawn-payload", "--grant", "crm", "--tool", "crm", "--socket", str(sidecar.socket)).code == 2
+    assert run_cli("spawn-payload", "crm", "--tool", "crm:get", "--socket", str(sidecar.socket)).code == 2
+    with Client(sidecar.socket) as parent:
+        assert parent.grant(["crm"], tools={"crm": ["search"]})["tools"] == {"crm": ["search"]}

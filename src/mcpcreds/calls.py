@@ -165,8 +165,12 @@ class Calls:
                     {"value": value, "force": force}, 60.0)
 
     @staticmethod
-    def grant(servers: list[str], ttl: float) -> Call[dict[str, Any]]:
-        return Call("POST", "/v1/grants", _grant, {"servers": servers, "ttl": ttl})
+    def grant(servers: list[str], ttl: float,
+              tools: dict[str, list[str]] | None = None) -> Call[dict[str, Any]]:
+        body: dict[str, Any] = {"servers": servers, "ttl": ttl}
+        if tools is not None:
+            body["tools"] = tools
+        return Call("POST", "/v1/grants", _grant, body)
 
     @staticmethod
     def revoke_grant(grant_id: str) -> Call[bool]:

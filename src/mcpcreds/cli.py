@@ -18,6 +18,7 @@ from .errors import (
     ConfigError,
     Forbidden,
     InvalidRequest,
+    LoginRequired,
     McpcredsError,
     RateLimited,
     SidecarUnavailable,
@@ -25,6 +26,7 @@ from .errors import (
     UnknownServer,
 )
 from .exec_cli import add_parser as add_exec_parser
+from .login_flow import add_parsers as add_login_parsers
 from .socket_check import UntrustedSidecar
 from .sources import KeyringSource, check_secret_name
 
@@ -46,7 +48,7 @@ def exit_code_for(exc: McpcredsError) -> int:
         return EXIT_UNAVAILABLE
     if isinstance(exc, RateLimited):
         return EXIT_RATE_LIMITED
-    if isinstance(exc, Forbidden):
+    if isinstance(exc, Forbidden | LoginRequired):  # login_required: run `mcpcreds login NAME`
         return EXIT_FORBIDDEN
     return EXIT_FAILURE
 
@@ -267,10 +269,24 @@ def cmd_stdio(args: argparse.Namespace) -> int:
     return run(socket, sidecar_uid, name, grant_header(None))
 
 
+def _grant_tools(pairs: list[str]) -> dict[str, list[str]] | None:
+    """`--tool SERVER:TOOL` options as the grant's {server: [tool, ...]}."""
+    tools: dict[str, list[str]] = {}
+    for pair in pairs:
+        server, sep, tool = pair.partition(":")
+        if not sep or not server or not tool:
+            raise InvalidRequest("--tool takes SERVER:TOOL")
+        tools.setdefault(server, []).append(tool)
+    return tools or None
+
+
 def cmd_spawn_payload(args: argparse.Namespace) -> int:
+    if args.tool and not args.grant:
+        raise InvalidRequest("--tool narrows a grant: give --grant too")
     if args.grant:
+        tools = _grant_tools(args.tool)
         with _client(args) as client:
-            _print_json(client.grant(list(args.names), ttl=args.ttl))
+            _print_json(client.grant(list(args.names), ttl=args.ttl, tools=tools))
         return EXIT_OK
     config = _config(args)
     specs = []
@@ -407,12 +423,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also mint a grant for exactly these servers (from the sidecar): prints "
                         '{"id", "grant", "expires_at", "servers"}; give the child MCPCREDS_GRANT')
     p.add_argument("--ttl", type=float, default=3600, help="grant lifetime in seconds (default 3600)")
+    p.add_argument("--tool", action="append", default=[], metavar="SERVER:TOOL",
+                   help="with --grant: the grant reaches only these tools of SERVER through the gateway "
+                        "(repeat; servers not named keep their policy's tools)")
     p = add_client("stdio", cmd_stdio,
                    "a stdio MCP server relaying to the gateway, /mcp/SERVER (for MCP clients that launch "
                    "stdio servers); stdout carries JSON-RPC only; MCPCREDS_GRANT is sent as the grant")
     p.add_argument("name", metavar="SERVER", help="server name or cache key")
 
     add_exec_parser(add_client)  # mcpcreds exec NAME -- CMD ARGS... (exec_cli.py)
+    add_login_parsers(add_client)  # mcpcreds login NAME / logout NAME (login_flow.py)
 
     secret = sub.add_parser("secret", parents=[common], help="manage secrets in the keyring",
                             description="Manage secrets in the keyring; values never on argv.")

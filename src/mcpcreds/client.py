@@ -235,9 +235,11 @@ class AsyncClient(_Base):
     async def secret_rotated(self, name: str) -> list[str]:
         return await self.run(Calls.secret_rotated(name))
 
-    async def grant(self, servers: list[str], ttl: float = 3600) -> dict[str, Any]:
-        """A narrower grant for a child: {"id", "grant", "expires_at", "servers"}."""
-        return await self.run(Calls.grant(servers, ttl))
+    async def grant(self, servers: list[str], ttl: float = 3600,
+                    tools: dict[str, list[str]] | None = None) -> dict[str, Any]:
+        """A narrower grant for a child: {"id", "grant", "expires_at", "servers", "tools"}; `tools`
+        ({server: [tool, ...]}) narrows what the gateway lets the child list and call."""
+        return await self.run(Calls.grant(servers, ttl, tools))
 
     async def revoke_grant(self, grant_id: str) -> bool:
         return await self.run(Calls.revoke_grant(grant_id))
@@ -334,8 +336,9 @@ class Client(_Base):
     def secret_rotated(self, name: str) -> list[str]:
         return self.run(Calls.secret_rotated(name))
 
-    def grant(self, servers: list[str], ttl: float = 3600) -> dict[str, Any]:
-        return self.run(Calls.grant(servers, ttl))
+    def grant(self, servers: list[str], ttl: float = 3600,
+              tools: dict[str, list[str]] | None = None) -> dict[str, Any]:
+        return self.run(Calls.grant(servers, ttl, tools))
 
     def revoke_grant(self, grant_id: str) -> bool:
         return self.run(Calls.revoke_grant(grant_id))
