@@ -19,7 +19,7 @@ from .aauth_config import AAuthConfig, entry_aauth, parse_aauth, signs
 from .credshape import credential_name, credential_value
 from .egress import EgressPolicy, is_dev_loopback_url, parse_host_pattern, parse_private_entry
 from .errors import ConfigError
-from .exec_config import ExecEntry, parse_execs
+from .exec_config import ExecEntry, exec_trifecta_warnings, parse_execs
 from .policy import TrustPolicy, find_trifecta, trifecta_message
 from .rates import Rate, parse_duration, parse_rate
 from .templates import Template, TemplateError, is_credential_header, parse_template
@@ -330,7 +330,8 @@ class _Collector:
             return None
 
     def template(self, path: str, value: Any, *, credential: bool,
-                 literal_ok: bool = False) -> Template | None:
+                 literal_ok: bool = False,
+                 public: str = "or list the header in literal_headers if it is public") -> Template | None:
         """A template; with `credential`, it must not be a literal; unless `literal_ok`, no literal
         part of it may look like a credential either."""
         if not isinstance(value, str):
@@ -352,7 +353,7 @@ class _Collector:
             for part in template.parts:
                 if isinstance(part, str) and (why := credential_value(part)) is not None:
                     self.error(path, f"looks like a credential written in the config ({why}): use "
-                               "{{secret:NAME}}, or list the header in literal_headers if it is public")
+                               "{{secret:NAME}}, " + public)
                     return None
         return template
 
@@ -730,13 +731,14 @@ def _strings(c: _Collector, path: str, value: Any) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def _parse_egress(c: _Collector, path: str, t: dict[str, Any], urls: list[str | None]) -> EgressPolicy:
+def _parse_egress(c: _Collector, path: str, t: dict[str, Any], urls: list[str | None],
+                  needs: str = "the token endpoint, issuer and MCP endpoint hosts it may call"
+                  ) -> EgressPolicy:
     """`net` and its host lists; loopback is allowed (dev mode) when the config's own URLs are."""
     mode = c.typed(_join(path, "net"), t.get("net"), str, "inherit")
     lists = {k: _strings(c, _join(path, k), t.get(k)) or () for k in _EGRESS_KEYS[1:]}
     if mode == "restricted" and not lists["allow_hosts"]:
-        c.error(_join(path, "allow_hosts"), 'net = "restricted" needs allow_hosts (the token endpoint, '
-                "issuer and MCP endpoint hosts it may call)")
+        c.error(_join(path, "allow_hosts"), f'net = "restricted" needs allow_hosts ({needs})')
     dev = any(is_dev_loopback_url(u) for u in urls if u)
     valid: dict[str, tuple[str, ...]] = {}
     for key, patterns in lists.items():
@@ -1044,6 +1046,8 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
         c.warnings.append(f"servers: together the servers complete the trifecta: {trifecta_message(trio)}; "
                           "grants that combine them are refused")
     execs = parse_execs(c, data.get("exec"))
+    c.warnings.extend(exec_trifecta_warnings({n: t.tags for n, t in (*services.items(), *servers.items())},
+                                             execs, trio))
     if c.errors:
         raise ConfigError(c.errors, path)
     return Config(path, sidecar, secrets, services, servers, tuple(c.warnings), gateway, execs=execs,

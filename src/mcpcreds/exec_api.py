@@ -123,7 +123,8 @@ class ExecRoutes:
     async def _started_proxy(self) -> EgressProxy:
         if self.proxy is None:
             path = self._proxy_path()
-            proxy = EgressProxy(str(path), self._allow_uids, self.api.audit)
+            proxy = EgressProxy(str(path), self._allow_uids, lambda: self.api.audit,
+                                clock=self.api.broker.clock)
             try:  # as open as the sidecar's own socket
                 mode = os.stat(default_socket_path(self.api.broker.config.sidecar.socket)).st_mode & 0o777
             except OSError:
@@ -131,6 +132,13 @@ class ExecRoutes:
             await proxy.start(mode)
             self.proxy = proxy
         return self.proxy
+
+    def close(self) -> None:
+        """At the sidecar's shutdown: end every proxy connection, unlink `egress.sock` (if it
+        is still the socket the proxy bound)."""
+        if self.proxy is not None:
+            self.proxy.close()
+            self.proxy = None
 
     async def session(self, request: Request) -> Response:
         from .api import parse_json_body

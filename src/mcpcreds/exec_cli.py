@@ -32,6 +32,7 @@ from .calls import MalformedAnswer
 from .egress_proxy import HOLD_METHOD, USER, proxy_url
 from .errors import InvalidRequest, McpcredsError
 from .netns import NamespaceUnavailable, enter_network_namespace, start_forwarder
+from .socket_check import check_folder, check_peer, expected_sidecar_uid
 
 BASE_VARS: Final = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "TERM", "TZ", "TMPDIR",
                               "XDG_RUNTIME_DIR"})
@@ -99,12 +100,16 @@ def _warn(text: str) -> None:
     print(f"mcpcreds exec: warning: {text}", file=sys.stderr)
 
 
-def _hold(proxy_socket: str, token: str) -> socket.socket:
-    """Open the session's hold connection: the session lives as long as it stays open."""
+def _hold(proxy_socket: str, token: str, sidecar_uid: int) -> socket.socket:
+    """Open the session's hold connection: the session lives as long as it stays open. Before a
+    byte is sent (the credential), the socket is checked as the sidecar's own: its folder the
+    sidecar uid's and closed to others, the listener running as that uid."""
+    check_folder(proxy_socket, sidecar_uid)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(10)
         sock.connect(proxy_socket)
+        check_peer(sock, proxy_socket, sidecar_uid)
         credential = base64.b64encode(f"{USER}:{token}".encode()).decode()
         sock.sendall(HOLD_METHOD + f" * HTTP/1.1\r\nProxy-Authorization: Basic {credential}\r\n\r\n".encode())
         head = b""
@@ -129,11 +134,27 @@ def _namespaces_allowed() -> bool:
     return os.environ.get(NAMESPACES_ENV, "1") != "0"
 
 
-def _network(answer: Mapping[str, Any], advisory: bool) -> dict[str, str]:
+def _network(answer: Mapping[str, Any], advisory: bool, sidecar_uid: int) -> dict[str, str]:
     """Set up the child's network (this process enters the namespace); its proxy variables."""
     net = answer["net"]
     if net == "inherit":
         return {}
+    hold = None
+    if net != "off":
+        proxy = answer["proxy"]
+        if proxy is None:
+            raise MalformedAnswer("the sidecar's exec answer has no proxy session")
+        # before the namespace: in a user namespace the sidecar's uid may read as the overflow uid
+        hold = _hold(proxy["socket"], proxy["token"], sidecar_uid)
+    try:
+        return _enter(answer, advisory, hold)
+    finally:
+        if hold is not None:
+            hold.close()
+
+
+def _enter(answer: Mapping[str, Any], advisory: bool, hold: socket.socket | None) -> dict[str, str]:
+    net = answer["net"]
     why = "disabled by MCPCREDS_EXEC_NAMESPACES=0"
     enforced = False
     if _namespaces_allowed():
@@ -148,12 +169,9 @@ def _network(answer: Mapping[str, Any], advisory: bool) -> dict[str, str]:
                             "--advisory runs the child with proxy variables only (not enforced)")
         _warn(f"no network namespace ({why}): net = {net!r} is advisory, a child that ignores "
               "the proxy variables is not stopped")
-    if net == "off":
+    if net == "off" or hold is None:
         return {} if enforced else proxy_env(DEAD_PROXY)
     proxy = answer["proxy"]
-    if proxy is None:
-        raise MalformedAnswer("the sidecar's exec answer has no proxy session")
-    hold = _hold(proxy["socket"], proxy["token"])
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -163,7 +181,6 @@ def _network(answer: Mapping[str, Any], advisory: bool) -> dict[str, str]:
         start_forwarder(listener, proxy["socket"], hold)
     finally:
         listener.close()
-        hold.close()
     return proxy_env(proxy_url(proxy["token"], port))
 
 
@@ -191,7 +208,7 @@ def _options_before_dash(args: argparse.Namespace, rest: list[str]) -> list[str]
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    from .cli import _client
+    from .cli import _client, _sidecar_address
 
     command = _options_before_dash(args, list(args.command))
     if not command and not args.print_env:
@@ -211,7 +228,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if program is None:
         print("mcpcreds exec: command not found (on the child's PATH)", file=sys.stderr)
         return EXIT_NOT_FOUND
-    env.update(_network(answer, args.advisory))
+    sidecar_uid = expected_sidecar_uid(_sidecar_address(args)[1])
+    env.update(_network(answer, args.advisory, sidecar_uid))
     try:
         os.execve(program, command, env)
     except OSError as exc:

@@ -24,6 +24,9 @@ ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 PROXY_VARS: Final = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY")
 MAX_ENV: Final = 256  # declared variables per entry
 EXEC_PREFIX: Final = "exec:"  # how grants name an exec entry
+NEEDS_HOSTS: Final = "the hosts the child may reach through the session's egress proxy"
+NO_LITERAL: Final = ("or {{secret-file:PATH}} (a literal in env is refused when it looks like a "
+                     "credential)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,29 @@ def effective_tags(declared: tuple[str, ...], net: str) -> frozenset[str]:
     return frozenset(tags)
 
 
+def exec_trifecta_warnings(targets: Mapping[str, frozenset[str]], execs: Mapping[str, ExecEntry],
+                           servers_trio: tuple[str, str, str] | None) -> list[str]:
+    """The config-level Rule-of-Two warnings that involve exec entries (named `exec:NAME`): an
+    entry that completes the trifecta by itself (refused at every start unless allow_trifecta),
+    and servers and entries that complete it together (grants combining them are refused).
+    Nothing when the servers alone already complete it (that warning is the servers')."""
+    from .policy import find_trifecta, trifecta_message
+
+    warnings = []
+    for entry in execs.values():
+        alone = find_trifecta({entry.grant_name: entry.tags})
+        if alone is not None:
+            warnings.append(f"exec.{entry.name}: its tags complete the trifecta by themselves "
+                            f"({', '.join(sorted(entry.tags))}): `mcpcreds exec {entry.name}` is refused "
+                            "unless sidecar.allow_trifecta")
+    if servers_trio is None:
+        trio = find_trifecta({**targets, **{e.grant_name: e.tags for e in execs.values()}})
+        if trio is not None and any(name.startswith(EXEC_PREFIX) for name in trio):
+            warnings.append(f"exec: servers and exec entries together complete the trifecta: "
+                            f"{trifecta_message(trio)}; grants that combine them are refused")
+    return warnings
+
+
 def parse_execs(c: _Collector, raw: Any) -> dict[str, ExecEntry]:
     """Every `[exec.NAME]` table; errors go to the collector with their TOML path."""
     from .config import _NAME, _join, _key_path, _parse_egress, _parse_tags
@@ -83,7 +109,7 @@ def parse_execs(c: _Collector, raw: Any) -> dict[str, ExecEntry]:
         if "command" in t or "args" in t:  # spelled out: the rule is the point, not a typo
             c.error(path, "an exec entry never holds a command: it comes from the command line "
                           "(mcpcreds exec NAME -- CMD ARGS...)")
-        egress = _parse_egress(c, path, t, [])
+        egress = _parse_egress(c, path, t, [], needs=NEEDS_HOSTS)
         env = _parse_env(c, _join(path, "env"), t.get("env"), egress.mode)
         isolation = c.typed(_join(path, "env_isolation"), t.get("env_isolation"), bool, True)
         tags = _parse_tags(c, _join(path, "tags"), t.get("tags"))
@@ -110,7 +136,7 @@ def _parse_env(c: _Collector, path: str, raw: Any, net: str) -> dict[str, Templa
         if isinstance(value, str) and "\0" in value:
             c.error(vpath, "must not contain a NUL character")
             continue
-        template = c.template(vpath, value, credential=credential_name(name))
+        template = c.template(vpath, value, credential=credential_name(name), public=NO_LITERAL)
         if template is not None:
             out[name] = template
     return out

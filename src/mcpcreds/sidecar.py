@@ -196,6 +196,7 @@ class Sidecar:
             for conn in list(self.connections.open):
                 if conn.transport is not None:
                     conn.transport.close()
+            self.api.exec_routes.close()  # egress.sock: its connections end, the socket is unlinked
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
             await self.broker.aclose()

@@ -1,0 +1,394 @@
+"""The egress proxy of `mcpcreds exec` under attack: its bounds, who may talk to it, its socket.
+
+In process: a real `EgressProxy` on a Unix socket in a temp folder, a local echo upstream, and a
+fake clock (every time bound is enforced by `sweep()` reading the clock, so the tests move time
+instead of waiting). The attacker holds a session credential (a prompt-injected child), is
+another local uid (run as nobody through setpriv), or opens sessions in a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcpcreds import egress_proxy as ep
+from mcpcreds.audit import AuditLog
+from mcpcreds.clock import FakeClock
+from mcpcreds.egress import EgressPolicy
+from mcpcreds.egress_proxy import (
+    HEAD_TIMEOUT,
+    HOLD_TIMEOUT,
+    MAX_HEAD,
+    MAX_HEADS,
+    PROXY_AUTH_REQUIRED,
+    TUNNEL_IDLE_TIMEOUT,
+    EgressProxy,
+    EgressSocketInUse,
+    ExecSessionsFull,
+)
+from mcpcreds.errors import RateLimited
+from mcpcreds.socket_check import UntrustedSidecar
+
+NOBODY = 65534
+POLICY = EgressPolicy("broad_audited", allow_private=("127.0.0.1",))
+WAIT = 20.0  # only ever reached when a bound is broken (then the test fails instead of hanging)
+
+
+@dataclass
+class Rig:
+    proxy: EgressProxy
+    clock: FakeClock
+    audit_path: Path
+    upstream_port: int
+
+    def audit(self, event: str) -> list[dict[str, Any]]:
+        lines = [json.loads(line) for line in self.audit_path.read_text().splitlines()]
+        return [e for e in lines if e["event"] == event]
+
+    def session(self, uid: int | None = None) -> str:
+        token, _session = self.proxy.new_session("t", POLICY, os.getuid() if uid is None else uid, 1)
+        return token
+
+    async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(self.proxy.path)
+
+    async def request(self, token: str | None, line: str = "") -> tuple[bytes, asyncio.StreamReader,
+                                                                         asyncio.StreamWriter]:
+        """Send one request head; the answer's status line, and the open connection."""
+        reader, writer = await self.open()
+        line = line or f"CONNECT 127.0.0.1:{self.upstream_port} HTTP/1.1"
+        writer.write(f"{line}\r\n{_auth(token)}\r\n".encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+        return head.split(b"\r\n", 1)[0], reader, writer
+
+    async def tunnel(self, token: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        status, reader, writer = await self.request(token)
+        assert status == b"HTTP/1.1 200 Connection established", status
+        return reader, writer
+
+    async def hold(self, token: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        status, reader, writer = await self.request(token, "MCPCREDS-HOLD * HTTP/1.1")
+        assert status == b"HTTP/1.1 200 OK", status
+        return reader, writer
+
+
+def _auth(token: str | None) -> str:
+    if token is None:
+        return ""
+    return f"Proxy-Authorization: Basic {base64.b64encode(f'mcpcreds:{token}'.encode()).decode()}\r\n"
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait for the proxy's own state to reach `condition` (bounded; no fixed sleep)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while not condition():
+        assert loop.time() < deadline, "the proxy never got there"
+        await asyncio.sleep(0.005)
+
+
+async def closed(reader: asyncio.StreamReader) -> bytes:
+    """Everything until the proxy closes the connection (fails, instead of hanging, if it never does)."""
+    return await asyncio.wait_for(reader.read(), WAIT)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    upstream = await asyncio.start_server(echo, "127.0.0.1", 0)
+    clock = FakeClock()
+    audit = AuditLog(str(tmp_path / "audit.jsonl"), clock)
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    proxy = EgressProxy(str(folder / "egress.sock"), lambda: frozenset({os.getuid()}), audit, clock=clock)
+    await proxy.start()
+    try:
+        yield Rig(proxy, clock, tmp_path / "audit.jsonl", upstream.sockets[0].getsockname()[1])
+    finally:
+        proxy.close()
+        upstream.close()
+        audit.close()
+
+
+# ---------------------------------------------------------------------------- the request head
+
+
+async def test_a_head_larger_than_the_limit_is_431_and_closed(rig: Rig) -> None:
+    token = rig.session()
+    reader, writer = await rig.open()
+    writer.write(f"CONNECT 127.0.0.1:{rig.upstream_port} HTTP/1.1\r\n{_auth(token)}".encode())
+    writer.write(b"X-Pad: " + b"a" * MAX_HEAD)  # no end of head: an endless header line
+    answer = await closed(reader)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:80]
+    writer.close()
+    assert rig.proxy.counts["heads"] == 0 and rig.proxy.counts["tunnels"] == 0
+
+
+async def test_a_head_that_does_not_arrive_in_time_is_408_and_closed(rig: Rig) -> None:
+    reader, writer = await rig.open()
+    writer.write(b"CONNECT 127.0.0.1:1 HTTP/1.1\r\n")  # and then nothing: slowloris
+    await until(lambda: rig.proxy.counts["heads"] == 1)
+    rig.clock.advance(HEAD_TIMEOUT - 0.5)
+    rig.proxy.sweep()
+    assert rig.proxy.counts["heads"] == 1  # not before its time
+    rig.clock.advance(0.5)
+    rig.proxy.sweep()
+    assert (await closed(reader)).startswith(b"HTTP/1.1 408 ")
+    await until(lambda: rig.proxy.counts["heads"] == 0)
+    writer.close()
+
+
+async def test_connections_sending_their_head_are_capped_then_refused_503(rig: Rig) -> None:
+    slow = []
+    for _ in range(MAX_HEADS):
+        reader, writer = await rig.open()
+        writer.write(b"CONNECT 127.0.0.1:1 HTTP/1.1\r\n")
+        slow.append((reader, writer))
+    await until(lambda: rig.proxy.counts["heads"] == MAX_HEADS)
+    reader, writer = await rig.open()
+    assert (await closed(reader)).startswith(b"HTTP/1.1 503 ")  # at once: no head read, no hang
+    writer.close()
+    rig.clock.advance(HEAD_TIMEOUT)
+    rig.proxy.sweep()  # the slow ones are gone; the proxy serves again
+    for reader, writer in slow:
+        assert (await closed(reader)).startswith(b"HTTP/1.1 408 ")
+        writer.close()
+    await rig.tunnel(rig.session())
+
+
+# ---------------------------------------------------------------------------- tunnels
+
+
+async def test_tunnels_per_session_are_capped_429_and_other_sessions_unaffected(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ep, "MAX_TUNNELS_PER_SESSION", 3)
+    greedy, other = rig.session(), rig.session()
+    tunnels = [await rig.tunnel(greedy) for _ in range(3)]
+    status, reader, writer = await rig.request(greedy)
+    assert status == b"HTTP/1.1 429 Too Many Requests"
+    assert b"connections open already" in await closed(reader)
+    writer.close()
+    tunnels.append(await rig.tunnel(other))  # another session is not starved by this one
+    tunnels[0][1].close()  # one ends: the session may open one again
+    await until(lambda: rig.proxy.counts["tunnels"] == 3)
+    tunnels.append(await rig.tunnel(greedy))
+
+
+async def test_tunnels_in_total_are_capped_503(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ep, "MAX_TUNNELS", 4)
+    first, second = rig.session(), rig.session()
+    tunnels = [await rig.tunnel(token) for token in (first, first, second, second)]
+    status, _reader, _writer = await rig.request(rig.session())
+    assert status == b"HTTP/1.1 503 Service Unavailable"
+    assert rig.proxy.counts["tunnels"] == len(tunnels)
+
+
+async def test_an_idle_tunnel_is_closed_and_traffic_keeps_it_open(rig: Rig) -> None:
+    token = rig.session()
+    _held = await rig.hold(token)  # (a session nobody holds ends sooner, and its tunnels with it)
+    reader, writer = await rig.tunnel(token)
+    rig.clock.advance(TUNNEL_IDLE_TIMEOUT - 1)
+    writer.write(b"ping")  # a byte through moves the deadline
+    assert await asyncio.wait_for(reader.readexactly(4), WAIT) == b"ping"
+    rig.clock.advance(TUNNEL_IDLE_TIMEOUT - 1)
+    rig.proxy.sweep()
+    assert rig.proxy.counts["tunnels"] == 1
+    rig.clock.advance(1)
+    rig.proxy.sweep()
+    assert await closed(reader) == b""
+    await until(lambda: rig.proxy.counts["tunnels"] == 0)
+    [line] = rig.audit("exec_egress")
+    assert line["closed"] == "idle" and line["bytes_up"] == 4 and line["bytes_down"] == 4
+
+
+async def test_a_sessions_tunnels_close_when_it_ends(rig: Rig) -> None:
+    token = rig.session()
+    _hold_reader, hold_writer = await rig.hold(token)
+    reader, _writer = await rig.tunnel(token)
+    hold_writer.close()  # the forwarder is gone: the child exited
+    assert await closed(reader) == b""
+    await until(lambda: rig.proxy.counts["tunnels"] == 0 and rig.proxy.live_sessions == 0)
+    status, _r, _w = await rig.request(token)
+    assert status == b"HTTP/1.1 407 Proxy Authentication Required"
+
+
+# ---------------------------------------------------------------------------- sessions
+
+
+async def test_sessions_nobody_holds_are_capped_429_and_expire(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ep, "MAX_PENDING_SESSIONS", 3)
+    for _ in range(3):
+        rig.session()
+    with pytest.raises(RateLimited) as refused:  # a client opening sessions in a loop
+        rig.session()
+    assert refused.value.status == 429 and refused.value.retry_after == HOLD_TIMEOUT
+    rig.clock.advance(HOLD_TIMEOUT - 1)
+    rig.proxy.sweep()
+    assert rig.proxy.live_sessions == 3
+    rig.clock.advance(1)
+    rig.session()  # expired ones make room (new_session sweeps first)
+    assert rig.proxy.live_sessions == 1
+    assert [e["held"] for e in rig.audit("exec_session_end")] == [False] * 3
+
+
+async def test_live_sessions_are_capped_503(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ep, "MAX_SESSIONS", 3)
+    holds = [await rig.hold(rig.session()) for _ in range(3)]
+    with pytest.raises(ExecSessionsFull) as full:
+        rig.session()
+    assert full.value.status == 503
+    holds[0][1].close()  # one child exits
+    await until(lambda: rig.proxy.live_sessions == 2)
+    rig.session()
+
+
+async def test_a_held_session_is_not_expired_and_cannot_be_held_twice(rig: Rig) -> None:
+    token = rig.session()
+    _held = await rig.hold(token)
+    rig.clock.advance(HOLD_TIMEOUT * 10)
+    rig.proxy.sweep()
+    assert rig.proxy.live_sessions == 1
+    status, _r, _w = await rig.request(token, "MCPCREDS-HOLD * HTTP/1.1")
+    assert status == b"HTTP/1.1 409 Conflict"
+
+
+async def test_an_expired_credential_answers_exactly_like_an_unknown_one(rig: Rig) -> None:
+    expired = rig.session()
+    rig.clock.advance(HOLD_TIMEOUT)
+    rig.proxy.sweep()
+    assert rig.proxy.live_sessions == 0  # forgotten, not kept as a tombstone the lookup could tell apart
+    answers = []
+    for token in (expired, "not-a-session-token", None):
+        reader, writer = await rig.open()
+        writer.write(f"CONNECT 127.0.0.1:{rig.upstream_port} HTTP/1.1\r\n{_auth(token)}\r\n".encode())
+        answers.append(await closed(reader))
+        writer.close()
+    assert answers == [PROXY_AUTH_REQUIRED] * 3
+
+
+# ---------------------------------------------------------------------------- the socket
+
+
+async def test_socket_is_0600_and_an_unsafe_folder_is_refused(tmp_path: Path, rig: Rig) -> None:
+    assert stat.S_IMODE(os.stat(rig.proxy.path).st_mode) == 0o600
+    audit = AuditLog(None, rig.clock)
+    for mode in (0o777, 0o770):
+        folder = tmp_path / f"open{mode:o}"
+        folder.mkdir()
+        folder.chmod(mode)
+        with pytest.raises(UntrustedSidecar):
+            await EgressProxy(str(folder / "egress.sock"), lambda: frozenset(), audit).start()
+        assert not (folder / "egress.sock").exists()
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(UntrustedSidecar):
+        await EgressProxy(str(tmp_path / "link" / "egress.sock"), lambda: frozenset(), audit).start()
+
+
+async def test_start_replaces_only_a_stale_socket_and_close_unlinks_only_its_own(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    path = folder / "egress.sock"
+    audit = AuditLog(None, FakeClock())
+
+    def proxy() -> EgressProxy:
+        return EgressProxy(str(path), lambda: frozenset({os.getuid()}), audit)
+
+    path.write_text("not a socket")
+    with pytest.raises(EgressSocketInUse):
+        await proxy().start()
+    assert path.read_text() == "not a socket"
+    path.unlink()
+    live = socket.socket(socket.AF_UNIX)
+    live.bind(str(path))
+    live.listen()
+    with pytest.raises(EgressSocketInUse):  # someone listens there: never stolen
+        await proxy().start()
+    live.close()  # now a stale socket: nobody listens
+    first = proxy()
+    await first.start()
+    first.close()
+    assert not path.exists()  # its own socket: unlinked at close
+    second = proxy()
+    await second.start()
+    path.unlink()  # replaced behind its back by another socket
+    other = socket.socket(socket.AF_UNIX)
+    other.bind(str(path))
+    second.close()
+    assert stat.S_ISSOCK(path.lstat().st_mode)  # not the one it created: left alone
+    other.close()
+
+
+def _nobody_client(path: str, token: str | None) -> list[str]:
+    script = ("import socket, sys\n"
+              "s = socket.socket(socket.AF_UNIX)\n"
+              "try:\n    s.connect(sys.argv[1])\nexcept OSError as exc:\n"
+              "    print('connect', type(exc).__name__); sys.exit()\n"
+              "try:\n    s.sendall(sys.argv[2].encode())\nexcept OSError:\n    pass\n"
+              "data = b''\n"
+              "try:\n    while chunk := s.recv(4096):\n        data += chunk\nexcept OSError:\n    pass\n"
+              "print('answer', data.split(b'\\r\\n')[0].decode() or '(closed, nothing)')\n")
+    head = f"CONNECT 127.0.0.1:1 HTTP/1.1\r\n{_auth(token)}\r\n"
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+            sys.executable, "-S", "-c", script, path, head]
+
+
+async def _run(command: list[str]) -> str:
+    proc = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), WAIT)
+    assert proc.returncode == 0, err
+    return out.decode().strip()
+
+
+@pytest.fixture
+def open_folder() -> Any:
+    """A folder nobody may enter (the tests' own temp folders are closed to other uids)."""
+    folder = tempfile.mkdtemp(prefix="mcpcreds-egress-")
+    os.chmod(folder, 0o755)
+    yield Path(folder)
+    shutil.rmtree(folder)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+@pytest.mark.parametrize("allowed", [False, True])
+async def test_another_uid_gets_nothing(open_folder: Path, allowed: bool) -> None:
+    """Even where the socket is reachable (an operator opened its mode), another uid is refused
+    before a byte is read unless allowed; allowed, it cannot use a session another uid made,
+    holding that session's credential (the answer is the unknown credential's)."""
+    clock = FakeClock()
+    uids = frozenset({os.getuid(), NOBODY} if allowed else {os.getuid()})
+    proxy = EgressProxy(str(open_folder / "egress.sock"), lambda: uids, AuditLog(None, clock), clock=clock)
+    await proxy.start(0o666)
+    try:
+        token, _session = proxy.new_session("t", POLICY, os.getuid(), 1)
+        stolen = await _run(_nobody_client(proxy.path, token))
+        unknown = await _run(_nobody_client(proxy.path, "no-such-token"))
+        if allowed:
+            assert stolen == unknown == "answer HTTP/1.1 407 Proxy Authentication Required"
+        else:
+            assert stolen == unknown == "answer (closed, nothing)"
+        assert proxy.counts["tunnels"] == 0
+    finally:
+        proxy.close()
+
