@@ -12,6 +12,7 @@ from importlib import resources
 from typing import Any, Final
 from urllib.parse import unquote
 
+from .aauth import AAuthSigner
 from .audit import AuditLog
 from .broker import Actor, Broker, HeadersResult
 from .config import Target
@@ -158,6 +159,8 @@ class Api:
         self.audit = audit or AuditLog(None, broker.clock)
         self.openapi = (resources.files("mcpcreds") / "openapi.json").read_bytes()
         self.gateway = Gateway(broker, metrics)
+        self.aauth = AAuthSigner(broker.config, broker.clock.time)  # the agent key (aauth.py)
+        self.gateway.sign = self.aauth.gateway_headers
         self._fixed: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "/v1/health"): ("health", self.health),
             ("GET", "/v1/servers"): ("servers", self.servers),
@@ -172,6 +175,7 @@ class Api:
             ("POST", "acquire"): ("acquire", self.acquire),
             ("POST", "call"): ("call", self.call),
             ("POST", "backoff"): ("backoff", self.backoff),
+            ("POST", "sign"): ("sign", self.sign),
         }
         self._secret_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("POST", "rotated"): ("rotated", self.secret_rotated),
@@ -183,10 +187,11 @@ class Api:
         }
         self._fast_targets: dict[bytes, Target] = {}
         self._grant_routes = frozenset({"health", "openapi", "servers", "headers", "acquire", "call",
-                                        "invalidate", "backoff", "grant", "revoke", "mcp", "exec"})
+                                        "invalidate", "backoff", "grant", "revoke", "mcp", "exec", "sign"})
 
     def reload(self) -> None:
         self._fast_targets.clear()
+        self.aauth.reload(self.broker.config)
 
     # -- wire.App
 
@@ -420,6 +425,12 @@ class Api:
             raise ProxyOnly(f"this grant narrows the tools of the credential of server {target.name!r}: "
                             "it is used through the gateway only, /mcp/{server}")
         return target
+
+    def sign(self, request: Request) -> Response:
+        """AAuth: the headers that sign a direct client's request (see aauth.py); the agent key
+        stays here. Peer-checked and grant-aware as `headers` is."""
+        target = self._credential_target(request)
+        return answer(self.aauth.sign_route(target, parse_json_body(request)))
 
     def headers(self, request: Request) -> Response | Awaitable[Response]:
         target = self._credential_target(request)

@@ -41,6 +41,7 @@ from typing import Any, Final
 import httpx
 
 from . import jsonrpc
+from .aauth import challenge_headers
 from .auth import parse_retry_after
 from .broker import Actor, Broker, HeadersResult
 from .config import Target
@@ -229,6 +230,9 @@ class Gateway:
         self.sessions = LiveSessions(broker.clock.monotonic)
         self._in_flight: Counter[str] = Counter()  # server -> requests waiting for the upstream's answer
         self._streams: weakref.WeakSet[_SseBody] = weakref.WeakSet()  # SSE answers being relayed
+        # AAuth (aauth.py): (target, method, url, headers, body) -> the headers that sign the request
+        self.sign: Callable[[Target, str, str, list[tuple[Any, bytes]], bytes | None],
+                            list[tuple[Any, bytes]]] | None = None
 
     # -- entry points
 
@@ -388,6 +392,9 @@ class Gateway:
         if request.method == "POST" and not any(k == "content-type" for k, _ in forwarded):
             headers.append(("content-type", b"application/json"))
         headers.append(("accept-encoding", b"identity"))  # answers are inspected: not compressed
+        if target.aauth and self.sign is not None:  # signed here: the agent key never leaves the sidecar
+            headers += self.sign(target, request.method, target.endpoint, headers,
+                                 request.body if request.method == "POST" else None)
         upstream = http.build_request(request.method, target.endpoint,
                                       headers=[(k.encode("ascii"), v) for k, v in headers],
                                       content=request.body if request.method == "POST" else None,
@@ -408,6 +415,7 @@ class Gateway:
             ctype = response.headers.get("content-type", "")
             extra = tuple((name.title().encode(), response.headers[name].encode("latin-1"))
                           for name in _RETURNED if name in response.headers)
+            extra += challenge_headers(target, status, response.headers.multi_items())  # AAuth 401
             granted = request.grant.tools_of(target.name) if request.grant is not None else None
             inspector = jsonrpc.Inspector(target.trust, jsonrpc.mask_forms(sent.headers.values()), pending,
                                           calls.answered if calls is not None else None,

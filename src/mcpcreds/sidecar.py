@@ -161,6 +161,7 @@ class Sidecar:
         shared_ssl_context()  # built before the first login needs it, not on the event loop then
         check_sidecar_uid(self.config)
         prepare_socket_dir(self.socket_path)
+        self.api.aauth.start()  # AAuth: the agent key loaded (or created); a refused key file fails the start
         claim_socket_path(self.socket_path)
         servers: list[asyncio.Server] = []
         listening: dict[str, str] = {}

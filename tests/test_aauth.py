@@ -1,0 +1,386 @@
+"""AAuth (issue 15): requests signed with an agent key that never leaves the sidecar.
+
+- The signer (`httpsig`) against RFC 9421's Ed25519 test vector (B.2.6) and RFC 9530's digest
+  example, exactly, and against an independent verifier (tests/peers/aauth_verify.py: the
+  `http-message-signatures` package builds the signature base, `http-sf` parses Signature-Key).
+- The key file: created 0600, durable, refused when group-readable (a unit and `serve` itself).
+- End to end: the real sidecar, the MCP SDK 2.x client through the gateway to a real MCP server
+  that admits only verified signatures (tests/peers/aauth_peer.py); `aauth = false` sends none;
+  the 401 challenge of a resource that wants a token is passed on; the `sign` route for direct
+  clients, peer-checked and grant-aware; the private key in no output (canary scan).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from joserfc.jwk import OKPKey
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from mcpcreds import AsyncClient, httpsig
+from mcpcreds.aauth import load_key, load_or_create
+from mcpcreds.errors import ConfigError
+from tests.conftest import run_cli
+from tests.peers.aauth_peer import AAuthPeer, start_aauth_peer
+from tests.peers.aauth_verify import Rejected, verify
+from tests.sidecar_proc import SidecarProcess, run_sidecar
+
+# RFC 9421 B.1.4: the test key test-key-ed25519
+RFC_KEY = b"""-----BEGIN PRIVATE KEY-----
+MC4CAQAwBQYDK2VwBCIEIJ+DYvh6SEqVTm50DFtMDoQikTmiCqirVv9mWG9qfSnF
+-----END PRIVATE KEY-----
+"""
+RFC_X = "JrQLj5P_89iXES9-vFgrIy29clF9CC_oPPsw3c5D0bs"
+INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "0"}}}
+RPC = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def rfc_key() -> Ed25519PrivateKey:
+    key = serialization.load_pem_private_key(RFC_KEY, None)
+    assert isinstance(key, Ed25519PrivateKey)
+    return key
+
+
+# ------------------------------------------------------------------------------ the signer, pure
+
+
+def test_rfc9421_b26_ed25519_vector_exactly() -> None:
+    components = [("date", "Tue, 20 Apr 2021 02:07:55 GMT"), ("@method", "POST"), ("@path", "/foo"),
+                  ("@authority", "example.com"), ("content-type", "application/json"),
+                  ("content-length", "18")]
+    params = httpsig.signature_params([n for n, _ in components], 1618884473, keyid="test-key-ed25519")
+    base = httpsig.signature_base(components, params)
+    assert base == (b'"date": Tue, 20 Apr 2021 02:07:55 GMT\n"@method": POST\n"@path": /foo\n'
+                    b'"@authority": example.com\n"content-type": application/json\n"content-length": 18\n'
+                    b'"@signature-params": ("date" "@method" "@path" "@authority" "content-type" '
+                    b'"content-length");created=1618884473;keyid="test-key-ed25519"')
+    assert httpsig.sf_bytes(rfc_key().sign(base)) == (
+        ":wqcAqbmYJ2ji2glfAMaRy4gruYYnx2nEFN2HN6jrnDnQCK1u02Gb04v9EDgwUPiu4A0w6vuQv5lIp5WPpBKRCw==:")
+
+
+def test_rfc9530_content_digest_and_the_hwk_key_of_the_rfc_test_key() -> None:
+    assert httpsig.content_digest(b'{"hello": "world"}') == "sha-256=:X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=:"
+    jwk = httpsig.public_jwk(rfc_key())
+    assert jwk == {"kty": "OKP", "crv": "Ed25519", "x": RFC_X, "alg": "Ed25519"}
+    assert httpsig.hwk_key(jwk) == f'sig=hwk;kty="OKP";crv="Ed25519";x="{RFC_X}";alg="Ed25519"'
+    assert httpsig.jwk_thumbprint(jwk) == OKPKey.import_key({k: jwk[k] for k in ("kty", "crv", "x")}).thumbprint()
+
+
+def signed_request(body: bytes | None = b'{"jsonrpc":"2.0"}', created: int = 1_800_000_000,
+                   url: str = "https://mcp.example.com:8443/v1/mcp?tenant=a") -> tuple[list[tuple[str, str]], Any]:
+    key = rfc_key()
+    headers = [("Content-Type", "application/json"), ("Authorization", "AAuth access-token-1")]
+    signed = httpsig.sign_request(key, "POST", url, headers, body, created, httpsig.hwk_key(httpsig.public_jwk(key)))
+    return [("Host", "mcp.example.com:8443"), *headers, *signed.headers().items()], signed
+
+
+def test_a_signed_request_is_exactly_the_aauth_profile_and_verifies_independently() -> None:
+    lines, signed = signed_request()
+    assert signed.signature_input == (
+        'sig=("@method" "@authority" "@path" "@query" "signature-key" "authorization" "content-digest")'
+        ";created=1800000000")
+    assert signed.content_digest == httpsig.content_digest(b'{"jsonrpc":"2.0"}')
+    verified = verify("POST", "https://mcp.example.com:8443/v1/mcp?tenant=a", lines, b'{"jsonrpc":"2.0"}',
+                      now=1_800_000_030)
+    assert verified.jwk["x"] == RFC_X and verified.scheme == "hwk"
+    no_body, bare = signed_request(body=None)
+    assert "content-digest" not in bare.covered and not any(n == "Content-Digest" for n, _ in no_body)
+
+
+@pytest.mark.parametrize(("method", "url", "body", "now", "error"), [
+    ("GET", "https://mcp.example.com:8443/v1/mcp?tenant=a", b'{"jsonrpc":"2.0"}', 1_800_000_000, "invalid_signature"),
+    ("POST", "https://mcp.example.com:8443/v1/other?tenant=a", b'{"jsonrpc":"2.0"}', 1_800_000_000, "invalid_signature"),
+    ("POST", "https://mcp.example.com:8443/v1/mcp?tenant=b", b'{"jsonrpc":"2.0"}', 1_800_000_000, "invalid_signature"),
+    ("POST", "https://evil.example.com:8443/v1/mcp?tenant=a", b'{"jsonrpc":"2.0"}', 1_800_000_000, "invalid_signature"),
+    ("POST", "https://mcp.example.com:8443/v1/mcp?tenant=a", b'{"jsonrpc":"2.1"}', 1_800_000_000, "invalid_signature"),
+    ("POST", "https://mcp.example.com:8443/v1/mcp?tenant=a", b'{"jsonrpc":"2.0"}', 1_800_000_061, "invalid_signature"),
+    ("POST", "https://mcp.example.com:8443/v1/mcp?tenant=a", b'{"jsonrpc":"2.0"}', 1_799_999_939, "invalid_signature"),
+], ids=["method", "path", "query", "authority", "body", "created-too-old", "created-in-future"])
+def test_tampering_fails_verification(method: str, url: str, body: bytes, now: int, error: str) -> None:
+    lines, _ = signed_request()
+    with pytest.raises(Rejected) as info:
+        verify(method, url, lines, body, now=now)
+    assert info.value.error == error
+
+
+def test_a_swapped_key_or_authorization_fails_verification() -> None:
+    lines, _ = signed_request()
+    other = httpsig.hwk_key(httpsig.public_jwk(Ed25519PrivateKey.generate()))
+    swapped = [(n, other if n == "Signature-Key" else v) for n, v in lines]
+    with pytest.raises(Rejected):
+        verify("POST", "https://mcp.example.com:8443/v1/mcp?tenant=a", swapped, b'{"jsonrpc":"2.0"}', 1_800_000_000)
+    token = [(n, "AAuth access-token-2" if n == "Authorization" else v) for n, v in lines]
+    with pytest.raises(Rejected):
+        verify("POST", "https://mcp.example.com:8443/v1/mcp?tenant=a", token, b'{"jsonrpc":"2.0"}', 1_800_000_000)
+
+
+def test_what_cannot_be_signed_is_refused_without_quoting_it() -> None:
+    key = rfc_key()
+    with pytest.raises(httpsig.SignatureError) as info:
+        httpsig.sign_request(key, "POST", "https://a.example/", [("X-Note", "line\r\nbreak-secret")], None, 1,
+                             httpsig.hwk_key(httpsig.public_jwk(key)), cover=["x-note"])
+    assert "secret" not in str(info.value)
+    for bad in ("sha-256=:short:", "md5=:AAAA:", "sha-256=:" + "A" * 40 + ":"):
+        with pytest.raises(httpsig.SignatureError):
+            httpsig.check_content_digest(bad)
+
+
+# ------------------------------------------------------------------------------ the key file
+
+
+def test_the_key_file_is_created_0600_and_is_durable(tmp_path: Path) -> None:
+    path = tmp_path / "agent.key"
+    first = load_or_create(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_or_create(path).thumbprint == first.thumbprint  # the same key after a restart
+    assert "PRIVATE" not in repr(first) and first.thumbprint in repr(first)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o660])
+def test_a_key_file_others_can_read_is_refused(tmp_path: Path, mode: int) -> None:
+    path = tmp_path / "agent.key"
+    load_or_create(path)
+    path.chmod(mode)
+    with pytest.raises(ConfigError) as info:
+        load_key(path)
+    assert info.value.errors == [f"aauth.key_file: {path}: readable or writable by group or others (mode "
+                                 f"{mode:04o}): chmod 600 it, and rotate the key if others may have read it"]
+
+
+def test_a_symlinked_or_foreign_key_file_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real.key"
+    load_or_create(real)
+    link = tmp_path / "link.key"
+    link.symlink_to(real)
+    with pytest.raises(ConfigError, match="a symlink is refused"):
+        load_key(link)
+    if os.geteuid() == 0:
+        os.chown(real, 65534, 65534)
+        with pytest.raises(ConfigError, match="owned by uid 65534"):
+            load_key(real)
+
+
+def test_serve_refuses_to_start_with_a_group_readable_key(tmp_path: Path) -> None:
+    key = tmp_path / "agent.key"
+    load_or_create(key)
+    key.chmod(0o640)
+    config = tmp_path / "config.toml"
+    config.write_text(f'[sidecar]\nsocket = "{tmp_path}/run/s.sock"\n[secrets]\nsources = ["env"]\n'
+                      f'[aauth]\nkey_file = "{key}"\n[[servers]]\nname = "s"\n'
+                      'endpoint = "https://s.example/mcp"\naauth = true\n')
+    result = run_cli("serve", "--config", str(config), timeout=20)
+    assert result.code == 2, result.output
+    assert f"aauth.key_file: {key}: readable or writable by group or others (mode 0640)" in result.stderr
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+@pytest.fixture(scope="module")
+def peer() -> Iterator[AAuthPeer]:
+    with start_aauth_peer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="mcpcreds-aauth-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def sidecar(peer: AAuthPeer, workdir: Path) -> Iterator[SidecarProcess]:
+    socket = workdir / "run" / "mcpcreds.sock"
+    config = workdir / "config.toml"
+    config.write_text(f"""
+[sidecar]
+socket = "{socket}"
+audit_log = "{workdir / 'audit.jsonl'}"
+
+[secrets]
+sources = ["env"]
+
+[aauth]
+default = true
+
+[[servers]]
+name = "signed"
+endpoint = "{peer.url}"
+trust = "trusted"
+
+[[servers]]
+name = "optout"
+endpoint = "{peer.url}"
+trust = "trusted"
+aauth = false
+
+[[servers]]
+name = "needs-token"
+endpoint = "{peer.base}/token-required/mcp"
+trust = "trusted"
+""")
+    with run_sidecar(config, socket) as proc:
+        yield proc
+
+
+def private_forms(workdir: Path) -> list[str]:
+    """Every spelling of the agent's private key a leak could take."""
+    pem = (workdir / "run" / "aauth-agent.key").read_bytes()
+    key = serialization.load_pem_private_key(pem, None)
+    assert isinstance(key, Ed25519PrivateKey)
+    raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+    body = "".join(pem.decode().splitlines()[1:-1])
+    return [body, body[:32], httpsig.b64url(raw), base64.b64encode(raw).decode(), raw.hex(), raw.hex().upper()]
+
+
+def public_x(workdir: Path) -> str:
+    key = serialization.load_pem_private_key((workdir / "run" / "aauth-agent.key").read_bytes(), None)
+    assert isinstance(key, Ed25519PrivateKey)
+    return httpsig.public_jwk(key)["x"]
+
+
+def raw_client(sidecar: SidecarProcess, **headers: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(sidecar.socket)),
+                             base_url="http://mcpcreds", headers=headers, timeout=30)
+
+
+async def test_the_mcp_sdk_reaches_a_signed_server_through_the_gateway(
+        sidecar: SidecarProcess, peer: AAuthPeer, workdir: Path) -> None:
+    key_file = workdir / "run" / "aauth-agent.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600  # created at start, in the state folder
+    before = peer.stats()["verified"]
+    async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("signed") as http, \
+            streamable_http_client(creds.mcp_url("signed"), http_client=http) as (read, write), \
+            ClientSession(read, write) as session:
+        await session.initialize()
+        assert {t.name for t in (await session.list_tools()).tools} == {"echo", "add"}
+        added = await session.call_tool("add", {"a": 2, "b": 3})
+        assert added.structured_content == {"result": 5}
+    stats = peer.stats()
+    assert stats["verified"] - before >= 4 and not stats["rejected"]
+    assert set(stats["keys"]) == {public_x(workdir)}  # every request signed with the one agent key
+    assert {"@method", "@authority", "@path", "signature-key"} <= set(stats["covered"])
+
+
+async def test_aauth_false_sends_no_signature(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
+    before = peer.stats()
+    async with raw_client(sidecar, **RPC) as http:
+        answer = await http.post("/mcp/optout", json=INIT)
+    assert answer.status_code == 401
+    after = peer.stats()
+    assert after["unsigned"] > before["unsigned"] and after["verified"] == before["verified"]
+
+
+async def test_a_challenge_for_a_token_is_passed_on(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
+    async with raw_client(sidecar, **RPC) as http:
+        answer = await http.post("/mcp/needs-token", json=INIT)
+    assert answer.status_code == 401
+    assert answer.headers["www-authenticate"] == 'AAuth requirement=auth-token; resource="aauth-peer"'
+    async with raw_client(sidecar, **RPC) as http:  # a bearer server's challenge stays in the sidecar
+        assert "www-authenticate" not in (await http.post("/mcp/optout", json=INIT)).headers
+
+
+async def test_the_sign_route_signs_a_direct_clients_request(
+        sidecar: SidecarProcess, peer: AAuthPeer, workdir: Path) -> None:
+    body = json.dumps(INIT)
+    ask = {"method": "POST", "url": peer.url, "headers": {"content-type": "application/json"},
+           "content_digest": httpsig.content_digest(body.encode())}
+    async with raw_client(sidecar) as http:
+        answer = await http.post("/v1/servers/signed/sign", json=ask)
+    assert answer.status_code == 200, answer.text
+    signed = answer.json()
+    assert signed["covered"] == ["@method", "@authority", "@path", "signature-key", "content-digest",
+                                 "content-type"]
+    assert signed["headers"]["Signature-Key"] == httpsig.hwk_key({"kty": "OKP", "crv": "Ed25519",
+                                                                  "x": public_x(workdir), "alg": "Ed25519"})
+    with httpx.Client(timeout=10) as direct:  # the client talks to the server itself
+        reached = direct.post(peer.url, content=body, headers={**RPC, **signed["headers"]})
+    assert reached.status_code == 200, reached.text
+    lines = [("host", peer.base.removeprefix("http://")), ("content-type", "application/json"),
+             *signed["headers"].items()]
+    assert peer.check("POST", peer.url, lines, body) == {"ok": True}
+    assert peer.check("POST", peer.url, lines, body.replace("raw", "bad")) == {"error": "invalid_signature"}
+
+
+@pytest.mark.parametrize(("server", "ask", "status", "code"), [
+    ("optout", {"method": "POST", "url": "URL"}, 403, "forbidden"),
+    ("signed", {"method": "POST", "url": "http://127.0.0.1:1/mcp"}, 400, "invalid_request"),
+    ("signed", {"method": "POST", "url": "URL", "body": "{}"}, 400, "invalid_request"),
+    ("signed", {"method": "post", "url": "URL"}, 400, "invalid_request"),
+    ("signed", {"method": "POST", "url": "URL", "content_digest": "sha-256=:nope:"}, 400, "invalid_request"),
+    ("signed", {"method": "POST", "url": "URL", "headers": {"x-missing": 1}}, 400, "invalid_request"),
+])
+async def test_the_sign_route_refuses(sidecar: SidecarProcess, peer: AAuthPeer, server: str,
+                                      ask: dict[str, Any], status: int, code: str) -> None:
+    ask = {k: (peer.url if v == "URL" else v) for k, v in ask.items()}
+    async with raw_client(sidecar) as http:
+        answer = await http.post(f"/v1/servers/{server}/sign", json=ask)
+    assert (answer.status_code, answer.json()["error"]["code"]) == (status, code)
+
+
+async def test_the_sign_route_is_grant_aware(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
+    async with AsyncClient(sidecar.socket) as creds:
+        minted = await creds.grant(["optout"], ttl=60)
+    ask = {"method": "POST", "url": peer.url}
+    async with raw_client(sidecar, Authorization=f"Bearer {minted['grant']}") as http:
+        refused = await http.post("/v1/servers/signed/sign", json=ask)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (403, "forbidden")
+    async with AsyncClient(sidecar.socket) as creds:
+        minted = await creds.grant(["signed"], ttl=60)
+    async with raw_client(sidecar, Authorization=f"Bearer {minted['grant']}") as http:
+        assert (await http.post("/v1/servers/signed/sign", json=ask)).status_code == 200
+
+
+async def test_the_private_key_appears_in_no_output(sidecar: SidecarProcess, peer: AAuthPeer,
+                                                     workdir: Path) -> None:
+    seen: list[str] = []
+    async with raw_client(sidecar, **RPC) as http:
+        for path in ("/v1/status", "/v1/servers", "/metrics", "/v1/servers/signed/headers",
+                     "/v1/servers/nope/sign"):
+            seen.append((await http.get(path)).text)
+        seen.append((await http.post("/v1/servers/signed/sign", json={"method": "POST", "url": peer.url})).text)
+        seen.append((await http.post("/v1/servers/signed/sign", json={"method": "POST", "url": "x"})).text)
+        answer = await http.post("/mcp/signed", json=INIT)
+        seen.append(answer.text + json.dumps(dict(answer.headers)))
+        seen.append((await http.post("/mcp/needs-token", json=INIT)).text)
+    payload = run_cli("spawn-payload", "signed", "optout", "--socket", str(sidecar.socket),
+                      "--config", str(sidecar.config))
+    assert payload.code == 0, payload.output
+    specs = {spec["name"]: spec for spec in json.loads(payload.stdout)}
+    assert "aauth" not in specs["signed"] and specs["optout"]["aauth"] is False  # as written: a boolean
+    seen += [payload.stdout, payload.stderr, run_cli("status", "--json", "--socket", str(sidecar.socket),
+                                                     "--config", str(sidecar.config)).stdout]
+    seen += [(workdir / "audit.jsonl").read_text(), sidecar.log, peer.log()]
+    text = "\n".join(seen)
+    assert public_x(workdir) in text  # the scan reaches where the key's public half shows
+    for form in private_forms(workdir):
+        assert form not in text
+
+
+def test_the_sign_route_is_described_in_the_openapi_document() -> None:
+    from importlib import resources
+
+    doc = json.loads((resources.files("mcpcreds") / "openapi.json").read_text())
+    route = doc["paths"]["/v1/servers/{name}/sign"]["post"]
+    assert route["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/SignRequest"}
+    assert set(doc["components"]["schemas"]["SignRequest"]["properties"]) == {"method", "url", "headers",
+                                                                              "content_digest"}
+    assert doc["components"]["schemas"]["McpServerSpec"]["properties"]["aauth"]["type"] == "boolean"
