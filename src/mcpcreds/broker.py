@@ -16,7 +16,7 @@ import httpx
 from . import __version__
 from .audit import AuditLog
 from .clock import Clock
-from .config import Config, Target
+from .config import LOGIN_GRANTS, Config, Target
 from .discovery import Discovery
 from .egress import EgressPolicy, egress_client
 from .errors import (
@@ -27,11 +27,13 @@ from .errors import (
     UnknownSecret,
     UnknownServer,
 )
+from .login_store import entry_name
 from .logins import LoginCache
 from .logs import get_logger
 from .metrics import Labels, Metrics
 from .oauth import Token, build_token_request, send_token_request
 from .rates import Rate
+from .refresh import refresh_login
 from .secret import REDACTOR
 from .shared import build_state
 from .sources import SecretResolver
@@ -275,9 +277,8 @@ class Broker:
     async def _fetch_login(self, target: Target, overrides: Mapping[str, str] | None = None) -> Token:
         login = target.login
         assert login is not None
-        if login.grant != "client_credentials":
-            raise TokenEndpointError(f"grant {login.grant!r} is not run by mcpcreds; only "
-                                     "client_credentials", "unsupported_grant_type")
+        if login.grant in LOGIN_GRANTS:  # a person's login, renewed by its refresh token
+            return await refresh_login(self, target)
         http = self.http_for(target)
         token_url = await self.discovery.token_url(login, target.endpoint, http)
         credential_template = login.private_key or login.client_secret
@@ -386,7 +387,8 @@ class Broker:
         """One target per cache key whose headers or login use `secret`."""
         found: dict[str, Target] = {}
         for target in (*self.config.services.values(), *self.config.servers.values()):
-            if secret in target.secret_names:
+            if secret in target.secret_names or (target.login is not None and target.login.grant
+                                                 in LOGIN_GRANTS and secret == entry_name(target.key)):
                 found.setdefault(target.key, target)
         return list(found.values())
 

@@ -18,6 +18,7 @@ from .errors import (
     ConfigError,
     Forbidden,
     InvalidRequest,
+    LoginRequired,
     McpcredsError,
     RateLimited,
     SidecarUnavailable,
@@ -25,6 +26,7 @@ from .errors import (
     UnknownServer,
 )
 from .exec_cli import add_parser as add_exec_parser
+from .login_flow import add_parsers as add_login_parsers
 from .socket_check import UntrustedSidecar
 from .sources import KeyringSource, check_secret_name
 
@@ -46,7 +48,7 @@ def exit_code_for(exc: McpcredsError) -> int:
         return EXIT_UNAVAILABLE
     if isinstance(exc, RateLimited):
         return EXIT_RATE_LIMITED
-    if isinstance(exc, Forbidden):
+    if isinstance(exc, Forbidden | LoginRequired):  # login_required: run `mcpcreds login NAME`
         return EXIT_FORBIDDEN
     return EXIT_FAILURE
 
@@ -430,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", metavar="SERVER", help="server name or cache key")
 
     add_exec_parser(add_client)  # mcpcreds exec NAME -- CMD ARGS... (exec_cli.py)
+    add_login_parsers(add_client)  # mcpcreds login NAME / logout NAME (login_flow.py)
 
     secret = sub.add_parser("secret", parents=[common], help="manage secrets in the keyring",
                             description="Manage secrets in the keyring; values never on argv.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any, Final, TypeGuard
 from urllib.parse import urlsplit, urlunsplit
 
@@ -68,6 +69,29 @@ def token_endpoint_from(metadata: Any, issuer: str) -> str:
     return endpoint
 
 
+@dataclass(frozen=True, slots=True)
+class ServerEndpoints:
+    """What a login needs of the authorization server (RFC 8414 / OpenID metadata)."""
+
+    issuer: str
+    token: str
+    device_authorization: str | None
+    authorization: str | None
+    revocation: str | None
+
+
+def endpoints_from(metadata: Any, issuer: str) -> ServerEndpoints:
+    """The endpoints of validated metadata; an optional endpoint that is not a usable URL is absent."""
+    token = token_endpoint_from(metadata, issuer)
+
+    def optional(name: str) -> str | None:
+        value = metadata.get(name)
+        return value if usable_url(value) else None
+
+    return ServerEndpoints(issuer, token, optional("device_authorization_endpoint"),
+                           optional("authorization_endpoint"), optional("revocation_endpoint"))
+
+
 class Discovery:
     def __init__(self) -> None:
         self._token_urls: dict[tuple[str, str | None, str], str] = {}
@@ -91,12 +115,27 @@ class Discovery:
 
     async def from_issuer(self, issuer: str, http: httpx.AsyncClient) -> str:
         """The token endpoint named by the issuer's metadata (RFC 8414, then OpenID)."""
+        return token_endpoint_from(await self.metadata(issuer, http), issuer)
+
+    async def metadata(self, issuer: str, http: httpx.AsyncClient) -> Any:
+        """The issuer's metadata document (RFC 8414, then OpenID), not yet validated."""
         for url in metadata_urls(issuer):
             status, data = await self._get_json(url, http)
             if status == 200:
-                return token_endpoint_from(data, issuer)
+                return data
         raise TokenEndpointError(f"no authorization server metadata found for issuer {issuer}",
                                  "discovery_failed")
+
+    async def endpoints(self, login: LoginSpec, endpoint: str, http: httpx.AsyncClient) -> ServerEndpoints:
+        """Every endpoint a person's login uses: from the configured issuer, else the one the
+        resource's metadata names; a configured token_url wins over the metadata's."""
+        issuer = login.issuer or self.issuers.get(endpoint) or await self.issuer_for(endpoint, http)
+        found = endpoints_from(await self.metadata(issuer, http), issuer)
+        self.issuers.setdefault(endpoint, issuer)
+        if login.token_url:
+            found = ServerEndpoints(issuer, login.token_url, found.device_authorization,
+                                    found.authorization, found.revocation)
+        return found
 
     async def issuer_for(self, endpoint: str, http: httpx.AsyncClient) -> str:
         """RFC 9728: the resource's metadata names its authorization server."""

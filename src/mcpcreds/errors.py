@@ -105,6 +105,14 @@ class TooManyGrants(McpcredsError):
     status = 429
 
 
+class LoginRequired(McpcredsError):
+    """A person's login (grant = "device" or "authorization_code") has no usable refresh token:
+    none stored, or the authorization server refused it. `command` names what to run."""
+
+    code = "login_required"
+    status = 401
+
+
 class TokenEndpointError(McpcredsError):
     """The token endpoint refused or failed. `error` is the IdP's OAuth error code."""
 
@@ -168,6 +176,7 @@ ERRORS_BY_CODE: dict[str, type[McpcredsError]] = {
         RateLimited,
         TooManyGrants,
         TokenEndpointError,
+        LoginRequired,
         UpstreamError,
         UpstreamTimeout,
         SecretUnavailable,

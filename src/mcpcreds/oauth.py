@@ -18,11 +18,10 @@ import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import quote_plus
+from urllib.parse import quote_plus, urlencode
 
 import httpx
 from authlib.oauth2.auth import ClientAuth
-from authlib.oauth2.rfc6749.parameters import prepare_token_request
 
 from .client_assertion import ASSERTION_TYPE, client_assertion
 from .config import LoginSpec
@@ -75,7 +74,7 @@ def build_token_request(spec: LoginSpec, token_url: str, credential: str | None,
     secret, the private key (PEM) for private_key_jwt, or None for a public client
     (`auth_method = "none"`). A private_key_jwt assertion is addressed to `issuer` (the
     authorization server's issuer, RFC 7523 and the MCP spec) when known, else the token URL."""
-    form: dict[str, str] = {}
+    form: dict[str, str] = {"grant_type": grant_type}
     if spec.scope and grant_type in ("client_credentials", "refresh_token"):
         form["scope"] = spec.scope
     if spec.resource:
@@ -83,21 +82,29 @@ def build_token_request(spec: LoginSpec, token_url: str, credential: str | None,
     if spec.audience:
         form["audience"] = spec.audience
     form.update(params or {})
+    return authenticated_request(spec, token_url, credential, form, issuer=issuer, now=now)
+
+
+def authenticated_request(spec: LoginSpec, url: str, credential: str | None, form: dict[str, str], *,
+                          issuer: str | None = None, now: float | None = None) -> TokenRequest:
+    """A form POST to an endpoint of the authorization server (token, device authorization,
+    revocation) with the client's authentication added (RFC 6749 §2.3, RFC 7523 §2.2)."""
+    form = dict(form)
     headers = {"Content-Type": _FORM, "Accept": "application/json", "Accept-Encoding": "identity"}
     if spec.auth_method == "private_key_jwt":
-        assertion = client_assertion(credential or "", spec.client_id, issuer or token_url,
+        assertion = client_assertion(credential or "", spec.client_id, issuer or url,
                                      time.time() if now is None else now, secrets.token_urlsafe(24),
                                      spec.signing_alg)
         form.update(client_id=spec.client_id, client_assertion_type=ASSERTION_TYPE,
                     client_assertion=assertion)
-        return TokenRequest(token_url, headers, prepare_token_request(grant_type, **form))
+        return TokenRequest(url, headers, urlencode(form))
     if spec.auth_method == "none" or credential is None:
         form["client_id"] = spec.client_id
-        return TokenRequest(token_url, headers, prepare_token_request(grant_type, **form))
+        return TokenRequest(url, headers, urlencode(form))
     method: Any = _client_secret_basic if spec.auth_method == "client_secret_basic" else spec.auth_method
-    body = prepare_token_request(grant_type, **form)
-    _, out, body = ClientAuth(spec.client_id, credential, method).prepare("POST", token_url, headers, body)
-    return TokenRequest(token_url, dict(out), body)
+    auth = ClientAuth(spec.client_id, credential, method)
+    _, out, body = auth.prepare("POST", url, headers, urlencode(form))
+    return TokenRequest(url, dict(out), body)
 
 
 def _client_secret_basic(auth: Any, method: str, uri: str, headers: dict[str, str],
@@ -118,8 +125,10 @@ def _oauth_error(status: int, data: Any) -> TokenEndpointError:
 
 
 def parse_token_response(status: int, content_type: str, body: bytes, now: float,
-                         default_expires_in: float) -> Token:
-    """A Token from the endpoint's answer, or TokenEndpointError. Never quotes the body."""
+                         default_expires_in: float, extras: dict[str, str] | None = None) -> Token:
+    """A Token from the endpoint's answer, or TokenEndpointError. Never quotes the body. With
+    `extras`, a usable `refresh_token` of the answer is put there (and registered with the
+    redactor)."""
     if 300 <= status < 400:
         raise TokenEndpointError(f"token endpoint answered a redirect (HTTP {status}); "
                                  "redirects are not followed", "unexpected_redirect")
@@ -154,6 +163,11 @@ def parse_token_response(status: int, content_type: str, body: bytes, now: float
     if not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS or not scope.isprintable():
         scope = None
     REDACTOR.add(token)  # only a token that will be served
+    refresh = data.get("refresh_token")
+    if extras is not None and isinstance(refresh, str) and len(refresh) <= MAX_TOKEN_CHARS \
+            and _HEADER_SAFE.fullmatch(refresh):
+        REDACTOR.add(refresh)
+        extras["refresh_token"] = refresh
     return Token(token, "Bearer", now, expires_at, scope, fingerprint(token))
 
 
@@ -219,7 +233,8 @@ def backoff_delay(failures: int, rng: random.Random | None = None,
 
 
 async def send_token_request(http: httpx.AsyncClient, request: TokenRequest, now: float,
-                             default_expires_in: float, timeout: float = TOKEN_TIMEOUT) -> Token:
+                             default_expires_in: float, timeout: float = TOKEN_TIMEOUT,
+                             extras: dict[str, str] | None = None) -> Token:
     """POST the request; read at most MAX_RESPONSE_BYTES; parse. No redirects are followed."""
     try:
         async with http.stream("POST", request.url, headers=request.headers,
@@ -237,7 +252,7 @@ async def send_token_request(http: httpx.AsyncClient, request: TokenRequest, now
                         f"token response larger than {MAX_RESPONSE_BYTES} bytes", "response_too_large")
                 chunks.append(chunk)
             return parse_token_response(response.status_code, response.headers.get("content-type", ""),
-                                        b"".join(chunks), now, default_expires_in)
+                                        b"".join(chunks), now, default_expires_in, extras)
     except httpx.TimeoutException:
         raise TokenEndpointTimeout(f"token endpoint did not answer within {timeout:g}s") from None
     except httpx.HTTPError as exc:

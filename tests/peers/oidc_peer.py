@@ -22,6 +22,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -152,3 +153,47 @@ def start_oidc_peer(
             yield peer
         finally:
             peer.stop()
+
+
+_FORM = re.compile(r"<form\b([^>]*)>(.*?)</form>", re.S | re.I)
+_ATTR = re.compile(r'([a-z_]+)="([^"]*)"', re.I)
+_INPUT = re.compile(r"<(?:input|button)\b([^>]*)>", re.I)
+
+
+def _form_of(page: str) -> tuple[str, dict[str, str]] | None:
+    """The first form of an oidc-provider page: its action and the fields a person would send
+    (hidden inputs, the login and password boxes filled in, the submit button pressed)."""
+    match = _FORM.search(page)
+    if match is None:
+        return None
+    attrs = dict(_ATTR.findall(match.group(1)))
+    fields: dict[str, str] = {}
+    for raw in _INPUT.findall(match.group(2)):
+        a = dict(_ATTR.findall(raw))
+        name = a.get("name")
+        if not name or name == "abort":
+            continue
+        if name == "login":
+            fields[name] = "alice"
+        elif name == "password":
+            fields[name] = "any-password"
+        elif name not in fields:
+            fields[name] = a.get("value", "")
+    return attrs.get("action", ""), fields
+
+
+def approve_in_browser(url: str, max_steps: int = 12) -> httpx.Response:
+    """Do what a person does in a browser at oidc-provider's devInteractions pages: open `url`,
+    follow redirects, fill in the sign-in form (any login and password), press each submit
+    button (the device code confirmation, consent), until a page without a form (the device
+    flow's success page) or the client's redirect (followed too, as a browser would). Returns
+    the last response."""
+    with httpx.Client(follow_redirects=True, timeout=10.0) as browser:
+        response = browser.get(url)
+        for _ in range(max_steps):
+            form = _form_of(response.text) if "html" in response.headers.get("content-type", "") else None
+            if form is None:
+                return response
+            action, fields = form
+            response = browser.post(httpx.URL(str(response.url)).join(action), data=fields)
+        raise RuntimeError("the login did not finish within the expected number of pages")

@@ -124,7 +124,7 @@ const provider = new Provider(issuer, {
   clients,
   jwks: { keys: [signingJwk] },
   scopes: [...allScopes],
-  clientAuthMethods: ['client_secret_basic', 'client_secret_post', 'private_key_jwt'],
+  clientAuthMethods: ['client_secret_basic', 'client_secret_post', 'private_key_jwt', 'none'],
   cookies: { keys: ['mcpcreds-oidc-peer-test-cookie-key'] },
   enabledJWA: {
     clientAuthSigningAlgValues: ['RS256', 'PS256', 'ES256', 'ES384', 'EdDSA'],
@@ -171,6 +171,7 @@ provider.Client.prototype.compareClientSecret = function compareClientSecret(act
 };
 
 const tokenPath = new URL(provider.urlFor('token')).pathname;
+const devicePath = new URL(provider.urlFor('device_authorization')).pathname;
 
 provider.use(async (ctx, next) => {
   if (ctx.path.startsWith('/_test/')) {
@@ -207,6 +208,12 @@ provider.use(async (ctx, next) => {
     return reply({ error: 'not found' }, 404);
   }
 
+  if (ctx.method === 'POST' && ctx.path === devicePath) {
+    await next();
+    // RFC 8628 polls every 5 s unless told otherwise: tests poll every second
+    if (ctx.status === 200 && ctx.body && typeof ctx.body === 'object') ctx.body.interval = Number(config.device_interval ?? 1);
+    return undefined;
+  }
   if (ctx.method === 'POST' && ctx.path === tokenPath) {
     state.stats.token_requests += 1;
     try {

@@ -1,0 +1,346 @@
+"""`mcpcreds login NAME` and `mcpcreds logout NAME`: the I/O around the pure flows
+(device_flow.py, authcode_flow.py): discovery, the requests, the poll loop, the one-shot
+loopback listener, the keyring, and the notice to a running sidecar.
+
+Everything a person must read goes to stderr; no token (access, refresh, device code, code,
+verifier) is ever printed or logged."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import time
+import webbrowser
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TextIO
+from urllib.parse import urlsplit
+
+import httpx
+
+from .authcode_flow import (
+    CALLBACK_PATH,
+    AuthRequest,
+    authorization_request,
+    code_from_redirect,
+    redirect_uri_for,
+)
+from .config import LOGIN_GRANTS, Config, Target
+from .device_flow import DEVICE_GRANT, DeviceAuthorization, PollSchedule, parse_device_authorization
+from .discovery import Discovery, ServerEndpoints
+from .egress import egress_client
+from .errors import InvalidRequest, McpcredsError, TokenEndpointError
+from .login_store import StoredLogin, entry_name, login_store
+from .oauth import (
+    MAX_RESPONSE_BYTES,
+    TOKEN_TIMEOUT,
+    authenticated_request,
+    build_token_request,
+    send_token_request,
+)
+from .sources import SecretResolver
+
+MAX_WAIT: Final = 3600.0  # --timeout: at most an hour
+DEFAULT_WAIT: Final = 300.0
+MAX_REQUEST_HEAD: Final = 16 * 1024
+_PAGE_OK: Final = b"<!doctype html><title>mcpcreds</title><p>Login received. You may close this window."
+_PAGE_FAILED: Final = b"<!doctype html><title>mcpcreds</title><p>Login failed: see the terminal."
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+def login_target(config: Config, name: str) -> Target:
+    target = config.target(name)
+    if target is None:
+        raise InvalidRequest("unknown server: no configured server or cache key has that name")
+    if target.login is None or target.login.grant not in LOGIN_GRANTS:
+        raise InvalidRequest(f"{target.name} has no person's login (auth kind = 'oauth2' with grant = "
+                             "'device' or 'authorization_code'); nothing to log in to")
+    return target
+
+
+def _credential(config: Config, target: Target) -> str | None:
+    login = target.login
+    assert login is not None
+    template = login.private_key or login.client_secret
+    if template is None:
+        return None
+    return SecretResolver.from_config(config.secrets).render(template)
+
+
+async def _post_form(http: httpx.AsyncClient, url: str, headers: dict[str, str],
+                     body: str) -> tuple[int, bytes]:
+    """A bounded form POST, no redirects; errors never quote what was sent."""
+    try:
+        async with http.stream("POST", url, headers=headers, content=body.encode(), follow_redirects=False,
+                               timeout=TOKEN_TIMEOUT) as response:
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_raw():
+                size += len(chunk)
+                if size > MAX_RESPONSE_BYTES:
+                    raise TokenEndpointError("answer too large", "response_too_large")
+                chunks.append(chunk)
+            return response.status_code, b"".join(chunks)
+    except httpx.TimeoutException:
+        raise TokenEndpointError(f"{url} did not answer in time", "temporarily_unavailable") from None
+    except httpx.HTTPError as exc:
+        raise TokenEndpointError(f"{url} unreachable ({type(exc).__name__})",
+                                 "temporarily_unavailable") from None
+
+
+# ---------------------------------------------------------------------------- device flow
+
+
+async def device_login(http: httpx.AsyncClient, target: Target, ends: ServerEndpoints,
+                       credential: str | None, out: TextIO, sleep: Sleep = asyncio.sleep,
+                       clock: Callable[[], float] = time.monotonic) -> tuple[str, dict[str, str]]:
+    """RFC 8628: ask for a user code, show it, poll until approved. Returns (access token,
+    extras with the refresh token)."""
+    login = target.login
+    assert login is not None
+    if ends.device_authorization is None:
+        raise TokenEndpointError(f"the authorization server {ends.issuer} advertises no "
+                                 "device_authorization_endpoint", "unsupported_grant_type")
+    form = {k: v for k, v in (("scope", login.scope), ("resource", login.resource),
+                              ("audience", login.audience)) if v}
+    request = authenticated_request(login, ends.device_authorization, credential, form, issuer=ends.issuer)
+    status, body = await _post_form(http, request.url, request.headers, request.body)
+    auth: DeviceAuthorization = parse_device_authorization(status, body)
+    out.write(f"To log in to {target.name}, open {auth.verification_uri} and enter the code "
+              f"{auth.user_code}\n")
+    if auth.verification_uri_complete:
+        out.write(f"(or open {auth.verification_uri_complete})\n")
+    out.write(f"Waiting for the approval (the code expires in {auth.expires_in:.0f}s)...\n")
+    out.flush()
+    schedule = PollSchedule(clock(), auth)
+    at = schedule.first()
+    while True:
+        await sleep(max(0.0, at - clock()))
+        token_request = build_token_request(login, ends.token, credential, issuer=ends.issuer,
+                                            grant_type=DEVICE_GRANT, params={"device_code": auth.device_code})
+        extras: dict[str, str] = {}
+        try:
+            token = await send_token_request(http, token_request, time.time(), login.expires_in_default,
+                                             extras=extras)
+        except TokenEndpointError as exc:
+            at = schedule.after(exc.error, clock())
+            continue
+        return token.access_token, extras
+
+
+# ---------------------------------------------------------------------------- authorization code
+
+
+class LoopbackListener:
+    """One redirect on 127.0.0.1 (an ephemeral port): requests to other paths get 404 and are not
+    counted; the first request to the callback path settles the login (its state checked
+    exactly), is answered, and the listener closes."""
+
+    def __init__(self) -> None:
+        self._server: asyncio.Server | None = None
+        self.port = 0
+        self._check: Callable[[str], str] | None = None
+        self.result: asyncio.Future[str] | None = None
+
+    async def start(self) -> int:
+        self.result = asyncio.get_running_loop().create_future()
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, limit=MAX_REQUEST_HEAD)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    def expect(self, check: Callable[[str], str]) -> None:
+        self._check = check
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
+            parts = urlsplit(target)
+            if method != "GET" or parts.path != CALLBACK_PATH or self.result is None or self.result.done():
+                await self._answer(writer, 404, b"not found")
+                return
+            assert self._check is not None
+            try:
+                code = self._check(parts.query)
+            except McpcredsError as exc:
+                self.result.set_exception(exc)
+                await self._answer(writer, 400, _PAGE_FAILED)
+            else:
+                self.result.set_result(code)
+                await self._answer(writer, 200, _PAGE_OK)
+            self.close()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError,
+                ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @staticmethod
+    async def _answer(writer: asyncio.StreamWriter, status: int, body: bytes) -> None:
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}[status]
+        writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/html; charset=utf-8\r\n"
+                     f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n"
+                     .encode() + body)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+async def code_login(http: httpx.AsyncClient, target: Target, ends: ServerEndpoints,
+                     credential: str | None, out: TextIO, open_browser: bool,
+                     wait: float) -> tuple[str, dict[str, str]]:
+    """Authorization code + PKCE S256 with a loopback redirect (RFC 8252)."""
+    login = target.login
+    assert login is not None
+    if ends.authorization is None:
+        raise TokenEndpointError(f"the authorization server {ends.issuer} advertises no "
+                                 "authorization_endpoint", "unsupported_grant_type")
+    listener = LoopbackListener()
+    port = await listener.start()
+    try:
+        request: AuthRequest = authorization_request(ends.authorization, login.client_id,
+                                                     redirect_uri_for(port), login.scope, login.resource)
+        listener.expect(lambda query: code_from_redirect(query, request, ends.issuer))
+        out.write(f"To log in to {target.name}, open this URL in a browser:\n{request.url}\n")
+        out.write(f"Waiting for the redirect to {request.redirect_uri} ...\n")
+        out.flush()
+        if open_browser:
+            with contextlib.suppress(Exception):
+                webbrowser.open(request.url)
+        assert listener.result is not None
+        try:
+            code = await asyncio.wait_for(asyncio.shield(listener.result), wait)
+        except TimeoutError:
+            raise TokenEndpointError(f"no redirect arrived within {wait:g}s; run the login again",
+                                     "login_timeout") from None
+    finally:
+        listener.close()
+    token_request = build_token_request(login, ends.token, credential, issuer=ends.issuer,
+                                        grant_type="authorization_code",
+                                        params={"code": code, "redirect_uri": request.redirect_uri,
+                                                "code_verifier": request.verifier})
+    extras: dict[str, str] = {}
+    token = await send_token_request(http, token_request, time.time(), login.expires_in_default,
+                                     extras=extras)
+    return token.access_token, extras
+
+
+# ---------------------------------------------------------------------------- login, logout
+
+
+async def run_login(config: Config, target: Target, out: TextIO, open_browser: bool, wait: float) -> None:
+    login = target.login
+    assert login is not None
+    credential = await asyncio.to_thread(_credential, config, target)
+    async with egress_client(target.egress) as http:
+        ends = await Discovery().endpoints(login, target.endpoint, http)
+        if login.grant == "device":
+            _, extras = await asyncio.wait_for(device_login(http, target, ends, credential, out), MAX_WAIT)
+        else:
+            _, extras = await code_login(http, target, ends, credential, out, open_browser, wait)
+    refresh = extras.get("refresh_token")
+    if refresh is None:
+        raise TokenEndpointError("the authorization server issued no refresh token, so the sidecar could "
+                                 "not renew this login (does the client allow the refresh_token grant? "
+                                 "some servers want scope offline_access)", "no_refresh_token")
+    store = login_store(config.secrets)
+    await asyncio.to_thread(store.put, target.key, StoredLogin(refresh, login.client_id))
+
+
+async def run_logout(config: Config, target: Target, out: TextIO) -> bool:
+    """Revoke the refresh token (RFC 7009, when the server advertises revocation) and delete it.
+    Returns whether a login was stored."""
+    login = target.login
+    assert login is not None
+    store = login_store(config.secrets)
+    stored = await asyncio.to_thread(store.get, target.key)
+    if stored is None:
+        return False
+    try:
+        credential = await asyncio.to_thread(_credential, config, target)
+        async with egress_client(target.egress) as http:
+            ends = await Discovery().endpoints(login, target.endpoint, http)
+            if ends.revocation is not None:
+                request = authenticated_request(
+                    login, ends.revocation, credential,
+                    {"token": stored.refresh_token, "token_type_hint": "refresh_token"}, issuer=ends.issuer)
+                status, _ = await _post_form(http, request.url, request.headers, request.body)
+                out.write("refresh token revoked\n" if status == 200 else
+                          f"the revocation endpoint answered HTTP {status}; deleting the login anyway\n")
+            else:
+                out.write("the authorization server advertises no revocation endpoint; deleting the "
+                          "login only\n")
+    except McpcredsError as exc:
+        out.write(f"could not revoke ({exc.code}); deleting the login anyway\n")
+    await asyncio.to_thread(store.delete, target.key)
+    return True
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+def _tell_sidecar(args: argparse.Namespace, target: Target, logout: bool) -> None:
+    from .cli import _client
+    from .errors import SidecarUnavailable, UnknownSecret
+
+    try:
+        with _client(args, connect_retry=0, timeout=30) as client:
+            if logout:
+                client.request("POST", f"/v1/servers/{target.name}/invalidate", json={"reason": "logout"})
+            else:
+                client.secret_rotated(entry_name(target.key))
+    except (SidecarUnavailable, UnknownSecret):
+        return
+    except McpcredsError as exc:
+        print(f"mcpcreds: the sidecar was told, and answered {exc.code}", file=sys.stderr)
+        return
+    print("the sidecar was told", file=sys.stderr)
+
+
+def cmd_login(args: argparse.Namespace) -> int:
+    from .cli import _config
+
+    config = _config(args)
+    target = login_target(config, args.name)
+    wait = args.timeout
+    if not 0 < wait <= MAX_WAIT:
+        raise InvalidRequest(f"--timeout: from 1 to {MAX_WAIT:g} seconds")
+    asyncio.run(run_login(config, target, sys.stderr, open_browser=not args.no_browser, wait=wait))
+    print(f"logged in: {target.name} ({target.key}); the refresh token is in the keyring as "
+          f"{entry_name(target.key)}", file=sys.stderr)
+    _tell_sidecar(args, target, logout=False)
+    return 0
+
+
+def cmd_logout(args: argparse.Namespace) -> int:
+    from .cli import _config
+
+    config = _config(args)
+    target = login_target(config, args.name)
+    if not asyncio.run(run_logout(config, target, sys.stderr)):
+        print(f"{target.name}: no login stored", file=sys.stderr)
+        return 1
+    print(f"logged out: {target.name} ({target.key})", file=sys.stderr)
+    _tell_sidecar(args, target, logout=True)
+    return 0
+
+
+def add_parsers(add_client: Callable[..., Any]) -> None:
+    p = add_client("login", cmd_login,
+                   "log in as a person (grant = 'device' or 'authorization_code'); the refresh token goes "
+                   "to the keyring and the sidecar renews the login from it")
+    p.add_argument("name", metavar="NAME", help="server name or cache key")
+    p.add_argument("--no-browser", action="store_true",
+                   help="authorization code: print the URL and wait on the loopback redirect; never open "
+                        "a browser")
+    p.add_argument("--timeout", type=float, default=DEFAULT_WAIT, metavar="S",
+                   help=f"seconds to wait for the redirect (default {DEFAULT_WAIT:g})")
+    p = add_client("logout", cmd_logout, "revoke (RFC 7009, when offered) and delete a person's login")
+    p.add_argument("name", metavar="NAME", help="server name or cache key")
+
+

@@ -1,0 +1,243 @@
+"""Person logins end to end (issue 16): `mcpcreds login` with the device flow and with the
+authorization code + PKCE flow against the real oidc-provider (its sign-in and consent pages
+driven over HTTP as a browser would), the refresh token in a real keyring (gnome-keyring on a
+private D-Bus), the sidecar renewing from it with rotation, `invalid_grant` -> `login_required`
+(401, exit 77), `logout`, and no refresh token in any output."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import keyring
+import pytest
+from joserfc import jwt
+from joserfc.jwk import KeySet
+
+from mcpcreds import Client
+from mcpcreds.errors import LoginRequired
+from tests.conftest import CANARY, KeyringSession, module_peer, run_cli
+from tests.peers.oidc_peer import OidcPeer, approve_in_browser
+from tests.sidecar_proc import SidecarProcess, run_sidecar
+
+DEVICE = "urn:ietf:params:oauth:grant-type:device_code"
+OIDC_CLIENTS: list[dict[str, Any]] = [
+    {"client_id": "c-device", "token_endpoint_auth_method": "none",
+     "grant_types": [DEVICE, "refresh_token"], "scope": "tools:read"},
+    {"client_id": "c-code", "client_secret": CANARY, "token_endpoint_auth_method": "client_secret_basic",
+     "grant_types": ["authorization_code", "refresh_token"], "redirect_uris": ["http://127.0.0.1/callback"],
+     "scope": "tools:read tools:call"},
+]
+URL_LINE = re.compile(r"(https?://\S+)")
+
+
+@pytest.fixture(scope="module")
+def peer(oidc_session: OidcPeer) -> OidcPeer:
+    return module_peer(oidc_session, 3600)
+
+
+class Setup:
+    def __init__(self, peer: OidcPeer, tmp_path: Path, service: str) -> None:
+        self.peer = peer
+        self.service = service
+        self.socket = tmp_path / "run" / "s.sock"
+        self.config = tmp_path / "config.toml"
+        self.config.write_text(f"""
+[sidecar]
+socket = "{self.socket}"
+[secrets]
+sources = ["env", "keyring"]
+keyring_service = "{service}"
+
+[[servers]]
+name = "dev"
+endpoint = "https://dev.example.com/mcp"
+auth = {{ kind = "oauth2", grant = "device", issuer = "{peer.issuer}", client_id = "c-device", scopes = ["tools:read"] }}
+
+[services.web]
+endpoint = "https://web.example.com/mcp"
+auth = {{ kind = "oauth2", grant = "authorization_code", issuer = "{peer.issuer}", client_id = "c-code", client_secret = "{{{{secret:CODE_SECRET}}}}", scope = "tools:read tools:call" }}
+[[servers]]
+name = "web"
+service = "web"
+""")
+        self.env = {"CODE_SECRET": CANARY}
+        self.outputs: list[str] = []
+
+    def stored(self, key: str) -> str | None:
+        text = keyring.get_password(self.service, "login." + key.replace(":", ".", 1))
+        return json.loads(text)["refresh_token"] if text else None
+
+    def cli(self, *args: str) -> tuple[int, str]:
+        result = run_cli(*args, "--config", str(self.config), env=self.env)
+        self.outputs.append(result.output)
+        return result.code, result.output
+
+    def login(self, name: str, *extra: str, browse: bool = True) -> tuple[int, str, str]:
+        """Run `mcpcreds login`, open the URL it prints in the 'browser', return (exit, output, url)."""
+        proc = subprocess.Popen([sys.executable, "-m", "mcpcreds.cli", "login", name, "--config",
+                                 str(self.config), *extra], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**_environ(), **self.env})
+        assert proc.stderr is not None
+        lines: list[str] = []
+        url = None
+        for line in proc.stderr:  # the line with the URL to open comes first, then the wait
+            lines.append(line)
+            if "(or open " in line or line.startswith("http"):
+                match = URL_LINE.search(line)
+                assert match is not None
+                url = match.group(1).rstrip(")")
+                break
+        assert url is not None, "".join(lines)
+        if browse:
+            approve_in_browser(url)
+        out, err = proc.communicate(timeout=30)
+        output = "".join(lines) + err + out
+        self.outputs.append(output)
+        return proc.returncode, output, url
+
+
+def _environ() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)
+
+
+@pytest.fixture
+def setup(peer: OidcPeer, tmp_path: Path, keyring_session: KeyringSession) -> Setup:
+    peer.reset_stats()
+    return Setup(peer, tmp_path, f"mcpcreds-login-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def sidecar(setup: Setup) -> Iterator[SidecarProcess]:
+    with run_sidecar(setup.config, setup.socket, setup.env) as proc:
+        yield proc
+
+
+def claims(peer: OidcPeer, authorization: str) -> dict[str, Any]:
+    token = jwt.decode(authorization[7:], KeySet.import_key_set(peer.jwks()))  # type: ignore[arg-type]
+    return dict(token.claims)
+
+
+def no_refresh_token_anywhere(setup: Setup, sidecar: SidecarProcess, tokens: set[str]) -> None:
+    with Client(sidecar.socket) as client:
+        status = json.dumps(client.status())
+    metrics = subprocess.run(["curl", "-s", "--unix-socket", str(sidecar.socket), "http://x/metrics"],
+                             capture_output=True, text=True, check=True).stdout
+    for token in tokens:
+        assert len(token) > 20
+        for text in (*setup.outputs, sidecar.log, status, metrics):
+            assert token not in text
+
+
+def test_device_login_then_the_sidecar_renews_from_the_refresh_token_with_rotation(
+        setup: Setup, sidecar: SidecarProcess) -> None:
+    with Client(sidecar.socket) as client:
+        with pytest.raises(LoginRequired) as info:  # nobody logged in yet
+            client.headers("dev")
+        assert info.value.status == 401 and info.value.details["command"] == "mcpcreds login dev"
+        code, output, url = setup.login("dev")
+        assert code == 0, output
+        assert "enter the code" in output and url.startswith(setup.peer.issuer + "/device?user_code=")
+        # told by the login (before it exits), the sidecar redeemed the refresh token and kept the next
+        sidecar.wait_for("refresh token rotated")
+        second_stored = setup.stored("mcp:dev")
+        assert second_stored is not None
+        info1 = client.headers_info("dev")
+        c = claims(setup.peer, info1["headers"]["Authorization"])
+        assert (c["client_id"], c["sub"], c["aud"], c["scope"]) == ("c-device", "alice",
+                                                                    "https://dev.example.com/mcp", "tools:read")
+        # a renewal (the rotation notice, as after a login) redeems the stored token and keeps the next
+        assert client.secret_rotated("login.mcp.dev") == ["mcp:dev"]
+        third_stored = setup.stored("mcp:dev")
+        assert third_stored not in (None, second_stored)
+        info2 = client.headers_info("dev")
+        assert info2["fingerprint"] != info1["fingerprint"]
+        # and that one works too: had the sidecar used a rotated token without storing it, the
+        # keyring would hold a spent one now
+        assert client.secret_rotated("login.mcp.dev") == ["mcp:dev"]
+    stats = setup.peer.stats()
+    assert stats["by_grant"]["refresh_token"] == 3 and stats["by_grant"][DEVICE] >= 1
+    fourth_stored = setup.stored("mcp:dev")
+    assert len({second_stored, third_stored, fourth_stored}) == 3
+    no_refresh_token_anywhere(setup, sidecar, {second_stored, third_stored, fourth_stored})  # type: ignore[arg-type]
+
+
+def test_a_refused_refresh_token_is_login_required_exit_77_naming_the_command(
+        setup: Setup, sidecar: SidecarProcess) -> None:
+    keyring.set_password(setup.service, "login.mcp.dev",
+                         json.dumps({"v": 1, "refresh_token": "spent-" + CANARY, "client_id": "c-device"}))
+    with Client(sidecar.socket) as client, pytest.raises(LoginRequired) as info:
+        client.headers("dev")
+    assert "invalid_grant" in info.value.message and "`mcpcreds login dev`" in info.value.message
+    raw = subprocess.run(["curl", "-s", "-w", "%{http_code}", "--unix-socket", str(sidecar.socket),
+                          "http://x/v1/servers/dev/headers"], capture_output=True, text=True, check=True).stdout
+    assert raw.endswith("401") and json.loads(raw[:-3])["error"]["code"] == "login_required"
+    code, output = setup.cli("headers", "dev", "--socket", str(sidecar.socket))
+    assert code == 77 and "mcpcreds login dev" in output
+    assert CANARY not in output and CANARY not in sidecar.log and CANARY not in raw
+
+
+def test_authorization_code_login_with_pkce_and_no_browser(setup: Setup, sidecar: SidecarProcess) -> None:
+    code, output, url = setup.login("web", "--no-browser")
+    assert code == 0, output
+    params = httpx.URL(url).params
+    assert params["code_challenge_method"] == "S256" and len(params["code_challenge"]) == 43
+    assert params["redirect_uri"].startswith("http://127.0.0.1:") and params["resource"] == "https://web.example.com/mcp"
+    assert params["scope"] == "tools:read tools:call" and len(params["state"]) >= 32
+    sidecar.wait_for("refresh token rotated")
+    with Client(sidecar.socket) as client:
+        c = claims(setup.peer, client.headers("web")["Authorization"])
+    assert (c["client_id"], c["sub"], c["aud"]) == ("c-code", "alice", "https://web.example.com/mcp")
+    assert set(c["scope"].split()) == {"tools:read", "tools:call"}
+    stored = setup.stored("service:web")
+    assert stored is not None
+    no_refresh_token_anywhere(setup, sidecar, {stored})
+    assert CANARY not in "".join(setup.outputs)
+
+
+def test_a_redirect_with_another_state_is_refused_and_nothing_is_redeemed(setup: Setup) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "mcpcreds.cli", "login", "web", "--no-browser", "--config",
+                             str(setup.config)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**_environ(), **setup.env})
+    assert proc.stderr is not None
+    url = next(URL_LINE.search(line).group(1) for line in proc.stderr  # type: ignore[union-attr]
+               if line.startswith("http"))
+    redirect = httpx.URL(url).params["redirect_uri"]
+    assert httpx.get(redirect.replace("/callback", "/favicon.ico")).status_code == 404  # not counted
+    answer = httpx.get(redirect, params={"code": "stolen-code", "state": "forged-state"})
+    assert answer.status_code == 400
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and "state does not match" in err
+    assert "forged-state" not in err and "stolen-code" not in err
+    assert setup.peer.stats()["token_requests"] == 0 and setup.stored("service:web") is None
+    with pytest.raises(httpx.ConnectError):  # one request, then closed
+        httpx.get(redirect, params={"code": "c", "state": "s"})
+
+
+def test_logout_revokes_deletes_and_the_sidecar_asks_for_a_login(setup: Setup, sidecar: SidecarProcess) -> None:
+    code, output, _ = setup.login("dev")
+    assert code == 0, output
+    sidecar.wait_for("refresh token rotated")
+    with Client(sidecar.socket) as client:
+        client.headers("dev")
+        stored = setup.stored("mcp:dev")
+        code, output = setup.cli("logout", "dev", "--socket", str(sidecar.socket))
+        assert code == 0 and "refresh token revoked" in output, output
+        assert setup.stored("mcp:dev") is None
+        with pytest.raises(LoginRequired):
+            client.headers("dev")
+    assert setup.cli("logout", "dev")[0] == 1  # nothing stored any more
+    assert stored is not None
+    # revoked at the server: the token no longer refreshes
+    answer = httpx.post(setup.peer.token_url, data={"grant_type": "refresh_token", "refresh_token": stored,
+                                                   "client_id": "c-device"})
+    assert answer.status_code == 400 and answer.json()["error"] == "invalid_grant"

@@ -1,0 +1,215 @@
+"""The pure parts of person logins (issue 16): the device flow's answer and poll schedule on a
+fake clock, PKCE and the redirect check, the one-shot loopback listener, the keyring entry, and
+what `check` accepts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from mcpcreds.authcode_flow import (
+    authorization_request,
+    challenge_of,
+    code_from_redirect,
+    redirect_uri_for,
+)
+from mcpcreds.config import parse_config
+from mcpcreds.device_flow import DeviceAuthorization, PollSchedule, parse_device_authorization
+from mcpcreds.errors import ConfigError, TokenEndpointError
+from mcpcreds.login_flow import LoopbackListener
+from mcpcreds.login_store import StoredLogin, entry_name
+
+
+def device_answer(**kw: object) -> bytes:
+    body: dict[str, object] = {"device_code": "dc-1", "user_code": "ABCD-EFGH",
+                               "verification_uri": "https://as.example/device", "expires_in": 60, "interval": 5}
+    body.update(kw)
+    return json.dumps({k: v for k, v in body.items() if v is not None}).encode()
+
+
+def auth(interval: float = 5, expires_in: float = 60) -> DeviceAuthorization:
+    return DeviceAuthorization("dc", "UC", "https://as.example/device", None, expires_in, interval)
+
+
+# -- the device flow's poll schedule, on a fake clock
+
+
+def run_schedule(answers: list[str], interval: float = 5, expires_in: float = 60) -> tuple[list[float], str]:
+    """Drive the schedule as login_flow does, on a clock that only moves when it sleeps; each poll
+    takes the next answer. Returns the poll times and how it ended."""
+    now = 1000.0
+    schedule = PollSchedule(now, auth(interval, expires_in))
+    polls: list[float] = []
+    at = schedule.first()
+    for answer in answers:
+        now = max(now, at)  # sleep until the poll
+        polls.append(now - 1000.0)
+        if answer == "ok":
+            return polls, "ok"
+        try:
+            at = schedule.after(answer, now)
+        except TokenEndpointError as exc:
+            return polls, exc.error
+    return polls, "more"
+
+
+def test_polls_at_the_interval_while_pending() -> None:
+    assert run_schedule(["authorization_pending"] * 3 + ["ok"]) == ([5.0, 10.0, 15.0, 20.0], "ok")
+
+
+def test_slow_down_adds_five_seconds_for_good() -> None:
+    polls, end = run_schedule(["authorization_pending", "slow_down", "authorization_pending", "slow_down",
+                               "authorization_pending", "ok"])
+    assert (polls, end) == ([5.0, 10.0, 20.0, 30.0, 45.0, 60.0], "ok")
+
+
+def test_no_poll_past_the_expiry() -> None:
+    # expires at 60 s: polls at 5..60, the one at 65 would be late: expired_token, without a 13th poll
+    polls, end = run_schedule(["authorization_pending"] * 20)
+    assert polls == [5.0 * i for i in range(1, 13)] and end == "expired_token"
+
+
+def test_expired_denied_and_other_errors_end_the_login() -> None:
+    assert run_schedule(["authorization_pending", "expired_token"]) == ([5.0, 10.0], "expired_token")
+    assert run_schedule(["access_denied"]) == ([5.0], "access_denied")
+    assert run_schedule(["invalid_client"]) == ([5.0], "invalid_client")
+
+
+def test_a_code_that_expires_before_the_first_poll() -> None:
+    with pytest.raises(TokenEndpointError) as info:
+        PollSchedule(0.0, auth(interval=10, expires_in=5)).first()
+    assert info.value.error == "expired_token"
+
+
+# -- the device authorization answer
+
+
+def test_the_answer_is_parsed_and_bounded() -> None:
+    a = parse_device_authorization(200, device_answer(verification_uri_complete="https://as.example/device?c=1"))
+    assert (a.user_code, a.interval, a.expires_in) == ("ABCD-EFGH", 5.0, 60.0)
+    assert a.verification_uri_complete == "https://as.example/device?c=1" and "dc-1" not in repr(a)
+    assert parse_device_authorization(200, device_answer(interval=None, expires_in=None)).interval == 5.0
+    assert parse_device_authorization(200, device_answer(interval=0.01)).interval == 1.0
+    assert parse_device_authorization(200, device_answer(interval=10**400 // 10**399 * 10**6)).interval == 60.0
+    assert parse_device_authorization(200, device_answer(expires_in=10**9)).expires_in == 3600.0
+
+
+@pytest.mark.parametrize("body", [
+    device_answer(interval="soon"), device_answer(interval=-1), device_answer(expires_in=True),
+    device_answer(user_code=None), device_answer(verification_uri="javascript:alert(1)"),
+    device_answer(device_code="a b"), b"[1]", b"not json",
+])
+def test_a_malformed_answer_is_refused_without_quoting_it(body: bytes) -> None:
+    with pytest.raises(TokenEndpointError) as info:
+        parse_device_authorization(200, body)
+    assert info.value.error == "invalid_response" and "alert" not in info.value.message
+
+
+def test_a_refusal_carries_the_oauth_error() -> None:
+    with pytest.raises(TokenEndpointError) as info:
+        parse_device_authorization(400, json.dumps({"error": "invalid_scope"}).encode())
+    assert info.value.error == "invalid_scope"
+
+
+# -- authorization code + PKCE
+
+
+def test_pkce_s256_matches_rfc_7636_appendix_b() -> None:
+    assert challenge_of("dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk") == "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
+
+
+def test_the_authorization_url() -> None:
+    request = authorization_request("https://as.example/auth?tenant=x", "c 1", redirect_uri_for(4242),
+                                    "a b", "https://mcp.example/mcp")
+    params = httpx.URL(request.url).params
+    assert dict(params) == {"tenant": "x", "response_type": "code", "client_id": "c 1",
+                            "redirect_uri": "http://127.0.0.1:4242/callback", "state": request.state,
+                            "code_challenge": challenge_of(request.verifier), "code_challenge_method": "S256",
+                            "scope": "a b", "resource": "https://mcp.example/mcp"}
+    assert len(request.verifier) >= 43 and len(request.state) >= 32
+    assert request.verifier not in repr(request)
+    other = authorization_request("https://as.example/auth", "c", redirect_uri_for(1), None, None)
+    assert other.state != request.state and other.verifier != request.verifier
+    assert "scope" not in httpx.URL(other.url).params
+
+
+def test_the_redirect_check() -> None:
+    request = authorization_request("https://as.example/auth", "c", redirect_uri_for(1), None, None)
+    ok = f"code=the-code&state={request.state}"
+    assert code_from_redirect(ok, request, None) == "the-code"
+    assert code_from_redirect(ok + "&iss=https://as.example/", request, "https://as.example") == "the-code"
+    for query, error in [(f"code=x&state={request.state}x", "invalid_state"), ("code=x", "invalid_state"),
+                         (f"code=x&state={request.state}&state={request.state}", "invalid_state"),
+                         (f"code=x&state={request.state}&iss=https://evil.example", "invalid_issuer"),
+                         (f"error=access_denied&state={request.state}", "access_denied"),
+                         (f"error=%3Cb%3E&state={request.state}", "invalid_response"),
+                         (f"state={request.state}", "invalid_response")]:
+        with pytest.raises(TokenEndpointError) as info:
+            code_from_redirect(query, request, "https://as.example")
+        assert info.value.error == error, query
+        assert "evil" not in info.value.message and request.state not in info.value.message
+
+
+async def test_the_loopback_listener_takes_one_callback_then_closes() -> None:
+    listener = LoopbackListener()
+    port = await listener.start()
+    listener.expect(lambda query: query.upper())
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(f"http://127.0.0.1:{port}/favicon.ico")).status_code == 404
+        assert (await http.post(f"http://127.0.0.1:{port}/callback")).status_code == 404
+        answer = await http.get(f"http://127.0.0.1:{port}/callback?code=a")
+        assert answer.status_code == 200 and "close this window" in answer.text
+        assert listener.result is not None and await listener.result == "CODE=A"
+        await asyncio.sleep(0)
+        with pytest.raises(httpx.ConnectError):
+            await http.get(f"http://127.0.0.1:{port}/callback?code=b")
+
+
+# -- the keyring entry, and what check accepts
+
+
+def test_the_entry_is_named_after_the_cache_key_and_never_shows_the_token() -> None:
+    assert entry_name("service:crm") == "login.service.crm" and entry_name("mcp:a.b") == "login.mcp.a.b"
+    stored = StoredLogin("rt-secret-value-123", "c")
+    assert "rt-secret" not in repr(stored)
+    assert StoredLogin.from_json(stored.to_json()) == stored
+    for bad in ("x", "[]", '{"refresh_token": 1, "client_id": "c"}', "{" * 5000):
+        assert StoredLogin.from_json(bad) is None
+
+
+BASE = '[[servers]]\nname = "s"\nendpoint = "https://s.example.com/mcp"\n'
+
+
+def errors_of(auth: str) -> list[str]:
+    import tomllib
+
+    try:
+        parse_config(tomllib.loads(BASE + f"auth = {{ kind = \"oauth2\", {auth} }}\n"))
+    except ConfigError as exc:
+        return exc.errors
+    return []
+
+
+def test_check_accepts_only_the_grants_that_run() -> None:
+    assert errors_of('grant = "device", issuer = "https://as.example", client_id = "c"') == []
+    assert errors_of('grant = "authorization_code", issuer = "https://as.example", client_id = "c", '
+                     'client_secret = "{{secret:S}}"') == []
+    assert errors_of('grant = "refresh_token", issuer = "https://as.example", client_id = "c"')[0].startswith(
+        "servers[0].auth.grant: a refresh token comes from a login")
+    assert errors_of('grant = "password", client_id = "c", client_secret = "{{secret:S}}"')[0].startswith(
+        "servers[0].auth.grant: expected one of client_credentials, device, authorization_code")
+    assert errors_of('client_id = "c", auth_method = "none"') == [
+        "servers[0].auth.auth_method: 'none' (a public client) only with grant = 'device' or 'authorization_code'"]
+    assert errors_of('client_id = "c"') == [
+        "servers[0].auth.client_secret: required for auth_method = 'client_secret_basic'"]
+
+
+def test_signing_alg_is_checked() -> None:
+    key = 'client_id = "c", private_key = "{{secret:K}}", auth_method = "private_key_jwt"'
+    assert errors_of(key + ', signing_alg = "ES256"') == []
+    assert errors_of(key + ', signing_alg = "HS256"')[0].startswith("servers[0].auth.signing_alg: expected one of")
+    assert errors_of('client_id = "c", client_secret = "{{secret:S}}", signing_alg = "ES256"') == [
+        "servers[0].auth.signing_alg: only with auth_method = 'private_key_jwt'"]
