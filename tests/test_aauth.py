@@ -26,6 +26,7 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from http_message_signatures.digests import ContentDigest
 from joserfc.jwk import OKPKey
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -75,6 +76,8 @@ def test_rfc9421_b26_ed25519_vector_exactly() -> None:
 
 def test_rfc9530_content_digest_and_the_hwk_key_of_the_rfc_test_key() -> None:
     assert httpsig.content_digest(b'{"hello": "world"}') == "sha-256=:X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=:"
+    for body in (b"0", b"", b'{"jsonrpc":"2.0","id":1}'):  # b"0": a digest with "+" and "/" in it
+        assert httpsig.content_digest(body) == ContentDigest.create(body)  # the verifier's library
     jwk = httpsig.public_jwk(rfc_key())
     assert jwk == {"kty": "OKP", "crv": "Ed25519", "x": RFC_X, "alg": "Ed25519"}
     assert httpsig.hwk_key(jwk) == f'sig=hwk;kty="OKP";crv="Ed25519";x="{RFC_X}";alg="Ed25519"'
