@@ -22,6 +22,7 @@ from .egress import shared_ssl_context
 from .errors import ConfigError, McpcredsError
 from .logs import get_logger
 from .metrics import Metrics
+from .sdnotify import Notifier, keepalive, status_text
 from .sources import SecretResolver
 from .tcp_listener import start_listener
 from .wire import Connections, HttpConnection, bind_unix_socket
@@ -117,6 +118,7 @@ class Sidecar:
         self._allow_uids = self._uids(config)
         self._listen = config.gateway  # the TCP listener's config, fixed at start
         self._stop = asyncio.Event()
+        self.notify = Notifier()  # sd_notify READY/RELOADING/STOPPING/STATUS/WATCHDOG; no-op without systemd
 
     @staticmethod
     def _uids(config: Config) -> frozenset[int]:
@@ -156,6 +158,15 @@ class Sidecar:
         _log.info("config reloaded", extra={"servers": len(config.servers)})
         return True
 
+    def _sighup(self) -> None:
+        self.notify.reloading()
+        self.reload()
+        self.notify.ready()
+
+    async def _status(self) -> str:
+        return status_text(len(self.config.servers) + len(self.config.services), self.broker.logins.status(),
+                           await self.broker.buckets())
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         shared_ssl_context()  # built before the first login needs it, not on the event loop then
@@ -179,17 +190,22 @@ class Sidecar:
             raise
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        loop.add_signal_handler(signal.SIGHUP, self._sighup)
         sweeper = asyncio.create_task(self._sweep())
         await self.broker.start()
         for warning in self.config.warnings:
             _log.warning(warning)
         _log.info("ready", extra={"socket": str(self.socket_path), "pid": os.getpid(),
                                   "servers": len(self.config.servers), **listening})
+        self.notify.ready(await self._status())
+        notifier = asyncio.create_task(keepalive(self.notify, self._status)) if self.notify.enabled else None
         try:
             await self._stop.wait()
         finally:
             _log.info("stopping: draining requests")
+            self.notify.stopping()
+            if notifier is not None:
+                notifier.cancel()
             for server in servers:
                 server.close()
             await self._drain()
