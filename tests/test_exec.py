@@ -276,6 +276,38 @@ def test_restricted_session_ends_with_the_child(sidecar: SidecarProcess, workdir
         time.sleep(0.05)
 
 
+def _gone(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in status  # dead, not yet reaped by whoever adopted it
+
+
+def test_forwarder_dies_with_the_child_once_it_is_running(
+        sidecar: SidecarProcess, upstream: Upstream, workdir: Path) -> None:
+    """The forwarder is the child's own child (forked before the execve). Only PR_SET_PDEATHSIG
+    ends it when the child exits: the test above passes without it, because `sh -c "exit 5"`
+    is usually gone before the forwarder's first look at its parent (the "already gone" check
+    at its start). Here the child first fetches through the forwarder (so the forwarder is past
+    that check and serving), and names it from /proc before exiting."""
+    script = ("import httpx, os, sys\n"
+              "status = httpx.get(sys.argv[1]).status_code\n"
+              "kids = open(f'/proc/self/task/{os.getpid()}/children').read().split()\n"
+              "print(status, *kids)\n")
+    url = f"http://localhost:{_port(upstream)}/pdeathsig"
+    done = _run(sidecar, "restricted", sys.executable, "-c", script, url)
+    assert done.returncode == 0, done.stderr
+    status, *kids = done.stdout.split()
+    assert status == b"200" and len(kids) == 1, done.stdout
+    forwarder = int(kids[0])
+    session_id = _audit(workdir, "exec", name="restricted")[-1]["session"]
+    deadline = time.monotonic() + 20  # generous: both follow the child's exit at once
+    while not (_gone(forwarder) and _audit(workdir, "exec_session_end", session=session_id, held=True)):
+        assert time.monotonic() < deadline, "the forwarder (and so the session) outlived its child"
+        time.sleep(0.05)
+
+
 def test_env_isolation_false_drops_every_variable_holding_a_known_secret(sidecar: SidecarProcess) -> None:
     dump = "import json, os; print(json.dumps(dict(os.environ)))"
     minted = run_cli("spawn-payload", "--config", str(sidecar.config), "--grant", "exec:open", "--ttl", "60")

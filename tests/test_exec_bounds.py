@@ -148,10 +148,9 @@ async def test_a_head_that_does_not_arrive_in_time_is_408_and_closed(rig: Rig) -
     writer.write(b"CONNECT 127.0.0.1:1 HTTP/1.1\r\n")  # and then nothing: slowloris
     await until(lambda: rig.proxy.counts["heads"] == 1)
     rig.clock.advance(HEAD_TIMEOUT - 0.5)
-    rig.proxy.sweep()
-    assert rig.proxy.counts["heads"] == 1  # not before its time
+    assert rig.proxy.sweep() == {}  # not before its time
     rig.clock.advance(0.5)
-    rig.proxy.sweep()
+    assert rig.proxy.sweep() == {"head": 1}
     assert (await closed(reader)).startswith(b"HTTP/1.1 408 ")
     await until(lambda: rig.proxy.counts["heads"] == 0)
     writer.close()
@@ -168,7 +167,7 @@ async def test_connections_sending_their_head_are_capped_then_refused_503(rig: R
     assert (await closed(reader)).startswith(b"HTTP/1.1 503 ")  # at once: no head read, no hang
     writer.close()
     rig.clock.advance(HEAD_TIMEOUT)
-    rig.proxy.sweep()  # the slow ones are gone; the proxy serves again
+    assert rig.proxy.sweep() == {"head": MAX_HEADS}  # the slow ones are gone; the proxy serves again
     for reader, writer in slow:
         assert (await closed(reader)).startswith(b"HTTP/1.1 408 ")
         writer.close()
@@ -210,10 +209,9 @@ async def test_an_idle_tunnel_is_closed_and_traffic_keeps_it_open(rig: Rig) -> N
     writer.write(b"ping")  # a byte through moves the deadline
     assert await asyncio.wait_for(reader.readexactly(4), WAIT) == b"ping"
     rig.clock.advance(TUNNEL_IDLE_TIMEOUT - 1)
-    rig.proxy.sweep()
-    assert rig.proxy.counts["tunnels"] == 1
+    assert rig.proxy.sweep() == {}  # idle since the ping only
     rig.clock.advance(1)
-    rig.proxy.sweep()
+    assert rig.proxy.sweep() == {"idle": 1}
     assert await closed(reader) == b""
     await until(lambda: rig.proxy.counts["tunnels"] == 0)
     [line] = rig.audit("exec_egress")
@@ -243,7 +241,7 @@ async def test_sessions_nobody_holds_are_capped_429_and_expire(
         rig.session()
     assert refused.value.status == 429 and refused.value.retry_after == HOLD_TIMEOUT
     rig.clock.advance(HOLD_TIMEOUT - 1)
-    rig.proxy.sweep()
+    assert rig.proxy.sweep() == {}
     assert rig.proxy.live_sessions == 3
     rig.clock.advance(1)
     rig.session()  # expired ones make room (new_session sweeps first)
@@ -266,7 +264,7 @@ async def test_a_held_session_is_not_expired_and_cannot_be_held_twice(rig: Rig) 
     token = rig.session()
     _held = await rig.hold(token)
     rig.clock.advance(HOLD_TIMEOUT * 10)
-    rig.proxy.sweep()
+    assert rig.proxy.sweep() == {}
     assert rig.proxy.live_sessions == 1
     status, _r, _w = await rig.request(token, "MCPCREDS-HOLD * HTTP/1.1")
     assert status == b"HTTP/1.1 409 Conflict"
@@ -275,7 +273,7 @@ async def test_a_held_session_is_not_expired_and_cannot_be_held_twice(rig: Rig) 
 async def test_an_expired_credential_answers_exactly_like_an_unknown_one(rig: Rig) -> None:
     expired = rig.session()
     rig.clock.advance(HOLD_TIMEOUT)
-    rig.proxy.sweep()
+    assert rig.proxy.sweep() == {"unheld": 1}
     assert rig.proxy.live_sessions == 0  # forgotten, not kept as a tombstone the lookup could tell apart
     answers = []
     for token in (expired, "not-a-session-token", None):
@@ -392,3 +390,34 @@ async def test_another_uid_gets_nothing(open_folder: Path, allowed: bool) -> Non
     finally:
         proxy.close()
 
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a folder owned by another uid)")
+def test_the_hold_sends_no_credential_to_a_socket_that_is_not_the_sidecars(tmp_path: Path) -> None:
+    """`mcpcreds exec` checks the proxy socket as the sidecar's own before sending the session's
+    credential: the folder (the sidecar uid's, closed to others) and the listener's uid."""
+    from mcpcreds.exec_cli import _hold
+
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, NOBODY, NOBODY)  # the folder is the expected sidecar uid's (nobody) ...
+    path = str(folder / "egress.sock")
+    listener = socket.socket(socket.AF_UNIX)  # ... but the process listening in it is not (root)
+    listener.bind(path)
+    listener.listen()
+    listener.settimeout(5)
+    try:
+        with pytest.raises(UntrustedSidecar, match="runs as uid 0"):
+            _hold(path, "the-session-token", NOBODY)
+        accepted, _ = listener.accept()
+        with accepted:
+            accepted.settimeout(5)
+            assert accepted.recv(4096) == b""  # nothing was sent
+        folder.chmod(0o777)  # a folder others can write to: refused before connecting
+        with pytest.raises(UntrustedSidecar, match="writable"):
+            _hold(path, "the-session-token", NOBODY)
+        listener.settimeout(0)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()

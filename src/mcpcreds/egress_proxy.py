@@ -215,25 +215,33 @@ class EgressProxy:
                     conn.close("session ended")
             self.audit.write("exec_session_end", name=session.name, session=session.id, held=held)
 
-    def sweep(self) -> None:
+    def sweep(self) -> dict[str, int]:
         """Enforce the time bounds by the clock: heads too slow (408), tunnels idle too long,
-        sessions nobody held in time."""
+        sessions nobody held in time. Returns how many of each it ended."""
         now = self.clock.monotonic()
+        ended = {"head": 0, "idle": 0, "unheld": 0}
         for conn in list(self._conns):
+            if conn.closed_by:
+                continue
             if conn.phase == "head" and now - conn.since >= HEAD_TIMEOUT:
                 with contextlib.suppress(RuntimeError, OSError):
                     conn.writer.write(_status(b"408 Request Timeout", "the request head took too long"))
                 conn.close("head timeout")
+                ended["head"] += 1
             elif conn.phase == "tunnel" and now - conn.since >= TUNNEL_IDLE_TIMEOUT:
                 conn.close("idle")
+                ended["idle"] += 1
         for hashed, session in list(self._sessions.items()):
             if not session.held and now - session.created >= HOLD_TIMEOUT:
                 self._end(hashed, session, held=False)
+                ended["unheld"] += 1
+        return {k: v for k, v in ended.items() if v}
 
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL)
-            self.sweep()
+            if ended := self.sweep():
+                _log.info("egress proxy: ended by its time bounds", extra=ended)
 
     @property
     def live_sessions(self) -> int:

@@ -88,7 +88,7 @@ def exec_trifecta_warnings(targets: Mapping[str, frozenset[str]], execs: Mapping
                             "unless sidecar.allow_trifecta")
     if servers_trio is None:
         trio = find_trifecta({**targets, **{e.grant_name: e.tags for e in execs.values()}})
-        if trio is not None and any(name.startswith(EXEC_PREFIX) for name in trio):
+        if trio is not None and len(set(trio)) > 1 and any(n.startswith(EXEC_PREFIX) for n in trio):
             warnings.append(f"exec: servers and exec entries together complete the trifecta: "
                             f"{trifecta_message(trio)}; grants that combine them are refused")
     return warnings
