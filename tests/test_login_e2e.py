@@ -200,6 +200,13 @@ def test_authorization_code_login_with_pkce_and_no_browser(setup: Setup, sidecar
     assert set(c["scope"].split()) == {"tools:read", "tools:call"}
     stored = setup.stored("service:web")
     assert stored is not None
+    # a rotation of the client secret tries the new value on a refresh: a wrong one is refused
+    # by the server before the refresh token is spent, and nothing changes
+    result = run_cli("secret", "rotate", "CODE_SECRET", "--config", str(setup.config), "--socket",
+                     str(sidecar.socket), stdin="not-the-client-secret\n", env=setup.env)
+    setup.outputs.append(result.output)
+    assert result.code == 1 and "invalid_client" in result.output, result.output
+    assert setup.stored("service:web") == stored
     no_refresh_token_anywhere(setup, sidecar, {stored})
     assert CANARY not in "".join(setup.outputs)
 

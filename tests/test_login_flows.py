@@ -213,3 +213,14 @@ def test_signing_alg_is_checked() -> None:
     assert errors_of(key + ', signing_alg = "HS256"')[0].startswith("servers[0].auth.signing_alg: expected one of")
     assert errors_of('client_id = "c", client_secret = "{{secret:S}}", signing_alg = "ES256"') == [
         "servers[0].auth.signing_alg: only with auth_method = 'private_key_jwt'"]
+
+
+def test_a_stored_login_cannot_be_read_through_a_template() -> None:
+    from mcpcreds.errors import SecretUnavailable
+    from mcpcreds.sources import EnvSource, SecretResolver
+
+    resolver = SecretResolver([EnvSource({"login.mcp.dev": "rt-value-123456", "OTHER": "x"})])
+    assert resolver.secret("OTHER").reveal() == "x"
+    with pytest.raises(SecretUnavailable) as info:
+        resolver.secret("login.mcp.dev")
+    assert "stored login" in info.value.message and "rt-value" not in info.value.message

@@ -278,7 +278,7 @@ class Broker:
         login = target.login
         assert login is not None
         if login.grant in LOGIN_GRANTS:  # a person's login, renewed by its refresh token
-            return await refresh_login(self, target)
+            return await refresh_login(self, target, overrides)
         http = self.http_for(target)
         token_url = await self.discovery.token_url(login, target.endpoint, http)
         credential_template = login.private_key or login.client_secret

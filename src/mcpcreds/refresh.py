@@ -7,6 +7,7 @@ refresh ahead and stale-if-error are the login cache's (logins.py), as for clien
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from .config import Target
@@ -26,7 +27,9 @@ def login_required(target: Target, why: str) -> LoginRequired:
     return LoginRequired(f"{target.key}: {why}; run `{command}`", command=command)
 
 
-async def refresh_login(broker: Broker, target: Target) -> Token:
+async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, str] | None = None) -> Token:
+    """A new access token from the stored refresh token; `overrides` are secret values to use
+    instead of the stored ones (a rotation's trial of a new client secret or key)."""
     login = target.login
     assert login is not None
     store = login_store(broker.config.secrets, broker.resolver)
@@ -41,7 +44,10 @@ async def refresh_login(broker: Broker, target: Target) -> Token:
     if login.templates:
         template = login.private_key or login.client_secret
         assert template is not None
-        credential = (await broker._render(target.key, [("credential", template)]))["credential"]
+        if overrides:
+            credential = await asyncio.to_thread(broker.resolver.render, template, overrides)
+        else:
+            credential = (await broker._render(target.key, [("credential", template)]))["credential"]
     request = build_token_request(login, token_url, credential,
                                   issuer=login.issuer or broker.discovery.issuers.get(target.endpoint),
                                   grant_type="refresh_token", params={"refresh_token": stored.refresh_token})

@@ -318,6 +318,9 @@ class SecretResolver:
 
     def secret(self, name: str) -> Secret:
         check_secret_name(name)
+        if name.startswith("login."):  # a person's refresh token (login_store.py): never a header
+            raise SecretUnavailable(f"secret {name!r} is a stored login, which the sidecar keeps to "
+                                    "itself; it cannot be used in a template", secret=name)
         for source in self.sources:
             value = source.get(name)
             if value is not None:
