@@ -248,3 +248,22 @@ def test_logout_revokes_deletes_and_the_sidecar_asks_for_a_login(setup: Setup, s
     answer = httpx.post(setup.peer.token_url, data={"grant_type": "refresh_token", "refresh_token": stored,
                                                    "client_id": "c-device"})
     assert answer.status_code == 400 and answer.json()["error"] == "invalid_grant"
+
+
+def test_the_sidecar_renews_ahead_of_expiry_from_the_refresh_token(setup: Setup, sidecar: SidecarProcess) -> None:
+    setup.peer.set_ttl(6)  # renewed by the timer at 45-50 % of the lifetime: ~3 s of margin
+    try:
+        code, output, _ = setup.login("dev")
+        assert code == 0, output
+        sidecar.wait_for("refresh token rotated")
+        with Client(sidecar.socket) as client:
+            first = client.headers_info("dev")
+            stored = setup.stored("mcp:dev")
+            renewed = sidecar.wait_for("login renewed", timeout=20)
+            second = client.headers_info("dev")
+    finally:
+        setup.peer.set_ttl(3600)
+    assert renewed["key"] == "mcp:dev" and renewed["time"] < first["expires_at"]  # before it expired
+    assert second["fingerprint"] != first["fingerprint"] and second["expires_at"] > first["expires_at"]
+    assert setup.stored("mcp:dev") not in (None, stored)  # the rotated refresh token was kept
+    assert setup.peer.stats()["by_grant"]["refresh_token"] >= 2  # the notice, then the timer
