@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,6 +22,7 @@ from mcpcreds.device_flow import DeviceAuthorization, PollSchedule, parse_device
 from mcpcreds.errors import ConfigError, TokenEndpointError
 from mcpcreds.login_flow import LoopbackListener
 from mcpcreds.login_store import StoredLogin, entry_name
+from tests.conftest import run_cli
 
 
 def device_answer(**kw: object) -> bytes:
@@ -224,3 +226,13 @@ def test_a_stored_login_cannot_be_read_through_a_template() -> None:
     with pytest.raises(SecretUnavailable) as info:
         resolver.secret("login.mcp.dev")
     assert "stored login" in info.value.message and "rt-value" not in info.value.message
+
+
+def test_check_names_the_servers_that_need_a_login(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(BASE + 'auth = { kind = "oauth2", grant = "device", issuer = "https://as.example", '
+                             'client_id = "c" }\n')
+    result = run_cli("check", "--config", str(config))
+    assert result.code == 0 and "hint: s use a person's login: run `mcpcreds login NAME`" in result.stderr
+    result = run_cli("login", "nope", "--config", str(config))
+    assert result.code == 2 and "nope" not in result.stderr

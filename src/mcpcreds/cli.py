@@ -235,6 +235,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"hint: expose = \"both\" (the default) on {', '.join(both)}: with expose = \"proxy\" "
               "the credential never leaves the sidecar (only the gateway, /mcp/{server}, uses it)",
               file=sys.stderr)
+    from .config import LOGIN_GRANTS
+
+    persons = [t.name for t in config.servers.values()
+               if t.login is not None and t.login.grant in LOGIN_GRANTS]
+    if persons:
+        print(f"hint: {', '.join(persons)} use a person's login: run `mcpcreds login NAME` once for each",
+              file=sys.stderr)
     print(f"{config.path}: ok")
     rows: list[tuple[str, ...]] = [("server", "key", "endpoint", "auth", "rate")]
     for target in (*config.services.values(), *config.servers.values()):
