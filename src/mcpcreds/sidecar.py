@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from .activation import listen_fds, take_unix_socket
 from .api import Api
 from .audit import AuditLog
 from .broker import Broker
@@ -173,7 +174,9 @@ class Sidecar:
         check_sidecar_uid(self.config)
         prepare_socket_dir(self.socket_path)
         self.api.aauth.start()  # AAuth: the agent key loaded (or created); a refused key file fails the start
-        claim_socket_path(self.socket_path)
+        activated = take_unix_socket(listen_fds(), self.socket_path)  # systemd's, never unlinked
+        if activated is None:
+            claim_socket_path(self.socket_path)
         servers: list[asyncio.Server] = []
         listening: dict[str, str] = {}
         if self._listen.host is not None:  # first: a port taken fails the start before the socket exists
@@ -181,7 +184,8 @@ class Sidecar:
                                                                     self.connections)
             servers.append(tcp)
         try:
-            sock = bind_unix_socket(str(self.socket_path))
+            sock = activated or bind_unix_socket(str(self.socket_path))
+            bound = None if activated else os.stat(self.socket_path)  # unlinked at stop only if still ours
             servers.append(await loop.create_unix_server(
                 lambda: HttpConnection(self.api, self.allow_uids, self.connections), sock=sock, backlog=1024))
         except BaseException:
@@ -196,7 +200,8 @@ class Sidecar:
         for warning in self.config.warnings:
             _log.warning(warning)
         _log.info("ready", extra={"socket": str(self.socket_path), "pid": os.getpid(),
-                                  "servers": len(self.config.servers), **listening})
+                                  "servers": len(self.config.servers), **listening,
+                                  **({"activated": "systemd"} if activated else {})})
         self.notify.ready(await self._status())
         notifier = asyncio.create_task(keepalive(self.notify, self._status)) if self.notify.enabled else None
         try:
@@ -215,7 +220,8 @@ class Sidecar:
                     conn.transport.close()
             self.api.exec_routes.close()  # egress.sock: its connections end, the socket is unlinked
             with contextlib.suppress(FileNotFoundError):
-                self.socket_path.unlink()
+                if bound is not None and os.path.samestat(bound, self.socket_path.lstat()):
+                    self.socket_path.unlink()
             await self.broker.aclose()
             self.audit.close()
             _log.info("stopped")
