@@ -1,8 +1,15 @@
-"""mcpcreds: a credential and rate-limit sidecar for MCP agents."""
+"""mcpcreds: a credential and rate-limit sidecar for MCP agents.
 
-from .calls import MalformedAnswer
-from .client import AsyncClient, Client
-from .config import Config, McpServerSpec, load_config
+The errors are imported here; every other public name on first use (`__getattr__`), so that
+`import mcpcreds` (which every `mcpcreds` command does) costs no httpx, asyncio or config parser.
+`from mcpcreds import AsyncClient, Client, Forbidden, ...` works as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ConfigError,
     Forbidden,
@@ -17,10 +24,40 @@ from .errors import (
     UnknownSecret,
     UnknownServer,
 )
-from .secret import Secret
-from .socket_check import UntrustedSidecar
+
+if TYPE_CHECKING:
+    from .calls import MalformedAnswer
+    from .client import AsyncClient, Client
+    from .config import Config, McpServerSpec, load_config
+    from .secret import Secret
+    from .socket_check import UntrustedSidecar
 
 __version__ = "0.1.0"
+
+_LAZY: dict[str, str] = {
+    "AsyncClient": ".client",
+    "Client": ".client",
+    "Config": ".config",
+    "MalformedAnswer": ".calls",
+    "McpServerSpec": ".config",
+    "Secret": ".secret",
+    "UntrustedSidecar": ".socket_check",
+    "load_config": ".config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "AsyncClient",

@@ -5,7 +5,6 @@ the shape its caller relies on: a malformed one is a `MalformedAnswer`, never a 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
@@ -14,13 +13,22 @@ from .errors import McpcredsError
 R = TypeVar("R")
 
 
-@dataclass(frozen=True, slots=True)
 class Call(Generic[R]):
-    method: str
-    path: str
-    extract: Callable[[Any], R]
-    body: dict[str, Any] | None = None
-    extra_time: float = 0.0  # on top of the client timeout (a permit wait)
+    """One API call. A plain class, not a dataclass: `dataclasses` (with `inspect`) would cost
+    every CLI command several ms of imports."""
+
+    __slots__ = ("body", "extra_time", "extract", "method", "path")
+
+    def __init__(self, method: str, path: str, extract: Callable[[Any], R],
+                 body: dict[str, Any] | None = None, extra_time: float = 0.0) -> None:
+        self.method = method
+        self.path = path
+        self.extract = extract
+        self.body = body
+        self.extra_time = extra_time  # on top of the client timeout (a permit wait)
+
+    def __repr__(self) -> str:
+        return f"Call({self.method} {self.path})"
 
 
 class MalformedAnswer(McpcredsError):

@@ -1,4 +1,11 @@
-"""The `mcpcreds` command line."""
+"""The `mcpcreds` command line.
+
+`token`, `headers`, `acquire`, `status` and `credential-helper` run once per operation (from
+scripts, git, docker), so they import only what they need: no config parser, httpx, asyncio,
+authlib or cryptography (tests/test_cli_imports.py). Heavier modules are imported inside the
+commands that use them, and the parser of the other commands' modules (exec, login) is built only
+when one of those commands, or --help, is asked for.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +15,12 @@ import getpass
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from . import __version__
+from .address import sidecar_address
 from .calls import MalformedAnswer
 from .client import Client
-from .config import Config, SecretsConfig, default_socket_path, find_config_path, load_config
 from .errors import (
     ConfigError,
     Forbidden,
@@ -25,10 +32,11 @@ from .errors import (
     UnknownSecret,
     UnknownServer,
 )
-from .exec_cli import add_parser as add_exec_parser
-from .login_flow import add_parsers as add_login_parsers
 from .socket_check import UntrustedSidecar
-from .sources import KeyringSource, check_secret_name
+
+if TYPE_CHECKING:
+    from .config import Config, SecretsConfig
+    from .sources import KeyringSource
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -57,11 +65,15 @@ def exit_code_for(exc: McpcredsError) -> int:
 
 
 def _config(args: argparse.Namespace) -> Config:
+    from .config import load_config
+
     return load_config(getattr(args, "config", None))
 
 
 def _secrets_config(args: argparse.Namespace) -> SecretsConfig:
     """The [secrets] table if a config exists; defaults otherwise (so `secret set` works first)."""
+    from .config import SecretsConfig, find_config_path
+
     explicit = getattr(args, "config", None)
     if explicit or find_config_path().exists():
         return _config(args).secrets
@@ -69,6 +81,8 @@ def _secrets_config(args: argparse.Namespace) -> SecretsConfig:
 
 
 def _keyring(args: argparse.Namespace) -> KeyringSource:
+    from .sources import KeyringSource
+
     return KeyringSource(_secrets_config(args))
 
 
@@ -94,17 +108,9 @@ def _print_json(data: Any) -> None:
 
 def _sidecar_address(args: argparse.Namespace) -> tuple[str, int | None]:
     """The socket (--socket, else the config's sidecar.socket if a config exists, else the
-    defaults) and the uid the sidecar must run as (sidecar.sidecar_uid, else the client's defaults)."""
-    config = None
-    explicit = getattr(args, "config", None)
-    if explicit or find_config_path().exists():
-        try:
-            config = _config(args)
-        except ConfigError:
-            if explicit:
-                raise
-    socket = getattr(args, "socket", None) or default_socket_path(config.sidecar.socket if config else None)
-    return str(socket), config.sidecar.sidecar_uid if config else None
+    defaults) and the uid the sidecar must run as (sidecar.sidecar_uid, else the client's defaults).
+    Only those two keys of the config are read (`address`): the sidecar validates the rest."""
+    return sidecar_address(getattr(args, "config", None), getattr(args, "socket", None))
 
 
 def _client(args: argparse.Namespace, **options: Any) -> Client:
@@ -276,6 +282,12 @@ def cmd_stdio(args: argparse.Namespace) -> int:
     return run(socket, sidecar_uid, name, grant_header(None))
 
 
+def cmd_credential_helper(args: argparse.Namespace) -> int:
+    from .credential_helper import run
+
+    return run(args, lambda: _client(args))
+
+
 def _grant_tools(pairs: list[str]) -> dict[str, list[str]] | None:
     """`--tool SERVER:TOOL` options as the grant's {server: [tool, ...]}."""
     tools: dict[str, list[str]] = {}
@@ -322,8 +334,14 @@ def _notify_sidecar(args: argparse.Namespace, name: str) -> int:
     return EXIT_OK
 
 
+def _secret_name(name: str) -> str:
+    from .sources import check_secret_name
+
+    return check_secret_name(name)
+
+
 def cmd_secret_set(args: argparse.Namespace) -> int:
-    name = check_secret_name(args.name)
+    name = _secret_name(args.name)
     value = read_secret_value(sys.stdin, f"value for {name}: ")
     _keyring(args).set(name, value)
     print(f"stored {name} in the keyring", file=sys.stderr)
@@ -332,7 +350,7 @@ def cmd_secret_set(args: argparse.Namespace) -> int:
 
 def cmd_secret_rotate(args: argparse.Namespace) -> int:
     """Rotation with overlap, done by the sidecar: try the new value, then store and renew."""
-    name = check_secret_name(args.name)
+    name = _secret_name(args.name)
     value = read_secret_value(sys.stdin, f"new value for {name}: ")
     try:
         with _client(args, connect_retry=0, timeout=60) as client:
@@ -353,7 +371,9 @@ def cmd_secret_rotate(args: argparse.Namespace) -> int:
 
 
 def cmd_secret_rm(args: argparse.Namespace) -> int:
-    name = check_secret_name(args.name)
+    from .config import find_config_path, load_config
+
+    name = _secret_name(args.name)
     if not args.force and (explicit := getattr(args, "config", None) or find_config_path()):
         try:
             config = load_config(explicit)
@@ -380,7 +400,28 @@ def cmd_secret_list(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- parser
 
 
-def build_parser() -> argparse.ArgumentParser:
+# commands run once per operation: their parser leaves out the modules of the others (exec, login)
+LEAN_COMMANDS = frozenset({"token", "headers", "acquire", "status", "credential-helper"})
+
+
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The command `argv` names (its first word that is neither an option nor --config's value)."""
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--config":
+            skip = True
+        elif word == "--":
+            return None
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(full: bool = True) -> argparse.ArgumentParser:
+    """The whole command line; with `full` False, without the commands defined in other modules
+    (exec, login): for a command of `LEAN_COMMANDS`, which does not need them."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
                         help="config file (default: $MCPCREDS_CONFIG, then "
@@ -438,8 +479,28 @@ def build_parser() -> argparse.ArgumentParser:
                    "stdio servers); stdout carries JSON-RPC only; MCPCREDS_GRANT is sent as the grant")
     p.add_argument("name", metavar="SERVER", help="server name or cache key")
 
-    add_exec_parser(add_client)  # mcpcreds exec NAME -- CMD ARGS... (exec_cli.py)
-    add_login_parsers(add_client)  # mcpcreds login NAME / logout NAME (login_flow.py)
+    p = add_client("credential-helper", cmd_credential_helper,
+                   "git and docker credential helper: answer `get` with the credential of the server "
+                   "whose endpoint matches the host (store and erase do nothing)")
+    p.add_argument("action", metavar="ACTION", choices=("get", "store", "erase", "list"),
+                   help="get, store or erase (git); get, store, erase or list (--docker)")
+    p.add_argument("--docker", action="store_true",
+                   help="speak the docker credential helper protocol (docker-credential-mcpcreds)")
+    p.add_argument("--server", metavar="NAME", default=None,
+                   help="answer with this server's credential whatever the host (default: the server "
+                        "whose endpoint matches the host and path)")
+    p.add_argument("--username", metavar="NAME", default=None,
+                   help="the username to answer with a token (default: the one asked for, else "
+                        "\"mcpcreds\"); a Basic credential brings its own")
+    p.add_argument("--header", metavar="NAME", default=None,
+                   help="the header whose value is the secret (default: Authorization, else the only one)")
+
+    if full:
+        from .exec_cli import add_parser as add_exec_parser
+        from .login_flow import add_parsers as add_login_parsers
+
+        add_exec_parser(add_client)  # mcpcreds exec NAME -- CMD ARGS... (exec_cli.py)
+        add_login_parsers(add_client)  # mcpcreds login NAME / logout NAME (login_flow.py)
 
     secret = sub.add_parser("secret", parents=[common], help="manage secrets in the keyring",
                             description="Manage secrets in the keyring; values never on argv.")
@@ -469,8 +530,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(full=_command_word(words) not in LEAN_COMMANDS)
+    args = parser.parse_args(words)
     try:
         return int(args.handler(args))
     except ConfigError as exc:

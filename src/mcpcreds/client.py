@@ -2,11 +2,15 @@
 
 Every call is described once (`calls.Call`: method, path, body, what to return); the two classes
 are thin drivers that send it, with the same retry and error mapping.
+
+Importing this module (and driving `Client`) pulls in neither asyncio nor httpx: the command line
+(`mcpcreds token|headers|acquire|status`) goes through `Client`, and those imports would cost each
+command tens of ms. `AsyncClient` imports its asyncio transport when one is made; `auth()` and the
+gateway clients import httpx when called (tests/test_cli_imports.py checks what is imported).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib
 import os
@@ -14,18 +18,21 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 from urllib.parse import quote
 
-import httptools
-import httpx
+import httptools  # a C parser: about 1 ms to import
 
-from .auth import AUTH_CLASS, HttpxAuth
+from .address import default_socket_path
 from .calls import Call, Calls, MalformedAnswer
-from .config import default_socket_path
 from .errors import McpcredsError, SidecarUnavailable, error_from_wire
 from .socket_check import check_folder, check_peer, expected_sidecar_uid
-from .uds import Retryable, SyncUdsHttp, UdsHttp
+from .uds import Retryable, SyncUdsHttp
+
+if TYPE_CHECKING:
+    import httpx
+
+    from .auth import HttpxAuth
 
 DEFAULT_TIMEOUT: Final = 10.0
 CONNECT_RETRY_SECONDS: Final = 2.0  # ride out a sidecar restart
@@ -178,6 +185,8 @@ class AsyncClient(_Base):
                  timeout: float = DEFAULT_TIMEOUT, connect_retry: float = CONNECT_RETRY_SECONDS,
                  sidecar_uid: int | None = None) -> None:
         super().__init__(socket, grant, timeout, connect_retry, sidecar_uid)
+        from .uds_async import UdsHttp
+
         self._http = UdsHttp(str(self.socket_path), self._headers, self.sidecar_uid)
 
     async def __aenter__(self) -> AsyncClient:
@@ -196,6 +205,8 @@ class AsyncClient(_Base):
                 status, body = await self._http.request(call.method, call.path, call.body,
                                                         timeout=self.timeout + call.extra_time)
             except _FAILURES as exc:
+                import asyncio
+
                 await asyncio.sleep(window.wait_after(exc, self._unavailable))
                 continue
             return _decode_parts(status, body, call)
@@ -251,6 +262,8 @@ class AsyncClient(_Base):
     def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
              on_429: Literal["raise", "wait", "return"] = "wait") -> HttpxAuth:
         """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled."""
+        from .auth import AUTH_CLASS
+
         return AUTH_CLASS(None, self, name, cost=cost, max_wait=max_wait, on_429=on_429)  # type: ignore[return-value]
 
     # -- the gateway
@@ -349,6 +362,8 @@ class Client(_Base):
     def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
              on_429: Literal["raise", "wait", "return"] = "wait") -> HttpxAuth:
         """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled."""
+        from .auth import AUTH_CLASS
+
         return AUTH_CLASS(self, None, name, cost=cost, max_wait=max_wait, on_429=on_429)  # type: ignore[return-value]
 
 

@@ -13,10 +13,12 @@ import os
 import socket
 import stat
 import struct
-from asyncio.trsock import TransportSocket
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from .errors import ConfigError, SidecarUnavailable
+
+if TYPE_CHECKING:  # importing asyncio costs a CLI command tens of ms
+    from asyncio.trsock import TransportSocket
 
 UID_ENV: Final = "MCPCREDS_SIDECAR_UID"
 _PEERCRED: Final = struct.Struct("3i")

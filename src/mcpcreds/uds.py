@@ -1,14 +1,17 @@
-"""A lean HTTP/1.1 client for the sidecar's Unix socket (asyncio streams + httptools).
+"""A lean HTTP/1.1 client for the sidecar's Unix socket (blocking sockets + httptools), and what
+it shares with the asyncio twin in `uds_async`.
 
 httpx costs about 1.7 ms a request here; this costs a tenth of that, and the client's calls are
-on every upstream request's path. Kept connections are reused (one per concurrent request, per
-event loop); a connection that fails before any answer byte is reported retryable. Each new
-connection is checked before its first byte (`socket_check`): the folder, then the peer's uid.
+on every upstream request's path. Kept connections are reused; a connection that fails before
+any answer byte is reported retryable. Each new connection is checked before its first byte
+(`socket_check`): the folder, then the peer's uid.
+
+No asyncio here: `mcpcreds token|headers|acquire|status` go through `SyncUdsHttp` only, and
+importing asyncio would cost each of them tens of ms (tests/test_cli_imports.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import threading
@@ -25,7 +28,7 @@ class Retryable(ConnectionError):
     """The request may not have reached the sidecar (refused, missing socket, stale connection)."""
 
 
-class _Parsed:
+class Parsed:
     def __init__(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
         self.body: list[bytes] = []
@@ -47,35 +50,7 @@ class _Parsed:
         self.done = True
 
 
-class _Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    async def exchange(self, request: bytes) -> tuple[int, bytes, bool]:
-        parsed = _Parsed()
-        received = False
-        self.writer.write(request)
-        while not parsed.done:
-            try:
-                chunk = await self.reader.read(65536)
-            except OSError as exc:
-                if received:
-                    raise
-                raise Retryable(str(exc)) from None  # no answer byte yet: the sidecar went away
-            if not chunk:
-                if received:
-                    raise ConnectionResetError("the sidecar closed the connection mid-answer")
-                raise Retryable("the sidecar closed the connection")
-            received = True
-            parsed.parser.feed_data(chunk)
-        return parsed.status, b"".join(parsed.body), parsed.keep_alive
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-def _encode(head: bytes, method: str, path: str, body: dict[str, Any] | None) -> bytes:
+def encode(head: bytes, method: str, path: str, body: dict[str, Any] | None) -> bytes:
     payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
     lines = f"{method} {path} HTTP/1.1\r\nHost: mcpcreds\r\n".encode() + head
     if body is not None:
@@ -83,64 +58,11 @@ def _encode(head: bytes, method: str, path: str, body: dict[str, Any] | None) ->
     return lines + b"\r\n" + payload
 
 
-def _decode_json(raw: bytes) -> Any:
+def decode_json(raw: bytes) -> Any:
     try:
         return json.loads(raw) if raw else None
     except (ValueError, RecursionError):  # RecursionError: nested too deep
         return None
-
-
-class UdsHttp:
-    """`await http.request("POST", "/v1/...", {"cost": 1}, timeout=10)` -> (status, JSON body)."""
-
-    def __init__(self, path: str, headers: dict[str, str], sidecar_uid: int) -> None:
-        self.path = path
-        self.sidecar_uid = sidecar_uid
-        self._head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
-        self._idle: list[_Connection] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def _connection(self) -> _Connection:
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # connections belong to the loop that opened them
-            self._drop_idle()
-            self._loop = loop
-        if self._idle:
-            return self._idle.pop()
-        try:
-            check_folder(self.path, self.sidecar_uid)
-            reader, writer = await asyncio.open_unix_connection(self.path)
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            raise Retryable(str(exc)) from None
-        try:
-            check_peer(writer.get_extra_info("socket"), self.path, self.sidecar_uid)
-        except BaseException:
-            writer.close()
-            raise
-        return _Connection(reader, writer)
-
-    async def request(self, method: str, path: str, body: dict[str, Any] | None,
-                      timeout: float) -> tuple[int, Any]:
-        async with asyncio.timeout(timeout):  # no task per call, unlike wait_for on 3.11
-            conn = await self._connection()
-            try:
-                status, raw, keep = await conn.exchange(_encode(self._head, method, path, body))
-            except BaseException:  # failed or cancelled mid-request: its state is unknown
-                conn.close()
-                raise
-        if keep:
-            self._idle.append(conn)
-        else:
-            conn.close()
-        return status, _decode_json(raw)
-
-    def _drop_idle(self) -> None:
-        for conn in self._idle:
-            conn.close()
-        self._idle.clear()
-
-    async def aclose(self) -> None:
-        self._drop_idle()
 
 
 class SyncUdsHttp:
@@ -180,10 +102,10 @@ class SyncUdsHttp:
                 timeout: float) -> tuple[int, Any]:
         sock = self._connection(timeout)
         try:
-            parsed = _Parsed()
+            parsed = Parsed()
             received = False
             try:
-                sock.sendall(_encode(self._head, method, path, body))
+                sock.sendall(encode(self._head, method, path, body))
             except OSError as exc:  # a kept connection to a sidecar that went away
                 raise Retryable(str(exc)) from None
             while not parsed.done:
@@ -207,7 +129,7 @@ class SyncUdsHttp:
                 self._idle.append(sock)
         else:
             sock.close()
-        return parsed.status, _decode_json(b"".join(parsed.body))
+        return parsed.status, decode_json(b"".join(parsed.body))
 
     def close(self) -> None:
         with self._lock:

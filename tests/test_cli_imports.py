@@ -1,0 +1,151 @@
+"""The commands run once per operation import only what they need (issue 18, "a fast CLI").
+
+`mcpcreds token|headers|acquire|status|credential-helper` against a real sidecar, each run under
+`python -X importtime`, as `python -m mcpcreds` and as the console script runs it: the heavy
+modules (httpx, authlib, asyncio, cryptography, redis, keyring, ssl, the config parser) must not
+be imported. A behaviour test, not a timing test: bench/cli_bench.py measures the time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.sidecar_proc import SidecarProcess, run_sidecar
+
+TOKEN = "cli-imports-token-4f2a9d"
+HEAVY = ("httpx", "httpx2", "httpcore", "anyio", "authlib", "asyncio", "cryptography", "redis", "keyring",
+         "secretstorage", "ssl", "mcpcreds.config", "mcpcreds.auth", "mcpcreds.sources", "mcpcreds.exec_cli",
+         "mcpcreds.login_flow")
+CONSOLE_SCRIPT = "import sys; from mcpcreds.cli import main; sys.exit(main())"  # what [project.scripts] runs
+
+CONFIG = """
+[sidecar]
+socket = "{socket}"
+[secrets]
+sources = ["env"]
+[[servers]]
+name = "docs"
+endpoint = "https://docs.example.com/mcp"
+headers = {{ "Authorization" = "Bearer {{{{secret:CLI_IMPORTS_TOKEN}}}}" }}
+"""
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
+    folder = tmp_path_factory.mktemp("cli-imports")
+    folder.chmod(0o700)
+    socket = folder / "s.sock"
+    config = folder / "config.toml"
+    config.write_text(CONFIG.format(socket=socket))
+    with run_sidecar(config, socket, {"CLI_IMPORTS_TOKEN": TOKEN}) as proc:
+        yield proc
+
+
+def imported(stderr: str) -> set[str]:
+    """The modules `-X importtime` reports as imported."""
+    names = set()
+    for line in stderr.splitlines():
+        if line.startswith("import time:") and line.count("|") == 2:
+            name = line.rsplit("|", 1)[1].strip()
+            if name != "imported package":
+                names.add(name)
+    return names
+
+
+def run_timed(how: str, *args: str, stdin: str = "", env: dict[str, str] | None = None,
+              ) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    head = ["-m", "mcpcreds"] if how == "module" else ["-c", CONSOLE_SCRIPT]
+    proc = subprocess.run([sys.executable, "-X", "importtime", *head, *args], input=stdin,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
+    return proc, imported(proc.stderr)
+
+
+COMMANDS = {
+    "token": (("token", "docs"), "", f"{TOKEN}\n"),
+    "headers": (("headers", "docs"), "", f"Authorization: Bearer {TOKEN}\n"),
+    "acquire": (("acquire", "docs", "--max-wait", "0"), "", ""),
+    "status": (("status", "--json"), "", '"name": "docs"'),
+    "credential-helper": (("credential-helper", "get"), "protocol=https\nhost=docs.example.com\n\n",
+                          f"username=mcpcreds\npassword={TOKEN}\n"),
+    "credential-helper --docker": (("credential-helper", "--docker", "get"), "docs.example.com\n",
+                                   f'"Secret": "{TOKEN}"'),
+}
+
+
+@pytest.mark.parametrize("how", ["module", "console-script"])
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_command_imports_no_heavy_module(sidecar: SidecarProcess, command: str, how: str) -> None:
+    args, stdin, expected = COMMANDS[command]
+    # through the config file, as a user runs it: the socket is read from [sidecar]
+    proc, modules = run_timed(how, *args, "--config", str(sidecar.config), stdin=stdin)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert expected in proc.stdout
+    assert "mcpcreds.cli" in modules and "mcpcreds.client" in modules  # the report is read right
+    assert sorted(m for m in modules if m in HEAVY or m.split(".")[0] in HEAVY) == []
+
+
+def test_import_mcpcreds_is_light_and_public_names_still_work() -> None:
+    code = ("import sys, mcpcreds\n"
+            "heavy = [m for m in sys.modules if m.split('.')[0] in ('httpx', 'asyncio', 'authlib', 'cryptography')"
+            " or m in ('mcpcreds.config', 'mcpcreds.client')]\n"
+            "assert not heavy, heavy\n"
+            "from mcpcreds import AsyncClient, Client, Config, Forbidden, MalformedAnswer, McpServerSpec, Secret\n"
+            "from mcpcreds import UntrustedSidecar, load_config, __version__\n"
+            "import mcpcreds.client\n"
+            "assert AsyncClient is mcpcreds.client.AsyncClient and Client is mcpcreds.client.Client\n"
+            "assert set(mcpcreds.__all__) <= set(dir(mcpcreds))\n"
+            "try:\n    mcpcreds.NoSuchName\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(3)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_full_command_list_is_still_there() -> None:
+    """The lean parser is for the lean commands only: --help and the other commands get all."""
+    result = run_cli("--help")
+    assert result.code == 0
+    for command in ("token", "headers", "credential-helper", "exec", "login", "secret", "serve"):
+        assert command in result.stdout, command
+    assert run_cli("exec", "--help").code == 0
+    assert "--docker" in run_cli("credential-helper", "--help").stdout
+
+
+def test_an_explicit_config_with_a_bad_sidecar_key_is_still_a_config_error(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('[sidecar]\nsocket = 5\n')
+    result = run_cli("token", "docs", "--config", str(config))
+    assert result.code == 2 and "sidecar.socket" in result.stderr, result.output
+    result = run_cli("headers", "docs", "--config", str(tmp_path / "missing.toml"))
+    assert result.code == 2 and "cannot read config" in result.stderr, result.output
+
+
+def test_the_socket_comes_from_the_config_it_names(sidecar: SidecarProcess, tmp_path: Path) -> None:
+    """The lean reader of [sidecar] (address.py) finds the socket; $MCPCREDS_CONFIG too."""
+    assert run_cli("token", "docs", "--config", str(sidecar.config)).stdout == f"{TOKEN}\n"
+    env = {"MCPCREDS_CONFIG": str(sidecar.config), "MCPCREDS_SOCKET": str(tmp_path / "not-this.sock")}
+    assert run_cli("token", "docs", env=env).stdout == f"{TOKEN}\n"  # the config's socket wins
+
+
+@pytest.mark.parametrize("env", [
+    {},
+    {"MCPCREDS_CONFIG": "/x/c.toml", "MCPCREDS_SOCKET": "/x/s.sock"},
+    {"XDG_CONFIG_HOME": "/cfg", "XDG_RUNTIME_DIR": "/run/user/7"},
+    {"XDG_RUNTIME_DIR": "", "XDG_CONFIG_HOME": ""},
+])
+def test_address_locates_as_config_does(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from mcpcreds import address, config
+
+    for key in ("MCPCREDS_CONFIG", "MCPCREDS_SOCKET", "XDG_CONFIG_HOME", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    for explicit in (None, "/given.toml"):
+        assert address.find_config_path(explicit) == config.find_config_path(explicit)
+    for configured in (None, "/configured.sock"):
+        assert address.default_socket_path(configured) == config.default_socket_path(configured)
