@@ -138,3 +138,40 @@ def test_a_jwt_exp_earlier_than_expires_in_wins() -> None:
     assert later.expires_at == 1002.0  # never later than expires_in says
     with pytest.raises(TokenEndpointError):
         parse_token_response(200, "", ok({"access_token": jwt_token, "expires_in": 60}), 1004.0, 300)
+
+
+# -- person logins: the refresh token of an answer, public clients, the grants' own parameters
+
+
+def test_a_refresh_token_in_the_answer_is_handed_over_and_registered_for_redaction() -> None:
+    extras: dict[str, str] = {}
+    parse_token_response(200, "", ok({"access_token": "at-123456", "refresh_token": "rt-abcdef-98765"}),
+                         0, 300, extras)
+    assert extras == {"refresh_token": "rt-abcdef-98765"} and "rt-abcdef-98765" in REDACTOR
+
+
+@pytest.mark.parametrize("refresh", ["rt\r\nX-Injected: 1", 12345, "x" * (16 * 1024 + 1), "", None])
+def test_an_unusable_refresh_token_is_dropped(refresh: object) -> None:
+    extras: dict[str, str] = {}
+    token = parse_token_response(200, "", ok({"access_token": "at-123456", "refresh_token": refresh}), 0, 300,
+                                 extras)
+    assert extras == {} and token.access_token == "at-123456"
+
+
+def test_a_public_client_sends_its_id_and_no_secret() -> None:
+    req = build_token_request(spec("none", client_secret=None), URL, None, grant_type="refresh_token",
+                              params={"refresh_token": "rt"})
+    form = parse_qs(req.body)
+    assert form == {"grant_type": ["refresh_token"], "scope": ["tools:read tools:call"],
+                    "resource": ["https://crm.example.com/mcp"], "audience": ["crm-api"],
+                    "refresh_token": ["rt"], "client_id": ["agent 7"]}
+    assert "Authorization" not in req.headers
+
+
+def test_code_and_device_grants_send_no_scope_of_their_own() -> None:
+    req = build_token_request(spec(), URL, "s", grant_type="authorization_code",
+                              params={"code": "c", "redirect_uri": "http://127.0.0.1:5/callback",
+                                      "code_verifier": "v"})
+    form = parse_qs(req.body)
+    assert "scope" not in form and form["code_verifier"] == ["v"] and form["grant_type"] == ["authorization_code"]
+    assert req.headers["Authorization"].startswith("Basic ")
