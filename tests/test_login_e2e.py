@@ -267,3 +267,12 @@ def test_the_sidecar_renews_ahead_of_expiry_from_the_refresh_token(setup: Setup,
     assert second["fingerprint"] != first["fingerprint"] and second["expires_at"] > first["expires_at"]
     assert setup.stored("mcp:dev") not in (None, stored)  # the rotated refresh token was kept
     assert setup.peer.stats()["by_grant"]["refresh_token"] >= 2  # the notice, then the timer
+
+
+def test_without_a_working_keyring_the_login_fails_before_anything_is_asked(setup: Setup,
+                                                                            tmp_path: Path) -> None:
+    result = run_cli("login", "dev", "--config", str(setup.config),
+                     env={**setup.env, "DBUS_SESSION_BUS_ADDRESS": f"unix:path={tmp_path}/no-bus"})
+    assert result.code == 1 and "keyring" in result.stderr, result.output
+    assert "enter the code" not in result.stderr
+    assert setup.peer.stats()["token_requests"] == 0 and "by_grant" not in setup.peer.stats()

@@ -236,6 +236,8 @@ async def code_login(http: httpx.AsyncClient, target: Target, ends: ServerEndpoi
 async def run_login(config: Config, target: Target, out: TextIO, open_browser: bool, wait: float) -> None:
     login = target.login
     assert login is not None
+    store = login_store(config.secrets)
+    await asyncio.to_thread(store.get, target.key)  # a keyring that fails, fails before the login
     credential = await asyncio.to_thread(_credential, config, target)
     async with egress_client(target.egress) as http:
         ends = await Discovery().endpoints(login, target.endpoint, http)
@@ -248,7 +250,6 @@ async def run_login(config: Config, target: Target, out: TextIO, open_browser: b
         raise TokenEndpointError("the authorization server issued no refresh token, so the sidecar could "
                                  "not renew this login (does the client allow the refresh_token grant? "
                                  "some servers want scope offline_access)", "no_refresh_token")
-    store = login_store(config.secrets)
     await asyncio.to_thread(store.put, target.key, StoredLogin(refresh, login.client_id))
 
 
