@@ -27,14 +27,16 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from http_message_signatures.digests import ContentDigest
-from joserfc.jwk import OKPKey
+from joserfc import jwt
+from joserfc.jwk import ECKey, OKPKey
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from mcpcreds import AsyncClient, httpsig
-from mcpcreds.aauth import load_key, load_or_create
+from mcpcreds.aauth import AAuthSigner, AgentTokenError, check_agent_token, load_key, load_or_create
+from mcpcreds.config import parse_config
 from mcpcreds.errors import ConfigError
-from tests.conftest import run_cli
+from tests.conftest import CANARY, run_cli
 from tests.peers.aauth_peer import AAuthPeer, start_aauth_peer
 from tests.peers.aauth_verify import Rejected, verify
 from tests.sidecar_proc import SidecarProcess, run_sidecar
@@ -194,9 +196,12 @@ def test_serve_refuses_to_start_with_a_group_readable_key(tmp_path: Path) -> Non
 # ------------------------------------------------------------------------------ end to end
 
 
+ENROLL = "enroll-" + CANARY  # the enrollment secret the provider demands
+
+
 @pytest.fixture(scope="module")
 def peer() -> Iterator[AAuthPeer]:
-    with start_aauth_peer() as server:
+    with start_aauth_peer(enroll=ENROLL) as server:
         yield server
 
 
@@ -387,3 +392,122 @@ def test_the_sign_route_is_described_in_the_openapi_document() -> None:
     assert set(doc["components"]["schemas"]["SignRequest"]["properties"]) == {"method", "url", "headers",
                                                                               "content_digest"}
     assert doc["components"]["schemas"]["McpServerSpec"]["properties"]["aauth"]["type"] == "boolean"
+
+
+# ------------------------------------------------------------------------------ agent tokens (jwt)
+
+
+PROVIDER_KEY = OKPKey.generate_key("Ed25519", parameters={"kid": "p"})
+ISSUER = "https://agents.example"
+
+
+def agent_token(claims: dict[str, Any], key: OKPKey = PROVIDER_KEY) -> str:
+    return jwt.encode({"alg": "Ed25519", "typ": "aa-agent+jwt", "kid": "p"}, claims, key, algorithms=["Ed25519"])
+
+
+def test_an_agent_token_is_checked_before_it_is_used() -> None:
+    ours = httpsig.public_jwk(rfc_key())
+    jwks = {"keys": [PROVIDER_KEY.as_dict(private=False)]}
+    good = {"iss": ISSUER, "exp": 2_000_000_100, "cnf": {"jwk": ours}}
+    assert check_agent_token(agent_token(good), ISSUER, jwks, ours, now=2_000_000_000) == 2_000_000_100
+    cases = {
+        "signature does not verify": agent_token(good, OKPKey.generate_key("Ed25519", parameters={"kid": "p"})),
+        "iss is not the provider's issuer": agent_token({**good, "iss": "https://other.example"}),
+        "no exp, or has expired": agent_token({**good, "exp": 1_999_999_999}),
+        "cnf.jwk is not this sidecar's agent key": agent_token(
+            {**good, "cnf": {"jwk": httpsig.public_jwk(Ed25519PrivateKey.generate())}}),
+        "holds no compact JWT": "not-a-token",
+    }
+    es_key = ECKey.generate_key("P-256", parameters={"kid": "p"})
+    es_token = jwt.encode({"alg": "ES256", "kid": "p"}, good, es_key, algorithms=["ES256"])
+    es_jwks = {"keys": [es_key.as_dict(private=False)]}
+    assert check_agent_token(es_token, ISSUER, es_jwks, ours, now=2_000_000_000) == 2_000_000_100
+    head, _, es_sig = es_token.split(".")
+    other = jwt.encode({"alg": "ES256", "kid": "p"}, {**good, "exp": 2_000_000_200}, es_key, algorithms=["ES256"])
+    with pytest.raises(AgentTokenError, match="signature does not verify"):  # a claims part swapped in
+        check_agent_token(f"{head}.{other.split('.')[1]}.{es_sig}", ISSUER, es_jwks, ours,
+                          now=2_000_000_000)
+    for why, token in cases.items():
+        with pytest.raises(AgentTokenError, match=why) as info:
+            check_agent_token(token, ISSUER, jwks, ours, now=2_000_000_000)
+        assert token not in str(info.value)
+
+
+async def test_agent_tokens_single_flight_and_renewal_ahead_of_expiry(tmp_path: Path) -> None:
+    import asyncio
+
+    config = parse_config({"sidecar": {"socket": str(tmp_path / "s.sock")}, "aauth": {"provider": ISSUER}})
+    now = [1000.0]
+    signer = AAuthSigner(config, lambda: now[0])
+    fetched: list[float] = []
+    release = asyncio.Event()
+
+    async def fetch() -> str:
+        fetched.append(now[0])
+        await release.wait()
+        token = f"token-{len(fetched)}"
+        signer._token = (token, now[0], now[0] + 300)
+        return token
+
+    signer._fetch = fetch  # type: ignore[method-assign]
+    waiting = [asyncio.ensure_future(signer.agent_token()) for _ in range(5)]
+    await asyncio.sleep(0)
+    release.set()
+    assert await asyncio.gather(*waiting) == ["token-1"] * 5 and len(fetched) == 1  # one fetch for all
+    now[0] = 1000 + 239  # before the renewal point (60 s ahead of expiry): the held one, no fetch
+    assert await signer.agent_token() == "token-1" and len(fetched) == 1
+    now[0] = 1000 + 241  # within 60 s of expiry: still served, renewed in the background
+    assert await signer.agent_token() == "token-1"
+    assert signer._fetching is not None
+    await signer._fetching
+    assert len(fetched) == 2 and await signer.agent_token() == "token-2"
+    now[0] = 2000.0  # past expiry: the caller waits for a new one
+    assert await signer.agent_token() == "token-3"
+
+
+@pytest.fixture(scope="module")
+def jwt_sidecar(peer: AAuthPeer, workdir: Path) -> Iterator[SidecarProcess]:
+    socket = workdir / "jwt" / "mcpcreds.sock"
+    config = workdir / "jwt.toml"
+    config.write_text(f"""
+[sidecar]
+socket = "{socket}"
+
+[secrets]
+sources = ["env"]
+
+[aauth]
+provider = "{peer.base}/provider"
+enroll = {{ token = "{{{{secret:ENROLL}}}}" }}
+
+[[servers]]
+name = "agent"
+endpoint = "{peer.url}"
+trust = "trusted"
+""")
+    with run_sidecar(config, socket, {"ENROLL": ENROLL}) as proc:
+        yield proc
+
+
+async def test_with_a_provider_requests_carry_the_agent_token(jwt_sidecar: SidecarProcess, peer: AAuthPeer,
+                                                              workdir: Path) -> None:
+    import asyncio
+
+    before = peer.stats()
+    async with raw_client(jwt_sidecar, **RPC) as http:  # concurrent, before any token: one is fetched
+        answers = await asyncio.gather(*(http.post("/mcp/agent", json=INIT) for _ in range(6)))
+    assert [a.status_code for a in answers] == [200] * 6, answers[0].text
+    async with AsyncClient(jwt_sidecar.socket) as creds, creds.mcp_httpx2_client("agent") as http2, \
+            streamable_http_client(creds.mcp_url("agent"), http_client=http2) as (read, write), \
+            ClientSession(read, write) as session:
+        await session.initialize()
+        assert (await session.call_tool("add", {"a": 1, "b": 2})).structured_content == {"result": 3}
+    after = peer.stats()
+    assert after["tokens_issued"] - before["tokens_issued"] == 1 and after["enroll_refused"] == 0
+    assert after["schemes"].get("jwt", 0) - before["schemes"].get("jwt", 0) >= 9
+    async with raw_client(jwt_sidecar) as http:
+        signed = (await http.post("/v1/servers/agent/sign", json={"method": "GET", "url": peer.url})).json()
+    assert signed["headers"]["Signature-Key"].startswith('sig=jwt;jwt="ey')
+    assert peer.check("GET", peer.url, [("host", peer.base.removeprefix("http://")),
+                                        *signed["headers"].items()], "") == {"ok": True}
+    assert ENROLL not in jwt_sidecar.log and CANARY not in jwt_sidecar.log

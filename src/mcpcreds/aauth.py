@@ -8,28 +8,40 @@ the gateway and the `sign` route use (the signature itself is `httpsig`).
   checked with `fstat`, bounded, and must hold a PKCS#8 Ed25519 private key.
 - The private key lives in an `Ed25519PrivateKey` object only: nothing returns, logs or serialises
   it; its raw value is handed to the redactor all the same, as a last guard.
-- Without an agent token, requests carry `Signature-Key: sig=hwk;...` (a bare public key).
+- Without a provider, requests carry `Signature-Key: sig=hwk;...` (a bare public key). With one
+  (`[aauth] provider`), `sig=jwt;jwt="<agent token>"`: the token is fetched from the provider
+  (`AgentTokens`), validated (its JWS against the provider's JWKS, `iss`, `exp`, `cnf.jwk` equal to
+  our public key), held in memory only, and renewed ahead of expiry with a single fetch at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import contextlib
+import json
 import os
 import re
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Final
 from urllib.parse import urlsplit
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+import httpx
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from . import httpsig
 from .config import Config, Target, default_socket_path
+from .egress import EgressPolicy, egress_client, is_dev_loopback_url
 from .errors import ConfigError, Forbidden, InvalidRequest, McpcredsError
 from .logs import get_logger
 from .secret import REDACTOR
+from .templates import Template
 
 _log = get_logger("aauth")
 MAX_KEY_FILE: Final = 8192
@@ -44,6 +56,19 @@ class AAuthKeyError(McpcredsError):
 
     code: ClassVar[str] = "aauth_key_unavailable"
     status: ClassVar[int] = 503
+
+
+class AgentTokenError(McpcredsError):
+    """No valid agent token could be obtained from the Agent Provider (names what is missing)."""
+
+    code: ClassVar[str] = "aauth_token_unavailable"
+    status: ClassVar[int] = 502
+
+
+AGENT_DWK: Final = "aauth-agent.json"
+MAX_PROVIDER_ANSWER: Final = 65536
+MAX_TOKEN_LIFE: Final = 86400.0
+RENEW_AHEAD: Final = 60.0  # renew this long before expiry (at most half the token's life)
 
 
 class AgentKey:
@@ -64,9 +89,12 @@ class AgentKey:
         return f"AgentKey(thumbprint={self.thumbprint})"
 
     def sign(self, method: str, url: str, headers: Iterable[tuple[str, str]], body: bytes | None,
-             created: int, *, cover: Iterable[str] = (), digest: str | None = None) -> httpsig.Signed:
-        return httpsig.sign_request(self._key, method, url, headers, body, created,
-                                    httpsig.hwk_key(self.jwk), cover=cover, digest=digest)
+             created: int, *, cover: Iterable[str] = (), digest: str | None = None,
+             token: str | None = None) -> httpsig.Signed:
+        """Signed with `Signature-Key: sig=jwt` when an agent token is given, else `sig=hwk`."""
+        key = httpsig.jwt_key(token) if token is not None else httpsig.hwk_key(self.jwk)
+        return httpsig.sign_request(self._key, method, url, headers, body, created, key, cover=cover,
+                                    digest=digest)
 
     def __reduce__(self) -> tuple[object, ...]:
         raise TypeError("the agent key cannot be pickled")
@@ -142,14 +170,77 @@ def uses_aauth(config: Config) -> bool:
     return any(t.aauth for t in (*config.services.values(), *config.servers.values()))
 
 
+def _b64decode(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _verify_jws(header: Mapping[str, Any], signing_input: bytes, signature: bytes,
+                jwks: Mapping[str, Any]) -> None:
+    """The JWS signature of an agent token, by the provider key its `kid` names (EdDSA/Ed25519 or
+    ES256). Raises AgentTokenError."""
+    keys = [k for k in jwks.get("keys", []) if isinstance(k, dict)]
+    kid = header.get("kid")
+    key = next((k for k in keys if kid is None or k.get("kid") == kid), None)
+    if key is None:
+        raise AgentTokenError("aauth: the agent token's key (kid) is not in the provider's JWKS")
+    alg = header.get("alg")
+    try:
+        if alg in ("EdDSA", "Ed25519") and (key.get("kty"), key.get("crv")) == ("OKP", "Ed25519"):
+            Ed25519PublicKey.from_public_bytes(_b64decode(key["x"])).verify(signature, signing_input)
+        elif alg == "ES256" and (key.get("kty"), key.get("crv")) == ("EC", "P-256") and len(signature) == 64:
+            public = ec.EllipticCurvePublicNumbers(int.from_bytes(_b64decode(key["x"]), "big"),
+                                                   int.from_bytes(_b64decode(key["y"]), "big"),
+                                                   ec.SECP256R1()).public_key()
+            r, s_ = int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big")
+            der = encode_dss_signature(r, s_)
+            public.verify(der, signing_input, ec.ECDSA(hashes.SHA256()))
+        else:
+            raise AgentTokenError("aauth: the agent token's alg is not EdDSA or ES256 with a matching key")
+    except (InvalidSignature, KeyError, ValueError, TypeError):
+        raise AgentTokenError("aauth: the agent token's signature does not verify with the provider's "
+                              "keys") from None
+
+
+def check_agent_token(token: str, issuer: str, jwks: Mapping[str, Any], jwk: Mapping[str, str],
+                      now: float) -> float:
+    """Validate an agent token (its JWS, `iss`, `exp`, `cnf.jwk` = our key); return its expiry
+    (capped at a day). Raises AgentTokenError naming what is wrong, never quoting the token."""
+    parts = token.split(".") if isinstance(token, str) and len(token) <= 16384 else []
+    if len(parts) != 3 or not all(ch.isascii() and (ch.isalnum() or ch in "-_.") for ch in token):
+        raise AgentTokenError("aauth: the provider's answer holds no compact JWT")
+    try:
+        header = json.loads(_b64decode(parts[0]))
+        claims = json.loads(_b64decode(parts[1]))
+        signature = _b64decode(parts[2])
+    except (ValueError, UnicodeDecodeError):
+        raise AgentTokenError("aauth: the agent token cannot be decoded") from None
+    if not isinstance(header, dict) or not isinstance(claims, dict):
+        raise AgentTokenError("aauth: the agent token cannot be decoded")
+    _verify_jws(header, f"{parts[0]}.{parts[1]}".encode("ascii"), signature, jwks)
+    if claims.get("iss") != issuer:
+        raise AgentTokenError("aauth: the agent token's iss is not the provider's issuer")
+    exp = claims.get("exp")
+    if isinstance(exp, bool) or not isinstance(exp, int | float) or exp <= now:
+        raise AgentTokenError("aauth: the agent token has no exp, or has expired")
+    bound = (claims.get("cnf") or {}).get("jwk") if isinstance(claims.get("cnf"), dict) else None
+    if not isinstance(bound, dict) or any(bound.get(k) != jwk[k] for k in ("kty", "crv", "x")):
+        raise AgentTokenError("aauth: the agent token's cnf.jwk is not this sidecar's agent key")
+    return min(float(exp), now + MAX_TOKEN_LIFE)
+
+
 class AAuthSigner:
     """Signs requests to the servers with `aauth` on. The key is loaded at start (`start`), or at
     the first signature if the sidecar was built without one."""
 
-    def __init__(self, config: Config, clock: Callable[[], float]) -> None:
+    def __init__(self, config: Config, clock: Callable[[], float],
+                 render: Callable[[Template], str] | None = None) -> None:
         self.config = config
         self.clock = clock
+        self.render = render  # resolves the enrollment token's template
         self._key: AgentKey | None = None
+        self._token: tuple[str, float, float] | None = None  # (agent token, issued at, expires at)
+        self._fetching: asyncio.Task[str] | None = None
+        self._http: httpx.AsyncClient | None = None
 
     def start(self) -> None:
         """Load (or create) the key if any server signs: a refused key file fails the start."""
@@ -157,12 +248,12 @@ class AAuthSigner:
             self._key = load_or_create(key_path(self.config))
             _log.info("aauth agent key loaded", extra={"key_file": str(self._key.path),
                                                        "thumbprint": self._key.thumbprint})
-            if self.config.aauth.provider is not None:
-                _log.warning("aauth: agent tokens from the provider are not fetched yet; requests are "
-                             "signed with the hwk scheme (a bare public key)")
 
     def reload(self, config: Config) -> None:
         """A new config: a moved key file is loaded now; if it is refused, the old key stays."""
+        old = self.config.aauth
+        if (config.aauth.provider, config.aauth.enroll) != (old.provider, old.enroll):
+            self._token = None  # another provider or enrollment: fetched again
         self.config = config
         if self._key is not None and self._key.path != key_path(config):
             try:
@@ -183,19 +274,109 @@ class AAuthSigner:
         if self._key is None:
             return None
         return {"key_file": str(self._key.path), "thumbprint": self._key.thumbprint,
-                "public_jwk": self._key.jwk, "scheme": "hwk"}
+                "public_jwk": self._key.jwk, "scheme": "jwt" if self.config.aauth.provider else "hwk",
+                "token_expires_at": self._token[2] if self._token else None}
+
+    # -- agent tokens
+
+    async def agent_token(self) -> str | None:
+        """The agent token to present (None without a provider): the one held while it is fresh; one
+        fetch at a time when it is missing or expired (callers wait for it); renewed in the
+        background once `RENEW_AHEAD` (at most half its life) before it expires."""
+        if self.config.aauth.provider is None:
+            return None
+        now = self.clock()
+        held = self._token
+        if held is not None and now < held[2]:
+            token, issued, expires = held
+            if now >= expires - min(RENEW_AHEAD, (expires - issued) / 2):
+                self._start_fetch()  # renewed ahead of expiry; the held one is still served
+            return token
+        return await asyncio.shield(self._start_fetch())
+
+    def _start_fetch(self) -> asyncio.Task[str]:
+        task = self._fetching
+        if task is None or task.done():
+            task = self._fetching = asyncio.ensure_future(self._fetch())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: waiters re-raise
+        return task
+
+    async def _fetch(self) -> str:
+        aauth = self.config.aauth
+        issuer = aauth.provider
+        assert issuer is not None
+        http = self._client(issuer)
+        timeout = self.config.sidecar.token_timeout
+        meta = await self._json(http.get(f"{issuer.rstrip('/')}/.well-known/{AGENT_DWK}", timeout=timeout),
+                                "provider metadata")
+        if meta.get("issuer") != issuer:
+            raise AgentTokenError("aauth: the provider metadata's issuer is not the configured provider")
+        endpoint, jwks_uri = meta.get("registration_endpoint"), meta.get("jwks_uri")
+        if not isinstance(endpoint, str) or not isinstance(jwks_uri, str):
+            raise AgentTokenError("aauth: the provider metadata lacks registration_endpoint or jwks_uri")
+        jwks = await self._json(http.get(jwks_uri, timeout=timeout), "provider JWKS")
+        body: dict[str, Any] = {}
+        headers = [("content-type", "application/json")]
+        enroll = aauth.enroll
+        if enroll is not None and enroll.token is not None:
+            if self.render is None:
+                raise AgentTokenError("aauth: the enrollment token cannot be resolved here")
+            secret = await asyncio.to_thread(self.render, enroll.token)
+            headers.append(("authorization", f"Bearer {secret}"))
+        elif enroll is not None and enroll.assertion_file is not None:
+            body["assertion"] = await asyncio.to_thread(_read_assertion, enroll.assertion_file)
+        raw = json.dumps(body, separators=(",", ":")).encode()
+        signed = self.key.sign("POST", endpoint, headers, raw, int(self.clock()))  # hwk: the key itself
+        sent = http.post(endpoint, content=raw, timeout=timeout,
+                         headers=[*headers, *signed.headers().items()])
+        answer = await self._json(sent, "agent token request")
+        token = answer.get("agent_token")
+        if not isinstance(token, str):
+            raise AgentTokenError("aauth: the provider's answer holds no agent_token")
+        now = self.clock()
+        expires = check_agent_token(token, issuer, jwks, self.key.jwk, now)
+        REDACTOR.add(token, owner="aauth:agent_token")  # bound to our key, but never logged all the same
+        self._token = (token, now, expires)
+        _log.info("aauth agent token issued", extra={"provider": issuer, "expires_at": expires})
+        return token
+
+    def _client(self, issuer: str) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = egress_client(EgressPolicy(dev_loopback=is_dev_loopback_url(issuer)))
+        return self._http
+
+    async def _json(self, pending: Any, what: str) -> dict[str, Any]:
+        try:
+            response = await pending
+        except httpx.HTTPError as exc:
+            raise AgentTokenError(f"aauth: the {what} failed ({type(exc).__name__})") from None
+        if response.status_code != 200 or len(response.content) > MAX_PROVIDER_ANSWER:
+            raise AgentTokenError(f"aauth: the {what} was answered HTTP {response.status_code}",
+                                  status=response.status_code)
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise AgentTokenError(f"aauth: the {what} is not a JSON object")
+        return data
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
 
     # -- the gateway's hook
 
-    def gateway_headers(self, target: Target, method: str, url: str, headers: list[tuple[Any, bytes]],
-                        body: bytes | None) -> list[tuple[Any, bytes]]:
+    async def gateway_headers(self, target: Target, method: str, url: str, headers: list[tuple[Any, bytes]],
+                              body: bytes | None) -> list[tuple[Any, bytes]]:
         """The headers that sign an upstream request of the gateway (added to `headers`: names
         lower-cased, as bytes or str as `headers` has them)."""
         as_bytes = any(isinstance(k, bytes) for k, _ in headers)
         lines = [(k.decode("latin-1") if isinstance(k, bytes) else k, v.decode("latin-1"))
                  for k, v in headers]
         try:
-            signed = self.key.sign(method, url, lines, body, int(self.clock()))
+            token = await self.agent_token()
+            signed = self.key.sign(method, url, lines, body, int(self.clock()), token=token)
         except httpsig.SignatureError as exc:
             raise InvalidRequest(f"the request to server {target.name!r} cannot be signed: {exc}") from None
         return [(name.lower().encode("ascii") if as_bytes else name.lower(), value.encode("ascii"))
@@ -203,7 +384,7 @@ class AAuthSigner:
 
     # -- POST /v1/servers/{name}/sign
 
-    def sign_route(self, target: Target, body: dict[str, Any]) -> dict[str, Any]:
+    async def sign_route(self, target: Target, body: dict[str, Any]) -> dict[str, Any]:
         """The headers a direct client adds to sign its request to `target` (never the body: the
         client sends its digest). The URL must be the server's origin. Never echoes what was sent."""
         if not target.aauth:
@@ -231,12 +412,25 @@ class AAuthSigner:
             if digest is not None:
                 digest = httpsig.check_content_digest(digest)
             headers = [(k, v) for k, v in raw_headers.items()]
+            token = await self.agent_token()
             signed = self.key.sign(method, url, headers, None, int(self.clock()), cover=list(raw_headers),
-                                   digest=digest)
+                                   digest=digest, token=token)
         except httpsig.SignatureError as exc:
             raise InvalidRequest(f"cannot sign: {exc}") from None
         return {"headers": signed.headers(), "covered": list(signed.covered),
                 "thumbprint": self.key.thumbprint}
+
+
+def _read_assertion(path: str) -> str:
+    """A federated assertion (a projected service-account token): read at each enrollment."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(16385)
+    except OSError as exc:
+        raise AgentTokenError(f"aauth.enroll.assertion_file: cannot read {path} ({exc.strerror})") from None
+    if len(data) > 16384:
+        raise AgentTokenError(f"aauth.enroll.assertion_file: {path} is larger than 16 KiB")
+    return data.decode("ascii", "replace").strip()
 
 
 def _same_origin(url: str, endpoint: str) -> bool:

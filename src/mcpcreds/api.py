@@ -159,7 +159,8 @@ class Api:
         self.audit = audit or AuditLog(None, broker.clock)
         self.openapi = (resources.files("mcpcreds") / "openapi.json").read_bytes()
         self.gateway = Gateway(broker, metrics)
-        self.aauth = AAuthSigner(broker.config, broker.clock.time)  # the agent key (aauth.py)
+        self.aauth = AAuthSigner(broker.config, broker.clock.time,  # the agent key (aauth.py)
+                                 lambda template: self.broker.resolver.render(template))
         self.gateway.sign = self.aauth.gateway_headers
         self._fixed: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "/v1/health"): ("health", self.health),
@@ -426,11 +427,13 @@ class Api:
                             "it is used through the gateway only, /mcp/{server}")
         return target
 
-    def sign(self, request: Request) -> Response:
+    async def sign(self, request: Request) -> Response:
         """AAuth: the headers that sign a direct client's request (see aauth.py); the agent key
         stays here. Peer-checked and grant-aware as `headers` is."""
         target = self._credential_target(request)
-        return answer(self.aauth.sign_route(target, parse_json_body(request)))
+        # not through the redactor: the agent token is in the answer by design (bound to a key that
+        # stays here); nothing the caller sent is echoed but header names (no oracle: nothing masked)
+        return json_response(await self.aauth.sign_route(target, parse_json_body(request)))
 
     def headers(self, request: Request) -> Response | Awaitable[Response]:
         target = self._credential_target(request)

@@ -232,7 +232,7 @@ class Gateway:
         self._streams: weakref.WeakSet[_SseBody] = weakref.WeakSet()  # SSE answers being relayed
         # AAuth (aauth.py): (target, method, url, headers, body) -> the headers that sign the request
         self.sign: Callable[[Target, str, str, list[tuple[Any, bytes]], bytes | None],
-                            list[tuple[Any, bytes]]] | None = None
+                            Awaitable[list[tuple[Any, bytes]]]] | None = None
 
     # -- entry points
 
@@ -393,8 +393,8 @@ class Gateway:
             headers.append(("content-type", b"application/json"))
         headers.append(("accept-encoding", b"identity"))  # answers are inspected: not compressed
         if target.aauth and self.sign is not None:  # signed here: the agent key never leaves the sidecar
-            headers += self.sign(target, request.method, target.endpoint, headers,
-                                 request.body if request.method == "POST" else None)
+            headers += await self.sign(target, request.method, target.endpoint, headers,
+                                       request.body if request.method == "POST" else None)
         upstream = http.build_request(request.method, target.endpoint,
                                       headers=[(k.encode("ascii"), v) for k, v in headers],
                                       content=request.body if request.method == "POST" else None,

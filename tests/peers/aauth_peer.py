@@ -10,6 +10,13 @@ admits only requests signed as AAuth profiles HTTP Message Signatures, checked b
   "covered": [the components of the last verified request], "unsigned": requests with no signature}.
 - `POST /_test/check`: {"method", "url", "headers": [[name, value], ...], "body": "<text>"} -> the
   verification of a request a test signed elsewhere (for the `sign` route): {"ok"} or {"error"}.
+- An Agent Provider under `/provider` (issuer `<base>/provider`, built on joserfc):
+  `/.well-known/aauth-agent.json` (issuer, jwks_uri, registration_endpoint), `/provider/jwks`, and
+  `POST /provider/register`: a request signed with `sig=hwk` (verified as above) that carries
+  `Authorization: Bearer $AAUTH_PEER_ENROLL` gets `{"agent_token"}`, an `aa-agent+jwt` (Ed25519)
+  whose `cnf.jwk` is the key that signed, valid `ttl` seconds (300; `POST /_test/provider {"ttl"}`).
+  The resource accepts `sig=jwt` with such a token (its JWS, iss and exp checked with joserfc).
+  Stats add "schemes": {scheme: n}, "tokens_issued", "enroll_refused".
 
 Run it as ``python -m tests.peers.aauth_peer``: it prints ``READY <base url>``.
 """
@@ -29,6 +36,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import httpx
+from joserfc import jwt
+from joserfc.errors import JoseError
+from joserfc.jwk import OKPKey
 
 from tests.peers.aauth_verify import Rejected, verify
 from tests.peers.asgi import buffered, send_json
@@ -48,10 +58,35 @@ class State:
         self.unsigned = 0
         self.keys: list[str] = []
         self.covered: list[str] = []
+        self.schemes: Counter[str] = Counter()
+        self.tokens_issued = 0
+        self.enroll_refused = 0
+        self.ttl = 300
+        self.provider_key = OKPKey.generate_key("Ed25519", parameters={"kid": "provider-1"})
+        self.issuer = ""  # <base>/provider, once the port is known
 
     def snapshot(self) -> dict[str, Any]:
         return {"verified": self.verified, "rejected": dict(self.rejected), "keys": self.keys,
-                "covered": self.covered, "unsigned": self.unsigned}
+                "covered": self.covered, "unsigned": self.unsigned, "schemes": dict(self.schemes),
+                "tokens_issued": self.tokens_issued, "enroll_refused": self.enroll_refused}
+
+    def token_jwk(self, token: str) -> dict[str, Any]:
+        """The key an agent token binds, if the token is this provider's and unexpired."""
+        try:
+            claims = jwt.decode(token, self.provider_key, algorithms=["Ed25519"]).claims
+        except (JoseError, ValueError) as exc:
+            raise Rejected("invalid_key", f"agent token refused ({type(exc).__name__})") from None
+        if claims.get("iss") != self.issuer or not isinstance(claims.get("exp"), int) or claims["exp"] <= time.time():
+            raise Rejected("invalid_key", "agent token of another issuer, or expired")
+        return dict(claims["cnf"]["jwk"])
+
+    def issue(self, jwk: dict[str, str]) -> str:
+        self.tokens_issued += 1
+        now = int(time.time())
+        claims = {"iss": self.issuer, "sub": f"aauth:agent-{self.tokens_issued}", "jti": f"t{self.tokens_issued}",
+                  "iat": now, "exp": now + self.ttl, "dwk": "aauth-agent.json", "cnf": {"jwk": jwk}}
+        return jwt.encode({"alg": "Ed25519", "typ": "aa-agent+jwt", "kid": "provider-1"}, claims,
+                          self.provider_key, algorithms=["Ed25519"])
 
 
 def build_server() -> MCPServer[Any]:
@@ -85,11 +120,12 @@ def build_app(state: State) -> ASGIApp:
         if not any(k.lower() == "signature" for k, _ in lines):
             state.unsigned += 1
         try:
-            verified = verify(scope["method"], url, lines, body, time.time())
+            verified = verify(scope["method"], url, lines, body, time.time(), token_jwk=state.token_jwk)
         except Rejected as exc:
             state.rejected[exc.error] += 1
             return exc
         state.verified += 1
+        state.schemes[verified.scheme] += 1
         state.keys.append(verified.jwk["x"])
         state.covered = verified.covered
         return None
@@ -102,12 +138,41 @@ def build_app(state: State) -> ASGIApp:
         if path == "/_test/stats":
             await send_json(send, 200, state.snapshot())
             return
+        if path == "/provider/.well-known/aauth-agent.json":
+            await send_json(send, 200, {"issuer": state.issuer, "jwks_uri": f"{state.issuer}/jwks",
+                                        "registration_endpoint": f"{state.issuer}/register"})
+            return
+        if path == "/provider/jwks":
+            await send_json(send, 200, {"keys": [state.provider_key.as_dict(private=False)]})
+            return
+        if path == "/_test/provider":
+            raw, _ = await buffered(receive)
+            state.ttl = int(json.loads(raw)["ttl"])
+            await send_json(send, 200, {"ok": True})
+            return
+        if path == "/provider/register":
+            raw, _ = await buffered(receive)
+            lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+            host = next((v for k, v in lines if k.lower() == "host"), "")
+            try:
+                signed = verify("POST", f"{scope['scheme']}://{host}{path}", lines, raw, time.time())
+            except Rejected as exc:
+                await send_json(send, 401, {"error": exc.error})
+                return
+            enroll = os.environ.get("AAUTH_PEER_ENROLL")
+            if enroll and dict((k.lower(), v) for k, v in lines).get("authorization") != f"Bearer {enroll}":
+                state.enroll_refused += 1
+                await send_json(send, 403, {"error": "enrollment_refused"})
+                return
+            jwk = {k: signed.jwk[k] for k in ("kty", "crv", "x", "alg")}
+            await send_json(send, 200, {"agent_token": state.issue(jwk)})
+            return
         if path == "/_test/check":
             raw, _ = await buffered(receive)
             ask = json.loads(raw)
             try:
                 verify(ask["method"], ask["url"], [tuple(h) for h in ask["headers"]], ask["body"].encode(),
-                       time.time())
+                       time.time(), token_jwk=state.token_jwk)
             except Rejected as exc:
                 await send_json(send, 200, {"error": exc.error})
                 return
@@ -135,7 +200,9 @@ async def serve() -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(build_app(State()), log_level="critical", lifespan="on", timeout_graceful_shutdown=1)
+    state = State()
+    state.issuer = f"http://127.0.0.1:{port}/provider"
+    config = uvicorn.Config(build_app(state), log_level="critical", lifespan="on", timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
@@ -165,14 +232,18 @@ class AAuthPeer:
         response.raise_for_status()
         return cast(dict[str, Any], response.json())
 
+    def set_token_ttl(self, ttl: int) -> None:
+        self._http.post("/_test/provider", json={"ttl": ttl}).raise_for_status()
+
     def log(self) -> str:
         return read_log(self._workdir)
 
 
 @contextlib.contextmanager
-def start_aauth_peer() -> Iterator[AAuthPeer]:
+def start_aauth_peer(enroll: str = "") -> Iterator[AAuthPeer]:
     cmd = [sys.executable, "-m", "tests.peers.aauth_peer"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+           "AAUTH_PEER_ENROLL": enroll}
     with ready_process(lambda _: cmd, what="AAuth peer", cwd=ROOT, timeout=30, env=env) as (_, base, workdir):
         peer = AAuthPeer(base, workdir)
         try:
