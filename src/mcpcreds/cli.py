@@ -452,6 +452,9 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
 
     add("serve", cmd_serve, "run the sidecar in the foreground; ready when the socket accepts")
     add("check", cmd_check, "validate the config and print every error")
+    from .units import add_parser as add_units_parser  # stdlib only
+
+    add_units_parser(add)  # mcpcreds install-units [--user|--system] [--dest DIR] (units.py)
     p = add_client("headers", cmd_headers, "print the resolved headers of a server")
     p.add_argument("name", metavar="NAME", help="server name or cache key (service:crm, mcp:docs)")
     p.add_argument("--json", action="store_true", help="print the whole answer as JSON")

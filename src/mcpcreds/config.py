@@ -36,6 +36,7 @@ DEFAULT_EXPIRES_IN: Final = 300.0
 _NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\Z")
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _SOURCE_KINDS: Final = ("env", "keyring")
+CREDENTIALS_SOURCE: Final = "dir:$CREDENTIALS_DIRECTORY"  # systemd LoadCredential=: the folder of this start
 
 AuthKind = Literal["auth", "oauth", "aauth"]
 T = TypeVar("T")
@@ -536,10 +537,11 @@ def _parse_secrets(c: _Collector, raw: Any) -> SecretsConfig:
             spath = f"{path}.sources[{i}]"
             if not isinstance(src, str):
                 c.error(spath, f"expected a string, got {_kind(src)}")
-            elif src in _SOURCE_KINDS or (src.startswith("dir:/") and len(src) > 5):
+            elif src in (*_SOURCE_KINDS, CREDENTIALS_SOURCE) or (src.startswith("dir:/") and len(src) > 5):
                 sources.append(src)
             else:
-                c.error(spath, "unknown source: expected 'env', 'keyring' or 'dir:/abs/path'")
+                c.error(spath, "unknown source: expected 'env', 'keyring', 'dir:/abs/path' or "
+                        f"'{CREDENTIALS_SOURCE}'")
     timeout = c.parsed(_join(path, "keyring_timeout"), t.get("keyring_timeout", 3.0), parse_duration)
     cache_ttl = c.parsed(_join(path, "cache_ttl"), t.get("cache_ttl", 2.0), parse_duration)
     return SecretsConfig(

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
 
-from .config import SecretsConfig
+from .config import CREDENTIALS_SOURCE, SecretsConfig
 from .errors import InvalidRequest, SecretUnavailable
 from .secret import Secret
 from .templates import FileRef, SecretRef, Template
@@ -297,6 +297,9 @@ def build_sources(config: SecretsConfig) -> list[SecretSource]:
             sources.append(EnvSource())
         elif spec == "keyring":
             sources.append(KeyringSource(config))
+        elif spec == CREDENTIALS_SOURCE:  # set by systemd for this start only; unset: nothing to read
+            if folder := os.environ.get("CREDENTIALS_DIRECTORY", "").strip():
+                sources.append(DirSource(folder))
         elif spec.startswith("dir:"):
             sources.append(DirSource(spec[4:]))
     return sources
