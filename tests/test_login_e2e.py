@@ -251,7 +251,7 @@ def test_logout_revokes_deletes_and_the_sidecar_asks_for_a_login(setup: Setup, s
 
 
 def test_the_sidecar_renews_ahead_of_expiry_from_the_refresh_token(setup: Setup, sidecar: SidecarProcess) -> None:
-    setup.peer.set_ttl(6)  # renewed by the timer at 45-50 % of the lifetime: ~3 s of margin
+    setup.peer.set_ttl(5)  # renewed by the timer at 45-50 % of the lifetime: 2.5 s of margin
     try:
         code, output, _ = setup.login("dev")
         assert code == 0, output
