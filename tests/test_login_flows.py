@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import httpx
 import pytest
@@ -78,6 +79,10 @@ def test_expired_denied_and_other_errors_end_the_login() -> None:
     assert run_schedule(["authorization_pending", "expired_token"]) == ([5.0, 10.0], "expired_token")
     assert run_schedule(["access_denied"]) == ([5.0], "access_denied")
     assert run_schedule(["invalid_client"]) == ([5.0], "invalid_client")
+
+
+def test_a_passing_outage_keeps_the_schedule() -> None:
+    assert run_schedule(["server_error", "temporarily_unavailable", "ok"]) == ([5.0, 10.0, 15.0], "ok")
 
 
 def test_a_code_that_expires_before_the_first_poll() -> None:
@@ -236,3 +241,50 @@ def test_check_names_the_servers_that_need_a_login(tmp_path: Path) -> None:
     assert result.code == 0 and "hint: s use a person's login: run `mcpcreds login NAME`" in result.stderr
     result = run_cli("login", "nope", "--config", str(config))
     assert result.code == 2 and "nope" not in result.stderr
+
+
+# -- the device flow's driver (login_flow.device_login) on a fake clock and a scripted server
+
+
+async def test_the_device_login_polls_on_the_schedule_the_server_sets() -> None:
+    import io
+    import tomllib
+
+    from mcpcreds.discovery import ServerEndpoints
+    from mcpcreds.login_flow import device_login
+
+    config = parse_config(tomllib.loads(BASE + 'auth = { kind = "oauth2", grant = "device", client_id = "c", '
+                                               'issuer = "https://as.example", scopes = ["a"] }\n'))
+    target = config.servers["s"]
+    ends = ServerEndpoints("https://as.example", "https://as.example/token", "https://as.example/device",
+                           None, None)
+    now = [100.0]
+    answers = [(400, {"error": "authorization_pending"}), (400, {"error": "slow_down"}), (503, {}),
+               (400, {"error": "authorization_pending"}),
+               (200, {"access_token": "at-123456", "refresh_token": "rt-123456789", "expires_in": 60})]
+    polls: list[tuple[float, dict[str, list[str]]]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        form = parse_qs(request.content.decode())
+        if request.url.path == "/device":
+            assert form == {"scope": ["a"], "resource": ["https://s.example.com/mcp"], "client_id": ["c"]}
+            return httpx.Response(200, json={"device_code": "dc-1", "user_code": "WXYZ-1234", "interval": 5,
+                                             "expires_in": 120, "verification_uri": "https://as.example/d"})
+        polls.append((now[0] - 100.0, form))
+        status, body = answers[len(polls) - 1]
+        return httpx.Response(status, json=body)
+
+    async def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    out = io.StringIO()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+        access, extras = await device_login(http, target, ends, None, out, sleep=sleep, clock=lambda: now[0])
+    # 5 s, pending: 10 s, slow_down (10 s from now on): 20 s, a 503 is a passing outage: 30 s, pending: 40 s
+    assert [t for t, _ in polls] == [5.0, 10.0, 20.0, 30.0, 40.0]
+    assert all(form == {"grant_type": ["urn:ietf:params:oauth:grant-type:device_code"], "device_code": ["dc-1"],
+                        "resource": ["https://s.example.com/mcp"], "client_id": ["c"]} for _, form in polls)
+    assert access == "at-123456" and extras == {"refresh_token": "rt-123456789"}
+    text = out.getvalue()
+    assert "open https://as.example/d and enter the code WXYZ-1234" in text and "dc-1" not in text
+    assert "rt-123456789" not in text and "at-123456" not in text

@@ -110,8 +110,8 @@ class PollSchedule:
         return at
 
     def after(self, error: str, now: float) -> float:
-        if error == "authorization_pending":
-            return self._next(now)
+        if error in ("authorization_pending", "temporarily_unavailable", "server_error"):
+            return self._next(now)  # or a passing outage of the server (or the way there): poll on
         if error == "slow_down":
             self.interval = min(self.interval + SLOW_DOWN_STEP, MAX_INTERVAL + SLOW_DOWN_STEP * 12)
             return self._next(now)

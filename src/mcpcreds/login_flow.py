@@ -30,7 +30,7 @@ from .config import LOGIN_GRANTS, Config, Target
 from .device_flow import DEVICE_GRANT, DeviceAuthorization, PollSchedule, parse_device_authorization
 from .discovery import Discovery, ServerEndpoints
 from .egress import egress_client
-from .errors import InvalidRequest, McpcredsError, TokenEndpointError
+from .errors import InvalidRequest, McpcredsError, TokenEndpointError, TokenEndpointTimeout
 from .login_store import StoredLogin, entry_name, login_store
 from .oauth import (
     MAX_RESPONSE_BYTES,
@@ -75,9 +75,11 @@ async def _post_form(http: httpx.AsyncClient, url: str, headers: dict[str, str],
     try:
         async with http.stream("POST", url, headers=headers, content=body.encode(), follow_redirects=False,
                                timeout=TOKEN_TIMEOUT) as response:
+            if response.headers.get("content-encoding", "identity").lower() != "identity":
+                raise TokenEndpointError(f"{url} answered with a compressed body", "invalid_response")
             chunks: list[bytes] = []
             size = 0
-            async for chunk in response.aiter_raw():
+            async for chunk in response.aiter_bytes():
                 size += len(chunk)
                 if size > MAX_RESPONSE_BYTES:
                     raise TokenEndpointError("answer too large", "response_too_large")
@@ -126,6 +128,9 @@ async def device_login(http: httpx.AsyncClient, target: Target, ends: ServerEndp
                                              extras=extras)
         except TokenEndpointError as exc:
             at = schedule.after(exc.error, clock())
+            continue
+        except TokenEndpointTimeout:
+            at = schedule.after("temporarily_unavailable", clock())
             continue
         return token.access_token, extras
 
