@@ -383,6 +383,17 @@ async def test_the_private_key_appears_in_no_output(sidecar: SidecarProcess, pee
         assert form not in text
 
 
+def test_show_key_prints_the_public_key_only(sidecar: SidecarProcess, workdir: Path) -> None:
+    shown = run_cli("aauth", "show-key", "--json", "--socket", str(sidecar.socket), "--config", str(sidecar.config))
+    assert shown.code == 0, shown.output
+    agent = json.loads(shown.stdout)
+    assert agent["public_jwk"] == {"kty": "OKP", "crv": "Ed25519", "x": public_x(workdir), "alg": "Ed25519"}
+    assert agent["thumbprint"] == OKPKey.import_key({"kty": "OKP", "crv": "Ed25519", "x": public_x(workdir)}).thumbprint()
+    table = run_cli("aauth", "show-key", "--socket", str(sidecar.socket), "--config", str(sidecar.config)).stdout
+    for form in private_forms(workdir):
+        assert form not in shown.stdout + table
+
+
 def test_the_sign_route_is_described_in_the_openapi_document() -> None:
     from importlib import resources
 

@@ -395,7 +395,8 @@ class Api:
         return json_response({"revoked": True})
 
     async def status(self, request: Request) -> Response:
-        return answer({**await self.broker.status(), "gateway": self.gateway.status()})
+        return answer({**await self.broker.status(), "gateway": self.gateway.status(),
+                       "aauth": self.aauth.status()})
 
     def openapi_doc(self, request: Request) -> Response:
         return Response(200, self.openapi)

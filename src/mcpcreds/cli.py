@@ -504,6 +504,9 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
 
         add_exec_parser(add_client)  # mcpcreds exec NAME -- CMD ARGS... (exec_cli.py)
         add_login_parsers(add_client)  # mcpcreds login NAME / logout NAME (login_flow.py)
+        from .aauth_cli import add_parser as add_aauth_parser
+
+        add_aauth_parser(add_client)  # mcpcreds aauth show-key (aauth_cli.py)
 
     secret = sub.add_parser("secret", parents=[common], help="manage secrets in the keyring",
                             description="Manage secrets in the keyring; values never on argv.")
