@@ -789,6 +789,7 @@ class _Transport(asyncio.Transport):
         super().__init__()
         self.sock, self._peer = __import__("socket").socketpair()
         self.written = bytearray()
+        self.writes: list[bytes] = []
         self.aborted = False
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
@@ -796,6 +797,7 @@ class _Transport(asyncio.Transport):
 
     def write(self, data: Any) -> None:
         self.written += data
+        self.writes.append(bytes(data))
 
     def abort(self) -> None:
         self.aborted = True
@@ -830,12 +832,12 @@ class _Body:
         self.closed = True
 
 
-def _connection(body: _Body) -> tuple[Any, _Transport]:
+def _connection(body: _Body, first: bytes = b"") -> tuple[Any, _Transport]:
     from mcpcreds.wire import Connections, HttpConnection, StreamingResponse
 
     class App:
         def handle(self, request: Any) -> Any:
-            return StreamingResponse(200, body)
+            return StreamingResponse(200, body, first=first)
 
         def fast_get(self, url: bytes, started: float, peer_uid: int) -> None:
             return None
@@ -862,6 +864,22 @@ async def test_a_streaming_body_is_not_read_while_the_client_does_not_read() -> 
     await conn.in_flight
     assert body.pulled == [0, 1, 2, 3, 4] and body.closed
     assert transport.written.endswith(b"2\r\nc4\r\n0\r\n\r\n") and not transport.aborted
+    transport.sock.close()
+    transport._peer.close()
+
+
+async def test_a_first_chunk_ready_with_the_head_goes_out_in_the_same_write() -> None:
+    """(A POST's SSE answer: the gateway waits for the first event and hands it over with the
+    head, so the client reads both at once.) What follows streams chunk by chunk as before."""
+    body = _Body()
+    conn, transport = _connection(body, first=b"f")
+    conn.data_received(b"POST /mcp/x HTTP/1.1\r\nHost: mcpcreds\r\nContent-Length: 0\r\n\r\n")
+    await conn.in_flight
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert transport.writes[0].endswith(b"Transfer-Encoding: chunked\r\n\r\n1\r\nf\r\n")
+    assert transport.written.endswith(b"\r\n1\r\nf\r\n" + b"".join(b"2\r\nc%d\r\n" % i for i in range(5))
+                                      + b"0\r\n\r\n")
+    assert body.closed and not transport.aborted
     transport.sock.close()
     transport._peer.close()
 

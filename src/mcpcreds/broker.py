@@ -37,6 +37,7 @@ from .refresh import refresh_login
 from .secret import REDACTOR
 from .shared import build_state
 from .sources import SecretResolver
+from .upstream import H1Transport
 from .wire import Response
 
 # a server without `rate` still gets a bucket, so that an upstream 429 can pause it
@@ -314,9 +315,15 @@ class Broker:
             if gateway:
                 kwargs["limits"] = httpx.Limits(max_connections=GATEWAY_CONNECTIONS,
                                                 max_keepalive_connections=64)
+                kwargs["pool_class"] = H1Transport  # the relayed traffic: a lean HTTP/1.1 client
             client = self._http[key] = egress_client(target.egress, on_connect=on_connect,
                                                      transport_kwargs=kwargs)
         return client
+
+    def gateway_transport(self, target: Target) -> httpx.AsyncBaseTransport:
+        """The egress transport under `http_for(target, gateway=True)`: the gateway sends to it
+        directly, with no client layer (no cookie jar shared between its callers)."""
+        return self.http_for(target, gateway=True)._transport
 
     _http_for = http_for
 

@@ -41,6 +41,7 @@ from .errors import Forbidden
 
 NET_MODES: Final = ("inherit", "restricted", "broad_audited", "off")
 DEFAULT_NET: Final = "inherit"
+CHECK_CACHE: Final = 1024  # hosts and (host, address) pairs a transport remembers as allowed
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -390,7 +391,7 @@ class EgressTransport(httpx.AsyncBaseTransport):
     the original name, so certificates are verified against it. Each (scheme, host, port) has
     its own connection pool, so a TLS connection verified for one name never carries another.
     Keyword arguments (`verify`, `http2`, `limits`, `retries`, ...) go to each
-    `httpx.AsyncHTTPTransport`. Environment proxies are not used.
+    `httpx.AsyncHTTPTransport` (or `pool_class`, when given). Environment proxies are not used.
     """
 
     def __init__(self, policy: EgressPolicy, *, on_connect: OnConnect | None = None,
@@ -400,12 +401,18 @@ class EgressTransport(httpx.AsyncBaseTransport):
         self.resolver = resolver or system_resolver
         self._transport_kwargs = transport_kwargs
         self._pools: dict[tuple[str, str, int], httpx.AsyncBaseTransport] = {}
+        # what the (immutable) policy already allowed: host as in the URL -> canonical name, and
+        # (name, address) pairs; bounded, and only ever a cache of a pure decision
+        self._hosts: dict[str, str] = {}
+        self._addresses: set[tuple[str, str]] = set()
+        self._urls: dict[tuple[str, str], httpx.URL] = {}  # (URL, address) -> the URL pinned to it
 
     def _pool(self, key: tuple[str, str, int]) -> httpx.AsyncBaseTransport:
         if (pool := self._pools.get(key)) is None:
             kwargs = dict(self._transport_kwargs)
             kwargs.setdefault("verify", shared_ssl_context())
-            pool = self._pools[key] = httpx.AsyncHTTPTransport(**kwargs)
+            pool_class = kwargs.pop("pool_class", httpx.AsyncHTTPTransport)
+            pool = self._pools[key] = pool_class(**kwargs)
         return pool
 
     async def _resolve(self, request: httpx.Request, host: str, port: int) -> list[str]:
@@ -424,11 +431,20 @@ class EgressTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        host = self.policy.check_host(url.raw_host.decode("ascii"))
+        raw_host = url.raw_host.decode("ascii")
+        host = self._hosts.get(raw_host) or self.policy.check_host(raw_host)
         port = url.port or (443 if url.scheme == "https" else 80)
         addresses = await self._resolve(request, host, port)
         for address in addresses:
-            self.policy.check_address(host, address)
+            if (host, address) not in self._addresses:
+                self.policy.check_address(host, address)
+                if len(self._addresses) >= CHECK_CACHE:
+                    self._addresses.clear()
+                self._addresses.add((host, address))
+        if raw_host not in self._hosts:
+            if len(self._hosts) >= CHECK_CACHE:
+                self._hosts.clear()
+            self._hosts[raw_host] = host
         pool = self._pool((url.scheme, host, port))
         headers = httpx.Headers(request.headers)
         if "host" not in headers:
@@ -438,7 +454,7 @@ class EgressTransport(httpx.AsyncBaseTransport):
             if self.policy.audited and self.on_connect is not None:
                 self.on_connect(host, address, port)
             pinned = httpx.Request(
-                request.method, url.copy_with(host=address), headers=headers, stream=request.stream,
+                request.method, self._pinned_url(url, address), headers=headers, stream=request.stream,
                 extensions={**request.extensions, "sni_hostname": host},
             )
             try:
@@ -447,6 +463,16 @@ class EgressTransport(httpx.AsyncBaseTransport):
                 last = exc
         assert last is not None
         raise last
+
+    def _pinned_url(self, url: httpx.URL, address: str) -> httpx.URL:
+        """`url` with `address` for its host (parsing a URL is the costly part of a request)."""
+        key = (str(url), address)
+        pinned = self._urls.get(key)
+        if pinned is None:
+            if len(self._urls) >= CHECK_CACHE:
+                self._urls.clear()
+            pinned = self._urls[key] = url.copy_with(host=address)
+        return pinned
 
     async def aclose(self) -> None:
         pools, self._pools = list(self._pools.values()), {}

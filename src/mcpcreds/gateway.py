@@ -8,7 +8,9 @@ enforced on the traffic itself.
   `Mcp-Name`, `Mcp-Param-*` that are not credential-shaped, `traceparent`, `tracestate`,
   `User-Agent`); anything else the caller sent (`Authorization`, `Cookie`, API keys) stays here,
   and the server's credential headers are added.
-- Every upstream request goes through the server's egress policy (`Broker.http_for`).
+- Every upstream request goes through the server's egress policy (`Broker.gateway_transport`: the
+  egress transport of the gateway's own pool, over `upstream.H1Transport`), sent to it directly
+  with no client layer (no cookie jar shared between callers, no redirects followed).
 - A POST takes one permit per counted JSON-RPC request from the server's shared bucket, waiting
   up to `max_wait`; a 401 to the login sent is invalidated (by fingerprint) and retried once
   with the renewed login; a 429 (or a 503 with Retry-After) pauses the shared bucket and is
@@ -16,10 +18,12 @@ enforced on the traffic itself.
 - The trust policy applies: see `jsonrpc` (refused calls never reach the upstream; `tools/list`
   results are filtered, in JSON answers and SSE events alike).
 - SSE answers are relayed event by event as they arrive (never a partial event, never held back);
-  a JSON answer is read whole (bounded) to be filtered. Credential values the gateway sent are
-  masked in whatever comes back. A client that goes away cancels the upstream request; an
-  upstream that drops mid-stream ends the client's stream cleanly after the last whole event
-  (the MCP client then resumes with `Last-Event-ID` or fails that request).
+  the head of a POST's SSE answer goes out with its first event, in one write (a GET's listening
+  stream gets its head at once); a JSON answer is read whole (bounded) to be filtered.
+  Credential values the gateway sent are masked in whatever comes back. A client that goes away
+  cancels the upstream request; an upstream that drops mid-stream ends the client's stream cleanly
+  after the last whole event (the MCP client then resumes with `Last-Event-ID` or fails that
+  request).
 - One audit line per `tools/call` (server, tool, caller, status, duration; never arguments or
   results) and Prometheus counters and histograms per server and tool.
 - A grant that narrows a server's tools (`Grant.tools`) narrows them here, on top of the policy.
@@ -36,6 +40,7 @@ import time
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import httpx
@@ -60,29 +65,41 @@ MAX_AUDITED_NAME: Final = 128
 # connect and write are bounded; reading is not (a tool may run long, an SSE stream may idle):
 # a client that gives up closes its connection, and that cancels the upstream request
 UPSTREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
+_UPSTREAM_TIMEOUTS: Final = UPSTREAM_TIMEOUT.as_dict()
+_USER_AGENT: Final = f"python-httpx/{httpx.__version__}".encode()  # what an httpx client sends
 _FORWARDED: Final = frozenset({
-    "accept", "content-type", "mcp-session-id", "mcp-protocol-version", "last-event-id", "mcp-method",
-    "mcp-name", "traceparent", "tracestate", "user-agent",
+    b"accept", b"content-type", b"mcp-session-id", b"mcp-protocol-version", b"last-event-id", b"mcp-method",
+    b"mcp-name", b"traceparent", b"tracestate", b"user-agent",
 })
-_PARAM_PREFIX: Final = "mcp-param-"
+_PARAM_PREFIX: Final = b"mcp-param-"
 _RETURNED: Final = ("mcp-session-id", "mcp-protocol-version", "retry-after", "cache-control")
 _METHODS: Final = ("POST", "GET", "DELETE")
 SESSION_LIMIT: Final = 10_000  # MCP sessions tracked for status (past it, the least recently seen go)
+SENT_CACHE: Final = 1024  # servers whose credential headers (and endpoint URLs) are kept prepared
 SESSION_IDLE: Final = 3600.0  # seconds without traffic after which a session is no longer counted
 _STATUS_GROUPS: Final = frozenset({"ok", "tool_error", "error", "refused", "rate_limited", "upstream_error",
                                    "no_response", "dropped", "cancelled"})
 
 
-def forwarded_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[str, bytes]]:
+def forwarded_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
     """The caller's headers that go upstream (see the module doc), names lower-cased, values as
-    sent (bytes: a value that is not ASCII goes on as it came, never re-encoded)."""
+    sent (a value that is not ASCII goes on as it came, never re-encoded)."""
     kept = []
     for name_b, value_b in raw:
-        name = name_b.decode("latin-1").strip().lower()
-        param = name.startswith(_PARAM_PREFIX) and not credential_name(name[len(_PARAM_PREFIX):])
-        if name in _FORWARDED or param:
+        name = name_b.strip().lower()
+        if name in _FORWARDED or (name.startswith(_PARAM_PREFIX)
+                                  and not credential_name(name[len(_PARAM_PREFIX):].decode("latin-1"))):
             kept.append((name, value_b))
     return kept
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """The credential headers of one `HeadersResult` as the gateway sends them."""
+
+    names: frozenset[bytes]  # lower-cased: a caller's header of the same name is dropped
+    headers: list[tuple[bytes, bytes]]
+    forms: tuple[bytes, ...]  # what `jsonrpc.mask` hides in the answers
 
 
 def _rpc_response(status: int, body: Any, extra: tuple[tuple[bytes, bytes], ...] = ()) -> Response:
@@ -189,8 +206,14 @@ class _SseBody:
         self.closed = False
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        self.gen = self._events()
+        if self.gen is None:
+            self.gen = self._events()
         return self.gen
+
+    async def first(self) -> bytes:
+        """The first events, once the upstream sent them (b"" if it ended first): they go out with
+        the head of the answer. Later events are relayed as they come (see `__aiter__`)."""
+        return await anext(aiter(self), b"")
 
     async def _events(self) -> AsyncIterator[bytes]:
         splitter = jsonrpc.SseSplitter(MAX_SSE_EVENT)
@@ -230,6 +253,8 @@ class Gateway:
         self.sessions = LiveSessions(broker.clock.monotonic)
         self._in_flight: Counter[str] = Counter()  # server -> requests waiting for the upstream's answer
         self._streams: weakref.WeakSet[_SseBody] = weakref.WeakSet()  # SSE answers being relayed
+        self._sent: dict[str, tuple[HeadersResult, _Sent]] = {}  # server -> its current credentials, prepared
+        self._urls: dict[str, httpx.URL] = {}
         # AAuth (aauth.py): (target, method, url, headers, body) -> the headers that sign the request
         self.sign: Callable[[Target, str, str, list[tuple[Any, bytes]], bytes | None],
                             Awaitable[list[tuple[Any, bytes]]]] | None = None
@@ -376,35 +401,63 @@ class Gateway:
         self.broker.audit.write("invalidation", **fields)
         return renewed
 
-    async def _send(self, target: Target, request: Request, forwarded: list[tuple[str, bytes]],
+    async def _send(self, target: Target, request: Request, forwarded: list[tuple[bytes, bytes]],
                     creds: HeadersResult) -> httpx.Response:
-        http = self.broker.http_for(target, gateway=True)
-        own = {name.lower() for name in creds.headers}
-        headers = [(k, v) for k, v in forwarded if k not in own]
-        try:
-            headers += [(k, v.encode("ascii")) for k, v in creds.headers.items()]
-        except UnicodeEncodeError:
-            raise UpstreamError(f"a credential of server {target.name!r} is not a valid HTTP header value "
-                                "(not ASCII): nothing was sent") from None
-        if not any(k == "accept" for k, _ in forwarded):
-            headers.append(("accept", b"text/event-stream" if request.method == "GET"
+        """One request upstream, straight to the egress transport of the server's gateway pool: no
+        client layer (its cookie jar would carry one caller's cookies to every other caller; the
+        gateway follows no redirect and adds no auth of its own)."""
+        sent = self._credentials(target, creds)
+        headers = [(k, v) for k, v in forwarded if k not in sent.names]
+        headers += sent.headers
+        if not any(k == b"accept" for k, _ in forwarded):
+            headers.append((b"accept", b"text/event-stream" if request.method == "GET"
                             else b"application/json, text/event-stream"))
-        if request.method == "POST" and not any(k == "content-type" for k, _ in forwarded):
-            headers.append(("content-type", b"application/json"))
-        headers.append(("accept-encoding", b"identity"))  # answers are inspected: not compressed
+        if request.method == "POST" and not any(k == b"content-type" for k, _ in forwarded):
+            headers.append((b"content-type", b"application/json"))
+        if not any(k == b"user-agent" for k, _ in headers):
+            headers.append((b"user-agent", _USER_AGENT))
+        headers.append((b"accept-encoding", b"identity"))  # answers are inspected: not compressed
         if target.aauth and self.sign is not None:  # signed here: the agent key never leaves the sidecar
             headers += await self.sign(target, request.method, target.endpoint, headers,
                                        request.body if request.method == "POST" else None)
-        upstream = http.build_request(request.method, target.endpoint,
-                                      headers=[(k.encode("ascii"), v) for k, v in headers],
-                                      content=request.body if request.method == "POST" else None,
-                                      timeout=UPSTREAM_TIMEOUT)
+        upstream = httpx.Request(request.method, self._url(target.endpoint), headers=headers,
+                                 content=request.body if request.method == "POST" else None,
+                                 extensions={"timeout": _UPSTREAM_TIMEOUTS})
+        transport = self.broker.gateway_transport(target)
         try:
-            return await http.send(upstream, stream=True)
+            response = await transport.handle_async_request(upstream)
         except httpx.TimeoutException:
             raise UpstreamTimeout("the MCP server did not answer in time") from None
         except httpx.HTTPError as exc:
             raise UpstreamError(f"the MCP server could not be reached ({type(exc).__name__})") from None
+        response.request = upstream
+        return response
+
+    def _credentials(self, target: Target, creds: HeadersResult) -> _Sent:
+        """The credential headers as sent and their masked forms, worked out once per login (the
+        broker serves the same `HeadersResult` while it is fresh)."""
+        cached = self._sent.get(target.name)
+        if cached is not None and cached[0] is creds:
+            return cached[1]
+        try:
+            encoded = [(k.encode("ascii"), v.encode("ascii")) for k, v in creds.headers.items()]
+        except UnicodeEncodeError:
+            raise UpstreamError(f"a credential of server {target.name!r} is not a valid HTTP header value "
+                                "(not ASCII): nothing was sent") from None
+        forms = jsonrpc.mask_forms(creds.headers.values())
+        sent = _Sent(frozenset(k.lower() for k, _ in encoded), encoded, forms)
+        if len(self._sent) >= SENT_CACHE:
+            self._sent.clear()
+        self._sent[target.name] = (creds, sent)
+        return sent
+
+    def _url(self, endpoint: str) -> httpx.URL:
+        url = self._urls.get(endpoint)
+        if url is None:
+            if len(self._urls) >= SENT_CACHE:
+                self._urls.clear()
+            url = self._urls[endpoint] = httpx.URL(endpoint)
+        return url
 
     # -- the answer
 
@@ -417,7 +470,7 @@ class Gateway:
                           for name in _RETURNED if name in response.headers)
             extra += challenge_headers(target, status, response.headers.multi_items())  # AAuth 401
             granted = request.grant.tools_of(target.name) if request.grant is not None else None
-            inspector = jsonrpc.Inspector(target.trust, jsonrpc.mask_forms(sent.headers.values()), pending,
+            inspector = jsonrpc.Inspector(target.trust, self._credentials(target, sent).forms, pending,
                                           calls.answered if calls is not None else None,
                                           lambda warnings: self._policy_warnings(target, warnings),
                                           granted=granted)
@@ -426,9 +479,11 @@ class Gateway:
             kind = ctype.partition(";")[0].strip().lower()
             if kind == "text/event-stream" and 200 <= status < 300:
                 stream = _SseBody(response, inspector, calls, target)
+                listening = request.method == "GET"  # may stay silent for long: its head goes at once
+                first = b"" if listening else await stream.first()
                 self._streams.add(stream)
                 return StreamingResponse(status, stream, content_type=ctype.encode("latin-1"),
-                                         extra_headers=extra, long_lived=request.method == "GET")
+                                         extra_headers=extra, long_lived=listening, first=first)
             body = await _read(response, MAX_JSON_ANSWER)
         except BaseException as exc:
             await response.aclose()

@@ -93,7 +93,8 @@ class StreamingResponse:
     that raises after the head was sent aborts the connection (the client sees a truncated
     answer, never a complete-looking one); one that ends is terminated cleanly.
     `long_lived` marks a listening stream (an SSE GET) that may never end: draining on stop does
-    not wait for it."""
+    not wait for it. `first`: the body's first chunk, when the producer already has it: written
+    with the head, in one write (the client reads both at once)."""
 
     status: int
     body: ResponseBody
@@ -102,6 +103,7 @@ class StreamingResponse:
     close: bool = False
     route: str = field(default="")
     long_lived: bool = False
+    first: bytes = b""
 
     def head(self, keep_alive: bool) -> bytes:
         head = _STATUS_LINES.get(self.status) or _status_line(self.status)
@@ -415,7 +417,10 @@ class HttpConnection(asyncio.Protocol):
             _release(response.body)
             return
         keep = keep_alive and not response.close
-        transport.write(response.head(keep))
+        head = response.head(keep)
+        if response.first:
+            head += b"%x\r\n%b\r\n" % (len(response.first), response.first)
+        transport.write(head)
         self.app.observe(response.route, response.status, time.perf_counter() - started)
         task = asyncio.ensure_future(self._pump(response.body))
         self.in_flight = task

@@ -1,0 +1,202 @@
+"""The gateway's upstream transport (mcpcreds.upstream.H1Transport) against a scripted raw HTTP/1.1
+server on loopback: one write per request, keep-alive reuse, every way an answer's body can end
+(Content-Length, chunked, the connection's end, a drop), bounds (the head, buffered body bytes,
+open connections) and checked request headers. The gateway's own tests run it end to end."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+
+from mcpcreds.upstream import HIGH_WATER, MAX_HEAD_BYTES, H1Transport
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+TIMEOUTS = httpx.Timeout(5.0).as_dict()
+
+
+@asynccontextmanager
+async def server(script: Script) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A loopback server running `script` per connection; yields its URL and the first bytes each
+    connection received."""
+    firsts: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await script(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def track(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        firsts.append(b"")
+        await handle(reader, writer)
+
+    srv = await asyncio.start_server(track, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/mcp", firsts
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    return head, await reader.readexactly(length)
+
+
+def request(url: str, body: bytes = b'{"jsonrpc":"2.0","id":1,"method":"ping"}',
+            headers: list[tuple[bytes, bytes]] | None = None, pool: float = 5.0) -> httpx.Request:
+    return httpx.Request("POST", url, content=body, headers=headers or [(b"accept", b"application/json")],
+                         extensions={"timeout": {**TIMEOUTS, "pool": pool}})
+
+
+async def send(transport: H1Transport, req: httpx.Request) -> tuple[int, bytes]:
+    response = await transport.handle_async_request(req)
+    try:
+        return response.status_code, b"".join([chunk async for chunk in response.aiter_bytes()])
+    finally:
+        await response.aclose()
+
+
+async def test_one_connection_serves_requests_in_turn_and_each_request_is_one_write() -> None:
+    seen: list[bytes] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head, body = await read_request(reader)
+            seen.append(head + body)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+            await writer.drain()
+
+    async with server(script) as (url, connections):
+        transport = H1Transport()
+        for i in range(3):
+            body = b'{"n":%d}' % i
+            assert await send(transport, request(url, body)) == (200, body)
+        await transport.aclose()
+    assert len(connections) == 1 and len(seen) == 3
+    assert seen[0].startswith(b"POST /mcp HTTP/1.1\r\n") and seen[0].endswith(b'\r\n\r\n{"n":0}')
+
+
+async def test_chunked_and_connection_delimited_bodies_and_an_interim_answer() -> None:
+    answers = [b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"
+               b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+               b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end"]
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while answers:
+            await read_request(reader)
+            answer = answers.pop(0)
+            writer.write(answer)
+            await writer.drain()
+            if b"close" in answer:
+                return
+
+    async with server(script) as (url, connections):
+        transport = H1Transport()
+        assert await send(transport, request(url)) == (200, b"abcde")
+        assert await send(transport, request(url)) == (200, b"until the end")
+        await transport.aclose()
+    assert len(connections) == 1 and transport.open == 0
+
+
+async def test_an_answer_cut_mid_body_is_a_read_error_and_its_connection_is_not_reused() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part")
+        await writer.drain()
+
+    async with server(script) as (url, connections):
+        transport = H1Transport()
+        with pytest.raises(httpx.ReadError):
+            await send(transport, request(url))
+        with pytest.raises(httpx.ReadError):
+            await send(transport, request(url))
+        await transport.aclose()
+    assert len(connections) == 2 and transport.open == 0
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 10) + b"\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (2 * MAX_HEAD_BYTES + HIGH_WATER),  # never ends
+    b"NOT HTTP AT ALL\r\n\r\n",
+], ids=["big", "endless", "invalid"])
+async def test_an_oversized_or_invalid_head_is_refused(answer: bytes) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+        await reader.read()
+
+    async with server(script) as (url, _):
+        transport = H1Transport()
+        with pytest.raises(httpx.RemoteProtocolError):
+            await send(transport, request(url))
+        await transport.aclose()
+
+
+@pytest.mark.parametrize("header", [(b"x-a", b"v\r\nInjected: 1"), (b"x-a", b"v\nx"), (b"x-a", b"v\x00"),
+                                    (b"x a", b"v"), (b"x:a", b"v")], ids=["crlf", "lf", "nul", "space", "colon"])
+async def test_a_header_that_could_smuggle_anything_is_never_sent(header: tuple[bytes, bytes]) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    async with server(script) as (url, connections):
+        transport = H1Transport()
+        with pytest.raises(httpx.LocalProtocolError):
+            await send(transport, request(url, headers=[header]))
+        await transport.aclose()
+    assert connections == []
+
+
+async def test_a_body_the_caller_does_not_read_is_not_buffered_past_the_high_water_mark() -> None:
+    size = 8 * 1024 * 1024
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+        for _ in range(size // 65536):
+            writer.write(b"x" * 65536)
+            await writer.drain()
+
+    async with server(script) as (url, _):
+        transport = H1Transport()
+        response = await transport.handle_async_request(request(url))
+        await asyncio.sleep(0.3)  # the server writes as fast as it can meanwhile
+        total = 0
+        async for chunk in response.aiter_raw():
+            assert len(chunk) <= HIGH_WATER + 256 * 1024  # paused past the mark: at most one more read
+            total += len(chunk)
+        await response.aclose()
+        await transport.aclose()
+    assert total == size
+
+
+async def test_past_the_connection_limit_a_request_waits_for_a_free_one() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    async with server(script) as (url, connections):
+        transport = H1Transport(limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
+        held = await transport.handle_async_request(request(url))  # its body not yet read: busy
+        with pytest.raises(httpx.PoolTimeout):
+            await transport.handle_async_request(request(url, pool=0.05))
+        waiting = asyncio.ensure_future(send(transport, request(url)))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await held.aread()
+        await held.aclose()  # its connection goes back: the waiting request takes it
+        assert await waiting == (200, b"ok")
+        await transport.aclose()
+    assert len(connections) == 1
