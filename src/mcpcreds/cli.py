@@ -420,8 +420,9 @@ def _command_word(argv: Sequence[str]) -> str | None:
 
 
 def build_parser(full: bool = True) -> argparse.ArgumentParser:
-    """The whole command line; with `full` False, without the commands defined in other modules
-    (exec, login): for a command of `LEAN_COMMANDS`, which does not need them."""
+    """The whole command line; with `full` False, without the commands defined in other modules,
+    for a command of `LEAN_COMMANDS` (run once per operation: it must start fast). A command from
+    another module is added under `if full:`, its import there too (tests/test_cli_imports.py)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
                         help="config file (default: $MCPCREDS_CONFIG, then "
@@ -452,9 +453,10 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
 
     add("serve", cmd_serve, "run the sidecar in the foreground; ready when the socket accepts")
     add("check", cmd_check, "validate the config and print every error")
-    from .units import add_parser as add_units_parser  # stdlib only
+    if full:  # not for LEAN_COMMANDS: units.py costs them ~10 ms of imports (dataclasses, shutil)
+        from .units import add_parser as add_units_parser  # stdlib only
 
-    add_units_parser(add)  # mcpcreds install-units [--user|--system] [--dest DIR] (units.py)
+        add_units_parser(add)  # mcpcreds install-units [--user|--system] [--dest DIR] (units.py)
     p = add_client("headers", cmd_headers, "print the resolved headers of a server")
     p.add_argument("name", metavar="NAME", help="server name or cache key (service:crm, mcp:docs)")
     p.add_argument("--json", action="store_true", help="print the whole answer as JSON")
