@@ -288,6 +288,22 @@ async def test_the_mcp_sdk_reaches_a_signed_server_through_the_gateway(
     assert {"@method", "@authority", "@path", "signature-key"} <= set(stats["covered"])
 
 
+async def test_the_mcp_sdk_reaches_a_signed_server_directly_with_creds_auth(
+        sidecar: SidecarProcess, peer: AAuthPeer, workdir: Path) -> None:
+    import httpx2
+
+    before = peer.stats()
+    async with AsyncClient(sidecar.socket) as creds, httpx2.AsyncClient(auth=creds.auth("signed")) as http, \
+            streamable_http_client(peer.url, http_client=http) as (read, write), \
+            ClientSession(read, write) as session:  # no gateway: the client talks to the server itself
+        await session.initialize()
+        assert (await session.call_tool("echo", {"text": "signed"})).structured_content == {"result": "signed"}
+    after = peer.stats()
+    assert after["verified"] - before["verified"] >= 3 and after["rejected"] == before["rejected"]
+    assert set(after["keys"][len(before["keys"]):]) == {public_x(workdir)}
+    assert after["digested"] - before["digested"] >= 2  # the POSTs: their body, by its digest
+
+
 async def test_aauth_false_sends_no_signature(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
     before = peer.stats()
     async with raw_client(sidecar, **RPC) as http:

@@ -470,7 +470,8 @@ class Api:
         cached = self.broker.cached_headers(target)
         if cached is not None and self.broker.limiter.try_acquire(target.key, self.broker.rate_of(target),
                                                                    cost):
-            return Response(200, b'{"granted":%d,"waited":0.0,' % cost + cached.body[1:])
+            signed = b'"aauth":true,' if target.aauth else b""  # the client then asks `sign` (auth.py)
+            return Response(200, b'{%s"granted":%d,"waited":0.0,' % (signed, cost) + cached.body[1:])
         return self._call_async(target, cost, max_wait)
 
     async def _call_async(self, target: Target, cost: int, max_wait: float) -> Response:
@@ -479,7 +480,8 @@ class Api:
         waited = await self.broker.limiter.acquire(target.key, self.broker.rate_of(target), cost, max_wait)
         if waited > 0:
             result = await self.broker.headers(target)
-        prefix = b'{"granted":%d,"waited":%s,' % (cost, repr(round(waited, 6)).encode())
+        prefix = b'{%s"granted":%d,"waited":%s,' % (b'"aauth":true,' if target.aauth else b"", cost,
+                                                     repr(round(waited, 6)).encode())
         return Response(200, prefix + result.body[1:])
 
     async def backoff(self, request: Request) -> Response:

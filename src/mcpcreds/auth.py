@@ -7,8 +7,10 @@ httpx). Two thin drivers run it, sync and async. No lock is held across any requ
 
 from __future__ import annotations
 
+import base64
 import datetime
 import email.utils
+import hashlib
 import re
 import time
 from collections.abc import AsyncGenerator, Generator
@@ -73,19 +75,32 @@ def _apply(request: Any, answer: dict[str, Any]) -> str | None:
     return fingerprint
 
 
+def _credentials(name: str, request: Any, cost: int, max_wait: float) -> Generator[Step, Any, str | None]:
+    """Permit and headers; for an AAuth server (the answer says `aauth`), the signature too: the
+    sidecar signs with its agent key, which never leaves it; the body only as its RFC 9530 digest."""
+    answer = yield Sidecar(Calls.call(name, cost, max_wait))
+    fingerprint = _apply(request, answer)
+    if answer.get("aauth") is True:
+        body = request.content
+        digest = (f"sha-256=:{base64.b64encode(hashlib.sha256(body).digest()).decode('ascii')}:"
+                  if body else None)
+        cover = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+        signed = yield Sidecar(Calls.sign(name, request.method, str(request.url), cover, digest))
+        _apply(request, signed)
+    return fingerprint
+
+
 def credential_flow(name: str, request: Any, *, cost: int = 1, max_wait: float = 30.0,
                     on_429: On429 = "wait") -> Generator[Step, Any, Any]:
     """Permit + headers, send; on a 401 drop that login and retry once; on a 429 pause the
     shared bucket and raise, wait and retry once, or return the answer (per `on_429`)."""
-    answer = yield Sidecar(Calls.call(name, cost, max_wait))
-    fingerprint = _apply(request, answer)
+    fingerprint = yield from _credentials(name, request, cost, max_wait)
     response = yield Upstream(request)
     if response.status_code == 401:
         renewed = yield Sidecar(Calls.refused(name, fingerprint))
         if not renewed:  # the same login again would be refused again: hand the 401 back
             return response
-        answer = yield Sidecar(Calls.call(name, cost, max_wait))
-        _apply(request, answer)
+        yield from _credentials(name, request, cost, max_wait)
         response = yield Upstream(request)
     if response.status_code == 429:
         retry_after = parse_retry_after(response.headers.get("retry-after"))
@@ -94,8 +109,7 @@ def credential_flow(name: str, request: Any, *, cost: int = 1, max_wait: float =
             raise RateLimited(f"{name}: the upstream answered 429; its bucket is paused for "
                               f"{retry_after:g}s", retry_after)
         if on_429 == "wait" and retry_after <= max_wait:
-            answer = yield Sidecar(Calls.call(name, cost, max_wait))  # waits out the shared pause
-            _apply(request, answer)
+            yield from _credentials(name, request, cost, max_wait)  # waits out the shared pause
             response = yield Upstream(request)
             if response.status_code == 429:  # tell the others again, then hand it to the caller
                 yield Sidecar(Calls.backoff(name, parse_retry_after(response.headers.get("retry-after"))))

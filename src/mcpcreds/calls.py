@@ -137,6 +137,15 @@ class Calls:
                     {"cost": cost, "max_wait": max_wait}, max_wait)
 
     @staticmethod
+    def sign(name: str, method: str, url: str, headers: dict[str, str],
+             content_digest: str | None) -> Call[dict[str, Any]]:
+        """AAuth: the headers that sign this request with the sidecar's agent key."""
+        body: dict[str, Any] = {"method": method, "url": url, "headers": headers}
+        if content_digest is not None:
+            body["content_digest"] = content_digest
+        return Call("POST", _server(name, "sign"), _with_headers, body)
+
+    @staticmethod
     def invalidate(name: str, fingerprint: str | None, reason: str) -> Call[bool]:
         body: dict[str, Any] = {"reason": reason}
         if fingerprint:

@@ -59,6 +59,7 @@ class State:
         self.keys: list[str] = []
         self.covered: list[str] = []
         self.schemes: Counter[str] = Counter()
+        self.digested = 0  # verified requests whose Content-Digest was covered (and matched the body)
         self.tokens_issued = 0
         self.enroll_refused = 0
         self.ttl = 300
@@ -68,7 +69,8 @@ class State:
     def snapshot(self) -> dict[str, Any]:
         return {"verified": self.verified, "rejected": dict(self.rejected), "keys": self.keys,
                 "covered": self.covered, "unsigned": self.unsigned, "schemes": dict(self.schemes),
-                "tokens_issued": self.tokens_issued, "enroll_refused": self.enroll_refused}
+                "tokens_issued": self.tokens_issued, "enroll_refused": self.enroll_refused,
+                "digested": self.digested}
 
     def token_jwk(self, token: str) -> dict[str, Any]:
         """The key an agent token binds, if the token is this provider's and unexpired."""
@@ -126,6 +128,7 @@ def build_app(state: State) -> ASGIApp:
             return exc
         state.verified += 1
         state.schemes[verified.scheme] += 1
+        state.digested += "content-digest" in verified.covered
         state.keys.append(verified.jwk["x"])
         state.covered = verified.covered
         return None
