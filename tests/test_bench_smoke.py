@@ -43,6 +43,9 @@ BENCHES = {
     "status_quo": Bench("status_quo.py", ("--processes", "1", "--seconds", "1"),
                         r"^\| token requests \(at the IdP\) \| \d+ \| \d+ \|$",
                         r"^ratio: first request with a valid token, p50 ms: mcpcreds [\d.]+ / status quo [\d.]+ = "),
+    "cli": Bench("cli_bench.py", (), r"^python[\d.]* -c pass\s+\d+\s+[\d.]+\s",
+                 r"^ratio: whole process p50 ms: mcpcreds headers bench [\d.,]+ / python[\d.]* -c pass [\d.,]+ = [\d.]+x$",
+                 (0, 1)),
     # a fuzz, not a measurement: no baseline; its summary and no failure
     "api_fuzz": Bench("api_fuzz.py", ("--seed", "1"), r"^api_fuzz: [\d,]+ cases in ", r"^failures: 0$"),
 }
