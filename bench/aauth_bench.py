@@ -1,0 +1,143 @@
+"""AAuth bench (issue 15): what signing costs.
+
+Run from the repository root (the package installed, e.g. `pip install -e .`):
+
+    python bench/aauth_bench.py              # 5,000 signatures, 2,000 requests per route
+    python bench/aauth_bench.py --quick      # a smoke run
+
+1. In the sidecar's process: `AgentKey.sign` of a typical MCP POST (1 KiB JSON body: the RFC 9530
+   digest, the signature base, Ed25519, the three headers), p50/p99 in µs; baseline in the same run,
+   the bare Ed25519 signature of a base of the same size (`cryptography`), so the ratio is what the
+   HTTP Message Signatures glue adds to the cryptography.
+2. Over the socket, one keep-alive connection, one request at a time: `POST
+   /v1/servers/signed/sign` (a digest and a header to cover) against a cached `GET
+   /v1/servers/plain/headers`, same run, same sidecar: the added latency of the sign route.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
+
+from bench import harness
+
+
+def _percentiles(samples_ns: list[int]) -> tuple[float, float]:
+    ordered = sorted(samples_ns)
+    return harness.percentile(ordered, 0.5) / 1e3, harness.percentile(ordered, 0.99) / 1e3
+
+
+def in_process(n: int) -> dict[str, Any]:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from mcpcreds import httpsig
+    from mcpcreds.aauth import AgentKey
+
+    raw = Ed25519PrivateKey.generate()
+    key = AgentKey(raw, Path("/nonexistent"))
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                       "params": {"name": "echo", "arguments": {"text": "x" * 900}}}).encode()
+    headers = [("accept", "application/json, text/event-stream"), ("content-type", "application/json"),
+               ("mcp-session-id", "0" * 32), ("mcp-protocol-version", "2025-06-18")]
+    url = "https://tools.example.com/mcp"
+    sample = key.sign("POST", url, headers, body, 1_800_000_000)
+    components = [("@method", "POST"), ("@authority", "tools.example.com"), ("@path", "/mcp"),
+                  ("signature-key", sample.signature_key), ("content-digest", sample.content_digest or "")]
+    base = httpsig.signature_base(components, sample.signature_input.partition("=")[2])  # the same size
+    glue, bare = [], []
+    for _ in range(n // 10):  # warm-up
+        key.sign("POST", url, headers, body, 1_800_000_000)
+        raw.sign(base)
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        key.sign("POST", url, headers, body, 1_800_000_000)
+        glue.append(time.perf_counter_ns() - t0)
+        t0 = time.perf_counter_ns()
+        raw.sign(base)
+        bare.append(time.perf_counter_ns() - t0)
+    (g50, g99), (b50, b99) = _percentiles(glue), _percentiles(bare)
+    return {"n": n, "sign_p50_us": round(g50, 1), "sign_p99_us": round(g99, 1),
+            "ed25519_p50_us": round(b50, 1), "ed25519_p99_us": round(b99, 1)}
+
+
+def _exchange(sock: socket.socket, request: bytes) -> None:
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise harness.BenchError("the sidecar closed the connection")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise harness.BenchError(f"unexpected answer: {head.splitlines()[0]!r}")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+
+
+def over_socket(n: int) -> dict[str, Any]:
+    digest = "sha-256=:X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=:"
+    ask = {"method": "POST", "url": "https://tools.example.com/mcp", "content_digest": digest,
+           "headers": {"content-type": "application/json"}}
+    sign_body = json.dumps(ask).encode()
+    sign = harness.request_bytes("POST", "/v1/servers/signed/sign", sign_body)
+    headers = harness.request_bytes("GET", "/v1/servers/plain/headers")
+    signed_server = '[[servers]]\nname = "signed"\nendpoint = "https://tools.example.com/mcp"\naauth = true\n'
+    plain = harness.static_server("plain", {"Authorization": "Bearer {{secret:BENCH_TOKEN}}"})
+    results: dict[str, list[int]] = {"sign": [], "headers": []}
+    env = {"BENCH_TOKEN": "bench-token-0123456789abcdef"}
+    with harness.workdir("aauth") as folder, harness.sidecar(folder, signed_server, plain, env=env) as proc, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(proc.socket))
+        for _ in range(max(20, n // 10)):  # warm-up: the key, the cache
+            _exchange(sock, sign)
+            _exchange(sock, headers)
+        for _ in range(n):  # interleaved: both see the same machine
+            for name, request in (("sign", sign), ("headers", headers)):
+                t0 = time.perf_counter_ns()
+                _exchange(sock, request)
+                results[name].append(time.perf_counter_ns() - t0)
+    (s50, s99), (h50, h99) = _percentiles(results["sign"]), _percentiles(results["headers"])
+    return {"n": n, "sign_route_p50_us": round(s50, 1), "sign_route_p99_us": round(s99, 1),
+            "headers_p50_us": round(h50, 1), "headers_p99_us": round(h99, 1)}
+
+
+def render(report: dict[str, Any]) -> str:
+    a, b = report["in_process"], report["socket"]
+    return "\n".join([
+        f"in process ({a['n']} requests: a 1 KiB MCP POST)",
+        f"  ed25519 alone      p50 {a['ed25519_p50_us']:8.1f} us   p99 {a['ed25519_p99_us']:8.1f} us",
+        f"  AAuth signature    p50 {a['sign_p50_us']:8.1f} us   p99 {a['sign_p99_us']:8.1f} us",
+        harness.ratio_line("signing p50 us", ("AAuth signature", a["sign_p50_us"]),
+                           ("ed25519 alone", a["ed25519_p50_us"])),
+        f"over the socket ({b['n']} requests each, 1 connection)",
+        f"  cached headers     p50 {b['headers_p50_us']:8.1f} us   p99 {b['headers_p99_us']:8.1f} us",
+        f"  sign route         p50 {b['sign_route_p50_us']:8.1f} us   p99 {b['sign_route_p99_us']:8.1f} us",
+        f"  added by sign      p50 {b['sign_route_p50_us'] - b['headers_p50_us']:8.1f} us",
+        harness.ratio_line("route p50 us", ("sign", b["sign_route_p50_us"]),
+                           ("cached headers", b["headers_p50_us"])),
+    ])
+
+
+def run(argv: list[str] | None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a smoke run")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    args = p.parse_args(argv)
+    n_sign, n_route = (500, 200) if args.quick else (5000, 2000)
+    report = {"machine": harness.machine(), "in_process": in_process(n_sign), "socket": over_socket(n_route)}
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(None))
