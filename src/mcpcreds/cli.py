@@ -457,6 +457,10 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
         from .units import add_parser as add_units_parser  # stdlib only
 
         add_units_parser(add)  # mcpcreds install-units [--user|--system] [--dest DIR] (units.py)
+    if full:  # not for LEAN_COMMANDS: doctor.py imports asyncio and email (~30 ms)
+        from .doctor import add_parser as add_doctor_parser  # its checks import what they need
+
+        add_doctor_parser(add_client)  # mcpcreds doctor [--json] (doctor.py)
     p = add_client("headers", cmd_headers, "print the resolved headers of a server")
     p.add_argument("name", metavar="NAME", help="server name or cache key (service:crm, mcp:docs)")
     p.add_argument("--json", action="store_true", help="print the whole answer as JSON")

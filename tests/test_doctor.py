@@ -1,0 +1,197 @@
+"""mcpcreds doctor: every check passes on a sound setup (exit 0); each broken part is a ✗ line
+with its fix (exit 1); no secret value is ever printed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from mcpcreds.config import Config, parse_config
+from mcpcreds.doctor import FAIL, PASS, Doctor, report
+from tests.conftest import CANARY, run_cli
+from tests.peers.redis_peer import RedisPeer
+from tests.sidecar_proc import run_sidecar
+
+CONFIG = """
+[sidecar]
+socket = "{socket}"
+[secrets]
+sources = ["env", "dir:{creds}"]
+[[servers]]
+name = "docs"
+endpoint = "https://docs.example.com/mcp"
+headers = {{ "X-Api-Key" = "{{{{secret:DOCS_KEY}}}}" }}
+[[servers]]
+name = "crm"
+endpoint = "https://crm.example.com/mcp"
+[servers.oauth]
+token_url = "{idp}/token"
+client_id = "agent-7"
+client_secret = "{{{{secret:CRM_CLIENT_SECRET}}}}"
+[[servers]]
+name = "notes"
+endpoint = "https://notes.example.com/mcp"
+[servers.oauth]
+issuer = "{idp}"
+client_id = "agent-8"
+client_secret = "{{{{secret:CRM_CLIENT_SECRET}}}}"
+"""
+
+
+class Idp(BaseHTTPRequestHandler):
+    """Discovery and a token endpoint that refuses anonymous requests (as real ones do)."""
+
+    def do_GET(self) -> None:
+        if self.path == "/.well-known/oauth-authorization-server":
+            base = f"http://{self.headers['Host']}"
+            self._send(200, {"issuer": base, "token_endpoint": f"{base}/token"})
+        else:
+            self._send(404, {})
+
+    def do_POST(self) -> None:
+        self._send(401, {"error": "invalid_client"})
+
+    def _send(self, status: int, body: dict[str, str]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)  # with a Date header
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def idp() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Idp)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def setup(tmp_path: Path, idp: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch) -> Path:
+    creds = tmp_path / "creds"
+    creds.mkdir(mode=0o700)
+    (creds / "CRM_CLIENT_SECRET").write_text(CANARY + "-file\n")
+    (creds / "CRM_CLIENT_SECRET").chmod(0o600)
+    config = tmp_path / "config.toml"
+    config.write_text(CONFIG.format(socket=tmp_path / "run" / "mcpcreds.sock", creds=creds,
+                                    idp=f"http://127.0.0.1:{idp.server_address[1]}"))
+    monkeypatch.setenv("DOCS_KEY", CANARY + "-env")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))  # no installed units to find
+    monkeypatch.delenv("MCPCREDS_SOCKET", raising=False)
+    return config
+
+
+def output(checks: list[object], as_json: bool = False) -> str:
+    lines: list[str] = []
+    report(checks, as_json, lines.append)  # type: ignore[arg-type]
+    return "\n".join(lines)
+
+
+def test_a_sound_setup_passes_every_check(setup: Path) -> None:
+    with run_sidecar(setup, setup.parent / "run" / "mcpcreds.sock"):
+        result = run_cli("doctor", "--config", str(setup))
+    assert result.code == 0, result.output
+    text = result.stdout
+    assert all(line.startswith(PASS) for line in text.splitlines()[:-2]), text
+    assert text.endswith("\nall checks passed\n")
+    for expected in ("✓ config:", "✓ socket folder:", "✓ socket:", "✓ sidecar: answers on",
+                     "✓ source env:", "✓ source dir:", "✓ secrets of docs: all resolve: DOCS_KEY",
+                     "✓ secrets of crm: all resolve: CRM_CLIENT_SECRET",
+                     "✓ token endpoint of crm:", "(HTTP 401 to an anonymous request)",
+                     "✓ token endpoint of notes: discovery at", "✓ clock: within",
+                     "✓ systemd units: none installed"):
+        assert expected in text, text
+    assert CANARY not in result.output
+
+
+def test_each_broken_part_is_a_cross_with_its_fix(setup: Path, idp: ThreadingHTTPServer,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DOCS_KEY")
+    (setup.parent / "run").mkdir(mode=0o700)
+    (setup.parent / "run").chmod(0o755)
+    idp.shutdown()
+    idp.server_close()  # the token endpoint and discovery: connection refused
+    doctor = Doctor(str(setup), timeout=2.0)
+    checks = doctor.run()
+    text = output(checks)  # type: ignore[arg-type]
+    assert not doctor.ok
+    assert json.loads(output(checks, as_json=True))["ok"] is False  # type: ignore[arg-type]
+    assert CANARY not in output(checks, as_json=True)  # type: ignore[arg-type]
+    for expected in (f"{FAIL} socket folder: {setup.parent / 'run'} has mode 0755, not 0700",
+                     f"{FAIL} secrets of docs: not found: DOCS_KEY (looked in: env, dir:",
+                     "fix: mcpcreds secret set DOCS_KEY",
+                     f"{FAIL} token endpoint of crm: http://127.0.0.1:",
+                     f"{FAIL} token endpoint of notes: discovery for issuer",
+                     f"{PASS} secrets of crm: all resolve"):
+        assert expected in text, text
+    assert text.count("    fix: ") == sum(1 for line in text.splitlines() if line.startswith(FAIL))
+    assert CANARY not in text
+    (setup.parent / "run").chmod(0o700)
+    stale = Doctor(str(setup), timeout=2.0)
+    assert f"{FAIL} socket: {setup.parent / 'run' / 'mcpcreds.sock'} does not exist" in output(stale.run())  # type: ignore[arg-type]
+    bad = setup.parent / "bad.toml"
+    bad.write_text("[sidecar]\nsocket = 7\n")
+    result = run_cli("doctor", "--config", str(bad))
+    assert result.code == 1 and f"{FAIL} config: " in result.stdout and "fix: mcpcreds check" in result.stdout
+
+
+def test_redis_checked_when_it_holds_the_state(redis: RedisPeer) -> None:
+    config = parse_config({"sidecar": {"state": redis.url, "state_key": "{{secret:STATE_KEY}}"},
+                           "secrets": {"sources": ["env"]}})
+    doctor = Doctor()
+    asyncio.run(doctor.check_redis(config))
+    assert doctor.ok and f"{PASS} redis: unix://" in output(doctor.checks)  # type: ignore[arg-type]
+    redis.stop()
+    down = Doctor(timeout=1.0)
+    asyncio.run(down.check_redis(config))
+    assert not down.ok and f"{FAIL} redis: unix://" in output(down.checks)  # type: ignore[arg-type]
+
+
+class SkewedIdp(Idp):
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        return formatdate(time.time() + 600, usegmt=True)  # the server's clock: 10 minutes ahead
+
+
+def login_config(token_url: str) -> Config:
+    return parse_config({"servers": [{"name": "crm", "endpoint": "https://crm.example.com/mcp",
+                                      "oauth": {"token_url": token_url, "client_id": "a",
+                                                "client_secret": "{{secret:S}}"}}]})
+
+
+def test_clock_skew_against_a_servers_date_and_a_silent_endpoint_is_bounded() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SkewedIdp)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        doctor = Doctor()
+        asyncio.run(doctor.check_login(login_config(f"http://127.0.0.1:{server.server_address[1]}/token")
+                                       .servers["crm"]))
+        doctor.check_clock()
+    finally:
+        server.shutdown()
+        server.server_close()
+    text = output(doctor.checks)  # type: ignore[arg-type]
+    assert f"{FAIL} clock: " in text and "behind 127.0.0.1" in text and "timedatectl" in text, text
+    with socket.socket() as silent:  # accepts (the backlog) but never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        hung = Doctor(timeout=0.5)
+        asyncio.run(hung.check_login(login_config(f"http://127.0.0.1:{silent.getsockname()[1]}/token")
+                                     .servers["crm"]))
+    assert f"{FAIL} token endpoint of crm: " in output(hung.checks)  # type: ignore[arg-type]
