@@ -288,3 +288,116 @@ async def test_the_device_login_polls_on_the_schedule_the_server_sets() -> None:
     text = out.getvalue()
     assert "open https://as.example/d and enter the code WXYZ-1234" in text and "dc-1" not in text
     assert "rt-123456789" not in text and "at-123456" not in text
+
+
+# -- the scope a person's login asks for (issue 20: the MCP spec's order), on recorded answers
+
+MCP = "https://mcp.example.com/tools/mcp"
+
+
+def test_the_scope_comes_from_config_then_challenge_then_resource_metadata() -> None:
+    from mcpcreds.discovery import challenge_scope, choose_scope
+
+    doc = {"resource": MCP, "scopes_supported": ["files:read", "files:write", "files:read"]}
+    assert choose_scope("mine", "theirs", doc) == "mine"
+    assert choose_scope(None, "theirs", doc) == "theirs"
+    assert choose_scope(None, None, doc) == "files:read files:write"
+    assert choose_scope(None, None, {"scopes_supported": []}) is None
+    assert choose_scope(None, None, {"scopes_supported": ['a"b']}) is None
+    assert choose_scope(None, None, {"scopes_supported": "files:read"}) is None
+    assert choose_scope(None, None, None) is None
+    header = ('Bearer error="insufficient_scope", scope="files:read  files:write", '
+              'resource_metadata="https://mcp.example.com/.well-known/oauth-protected-resource/tools/mcp"')
+    assert challenge_scope(header) == "files:read files:write"
+    assert challenge_scope('Bearer realm="x"') is None
+    assert challenge_scope('Bearer scope="a\\\\b"') is None and challenge_scope(None) is None
+
+
+def scripted(routes: dict[str, tuple[int, dict[str, str], object]]) -> httpx.AsyncClient:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        key = f"{request.method} {request.url}"
+        seen.append(key)
+        status, headers, body = routes.get(key, (404, {}, {}))
+        return httpx.Response(status, headers=headers, json=body)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    client.seen = seen  # type: ignore[attr-defined]
+    return client
+
+
+@pytest.mark.parametrize(("routes", "scope"), [
+    # the 401's challenge names the scope
+    ({f"POST {MCP}": (401, {"www-authenticate": 'Bearer scope="files:read"'}, {})}, "files:read"),
+    # none there: the resource's metadata, path-based first
+    ({f"POST {MCP}": (401, {"www-authenticate": "Bearer"}, {}),
+      "GET https://mcp.example.com/.well-known/oauth-protected-resource/tools/mcp":
+          (200, {}, {"resource": MCP, "scopes_supported": ["a", "b"]}),
+      "GET https://mcp.example.com/.well-known/oauth-protected-resource":
+          (200, {}, {"resource": "https://mcp.example.com", "scopes_supported": ["root"]})}, "a b"),
+    # then the root document of the server
+    ({"GET https://mcp.example.com/.well-known/oauth-protected-resource":
+          (200, {}, {"resource": "https://mcp.example.com", "scopes_supported": ["root"]})}, "root"),
+    # the document the challenge points at
+    ({f"POST {MCP}": (401, {"www-authenticate": 'Bearer resource_metadata="https://meta.example.com/prm"'}, {}),
+      "GET https://meta.example.com/prm": (200, {}, {"resource": MCP, "scopes_supported": ["x"]})}, "x"),
+    # metadata for another resource says nothing about this one
+    ({"GET https://mcp.example.com/.well-known/oauth-protected-resource":
+          (200, {}, {"resource": "https://mcp.example.com/to", "scopes_supported": ["root"]})}, None),
+    # nothing anywhere: no scope parameter
+    ({}, None),
+])
+async def test_the_login_scope_is_discovered(routes: dict[str, tuple[int, dict[str, str], object]],
+                                            scope: str | None) -> None:
+    from mcpcreds.discovery import Discovery
+
+    async with scripted(routes) as http:
+        assert await Discovery().login_scope(MCP, http) == scope
+
+
+async def test_a_login_without_a_configured_scope_asks_for_the_one_the_resource_names() -> None:
+    import io
+    import tomllib
+
+    from mcpcreds.login_flow import run_login
+
+    config = parse_config(tomllib.loads(f'[[servers]]\nname = "s"\nendpoint = "{MCP}"\n'
+                                        'auth = { kind = "oauth2", grant = "device", client_id = "c", '
+                                        'issuer = "https://as.example.com" }\n'))
+    meta = {"issuer": "https://as.example.com", "token_endpoint": "https://as.example.com/token",
+            "device_authorization_endpoint": "https://as.example.com/device"}
+    asked: list[dict[str, list[str]]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        url = str(request.url)
+        if url == MCP:
+            return httpx.Response(401, headers={"www-authenticate": 'Bearer scope="files:read"'})
+        if url == "https://as.example.com/.well-known/oauth-authorization-server":
+            return httpx.Response(200, json=meta)
+        if url == meta["device_authorization_endpoint"]:
+            asked.append(parse_qs(request.content.decode()))
+            return httpx.Response(200, json={"device_code": "d", "user_code": "U", "interval": 1,
+                                             "verification_uri": "https://as.example.com/d"})
+        if url == meta["token_endpoint"]:
+            return httpx.Response(200, json={"access_token": "at-1234567", "refresh_token": "rt-1234567"})
+        return httpx.Response(404)
+
+    class Store:
+        def __init__(self) -> None:
+            self.put_: list[tuple[str, StoredLogin]] = []
+
+        def get(self, key: str) -> None:
+            return None
+
+        def put(self, key: str, login: StoredLogin) -> None:
+            self.put_.append((key, login))
+
+    store = Store()
+    out = io.StringIO()
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    await run_login(config, config.servers["s"], out, open_browser=False, wait=5, store=store,  # type: ignore[arg-type]
+                    client=http)
+    assert asked == [{"scope": ["files:read"], "resource": [MCP], "client_id": ["c"]}]
+    assert f"scope (asked for by {MCP}): files:read" in out.getvalue()
+    assert store.put_ == [("mcp:s", StoredLogin("rt-1234567", "c"))]

@@ -32,6 +32,18 @@ def _well_known(url: str, name: str, *, insert: bool) -> str:
     return urlunsplit((parts.scheme, parts.netloc, new_path, "", ""))
 
 
+def _covers(resource: str, endpoint: str) -> bool:
+    """Whether metadata for `resource` speaks for `endpoint`: the same URL, or a path above it
+    on the same origin (a root document of the server)."""
+    resource, endpoint = resource.rstrip("/"), endpoint.rstrip("/")
+    return endpoint == resource or endpoint.startswith(resource + "/")
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+
+
 def metadata_urls(issuer: str) -> list[str]:
     urls = [_well_known(issuer, "oauth-authorization-server", insert=True),
             _well_known(issuer, "openid-configuration", insert=False),
@@ -67,6 +79,42 @@ def token_endpoint_from(metadata: Any, issuer: str) -> str:
         raise TokenEndpointError("authorization server metadata has no usable https token_endpoint",
                                  "invalid_metadata")
     return endpoint
+
+
+_CHALLENGE_SCOPE: Final = re.compile(r'(?:^|[\s,])scope\s*=\s*"([^"]*)"', re.IGNORECASE)
+_SCOPE_TOKEN: Final = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")  # RFC 6749 §3.3 scope-token
+MAX_SCOPE_CHARS: Final = 4096
+MAX_SCOPES: Final = 64
+
+
+def _scope_of(tokens: list[str]) -> str | None:
+    """A scope from tokens that are all valid (else None): bounded, never quoted in errors."""
+    if not tokens or len(tokens) > MAX_SCOPES or not all(_SCOPE_TOKEN.fullmatch(t) for t in tokens):
+        return None
+    scope = " ".join(dict.fromkeys(tokens))
+    return scope if len(scope) <= MAX_SCOPE_CHARS else None
+
+
+def challenge_scope(header: str | None) -> str | None:
+    """The `scope` of a Bearer challenge (RFC 6750 §3), e.g. a 401's WWW-Authenticate."""
+    if not header or len(header) > 4 * MAX_SCOPE_CHARS:
+        return None
+    match = _CHALLENGE_SCOPE.search(header)
+    return _scope_of(match.group(1).split()) if match else None
+
+
+def choose_scope(configured: str | None, challenge: str | None, resource_metadata: Any) -> str | None:
+    """The scope a person's login asks for (the MCP authorization spec's order): the configured
+    one, else the `scope` of the resource's 401 challenge, else the resource's `scopes_supported`
+    (RFC 9728), else none (no scope parameter)."""
+    if configured:
+        return configured
+    if challenge:
+        return challenge
+    supported = resource_metadata.get("scopes_supported") if isinstance(resource_metadata, dict) else None
+    if isinstance(supported, list) and all(isinstance(s, str) for s in supported):
+        return _scope_of(supported)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +210,26 @@ class Discovery:
             raise TokenEndpointError("protected-resource metadata names an unusable issuer URL",
                                      "discovery_failed")
         return issuer
+
+    async def login_scope(self, endpoint: str, http: httpx.AsyncClient) -> str | None:
+        """The scope the resource asks for, when the config names none (best effort: a resource
+        that says nothing, or cannot be reached, means no scope parameter)."""
+        try:
+            header = await self._challenge(endpoint, http)
+            if (scope := challenge_scope(header)) is not None:
+                return scope
+            named = parse_resource_metadata_header(header) if header else None
+            urls = [named] if named is not None and usable_url(named) else []
+            root = _well_known(_origin(endpoint), "oauth-protected-resource", insert=True)
+            urls += [resource_metadata_url(endpoint), root]  # path-based first, then the root
+            for url in dict.fromkeys(urls):
+                status, data = await self._get_json(url, http)
+                resource = data.get("resource") if isinstance(data, dict) else None
+                if status == 200 and isinstance(resource, str) and _covers(resource, endpoint):
+                    return choose_scope(None, None, data)
+        except (TokenEndpointError, TokenEndpointTimeout):
+            pass
+        return None
 
     async def _challenge(self, endpoint: str, http: httpx.AsyncClient) -> str | None:
         """The WWW-Authenticate header of an unauthenticated request to the MCP endpoint."""

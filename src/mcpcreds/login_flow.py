@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import sys
 import time
 import webbrowser
@@ -31,7 +32,7 @@ from .device_flow import DEVICE_GRANT, DeviceAuthorization, PollSchedule, parse_
 from .discovery import Discovery, ServerEndpoints
 from .egress import egress_client
 from .errors import InvalidRequest, McpcredsError, TokenEndpointError, TokenEndpointTimeout
-from .login_store import StoredLogin, entry_name, login_store
+from .login_store import LoginStore, StoredLogin, entry_name, login_store
 from .oauth import (
     MAX_RESPONSE_BYTES,
     TOKEN_TIMEOUT,
@@ -238,14 +239,22 @@ async def code_login(http: httpx.AsyncClient, target: Target, ends: ServerEndpoi
 # ---------------------------------------------------------------------------- login, logout
 
 
-async def run_login(config: Config, target: Target, out: TextIO, open_browser: bool, wait: float) -> None:
+async def run_login(config: Config, target: Target, out: TextIO, open_browser: bool, wait: float,
+                    store: LoginStore | None = None, client: httpx.AsyncClient | None = None) -> None:
+    """The whole login: discovery, the scope, the flow, the refresh token into `store` (the
+    configured keyring); `client` (tests) replaces the egress-checked HTTP client."""
     login = target.login
     assert login is not None
-    store = login_store(config.secrets)
+    store = store or login_store(config.secrets)
     await asyncio.to_thread(store.get, target.key)  # a keyring that fails, fails before the login
     credential = await asyncio.to_thread(_credential, config, target)
-    async with egress_client(target.egress) as http:
-        ends = await Discovery().endpoints(login, target.endpoint, http)
+    async with client or egress_client(target.egress) as http:
+        discovery = Discovery()
+        ends = await discovery.endpoints(login, target.endpoint, http)
+        if login.scope is None and (scope := await discovery.login_scope(target.endpoint, http)):
+            out.write(f"scope (asked for by {target.endpoint}): {scope}\n")
+            login = dataclasses.replace(login, scope=scope)
+            target = dataclasses.replace(target, login=login)
         if login.grant == "device":
             _, extras = await asyncio.wait_for(device_login(http, target, ends, credential, out), MAX_WAIT)
         else:
