@@ -45,6 +45,7 @@ from mcpcreds.socket_check import UntrustedSidecar
 
 NOBODY = 65534
 POLICY = EgressPolicy("broad_audited", allow_private=("127.0.0.1",))
+WORST = ep.MAX_HEADS + 2 * ep.MAX_TUNNELS + ep.MAX_SESSIONS  # descriptors, every bound reached
 WAIT = 20.0  # only ever reached when a bound is broken (then the test fails instead of hanging)
 
 
@@ -227,6 +228,44 @@ async def test_a_sessions_tunnels_close_when_it_ends(rig: Rig) -> None:
     await until(lambda: rig.proxy.counts["tunnels"] == 0 and rig.proxy.live_sessions == 0)
     status, _r, _w = await rig.request(token)
     assert status == b"HTTP/1.1 407 Proxy Authentication Required"
+
+
+async def test_the_proxys_descriptors_are_bounded_503_at_accept(rig: Rig) -> None:
+    rig.proxy.fd_budget = 3
+    _tunnel = await rig.tunnel(rig.session())  # two descriptors: the child's side and upstream
+    _reader, writer = await rig.open()
+    writer.write(b"CONNECT 127.0.0.1:1 HTTP/1.1\r\n")  # a third, still sending its head
+    await until(lambda: rig.proxy.open_fds == 3)
+    reader, _writer = await rig.open()
+    assert (await closed(reader)).startswith(b"HTTP/1.1 503 ")
+
+
+@pytest.mark.parametrize(("limits", "raised", "budget"), [
+    ((256, 1 << 20), 2 * WORST + 256, WORST),  # raised towards the hard limit: room for every bound
+    ((256, 600), 600, 300),  # raised as far as allowed, then half of it
+    ((256, 256), 256, 128),  # cannot be raised: half of it, whatever the bounds would allow
+])
+def test_the_descriptor_budget_is_a_share_of_the_limit_raised_when_needed(
+        monkeypatch: pytest.MonkeyPatch, limits: tuple[int, int], raised: int, budget: int) -> None:
+    import resource
+
+    class FakeResource:
+        RLIMIT_NOFILE = resource.RLIMIT_NOFILE
+        RLIM_INFINITY = resource.RLIM_INFINITY
+        now = limits
+
+        def getrlimit(self, which: int) -> tuple[int, int]:
+            return self.now
+
+        def setrlimit(self, which: int, value: tuple[int, int]) -> None:
+            if value[0] > self.now[1] or value[1] > self.now[1]:
+                raise ValueError("not allowed to raise maximum limit")
+            self.now = value
+
+    fake = FakeResource()
+    monkeypatch.setattr(ep, "resource", fake)
+    assert ep._fd_budget() == budget
+    assert fake.now[0] == raised
 
 
 # ---------------------------------------------------------------------------- sessions

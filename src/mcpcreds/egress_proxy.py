@@ -23,7 +23,8 @@ Bounds (against a child holding the credential, another allowed uid, or a client
 sessions in a loop): a request head is at most `MAX_HEAD` bytes (431) and must arrive within
 `HEAD_TIMEOUT` of the accept (408); at most `MAX_HEADS` connections may be sending their head at
 once (503 at accept); a session has at most `MAX_TUNNELS_PER_SESSION` tunnels (429) and the proxy
-`MAX_TUNNELS` (503); a tunnel with no byte either way for `TUNNEL_IDLE_TIMEOUT` is closed, and
+`MAX_TUNNELS` (503), and all its connections together at most half the sidecar's descriptor
+limit (503 at accept); a tunnel with no byte either way for `TUNNEL_IDLE_TIMEOUT` is closed, and
 opening one (DNS and connect, every address) has `CONNECT_TIMEOUT` in all, with at most
 `MAX_RESOLVING` name look-ups at once (they use the sidecar's worker threads). Sessions: at most
 `MAX_PENDING_SESSIONS` not yet held (429, per caller's patience) and `MAX_SESSIONS` in all (503);
@@ -38,6 +39,7 @@ import base64
 import contextlib
 import hashlib
 import os
+import resource
 import secrets
 import socket
 import stat
@@ -67,6 +69,7 @@ MAX_TUNNELS: Final = 512
 MAX_SESSIONS: Final = 1024
 MAX_PENDING_SESSIONS: Final = 64  # made but not yet held by their forwarder
 SWEEP_INTERVAL: Final = 1.0
+FD_SHARE: Final = 2  # the proxy's connections may use at most 1/FD_SHARE of the sidecar's fd limit
 USER: Final = "mcpcreds"
 _PEERCRED: Final = struct.Struct("3i")
 _HOP_HEADERS: Final = (b"proxy-authorization", b"proxy-connection", b"connection", b"keep-alive")
@@ -149,6 +152,7 @@ class EgressProxy:
         self._server: asyncio.AbstractServer | None = None
         self._created: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we bound
         self._sweeper: asyncio.Task[None] | None = None
+        self.fd_budget = _fd_budget()
 
     async def start(self, mode: int = 0o600) -> None:
         """Listen on `path`: its folder must be ours and closed to others (as the sidecar's own
@@ -248,6 +252,11 @@ class EgressProxy:
         return len(self._sessions)
 
     @property
+    def open_fds(self) -> int:
+        """File descriptors held by the proxy's connections (a tunnel holds two)."""
+        return len(self._conns) + self._tunnels
+
+    @property
     def counts(self) -> dict[str, int]:
         """Live connections by phase, and sessions (for tests and status)."""
         return {"heads": self._heads, "tunnels": self._tunnels,
@@ -264,7 +273,7 @@ class EgressProxy:
             if uid not in self.allow_uids():
                 _log.warning("egress proxy: peer refused", extra={"uid": uid, "pid": _pid})
                 return
-            if self._heads >= MAX_HEADS:
+            if self._heads >= MAX_HEADS or self.open_fds >= self.fd_budget:
                 writer.write(_status(b"503 Service Unavailable", "too many connections at once"))
                 return
             self._conns.add(conn)
@@ -502,6 +511,23 @@ def _credential(headers: list[tuple[bytes, bytes, bytes]]) -> str | None:
             return None
         return _hash(token) if user == USER and token else None
     return None
+
+
+def _fd_budget() -> int:
+    """How many descriptors the proxy's connections may hold: a share of the process's limit
+    (raised towards the hard limit if the bounds above need more), so a flood of proxy
+    connections can never starve the sidecar's own socket of descriptors."""
+    worst = MAX_HEADS + 2 * MAX_TUNNELS + MAX_SESSIONS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = FD_SHARE * worst + 256
+    if soft != resource.RLIM_INFINITY and soft < want and (hard == resource.RLIM_INFINITY or hard > soft):
+        with contextlib.suppress(ValueError, OSError):
+            soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return worst
+    return max(16, min(worst, soft // FD_SHARE))
 
 
 def _claim(path: str) -> None:
