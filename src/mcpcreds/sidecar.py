@@ -165,8 +165,12 @@ class Sidecar:
         self.notify.ready()
 
     async def _status(self) -> str:
+        try:  # shared buckets live in Redis: a STATUS= line must never stop the sidecar serving
+            buckets = await asyncio.wait_for(self.broker.buckets(), 2.0)
+        except (McpcredsError, OSError, TimeoutError):
+            buckets = []
         return status_text(len(self.config.servers) + len(self.config.services), self.broker.logins.status(),
-                           await self.broker.buckets())
+                           buckets)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -202,7 +206,7 @@ class Sidecar:
         _log.info("ready", extra={"socket": str(self.socket_path), "pid": os.getpid(),
                                   "servers": len(self.config.servers), **listening,
                                   **({"activated": "systemd"} if activated else {})})
-        self.notify.ready(await self._status())
+        self.notify.ready(await self._status() if self.notify.enabled else "")
         notifier = asyncio.create_task(keepalive(self.notify, self._status)) if self.notify.enabled else None
         try:
             await self._stop.wait()
