@@ -244,6 +244,11 @@ aauth = false
 name = "needs-token"
 endpoint = "{peer.base}/token-required/mcp"
 trust = "trusted"
+
+[[servers]]
+name = "access"
+endpoint = "{peer.base}/access/mcp"
+trust = "trusted"
 """)
     with run_sidecar(config, socket) as proc:
         yield proc
@@ -302,6 +307,23 @@ async def test_the_mcp_sdk_reaches_a_signed_server_directly_with_creds_auth(
     assert after["verified"] - before["verified"] >= 3 and after["rejected"] == before["rejected"]
     assert set(after["keys"][len(before["keys"]):]) == {public_x(workdir)}
     assert after["digested"] - before["digested"] >= 2  # the POSTs: their body, by its digest
+
+
+async def test_a_resource_access_token_is_kept_and_presented_signed(sidecar: SidecarProcess,
+                                                                    peer: AAuthPeer) -> None:
+    before = peer.stats()
+    async with raw_client(sidecar, **RPC) as http:
+        first = await http.post("/mcp/access", json=INIT)
+    assert first.status_code == 200 and "aauth-access" not in first.headers  # kept in the sidecar
+    async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("access") as http2, \
+            streamable_http_client(creds.mcp_url("access"), http_client=http2) as (read, write), \
+            ClientSession(read, write) as session:
+        await session.initialize()
+        assert {t.name for t in (await session.list_tools()).tools} == {"echo", "add"}
+    after = peer.stats()
+    assert after["access_issued"] - before["access_issued"] == 1  # one token, then presented
+    assert after["access_presented"] - before["access_presented"] >= 3
+    assert "authorization" in after["covered"] and not after["rejected"]
 
 
 async def test_aauth_false_sends_no_signature(sidecar: SidecarProcess, peer: AAuthPeer) -> None:

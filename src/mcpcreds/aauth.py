@@ -241,6 +241,8 @@ class AAuthSigner:
         self._token: tuple[str, float, float] | None = None  # (agent token, issued at, expires at)
         self._fetching: asyncio.Task[str] | None = None
         self._http: httpx.AsyncClient | None = None
+        self._access: dict[str, str] = {}  # server -> the AAuth-Access token its resource gave (memory only)
+        self._warned: set[tuple[str, str]] = set()
 
     def start(self) -> None:
         """Load (or create) the key if any server signs: a refused key file fails the start."""
@@ -374,13 +376,41 @@ class AAuthSigner:
         as_bytes = any(isinstance(k, bytes) for k, _ in headers)
         lines = [(k.decode("latin-1") if isinstance(k, bytes) else k, v.decode("latin-1"))
                  for k, v in headers]
+        added: list[tuple[str, str]] = []
+        access = self._access.get(target.name)
+        if access is not None and not any(k.lower() == "authorization" for k, _ in lines):
+            added.append(("authorization", f"AAuth {access}"))  # the resource's token, covered below
+            lines += added
         try:
             token = await self.agent_token()
             signed = self.key.sign(method, url, lines, body, int(self.clock()), token=token)
         except httpsig.SignatureError as exc:
             raise InvalidRequest(f"the request to server {target.name!r} cannot be signed: {exc}") from None
         return [(name.lower().encode("ascii") if as_bytes else name.lower(), value.encode("ascii"))
-                for name, value in signed.headers().items()]
+                for name, value in [*added, *signed.headers().items()]]
+
+    def answered(self, target: Target, status: int,
+                 headers: Iterable[tuple[str, str]]) -> tuple[tuple[bytes, bytes], ...]:
+        """What a signed server's answer tells the gateway: an `AAuth-Access` token is kept for that
+        server (presented as `Authorization: AAuth <token>` from then on, in memory only); a 401
+        drops it and is passed on with its challenge, logged once naming what the resource wants."""
+        lines = list(headers)
+        given = next((v.strip() for k, v in lines if k.lower() == "aauth-access"), None)
+        if given and len(given) <= 16384 and all("!" <= ch <= "~" for ch in given):
+            if self._access.get(target.name) != given:
+                REDACTOR.add(given, owner=f"aauth:access:{target.name}")
+                self._access[target.name] = given
+                _log.info("aauth access token kept", extra={"server": target.name})
+        elif status == 401:
+            self._access.pop(target.name, None)
+            wants = next((v for k, v in lines if k.lower() == "www-authenticate"), "")
+            if wants.lower().startswith("aauth") and (target.name, wants) not in self._warned \
+                    and len(self._warned) < 1024:
+                self._warned.add((target.name, wants))
+                _log.warning("aauth: the resource asks for what the sidecar cannot obtain (a token from a "
+                             "person or access server); its 401 is passed on",
+                             extra={"server": target.name, "challenge": wants[:256]})
+        return challenge_headers(target, status, lines)
 
     # -- POST /v1/servers/{name}/sign
 

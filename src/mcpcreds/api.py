@@ -162,6 +162,7 @@ class Api:
         self.aauth = AAuthSigner(broker.config, broker.clock.time,  # the agent key (aauth.py)
                                  lambda template: self.broker.resolver.render(template))
         self.gateway.sign = self.aauth.gateway_headers
+        self.gateway.aauth_answer = self.aauth.answered
         self._fixed: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "/v1/health"): ("health", self.health),
             ("GET", "/v1/servers"): ("servers", self.servers),

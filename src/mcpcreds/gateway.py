@@ -46,7 +46,6 @@ from typing import Any, Final
 import httpx
 
 from . import jsonrpc
-from .aauth import challenge_headers
 from .auth import parse_retry_after
 from .broker import Actor, Broker, HeadersResult
 from .config import Target
@@ -258,6 +257,9 @@ class Gateway:
         # AAuth (aauth.py): (target, method, url, headers, body) -> the headers that sign the request
         self.sign: Callable[[Target, str, str, list[tuple[Any, bytes]], bytes | None],
                             Awaitable[list[tuple[Any, bytes]]]] | None = None
+        # ... and (target, status, headers) -> the headers of a signed server's answer to pass on
+        self.aauth_answer: Callable[[Target, int, list[tuple[str, str]]],
+                                    tuple[tuple[bytes, bytes], ...]] | None = None
 
     # -- entry points
 
@@ -468,7 +470,8 @@ class Gateway:
             ctype = response.headers.get("content-type", "")
             extra = tuple((name.title().encode(), response.headers[name].encode("latin-1"))
                           for name in _RETURNED if name in response.headers)
-            extra += challenge_headers(target, status, response.headers.multi_items())  # AAuth 401
+            if target.aauth and self.aauth_answer is not None:  # AAuth-Access kept, a 401's challenge on
+                extra += self.aauth_answer(target, status, response.headers.multi_items())
             granted = request.grant.tools_of(target.name) if request.grant is not None else None
             inspector = jsonrpc.Inspector(target.trust, self._credentials(target, sent).forms, pending,
                                           calls.answered if calls is not None else None,

@@ -10,6 +10,10 @@ admits only requests signed as AAuth profiles HTTP Message Signatures, checked b
   "covered": [the components of the last verified request], "unsigned": requests with no signature}.
 - `POST /_test/check`: {"method", "url", "headers": [[name, value], ...], "body": "<text>"} -> the
   verification of a request a test signed elsewhere (for the `sign` route): {"ok"} or {"error"}.
+- `/access/mcp`: a verified request without `Authorization` is served and its answer carries
+  `AAuth-Access: access-N` (a resource token); later ones must present `Authorization: AAuth
+  access-N` (covered by the signature: the verifier demands it), an unknown one gets 401. Stats:
+  "access_issued", "access_presented".
 - An Agent Provider under `/provider` (issuer `<base>/provider`, built on joserfc):
   `/.well-known/aauth-agent.json` (issuer, jwks_uri, registration_endpoint), `/provider/jwks`, and
   `POST /provider/register`: a request signed with `sig=hwk` (verified as above) that carries
@@ -46,7 +50,7 @@ from tests.peers.process import read_log, ready_process
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
-    from starlette.types import ASGIApp, Receive, Scope, Send
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,6 +64,9 @@ class State:
         self.covered: list[str] = []
         self.schemes: Counter[str] = Counter()
         self.digested = 0  # verified requests whose Content-Digest was covered (and matched the body)
+        self.access_tokens: set[str] = set()
+        self.access_issued = 0
+        self.access_presented = 0
         self.tokens_issued = 0
         self.enroll_refused = 0
         self.ttl = 300
@@ -70,7 +77,8 @@ class State:
         return {"verified": self.verified, "rejected": dict(self.rejected), "keys": self.keys,
                 "covered": self.covered, "unsigned": self.unsigned, "schemes": dict(self.schemes),
                 "tokens_issued": self.tokens_issued, "enroll_refused": self.enroll_refused,
-                "digested": self.digested}
+                "digested": self.digested, "access_issued": self.access_issued,
+                "access_presented": self.access_presented}
 
     def token_jwk(self, token: str) -> dict[str, Any]:
         """The key an agent token binds, if the token is this provider's and unexpired."""
@@ -191,6 +199,26 @@ def build_app(state: State) -> ASGIApp:
             await send_json(send, 401, {"error": "auth_token_required"}, [
                 (b"www-authenticate", b'AAuth requirement=auth-token; resource="aauth-peer"')])
             return
+        if path == "/access/mcp":
+            auth = dict((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]).get(
+                "authorization")
+            if auth is None:
+                state.access_issued += 1
+                token = f"access-{state.access_issued}-{os.urandom(8).hex()}"
+                state.access_tokens.add(token)
+                inner = send
+
+                async def send(message: Message) -> None:  # the answer carries the resource's token
+                    if message["type"] == "http.response.start":
+                        message = {**message, "headers": [*message.get("headers", []),
+                                                          (b"aauth-access", token.encode())]}
+                    await inner(message)
+            elif auth.removeprefix("AAuth ") in state.access_tokens:
+                state.access_presented += 1
+            else:
+                await send_json(send, 401, {"error": "invalid_access_token"},
+                                [(b"www-authenticate", b"AAuth requirement=access-token")])
+                return
         await mcp_app({**scope, "path": "/mcp"} if path.endswith("/mcp") else scope, receive, send)
 
     return app
