@@ -401,3 +401,20 @@ async def test_a_login_without_a_configured_scope_asks_for_the_one_the_resource_
     assert asked == [{"scope": ["files:read"], "resource": [MCP], "client_id": ["c"]}]
     assert f"scope (asked for by {MCP}): files:read" in out.getvalue()
     assert store.put_ == [("mcp:s", StoredLogin("rt-1234567", "c"))]
+
+
+def test_a_login_with_no_sidecar_running_says_it_will_be_used_at_start(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+    import tomllib
+
+    from mcpcreds.login_flow import _tell_sidecar
+
+    config = tmp_path / "c.toml"
+    config.write_text(BASE + 'auth = { kind = "oauth2", grant = "device", issuer = "https://as.example", '
+                             'client_id = "c" }\n')
+    target = parse_config(tomllib.loads(config.read_text())).servers["s"]
+    (tmp_path / "run").mkdir(mode=0o700)
+    _tell_sidecar(argparse.Namespace(config=str(config), socket=str(tmp_path / "run" / "none.sock")), target,
+                  logout=False)
+    assert capsys.readouterr().err == "no sidecar is running: it will use the login when it starts\n"

@@ -309,7 +309,13 @@ def _tell_sidecar(args: argparse.Namespace, target: Target, logout: bool) -> Non
                 client.request("POST", f"/v1/servers/{target.name}/invalidate", json={"reason": "logout"})
             else:
                 client.secret_rotated(entry_name(target.key))
-    except (SidecarUnavailable, UnknownSecret):
+    except SidecarUnavailable as exc:
+        if exc.code == "sidecar_unavailable" and type(exc) is SidecarUnavailable:
+            print("no sidecar is running: it will use the login when it starts", file=sys.stderr)
+        else:  # a socket that is not the sidecar's: nothing was sent
+            print(f"mcpcreds: the sidecar was not told: {exc.message}", file=sys.stderr)
+        return
+    except UnknownSecret:
         return
     except McpcredsError as exc:
         print(f"mcpcreds: the sidecar was told, and answered {exc.code}", file=sys.stderr)
