@@ -94,6 +94,41 @@ def test_command_imports_no_heavy_module(sidecar: SidecarProcess, command: str, 
     assert "mcpcreds.cli" in modules and "mcpcreds.client" in modules  # the report is read right
     assert sorted(m for m in modules if m in HEAVY or m.split(".")[0] in HEAVY) == []
     assert sorted(m for m in modules if m.split(".")[0] == "mcpcreds" and m not in LEAN_MODULES) == []
+    if command in ("token", "headers"):  # their simple form is parsed without argparse
+        assert "argparse" not in modules
+
+
+SIMPLE_FORMS = [
+    ["token", "docs"], ["headers", "docs"], ["headers", "docs", "--json"], ["headers", "--json", "docs"],
+    ["--config", "c.toml", "token", "docs"], ["token", "docs", "--config=c.toml"],
+    ["token", "docs", "--socket", "s.sock"], ["headers", "--socket=s.sock", "docs", "--config", "c.toml"],
+    ["--socket", "s.sock", "token", "docs"], ["token", "--json", "docs"], ["token", "docs", "--json"],
+    ["token"], ["token", "a", "b"],
+    ["token", "-h"], ["token", "docs", "--config"], ["token", "docs", "--config", "a", "--config", "b"],
+    ["token", "docs", "--socket="], ["token", "--", "-docs"], ["token", "-docs"], ["headers", "docs", "--jso"],
+    ["token", "docs", "--conf", "c.toml"], ["status"], ["acquire", "docs"], ["--version"], [],
+    ["token", "service:crm"], ["headers", "mcp:docs", "--json", "--json"],
+]
+
+
+@pytest.mark.parametrize("argv", SIMPLE_FORMS, ids=" ".join)
+def test_the_simple_form_parses_as_argparse_does(argv: list[str]) -> None:
+    """`token NAME` / `headers NAME [--json]` skip argparse: what they accept, argparse accepts
+    alike; anything else is left to argparse (None)."""
+    from mcpcreds.cli import _simple_form, build_parser
+
+    simple = _simple_form(argv)
+    try:
+        parsed = build_parser().parse_args(argv)
+    except SystemExit:
+        assert simple is None
+        return
+    if simple is None:
+        return  # argparse's own: fine, only slower
+    assert (simple.command, simple.name, simple.handler) == (parsed.command, parsed.name, parsed.handler)
+    assert simple.json == getattr(parsed, "json", False)
+    for option in ("config", "socket"):
+        assert getattr(simple, option, None) == getattr(parsed, option, None)
 
 
 def test_import_mcpcreds_is_light_and_public_names_still_work() -> None:

@@ -9,12 +9,12 @@ when one of those commands, or --help, is asked for.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import getpass
 import json
 import sys
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TextIO
 
 from . import __version__
@@ -35,6 +35,8 @@ from .errors import (
 from .socket_check import UntrustedSidecar
 
 if TYPE_CHECKING:
+    import argparse  # imported by build_parser: `token NAME` and `headers NAME` run without it
+
     from .config import Config, SecretsConfig
     from .sources import KeyringSource
 
@@ -46,7 +48,7 @@ EXIT_RATE_LIMITED = 75
 EXIT_FORBIDDEN = 77
 MAX_NAME = 256  # a server name or cache key on the command line
 
-Handler = Callable[[argparse.Namespace], int]
+Handler = Callable[["argparse.Namespace"], int]
 
 
 def exit_code_for(exc: McpcredsError) -> int:
@@ -419,10 +421,44 @@ def _command_word(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _simple_form(argv: Sequence[str]) -> SimpleNamespace | None:
+    """`token NAME` and `headers NAME [--json]`, with `--config PATH` before or after the command
+    and `--socket PATH` after it (or `--opt=PATH`), parsed without argparse: its import and parser
+    cost these commands a few ms each time. None for anything else (help, another form, an
+    option given twice...), which `build_parser` then parses as ever."""
+    words = list(argv)
+    options: dict[str, str] = {}
+    rest: list[str] = []
+    while words:
+        word = words.pop(0)
+        option, eq, value = word.partition("=")
+        if option in ("--config", "--socket"):
+            if option == "--socket" and not rest:
+                return None  # argparse takes --socket after the command only
+            if not eq:
+                if not words:
+                    return None
+                value = words.pop(0)
+            if option[2:] in options or not value:
+                return None
+            options[option[2:]] = value
+        else:
+            rest.append(word)
+    as_json = rest[2:] == ["--json"]
+    if len(rest) != 2 + as_json or rest[0] not in ("token", "headers") or (as_json and rest[0] != "headers"):
+        return None
+    if not rest[1] or rest[1].startswith("-"):
+        return None
+    handler = cmd_token if rest[0] == "token" else cmd_headers
+    return SimpleNamespace(command=rest[0], name=rest[1], json=as_json, handler=handler, **options)
+
+
 def build_parser(full: bool = True) -> argparse.ArgumentParser:
     """The whole command line; with `full` False, without the commands defined in other modules,
     for a command of `LEAN_COMMANDS` (run once per operation: it must start fast). A command from
     another module is added under `if full:`, its import there too (tests/test_cli_imports.py)."""
+    import argparse
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
                         help="config file (default: $MCPCREDS_CONFIG, then "
@@ -543,8 +579,10 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(full=_command_word(words) not in LEAN_COMMANDS)
-    args = parser.parse_args(words)
+    args: Any = _simple_form(words)
+    if args is None:
+        parser = build_parser(full=_command_word(words) not in LEAN_COMMANDS)
+        args = parser.parse_args(words)
     try:
         return int(args.handler(args))
     except ConfigError as exc:
