@@ -108,6 +108,8 @@ def test_the_answer_is_parsed_and_bounded() -> None:
     device_answer(interval="soon"), device_answer(interval=-1), device_answer(expires_in=True),
     device_answer(user_code=None), device_answer(verification_uri="javascript:alert(1)"),
     device_answer(device_code="a b"), b"[1]", b"not json",
+    device_answer(user_code="\x1b[2J\x1b[31mPAY-NOW"),  # no terminal escapes reach the person's screen
+    device_answer(verification_uri="https://as.example/\u202edevice"),
 ])
 def test_a_malformed_answer_is_refused_without_quoting_it(body: bytes) -> None:
     with pytest.raises(TokenEndpointError) as info:
@@ -418,3 +420,34 @@ def test_a_login_with_no_sidecar_running_says_it_will_be_used_at_start(
     _tell_sidecar(argparse.Namespace(config=str(config), socket=str(tmp_path / "run" / "none.sock")), target,
                   logout=False)
     assert capsys.readouterr().err == "no sidecar is running: it will use the login when it starts\n"
+
+
+async def test_the_listener_drops_an_oversized_head_and_keeps_waiting() -> None:
+    listener = LoopbackListener()
+    port = await listener.start()
+    listener.expect(lambda query: query)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /callback?" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n")
+    await writer.drain()
+    assert await reader.read() == b""  # closed, unanswered
+    writer.close()
+    assert listener.result is not None and not listener.result.done()
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(f"http://127.0.0.1:{port}/callback?code=a")).status_code == 200
+    assert await listener.result == "code=a"
+
+
+async def test_an_endless_answer_of_the_server_is_cut_off() -> None:
+    from mcpcreds.login_flow import _post_form
+
+    async def endless(request: httpx.Request) -> httpx.Response:
+        async def body():  # type: ignore[no-untyped-def]
+            while True:
+                yield b"x" * 65536
+
+        return httpx.Response(200, content=body())
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(endless)) as http:
+        with pytest.raises(TokenEndpointError) as info:
+            await _post_form(http, "https://as.example/device", {}, "")
+    assert info.value.error == "response_too_large"
