@@ -18,6 +18,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -560,3 +561,67 @@ async def test_with_a_provider_requests_carry_the_agent_token(jwt_sidecar: Sidec
     assert peer.check("GET", peer.url, [("host", peer.base.removeprefix("http://")),
                                         *signed["headers"].items()], "") == {"ok": True}
     assert ENROLL not in jwt_sidecar.log and CANARY not in jwt_sidecar.log
+
+
+def provider_signer(tmp_path: Path, enroll: dict[str, Any] | str, handler: Any) -> AAuthSigner:
+    config = parse_config({"sidecar": {"socket": str(tmp_path / "s.sock")},
+                           "aauth": {"provider": ISSUER, "key_file": str(tmp_path / "agent.key"), "enroll": enroll}})
+    signer = AAuthSigner(config, time.time, render=lambda template: "enroll-secret")
+    signer._http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return signer
+
+
+def provider(issuer: str = ISSUER, register: Any = None) -> tuple[list[httpx.Request], Any]:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/.well-known/aauth-agent.json":
+            return httpx.Response(200, json={"issuer": issuer, "jwks_uri": f"{ISSUER}/jwks",
+                                             "registration_endpoint": f"{ISSUER}/register"})
+        if request.url.path == "/jwks":
+            return httpx.Response(200, json={"keys": [PROVIDER_KEY.as_dict(private=False)]})
+        return register(request)
+
+    return seen, handler
+
+
+async def test_enrollment_sends_the_token_or_the_assertion_signed_by_the_key(tmp_path: Path) -> None:
+    def issue(request: httpx.Request) -> httpx.Response:
+        jwk = {"kty": "OKP", "crv": "Ed25519", "alg": "Ed25519",
+               "x": request.headers["signature-key"].split('x="')[1].split('"')[0]}
+        token = agent_token({"iss": ISSUER, "exp": int(time.time()) + 300, "cnf": {"jwk": jwk}})
+        return httpx.Response(200, json={"agent_token": token})
+
+    seen, handler = provider(register=issue)
+    signer = provider_signer(tmp_path, {"token": "{{secret:ENROLL}}"}, handler)
+    token = await signer.agent_token()
+    register = seen[-1]
+    assert register.headers["authorization"] == "Bearer enroll-secret"
+    lines = list(register.headers.multi_items())
+    verified = verify("POST", str(register.url), lines, register.content, time.time())
+    assert "authorization" in verified.covered and verified.scheme == "hwk"  # the key proves itself
+    assert await signer.agent_token() == token and len(seen) == 3  # held: no second enrollment
+    assertion = tmp_path / "sa-token"
+    assertion.write_text("eyJfederated.assertion.x\n")
+    seen, handler = provider(register=issue)
+    signer = provider_signer(tmp_path, {"assertion_file": str(assertion)}, handler)
+    await signer.agent_token()
+    assert json.loads(seen[-1].content) == {"assertion": "eyJfederated.assertion.x"}
+    assert "authorization" not in seen[-1].headers
+
+
+@pytest.mark.parametrize(("issuer", "register", "error"), [
+    ("https://evil.example", None, "the provider metadata's issuer is not the configured provider"),
+    (ISSUER, lambda r: httpx.Response(403, json={"error": "enrollment_refused"}),
+     "the agent token request was answered HTTP 403"),
+    (ISSUER, lambda r: httpx.Response(200, json={"token_type": "none"}), "the provider's answer holds no agent_token"),
+], ids=["issuer-mismatch", "refused", "no-token"])
+async def test_a_provider_that_fails_is_an_error_naming_what(tmp_path: Path, issuer: str, register: Any,
+                                                              error: str) -> None:
+    _, handler = provider(issuer, register)
+    signer = provider_signer(tmp_path, {"token": "{{secret:ENROLL}}"}, handler)
+    with pytest.raises(AgentTokenError) as info:
+        await signer.agent_token()
+    assert info.value.message == f"aauth: {error}" and info.value.status == 502
+    assert "enroll-secret" not in str(info.value)
