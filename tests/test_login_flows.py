@@ -451,3 +451,56 @@ async def test_an_endless_answer_of_the_server_is_cut_off() -> None:
         with pytest.raises(TokenEndpointError) as info:
             await _post_form(http, "https://as.example/device", {}, "")
     assert info.value.error == "response_too_large"
+
+
+# -- a server without protected-resource metadata (the 2025-03-26 MCP spec's fallback)
+
+ORIGIN_META = {"issuer": "https://mcp.example.com", "token_endpoint": "https://mcp.example.com/oauth/token",
+               "authorization_endpoint": "https://mcp.example.com/oauth/authorize",
+               "device_authorization_endpoint": "https://mcp.example.com/oauth/device"}
+
+
+def person(grant: str = "device", **kw: object) -> object:
+    from mcpcreds.config import LoginSpec
+
+    base: dict[str, object] = dict(grant=grant, client_id="c", client_secret=None, private_key=None,
+                                   auth_method="none", token_url=None, issuer=None, scope=None,
+                                   resource=MCP, audience=None)
+    base.update(kw)
+    return LoginSpec(**base)  # type: ignore[arg-type]
+
+
+async def test_without_resource_metadata_a_person_login_uses_the_servers_origin() -> None:
+    from mcpcreds.discovery import Discovery, ServerEndpoints
+
+    routes: dict[str, tuple[int, dict[str, str], object]] = {
+        "GET https://mcp.example.com/.well-known/oauth-authorization-server": (200, {}, ORIGIN_META)}
+    async with scripted(routes) as http:
+        discovery = Discovery()
+        found = await discovery.endpoints(person(), MCP, http)  # type: ignore[arg-type]
+        assert found == ServerEndpoints("https://mcp.example.com", ORIGIN_META["token_endpoint"],
+                                        ORIGIN_META["device_authorization_endpoint"],
+                                        ORIGIN_META["authorization_endpoint"], None)
+        assert discovery.issuers[MCP] == "https://mcp.example.com"
+        # the sidecar's refresh finds the same token endpoint
+        assert await Discovery().token_url(person(), MCP, http) == ORIGIN_META["token_endpoint"]  # type: ignore[arg-type]
+    async with scripted({}) as http:  # no metadata at all: the default paths
+        found = await Discovery().endpoints(person("authorization_code"), MCP, http)  # type: ignore[arg-type]
+        assert (found.authorization, found.token) == ("https://mcp.example.com/authorize",
+                                                      "https://mcp.example.com/token")
+
+
+async def test_the_fallback_is_for_person_logins_and_missing_metadata_only() -> None:
+    from mcpcreds.discovery import Discovery
+
+    routes: dict[str, tuple[int, dict[str, str], object]] = {
+        "GET https://mcp.example.com/.well-known/oauth-authorization-server": (200, {}, ORIGIN_META)}
+    async with scripted(routes) as http:  # a client secret goes only where metadata points
+        with pytest.raises(TokenEndpointError, match="publishes no protected-resource metadata"):
+            await Discovery().token_url(person("client_credentials", auth_method="client_secret_basic"),  # type: ignore[arg-type]
+                                        MCP, http)
+    routes["GET https://mcp.example.com/.well-known/oauth-protected-resource/tools/mcp"] = (
+        200, {}, {"resource": "https://other.example.com/mcp", "authorization_servers": ["https://as.example"]})
+    async with scripted(routes) as http:  # metadata for another resource is refused, not worked around
+        with pytest.raises(TokenEndpointError, match="is for another resource"):
+            await Discovery().endpoints(person(), MCP, http)  # type: ignore[arg-type]

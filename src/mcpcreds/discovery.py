@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from .config import LoginSpec, check_url
+from .config import LOGIN_GRANTS, LoginSpec, check_url
 from .errors import TokenEndpointError, TokenEndpointTimeout
 from .logs import get_logger
 
@@ -117,6 +117,10 @@ def choose_scope(configured: str | None, challenge: str | None, resource_metadat
     return None
 
 
+class NoResourceMetadata(TokenEndpointError):
+    """The MCP server publishes no protected-resource metadata (RFC 9728) at all."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServerEndpoints:
     """What a login needs of the authorization server (RFC 8414 / OpenID metadata)."""
@@ -151,7 +155,14 @@ class Discovery:
         cache_key = (login.client_id, login.issuer, endpoint)
         if (known := self._token_urls.get(cache_key)) is not None:
             return known
-        issuer = login.issuer or self.issuers.get(endpoint) or await self.issuer_for(endpoint, http)
+        try:
+            issuer = login.issuer or self.issuers.get(endpoint) or await self.issuer_for(endpoint, http)
+        except NoResourceMetadata:
+            if login.grant not in LOGIN_GRANTS:  # a client secret goes only where metadata points
+                raise
+            url = (await self.legacy_endpoints(endpoint, http)).token
+            self._token_urls[cache_key] = url
+            return url
         url = await self.from_issuer(issuer, http)
         self.issuers.setdefault(endpoint, issuer)
         self._token_urls[cache_key] = url
@@ -176,13 +187,37 @@ class Discovery:
 
     async def endpoints(self, login: LoginSpec, endpoint: str, http: httpx.AsyncClient) -> ServerEndpoints:
         """Every endpoint a person's login uses: from the configured issuer, else the one the
-        resource's metadata names; a configured token_url wins over the metadata's."""
-        issuer = login.issuer or self.issuers.get(endpoint) or await self.issuer_for(endpoint, http)
-        found = endpoints_from(await self.metadata(issuer, http), issuer)
-        self.issuers.setdefault(endpoint, issuer)
+        resource's metadata names, else (a server without protected-resource metadata, as the
+        2025-03-26 MCP spec allowed) the MCP server's origin; a configured token_url wins over
+        the metadata's."""
+        try:
+            issuer = login.issuer or self.issuers.get(endpoint) or await self.issuer_for(endpoint, http)
+        except NoResourceMetadata:
+            found = await self.legacy_endpoints(endpoint, http)
+        else:
+            found = endpoints_from(await self.metadata(issuer, http), issuer)
+            self.issuers.setdefault(endpoint, issuer)
         if login.token_url:
+            issuer = found.issuer
             found = ServerEndpoints(issuer, login.token_url, found.device_authorization,
                                     found.authorization, found.revocation)
+        return found
+
+    async def legacy_endpoints(self, endpoint: str, http: httpx.AsyncClient) -> ServerEndpoints:
+        """The 2025-03-26 MCP spec's fallback for a server that publishes no protected-resource
+        metadata: the authorization server is at the MCP server's origin, found by its metadata
+        (RFC 8414, then OpenID), else at the default paths /authorize and /token."""
+        origin = _origin(endpoint)
+        for url in metadata_urls(origin):
+            status, data = await self._get_json(url, http)
+            if status == 200:
+                found = endpoints_from(data, origin)
+                self.issuers.setdefault(endpoint, origin)
+                break
+        else:
+            found = ServerEndpoints(origin, origin + "/token", None, origin + "/authorize", None)
+        _log.info("no protected-resource metadata: the authorization server is the MCP server's origin",
+                  extra={"issuer": origin, "token_url": found.token})
         return found
 
     async def issuer_for(self, endpoint: str, http: httpx.AsyncClient) -> str:
@@ -192,7 +227,7 @@ class Discovery:
             header = await self._challenge(endpoint, http)
             url = parse_resource_metadata_header(header) if header else None
             if url is None or not usable_url(url):
-                raise TokenEndpointError(
+                raise NoResourceMetadata(
                     f"{endpoint} publishes no protected-resource metadata; set oauth.token_url or "
                     "oauth.issuer", "discovery_failed")
             status, data = await self._get_json(url, http)
