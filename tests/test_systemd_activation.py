@@ -34,9 +34,10 @@ TIMEOUT = 20.0
 
 
 @contextmanager
-def activate(tmp_path: Path, listen: Path, configured: Path, *flags: str) -> Iterator[subprocess.Popen[str]]:
+def activate(tmp_path: Path, listen: Path, configured: Path, *flags: str,
+             extra: str = "") -> Iterator[subprocess.Popen[str]]:
     config = tmp_path / "config.toml"
-    config.write_text(CONFIG.format(socket=configured))
+    config.write_text(CONFIG.format(socket=configured) + extra)
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = {**os.environ, "DOCS_KEY": "activation-test-key",
            "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
@@ -46,8 +47,10 @@ def activate(tmp_path: Path, listen: Path, configured: Path, *flags: str) -> Ite
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stderr is not None
+        listening = 0
         for line in proc.stderr:  # systemd-socket-activate says when it listens (no polling)
-            if line.startswith("Listening on"):
+            listening += line.startswith("Listening on")
+            if listening == sum(1 for f in flags if f == "-l") + 1:
                 break
         else:
             raise AssertionError(f"systemd-socket-activate exited ({proc.wait()})")
@@ -145,3 +148,32 @@ def test_a_connected_or_non_socket_fd_is_refused(tmp_path: Path) -> None:
         right.close()
         os.close(read_end)
         os.close(write_end)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_the_gateway_tcp_socket_is_taken_too(tmp_path: Path) -> None:
+    path = run_dir(tmp_path) / "mcpcreds.sock"
+    port = free_port()
+    with activate(tmp_path, path, path, "-l", f"127.0.0.1:{port}",
+                  extra=f'[gateway]\nlisten = "127.0.0.1:{port}"\n') as proc:
+        assert get(path, "/v1/health")[0] == "HTTP/1.1 200 OK"
+        ready = wait_for(proc, "ready")
+        assert ready["gateway_listen"] == f"127.0.0.1:{port}" and ready["activated"] == "systemd"
+        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as client:
+            client.sendall(f"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                           "Connection: close\r\n\r\n".encode())
+            assert client.recv(65536).startswith(b"HTTP/1.1 200 OK")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(TIMEOUT) == 0
+    # a TCP socket the config does not listen on is refused, not served silently
+    with activate(tmp_path, path, path, "-l", f"127.0.0.1:{port}") as proc:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(path))
+            assert proc.wait(TIMEOUT) != 0
+        assert proc.stderr is not None
+        assert "but gateway.listen is off" in proc.stderr.read()

@@ -4,7 +4,9 @@ systemd binds the socket (`mcpcreds.socket`, `ListenStream=`), starts the servic
 connects, and passes the listening socket as fd 3 (`LISTEN_FDS`, `LISTEN_PID`, `LISTEN_FDNAMES`).
 `serve` takes it only if it is a listening Unix stream socket bound to the configured
 `sidecar.socket` (anything else is refused, naming the fix), and never unlinks it: the socket unit
-owns that file, and it stays for the next activation.
+owns that file, and it stays for the next activation. A second socket, a listening TCP socket
+bound to `gateway.listen` (its host, and its port unless the config says 0), is the gateway's
+loopback listener.
 """
 
 from __future__ import annotations
@@ -72,13 +74,28 @@ def _bound_path(sock: socket.socket) -> str:
     return str(name)
 
 
+def _tcp_matches(sock: socket.socket, host: str | None, port: int) -> bool:
+    if host is None:
+        return False
+    bound_host, bound_port = sock.getsockname()[:2]
+    return bool(bound_host == host and (port == 0 or bound_port == port))
+
+
 def take_unix_socket(fds: list[PassedFd], path: Path) -> socket.socket | None:
-    """The passed listening Unix socket bound to `path`, made non-blocking; None when systemd
-    passed nothing. Any passed fd that is not that socket is refused (closing them all): a
-    socket unit that listens elsewhere would otherwise serve nobody, silently."""
+    """The passed listening Unix socket bound to `path` (see `take_sockets`)."""
+    return take_sockets(fds, path)[0]
+
+
+def take_sockets(fds: list[PassedFd], path: Path, gateway_host: str | None = None,
+                 gateway_port: int = 0) -> tuple[socket.socket | None, socket.socket | None]:
+    """The passed listening Unix socket bound to `path` and, when `gateway_host` is set, the
+    listening TCP socket bound to it (and to `gateway_port` unless 0), made non-blocking;
+    (None, None) when systemd passed nothing. Any other passed fd is refused (closing them all):
+    a socket unit that listens elsewhere would otherwise serve nobody, silently."""
     if not fds:
-        return None
+        return None, None
     taken: socket.socket | None = None
+    tcp: socket.socket | None = None
     problems: list[str] = []
     for passed in fds:
         where = f"systemd passed fd {passed.fd} (FileDescriptorName={passed.name})"
@@ -86,7 +103,17 @@ def take_unix_socket(fds: list[PassedFd], path: Path) -> socket.socket | None:
             problems.append(f"{where}, which is not a socket")
             continue
         sock = socket.socket(fileno=passed.fd)
-        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM \
+                and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) and tcp is None \
+                and _tcp_matches(sock, gateway_host, gateway_port):
+            tcp = sock
+            continue
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            want = f"gateway.listen is {gateway_host}:{gateway_port}" if gateway_host \
+                else "gateway.listen is off"
+            problems.append(f"{where}: {_describe(sock)} bound to {sock.getsockname()[:2]}, but {want}; make "
+                            "the socket unit's TCP ListenStream= and gateway.listen the same address")
+        elif sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
             problems.append(f"{where}: {_describe(sock)}; mcpcreds serve needs a Unix stream socket "
                             f"(ListenStream={path} in mcpcreds.socket)")
         elif not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
@@ -101,13 +128,19 @@ def take_unix_socket(fds: list[PassedFd], path: Path) -> socket.socket | None:
         else:
             problems.append(f"{where}: a second socket bound to {path}")
         sock.detach()
+    if taken is None and not problems:
+        problems.append(f"systemd passed no Unix socket bound to {path} (ListenStream={path} in "
+                        "mcpcreds.socket)")
     if problems:
-        if taken is not None:
-            taken.detach()
+        for kept in (taken, tcp):
+            if kept is not None:
+                kept.detach()
         for passed in fds:
             with contextlib.suppress(OSError):
                 os.close(passed.fd)
         raise ActivationRefused("refusing the socket-activated start: " + "; ".join(problems))
     assert taken is not None
     taken.setblocking(False)
-    return taken
+    if tcp is not None:
+        tcp.setblocking(False)
+    return taken, tcp

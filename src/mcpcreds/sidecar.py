@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from .activation import listen_fds, take_unix_socket
+from .activation import listen_fds, take_sockets
 from .api import Api
 from .audit import AuditLog
 from .broker import Broker
@@ -178,14 +178,15 @@ class Sidecar:
         check_sidecar_uid(self.config)
         prepare_socket_dir(self.socket_path)
         self.api.aauth.start()  # AAuth: the agent key loaded (or created); a refused key file fails the start
-        activated = take_unix_socket(listen_fds(), self.socket_path)  # systemd's, never unlinked
+        activated, activated_tcp = take_sockets(listen_fds(), self.socket_path,  # systemd's, never unlinked
+                                                self._listen.host, self._listen.port)
         if activated is None:
             claim_socket_path(self.socket_path)
         servers: list[asyncio.Server] = []
         listening: dict[str, str] = {}
         if self._listen.host is not None:  # first: a port taken fails the start before the socket exists
             tcp, listening["gateway_listen"] = await start_listener(self._listen, self.api, self.allow_uids,
-                                                                    self.connections)
+                                                                    self.connections, activated_tcp)
             servers.append(tcp)
         try:
             sock = activated or bind_unix_socket(str(self.socket_path))

@@ -113,13 +113,15 @@ def _hosts(host: str, port: int) -> frozenset[bytes]:
 
 
 async def start_listener(listen: ListenConfig, api: Api, allow_uids: Callable[[], frozenset[int]],
-                         connections: Connections) -> tuple[asyncio.Server, str]:
-    """Bind and serve the listener; returns the server and the address it is bound to (the port
-    the kernel picked when `listen` asked for 0)."""
+                         connections: Connections, sock: socket.socket | None = None,
+                         ) -> tuple[asyncio.Server, str]:
+    """Bind and serve the listener (or serve `sock`, the one systemd bound: activation.py);
+    returns the server and the address it is bound to (the port the kernel picked when `listen`
+    asked for 0)."""
     assert listen.host is not None
     family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
     try:
-        sock = socket.create_server((listen.host, listen.port), family=family, backlog=1024)
+        sock = sock or socket.create_server((listen.host, listen.port), family=family, backlog=1024)
     except OSError as exc:
         raise ListenFailed(f"cannot listen on {listen.listen} (gateway.listen): "
                            f"{exc.strerror or type(exc).__name__}") from None

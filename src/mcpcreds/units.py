@@ -40,6 +40,8 @@ DirectoryMode=0700
 {socket_owner}\
 # the file stays when the socket unit stops: serve never unlinks a socket systemd made
 RemoveOnStop=no
+# the gateway's loopback listener too, when the config sets [gateway] listen to this address:
+#ListenStream=127.0.0.1:8931
 
 [Install]
 WantedBy=sockets.target
