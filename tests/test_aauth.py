@@ -625,3 +625,30 @@ async def test_a_provider_that_fails_is_an_error_naming_what(tmp_path: Path, iss
         await signer.agent_token()
     assert info.value.message == f"aauth: {error}" and info.value.status == 502
     assert "enroll-secret" not in str(info.value)
+
+
+async def test_rotate_key_replaces_the_key_after_the_new_one_is_ready(
+        sidecar: SidecarProcess, jwt_sidecar: SidecarProcess, peer: AAuthPeer, workdir: Path) -> None:
+    old_x = public_x(workdir)
+    async with AsyncClient(sidecar.socket) as creds:
+        minted = await creds.grant(["signed"], ttl=60)
+    async with raw_client(sidecar, Authorization=f"Bearer {minted['grant']}") as http:
+        assert (await http.post("/v1/aauth/rotate-key")).status_code == 403  # not for grant holders
+    rotated = run_cli("aauth", "rotate-key", "--socket", str(sidecar.socket), "--config", str(sidecar.config))
+    assert rotated.code == 0, rotated.output
+    new_x = public_x(workdir)  # the file holds the new key, still 0600
+    assert new_x != old_x and stat.S_IMODE((workdir / "run" / "aauth-agent.key").stat().st_mode) == 0o600
+    assert OKPKey.import_key({"kty": "OKP", "crv": "Ed25519", "x": new_x}).thumbprint() in rotated.stdout
+    async with raw_client(sidecar, **RPC) as http:
+        assert (await http.post("/mcp/signed", json=INIT)).status_code == 200
+    assert peer.stats()["keys"][-1] == new_x  # signed with the new key from now on
+    # with a provider: the new key's agent token is issued before the new key signs
+    before = peer.stats()
+    async with raw_client(jwt_sidecar) as http:
+        answer = await http.post("/v1/aauth/rotate-key")
+        assert answer.status_code == 200, answer.text
+        new_jwk = answer.json()["public_jwk"]
+        assert (await http.post("/mcp/agent", json=INIT, headers=RPC)).status_code == 200
+    after = peer.stats()
+    assert after["tokens_issued"] - before["tokens_issued"] == 1
+    assert after["keys"][-1] == new_jwk["x"] and after["schemes"]["jwt"] > before["schemes"]["jwt"]

@@ -28,7 +28,8 @@ CONTRACT_ROUTES: list[tuple[str, str]] = [
 # routes mcpcreds adds beyond the contract's table (documented in the README)
 EXTENSIONS = [("post", "/v1/secrets/{name}/rotate"),
               ("post", "/mcp/{server}"), ("get", "/mcp/{server}"), ("delete", "/mcp/{server}"),
-              ("post", "/v1/exec/{name}/session"), ("post", "/v1/servers/{name}/sign")]
+              ("post", "/v1/exec/{name}/session"), ("post", "/v1/servers/{name}/sign"),
+              ("post", "/v1/aauth/rotate-key")]
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 
 

@@ -156,6 +156,24 @@ def create_key(path: Path) -> None:
     _log.info("aauth agent key created", extra={"key_file": str(path)})
 
 
+def _replace_key_file(path: Path, key: Ed25519PrivateKey) -> None:
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    temp = path.with_name(f".{path.name}.{os.urandom(6).hex()}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, pem)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(temp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
 def load_or_create(path: Path) -> AgentKey:
     if not os.path.lexists(path):
         create_key(path)
@@ -304,6 +322,12 @@ class AAuthSigner:
         return task
 
     async def _fetch(self) -> str:
+        token, issued, expires = await self._enroll(self.key)
+        self._token = (token, issued, expires)
+        return token
+
+    async def _enroll(self, key: AgentKey) -> tuple[str, float, float]:
+        """An agent token for `key` from the provider, checked: (token, issued at, expires at)."""
         aauth = self.config.aauth
         issuer = aauth.provider
         assert issuer is not None
@@ -328,7 +352,7 @@ class AAuthSigner:
         elif enroll is not None and enroll.assertion_file is not None:
             body["assertion"] = await asyncio.to_thread(_read_assertion, enroll.assertion_file)
         raw = json.dumps(body, separators=(",", ":")).encode()
-        signed = self.key.sign("POST", endpoint, headers, raw, int(self.clock()))  # hwk: the key itself
+        signed = key.sign("POST", endpoint, headers, raw, int(self.clock()))  # hwk: the key itself
         sent = http.post(endpoint, content=raw, timeout=timeout,
                          headers=[*headers, *signed.headers().items()])
         answer = await self._json(sent, "agent token request")
@@ -336,11 +360,31 @@ class AAuthSigner:
         if not isinstance(token, str):
             raise AgentTokenError("aauth: the provider's answer holds no agent_token")
         now = self.clock()
-        expires = check_agent_token(token, issuer, jwks, self.key.jwk, now)
+        expires = check_agent_token(token, issuer, jwks, key.jwk, now)
         REDACTOR.add(token, owner="aauth:agent_token")  # bound to our key, but never logged all the same
-        self._token = (token, now, expires)
-        _log.info("aauth agent token issued", extra={"provider": issuer, "expires_at": expires})
-        return token
+        _log.info("aauth agent token issued", extra={"provider": issuer, "expires_at": expires,
+                                                     "thumbprint": key.thumbprint})
+        return token, now, expires
+
+    async def rotate(self) -> dict[str, Any]:
+        """A new agent key, with overlap: the old one signs until the new one is ready (with a
+        provider: until the new key's agent token is issued; a failure there changes nothing).
+        The new key file replaces the old one atomically (a 0600 temp file, fsync'd, renamed)."""
+        if not uses_aauth(self.config):
+            raise InvalidRequest("no server signs with AAuth (aauth = true, or [aauth] default / provider): "
+                                 "there is no agent key to rotate")
+        old = self.key
+        fresh = Ed25519PrivateKey.generate()
+        candidate = AgentKey(fresh, old.path)
+        token = await self._enroll(candidate) if self.config.aauth.provider is not None else None
+        await asyncio.to_thread(_replace_key_file, old.path, fresh)
+        self._key = candidate
+        self._token = token
+        self._fetching = None
+        self._access.clear()  # a resource's tokens were given to the old key's requests
+        _log.info("aauth agent key rotated", extra={"previous": old.thumbprint, "key_file": str(old.path),
+                                                    "thumbprint": candidate.thumbprint})
+        return {"thumbprint": candidate.thumbprint, "previous": old.thumbprint, "public_jwk": candidate.jwk}
 
     def _client(self, issuer: str) -> httpx.AsyncClient:
         if self._http is None:

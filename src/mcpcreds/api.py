@@ -170,6 +170,7 @@ class Api:
             ("GET", "/v1/openapi.json"): ("openapi", self.openapi_doc),
             ("GET", "/metrics"): ("metrics", self.metrics_text),
             ("POST", "/v1/grants"): ("grant", self.create_grant),
+            ("POST", "/v1/aauth/rotate-key"): ("aauth_rotate", self.aauth_rotate),
         }
         self._server_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "headers"): ("headers", self.headers),
@@ -428,6 +429,13 @@ class Api:
             raise ProxyOnly(f"this grant narrows the tools of the credential of server {target.name!r}: "
                             "it is used through the gateway only, /mcp/{server}")
         return target
+
+    async def aauth_rotate(self, request: Request) -> Response:
+        """AAuth: a new agent key, with overlap (see aauth.py); not for grant holders."""
+        rotated = await self.aauth.rotate()
+        self.audit.write("aauth_key_rotated", thumbprint=rotated["thumbprint"], previous=rotated["previous"],
+                         **_actor(request))
+        return answer(rotated)
 
     async def sign(self, request: Request) -> Response:
         """AAuth: the headers that sign a direct client's request (see aauth.py); the agent key
