@@ -195,3 +195,25 @@ def test_clock_skew_against_a_servers_date_and_a_silent_endpoint_is_bounded() ->
         asyncio.run(hung.check_login(login_config(f"http://127.0.0.1:{silent.getsockname()[1]}/token")
                                      .servers["crm"]))
     assert f"{FAIL} token endpoint of crm: " in output(hung.checks)  # type: ignore[arg-type]
+
+
+class PlaintextKeyring:
+    """A keyring backend that says, by its name, that it keeps secrets in plain text."""
+
+    priority = 1
+    entries: dict[tuple[str, str], str] = {("mcpcreds", "K"): CANARY + "-keyring"}
+
+    def get_password(self, service: str, name: str) -> str | None:
+        return self.entries.get((service, name))
+
+
+def test_a_plaintext_keyring_is_a_cross_even_when_allowed() -> None:
+    config = parse_config({"secrets": {"sources": ["keyring"], "allow_plaintext_keyring": True,
+                                       "keyring_backend": f"{__name__}.PlaintextKeyring"},
+                           "servers": [{"name": "k", "endpoint": "https://k.example.com/mcp",
+                                        "headers": {"X-Key": "{{secret:K}}"}}]})
+    doctor = Doctor()
+    doctor.check_secrets(config, doctor.check_sources(config))
+    text = output(doctor.checks)  # type: ignore[arg-type]
+    assert f"{FAIL} source keyring: backend {__name__}.PlaintextKeyring keeps secrets in plain text" in text
+    assert f"{PASS} secrets of k: all resolve: K" in text and CANARY not in text

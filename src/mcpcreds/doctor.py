@@ -261,8 +261,14 @@ class Doctor:
                              "unlock the keyring (log in to the desktop session, or gnome-keyring-daemon "
                              "--unlock), or drop 'keyring' from secrets.sources")
                     continue
-                self.add(True, "source keyring", f"backend {source._backend_path or 'default'} reachable "
-                         f"and unlocked ({len(stored)} secret{'s' if len(stored) != 1 else ''} listed)")
+                backend = source._backend_path or "default"
+                listed = f"{len(stored)} secret{'s' if len(stored) != 1 else ''} listed"
+                if "plaintext" in backend.lower():  # allowed by allow_plaintext_keyring, still a problem
+                    self.add(False, "source keyring", f"backend {backend} keeps secrets in plain text "
+                             f"on disk ({listed})", "use an encrypting backend (SecretService: unset "
+                             "secrets.keyring_backend) or dir:$CREDENTIALS_DIRECTORY under systemd")
+                else:
+                    self.add(True, "source keyring", f"backend {backend} reachable and unlocked ({listed})")
                 usable.append(source)
             elif spec == CREDENTIALS_SOURCE:
                 folder = os.environ.get("CREDENTIALS_DIRECTORY", "").strip()
