@@ -29,26 +29,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.peers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench and tests
 
 import httpx
 import httpx2
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
-from tests.sidecar_proc import SidecarProcess, run_sidecar
+from tests.sidecar_proc import SidecarProcess
 
+from bench import harness  # before mcpcreds: it puts this checkout's src/ on the path
 from mcpcreds import AsyncClient
 
 SERVER = "bench"
@@ -186,27 +184,13 @@ async def open_sessions(sidecar: SidecarProcess, count: int) -> tuple[int, int]:
 # ---------------------------------------------------------------------------- the run
 
 
-def config(workdir: Path, peer: GatewayPeer) -> tuple[Path, Path]:
-    socket = workdir / "run" / "s.sock"
-    path = workdir / "config.toml"
-    path.write_text(f"""
-[sidecar]
-socket = "{socket}"
-
-[secrets]
-sources = ["env"]
-
-[[servers]]
-name = "{SERVER}"
-endpoint = "{peer.url}"
-headers = {{ "X-Api-Key" = "{{{{secret:BENCH_KEY}}}}" }}
-trust = "trusted"
-rate = "1000000/1s"
-""")
-    return path, socket
+def server_block(peer: GatewayPeer) -> str:
+    return harness.static_server(SERVER, {"X-Api-Key": "{{secret:BENCH_KEY}}"}, rate="1000000/1s",
+                                 endpoint=peer.url) + 'trust = "trusted"\n'
 
 
 async def measure(sidecar: SidecarProcess, peer: GatewayPeer, args: argparse.Namespace) -> dict[str, Any]:
+    asyncio.get_running_loop().set_exception_handler(client_errors)
     results: dict[str, Any] = {}
     async with AsyncClient(sidecar.socket) as creds:
         print(f"(a) tools/call latency at concurrency 1, {args.calls} calls per way per round, "
@@ -253,27 +237,31 @@ async def measure(sidecar: SidecarProcess, peer: GatewayPeer, args: argparse.Nam
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sessions", type=int, default=500)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    if args.quick:
-        args.calls, args.rounds, args.sessions = 40, 1, 50
-    workdir = Path(tempfile.mkdtemp(prefix="mcpcreds-gwbench-"))
-    try:
-        with start_gateway_peer("unused-", KEY) as peer:
-            path, socket = config(workdir, peer)
-            with run_sidecar(path, socket, {"BENCH_KEY": KEY}) as sidecar:
-                results = asyncio.run(measure(sidecar, peer, args))
-        if args.json:
-            print(json.dumps(results))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+def client_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's exception handler here: anyio 4 leaves a socket's reader callback registered
+    after the MCP client cancels the wait on it, and the callback then fails on the cancelled
+    future (harmless, in this process only; not the sidecar's)."""
+    if not isinstance(context.get("exception"), asyncio.InvalidStateError):
+        loop.default_exception_handler(context)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = harness.arguments(__doc__)
+    p.add_argument("--calls", type=int, default=300, help="tools/call per way per round (default 300)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds, the ways alternating (default 3)")
+    p.add_argument("--sessions", type=int, default=500, help="MCP sessions held open for (c) (default 500)")
+    args = harness.parse(p, argv, quick={"calls": 40, "rounds": 1, "sessions": 50})
+    if args.calls < 16 or args.rounds < 1 or args.sessions < 1:
+        p.error("--calls must be >= 16, --rounds and --sessions >= 1")
+    with harness.workdir("gwbench") as tmp, \
+            harness.started(start_gateway_peer("unused-", KEY), "the MCP peer") as peer, \
+            harness.sidecar(tmp / "sidecar", server_block(peer), env={"BENCH_KEY": KEY}) as sidecar:
+        results = asyncio.run(measure(sidecar, peer, args))
+    if args.json:
+        harness.emit(args, {**results, **harness.machine(), "calls": args.calls, "rounds": args.rounds,
+                            "sessions": args.sessions}, str)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(main)

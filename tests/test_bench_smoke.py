@@ -43,6 +43,8 @@ BENCHES = {
     "status_quo": Bench("status_quo.py", ("--processes", "1", "--seconds", "1"),
                         r"^\| token requests \(at the IdP\) \| \d+ \| \d+ \|$",
                         r"^ratio: first request with a valid token, p50 ms: mcpcreds [\d.]+ / status quo [\d.]+ = "),
+    "gateway": Bench("gateway_bench.py", (), r"^\s+direct\s+p50 [\d.]+ ms\s",
+                     r"^\s+added p50: -?[\d.]+ ms .*; ratio gateway/direct p50 [\d.]+$"),
     "cli": Bench("cli_bench.py", (), r"^python[\d.]* -c pass\s+\d+\s+[\d.]+\s",
                  r"^ratio: whole process p50 ms: mcpcreds headers bench [\d.,]+ / python[\d.]* -c pass [\d.,]+ = [\d.]+x$",
                  (0, 1)),

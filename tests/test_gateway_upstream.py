@@ -6,13 +6,17 @@ open connections) and checked request headers. The gateway's own tests run it en
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import httpx
 import pytest
 
+from mcpcreds.egress import EgressPolicy, egress_client
 from mcpcreds.upstream import HIGH_WATER, MAX_HEAD_BYTES, H1Transport
+from tests.test_egress import _cert, fixed_resolver, open_listener
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 TIMEOUTS = httpx.Timeout(5.0).as_dict()
@@ -66,7 +70,7 @@ async def send(transport: H1Transport, req: httpx.Request) -> tuple[int, bytes]:
         await response.aclose()
 
 
-async def test_one_connection_serves_requests_in_turn_and_each_request_is_one_write() -> None:
+async def test_one_connection_serves_requests_in_turn_each_request_whole() -> None:
     seen: list[bytes] = []
 
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -200,3 +204,56 @@ async def test_past_the_connection_limit_a_request_waits_for_a_free_one() -> Non
         assert await waiting == (200, b"ok")
         await transport.aclose()
     assert len(connections) == 1
+
+
+async def test_bytes_no_request_asked_for_close_the_connection_and_reach_nobody() -> None:
+    """A server that answers twice: the extra answer is never handed to the next request."""
+    forged = True
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal forged
+        if forged:
+            forged = False
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged")
+            await writer.drain()
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    async with server(script) as (url, connections):
+        transport = H1Transport()
+        assert await send(transport, request(url)) == (200, b"first")
+        await asyncio.sleep(0.3)  # the forged answer arrives while the connection is idle
+        assert await send(transport, request(url)) == (200, b"ok")
+        await transport.aclose()
+    assert len(connections) == 2
+
+
+@pytest.mark.parametrize(("cert_name", "ok"), [("mcp.test", True), ("other.test", False)])
+async def test_https_under_the_egress_transport_verifies_the_name_it_was_pinned_for(
+        tmp_path: Path, cert_name: str, ok: bool) -> None:
+    """The gateway's stack (`EgressTransport` over `H1Transport`) against a TLS listener: the
+    connection goes to the pinned address, sends the name in SNI and Host, and verifies the
+    certificate against it (a certificate for another name is refused)."""
+    cert, key = _cert(tmp_path, cert_name)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    sni: list[str | None] = []
+    server_ctx.sni_callback = lambda sock, name, ctx: sni.append(name)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    async with (open_listener(tls=server_ctx) as lst,
+                egress_client(EgressPolicy(allow_private=("127.0.0.1",)), resolver=fixed_resolver({"mcp.test": ["127.0.0.1"]}),
+                              transport_kwargs={"verify": client_ctx, "pool_class": H1Transport}, timeout=10) as http):
+        if ok:
+            for _ in range(2):
+                assert (await http.get(f"https://mcp.test:{lst.port}/mcp")).json() == {"ok": True}
+            assert [r["host"] for r in lst.requests] == [f"mcp.test:{lst.port}"] * 2
+        else:
+            with pytest.raises(httpx.ConnectError, match="certificate verify failed"):
+                await http.get(f"https://mcp.test:{lst.port}/mcp")
+    assert sni == ["mcp.test"]  # one TLS connection, kept alive for the second request
