@@ -652,3 +652,18 @@ async def test_rotate_key_replaces_the_key_after_the_new_one_is_ready(
     after = peer.stats()
     assert after["tokens_issued"] - before["tokens_issued"] == 1
     assert after["keys"][-1] == new_jwk["x"] and after["schemes"]["jwt"] > before["schemes"]["jwt"]
+
+
+async def test_a_rotation_the_provider_refuses_changes_nothing(tmp_path: Path) -> None:
+    _, handler = provider(register=lambda r: httpx.Response(403, json={"error": "enrollment_refused"}))
+    config = parse_config({"sidecar": {"socket": str(tmp_path / "s.sock")},
+                           "aauth": {"provider": ISSUER, "key_file": str(tmp_path / "agent.key")},
+                           "servers": [{"name": "s", "endpoint": "https://s.example/mcp"}]})
+    signer = AAuthSigner(config, time.time)
+    signer._http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    signer.start()
+    before, on_disk = signer.key.thumbprint, (tmp_path / "agent.key").read_bytes()
+    with pytest.raises(AgentTokenError, match="HTTP 403"):
+        await signer.rotate()
+    assert signer.key.thumbprint == before and (tmp_path / "agent.key").read_bytes() == on_disk
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.key"]  # no temp file left
