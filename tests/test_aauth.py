@@ -341,6 +341,8 @@ async def test_a_challenge_for_a_token_is_passed_on(sidecar: SidecarProcess, pee
         answer = await http.post("/mcp/needs-token", json=INIT)
     assert answer.status_code == 401
     assert answer.headers["www-authenticate"] == 'AAuth requirement=auth-token; resource="aauth-peer"'
+    assert answer.headers["aauth-requirement"] == 'requirement=auth-token; resource-token="eyJ.x.y"'
+    assert '"challenge": "requirement=auth-token' in sidecar.log  # logged: what cannot be obtained
     async with raw_client(sidecar, **RPC) as http:  # a bearer server's challenge stays in the sidecar
         assert "www-authenticate" not in (await http.post("/mcp/optout", json=INIT)).headers
 

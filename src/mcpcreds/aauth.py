@@ -48,7 +48,8 @@ MAX_KEY_FILE: Final = 8192
 MAX_SIGN_HEADERS: Final = 32
 MAX_HEADER_VALUE: Final = 8192
 _METHOD: Final = re.compile(r"[A-Z]{1,16}\Z")
-_CHALLENGE: Final = ("www-authenticate", "signature-error", "accept-signature-scheme", "accept-signature-alg")
+_CHALLENGE: Final = ("www-authenticate", "aauth-requirement", "signature-error", "accept-signature-scheme",
+                      "accept-signature-alg")
 
 
 class AAuthKeyError(McpcredsError):
@@ -447,8 +448,11 @@ class AAuthSigner:
                 _log.info("aauth access token kept", extra={"server": target.name})
         elif status == 401:
             self._access.pop(target.name, None)
-            wants = next((v for k, v in lines if k.lower() == "www-authenticate"), "")
-            if wants.lower().startswith("aauth") and (target.name, wants) not in self._warned \
+            asked = [v for k, v in lines if k.lower() == "aauth-requirement"]
+            asked += [v for k, v in lines
+                      if k.lower() == "www-authenticate" and v.lower().startswith("aauth")]
+            wants = asked[0] if asked else ""
+            if wants and (target.name, wants) not in self._warned \
                     and len(self._warned) < 1024:
                 self._warned.add((target.name, wants))
                 _log.warning("aauth: the resource asks for what the sidecar cannot obtain (a token from a "
@@ -519,8 +523,8 @@ def _same_origin(url: str, endpoint: str) -> bool:
 def challenge_headers(target: Target, status: int,
                       headers: Iterable[tuple[str, str]]) -> tuple[tuple[bytes, bytes], ...]:
     """A signed server's 401 challenge, passed on to the gateway's caller (`WWW-Authenticate:
-    AAuth ...`, `Signature-Error`, `Accept-Signature-*`): what the server wants that the sidecar
-    did not send. Other servers' challenges stay in the sidecar, as before."""
+    AAuth ...`, `AAuth-Requirement`, `Signature-Error`, `Accept-Signature-*`): what the server wants
+    that the sidecar did not send. Other servers' challenges stay in the sidecar, as before."""
     if not target.aauth or status != 401:
         return ()
     out = []

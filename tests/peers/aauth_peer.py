@@ -197,7 +197,8 @@ def build_app(state: State) -> ASGIApp:
             return
         if path == "/token-required/mcp":
             await send_json(send, 401, {"error": "auth_token_required"}, [
-                (b"www-authenticate", b'AAuth requirement=auth-token; resource="aauth-peer"')])
+                (b"www-authenticate", b'AAuth requirement=auth-token; resource="aauth-peer"'),
+                (b"aauth-requirement", b'requirement=auth-token; resource-token="eyJ.x.y"')])
             return
         if path == "/access/mcp":
             auth = dict((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]).get(
