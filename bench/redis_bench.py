@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds (default 1)")
     p.add_argument("--warmup", type=float, default=0.5, help="seconds before each measurement")
     p.add_argument("--no-decompose", action="store_true", help="skip the in-process decomposition")
-    args = harness.parse(p, argv, quick={"seconds": 0.2, "warmup": 0.1, "concurrency": [1, 4]})
+    args = harness.parse(p, argv, quick={"seconds": 1.0, "warmup": 0.2, "concurrency": [1, 4]})
 
     env = {"KEY": "bench-api-key-0123456789", "STATE_KEY": STATE_KEY}
     report: dict[str, Any] = {

@@ -2,7 +2,7 @@
 baseline from the same run and its ratio (issue 18). No figure is checked, only that it is there.
 
 The benches run at once, each in its own process group (they spawn load processes, sidecars and
-peers), so the whole module takes about as long as the slowest one.
+peers), so the whole module takes about as long as the slowest one. It is a soak test: `pytest -m soak`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import IO, NamedTuple
 
 import pytest
+
+# every bench at once is a CPU storm of sidecars, peers and load processes: CI runs it with the
+# soak tests (`pytest -m soak`), not in the suite's few minutes
+pytestmark = pytest.mark.soak
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 100.0
