@@ -23,6 +23,7 @@ from .calls import MalformedAnswer
 from .client import Client
 from .errors import (
     ConfigError,
+    ExecSessionsFull,
     Forbidden,
     InvalidRequest,
     LoginRequired,
@@ -54,7 +55,7 @@ Handler = Callable[["argparse.Namespace"], int]
 def exit_code_for(exc: McpcredsError) -> int:
     if isinstance(exc, ConfigError | InvalidRequest | UnknownServer):
         return EXIT_USAGE
-    if isinstance(exc, SidecarUnavailable):
+    if isinstance(exc, SidecarUnavailable | ExecSessionsFull):
         return EXIT_UNAVAILABLE
     if isinstance(exc, RateLimited):
         return EXIT_RATE_LIMITED

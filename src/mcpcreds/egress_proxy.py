@@ -52,7 +52,7 @@ from urllib.parse import urlsplit
 from .audit import AuditLog
 from .clock import SYSTEM_CLOCK, Clock
 from .egress import EgressPolicy, Resolver, normalize_host, system_resolver
-from .errors import Forbidden, McpcredsError, RateLimited
+from .errors import ExecSessionsFull, Forbidden, McpcredsError, RateLimited
 from .logs import get_logger
 from .socket_check import check_folder
 
@@ -77,13 +77,6 @@ _log = get_logger("egress_proxy")
 PROXY_AUTH_REQUIRED: Final = (b"HTTP/1.1 407 Proxy Authentication Required\r\n"
                               b"Proxy-Authenticate: Basic realm=\"mcpcreds\"\r\nContent-Length: 0\r\n"
                               b"Connection: close\r\n\r\n")
-
-
-class ExecSessionsFull(McpcredsError):
-    """The egress proxy holds as many sessions as it may (every caller's): try again later."""
-
-    code = "exec_sessions_full"
-    status = 503
 
 
 class EgressSocketInUse(McpcredsError):

@@ -158,6 +158,13 @@ class SidecarUnavailable(McpcredsError):
     status = 503
 
 
+class ExecSessionsFull(McpcredsError):
+    """The egress proxy holds as many exec sessions as it may (every caller's): try again later."""
+
+    code = "exec_sessions_full"
+    status = 503
+
+
 ERRORS_BY_CODE: dict[str, type[McpcredsError]] = {
     cls.code: cls
     for cls in (
@@ -183,6 +190,7 @@ ERRORS_BY_CODE: dict[str, type[McpcredsError]] = {
         StateUnavailable,
         TokenEndpointTimeout,
         SidecarUnavailable,
+        ExecSessionsFull,
     )
 }
 
