@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -145,3 +146,19 @@ def test_status_table_shows_the_gateways_live_sessions(capsys: Any) -> None:
     status["gateway"]["servers"] = []
     _print_status(status)
     assert "gateway: no live sessions" in capsys.readouterr().out.splitlines()
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback() -> None:
+    """`mcpcreds check | head -1`: the pipe closes under the CLI; it stops quietly."""
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte
+    try:
+        proc = subprocess.run([sys.executable, "-m", "mcpcreds", "check", "--config", str(EXAMPLES / "full.toml")],
+                              stdout=write, stderr=subprocess.PIPE, timeout=60, check=False)
+    finally:
+        os.close(write)
+    assert b"Traceback" not in proc.stderr and b"BrokenPipe" not in proc.stderr, proc.stderr.decode()
+    assert proc.returncode == 1

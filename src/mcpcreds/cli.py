@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
@@ -597,6 +598,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_code_for(exc)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `mcpcreds status | head`: the reader left; say nothing more
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":
