@@ -52,6 +52,8 @@ BENCHES = {
     "cli": Bench("cli_bench.py", (), r"^python[\d.]* -c pass\s+\d+\s+[\d.]+\s",
                  r"^ratio: whole process p50 ms: mcpcreds headers bench [\d.,]+ / python[\d.]* -c pass [\d.,]+ = [\d.]+x$",
                  (0, 1)),
+    "aauth": Bench("aauth_bench.py", (), r"^\s+ed25519 alone\s+p50\s+[\d.]+ us",
+                   r"^ratio: signing p50 us: AAuth signature [\d.]+ / ed25519 alone [\d.]+ = [\d.]+x$"),
     # a fuzz, not a measurement: no baseline; its summary and no failure
     "api_fuzz": Bench("api_fuzz.py", ("--seed", "1"), r"^api_fuzz: [\d,]+ cases in ", r"^failures: 0$"),
 }
