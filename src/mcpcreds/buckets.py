@@ -1,6 +1,6 @@
 """Rate buckets: a pure token bucket, and an asyncio limiter that queues callers in order.
 
-aiolimiter was considered (the project uses it where it fits) and does not fit here: its waiters
+aiolimiter was considered (bench/rate_bench.py uses it as the baseline) and does not fit here: its waiters
 are a heap ordered by amount, so a later small request overtakes an earlier large one; it reads
 `loop.time()` rather than our `Clock`; and it has no exact `retry_after`, no up-front `max_wait`
 refusal and no pause for an upstream 429.
