@@ -18,8 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from mcpcreds.errors import TokenEndpointError
 from tests.conftest import KeyringSession
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,14 +45,13 @@ ALL_SCENARIOS = (
 # login` refuses the login ("the authorization server issued no refresh token").
 NO_REFRESH = "no refresh token issued: a person login keeps only a refresh token, so the login is refused"
 DCR = "dynamic client registration (RFC 7591) not built: the suite checks that the client registers"
+ISSUER = ("the suite's metadata for the issuer .../tenant1 names the issuer without /tenant1, which "
+          "mcpcreds refuses (RFC 8414 §3.3, OpenID Discovery §4.3: the issuer must be identical)")
 EXPECTED_FAILURES: dict[str, str] = {
     "auth/metadata-default": f"{NO_REFRESH}; {DCR}",
     "auth/metadata-var1": f"{NO_REFRESH}; {DCR}",
-    "auth/metadata-var2": f"{NO_REFRESH}; {DCR}; protected-resource metadata only at the root "
-                          "(no resource_metadata in the 401) was not looked for",
-    "auth/metadata-var3": f"{NO_REFRESH}; {DCR}; the suite's metadata at /tenant1/.well-known/"
-                          "openid-configuration names the issuer without /tenant1, which mcpcreds "
-                          "refuses (RFC 8414 §3.3, OpenID Discovery §4.3: the issuer must be identical)",
+    "auth/metadata-var2": f"{NO_REFRESH}; {DCR}; {ISSUER}",
+    "auth/metadata-var3": f"{NO_REFRESH}; {DCR}; {ISSUER}",
     "auth/basic-cimd": f"{NO_REFRESH}; Client ID Metadata Documents not built (the configured "
                        "client_id is not the suite's https URL: a WARNING)",
     "auth/2025-03-26-oauth-metadata-backcompat": f"{NO_REFRESH}; {DCR}",
@@ -145,3 +146,53 @@ def test_auth_suite(out: Path, keyring_session: KeyringSession) -> None:
 
 def test_expected_failures_are_scenarios() -> None:
     assert set(EXPECTED_FAILURES) <= set(ALL_SCENARIOS) - set(CLIENT_CREDENTIALS)
+
+
+# -- discovery on the documents the suite serves (recorded from auth/metadata-var2 and -default)
+
+MCP_URL = "http://localhost:4001/mcp"
+ROOT_PRM = {"resource": "http://localhost:4001", "authorization_servers": ["http://localhost:4002/tenant1"]}
+PATH_PRM = {"resource": MCP_URL, "authorization_servers": ["http://localhost:4002"]}
+
+
+def scripted(routes: dict[str, tuple[int, dict[str, str], object]]) -> httpx.AsyncClient:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url}")
+        status, headers, body = routes.get(f"{request.method} {request.url}", (404, {}, {}))
+        return httpx.Response(status, headers=headers, json=body)
+
+    seen: list[str] = []
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    client.seen = seen  # type: ignore[attr-defined]
+    return client
+
+
+async def test_resource_metadata_only_at_the_root_names_the_authorization_server() -> None:
+    """metadata-var2: no path-based document, a 401 without resource_metadata, the root document
+    (its resource is the origin, above the endpoint) names the authorization server."""
+    from mcpcreds.discovery import Discovery
+
+    routes: dict[str, tuple[int, dict[str, str], object]] = {
+        f"POST {MCP_URL}": (401, {"www-authenticate": 'Bearer error="invalid_token"'}, {}),
+        "GET http://localhost:4001/.well-known/oauth-protected-resource": (200, {}, ROOT_PRM)}
+    async with scripted(routes) as http:
+        assert await Discovery().issuer_for(MCP_URL, http) == "http://localhost:4002/tenant1"
+    # a root document for another origin's resource is refused, not worked around
+    routes["GET http://localhost:4001/.well-known/oauth-protected-resource"] = (
+        200, {}, {**ROOT_PRM, "resource": "http://localhost:4009"})
+    async with scripted(routes) as http:
+        with pytest.raises(TokenEndpointError, match="is for another resource"):
+            await Discovery().issuer_for(MCP_URL, http)
+
+
+async def test_the_path_based_document_comes_first_and_the_root_is_not_asked() -> None:
+    """metadata-default: the suite fails a client that asks for the root document when the
+    path-based one exists."""
+    from mcpcreds.discovery import Discovery
+
+    routes: dict[str, tuple[int, dict[str, str], object]] = {
+        "GET http://localhost:4001/.well-known/oauth-protected-resource/mcp": (200, {}, PATH_PRM),
+        "GET http://localhost:4001/.well-known/oauth-protected-resource": (200, {}, ROOT_PRM)}
+    async with scripted(routes) as http:
+        assert await Discovery().issuer_for(MCP_URL, http) == "http://localhost:4002"
+        assert http.seen == ["GET http://localhost:4001/.well-known/oauth-protected-resource/mcp"]  # type: ignore[attr-defined]

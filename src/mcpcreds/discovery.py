@@ -221,18 +221,30 @@ class Discovery:
         return found
 
     async def issuer_for(self, endpoint: str, http: httpx.AsyncClient) -> str:
-        """RFC 9728: the resource's metadata names its authorization server."""
+        """RFC 9728: the resource's metadata names its authorization server. The document is the
+        path-based one, else the one the endpoint's 401 names, else the server's root one (which
+        may speak for the whole origin: its `resource` may be a path above the endpoint)."""
         status, data = await self._get_json(resource_metadata_url(endpoint), http)
+        at_root = False
         if status != 200:
             header = await self._challenge(endpoint, http)
             url = parse_resource_metadata_header(header) if header else None
-            if url is None or not usable_url(url):
+            named = url is not None and usable_url(url)
+            if named:
+                assert url is not None
+                status, data = await self._get_json(url, http)
+            root = _well_known(_origin(endpoint), "oauth-protected-resource", insert=True)
+            if status != 200 and root != resource_metadata_url(endpoint):
+                status, data = await self._get_json(root, http)
+                at_root = status == 200
+            if status != 200 and not named:
                 raise NoResourceMetadata(
                     f"{endpoint} publishes no protected-resource metadata; set oauth.token_url or "
                     "oauth.issuer", "discovery_failed")
-            status, data = await self._get_json(url, http)
         resource = data.get("resource") if isinstance(data, dict) else None
-        if status == 200 and (not isinstance(resource, str) or resource.rstrip("/") != endpoint.rstrip("/")):
+        fits = isinstance(resource, str) and (
+            _covers(resource, endpoint) if at_root else resource.rstrip("/") == endpoint.rstrip("/"))
+        if status == 200 and not fits:
             # RFC 9728 §3.3: metadata for another resource must not be used
             raise TokenEndpointError(f"protected-resource metadata of {endpoint} is for another resource",
                                      "discovery_failed")
