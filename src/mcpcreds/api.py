@@ -14,6 +14,7 @@ from urllib.parse import unquote
 
 from .aauth import AAuthSigner
 from .audit import AuditLog
+from .aws_config import is_aws
 from .broker import Actor, Broker, HeadersResult
 from .config import Target
 from .errors import (
@@ -33,6 +34,7 @@ from .logs import get_logger
 from .metrics import Metrics
 from .policy import check_rule_of_two
 from .secret import redact_json
+from .sigv4 import SigV4Signer
 from .sources import check_secret_name
 from .wire import Answer, Request, Response, StreamingResponse, json_response
 
@@ -163,6 +165,9 @@ class Api:
                                  lambda template: self.broker.resolver.render(template))
         self.gateway.sign = self.aauth.gateway_headers
         self.gateway.aauth_answer = self.aauth.answered
+        self.sigv4 = SigV4Signer(broker.config, broker.clock.time,  # AWS SigV4 (sigv4.py)
+                                 lambda template: self.broker.resolver.render(template), broker.http_for)
+        self.gateway.sigv4 = self.sigv4.gateway_headers
         self._fixed: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "/v1/health"): ("health", self.health),
             ("GET", "/v1/servers"): ("servers", self.servers),
@@ -195,6 +200,7 @@ class Api:
     def reload(self) -> None:
         self._fast_targets.clear()
         self.aauth.reload(self.broker.config)
+        self.sigv4.reload(self.broker.config)
 
     # -- wire.App
 
@@ -441,6 +447,8 @@ class Api:
         """AAuth: the headers that sign a direct client's request (see aauth.py); the agent key
         stays here. Peer-checked and grant-aware as `headers` is."""
         target = self._credential_target(request)
+        if is_aws(target):  # SigV4 (sigv4.py): the secret key stays here; the answer is the headers to add
+            return json_response(await self.sigv4.sign_route(target, parse_json_body(request)))
         # not through the redactor: the agent token is in the answer by design (bound to a key that
         # stays here); nothing the caller sent is echoed but header names (no oracle: nothing masked)
         return json_response(await self.aauth.sign_route(target, parse_json_body(request)))

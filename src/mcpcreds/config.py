@@ -16,6 +16,7 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 
 from .aauth_config import AAuthConfig, entry_aauth, parse_aauth, signs
+from .aws_config import aws_egress_check, parse_aws_auth
 from .credshape import credential_name, credential_value
 from .egress import EgressPolicy, is_dev_loopback_url, parse_host_pattern, parse_private_entry
 from .errors import ConfigError
@@ -660,6 +661,9 @@ def _parse_oauth(c: _Collector, path: str, raw: Any) -> LoginSpec | None:
 def _parse_auth(c: _Collector, path: str, raw: Any) -> tuple[dict[str, Template], LoginSpec | None]:
     """The unified provider: `static` gives headers, `oauth2` gives a login."""
     t = c.table(path, raw)
+    if t.get("kind") == "aws":  # SigV4, signed by the sidecar (aws_config.py): keys of its own
+        parse_aws_auth(c, path, t)
+        return {}, None
     c.keys(path, t, _AUTH_KEYS)
     kind = t.get("kind")
     if kind == "static":
@@ -683,7 +687,7 @@ def _parse_auth(c: _Collector, path: str, raw: Any) -> tuple[dict[str, Template]
             c.error(_join(path, "grant"), f"expected one of {', '.join(GRANTS)}")
         scope_key = "scopes" if "scopes" in t else "scope"
         return {}, _parse_login(c, path, t, grant, scope_key)
-    c.error(_join(path, "kind"), "expected 'static' or 'oauth2'")
+    c.error(_join(path, "kind"), "expected 'static', 'oauth2' or 'aws'")
     return {}, None
 
 
@@ -818,6 +822,7 @@ def _parse_entry(c: _Collector, path: str, t: dict[str, Any]) -> _Entry:
         auth_kind = "oauth"
         login = _parse_oauth(c, _join(path, "oauth"), t["oauth"])
     entry_aauth(c, path, t, auth_kind)  # a flag; which servers sign is decided in parse_config
+    aws_egress_check(c, path, t)  # auth kind "aws", source "imds": its address must pass the egress policy
     urls = [endpoint, *((login.token_url, login.issuer) if login else ())]
     return _Entry(endpoint, headers, tags, rate, auth_kind, login, _parse_egress(c, path, t, urls),
                   _parse_gateway(c, path, t, GatewaySpec()))

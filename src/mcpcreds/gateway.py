@@ -47,6 +47,7 @@ import httpx
 
 from . import jsonrpc
 from .auth import parse_retry_after
+from .aws_config import is_aws
 from .broker import Actor, Broker, HeadersResult
 from .config import Target
 from .credshape import credential_name
@@ -260,6 +261,9 @@ class Gateway:
         # ... and (target, status, headers) -> the headers of a signed server's answer to pass on
         self.aauth_answer: Callable[[Target, int, list[tuple[str, str]]],
                                     tuple[tuple[bytes, bytes], ...]] | None = None
+        # SigV4 (sigv4.py), for servers with auth kind "aws": the same signature as `sign`
+        self.sigv4: Callable[[Target, str, str, list[tuple[Any, bytes]], bytes | None],
+                             Awaitable[list[tuple[Any, bytes]]]] | None = None
 
     # -- entry points
 
@@ -422,6 +426,10 @@ class Gateway:
         if target.aauth and self.sign is not None:  # signed here: the agent key never leaves the sidecar
             headers += await self.sign(target, request.method, target.endpoint, headers,
                                        request.body if request.method == "POST" else None)
+        elif self.sigv4 is not None and is_aws(target):  # SigV4: the AWS secret key stays here too
+            signed = await self.sigv4(target, request.method, target.endpoint, headers,
+                                      request.body if request.method == "POST" else None)
+            headers = [(k, v) for k, v in headers if k != b"host"] + signed
         upstream = httpx.Request(request.method, self._url(target.endpoint), headers=headers,
                                  content=request.body if request.method == "POST" else None,
                                  extensions={"timeout": _UPSTREAM_TIMEOUTS})

@@ -1,0 +1,172 @@
+"""`auth = { kind = "aws", ... }` (parsed, pure): requests to a server signed with AWS Signature
+Version 4 by the sidecar (the signer is `sigv4`, the credentials `aws_credentials`).
+
+- `region`, `service`: the SigV4 scope (`us-east-1`, `execute-api`, `lambda`, ...).
+- `source`: where the AWS credentials come from.
+  - `env`: the sidecar's own `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`
+    (botocore's `EnvProvider`).
+  - `static`: `access_key_id`, `secret_access_key` and optionally `session_token`, each a template
+    (`{{secret:NAME}}`): the secret access key is never written in the config.
+  - `imds`: the EC2 instance metadata service, IMDSv2 (a token `PUT`, then `GET`s with it), at
+    `imds_endpoint` (default `http://169.254.169.254`). That address is link-local metadata: the
+    server's egress policy refuses it unless `allow_private` lists it, and `check` says so.
+  - `web_identity`, `sso`: not built yet; `check` refuses them (never accepts and fails later).
+- The precedence of `auth` holds: a server with `auth` is never also AAuth-signed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import urlsplit
+
+from .templates import Template
+
+if TYPE_CHECKING:
+    from .config import Target, _Collector
+
+AWS_KEYS: Final = ("kind", "region", "service", "source", "access_key_id", "secret_access_key",
+                   "session_token", "imds_endpoint")
+SOURCES: Final = ("env", "static", "imds")
+NOT_BUILT: Final = ("web_identity", "sso")
+DEFAULT_IMDS: Final = "http://169.254.169.254"
+EXTRA_HINT: Final = "pip install 'mcpcreds[aws]'"
+_REGION: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,31}\Z")
+_SERVICE: Final = re.compile(r"[a-z0-9][a-z0-9.-]{0,63}\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class AwsAuth:
+    """A server's SigV4 settings, templates intact."""
+
+    region: str
+    service: str
+    source: str
+    access_key_id: Template | None = None
+    secret_access_key: Template | None = None
+    session_token: Template | None = None
+    imds_endpoint: str = DEFAULT_IMDS
+
+
+def botocore_installed() -> bool:
+    return importlib.util.find_spec("botocore") is not None
+
+
+def is_aws(target: Target) -> bool:
+    """Whether requests to `target` are SigV4-signed (its `auth` is `kind = "aws"`)."""
+    auth = target.spec.auth
+    return auth is not None and auth.get("kind") == "aws" and target.auth_kind == "auth"
+
+
+def parse_aws_auth(c: _Collector, path: str, t: Mapping[str, Any]) -> AwsAuth | None:
+    """Validate an `auth` table of kind `aws` (errors carry their TOML path, never a value)."""
+    c.keys(path, t, AWS_KEYS)
+    region, service, source = t.get("region"), t.get("service"), t.get("source", "env")
+    ok = True
+    if not isinstance(region, str) or not _REGION.match(region):
+        c.error(f"{path}.region", "required: an AWS region name (e.g. \"us-east-1\")")
+        ok = False
+    if not isinstance(service, str) or not _SERVICE.match(service):
+        c.error(f"{path}.service", "required: the SigV4 service name (e.g. \"execute-api\")")
+        ok = False
+    if source in NOT_BUILT:
+        c.error(f"{path}.source",
+                f"source = {source!r} is not built yet: use \"env\", \"static\" or \"imds\"")
+        return None
+    if source not in SOURCES:
+        c.error(f"{path}.source", f"expected one of {', '.join(SOURCES)}")
+        return None
+    if not botocore_installed():
+        c.error(f"{path}.kind", f"SigV4 signing needs botocore, an optional extra: {EXTRA_HINT}")
+        ok = False
+    templates: dict[str, Template | None] = {}
+    for key in ("access_key_id", "secret_access_key", "session_token"):
+        if key in t and source != "static":
+            c.error(f"{path}.{key}", "only with source = \"static\"")
+            ok = False
+        elif key in t:
+            # the key id is not secret, but it is written as a template all the same (rotated together)
+            templates[key] = c.template(f"{path}.{key}", t[key], credential=key != "access_key_id",
+                                        public="not the value itself")
+            ok = ok and templates[key] is not None
+    if source == "static":
+        for key in ("access_key_id", "secret_access_key"):
+            if key not in t:
+                c.error(f"{path}.{key}", "required with source = \"static\" (e.g. \"{{secret:NAME}}\")")
+                ok = False
+    imds = DEFAULT_IMDS
+    if "imds_endpoint" in t:
+        if source != "imds":
+            c.error(f"{path}.imds_endpoint", "only with source = \"imds\"")
+            ok = False
+        else:
+            found = _imds_endpoint(c, f"{path}.imds_endpoint", t["imds_endpoint"])
+            ok = ok and found is not None
+            imds = found or imds
+    if not ok:
+        return None
+    return AwsAuth(str(region), str(service), str(source), templates.get("access_key_id"),
+                   templates.get("secret_access_key"), templates.get("session_token"), imds)
+
+
+def _imds_endpoint(c: _Collector, path: str, value: Any) -> str | None:
+    if not isinstance(value, str) or len(value) > 256:
+        c.error(path, "expected an http:// URL (the instance metadata service)")
+        return None
+    try:
+        parts = urlsplit(value)
+        _ = parts.port
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/") \
+            or parts.query or parts.fragment or parts.username or parts.password:
+        c.error(path, "expected http://HOST[:PORT] (IMDS speaks plain HTTP on a local address), no path")
+        return None
+    return value.rstrip("/")
+
+
+def imds_egress_problem(imds_endpoint: str, allow_private: tuple[str, ...]) -> str | None:
+    """Why the egress policy would refuse the IMDS address, known from the config alone: a
+    non-loopback private or metadata address literal that `allow_private` does not list."""
+    host = urlsplit(imds_endpoint).hostname or ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a name: the egress guard decides when it resolves
+    if address.is_global or address.is_loopback:
+        return None
+    for entry in allow_private:
+        try:
+            if address in ipaddress.ip_network(entry, strict=False):
+                return None
+        except ValueError:
+            continue
+    return (f"the instance metadata service at {address} is refused by the egress policy: add "
+            f"allow_private = [\"{address}\"] to this server (or its service) to let the sidecar reach it")
+
+
+def aws_auth_of(target: Target) -> AwsAuth:
+    """The parsed settings of a target `is_aws` (the config was validated when it was loaded)."""
+    from .config import _Collector
+
+    assert target.spec.auth is not None
+    parsed = parse_aws_auth(_Collector(), "auth", target.spec.auth)
+    assert parsed is not None
+    return parsed
+
+
+def aws_egress_check(c: _Collector, path: str, t: Mapping[str, Any]) -> None:
+    """A server's `auth` of kind `aws` with `source = "imds"`: its IMDS address must pass the
+    server's egress policy (`allow_private`), said by `check` rather than at the first request."""
+    auth = t.get("auth")
+    if not isinstance(auth, dict) or auth.get("kind") != "aws" or auth.get("source") != "imds":
+        return
+    endpoint = auth.get("imds_endpoint", DEFAULT_IMDS)
+    private = t.get("allow_private")
+    listed = tuple(p for p in private if isinstance(p, str)) if isinstance(private, list) else ()
+    if isinstance(endpoint, str) and (problem := imds_egress_problem(endpoint, listed)) is not None:
+        c.error(f"{path}.auth.source", problem)

@@ -1,0 +1,220 @@
+"""AWS Signature Version 4 for servers with `auth = { kind = "aws", ... }`: botocore's `SigV4Auth`
+over an `AWSRequest` (the canonical request is botocore's), with the sidecar's clock, and the
+credentials of `aws_credentials` (they never leave the sidecar process).
+
+- Through the gateway, each upstream request (retries included) is signed here: `host`,
+  `x-amz-date`, `x-amz-content-sha256` (the SHA-256 of the body the gateway holds) and
+  `x-amz-security-token` (session credentials) are added, and every header sent is covered but the
+  ones botocore leaves out (`user-agent`, hop-by-hop headers).
+- For direct clients, `POST /v1/servers/{name}/sign` takes `{"method", "url", "headers",
+  "content_sha256"}` (the hex SHA-256 of the body, or `content_digest`, RFC 9530 `sha-256=:...:`,
+  as for AAuth; `UNSIGNED-PAYLOAD` is refused) and returns the headers to add. The body never
+  reaches the sidecar; the URL must be of the server's origin. The session token of temporary
+  credentials is in the answer (the request must carry it; it is useless without the secret key,
+  which stays here).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import httpx
+
+from .aws_config import AwsAuth, aws_auth_of, is_aws
+from .aws_credentials import (
+    AwsCredentials,
+    CredentialCache,
+    botocore_required,
+    from_env,
+    from_imds,
+    from_static,
+)
+from .config import Config, Target
+from .errors import Forbidden, InvalidRequest
+from .templates import Template
+
+EMPTY_SHA256: Final = hashlib.sha256(b"").hexdigest()
+MAX_SIGN_HEADERS: Final = 32
+MAX_HEADER_VALUE: Final = 8192
+_METHOD: Final = re.compile(r"[A-Z]{1,16}\Z")
+_HEX64: Final = re.compile(r"[0-9a-f]{64}\Z")
+_DIGEST: Final = re.compile(r"sha-256=:([A-Za-z0-9+/]{43}=):\Z")
+_HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,128}\Z")
+_ADDED: Final = ("authorization", "x-amz-date", "x-amz-content-sha256", "x-amz-security-token")
+
+
+def sign(credentials: AwsCredentials, region: str, service: str, method: str, url: str,
+         headers: list[tuple[str, str]], payload_sha256: str, when: float,
+         content_header: bool = True) -> dict[str, str]:
+    """The headers SigV4 adds to the request (`Authorization`, `X-Amz-Date`, and with
+    `content_header` `X-Amz-Content-SHA256`; `X-Amz-Security-Token` for session credentials), as
+    botocore computes them at the instant `when` (unix seconds)."""
+    botocore_required()
+    from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth  # type: ignore[import-untyped]
+    from botocore.awsrequest import AWSRequest  # type: ignore[import-untyped]
+    from botocore.credentials import Credentials  # type: ignore[import-untyped]
+
+    class _Clocked(SigV4Auth):  # type: ignore[misc]
+        """botocore's SigV4 with the sidecar's clock instead of the system's."""
+
+        def add_auth(self, request: Any) -> None:
+            request.context["timestamp"] = datetime.fromtimestamp(when, UTC).strftime(SIGV4_TIMESTAMP)
+            self._modify_request_before_signing(request)
+            canonical = self.canonical_request(request)
+            signature = self.signature(self.string_to_sign(request, canonical), request)
+            self._inject_signature_to_request(request, signature)
+
+    request = AWSRequest(method=method, url=url)
+    for name, value in headers:
+        if name.lower() in ("authorization", "x-amz-date", "x-amz-security-token", "date"):
+            continue  # set by the signer
+        request.headers[name] = value
+    if content_header:
+        request.headers["X-Amz-Content-SHA256"] = payload_sha256
+    creds = Credentials(credentials.access_key_id, credentials.secret_access_key, credentials.session_token)
+    _Clocked(creds, service, region).add_auth(request)
+    out = {"Authorization": request.headers["Authorization"], "X-Amz-Date": request.headers["X-Amz-Date"]}
+    if content_header:
+        out["X-Amz-Content-SHA256"] = payload_sha256
+    if credentials.session_token:
+        out["X-Amz-Security-Token"] = credentials.session_token
+    return out
+
+
+def host_of(url: str) -> str:
+    """The Host a client sends for `url` (the port only when it is not the scheme's default)."""
+    parts = httpx.URL(url)
+    host = parts.host if ":" not in parts.host else f"[{parts.host}]"
+    return host if parts.port is None else f"{host}:{parts.port}"
+
+
+class SigV4Signer:
+    """Signs requests to the servers whose `auth` is of kind `aws`."""
+
+    def __init__(self, config: Config, clock: Callable[[], float], render: Callable[[Template], str],
+                 http_for: Callable[[Target], httpx.AsyncClient]) -> None:
+        self.config = config
+        self.clock = clock
+        self.render = render
+        self.http_for = http_for  # the target's own egress client (IMDS goes through its policy)
+        self.cache = CredentialCache(clock)
+        self._auth: dict[str, tuple[Mapping[str, Any], AwsAuth]] = {}
+
+    def reload(self, config: Config) -> None:
+        self.config = config
+        self.cache.forget()
+        self._auth.clear()
+
+    def auth(self, target: Target) -> AwsAuth:
+        held = self._auth.get(target.name)
+        if held is not None and held[0] is target.spec.auth:
+            return held[1]
+        parsed = aws_auth_of(target)
+        assert target.spec.auth is not None
+        self._auth[target.name] = (target.spec.auth, parsed)
+        return parsed
+
+    async def credentials(self, target: Target) -> AwsCredentials:
+        import asyncio
+
+        auth = self.auth(target)
+
+        async def fetch() -> AwsCredentials:
+            if auth.source == "imds":
+                return await from_imds(auth, self.http_for(target))
+            if auth.source == "static":
+                return await asyncio.to_thread(from_static, auth, self.render)
+            return from_env()
+
+        return await self.cache.get(target.key, fetch, self.config.secrets.cache_ttl)
+
+    # -- the gateway's hook
+
+    async def gateway_headers(self, target: Target, method: str, url: str, headers: list[tuple[Any, bytes]],
+                              body: bytes | None) -> list[tuple[Any, bytes]]:
+        """The headers that sign an upstream request of the gateway (added to `headers`: names
+        lower-cased, as bytes or str as `headers` has them); `host` among them."""
+        auth = self.auth(target)
+        as_bytes = any(isinstance(k, bytes) for k, _ in headers)
+        host = host_of(url)
+        lines = [(k.decode("latin-1") if isinstance(k, bytes) else k, v.decode("latin-1")) for k, v in headers
+                 if (k.lower() if isinstance(k, str) else k.lower().decode("latin-1")) != "host"]
+        lines.append(("host", host))
+        credentials = await self.credentials(target)
+        added = sign(credentials, auth.region, auth.service, method, url, lines,
+                     hashlib.sha256(body or b"").hexdigest(), self.clock())
+        out = [("host", host), *((k.lower(), v) for k, v in added.items())]
+        return [(name.encode("ascii") if as_bytes else name, value.encode("ascii")) for name, value in out]
+
+    # -- POST /v1/servers/{name}/sign
+
+    async def sign_route(self, target: Target, body: dict[str, Any]) -> dict[str, Any]:
+        """The SigV4 headers a direct client adds to its request to `target` (never the body: the
+        client sends its SHA-256). The URL must be the server's origin. Never echoes what was sent."""
+        if not is_aws(target):
+            raise Forbidden(f"requests to server {target.name!r} are not signed with SigV4")
+        if "body" in body:
+            raise InvalidRequest("the body is never sent to the sidecar: send content_sha256 (hex SHA-256)")
+        unknown = set(body) - {"method", "url", "headers", "content_sha256", "content_digest"}
+        if unknown:
+            raise InvalidRequest("unknown fields: the body holds method, url, headers, content_sha256 "
+                                 "(or content_digest)")
+        method = body.get("method")
+        if not isinstance(method, str) or not _METHOD.match(method):
+            raise InvalidRequest("method must be an upper-case HTTP method")
+        url = body.get("url")
+        if not isinstance(url, str) or len(url) > 2048 or not _same_origin(url, target.endpoint):
+            raise InvalidRequest(f"url must be a URL of server {target.name!r}'s origin (scheme, host, port)")
+        raw_headers = body.get("headers", {})
+        if not isinstance(raw_headers, dict) or len(raw_headers) > MAX_SIGN_HEADERS or not all(
+                isinstance(k, str) and _HEADER_NAME.match(k) and isinstance(v, str)
+                and len(v) <= MAX_HEADER_VALUE and v.isprintable() for k, v in raw_headers.items()):
+            raise InvalidRequest(f"headers must be an object of at most {MAX_SIGN_HEADERS} header names "
+                                 "to printable string values")
+        payload = _payload_sha256(body)
+        auth = self.auth(target)
+        lines = [(k, v) for k, v in raw_headers.items() if k.lower() not in ("host", *_ADDED)]
+        lines.append(("host", host_of(url)))
+        credentials = await self.credentials(target)
+        added = sign(credentials, auth.region, auth.service, method, url, lines, payload, self.clock())
+        signed = sorted({k.lower() for k, _ in lines} | {"x-amz-date", "x-amz-content-sha256"}
+                        | ({"x-amz-security-token"} if credentials.session_token else set()))
+        return {"headers": added, "signed_headers": [h for h in signed if h not in _UNSIGNED],
+                "expires_at": credentials.expires_at}
+
+
+_UNSIGNED: Final = frozenset({"connection", "expect", "keep-alive", "proxy-authenticate",
+                              "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade",
+                              "user-agent", "x-amzn-trace-id"})
+
+
+def _payload_sha256(body: Mapping[str, Any]) -> str:
+    given = body.get("content_sha256")
+    digest = body.get("content_digest")
+    if given is not None and digest is not None:
+        raise InvalidRequest("send content_sha256 or content_digest, not both")
+    if given is not None:
+        if not isinstance(given, str) or not _HEX64.match(given):
+            raise InvalidRequest("content_sha256 must be the body's SHA-256 in lower-case hex")
+        return given
+    if digest is not None:
+        match = _DIGEST.match(digest) if isinstance(digest, str) else None
+        if match is None:
+            raise InvalidRequest("content_digest must be sha-256=:<base64>: (RFC 9530)")
+        return base64.b64decode(match[1]).hex()
+    return EMPTY_SHA256
+
+
+def _same_origin(url: str, endpoint: str) -> bool:
+    try:
+        a, b = urlsplit(url), urlsplit(endpoint)
+        return (a.scheme, a.hostname, a.port) == (b.scheme, b.hostname, b.port) and not a.username \
+            and not a.password and not a.fragment and bool(a.hostname)
+    except ValueError:
+        return False
