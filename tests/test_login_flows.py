@@ -281,12 +281,12 @@ async def test_the_device_login_polls_on_the_schedule_the_server_sets() -> None:
 
     out = io.StringIO()
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-        access, extras = await device_login(http, target, ends, None, out, sleep=sleep, clock=lambda: now[0])
+        token, extras = await device_login(http, target, ends, None, out, sleep=sleep, clock=lambda: now[0])
     # 5 s, pending: 10 s, slow_down (10 s from now on): 20 s, a 503 is a passing outage: 30 s, pending: 40 s
     assert [t for t, _ in polls] == [5.0, 10.0, 20.0, 30.0, 40.0]
     assert all(form == {"grant_type": ["urn:ietf:params:oauth:grant-type:device_code"], "device_code": ["dc-1"],
                         "resource": ["https://s.example.com/mcp"], "client_id": ["c"]} for _, form in polls)
-    assert access == "at-123456" and extras == {"refresh_token": "rt-123456789"}
+    assert token.access_token == "at-123456" and extras == {"refresh_token": "rt-123456789"}
     text = out.getvalue()
     assert "open https://as.example/d and enter the code WXYZ-1234" in text and "dc-1" not in text
     assert "rt-123456789" not in text and "at-123456" not in text

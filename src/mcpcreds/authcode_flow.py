@@ -7,12 +7,21 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import secrets
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 from .errors import TokenEndpointError
+from .login_store import (
+    MAX_CLIENT_ID_CHARS,
+    MAX_SECRET_CHARS,
+    REGISTERED_AUTH_METHODS,
+    Registration,
+    visible_ascii,
+)
+from .secret import REDACTOR
 
 CALLBACK_PATH: Final = "/callback"
 MAX_CODE_CHARS: Final = 2048
@@ -85,3 +94,76 @@ def code_from_redirect(query: str, request: AuthRequest, issuer: str | None) -> 
     if len(codes) != 1 or not 0 < len(codes[0]) <= MAX_CODE_CHARS or not codes[0].isprintable():
         raise TokenEndpointError("the redirect carries no usable code", "invalid_response")
     return codes[0]
+
+
+# ---------------------------------------------------------------------------- dynamic client registration
+
+REGISTRATION_PREFERENCE: Final = ("none", "client_secret_basic", "client_secret_post")
+MAX_REGISTRATION_BYTES: Final = 64 * 1024
+CLIENT_NAME: Final = "mcpcreds"
+
+
+def registration_method(supported: tuple[str, ...]) -> str:
+    """The token endpoint authentication to register with (RFC 7591 §2): a public client
+    (`none`) when the server takes one, else a client secret, in the header before the form."""
+    for method in REGISTRATION_PREFERENCE:
+        if method in supported:
+            return method
+    raise TokenEndpointError("the authorization server supports no token endpoint authentication a "
+                             "registered person's client can use (none, client_secret_basic, "
+                             "client_secret_post)", "unsupported_auth_method")
+
+
+def registration_body(redirect_uri: str, method: str) -> str:
+    """The RFC 7591 registration request: a native client with a loopback redirect URI."""
+    return json.dumps({"client_name": CLIENT_NAME, "redirect_uris": [redirect_uri],
+                       "grant_types": ["authorization_code", "refresh_token"], "response_types": ["code"],
+                       "token_endpoint_auth_method": method, "application_type": "native"})
+
+
+def parse_registration(status: int, body: bytes, requested: str, issuer: str,
+                       redirect_uri: str) -> Registration:
+    """The registered client of the server's answer (RFC 7591 §3.2.1), validated and bounded; an
+    error never quotes the answer. The method is the one the answer names, else the one asked
+    for; a secret with method `none` is dropped, a secret method without a secret refused."""
+    try:
+        data = json.loads(body) if len(body) <= MAX_REGISTRATION_BYTES else None
+    except (ValueError, RecursionError):
+        data = None
+    if status >= 400:
+        code = data.get("error") if isinstance(data, dict) else None
+        if not (isinstance(code, str) and code.isascii() and 0 < len(code) <= 64
+                and code.replace("_", "").isalnum()):
+            code = "invalid_response"
+        raise TokenEndpointError(f"the authorization server refused the client registration "
+                                 f"(HTTP {status}, {code})", code)
+    if status not in (200, 201) or not isinstance(data, dict):
+        raise TokenEndpointError(f"the client registration answered HTTP {status} without a JSON object",
+                                 "invalid_response")
+    client_id, secret, method = data.get("client_id"), data.get("client_secret"), data.get(
+        "token_endpoint_auth_method", requested)
+    if not visible_ascii(client_id, MAX_CLIENT_ID_CHARS):
+        raise TokenEndpointError("the client registration has no usable client_id", "invalid_response")
+    if method not in REGISTERED_AUTH_METHODS:
+        raise TokenEndpointError("the client registration names a token endpoint authentication "
+                                 "mcpcreds does not use", "invalid_response")
+    if method == "none":
+        secret = None
+    elif not visible_ascii(secret, MAX_SECRET_CHARS):
+        raise TokenEndpointError("the client registration has no usable client_secret for its "
+                                 "token endpoint authentication", "invalid_response")
+    if secret is not None:
+        REDACTOR.add(secret)
+    return Registration(issuer, client_id, method, secret, redirect_uri)
+
+
+def loopback_port(redirect_uri: str) -> int | None:
+    """The port of a redirect URI mcpcreds registered (`http://127.0.0.1:PORT/callback`)."""
+    parts = urlsplit(redirect_uri)
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme != "http" or parts.hostname != "127.0.0.1" or parts.path != CALLBACK_PATH or not port:
+        return None
+    return port

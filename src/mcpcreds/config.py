@@ -608,7 +608,11 @@ _AUTH_KEYS: Final = ("kind", "token", "header", "value", "grant", "issuer", "tok
 def _parse_login(c: _Collector, path: str, t: dict[str, Any], grant: str,
                  scope_key: str) -> LoginSpec | None:
     client_id = t.get("client_id")
-    if not isinstance(client_id, str) or not client_id:
+    if grant == "authorization_code" and "client_id" not in t:
+        client_id = ""  # none: `mcpcreds login` registers a client (RFC 7591)
+        if "client_secret" in t or "private_key" in t:
+            c.error(_join(path, "client_id"), "required with client_secret or private_key")
+    elif not isinstance(client_id, str) or not client_id:
         c.error(_join(path, "client_id"), "required: a non-empty string")
     public = grant in LOGIN_GRANTS and "client_secret" not in t and "private_key" not in t
     method = c.typed(_join(path, "auth_method"), t.get("auth_method"), str,

@@ -130,6 +130,11 @@ class ServerEndpoints:
     device_authorization: str | None
     authorization: str | None
     revocation: str | None
+    registration: str | None = None  # RFC 7591
+    auth_methods: tuple[str, ...] = ("client_secret_basic",)  # RFC 8414's default when unnamed
+
+
+DEFAULT_AUTH_METHODS: Final = ("client_secret_basic",)
 
 
 def endpoints_from(metadata: Any, issuer: str) -> ServerEndpoints:
@@ -140,8 +145,14 @@ def endpoints_from(metadata: Any, issuer: str) -> ServerEndpoints:
         value = metadata.get(name)
         return value if usable_url(value) else None
 
+    methods = metadata.get("token_endpoint_auth_methods_supported")
+    if isinstance(methods, list) and 0 < len(methods) <= 32 and all(isinstance(m, str) for m in methods):
+        auth_methods = tuple(m for m in methods if len(m) <= 64)
+    else:
+        auth_methods = DEFAULT_AUTH_METHODS
     return ServerEndpoints(issuer, token, optional("device_authorization_endpoint"),
-                           optional("authorization_endpoint"), optional("revocation_endpoint"))
+                           optional("authorization_endpoint"), optional("revocation_endpoint"),
+                           optional("registration_endpoint"), auth_methods)
 
 
 class Discovery:
@@ -200,7 +211,8 @@ class Discovery:
         if login.token_url:
             issuer = found.issuer
             found = ServerEndpoints(issuer, login.token_url, found.device_authorization,
-                                    found.authorization, found.revocation)
+                                    found.authorization, found.revocation, found.registration,
+                                    found.auth_methods)
         return found
 
     async def legacy_endpoints(self, endpoint: str, http: httpx.AsyncClient) -> ServerEndpoints:
@@ -215,7 +227,8 @@ class Discovery:
                 self.issuers.setdefault(endpoint, origin)
                 break
         else:
-            found = ServerEndpoints(origin, origin + "/token", None, origin + "/authorize", None)
+            found = ServerEndpoints(origin, origin + "/token", None, origin + "/authorize", None,
+                                    origin + "/register")
         _log.info("no protected-resource metadata: the authorization server is the MCP server's origin",
                   extra={"issuer": origin, "token_url": found.token})
         return found

@@ -25,17 +25,23 @@ from .authcode_flow import (
     AuthRequest,
     authorization_request,
     code_from_redirect,
+    loopback_port,
+    parse_registration,
     redirect_uri_for,
+    registration_body,
+    registration_method,
 )
-from .config import LOGIN_GRANTS, Config, Target
+from .config import LOGIN_GRANTS, Config, LoginSpec, Target
 from .device_flow import DEVICE_GRANT, DeviceAuthorization, PollSchedule, parse_device_authorization
 from .discovery import Discovery, ServerEndpoints
 from .egress import egress_client
 from .errors import InvalidRequest, McpcredsError, TokenEndpointError, TokenEndpointTimeout
-from .login_store import LoginStore, StoredLogin, entry_name, login_store
+from .login_store import LoginStore, Registration, StoredLogin, entry_name, login_store
+from .logs import get_logger
 from .oauth import (
     MAX_RESPONSE_BYTES,
     TOKEN_TIMEOUT,
+    Token,
     authenticated_request,
     build_token_request,
     send_token_request,
@@ -49,6 +55,9 @@ _PAGE_OK: Final = b"<!doctype html><title>mcpcreds</title><p>Login received. You
 _PAGE_FAILED: Final = b"<!doctype html><title>mcpcreds</title><p>Login failed: see the terminal."
 
 Sleep = Callable[[float], Awaitable[None]]
+# a person's client for a redirect URI: the LoginSpec (client id, method) and its credential
+ClientFor = Callable[[str], Awaitable[tuple[LoginSpec, str | None]]]
+_log = get_logger("login")
 
 
 def login_target(config: Config, name: str) -> Target:
@@ -64,6 +73,8 @@ def login_target(config: Config, name: str) -> Target:
 def _credential(config: Config, target: Target) -> str | None:
     login = target.login
     assert login is not None
+    if not login.client_id:  # no client configured: the registered one's, if any
+        return None
     template = login.private_key or login.client_secret
     if template is None:
         return None
@@ -98,9 +109,9 @@ async def _post_form(http: httpx.AsyncClient, url: str, headers: dict[str, str],
 
 async def device_login(http: httpx.AsyncClient, target: Target, ends: ServerEndpoints,
                        credential: str | None, out: TextIO, sleep: Sleep = asyncio.sleep,
-                       clock: Callable[[], float] = time.monotonic) -> tuple[str, dict[str, str]]:
-    """RFC 8628: ask for a user code, show it, poll until approved. Returns (access token,
-    extras with the refresh token)."""
+                       clock: Callable[[], float] = time.monotonic) -> tuple[Token, dict[str, str]]:
+    """RFC 8628: ask for a user code, show it, poll until approved. Returns (the token, extras
+    with the refresh token, if one was issued)."""
     login = target.login
     assert login is not None
     if ends.device_authorization is None:
@@ -133,7 +144,7 @@ async def device_login(http: httpx.AsyncClient, target: Target, ends: ServerEndp
         except TokenEndpointTimeout:
             at = schedule.after("temporarily_unavailable", clock())
             continue
-        return token.access_token, extras
+        return token, extras
 
 
 # ---------------------------------------------------------------------------- authorization code
@@ -150,9 +161,10 @@ class LoopbackListener:
         self._check: Callable[[str], str] | None = None
         self.result: asyncio.Future[str] | None = None
 
-    async def start(self) -> int:
+    async def start(self, port: int = 0) -> int:
+        """Listen on `port` (0: one the kernel picks); OSError when it is taken."""
         self.result = asyncio.get_running_loop().create_future()
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, limit=MAX_REQUEST_HEAD)
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", port, limit=MAX_REQUEST_HEAD)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -199,16 +211,25 @@ class LoopbackListener:
 
 async def code_login(http: httpx.AsyncClient, target: Target, ends: ServerEndpoints,
                      credential: str | None, out: TextIO, open_browser: bool,
-                     wait: float) -> tuple[str, dict[str, str]]:
-    """Authorization code + PKCE S256 with a loopback redirect (RFC 8252)."""
+                     wait: float, client_for: ClientFor | None = None,
+                     port: int = 0) -> tuple[Token, dict[str, str]]:
+    """Authorization code + PKCE S256 with a loopback redirect (RFC 8252) on `port` (0: any);
+    `client_for` (a registered client) gives the client for the redirect URI once it is known."""
     login = target.login
     assert login is not None
     if ends.authorization is None:
         raise TokenEndpointError(f"the authorization server {ends.issuer} advertises no "
                                  "authorization_endpoint", "unsupported_grant_type")
     listener = LoopbackListener()
-    port = await listener.start()
     try:
+        port = await listener.start(port)
+    except OSError:
+        if not port:
+            raise
+        port = await listener.start()
+    try:
+        if client_for is not None:
+            login, credential = await client_for(redirect_uri_for(port))
         request: AuthRequest = authorization_request(ends.authorization, login.client_id,
                                                      redirect_uri_for(port), login.scope, login.resource)
         listener.expect(lambda query: code_from_redirect(query, request, ends.issuer))
@@ -233,20 +254,47 @@ async def code_login(http: httpx.AsyncClient, target: Target, ends: ServerEndpoi
     extras: dict[str, str] = {}
     token = await send_token_request(http, token_request, time.time(), login.expires_in_default,
                                      extras=extras)
-    return token.access_token, extras
+    return token, extras
+
+
+# ---------------------------------------------------------------------------- dynamic client registration
+
+
+async def register_client(http: httpx.AsyncClient, ends: ServerEndpoints, redirect_uri: str) -> Registration:
+    """RFC 7591: register mcpcreds as a native client for `redirect_uri` (the loopback listener's
+    actual one: a server need not accept any port)."""
+    if ends.registration is None:
+        raise TokenEndpointError(f"no client_id is configured and the authorization server {ends.issuer} "
+                                 "offers no registration_endpoint: configure the client_id registered "
+                                 "there", "registration_unavailable")
+    method = registration_method(ends.auth_methods)
+    headers = {"Content-Type": "application/json", "Accept": "application/json",
+               "Accept-Encoding": "identity"}
+    status, body = await _post_form(http, ends.registration, headers, registration_body(redirect_uri, method))
+    registration = parse_registration(status, body, method, ends.issuer, redirect_uri)
+    _log.info("client registered", extra={"issuer": ends.issuer, "client_id": registration.client_id,
+                                          "auth_method": registration.auth_method})
+    return registration
+
+
+def registered_login(login: LoginSpec, registration: Registration) -> LoginSpec:
+    return dataclasses.replace(login, client_id=registration.client_id, auth_method=registration.auth_method)
 
 
 # ---------------------------------------------------------------------------- login, logout
 
 
 async def run_login(config: Config, target: Target, out: TextIO, open_browser: bool, wait: float,
-                    store: LoginStore | None = None, client: httpx.AsyncClient | None = None) -> None:
-    """The whole login: discovery, the scope, the flow, the refresh token into `store` (the
-    configured keyring); `client` (tests) replaces the egress-checked HTTP client."""
+                    store: LoginStore | None = None, client: httpx.AsyncClient | None = None) -> StoredLogin:
+    """The whole login: discovery, the scope, the client (configured, or registered: RFC 7591),
+    the flow, and the login into `store` (the configured keyring): its refresh token, else its
+    access token and expiry; `client` (tests) replaces the egress-checked HTTP client."""
     login = target.login
     assert login is not None
     store = store or login_store(config.secrets)
-    await asyncio.to_thread(store.get, target.key)  # a keyring that fails, fails before the login
+    # a keyring that fails, fails before the login; a registration stored there is reused
+    previous = await asyncio.to_thread(store.get, target.key)
+    registration: Registration | None = None
     credential = await asyncio.to_thread(_credential, config, target)
     async with client or egress_client(target.egress) as http:
         discovery = Discovery()
@@ -256,15 +304,35 @@ async def run_login(config: Config, target: Target, out: TextIO, open_browser: b
             login = dataclasses.replace(login, scope=scope)
             target = dataclasses.replace(target, login=login)
         if login.grant == "device":
-            _, extras = await asyncio.wait_for(device_login(http, target, ends, credential, out), MAX_WAIT)
+            token, extras = await asyncio.wait_for(device_login(http, target, ends, credential, out),
+                                                   MAX_WAIT)
+        elif login.client_id:
+            token, extras = await code_login(http, target, ends, credential, out, open_browser, wait)
         else:
-            _, extras = await code_login(http, target, ends, credential, out, open_browser, wait)
+            reuse = previous.registration if previous is not None else None
+            if reuse is not None and reuse.issuer != ends.issuer:
+                reuse = None
+            registration = reuse
+
+            async def client_for(redirect_uri: str) -> tuple[LoginSpec, str | None]:
+                nonlocal registration
+                if registration is None or registration.redirect_uri != redirect_uri:
+                    registration = await register_client(http, ends, redirect_uri)
+                    out.write(f"registered as client {registration.client_id} at {ends.issuer}\n")
+                return registered_login(login, registration), registration.client_secret
+
+            port = loopback_port(reuse.redirect_uri) if reuse is not None else None
+            token, extras = await code_login(http, target, ends, None, out, open_browser, wait,
+                                             client_for=client_for, port=port or 0)
+            assert registration is not None
+    client_id = registration.client_id if registration is not None else login.client_id
     refresh = extras.get("refresh_token")
-    if refresh is None:
-        raise TokenEndpointError("the authorization server issued no refresh token, so the sidecar could "
-                                 "not renew this login (does the client allow the refresh_token grant? "
-                                 "some servers want scope offline_access)", "no_refresh_token")
-    await asyncio.to_thread(store.put, target.key, StoredLogin(refresh, login.client_id))
+    if refresh is not None:
+        stored = StoredLogin(refresh, client_id, registration=registration)
+    else:  # the login lasts as long as its access token
+        stored = StoredLogin(None, client_id, token.access_token, token.expires_at, registration)
+    await asyncio.to_thread(store.put, target.key, stored)
+    return stored
 
 
 async def run_logout(config: Config, target: Target, out: TextIO) -> bool:
@@ -278,14 +346,19 @@ async def run_logout(config: Config, target: Target, out: TextIO) -> bool:
         return False
     try:
         credential = await asyncio.to_thread(_credential, config, target)
+        if not login.client_id and stored.registration is not None:
+            credential = stored.registration.client_secret
+            login = registered_login(login, stored.registration)
+        kind = "refresh_token" if stored.refresh_token is not None else "access_token"
         async with egress_client(target.egress) as http:
             ends = await Discovery().endpoints(login, target.endpoint, http)
             if ends.revocation is not None:
                 request = authenticated_request(
                     login, ends.revocation, credential,
-                    {"token": stored.refresh_token, "token_type_hint": "refresh_token"}, issuer=ends.issuer)
+                    {"token": stored.refresh_token or stored.access_token or "", "token_type_hint": kind},
+                    issuer=ends.issuer)
                 status, _ = await _post_form(http, request.url, request.headers, request.body)
-                out.write("refresh token revoked\n" if status == 200 else
+                out.write(f"{kind.replace('_', ' ')} revoked\n" if status == 200 else
                           f"the revocation endpoint answered HTTP {status}; deleting the login anyway\n")
             else:
                 out.write("the authorization server advertises no revocation endpoint; deleting the "
@@ -331,9 +404,16 @@ def cmd_login(args: argparse.Namespace) -> int:
     wait = args.timeout
     if not 0 < wait <= MAX_WAIT:
         raise InvalidRequest(f"--timeout: from 1 to {MAX_WAIT:g} seconds")
-    asyncio.run(run_login(config, target, sys.stderr, open_browser=not args.no_browser, wait=wait))
-    print(f"logged in: {target.name} ({target.key}); the refresh token is in the keyring as "
-          f"{entry_name(target.key)}", file=sys.stderr)
+    stored = asyncio.run(run_login(config, target, sys.stderr, open_browser=not args.no_browser, wait=wait))
+    if stored.refresh_token is not None:
+        print(f"logged in: {target.name} ({target.key}); the refresh token is in the keyring as "
+              f"{entry_name(target.key)}", file=sys.stderr)
+    else:
+        left = max(0, round((stored.expires_at or 0) - time.time()))
+        print(f"logged in: {target.name} ({target.key}); the authorization server issued no refresh "
+              f"token, so the login lasts as long as its access token ({left}s; then run "
+              f"`mcpcreds login {target.name}` again); it is in the keyring as {entry_name(target.key)}",
+              file=sys.stderr)
     _tell_sidecar(args, target, logout=False)
     return 0
 

@@ -1,14 +1,17 @@
-"""Where a login's refresh token lives: one keyring entry per cache key (`login.service.crm` for
+"""Where a person's login lives: one keyring entry per cache key (`login.service.crm` for
 `service:crm`, `login.mcp.docs` for `mcp:docs`), never a file the config names. The entry holds
-JSON: the refresh token and the client id it was issued to (a changed client id needs a new
-login)."""
+JSON: the refresh token, or (a server that issues none) the access token and when it expires; the
+client id it was issued to (a changed client id needs a new login); and the client's dynamic
+registration (RFC 7591), when mcpcreds registered itself, reused by the next login."""
 
 from __future__ import annotations
 
 import functools
 import json
+import math
+import re
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeGuard
 
 from .config import SecretsConfig
 from .errors import SecretUnavailable
@@ -17,6 +20,12 @@ from .sources import KeyringSource, SecretResolver
 
 ENTRY_PREFIX: Final = "login."
 MAX_ENTRY_CHARS: Final = 32 * 1024
+MAX_CLIENT_ID_CHARS: Final = 512
+MAX_SECRET_CHARS: Final = 4096
+MAX_TOKEN_CHARS: Final = 16 * 1024
+MAX_URL_CHARS: Final = 2048
+_VISIBLE: Final = re.compile(r"[\x21-\x7e]+")  # visible ASCII: safe in a header and a form
+REGISTERED_AUTH_METHODS: Final = ("none", "client_secret_basic", "client_secret_post")
 
 
 def entry_name(key: str) -> str:
@@ -25,16 +34,75 @@ def entry_name(key: str) -> str:
     return f"{ENTRY_PREFIX}{kind}.{name}"
 
 
+def visible_ascii(value: object, most: int) -> TypeGuard[str]:
+    return isinstance(value, str) and 0 < len(value) <= most and _VISIBLE.fullmatch(value) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A client registered by mcpcreds (RFC 7591): at which authorization server, for which
+    redirect URI, with which token endpoint authentication (and secret, if one was issued)."""
+
+    issuer: str
+    client_id: str
+    auth_method: str
+    client_secret: str | None
+    redirect_uri: str
+
+    def __repr__(self) -> str:  # the secret is the client's password
+        return (f"Registration(issuer={self.issuer!r}, client_id={self.client_id!r}, "
+                f"auth_method={self.auth_method!r})")
+
+    def to_dict(self) -> dict[str, str]:
+        data = {"issuer": self.issuer, "client_id": self.client_id, "auth_method": self.auth_method,
+                "redirect_uri": self.redirect_uri}
+        if self.client_secret is not None:
+            data["client_secret"] = self.client_secret
+        return data
+
+    @classmethod
+    def from_dict(cls, data: object) -> Registration | None:
+        """None unless every field is there and well formed (secret: iff the method needs one)."""
+        if not isinstance(data, dict):
+            return None
+        issuer, client_id = data.get("issuer"), data.get("client_id")
+        method, secret = data.get("auth_method"), data.get("client_secret")
+        redirect = data.get("redirect_uri")
+        if not (visible_ascii(issuer, MAX_URL_CHARS) and visible_ascii(client_id, MAX_CLIENT_ID_CHARS)
+                and visible_ascii(redirect, MAX_URL_CHARS) and method in REGISTERED_AUTH_METHODS):
+            return None
+        if (secret is None) != (method == "none") or (
+                secret is not None and not visible_ascii(secret, MAX_SECRET_CHARS)):
+            return None
+        if secret is not None:
+            REDACTOR.add(secret)
+        return cls(issuer, client_id, method, secret, redirect)
+
+
 @dataclass(frozen=True, slots=True)
 class StoredLogin:
-    refresh_token: str
+    """A refresh token, or else an access token and its expiry (epoch seconds): the server
+    issued no refresh token, so the login lasts as long as that access token."""
+
+    refresh_token: str | None
     client_id: str
+    access_token: str | None = None
+    expires_at: float | None = None
+    registration: Registration | None = None
 
     def __repr__(self) -> str:
-        return f"StoredLogin(client_id={self.client_id!r})"
+        kind = "refresh" if self.refresh_token is not None else "access-only"
+        return f"StoredLogin(client_id={self.client_id!r}, {kind}, expires_at={self.expires_at!r})"
 
     def to_json(self) -> str:
-        return json.dumps({"v": 1, "refresh_token": self.refresh_token, "client_id": self.client_id})
+        data: dict[str, object] = {"v": 1, "client_id": self.client_id}
+        if self.refresh_token is not None:
+            data["refresh_token"] = self.refresh_token
+        else:
+            data.update(access_token=self.access_token, expires_at=self.expires_at)
+        if self.registration is not None:
+            data["registration"] = self.registration.to_dict()
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str) -> StoredLogin | None:
@@ -48,10 +116,22 @@ class StoredLogin:
         if not isinstance(data, dict):
             return None
         token, client_id = data.get("refresh_token"), data.get("client_id")
-        if not isinstance(token, str) or not token or not isinstance(client_id, str):
+        if not isinstance(client_id, str):
             return None
-        REDACTOR.add(token)
-        return cls(token, client_id)
+        registration = None
+        if "registration" in data and (registration := Registration.from_dict(data["registration"])) is None:
+            return None
+        if isinstance(token, str) and token:
+            REDACTOR.add(token)
+            return cls(token, client_id, registration=registration)
+        if token is not None:
+            return None
+        access, expires_at = data.get("access_token"), data.get("expires_at")
+        if not visible_ascii(access, MAX_TOKEN_CHARS) or isinstance(expires_at, bool) \
+                or not isinstance(expires_at, int | float) or not math.isfinite(expires_at):
+            return None
+        REDACTOR.add(access)
+        return cls(None, client_id, access, float(expires_at), registration)
 
 
 class LoginStore:

@@ -1,30 +1,65 @@
 """The sidecar's renewal of a person's login (grant = "device" or "authorization_code"): the
 refresh token from the keyring, `grant_type=refresh_token`, a rotated refresh token stored
 before the new access token is used (write-then-use: a crash after the answer loses nothing the
-keyring does not have), and `login_required` when there is none or it is refused. Single flight,
-refresh ahead and stale-if-error are the login cache's (logins.py), as for client credentials."""
+keyring does not have), and `login_required` when there is none or it is refused. A login whose
+server issued no refresh token is its stored access token, served until it expires or a resource
+refuses it (an invalidation), then `login_required`. A client that mcpcreds registered (RFC 7591)
+is the stored registration's. Single flight, refresh ahead and stale-if-error are the login
+cache's (logins.py), as for client credentials."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
-from .config import Target
+from .config import LoginSpec, Target
 from .errors import LoginRequired, TokenEndpointError
 from .login_store import StoredLogin, login_store
 from .logs import get_logger
-from .oauth import Token, build_token_request, send_token_request
+from .oauth import MIN_LIFETIME, Token, build_token_request, send_token_request, usable_until
+from .secret import fingerprint
 
 if TYPE_CHECKING:
     from .broker import Broker
 
 _log = get_logger("refresh")
+# per broker: the access-only login (key -> token) this sidecar served last; asked for again
+# while the cache holds none, it was dropped (invalidated: a resource refused it)
+_SERVED: Final[weakref.WeakKeyDictionary[object, dict[str, Token]]] = weakref.WeakKeyDictionary()
 
 
 def login_required(target: Target, why: str) -> LoginRequired:
     command = f"mcpcreds login {target.name}"
     return LoginRequired(f"{target.key}: {why}; run `{command}`", command=command)
+
+
+def access_only_token(stored: StoredLogin, now: float, refused: str | None = None) -> Token | None:
+    """The stored access token of a login without a refresh token, if it can still be served at
+    `now` (at least MIN_LIFETIME left, as for a fresh token) and is not the `refused` one (by
+    fingerprint); else None: the login is over."""
+    if stored.access_token is None or stored.expires_at is None or stored.refresh_token is not None:
+        return None
+    if stored.expires_at - now < MIN_LIFETIME:
+        return None
+    fp = fingerprint(stored.access_token)
+    if fp == refused:
+        return None
+    return Token(stored.access_token, "Bearer", now, stored.expires_at, None, fp)
+
+
+def client_of(login: LoginSpec, stored: StoredLogin) -> LoginSpec | None:
+    """The client a stored login refreshes as: the registered one (no client_id configured, the
+    login registered itself), else the configured one; None when they differ (a new login is due)."""
+    registration = stored.registration
+    if not login.client_id and registration is not None and registration.client_id == stored.client_id:
+        return dataclasses.replace(login, client_id=registration.client_id,
+                                   auth_method=registration.auth_method)
+    if not login.client_id or stored.client_id != login.client_id:
+        return None
+    return login
 
 
 async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, str] | None = None) -> Token:
@@ -36,12 +71,18 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
     stored = await asyncio.to_thread(store.get, target.key)
     if stored is None:
         raise login_required(target, "no login stored")
-    if stored.client_id != login.client_id:
+    client = client_of(login, stored)
+    if client is None:
         raise login_required(target, "the stored login belongs to another client_id")
+    if stored.refresh_token is None:
+        return _access_only(broker, target, stored)
+    login = client
     http = broker.http_for(target)
     token_url = await broker.discovery.token_url(login, target.endpoint, http)
     credential = None
-    if login.templates:
+    if stored.registration is not None and not target.login.client_id:  # type: ignore[union-attr]
+        credential = stored.registration.client_secret
+    elif login.templates:
         template = login.private_key or login.client_secret
         assert template is not None
         if overrides:
@@ -67,6 +108,26 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
     rotated = extras.get("refresh_token")
     if rotated is not None and rotated != stored.refresh_token:
         # write-then-use: the old one is spent at the server; the new one must be kept first
-        await asyncio.to_thread(store.put, target.key, StoredLogin(rotated, login.client_id))
+        await asyncio.to_thread(store.put, target.key,
+                                StoredLogin(rotated, login.client_id, registration=stored.registration))
         _log.info("refresh token rotated", extra={"key": target.key})
+    return token
+
+
+def _access_only(broker: Broker, target: Target, stored: StoredLogin) -> Token:
+    served = _SERVED.setdefault(broker, {})
+    now = broker.clock.time()
+    if access_only_token(stored, now) is None:
+        raise login_required(target, "the login's access token expired, and the server issued no "
+                                     "refresh token to renew it")
+    # asked again while the cache holds none, though the one served would still be there: it
+    # was dropped (a resource refused it)
+    last = served.get(target.key)
+    refused = (last.fingerprint if last is not None and broker.logins.peek(target.key) is None
+               and now < usable_until(last) else None)
+    token = access_only_token(stored, now, refused)
+    if token is None:
+        raise login_required(target, "the resource refused the login's access token, and the server "
+                                     "issued no refresh token to renew it")
+    served[target.key] = token
     return token
