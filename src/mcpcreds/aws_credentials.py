@@ -88,8 +88,8 @@ def from_env(environ: os._Environ[str] | dict[str, str] | None = None) -> AwsCre
     try:
         loaded = EnvProvider(environ=environ if environ is not None else os.environ).load()
     except Exception as exc:  # botocore's own errors may quote what it read: never passed on
-        raise AwsCredentialsError("aws: the environment's credentials are incomplete "
-                                  f"({type(exc).__name__})") from None
+        raise AwsCredentialsError("aws: the environment's credentials are incomplete: AWS_ACCESS_KEY_ID and "
+                                  f"AWS_SECRET_ACCESS_KEY must both be set ({type(exc).__name__})") from None
     if loaded is None:
         raise AwsCredentialsError("aws: source = \"env\" but AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                                   "are not set in the sidecar's environment")
