@@ -460,30 +460,31 @@ async def test_the_sign_route_signs_a_direct_clients_request(sidecar: SidecarPro
     digest = hashlib.sha256(body.encode()).digest()
     headers = {"content-type": "application/json", "mcp-session-id": "abc"}
     async with raw_client(sidecar) as http:
-        by_hex = await http.post("/v1/servers/aws-static/sign", json={
-            "method": "POST", "url": peer.url, "headers": headers, "content_sha256": digest.hex()})
-        by_digest = await http.post("/v1/servers/aws-imds/sign", json={
+        static, session = [await http.post(f"/v1/servers/{name}/sign", json={
             "method": "POST", "url": peer.url, "headers": headers,
-            "content_digest": f"sha-256=:{base64.b64encode(digest).decode()}:"})
-    assert by_hex.status_code == 200 and by_digest.status_code == 200, by_hex.text
-    answer = by_hex.json()
+            "content_digest": f"sha-256=:{base64.b64encode(digest).decode()}:"}) for name in ("aws-static", "aws-imds")]
+    assert static.status_code == 200 and session.status_code == 200, static.text
+    answer = static.json()
     assert set(answer["headers"]) == {"Authorization", "X-Amz-Date", "X-Amz-Content-SHA256"}
     assert answer["signed_headers"] == ["content-type", "host", "mcp-session-id", "x-amz-content-sha256", "x-amz-date"]
     assert f"SignedHeaders={';'.join(answer['signed_headers'])}," in answer["headers"]["Authorization"]
     host = peer.base.removeprefix("http://")
-    for signed in (answer, by_digest.json()):
+    for signed in (answer, session.json()):
         lines = [("host", host), *headers.items(), *signed["headers"].items()]
         assert peer.check("POST", peer.url, lines, body) == {"ok": True}
         # the body or the path changed after signing: refused
         assert peer.check("POST", peer.url, lines, body.replace("list", "call")) == {"error": "content_sha256"}
         assert peer.check("POST", f"{peer.base}/admin", lines, body) == {"error": "signature_mismatch"}
-    assert by_digest.json()["headers"]["X-Amz-Security-Token"] == IMDS_TOKEN  # the request must carry it
+    assert session.json()["headers"]["X-Amz-Security-Token"] == IMDS_TOKEN  # the request must carry it
+    assert answer["expires_at"] is None and session.json()["expires_at"] > time.time()
 
 
 @pytest.mark.parametrize(("server", "ask", "status", "code"), [
     ("aws-static", {"method": "POST", "url": "https://elsewhere.example.com/mcp"}, 400, "invalid_request"),
     ("aws-static", {"method": "POST", "url": "URL", "body": "x"}, 400, "invalid_request"),
-    ("aws-static", {"method": "POST", "url": "URL", "content_sha256": "UNSIGNED-PAYLOAD"}, 400, "invalid_request"),
+    ("aws-static", {"method": "POST", "url": "URL", "content_digest": "UNSIGNED-PAYLOAD"}, 400, "invalid_request"),
+    ("aws-static", {"method": "POST", "url": "URL", "content_digest": "sha-512=:" + "A" * 86 + "==:"}, 400,
+     "invalid_request"),
     ("aws-static", {"method": "post", "url": "URL"}, 400, "invalid_request"),
     ("aws-static", {"method": "POST", "url": "URL", "headers": {"x": "a\nb"}}, 400, "invalid_request"),
     ("plain", {"method": "POST", "url": "URL"}, 403, "forbidden"),

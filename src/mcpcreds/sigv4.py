@@ -7,8 +7,8 @@ credentials of `aws_credentials` (they never leave the sidecar process).
   `x-amz-security-token` (session credentials) are added, and every header sent is covered but the
   ones botocore leaves out (`user-agent`, hop-by-hop headers).
 - For direct clients, `POST /v1/servers/{name}/sign` takes `{"method", "url", "headers",
-  "content_sha256"}` (the hex SHA-256 of the body, or `content_digest`, RFC 9530 `sha-256=:...:`,
-  as for AAuth; `UNSIGNED-PAYLOAD` is refused) and returns the headers to add. The body never
+  "content_digest"}` (the body's RFC 9530 `sha-256=:...:`, as for AAuth; none: an empty body;
+  `UNSIGNED-PAYLOAD` is never signed) and returns the headers to add. The body never
   reaches the sidecar; the URL must be of the server's origin. The session token of temporary
   credentials is in the answer (the request must carry it; it is useless without the secret key,
   which stays here).
@@ -43,7 +43,6 @@ EMPTY_SHA256: Final = hashlib.sha256(b"").hexdigest()
 MAX_SIGN_HEADERS: Final = 32
 MAX_HEADER_VALUE: Final = 8192
 _METHOD: Final = re.compile(r"[A-Z]{1,16}\Z")
-_HEX64: Final = re.compile(r"[0-9a-f]{64}\Z")
 _DIGEST: Final = re.compile(r"sha-256=:([A-Za-z0-9+/]{43}=):\Z")
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,128}\Z")
 _ADDED: Final = ("authorization", "x-amz-date", "x-amz-content-sha256", "x-amz-security-token")
@@ -160,11 +159,10 @@ class SigV4Signer:
         if not is_aws(target):
             raise Forbidden(f"requests to server {target.name!r} are not signed with SigV4")
         if "body" in body:
-            raise InvalidRequest("the body is never sent to the sidecar: send content_sha256 (hex SHA-256)")
-        unknown = set(body) - {"method", "url", "headers", "content_sha256", "content_digest"}
+            raise InvalidRequest("the body is never sent to the sidecar: send content_digest (RFC 9530)")
+        unknown = set(body) - {"method", "url", "headers", "content_digest"}
         if unknown:
-            raise InvalidRequest("unknown fields: the body holds method, url, headers, content_sha256 "
-                                 "(or content_digest)")
+            raise InvalidRequest("unknown fields: the body holds method, url, headers, content_digest")
         method = body.get("method")
         if not isinstance(method, str) or not _METHOD.match(method):
             raise InvalidRequest("method must be an upper-case HTTP method")
@@ -195,18 +193,12 @@ _UNSIGNED: Final = frozenset({"connection", "expect", "keep-alive", "proxy-authe
 
 
 def _payload_sha256(body: Mapping[str, Any]) -> str:
-    given = body.get("content_sha256")
     digest = body.get("content_digest")
-    if given is not None and digest is not None:
-        raise InvalidRequest("send content_sha256 or content_digest, not both")
-    if given is not None:
-        if not isinstance(given, str) or not _HEX64.match(given):
-            raise InvalidRequest("content_sha256 must be the body's SHA-256 in lower-case hex")
-        return given
     if digest is not None:
         match = _DIGEST.match(digest) if isinstance(digest, str) else None
         if match is None:
-            raise InvalidRequest("content_digest must be sha-256=:<base64>: (RFC 9530)")
+            raise InvalidRequest("content_digest must be sha-256=:<base64>: (RFC 9530; SigV4 signs the "
+                                 "body's SHA-256)")
         return base64.b64decode(match[1]).hex()
     return EMPTY_SHA256
 
