@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,9 @@ OIDC_CLIENTS: list[dict[str, Any]] = [
     {"client_id": "c-code", "client_secret": CANARY, "token_endpoint_auth_method": "client_secret_basic",
      "grant_types": ["authorization_code", "refresh_token"], "redirect_uris": ["http://127.0.0.1/callback"],
      "scope": "tools:read tools:call"},
+    # no refresh_token grant: the peer issues no refresh token to this client
+    {"client_id": "c-code-once", "token_endpoint_auth_method": "none", "grant_types": ["authorization_code"],
+     "redirect_uris": ["http://127.0.0.1/callback"], "scope": "tools:read"},
 ]
 URL_LINE = re.compile(r"(https?://\S+)")
 
@@ -67,9 +71,18 @@ auth = {{ kind = "oauth2", grant = "authorization_code", issuer = "{peer.issuer}
 [[servers]]
 name = "web"
 service = "web"
+
+[[servers]]
+name = "once"
+endpoint = "https://once.example.com/mcp"
+auth = {{ kind = "oauth2", grant = "authorization_code", issuer = "{peer.issuer}", client_id = "c-code-once", scope = "tools:read" }}
 """)
         self.env = {"CODE_SECRET": CANARY}
         self.outputs: list[str] = []
+
+    def entry(self, key: str) -> dict[str, Any] | None:
+        text = keyring.get_password(self.service, "login." + key.replace(":", ".", 1))
+        return json.loads(text) if text else None
 
     def stored(self, key: str) -> str | None:
         text = keyring.get_password(self.service, "login." + key.replace(":", ".", 1))
@@ -276,3 +289,44 @@ def test_without_a_working_keyring_the_login_fails_before_anything_is_asked(setu
     assert result.code == 1 and "keyring" in result.stderr, result.output
     assert "enter the code" not in result.stderr
     assert setup.peer.stats()["token_requests"] == 0 and "by_grant" not in setup.peer.stats()
+
+
+def test_a_login_without_a_refresh_token_is_served_until_the_resource_refuses_it(
+        setup: Setup, sidecar: SidecarProcess) -> None:
+    """The peer issues no refresh token to c-code-once: the access token is the login, kept in
+    the keyring and served by the sidecar, until a 401 invalidates it: then login_required."""
+    code, output, _ = setup.login("once", "--no-browser")
+    assert code == 0, output
+    assert "issued no refresh token" in output and "mcpcreds login once" in output
+    entry = setup.entry("mcp:once")
+    assert entry is not None and "refresh_token" not in entry and entry["client_id"] == "c-code-once"
+    access = entry["access_token"]
+    assert 3500 < entry["expires_at"] - time.time() <= 3600
+    sidecar.wait_for("login fetched")  # told by the login
+    with Client(sidecar.socket) as client:
+        info = client.headers_info("once")
+        assert info["headers"]["Authorization"] == f"Bearer {access}"
+        c = claims(setup.peer, info["headers"]["Authorization"])
+        assert (c["client_id"], c["aud"], c["scope"]) == ("c-code-once", "https://once.example.com/mcp", "tools:read")
+        assert client.headers("once") == info["headers"]  # served again, no token request
+        assert client.invalidate("once", info["fingerprint"])  # the resource answered 401
+        with pytest.raises(LoginRequired) as refused:
+            client.headers("once")
+    assert "refused" in refused.value.message and refused.value.details["command"] == "mcpcreds login once"
+    code, output = setup.cli("headers", "once", "--socket", str(sidecar.socket))
+    assert code == 77 and "mcpcreds login once" in output
+    stats = setup.peer.stats()
+    assert stats["by_grant"] == {"authorization_code": 1}  # never a refresh
+    no_refresh_token_anywhere(setup, sidecar, {access})
+
+
+def test_an_expired_login_without_a_refresh_token_is_login_required(setup: Setup, sidecar: SidecarProcess) -> None:
+    keyring.set_password(setup.service, "login.mcp.once", json.dumps(
+        {"v": 1, "client_id": "c-code-once", "access_token": "expired-" + CANARY, "expires_at": time.time() - 1}))
+    with Client(sidecar.socket) as client, pytest.raises(LoginRequired) as info:
+        client.headers("once")
+    assert "expired" in info.value.message and "`mcpcreds login once`" in info.value.message
+    code, output = setup.cli("headers", "once", "--socket", str(sidecar.socket))
+    assert code == 77 and "mcpcreds login once" in output
+    assert CANARY not in output and CANARY not in sidecar.log
+    assert setup.peer.stats()["token_requests"] == 0

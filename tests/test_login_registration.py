@@ -153,6 +153,7 @@ def test_a_stored_login_refreshes_as_the_registered_client_only_without_a_config
 
 def test_the_registered_method_prefers_a_public_client_then_basic_then_post() -> None:
     assert registration_method(("client_secret_post", "none")) == "none"
+    assert registration_method(("client_secret_basic", "client_secret_post", "none")) == "none"
     assert registration_method(("client_secret_post", "client_secret_basic")) == "client_secret_basic"
     assert registration_method(("private_key_jwt", "client_secret_post")) == "client_secret_post"
     with pytest.raises(TokenEndpointError) as info:
@@ -174,6 +175,10 @@ def test_the_registration_answer_is_validated_and_bounded() -> None:
     reg = parse_registration(201, _answer(client_id="d1", client_secret=SECRET,
                                           token_endpoint_auth_method="client_secret_post"), "none", AS, uri)
     assert reg == Registration(AS, "d1", "client_secret_post", SECRET, uri)
+    fresh = "fresh-secret-9b7e2d41"
+    assert fresh not in REDACTOR
+    parse_registration(201, _answer(client_id="d0", client_secret=fresh), "client_secret_basic", AS, uri)
+    assert fresh in REDACTOR  # masked in any log line from the moment it is read
     # none named: the one asked for; a secret given to a public client is dropped
     assert parse_registration(201, _answer(client_id="d2", client_secret=SECRET), "none", AS, uri) == \
         Registration(AS, "d2", "none", None, uri)

@@ -7,8 +7,8 @@ The suite sets MCP_CONFORMANCE_SCENARIO and, for the client-credentials scenario
 MCP_CONFORMANCE_CONTEXT (JSON: client_id and client_secret, or private_key_pem and
 signing_algorithm). The adapter
 1. writes a sidecar config with one server, `conf`, whose endpoint is SERVER_URL: a client
-   credentials login from the context, else a person login (grant = "authorization_code", the
-   public client CLIENT_ID; everything else from discovery);
+   credentials login from the context, else a person login (grant = "authorization_code", no
+   client_id: `mcpcreds login` registers a client, RFC 7591; everything else from discovery);
 2. for a person login runs `mcpcreds login conf --no-browser`, fetches the URL it prints and
    follows the redirects as a browser would (the suite's authorization server approves at once
    and redirects to the login's loopback callback), and waits for the login to end;
@@ -18,7 +18,8 @@ signing_algorithm). The adapter
 Secrets reach the sidecar through its environment (the `env` source); a person login's refresh
 token goes to the keyring the environment offers (the test runs the suite with a private
 gnome-keyring on its own D-Bus, as tests/test_login_e2e.py does), under a keyring service of
-its own per run. Exit 0 when every step worked; the suite judges the rest from what its servers
+its own per run (the suite issues no refresh token: the login is then its access token). Exit 0
+when every step worked; the suite judges the rest from what its servers
 saw.
 """
 
@@ -48,7 +49,6 @@ from mcpcreds import AsyncClient  # noqa: E402
 from tests.sidecar_proc import run_sidecar  # noqa: E402
 
 NAME = "conf"
-CLIENT_ID = "mcpcreds-conformance"  # the suite's authorization servers accept any client_id
 LOGIN_TIMEOUT = 20  # seconds: `mcpcreds login --timeout`
 URL_LINE = re.compile(r"(https?://\S+)")
 
@@ -69,7 +69,8 @@ def server_auth(context: dict[str, Any]) -> tuple[str, dict[str, str]]:
                 'auth_method = "private_key_jwt", private_key = "{{secret:CONF_PRIVATE_KEY}}"'
                 + (f", signing_alg = {_toml(alg)}" if alg else "") + " }",
                 {"CONF_PRIVATE_KEY": context["private_key_pem"]})
-    return (f'{{ kind = "oauth2", grant = "authorization_code", client_id = {_toml(CLIENT_ID)} }}', {})
+    # a person login with no client_id: `mcpcreds login` registers one (RFC 7591)
+    return ('{ kind = "oauth2", grant = "authorization_code" }', {})
 
 
 def write_config(workdir: Path, url: str, context: dict[str, Any]) -> tuple[Path, Path, dict[str, str]]:
