@@ -188,9 +188,10 @@ class _Handler(BaseHTTPRequestHandler):
         head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
                 "Content-Type: application/json", f"Content-Length: {len(body)}",
                 *(f"{k}: {v}" for k, v in extra.items())]
+        # counted before the answer leaves: a client that has its answer finds it counted
+        state.record(status, self.path)
         # one write: head and body in the same segment (no Nagle / delayed-ACK stall)
         self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
-        state.record(status, self.path)
 
     do_GET = do_POST = do_PUT = do_DELETE = _answer
 
