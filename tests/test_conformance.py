@@ -124,6 +124,27 @@ def test_client_credentials_scenarios(out: Path) -> None:
         assert ids.get(proof) == "SUCCESS" and ids.get("valid-bearer-token") == "SUCCESS", checks[scenario]
 
 
+def test_person_logins_register_a_client_and_live_without_a_refresh_token(
+        out: Path, keyring_session: KeyringSession) -> None:
+    """Two authorization-code scenarios, fast: the login registers a client (RFC 7591) and
+    authenticates as the registration says (client_secret_basic), the suite issues no refresh
+    token, and the sidecar serves the login's access token to the MCP client."""
+    scenarios = ("auth/token-endpoint-auth-basic", "auth/metadata-default")
+    checks: dict[str, list[dict[str, Any]]] = {}
+    for scenario in scenarios:
+        found, output = run_conformance(out / scenario.split("/")[1], "--scenario", scenario)
+        assert list(found) == [scenario], output[-6000:]
+        checks.update(found)
+    assert_as_expected(checks, scenarios, "")
+    for scenario in scenarios:
+        ids = {c["id"]: c["status"] for c in checks[scenario]}
+        assert ids.get("client-registration") == "SUCCESS", checks[scenario]
+        assert ids.get("valid-bearer-token") == "SUCCESS", checks[scenario]
+    basic = {c["id"]: c for c in checks["auth/token-endpoint-auth-basic"]}
+    assert basic["token-endpoint-auth-method"]["status"] == "SUCCESS"
+    assert basic["token-endpoint-auth-method"]["details"]["actualAuthMethod"] == "client_secret_basic"
+
+
 @pytest.mark.soak
 def test_auth_suite(out: Path, keyring_session: KeyringSession) -> None:
     """The whole `auth` suite, its scenarios in parallel; person logins (a registered client, an
