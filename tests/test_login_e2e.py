@@ -76,6 +76,11 @@ service = "web"
 name = "once"
 endpoint = "https://once.example.com/mcp"
 auth = {{ kind = "oauth2", grant = "authorization_code", issuer = "{peer.issuer}", client_id = "c-code-once", scope = "tools:read" }}
+
+[[servers]]
+name = "reg"
+endpoint = "https://reg.example.com/mcp"
+auth = {{ kind = "oauth2", grant = "authorization_code", issuer = "{peer.issuer}", scope = "tools:read" }}
 """)
         self.env = {"CODE_SECRET": CANARY}
         self.outputs: list[str] = []
@@ -330,3 +335,31 @@ def test_an_expired_login_without_a_refresh_token_is_login_required(setup: Setup
     assert code == 77 and "mcpcreds login once" in output
     assert CANARY not in output and CANARY not in sidecar.log
     assert setup.peer.stats()["token_requests"] == 0
+
+
+def test_without_a_client_id_the_login_registers_a_client_and_the_sidecar_refreshes_as_it(
+        setup: Setup, sidecar: SidecarProcess) -> None:
+    """RFC 7591 against oidc-provider: a public native client registered for the loopback
+    redirect URI, kept in the keyring entry; the sidecar refreshes as that client; the next login
+    reuses the registration."""
+    code, output, url = setup.login("reg", "--no-browser")
+    assert code == 0, output
+    entry = setup.entry("mcp:reg")
+    assert entry is not None
+    registration = entry["registration"]
+    client_id = registration["client_id"]
+    assert re.search(rf"registered as client {re.escape(client_id)} at ", output)
+    assert (registration["auth_method"], registration["issuer"]) == ("none", setup.peer.issuer)
+    assert "client_secret" not in registration and entry["client_id"] == client_id
+    assert httpx.URL(url).params["client_id"] == client_id
+    assert registration["redirect_uri"] == httpx.URL(url).params["redirect_uri"]
+    sidecar.wait_for("refresh token rotated")  # told by the login: refreshed as the registered client
+    with Client(sidecar.socket) as client:
+        c = claims(setup.peer, client.headers("reg")["Authorization"])
+    assert (c["client_id"], c["aud"], c["scope"]) == (client_id, "https://reg.example.com/mcp", "tools:read")
+    # the next login reuses the registration (the same loopback port, so the same redirect URI)
+    code, output, url = setup.login("reg", "--no-browser")
+    assert code == 0, output
+    assert "registered as client" not in output
+    assert httpx.URL(url).params["client_id"] == client_id
+    assert setup.entry("mcp:reg")["registration"] == registration  # type: ignore[index]

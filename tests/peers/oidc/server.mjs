@@ -5,7 +5,8 @@
 //          token_endpoint_auth_method, jwks, scope, grant_types, redirect_uris}]}
 // Clients with grant_types device_code / authorization_code (+ refresh_token) log in through the
 // devInteractions pages (any login name and password; consent by a form POST); PKCE is required
-// and refresh tokens rotate on every use (a used one is refused: invalid_grant).
+// and refresh tokens rotate on every use (a used one is refused: invalid_grant). Dynamic client
+// registration (RFC 7591) is open at /reg; a registered client may ask for any configured scope.
 // Prints exactly one stdout line when listening: "READY <issuer>".
 //
 // Test-only endpoints (no auth, loopback only):
@@ -136,6 +137,7 @@ const provider = new Provider(issuer, {
     devInteractions: { enabled: true },
     deviceFlow: { enabled: true },
     revocation: { enabled: true },
+    registration: { enabled: true }, // open dynamic client registration (RFC 7591)
     clientCredentials: { enabled: true },
     introspection: { enabled: true },
     resourceIndicators: {
@@ -147,7 +149,7 @@ const provider = new Provider(issuer, {
           throw new errors.InvalidTarget('resource not allowed by test peer');
         }
         return {
-          scope: client.scope ?? '',
+          scope: client.scope ?? [...allScopes].join(' '), // a registered client: any scope
           audience: resourceIndicator,
           accessTokenFormat: 'jwt',
           jwt: { sign: { alg: 'RS256' } },
