@@ -5,13 +5,14 @@ signer; the AWS secret key never leaves it.
   get-vanilla-query-order-key-case, post-vanilla: AKIDEXAMPLE, 20150830T123600Z, us-east-1,
   service), exactly, with a fixed clock; the independent verifier of the test peer
   (tests/peers/sigv4_peer.py: hashlib and hmac, written from the specification) accepts them too.
-- Credentials from the environment (botocore's EnvProvider) and from a fake IMDSv2 endpoint (a
-  local HTTP server: the token PUT is demanded before any GET), renewed ahead of expiry on a fake
+- Credentials from the environment (botocore's EnvProvider), from a fake IMDSv2 endpoint (a
+  local HTTP server: the token PUT is demanded before any GET) and from a fake STS
+  (AssumeRoleWithWebIdentity with the token file, re-read each time), renewed ahead of expiry on a fake
   clock, kept while valid when a renewal fails; the metadata address refused by the egress policy.
 - `check`: the sources not built refused, literals refused, the IMDS address needs allow_private,
   botocore missing named with its extra.
 - End to end: the real sidecar, the MCP SDK 2.x client through the gateway to a real MCP server that
-  admits only verified signatures, for each source; the `sign` route for direct clients (origin-
+  admits only verified signatures, for each source (env, static, imds, web_identity); the `sign` route for direct clients (origin-
   bound, grant-aware), a tampered body or path refused by the verifier; the secret keys in no
   output (canary scan).
 """
@@ -45,6 +46,7 @@ from mcpcreds.aws_credentials import (
     CredentialCache,
     from_env,
     from_imds,
+    from_web_identity,
 )
 from mcpcreds.config import parse_config
 from mcpcreds.egress import EgressPolicy, egress_client
@@ -235,6 +237,84 @@ async def test_the_metadata_address_is_refused_by_the_egress_policy_unless_allow
     assert "metadata" in caught.value.message
 
 
+class FakeSts:
+    """STS's AssumeRoleWithWebIdentity (the query protocol, an XML answer): the form must carry the
+    role and the token the test wrote; anything else is 403 AccessDenied."""
+
+    def __init__(self, role: str, token_file: Path, key_id: str, secret: str, session: str, expires: float) -> None:
+        self.tokens: list[str] = []
+        self.token_file = token_file
+        self.answer: bytes | None = None  # instead of the credentials
+        expiration = datetime.fromtimestamp(expires, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.creds = creds = (f'<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">'
+                 f"<AssumeRoleWithWebIdentityResult><Credentials><AccessKeyId>{key_id}</AccessKeyId>"
+                 f"<SecretAccessKey>{secret}</SecretAccessKey><SessionToken>{session}</SessionToken>"
+                 f"<Expiration>{expiration}</Expiration></Credentials></AssumeRoleWithWebIdentityResult>"
+                 f"</AssumeRoleWithWebIdentityResponse>").encode()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                from urllib.parse import parse_qs
+
+                form = {k: v[0] for k, v in parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode()).items()}
+                fake.tokens.append(form.get("WebIdentityToken", ""))
+                ok = (form.get("Action"), form.get("RoleArn"), form.get("WebIdentityToken")) == (
+                    "AssumeRoleWithWebIdentity", role, token_file.read_text().strip())
+                body = (fake.answer or creds) if ok else b"<ErrorResponse><Error><Code>AccessDenied</Code></Error></ErrorResponse>"
+                self.send_response(200 if ok else 403)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeSts:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+ROLE = "arn:aws:iam::123456789012:role/mcp-agent"
+
+
+async def test_web_identity_assumes_the_role_with_the_token_file_read_each_time(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("oidc-token-1\n")
+    with FakeSts(ROLE, token_file, "ASIAWEBEXAMPLE000001", "web-" + CANARY, "web-session-" + CANARY,
+                 time.time() + 3600) as sts:
+        auth = aws_config.AwsAuth("us-east-1", "execute-api", "web_identity", role_arn=ROLE,
+                                  web_identity_token_file=str(token_file), sts_endpoint=sts.url)
+        async with egress_client(EgressPolicy(dev_loopback=True)) as http:
+            creds = await from_web_identity(auth, http)
+            assert (creds.access_key_id, creds.secret_access_key, creds.session_token) == (
+                "ASIAWEBEXAMPLE000001", "web-" + CANARY, "web-session-" + CANARY)
+            token_file.write_text("oidc-token-2\n")  # a projected token rotated
+            await from_web_identity(auth, http)
+            assert sts.tokens == ["oidc-token-1", "oidc-token-2"]
+            refused = aws_config.AwsAuth("us-east-1", "execute-api", "web_identity", role_arn=ROLE + "-other",
+                                         web_identity_token_file=str(token_file), sts_endpoint=sts.url)
+            with pytest.raises(AwsCredentialsError) as caught:
+                await from_web_identity(refused, http)
+            assert "AccessDenied" in caught.value.message and "oidc-token" not in caught.value.message
+            # the same credentials, spelled through an entity of a DTD: refused, never expanded
+            inner = sts.creds.split(b"<AssumeRoleWithWebIdentityResult>")[1].split(b"</AssumeRoleWithWebIdentityResult>")[0]
+            sts.answer = (b'<!DOCTYPE r [<!ENTITY c "' + inner + b'">]><AssumeRoleWithWebIdentityResponse '
+                          b'xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><AssumeRoleWithWebIdentityResult>&c;'
+                          b"</AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>")
+            with pytest.raises(AwsCredentialsError) as caught:
+                await from_web_identity(auth, http)
+            assert "no usable credentials" in caught.value.message
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 1_900_000_000.0
@@ -300,8 +380,13 @@ AWS = {"kind": "aws", "region": "us-east-1", "service": "execute-api"}
 
 @pytest.mark.parametrize(("auth", "extra", "where", "says"), [
     ({**AWS, "source": "sso"}, {}, "auth.source", "not built yet"),
-    ({**AWS, "source": "web_identity"}, {}, "auth.source", "not built yet"),
-    ({**AWS, "source": "vault"}, {}, "auth.source", "expected one of env, static, imds"),
+    ({**AWS, "source": "web_identity", "web_identity_token_file": "/t"}, {}, "auth.role_arn", "required"),
+    ({**AWS, "source": "web_identity", "role_arn": "arn:aws:iam::123456789012:role/r"}, {},
+     "auth.web_identity_token_file", "required"),
+    ({**AWS, "source": "env", "role_arn": "arn:aws:iam::123456789012:role/r"}, {}, "auth.role_arn", "only with"),
+    ({**AWS, "source": "web_identity", "role_arn": "arn:aws:iam::123456789012:role/r", "web_identity_token_file": "/t",
+      "sts_endpoint": "http://sts.example.com/"}, {}, "auth.sts_endpoint", "https"),
+    ({**AWS, "source": "vault"}, {}, "auth.source", "expected one of env, static, imds, web_identity"),
     ({**AWS, "source": "static", "access_key_id": "{{secret:K}}",
       "secret_access_key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"}, {}, "auth.secret_access_key",
      "must not be written in the config"),
@@ -324,7 +409,10 @@ def test_check_refuses_what_cannot_work(auth: dict[str, Any], extra: dict[str, A
 def test_check_accepts_each_source_built() -> None:
     static = {**AWS, "source": "static", "access_key_id": "{{secret:AWS_KEY_ID}}",
               "secret_access_key": "{{secret:AWS_SECRET}}", "session_token": "{{secret:AWS_TOKEN}}"}
-    for auth, extra in [(AWS, {}), (static, {}), ({**AWS, "source": "imds"}, {"allow_private": ["169.254.169.254"]})]:
+    web = {**AWS, "source": "web_identity", "role_arn": "arn:aws:iam::123456789012:role/mcp",
+           "web_identity_token_file": "/var/run/secrets/token"}
+    for auth, extra in [(AWS, {}), (static, {}), ({**AWS, "source": "imds"}, {"allow_private": ["169.254.169.254"]}),
+                        (web, {})]:
         config = parse_config(server(auth, **extra))
         target = config.servers["s"]
         assert aws_config.is_aws(target) and not target.aauth and target.login is None
@@ -343,12 +431,14 @@ def test_check_names_the_extra_when_botocore_is_missing(monkeypatch: pytest.Monk
 STATIC_ID, STATIC_SECRET = "AKIASTATICEXAMPLE001", "static-secret-" + CANARY
 ENV_ID, ENV_SECRET = "AKIAENVEXAMPLE000001", "env-secret-" + CANARY
 IMDS_ID, IMDS_SECRET, IMDS_TOKEN = "ASIAIMDSEXAMPLE00001", "imds-secret-" + CANARY, "imds-session-" + CANARY
-SECRETS = (STATIC_SECRET, ENV_SECRET, IMDS_SECRET)
+WEB_ID, WEB_SECRET, WEB_TOKEN = "ASIAWEBEXAMPLE000002", "web-secret-" + CANARY, "web-session-" + CANARY
+SECRETS = (STATIC_SECRET, ENV_SECRET, IMDS_SECRET, WEB_SECRET)
 
 
 @pytest.fixture(scope="module")
 def peer() -> Iterator[SigV4Peer]:
-    keys = {STATIC_ID: (STATIC_SECRET, None), ENV_ID: (ENV_SECRET, None), IMDS_ID: (IMDS_SECRET, IMDS_TOKEN)}
+    keys = {STATIC_ID: (STATIC_SECRET, None), ENV_ID: (ENV_SECRET, None), IMDS_ID: (IMDS_SECRET, IMDS_TOKEN),
+            WEB_ID: (WEB_SECRET, WEB_TOKEN)}
     with start_sigv4_peer(keys) as server:
         yield server
 
@@ -360,7 +450,18 @@ def imds() -> Iterator[FakeImds]:
 
 
 @pytest.fixture(scope="module")
-def sidecar(peer: SigV4Peer, imds: FakeImds) -> Iterator[SidecarProcess]:
+def sts() -> Iterator[FakeSts]:
+    workdir = Path(tempfile.mkdtemp(prefix="mcpcreds-sts-"))
+    (workdir / "token").write_text("projected-oidc-token\n")
+    try:
+        with FakeSts(ROLE, workdir / "token", WEB_ID, WEB_SECRET, WEB_TOKEN, time.time() + 3600) as fake:
+            yield fake
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def sidecar(peer: SigV4Peer, imds: FakeImds, sts: FakeSts) -> Iterator[SidecarProcess]:
     workdir = Path(tempfile.mkdtemp(prefix="mcpcreds-sigv4-"))
     socket = workdir / "run" / "mcpcreds.sock"
     config = workdir / "config.toml"
@@ -395,6 +496,12 @@ trust = "trusted"
 auth = {{ kind = "aws", {scope}, source = "imds", imds_endpoint = "{imds.url}" }}
 
 [[servers]]
+name = "aws-web"
+endpoint = "{peer.url}"
+trust = "trusted"
+auth = {{ kind = "aws", {scope}, source = "web_identity", role_arn = "{ROLE}", web_identity_token_file = "{sts.token_file}", sts_endpoint = "{sts.url}" }}
+
+[[servers]]
 name = "aws-other-region"
 endpoint = "{peer.url}"
 trust = "trusted"
@@ -420,7 +527,7 @@ def raw_client(sidecar: SidecarProcess, **headers: str) -> httpx.AsyncClient:
 
 
 @pytest.mark.parametrize(("name", "key_id"), [("aws-static", STATIC_ID), ("aws-env", ENV_ID),
-                                              ("aws-imds", IMDS_ID)])
+                                              ("aws-imds", IMDS_ID), ("aws-web", WEB_ID)])
 async def test_the_mcp_sdk_reaches_a_sigv4_server_through_the_gateway(
         sidecar: SidecarProcess, peer: SigV4Peer, imds: FakeImds, name: str, key_id: str) -> None:
     before = peer.stats()
@@ -435,8 +542,9 @@ async def test_the_mcp_sdk_reaches_a_sigv4_server_through_the_gateway(
     assert stats["verified"] - before["verified"] >= 4 and stats["rejected"] == before["rejected"]
     assert set(stats["keys"][len(before["keys"]):]) == {key_id}
     assert {"host", "x-amz-date", "x-amz-content-sha256", "content-type"} <= set(stats["signed_headers"])
-    if name == "aws-imds":
+    if name in ("aws-imds", "aws-web"):  # temporary credentials: the session token is sent
         assert stats["tokens"] > before["tokens"]
+    if name == "aws-imds":
         assert ("PUT", "/latest/api/token", False) in imds.calls
         assert all(carried for method, _, carried in imds.calls if method == "GET")
 
@@ -518,7 +626,7 @@ async def test_the_secret_keys_appear_in_no_output(sidecar: SidecarProcess, peer
         for path in ("/v1/status", "/v1/servers", "/metrics", "/v1/servers/aws-static/headers",
                      "/v1/servers/aws-imds/headers"):
             seen.append((await http.get(path)).text)
-        for name in ("aws-static", "aws-env", "aws-imds", "aws-other-region"):
+        for name in ("aws-static", "aws-env", "aws-imds", "aws-web", "aws-other-region"):
             answer = await http.post(f"/mcp/{name}", json=init)
             seen.append(answer.text + json.dumps(dict(answer.headers)))
             seen.append((await http.post(f"/v1/servers/{name}/sign", json={"method": "POST", "url": peer.url})).text)

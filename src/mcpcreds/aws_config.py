@@ -10,7 +10,10 @@ Version 4 by the sidecar (the signer is `sigv4`, the credentials `aws_credential
   - `imds`: the EC2 instance metadata service, IMDSv2 (a token `PUT`, then `GET`s with it), at
     `imds_endpoint` (default `http://169.254.169.254`). That address is link-local metadata: the
     server's egress policy refuses it unless `allow_private` lists it, and `check` says so.
-  - `web_identity`, `sso`: not built yet; `check` refuses them (never accepts and fails later).
+  - `web_identity`: STS `AssumeRoleWithWebIdentity` with the OIDC token in `web_identity_token_file`
+    (re-read at each renewal: a projected service-account token rotates) for `role_arn`, at
+    `sts_endpoint` (default `https://sts.{region}.amazonaws.com`), through the egress policy.
+  - `sso`: not built yet; `check` refuses it (never accepts and fails later).
 - The precedence of `auth` holds: a server with `auth` is never also AAuth-signed.
 """
 
@@ -30,9 +33,13 @@ if TYPE_CHECKING:
     from .config import Target, _Collector
 
 AWS_KEYS: Final = ("kind", "region", "service", "source", "access_key_id", "secret_access_key",
-                   "session_token", "imds_endpoint")
-SOURCES: Final = ("env", "static", "imds")
-NOT_BUILT: Final = ("web_identity", "sso")
+                   "session_token", "imds_endpoint", "role_arn", "web_identity_token_file",
+                   "role_session_name", "sts_endpoint")
+SOURCES: Final = ("env", "static", "imds", "web_identity")
+NOT_BUILT: Final = ("sso",)
+WEB_IDENTITY_KEYS: Final = ("role_arn", "web_identity_token_file", "role_session_name", "sts_endpoint")
+_ROLE_ARN: Final = re.compile(r"arn:aws[a-z-]{0,16}:iam::[0-9]{12}:role/[\w+=,.@/-]{1,512}\Z")
+_SESSION_NAME: Final = re.compile(r"[\w+=,.@-]{2,64}\Z")
 DEFAULT_IMDS: Final = "http://169.254.169.254"
 EXTRA_HINT: Final = "pip install 'mcpcreds[aws]'"
 _REGION: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,31}\Z")
@@ -50,6 +57,14 @@ class AwsAuth:
     secret_access_key: Template | None = None
     session_token: Template | None = None
     imds_endpoint: str = DEFAULT_IMDS
+    role_arn: str | None = None  # web_identity: the role assumed ...
+    web_identity_token_file: str | None = None  # ... with the token in this file (re-read each time)
+    role_session_name: str = "mcpcreds"
+    sts_endpoint: str | None = None  # default: https://sts.{region}.amazonaws.com
+
+    @property
+    def sts_url(self) -> str:
+        return self.sts_endpoint or f"https://sts.{self.region}.amazonaws.com/"
 
 
 def botocore_installed() -> bool:
@@ -74,8 +89,8 @@ def parse_aws_auth(c: _Collector, path: str, t: Mapping[str, Any]) -> AwsAuth | 
         c.error(f"{path}.service", "required: the SigV4 service name (e.g. \"execute-api\")")
         ok = False
     if source in NOT_BUILT:
-        c.error(f"{path}.source",
-                f"source = {source!r} is not built yet: use \"env\", \"static\" or \"imds\"")
+        c.error(f"{path}.source", f"source = {source!r} is not built yet: use \"env\", \"static\", "
+                "\"imds\" or \"web_identity\"")
         return None
     if source not in SOURCES:
         c.error(f"{path}.source", f"expected one of {', '.join(SOURCES)}")
@@ -107,10 +122,46 @@ def parse_aws_auth(c: _Collector, path: str, t: Mapping[str, Any]) -> AwsAuth | 
             found = _imds_endpoint(c, f"{path}.imds_endpoint", t["imds_endpoint"])
             ok = ok and found is not None
             imds = found or imds
-    if not ok:
+    web = _web_identity(c, path, t, source)
+    if not ok or web is None:
         return None
     return AwsAuth(str(region), str(service), str(source), templates.get("access_key_id"),
-                   templates.get("secret_access_key"), templates.get("session_token"), imds)
+                   templates.get("secret_access_key"), templates.get("session_token"), imds, **web)
+
+
+def _web_identity(c: _Collector, path: str, t: Mapping[str, Any], source: str) -> dict[str, Any] | None:
+    """`role_arn`, `web_identity_token_file` (required), `role_session_name`, `sts_endpoint`."""
+    from .config import check_url
+
+    if source != "web_identity":
+        for key in WEB_IDENTITY_KEYS:
+            if key in t:
+                c.error(f"{path}.{key}", "only with source = \"web_identity\"")
+                return None
+        return {}
+    out: dict[str, Any] = {}
+    role, token_file = t.get("role_arn"), t.get("web_identity_token_file")
+    if not isinstance(role, str) or not _ROLE_ARN.match(role):
+        c.error(f"{path}.role_arn", "required: an IAM role ARN (arn:aws:iam::123456789012:role/NAME)")
+        return None
+    if not isinstance(token_file, str) or not token_file.startswith("/") or "\x00" in token_file \
+            or len(token_file) > 4096:
+        c.error(f"{path}.web_identity_token_file", "required: the absolute path of the OIDC token file")
+        return None
+    out.update(role_arn=role, web_identity_token_file=token_file)
+    name = t.get("role_session_name", "mcpcreds")
+    if not isinstance(name, str) or not _SESSION_NAME.match(name):
+        c.error(f"{path}.role_session_name", "expected 2 to 64 of letters, digits and +=,.@_-")
+        return None
+    out["role_session_name"] = name
+    endpoint = t.get("sts_endpoint")
+    if endpoint is not None:
+        problem = check_url(endpoint) if isinstance(endpoint, str) else "expected a URL string"
+        if problem is not None:
+            c.error(f"{path}.sts_endpoint", problem)
+            return None
+        out["sts_endpoint"] = endpoint
+    return out
 
 
 def _imds_endpoint(c: _Collector, path: str, value: Any) -> str | None:

@@ -11,6 +11,9 @@
   renewed `REFRESH_AHEAD` (at most half their life) before they expire, one fetch at a time; a
   renewal that fails while the held ones are still valid keeps them (logged), an expired set is
   never used.
+- `web_identity`: STS `AssumeRoleWithWebIdentity` (the query protocol: a form POST, an XML
+  answer, bounded, any DTD refused) with the OIDC token read from `web_identity_token_file` at each
+  renewal, through the server's egress policy; renewed like `imds`.
 
 Every secret access key and session token obtained is handed to the redactor; errors name the
 source and what failed, never a value.
@@ -169,6 +172,74 @@ async def from_imds(auth: AwsAuth, http: httpx.AsyncClient) -> AwsCredentials:
         raise AwsCredentialsError("aws: the instance metadata service's credentials are not usable "
                                   "(not the expected JSON document)") from None
     return _checked("imds", key_id, secret, session, expires)
+
+
+MAX_TOKEN_FILE: Final = 16384
+MAX_STS_ANSWER: Final = 65536
+STS_TIMEOUT: Final = httpx.Timeout(10.0, connect=5.0)
+_STS_NS: Final = "{https://sts.amazonaws.com/doc/2011-06-15/}"
+
+
+def _read_token_file(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_TOKEN_FILE + 1)
+    except OSError as exc:
+        raise AwsCredentialsError(f"aws: cannot read web_identity_token_file {path} ({exc.strerror})") \
+            from None
+    if len(data) > MAX_TOKEN_FILE:
+        raise AwsCredentialsError(f"aws: web_identity_token_file {path} is larger than {MAX_TOKEN_FILE} "
+                                  "bytes")
+    token = data.decode("ascii", "replace").strip()
+    if not token or not token.isprintable():
+        raise AwsCredentialsError(f"aws: web_identity_token_file {path} holds no token")
+    return token
+
+
+def _sts_credentials(raw: bytes) -> tuple[str, str, str, float]:
+    """(key id, secret, session token, expiration) from an AssumeRoleWithWebIdentity answer (XML,
+    the query protocol's; a document type declaration, hence any entity, is refused)."""
+    import xml.etree.ElementTree as ET
+
+    if b"<!DOCTYPE" in raw.upper() or b"<!ENTITY" in raw.upper():
+        raise ValueError("a DTD")
+    root = ET.fromstring(raw)
+    found = root.find(f"{_STS_NS}AssumeRoleWithWebIdentityResult/{_STS_NS}Credentials")
+    if found is None:
+        raise ValueError("no Credentials")
+    fields = {child.tag.removeprefix(_STS_NS): (child.text or "").strip() for child in found}
+    return (fields["AccessKeyId"], fields["SecretAccessKey"], fields["SessionToken"],
+            _parse_expiration(fields["Expiration"]))
+
+
+async def from_web_identity(auth: AwsAuth, http: httpx.AsyncClient) -> AwsCredentials:
+    """STS AssumeRoleWithWebIdentity (an unsigned call: the OIDC token is the proof), with the
+    token file read now (a projected token rotates)."""
+    assert auth.role_arn is not None and auth.web_identity_token_file is not None
+    token = await asyncio.to_thread(_read_token_file, auth.web_identity_token_file)
+    form = {"Action": "AssumeRoleWithWebIdentity", "Version": "2011-06-15", "RoleArn": auth.role_arn,
+            "RoleSessionName": auth.role_session_name, "WebIdentityToken": token}
+    try:
+        async with http.stream("POST", auth.sts_url, data=form, timeout=STS_TIMEOUT,
+                               follow_redirects=False) as response:
+            raw = b""
+            async for chunk in response.aiter_bytes():
+                raw += chunk
+                if len(raw) > MAX_STS_ANSWER:
+                    raise AwsCredentialsError(f"aws: the STS answer exceeds {MAX_STS_ANSWER} bytes")
+            status = response.status_code
+    except httpx.HTTPError as exc:
+        raise AwsCredentialsError(f"aws: STS could not be reached ({type(exc).__name__})") from None
+    if status != 200:
+        code = re.search(rb"<Code>([A-Za-z.]{1,64})</Code>", raw)
+        why = f" ({code[1].decode()})" if code else ""
+        raise AwsCredentialsError(f"aws: STS refused AssumeRoleWithWebIdentity: HTTP {status}{why}",
+                                  status=status)
+    try:
+        key_id, secret, session, expires = _sts_credentials(raw)
+    except (ValueError, KeyError, SyntaxError):  # ParseError is a SyntaxError
+        raise AwsCredentialsError("aws: the STS answer holds no usable credentials") from None
+    return _checked("web_identity", key_id, secret, session, expires)
 
 
 class CredentialCache:

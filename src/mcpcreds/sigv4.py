@@ -34,6 +34,7 @@ from .aws_credentials import (
     from_env,
     from_imds,
     from_static,
+    from_web_identity,
 )
 from .config import Config, Target
 from .errors import Forbidden, InvalidRequest
@@ -127,6 +128,8 @@ class SigV4Signer:
         async def fetch() -> AwsCredentials:
             if auth.source == "imds":
                 return await from_imds(auth, self.http_for(target))
+            if auth.source == "web_identity":
+                return await from_web_identity(auth, self.http_for(target))
             if auth.source == "static":
                 return await asyncio.to_thread(from_static, auth, self.render)
             return from_env()
