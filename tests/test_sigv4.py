@@ -618,6 +618,15 @@ async def test_the_sign_route_is_grant_aware(sidecar: SidecarProcess, peer: SigV
         assert (await http.post("/v1/servers/aws-static/sign", json=ask)).status_code == 200
 
 
+async def test_static_secrets_are_known_to_status_and_rotation(sidecar: SidecarProcess) -> None:
+    async with raw_client(sidecar) as http:
+        status = (await http.get("/v1/status")).json()
+        assert status["secrets"]["AWS_TEST_SECRET"] == ["service:aws-api"]
+        assert status["secrets"]["AWS_TEST_KEY_ID"] == ["service:aws-api"]
+        rotated = await http.post("/v1/secrets/AWS_TEST_SECRET/rotated")
+    assert (rotated.status_code, rotated.json()["renewed"]) == (200, ["service:aws-api"])
+
+
 async def test_the_secret_keys_appear_in_no_output(sidecar: SidecarProcess, peer: SigV4Peer) -> None:
     seen: list[str] = []
     init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",

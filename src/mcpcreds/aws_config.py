@@ -221,3 +221,21 @@ def aws_egress_check(c: _Collector, path: str, t: Mapping[str, Any]) -> None:
     listed = tuple(p for p in private if isinstance(p, str)) if isinstance(private, list) else ()
     if isinstance(endpoint, str) and (problem := imds_egress_problem(endpoint, listed)) is not None:
         c.error(f"{path}.auth.source", problem)
+
+
+def aws_templates(auth: Mapping[str, Any] | None) -> tuple[Template, ...]:
+    """The templates of a `static` aws auth table as written (its secrets: rotation, `secret rm`,
+    doctor and exec's leak check know them); () for anything else or what does not parse."""
+    from .templates import TemplateError, parse_template
+
+    if auth is None or auth.get("kind") != "aws" or auth.get("source") != "static":
+        return ()
+    found = []
+    for key in ("access_key_id", "secret_access_key", "session_token"):
+        value = auth.get(key)
+        if isinstance(value, str):
+            try:
+                found.append(parse_template(value))
+            except TemplateError:
+                continue
+    return tuple(found)

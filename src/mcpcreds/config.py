@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 
 from .aauth_config import AAuthConfig, entry_aauth, parse_aauth, signs
-from .aws_config import aws_egress_check, parse_aws_auth
+from .aws_config import aws_egress_check, aws_templates, parse_aws_auth
 from .credshape import credential_name, credential_value
 from .egress import EgressPolicy, is_dev_loopback_url, parse_host_pattern, parse_private_entry
 from .errors import ConfigError
@@ -192,7 +192,7 @@ class Target:
     @property
     def templates(self) -> tuple[Template, ...]:
         login = self.login.templates if self.login else ()
-        return (*self.headers.values(), *login)
+        return (*self.headers.values(), *login, *aws_templates(self.spec.auth))
 
     @property
     def secret_names(self) -> frozenset[str]:
