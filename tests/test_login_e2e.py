@@ -318,6 +318,8 @@ def test_a_login_without_a_refresh_token_is_served_until_the_resource_refuses_it
         with pytest.raises(LoginRequired) as refused:
             client.headers("once")
     assert "refused" in refused.value.message and refused.value.details["command"] == "mcpcreds login once"
+    marked = setup.entry("mcp:once")  # marked expired: a restarted sidecar does not serve it again
+    assert marked is not None and marked["access_token"] == access and marked["expires_at"] <= time.time()
     code, output = setup.cli("headers", "once", "--socket", str(sidecar.socket))
     assert code == 77 and "mcpcreds login once" in output
     stats = setup.peer.stats()

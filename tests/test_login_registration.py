@@ -55,6 +55,21 @@ def test_the_stored_access_token_is_served_until_a_second_before_it_expires() ->
     assert access_only_token(StoredLogin("rt-1", "c", "at-abcdef", 1000.0), 900.0) is None
 
 
+class _Entry:
+    """The keyring entry of the login."""
+
+    def __init__(self) -> None:
+        self.puts: list[StoredLogin] = []
+        self.current: StoredLogin | None = None
+
+    def get(self, key: str) -> StoredLogin | None:
+        return self.current
+
+    def put(self, key: str, login: StoredLogin) -> None:
+        self.puts.append(login)
+        self.current = login
+
+
 class _Broker:
     """What refresh._access_only reads of the broker: its login cache and its clock."""
 
@@ -73,39 +88,53 @@ def _target() -> Any:
     return config.servers["s"]
 
 
-def test_expiry_and_refusal_end_an_access_only_login_with_login_required() -> None:
+async def test_expiry_ends_an_access_only_login_with_login_required() -> None:
+    entry = _Entry()
     clock = FakeClock(start=10_000.0)
     broker = _Broker(clock)
     target = _target()
     stored = StoredLogin(None, "dyn-1", "at-served-1", 10_600.0, REG)
-    token = _access_only(broker, target, stored)  # type: ignore[arg-type]
+    token = await _access_only(broker, target, stored, entry)  # type: ignore[arg-type]
     assert (token.access_token, token.obtained_at, token.expires_at) == ("at-served-1", 10_000.0, 10_600.0)
     broker.logins.install(target, token)
     # while the cache holds it, a renewal ahead of expiry gets the same token back
     clock.advance(500)
-    assert _access_only(broker, target, stored).fingerprint == token.fingerprint  # type: ignore[arg-type]
+    assert (await _access_only(broker, target, stored, entry)).fingerprint == token.fingerprint  # type: ignore[arg-type]
     # expired: login_required naming the command
     clock.advance(99.5)
     with pytest.raises(LoginRequired) as info:
-        _access_only(broker, target, stored)  # type: ignore[arg-type]
+        await _access_only(broker, target, stored, entry)  # type: ignore[arg-type]
     assert info.value.details["command"] == "mcpcreds login s" and "expired" in info.value.message
     assert info.value.status == 401
+    assert entry.puts == []  # nothing to mark: it expired by itself
 
 
-def test_an_invalidated_access_only_login_is_not_served_again() -> None:
+async def test_an_invalidated_access_only_login_is_not_served_again() -> None:
+    entry = _Entry()
     clock = FakeClock(start=10_000.0)
     broker = _Broker(clock)
     target = _target()
-    stored = StoredLogin(None, "dyn-1", "at-served-2", 13_600.0, REG)
-    token = _access_only(broker, target, stored)  # type: ignore[arg-type]
+    stored = entry.current = StoredLogin(None, "dyn-1", "at-served-2", 13_600.0, REG)
+    token = await _access_only(broker, target, stored, entry)  # type: ignore[arg-type]
     broker.logins.install(target, token)
     assert broker.logins.invalidate(target.key, token.fingerprint)  # a resource answered 401
     with pytest.raises(LoginRequired) as info:
-        _access_only(broker, target, stored)  # type: ignore[arg-type]
+        await _access_only(broker, target, stored, entry)  # type: ignore[arg-type]
     assert "refused" in info.value.message and "at-served-2" not in info.value.message
+    # and marked expired in the keyring: a restarted sidecar does not serve it either
+    assert entry.puts == [StoredLogin(None, "dyn-1", "at-served-2", 10_000.0, REG)]
+    assert access_only_token(entry.puts[0], 10_000.0) is None
     # a new login (another access token) is served
     fresh = StoredLogin(None, "dyn-1", "at-served-3", 13_600.0, REG)
-    assert _access_only(broker, target, fresh).access_token == "at-served-3"  # type: ignore[arg-type]
+    token = await _access_only(broker, target, fresh, entry)  # type: ignore[arg-type]
+    assert token.access_token == "at-served-3"
+    # refused while a new login landed in the keyring: the new one is left alone
+    broker.logins.install(target, token)
+    assert broker.logins.invalidate(target.key, token.fingerprint)
+    entry.current = newer = StoredLogin("rt-new", "dyn-1", registration=REG)
+    with pytest.raises(LoginRequired):
+        await _access_only(broker, target, fresh, entry)  # type: ignore[arg-type]
+    assert entry.current is newer and len(entry.puts) == 1
 
 
 def test_the_entry_keeps_an_access_only_login_and_a_registration() -> None:

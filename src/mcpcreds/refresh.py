@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 from .config import LoginSpec, Target
 from .errors import LoginRequired, TokenEndpointError
-from .login_store import StoredLogin, login_store
+from .login_store import LoginStore, StoredLogin, login_store
 from .logs import get_logger
 from .oauth import MIN_LIFETIME, Token, build_token_request, send_token_request, usable_until
 from .secret import fingerprint
@@ -75,7 +75,7 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
     if client is None:
         raise login_required(target, "the stored login belongs to another client_id")
     if stored.refresh_token is None:
-        return _access_only(broker, target, stored)
+        return await _access_only(broker, target, stored, store)
     login = client
     http = broker.http_for(target)
     token_url = await broker.discovery.token_url(login, target.endpoint, http)
@@ -114,7 +114,9 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
     return token
 
 
-def _access_only(broker: Broker, target: Target, stored: StoredLogin) -> Token:
+async def _access_only(broker: Broker, target: Target, stored: StoredLogin, store: LoginStore) -> Token:
+    """The stored access token while it lasts; a refused one is marked expired in the keyring
+    too, so a restarted sidecar does not serve it again."""
     served = _SERVED.setdefault(broker, {})
     now = broker.clock.time()
     if access_only_token(stored, now) is None:
@@ -127,7 +129,15 @@ def _access_only(broker: Broker, target: Target, stored: StoredLogin) -> Token:
                and now < usable_until(last) else None)
     token = access_only_token(stored, now, refused)
     if token is None:
+        await asyncio.to_thread(_mark_expired, store, target.key, stored, now)
         raise login_required(target, "the resource refused the login's access token, and the server "
                                      "issued no refresh token to renew it")
     served[target.key] = token
     return token
+
+
+def _mark_expired(store: LoginStore, key: str, stored: StoredLogin, now: float) -> None:
+    """Mark the refused login expired, unless a new login replaced it in the meantime."""
+    current = store.get(key)
+    if current is not None and current.access_token == stored.access_token:
+        store.put(key, dataclasses.replace(current, expires_at=now))
