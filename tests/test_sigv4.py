@@ -627,6 +627,18 @@ async def test_static_secrets_are_known_to_status_and_rotation(sidecar: SidecarP
     assert (rotated.status_code, rotated.json()["renewed"]) == (200, ["service:aws-api"])
 
 
+async def test_status_shows_the_credentials_held_never_their_values(sidecar: SidecarProcess, peer: SigV4Peer,
+                                                                     imds: FakeImds) -> None:
+    async with raw_client(sidecar) as http:
+        assert (await http.post("/v1/servers/aws-imds/sign", json={"method": "GET", "url": peer.url})).status_code == 200
+        rows = {row["key"]: row for row in (await http.get("/v1/status")).json()["aws"]}
+    row = rows["mcp:aws-imds"]
+    assert (row["source"], row["temporary"]) == ("imds", True)
+    expires = calendar.timegm(time.strptime(imds.creds["Expiration"], "%Y-%m-%dT%H:%M:%SZ"))
+    assert row["expires_at"] == expires and row["renew_at"] == pytest.approx(expires - 300, abs=1)
+    assert set(row) == {"key", "source", "temporary", "expires_at", "renew_at"}
+
+
 async def test_the_secret_keys_appear_in_no_output(sidecar: SidecarProcess, peer: SigV4Peer) -> None:
     seen: list[str] = []
     init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",

@@ -404,7 +404,7 @@ class Api:
 
     async def status(self, request: Request) -> Response:
         return answer({**await self.broker.status(), "gateway": self.gateway.status(),
-                       "aauth": self.aauth.status()})
+                       "aauth": self.aauth.status(), "aws": self.sigv4.status()})
 
     def openapi_doc(self, request: Request) -> Response:
         return Response(200, self.openapi)

@@ -258,6 +258,10 @@ class CredentialCache:
     def drop(self, name: str) -> None:
         self._held.pop(name, None)
 
+    def held(self) -> dict[str, tuple[AwsCredentials, float]]:
+        """name -> (the credentials held, when they are renewed)."""
+        return dict(self._held)
+
     async def get(self, name: str, fetch: Callable[[], Awaitable[AwsCredentials]],
                   ttl: float) -> AwsCredentials:
         now = self.clock()

@@ -105,11 +105,13 @@ class SigV4Signer:
         self.http_for = http_for  # the target's own egress client (IMDS goes through its policy)
         self.cache = CredentialCache(clock)
         self._auth: dict[str, tuple[Mapping[str, Any], AwsAuth]] = {}
+        self._sources: dict[str, str] = {}  # cache key -> the source of its credentials (for status)
 
     def reload(self, config: Config) -> None:
         self.config = config
         self.cache.forget()
         self._auth.clear()
+        self._sources.clear()
 
     def auth(self, target: Target) -> AwsAuth:
         held = self._auth.get(target.name)
@@ -120,10 +122,21 @@ class SigV4Signer:
         self._auth[target.name] = (target.spec.auth, parsed)
         return parsed
 
+    def status(self) -> list[dict[str, Any]] | None:
+        """Per cache key whose credentials are held: the source, whether they are temporary, when
+        they expire and are renewed (never a key or a token)."""
+        held = self.cache.held()
+        if not held:
+            return None
+        return [{"key": key, "source": self._sources.get(key), "temporary": creds.session_token is not None,
+                 "expires_at": creds.expires_at, "renew_at": round(renew, 3)}
+                for key, (creds, renew) in sorted(held.items())]
+
     async def credentials(self, target: Target) -> AwsCredentials:
         import asyncio
 
         auth = self.auth(target)
+        self._sources[target.key] = auth.source
 
         async def fetch() -> AwsCredentials:
             if auth.source == "imds":
