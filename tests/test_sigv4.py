@@ -549,6 +549,22 @@ async def test_the_mcp_sdk_reaches_a_sigv4_server_through_the_gateway(
         assert all(carried for method, _, carried in imds.calls if method == "GET")
 
 
+async def test_the_mcp_sdk_reaches_a_sigv4_server_directly_with_creds_auth(sidecar: SidecarProcess,
+                                                                           peer: SigV4Peer) -> None:
+    import httpx2
+
+    before = peer.stats()
+    async with AsyncClient(sidecar.socket) as creds, httpx2.AsyncClient(auth=creds.auth("aws-imds")) as http, \
+            streamable_http_client(peer.url, http_client=http) as (read, write), \
+            ClientSession(read, write) as session:  # no gateway: the client talks to the server itself
+        await session.initialize()
+        assert (await session.call_tool("echo", {"text": "sigv4"})).structured_content == {"result": "sigv4"}
+    after = peer.stats()
+    assert after["verified"] - before["verified"] >= 3 and after["rejected"] == before["rejected"]
+    assert set(after["keys"][len(before["keys"]):]) == {IMDS_ID} and after["tokens"] > before["tokens"]
+    assert "content-type" in after["signed_headers"]
+
+
 async def test_a_wrong_scope_and_an_unsigned_server_are_refused_by_the_verifier(
         sidecar: SidecarProcess, peer: SigV4Peer) -> None:
     init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",

@@ -487,7 +487,8 @@ class Api:
         cached = self.broker.cached_headers(target)
         if cached is not None and self.broker.limiter.try_acquire(target.key, self.broker.rate_of(target),
                                                                    cost):
-            signed = b'"aauth":true,' if target.aauth else b""  # the client then asks `sign` (auth.py)
+            # the client then asks `sign` (auth.py)
+            signed = b'"aauth":true,' if target.aauth else b'"sigv4":true,' if is_aws(target) else b""
             return Response(200, b'{%s"granted":%d,"waited":0.0,' % (signed, cost) + cached.body[1:])
         return self._call_async(target, cost, max_wait)
 
@@ -497,7 +498,8 @@ class Api:
         waited = await self.broker.limiter.acquire(target.key, self.broker.rate_of(target), cost, max_wait)
         if waited > 0:
             result = await self.broker.headers(target)
-        prefix = b'{%s"granted":%d,"waited":%s,' % (b'"aauth":true,' if target.aauth else b"", cost,
+        signer = b'"aauth":true,' if target.aauth else b'"sigv4":true,' if is_aws(target) else b""
+        prefix = b'{%s"granted":%d,"waited":%s,' % (signer, cost,
                                                      repr(round(waited, 6)).encode())
         return Response(200, prefix + result.body[1:])
 

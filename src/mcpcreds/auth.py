@@ -76,15 +76,18 @@ def _apply(request: Any, answer: dict[str, Any]) -> str | None:
 
 
 def _credentials(name: str, request: Any, cost: int, max_wait: float) -> Generator[Step, Any, str | None]:
-    """Permit and headers; for an AAuth server (the answer says `aauth`), the signature too: the
-    sidecar signs with its agent key, which never leaves it; the body only as its RFC 9530 digest."""
+    """Permit and headers; for an AAuth server (the answer says `aauth`) or an AWS SigV4 one
+    (`sigv4`), the signature too: the sidecar signs with its agent key or AWS credentials, which
+    never leave it; the body only as its RFC 9530 digest."""
     answer = yield Sidecar(Calls.call(name, cost, max_wait))
     fingerprint = _apply(request, answer)
-    if answer.get("aauth") is True:
+    sigv4 = answer.get("sigv4") is True  # an AWS SigV4 server: the sidecar signs with the AWS key
+    if answer.get("aauth") is True or sigv4:
         body = request.content
         digest = (f"sha-256=:{base64.b64encode(hashlib.sha256(body).digest()).decode('ascii')}:"
                   if body else None)
-        cover = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+        covered = ("content-type",) if sigv4 else ("authorization",)
+        cover = {k: v for k, v in request.headers.items() if k.lower() in covered}
         signed = yield Sidecar(Calls.sign(name, request.method, str(request.url), cover, digest))
         _apply(request, signed)
     return fingerprint
