@@ -17,6 +17,7 @@ credentials of `aws_credentials` (they never leave the sidecar process).
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import re
 from collections.abc import Callable, Mapping
@@ -55,22 +56,9 @@ def sign(credentials: AwsCredentials, region: str, service: str, method: str, ur
     """The headers SigV4 adds to the request (`Authorization`, `X-Amz-Date`, and with
     `content_header` `X-Amz-Content-SHA256`; `X-Amz-Security-Token` for session credentials), as
     botocore computes them at the instant `when` (unix seconds)."""
-    botocore_required()
-    from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth  # type: ignore[import-untyped]
-    from botocore.awsrequest import AWSRequest  # type: ignore[import-untyped]
-    from botocore.credentials import Credentials  # type: ignore[import-untyped]
-
-    class _Clocked(SigV4Auth):  # type: ignore[misc]
-        """botocore's SigV4 with the sidecar's clock instead of the system's."""
-
-        def add_auth(self, request: Any) -> None:
-            request.context["timestamp"] = datetime.fromtimestamp(when, UTC).strftime(SIGV4_TIMESTAMP)
-            self._modify_request_before_signing(request)
-            canonical = self.canonical_request(request)
-            signature = self.signature(self.string_to_sign(request, canonical), request)
-            self._inject_signature_to_request(request, signature)
-
+    clocked, AWSRequest, Credentials = _botocore()
     request = AWSRequest(method=method, url=url)
+    request.context["timestamp"] = datetime.fromtimestamp(when, UTC).strftime("%Y%m%dT%H%M%SZ")
     for name, value in headers:
         if name.lower() in ("authorization", "x-amz-date", "x-amz-security-token", "date"):
             continue  # set by the signer
@@ -78,13 +66,32 @@ def sign(credentials: AwsCredentials, region: str, service: str, method: str, ur
     if content_header:
         request.headers["X-Amz-Content-SHA256"] = payload_sha256
     creds = Credentials(credentials.access_key_id, credentials.secret_access_key, credentials.session_token)
-    _Clocked(creds, service, region).add_auth(request)
+    clocked(creds, service, region).add_auth(request)
     out = {"Authorization": request.headers["Authorization"], "X-Amz-Date": request.headers["X-Amz-Date"]}
     if content_header:
         out["X-Amz-Content-SHA256"] = payload_sha256
     if credentials.session_token:
         out["X-Amz-Security-Token"] = credentials.session_token
     return out
+
+
+@functools.cache
+def _botocore() -> tuple[Any, Any, Any]:
+    """botocore's signer with the sidecar's clock (the instant in `request.context`, set by
+    `sign`, instead of the system's), its request and credentials classes; imported once."""
+    botocore_required()
+    from botocore.auth import SigV4Auth  # type: ignore[import-untyped]
+    from botocore.awsrequest import AWSRequest  # type: ignore[import-untyped]
+    from botocore.credentials import Credentials  # type: ignore[import-untyped]
+
+    class Clocked(SigV4Auth):  # type: ignore[misc]
+        def add_auth(self, request: Any) -> None:
+            self._modify_request_before_signing(request)
+            canonical = self.canonical_request(request)
+            signature = self.signature(self.string_to_sign(request, canonical), request)
+            self._inject_signature_to_request(request, signature)
+
+    return Clocked, AWSRequest, Credentials
 
 
 def host_of(url: str) -> str:
