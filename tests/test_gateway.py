@@ -512,8 +512,14 @@ async def test_status_counts_live_sessions_and_streams_per_server_never_their_id
         assert session_id not in text
         async with raw_client(sidecar) as http:
             assert session_id not in (await http.get("/metrics")).text
-        async with mcp_session(sidecar, "watched"):
+        # a second session, ended by its DELETE (sent here: the SDK's own DELETE at exit is
+        # best-effort, and on a loaded machine its cleanup may be cancelled before it is sent)
+        async with raw_client(sidecar) as http:
+            opened = await http.post("/mcp/watched", json=INIT, headers=RPC_HEADERS)
+            other = opened.headers["mcp-session-id"]
             await status_until(sidecar, "watched", lambda r: r["sessions"] == 2)
+            ended = await http.delete("/mcp/watched", headers={**RPC_HEADERS, "Mcp-Session-Id": other})
+            assert ended.status_code < 300, ended.text
         await status_until(sidecar, "watched", lambda r: r["sessions"] == 1)  # the other one was DELETEd
         assert value(await session.call_tool("echo", {"text": "still here"})) == "still here"
     await status_until(sidecar, "watched", lambda r: r["sessions"] == 0 and r["streams"] == 0)
