@@ -21,12 +21,10 @@ import base64
 import contextlib
 import json
 import os
-import re
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Final
-from urllib.parse import urlsplit
 
 import httpx
 from cryptography.exceptions import InvalidSignature
@@ -41,13 +39,11 @@ from .egress import EgressPolicy, egress_client, is_dev_loopback_url
 from .errors import ConfigError, Forbidden, InvalidRequest, McpcredsError
 from .logs import get_logger
 from .secret import REDACTOR
+from .sign_request import parse_sign_request
 from .templates import Template
 
 _log = get_logger("aauth")
 MAX_KEY_FILE: Final = 8192
-MAX_SIGN_HEADERS: Final = 32
-MAX_HEADER_VALUE: Final = 8192
-_METHOD: Final = re.compile(r"[A-Z]{1,16}\Z")
 _CHALLENGE: Final = ("www-authenticate", "aauth-requirement", "signature-error", "accept-signature-scheme",
                       "accept-signature-alg")
 
@@ -468,30 +464,15 @@ class AAuthSigner:
         if not target.aauth:
             raise Forbidden(f"requests to server {target.name!r} are not signed with AAuth (aauth = false, "
                             "or `auth`/`oauth` takes precedence)")
-        if "body" in body:
-            raise InvalidRequest("the body is never sent to the sidecar: send content_digest (RFC 9530)")
-        unknown = set(body) - {"method", "url", "headers", "content_digest"}
-        if unknown:
-            raise InvalidRequest("unknown fields: the body holds method, url, headers, content_digest")
-        method = body.get("method")
-        if not isinstance(method, str) or not _METHOD.match(method):
-            raise InvalidRequest("method must be an upper-case HTTP method")
-        url = body.get("url")
-        if not isinstance(url, str) or len(url) > 2048 or not _same_origin(url, target.endpoint):
-            raise InvalidRequest(f"url must be a URL of server {target.name!r}'s origin (scheme, host, port)")
-        raw_headers = body.get("headers", {})
-        if not isinstance(raw_headers, dict) or len(raw_headers) > MAX_SIGN_HEADERS or not all(
-                isinstance(k, str) and isinstance(v, str) and len(v) <= MAX_HEADER_VALUE
-                for k, v in raw_headers.items()):
-            raise InvalidRequest(f"headers must be an object of at most {MAX_SIGN_HEADERS} header names "
-                                 "to string values")
+        request = parse_sign_request(target, body, header_ok=lambda _name, _value: True)
         digest = body.get("content_digest")
         try:
             if digest is not None:
                 digest = httpsig.check_content_digest(digest)
-            headers = [(k, v) for k, v in raw_headers.items()]
+            headers = list(request.headers.items())
             token = await self.agent_token()
-            signed = self.key.sign(method, url, headers, None, int(self.clock()), cover=list(raw_headers),
+            signed = self.key.sign(request.method, request.url, headers, None, int(self.clock()),
+                                   cover=list(request.headers),
                                    digest=digest, token=token)
         except httpsig.SignatureError as exc:
             raise InvalidRequest(f"cannot sign: {exc}") from None
@@ -509,15 +490,6 @@ def _read_assertion(path: str) -> str:
     if len(data) > 16384:
         raise AgentTokenError(f"aauth.enroll.assertion_file: {path} is larger than 16 KiB")
     return data.decode("ascii", "replace").strip()
-
-
-def _same_origin(url: str, endpoint: str) -> bool:
-    try:
-        a, b = urlsplit(url), urlsplit(endpoint)
-        return (a.scheme, a.hostname, a.port) == (b.scheme, b.hostname, b.port) and not a.username \
-            and not a.password and not a.fragment and bool(a.hostname)
-    except ValueError:
-        return False
 
 
 def challenge_headers(target: Target, status: int,

@@ -23,7 +23,6 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -39,12 +38,10 @@ from .aws_credentials import (
 )
 from .config import Config, Target
 from .errors import Forbidden, InvalidRequest
+from .sign_request import parse_sign_request
 from .templates import Template
 
 EMPTY_SHA256: Final = hashlib.sha256(b"").hexdigest()
-MAX_SIGN_HEADERS: Final = 32
-MAX_HEADER_VALUE: Final = 8192
-_METHOD: Final = re.compile(r"[A-Z]{1,16}\Z")
 _DIGEST: Final = re.compile(r"sha-256=:([A-Za-z0-9+/]{43}=):\Z")
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,128}\Z")
 _ADDED: Final = ("authorization", "x-amz-date", "x-amz-content-sha256", "x-amz-security-token")
@@ -181,29 +178,16 @@ class SigV4Signer:
         client sends its SHA-256). The URL must be the server's origin. Never echoes what was sent."""
         if not is_aws(target):
             raise Forbidden(f"requests to server {target.name!r} are not signed with SigV4")
-        if "body" in body:
-            raise InvalidRequest("the body is never sent to the sidecar: send content_digest (RFC 9530)")
-        unknown = set(body) - {"method", "url", "headers", "content_digest"}
-        if unknown:
-            raise InvalidRequest("unknown fields: the body holds method, url, headers, content_digest")
-        method = body.get("method")
-        if not isinstance(method, str) or not _METHOD.match(method):
-            raise InvalidRequest("method must be an upper-case HTTP method")
-        url = body.get("url")
-        if not isinstance(url, str) or len(url) > 2048 or not _same_origin(url, target.endpoint):
-            raise InvalidRequest(f"url must be a URL of server {target.name!r}'s origin (scheme, host, port)")
-        raw_headers = body.get("headers", {})
-        if not isinstance(raw_headers, dict) or len(raw_headers) > MAX_SIGN_HEADERS or not all(
-                isinstance(k, str) and _HEADER_NAME.match(k) and isinstance(v, str)
-                and len(v) <= MAX_HEADER_VALUE and v.isprintable() for k, v in raw_headers.items()):
-            raise InvalidRequest(f"headers must be an object of at most {MAX_SIGN_HEADERS} header names "
-                                 "to printable string values")
+        request = parse_sign_request(
+            target, body, values="printable string values",
+            header_ok=lambda name, value: bool(_HEADER_NAME.match(name)) and value.isprintable())
         payload = _payload_sha256(body)
         auth = self.auth(target)
-        lines = [(k, v) for k, v in raw_headers.items() if k.lower() not in ("host", *_ADDED)]
-        lines.append(("host", host_of(url)))
+        lines = [(k, v) for k, v in request.headers.items() if k.lower() not in ("host", *_ADDED)]
+        lines.append(("host", host_of(request.url)))
         credentials = await self.credentials(target)
-        added = sign(credentials, auth.region, auth.service, method, url, lines, payload, self.clock())
+        added = sign(credentials, auth.region, auth.service, request.method, request.url, lines, payload,
+                     self.clock())
         signed = sorted({k.lower() for k, _ in lines} | {"x-amz-date", "x-amz-content-sha256"}
                         | ({"x-amz-security-token"} if credentials.session_token else set()))
         return {"headers": added, "signed_headers": [h for h in signed if h not in _UNSIGNED],
@@ -226,10 +210,3 @@ def _payload_sha256(body: Mapping[str, Any]) -> str:
     return EMPTY_SHA256
 
 
-def _same_origin(url: str, endpoint: str) -> bool:
-    try:
-        a, b = urlsplit(url), urlsplit(endpoint)
-        return (a.scheme, a.hostname, a.port) == (b.scheme, b.hostname, b.port) and not a.username \
-            and not a.password and not a.fragment and bool(a.hostname)
-    except ValueError:
-        return False
