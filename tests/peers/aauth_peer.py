@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import sys
 import time
 from collections import Counter
@@ -45,7 +44,7 @@ from joserfc.errors import JoseError
 from joserfc.jwk import OKPKey
 
 from tests.peers.aauth_verify import Rejected, verify
-from tests.peers.asgi import buffered, send_json
+from tests.peers.asgi import buffered, send_json, serve_on_loopback
 from tests.peers.process import read_log, ready_process
 
 if TYPE_CHECKING:
@@ -226,24 +225,12 @@ def build_app(state: State) -> ASGIApp:
 
 
 async def serve() -> None:
-    import uvicorn
+    def make_app(port: int) -> Any:
+        state = State()
+        state.issuer = f"http://127.0.0.1:{port}/provider"
+        return build_app(state)
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    state = State()
-    state.issuer = f"http://127.0.0.1:{port}/provider"
-    config = uvicorn.Config(build_app(state), log_level="critical", lifespan="on", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            await task
-            raise RuntimeError("uvicorn stopped before it started")
-        await asyncio.sleep(0.01)
-    print(f"READY http://127.0.0.1:{port}", flush=True)
-    await task
+    await serve_on_loopback(make_app)
 
 
 class AAuthPeer:

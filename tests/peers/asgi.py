@@ -1,11 +1,12 @@
-"""What the MCP server peers (mcp_server.py, mcp_gateway_peer.py) share around the SDK's ASGI app:
-reading a request body while letting the app read it again, a JSON answer, and the switch that
-answers the next N requests of a JSON-RPC method with 429 + Retry-After."""
+"""What the MCP server peers (mcp_server.py, mcp_gateway_peer.py, aauth_peer.py, sigv4_peer.py)
+share around the SDK's ASGI app: reading a request body while letting the app read it again, a
+JSON answer, the switch that answers the next N requests of a JSON-RPC method with 429 +
+Retry-After, and serving on loopback until stopped."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -75,3 +76,28 @@ class Fail429:
         self.refused += 1
         await send_json(send, 429, {"error": "rate_limited"}, [(b"retry-after", self.retry_after.encode())])
         return True
+
+
+async def serve_on_loopback(make_app: Callable[[int], Any]) -> None:
+    """Serve `make_app(port)` with uvicorn on an ephemeral 127.0.0.1 port, print `READY <url>`
+    once it listens (what `process.ready_process` waits for), and run until stopped."""
+    import asyncio
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted connections inherit it
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(make_app(port), log_level="critical", lifespan="on", timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            await task
+            raise RuntimeError("uvicorn stopped before it started")
+        await asyncio.sleep(0.01)
+    print(f"READY http://127.0.0.1:{port}", flush=True)
+    await task

@@ -38,7 +38,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -47,7 +46,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
-from tests.peers.asgi import Fail429, buffered, send_json
+from tests.peers.asgi import Fail429, buffered, send_json, serve_on_loopback
 from tests.peers.process import read_log, ready_process
 
 if TYPE_CHECKING:
@@ -240,24 +239,7 @@ def build_app(state: PeerState) -> ASGIApp:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted connections inherit it
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    state = PeerState(args.token_prefix, args.static_key)
-    config = uvicorn.Config(build_app(state), log_level="critical", lifespan="on", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            await task
-            raise RuntimeError("uvicorn stopped before it started")
-        await asyncio.sleep(0.01)
-    print(f"READY http://127.0.0.1:{port}", flush=True)
-    await task
+    await serve_on_loopback(lambda _port: build_app(PeerState(args.token_prefix, args.static_key)))
 
 
 class GatewayPeer:

@@ -25,7 +25,6 @@ import hmac
 import json
 import os
 import re
-import socket
 import sys
 import time
 from collections import Counter
@@ -36,7 +35,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 
-from tests.peers.asgi import buffered, send_json
+from tests.peers.asgi import buffered, send_json, serve_on_loopback
 from tests.peers.process import read_log, ready_process
 
 if TYPE_CHECKING:
@@ -206,22 +205,7 @@ def build_app(state: State) -> ASGIApp:
 
 
 async def serve() -> None:
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(build_app(State()), log_level="critical", lifespan="on", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            await task
-            raise RuntimeError("uvicorn stopped before it started")
-        await asyncio.sleep(0.01)
-    print(f"READY http://127.0.0.1:{port}", flush=True)
-    await task
+    await serve_on_loopback(lambda _port: build_app(State()))
 
 
 class SigV4Peer:
