@@ -739,7 +739,7 @@ async def test_each_tool_call_is_audited_and_measured_without_its_arguments(
     assert 'mcpcreds_tool_calls_total{server="allow",tool="_refused",status="refused"}' in metrics
     assert 'mcpcreds_tool_call_seconds_count{server="allow",tool="echo"}' in metrics
     assert 'mcpcreds_gateway_requests_total{server="allow",method="POST",status="200"}' in metrics
-    assert 'mcpcreds_gateway_seconds_bucket{server="allow",le="+Inf"}' in metrics
+    assert 'mcpcreds_gateway_request_seconds_bucket{server="allow",le="+Inf"}' in metrics
     assert marker not in metrics
 
 

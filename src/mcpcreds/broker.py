@@ -495,10 +495,10 @@ class Broker:
         out: list[tuple[str, str, Labels, float]] = []
         for row in self.logins.status():
             labels: Labels = (("key", row["key"]),)
-            out.append(("mcpcreds_login_expires_at", "Expiry (unix time) of the current login.",
-                        labels, row["expires_at"] or 0))
-            out.append(("mcpcreds_login_renewals", "Logins renewed.", labels, row["renewals"]))
-            out.append(("mcpcreds_login_shared_fetches",
+            out.append(("mcpcreds_login_expiry_timestamp_seconds",
+                        "Expiry (unix time) of the current login; 0: none.", labels, row["expires_at"] or 0))
+            out.append(("mcpcreds_login_renewals_total", "Logins renewed.", labels, row["renewals"]))
+            out.append(("mcpcreds_login_shared_fetches_total",
                         "Requests that waited on a fetch another request started.", labels,
                         row["shared_fetches"]))
             for state in ("valid", "renewing", "stale", "failing"):
@@ -510,10 +510,11 @@ class Broker:
                 ("mcpcreds_bucket_level", "Permits in the bucket now.", labels, bucket["level"]),
                 ("mcpcreds_bucket_capacity", "Burst size of the bucket.", labels, bucket["capacity"]),
                 ("mcpcreds_bucket_waiting", "Requests waiting for permits.", labels, bucket["waiting"]),
-                ("mcpcreds_bucket_granted_permits", "Permits granted (counter).", labels, bucket["granted"]),
-                ("mcpcreds_bucket_refused_requests", "Requests refused past max_wait (counter).", labels,
+                ("mcpcreds_bucket_granted_permits_total", "Permits granted.", labels, bucket["granted"]),
+                ("mcpcreds_bucket_refused_requests_total", "Requests refused past max_wait.", labels,
                  bucket["refused"]),
-                ("mcpcreds_bucket_paused_until", "Unix time an upstream 429 pauses the bucket until.",
+                ("mcpcreds_bucket_paused_until_timestamp_seconds",
+                 "Unix time an upstream 429 pauses the bucket until; 0: not paused.",
                  labels, bucket["paused_until"] or 0),
             ]
         return out

@@ -543,7 +543,7 @@ class Gateway:
         self.metrics.inc("mcpcreds_gateway_requests_total",
                          (*labels, ("method", method), ("status", str(status))),
                          help_text="Requests relayed by the gateway, by server, HTTP method and status.")
-        self.metrics.observe("mcpcreds_gateway_seconds", labels, time.perf_counter() - started,
+        self.metrics.observe("mcpcreds_gateway_request_seconds", labels, time.perf_counter() - started,
                              help_text="Time from a gateway request to the head of its answer, by server.")
 
     def _policy_warnings(self, target: Target, warnings: list[str]) -> None:

@@ -1,4 +1,9 @@
-"""Counters and a latency histogram, rendered as Prometheus text."""
+"""Counters and a latency histogram, rendered as Prometheus text.
+
+Names follow the Prometheus conventions (tests/test_metrics_exposition.py parses a scrape with
+`prometheus_client`): a counter ends in `_total`, a duration is in seconds (`_seconds`), a point
+in time is a `_timestamp_seconds` gauge. README.md, "Metrics", lists every metric.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,17 @@ OTHER: Final = "_other"
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _value(value: float) -> str:
+    """A sample value, exactly: `repr` keeps every digit (`:g` made a unix time 1.76457e+09)."""
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "+Inf" if value > 0 else "-Inf"
+    if float(value).is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(float(value))
 
 
 def _labels(labels: Labels, extra: str = "") -> str:
@@ -82,7 +98,8 @@ class Metrics:
             self.help[name] = help_text
 
     def render(self, gauges: Iterable[tuple[str, str, Labels, float]] = ()) -> str:
-        """Prometheus text exposition; `gauges` are (name, help, labels, value) read at scrape."""
+        """Prometheus text exposition; `gauges` are (name, help, labels, value) read at scrape,
+        a counter when the name ends in `_total` (a count the sidecar keeps elsewhere)."""
         out: list[str] = [
             "# HELP mcpcreds_requests_total Socket API requests by route and status.",
             "# TYPE mcpcreds_requests_total counter",
@@ -106,7 +123,7 @@ class Metrics:
             out.append(f"# HELP {name} {self.help.get(name, name)}")
             out.append(f"# TYPE {name} counter")
             for labels, value in sorted(by_name[name]):
-                out.append(f"{name}{_labels(labels)} {value:g}")
+                out.append(f"{name}{_labels(labels)} {_value(value)}")
         gauge_help: dict[str, str] = {}
         gauge_rows: defaultdict[str, list[tuple[Labels, float]]] = defaultdict(list)
         for name, help_text, labels, value in gauges:
@@ -114,9 +131,9 @@ class Metrics:
             gauge_rows[name].append((labels, value))
         for name in sorted(gauge_rows):
             out.append(f"# HELP {name} {gauge_help[name]}")
-            out.append(f"# TYPE {name} gauge")
+            out.append(f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}")
             for labels, value in gauge_rows[name]:
-                out.append(f"{name}{_labels(labels)} {value:g}")
+                out.append(f"{name}{_labels(labels)} {_value(value)}")
         return "\n".join(out) + "\n"
 
 
@@ -131,6 +148,6 @@ def _histogram_lines(name: str, labels: Labels, counts: list[int], total: float)
     running += counts[-1]
     le_inf = 'le="+Inf"'
     lines.append(f"{name}_bucket{_labels(labels, le_inf)} {running}")
-    lines.append(f"{name}_sum{_labels(labels)} {total:.6f}")
+    lines.append(f"{name}_sum{_labels(labels)} {_value(total)}")
     lines.append(f"{name}_count{_labels(labels)} {running}")
     return lines

@@ -1,0 +1,176 @@
+"""/metrics, read as Prometheus reads it: `prometheus_client`'s text parser takes a scrape of the
+real Api and Broker (a login from the fault IdP, a rated bucket, the gateway's counters), every
+name follows the conventions (`_total` counters, `_seconds` durations, `_timestamp_seconds`
+points in time), values come back exact, and README.md's metrics table lists every metric."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import tomllib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mcpcreds.api import Api
+from mcpcreds.audit import AuditLog
+from mcpcreds.broker import Actor, Broker
+from mcpcreds.clock import FakeClock
+from mcpcreds.config import parse_config
+from mcpcreds.metrics import Metrics
+from mcpcreds.sources import EnvSource, SecretResolver
+from mcpcreds.wire import Request, Response
+from tests.conftest import CANARY
+from tests.peers.fault_idp import FaultIdp, fault_idp
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = re.compile(r"^mcpcreds_[a-z][a-z0-9_]*[a-z0-9]$")
+CONFIG = """
+[[servers]]
+name = "mail"
+endpoint = "https://mail.example.com/mcp"
+headers = {{ "X-Api-Key" = "{{{{secret:KEY}}}}" }}
+rate = "10/1s"
+[[servers]]
+name = "crm"
+endpoint = "{base}/mcp"
+oauth = {{ client_id = "c", client_secret = "{{{{secret:S}}}}", token_url = "{token_url}" }}
+"""
+
+
+@pytest.fixture(scope="module")
+def idp() -> Iterator[FaultIdp]:
+    with fault_idp() as server:
+        yield server
+
+
+class Scraped:
+    def __init__(self, text: str, status: dict[str, Any]) -> None:
+        self.text = text
+        self.status = status
+        self.families = list(text_string_to_metric_families(text))
+
+
+@pytest.fixture
+async def scrape(idp: FaultIdp) -> AsyncIterator[Scraped]:
+    clock = FakeClock()
+    config = parse_config(tomllib.loads(CONFIG.format(base=idp.base, token_url=idp.token_url)))
+    metrics = Metrics()
+    broker = Broker(config, SecretResolver([EnvSource({"KEY": CANARY, "S": "client-secret"})]), clock,
+                    metrics, AuditLog(None, clock))
+    api = Api(broker, metrics, AuditLog(None, clock))
+
+    async def call(method: str, path: str, body: Any = None) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else b""
+        result = api.handle(Request(method, path, "", data, None, os.getuid(), 4242))
+        response = result if isinstance(result, Response) else await result
+        assert response.status == 200, response.body
+        answer: dict[str, Any] = json.loads(response.body)
+        return answer
+
+    try:
+        await call("GET", "/v1/servers/crm/headers")  # a login: token requests, expiry, state
+        for _ in range(3):
+            await call("POST", "/v1/servers/mail/acquire", {"cost": 1, "max_wait": 0})
+        await call("POST", "/v1/servers/mail/backoff", {"retry_after": 30})  # paused_until
+        target = config.servers["mail"]
+        api.gateway.tool_call_done(target, "echo", Actor(os.getuid(), 4242), "ok", 0.0125)
+        api.gateway._observe(target, "POST", 200, time.perf_counter())
+        status = await call("GET", "/v1/status")
+        result = api.handle(Request("GET", "/metrics", "", b"", None, os.getuid(), 4242))
+        response = result if isinstance(result, Response) else await result
+        assert response.status == 200
+        yield Scraped(response.body.decode(), status)
+    finally:
+        await broker.aclose()
+
+
+def raw_samples(text: str) -> list[str]:
+    """The sample names of the text as written (the parser renames a counter without _total)."""
+    return [re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines()
+            if line and not line.startswith("#")]
+
+
+def test_a_scrape_parses_and_every_name_follows_the_conventions(scrape: Scraped) -> None:
+    types = {f.name: f.type for f in scrape.families}
+    # every kind the sidecar exposes is in this scrape
+    assert {"counter", "gauge", "histogram"} <= set(types.values())
+    assert len(scrape.families) >= 15, sorted(types)
+    parsed = [s.name for f in scrape.families for s in f.samples]
+    assert parsed == raw_samples(scrape.text)  # nothing renamed by the parser
+    typed = dict(re.findall(r"^# TYPE (\S+) (\S+)$", scrape.text, re.M))
+    for name, kind in typed.items():
+        assert NAME.match(name), name
+        assert name.endswith("_total") == (kind == "counter"), (name, kind)
+        if kind == "histogram":
+            assert name.endswith("_seconds"), name  # durations in the base unit
+    helps = dict(re.findall(r"^# HELP (\S+) (.*)$", scrape.text, re.M))
+    assert set(helps) == set(typed)
+    for name, text in helps.items():
+        assert text and text != name, name  # a real help line
+        if "unix time" in text.lower():
+            assert name.endswith("_timestamp_seconds"), name
+    assert CANARY not in scrape.text and "client-secret" not in scrape.text
+
+
+def sample(scrape: Scraped, name: str, **labels: str) -> float:
+    for family in scrape.families:
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    raise AssertionError(f"no sample {name} {labels}")
+
+
+def test_the_values_read_back_as_status_says(scrape: Scraped) -> None:
+    login = next(row for row in scrape.status["logins"] if row["key"] == "mcp:crm")
+    bucket = next(row for row in scrape.status["buckets"] if row["key"] == "mcp:mail")
+    # a unix time to the second (a 6-digit rendering was up to an hour off)
+    assert sample(scrape, "mcpcreds_login_expiry_timestamp_seconds", key="mcp:crm") == login["expires_at"]
+    assert sample(scrape, "mcpcreds_token_requests_total", key="mcp:crm") == 1
+    assert sample(scrape, "mcpcreds_login_state", key="mcp:crm", state="valid") == 1
+    assert sample(scrape, "mcpcreds_bucket_granted_permits_total", key="mcp:mail") == bucket["granted"] == 3
+    assert sample(scrape, "mcpcreds_bucket_paused_until_timestamp_seconds", key="mcp:mail") == \
+        bucket["paused_until"]
+    assert sample(scrape, "mcpcreds_tool_call_seconds_sum", server="mail", tool="echo") == 0.0125
+    assert sample(scrape, "mcpcreds_tool_calls_total", server="mail", tool="echo", status="ok") == 1
+
+
+def test_large_and_odd_values_are_exact() -> None:
+    metrics = Metrics()
+    metrics.inc("mcpcreds_x_total", (("k", 'a"b\\c\nd'),), 123_456_789.0, help_text="A count.")
+    text = metrics.render([("mcpcreds_t_timestamp_seconds", "A unix time.", (), 1_800_003_600.25),
+                           ("mcpcreds_g", "A gauge.", (("k", "a"),), float("inf")),
+                           ("mcpcreds_c_total", "Read at scrape.", (), 2**60)])
+    values = {(s.name, tuple(s.labels.items())): s.value
+              for f in text_string_to_metric_families(text) for s in f.samples}
+    assert values[("mcpcreds_x_total", (("k", 'a"b\\c\nd'),))] == 123_456_789
+    assert values[("mcpcreds_t_timestamp_seconds", ())] == 1_800_003_600.25
+    assert values[("mcpcreds_g", (("k", "a"),))] == float("inf")
+    assert values[("mcpcreds_c_total", ())] == 2**60
+    assert "# TYPE mcpcreds_c_total counter" in text  # a count read at scrape is a counter
+
+
+def source_metric_names() -> set[str]:
+    names: set[str] = set()
+    for path in (ROOT / "src" / "mcpcreds").glob("*.py"):
+        # a name in quotes, or one an f-string renders with its labels
+        names |= set(re.findall(r"[\"'](mcpcreds_[a-z0-9_]+)[\"'{]", path.read_text()))
+    return names
+
+
+def readme_metric_names() -> set[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### Metrics", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    return set(re.findall(r"^\| `(mcpcreds_[a-z0-9_]+)` \|", section, re.M))
+
+
+def test_the_readme_table_lists_every_metric(scrape: Scraped) -> None:
+    in_source = source_metric_names()
+    assert len(in_source) >= 20, sorted(in_source)
+    assert readme_metric_names() == in_source
+    assert {f.name if f.type != "counter" else f"{f.name}_total" for f in scrape.families} <= in_source
