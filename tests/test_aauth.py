@@ -198,11 +198,13 @@ def test_serve_refuses_to_start_with_a_group_readable_key(tmp_path: Path) -> Non
 
 
 ENROLL = "enroll-" + CANARY  # the enrollment secret the provider demands
+ASKED = ("content-digest", "@target-uri")  # what the resource's aauth-resource.json asks to be covered
+EMPTY_DIGEST = httpsig.content_digest(b"")
 
 
 @pytest.fixture(scope="module")
 def peer() -> Iterator[AAuthPeer]:
-    with start_aauth_peer(enroll=ENROLL) as server:
+    with start_aauth_peer(enroll=ENROLL, components=ASKED) as server:
         yield server
 
 
@@ -291,7 +293,7 @@ async def test_the_mcp_sdk_reaches_a_signed_server_through_the_gateway(
     stats = peer.stats()
     assert stats["verified"] - before >= 4 and not stats["rejected"]
     assert set(stats["keys"]) == {public_x(workdir)}  # every request signed with the one agent key
-    assert {"@method", "@authority", "@path", "signature-key"} <= set(stats["covered"])
+    assert {"@method", "@authority", "@path", "signature-key", *ASKED} <= set(stats["covered"])
 
 
 async def test_the_mcp_sdk_reaches_a_signed_server_directly_with_creds_auth(
@@ -342,11 +344,48 @@ async def test_a_challenge_for_a_token_is_passed_on(sidecar: SidecarProcess, pee
     assert answer.status_code == 401
     assert answer.headers["www-authenticate"] == 'AAuth requirement=auth-token; resource="aauth-peer"'
     assert answer.headers["aauth-requirement"] == 'requirement=auth-token; resource-token="eyJ.x.y"'
+    error = answer.json()["error"]  # the body names what is missing, never the resource's words
+    assert error["code"] == "aauth_requirement" and error["requirement"] == "auth-token"
+    assert "an auth token from the agent's Person Server" in error["message"] and "eyJ.x.y" not in answer.text
     logged = sidecar.wait_for("aauth: the resource asks for what the sidecar cannot obtain (a token from a "
                               "person or access server); its 401 is passed on")  # blocks until read, no sleep
-    assert logged["challenge"].startswith("requirement=auth-token") and logged["server"] == "needs-token"
+    assert logged["requirement"] == "auth-token" and logged["server"] == "needs-token"
     async with raw_client(sidecar, **RPC) as http:  # a bearer server's challenge stays in the sidecar
         assert "www-authenticate" not in (await http.post("/mcp/optout", json=INIT)).headers
+
+
+async def test_creds_auth_keeps_the_session_token_and_names_a_requirement(sidecar: SidecarProcess,
+                                                                          peer: AAuthPeer) -> None:
+    import httpx2
+
+    from mcpcreds.aauth_requirement import AAuthRequirementError
+
+    before = peer.stats()
+    async with AsyncClient(sidecar.socket) as creds, httpx2.AsyncClient(auth=creds.auth("access")) as http, \
+            streamable_http_client(f"{peer.base}/access/mcp", http_client=http) as (read, write), \
+            ClientSession(read, write) as session:  # the client talks to the server itself
+        await session.initialize()
+        assert (await session.call_tool("add", {"a": 4, "b": 5})).structured_content == {"result": 9}
+    after = peer.stats()
+    assert after["access_issued"] - before["access_issued"] == 1  # one session token, then presented
+    assert after["access_presented"] - before["access_presented"] >= 2
+    assert {"authorization", *ASKED} <= set(after["covered"]) and after["rejected"] == before["rejected"]
+    async with AsyncClient(sidecar.socket) as creds, httpx2.AsyncClient(auth=creds.auth("needs-token")) as http:
+        with pytest.raises(AAuthRequirementError) as info:
+            await http.post(f"{peer.base}/token-required/mcp", json=INIT, headers=RPC)
+    assert info.value.details["requirement"] == "auth-token" and "eyJ.x.y" not in str(info.value)
+    assert "an auth token from the agent's Person Server" in info.value.message
+
+
+async def test_the_resource_metadata_is_read_once_per_sidecar(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
+    async with raw_client(sidecar, **RPC) as http:
+        for _ in range(3):
+            assert (await http.post("/mcp/signed", json=INIT)).status_code == 200
+    stats = peer.stats()
+    assert set(ASKED) <= set(stats["covered"]) and not stats["rejected"].get("invalid_input")
+    assert 1 <= stats["metadata_fetched"] <= 2  # one origin: once for each of the two sidecars, not per request
+    logged = [json.loads(line) for line in sidecar.log.splitlines() if "does not produce" in line]
+    assert [entry["skipped"] for entry in logged] == [1]  # @query-param, left out (never quoted), once
 
 
 async def test_the_sign_route_signs_a_direct_clients_request(
@@ -358,8 +397,8 @@ async def test_the_sign_route_signs_a_direct_clients_request(
         answer = await http.post("/v1/servers/signed/sign", json=ask)
     assert answer.status_code == 200, answer.text
     signed = answer.json()
-    assert signed["covered"] == ["@method", "@authority", "@path", "signature-key", "content-digest",
-                                 "content-type"]
+    assert signed["covered"] == ["@method", "@authority", "@path", "@target-uri", "signature-key",
+                                 "content-digest", "content-type"]  # @target-uri: the resource asks for it
     assert signed["headers"]["Signature-Key"] == httpsig.hwk_key({"kty": "OKP", "crv": "Ed25519",
                                                                   "x": public_x(workdir), "alg": "Ed25519"})
     with httpx.Client(timeout=10) as direct:  # the client talks to the server itself
@@ -390,7 +429,7 @@ async def test_the_sign_route_refuses(sidecar: SidecarProcess, peer: AAuthPeer, 
 async def test_the_sign_route_is_grant_aware(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
     async with AsyncClient(sidecar.socket) as creds:
         minted = await creds.grant(["optout"], ttl=60)
-    ask = {"method": "POST", "url": peer.url}
+    ask = {"method": "POST", "url": peer.url, "content_digest": EMPTY_DIGEST}
     async with raw_client(sidecar, Authorization=f"Bearer {minted['grant']}") as http:
         refused = await http.post("/v1/servers/signed/sign", json=ask)
     assert (refused.status_code, refused.json()["error"]["code"]) == (403, "forbidden")
@@ -455,10 +494,14 @@ PROVIDER_KEY = OKPKey.generate_key("Ed25519", parameters={"kid": "p"})
 ISSUER = "https://agents.example"
 
 
-def agent_token(claims: dict[str, Any], key: OKPKey = PROVIDER_KEY) -> str:
-    return jwt.encode({"alg": "Ed25519", "typ": "aa-agent+jwt", "kid": "p"}, claims, key, algorithms=["Ed25519"])
+def agent_token(claims: dict[str, Any], key: OKPKey = PROVIDER_KEY, alg: str = "Ed25519",
+                typ: str = "aa-agent+jwt") -> str:
+    """An agent token as the draft shapes it (`dwk`, `iat` filled in unless given)."""
+    claims = {"dwk": "aauth-agent.json", "iat": int(claims["exp"]) - 300, **claims}
+    return jwt.encode({"alg": alg, "typ": typ, "kid": "p"}, claims, key, algorithms=[alg])
 
 
+@pytest.mark.filterwarnings("ignore:EdDSA is deprecated")  # joserfc, signing the refused case
 def test_an_agent_token_is_checked_before_it_is_used() -> None:
     ours = httpsig.public_jwk(rfc_key())
     jwks = {"keys": [PROVIDER_KEY.as_dict(private=False)]}
@@ -471,13 +514,22 @@ def test_an_agent_token_is_checked_before_it_is_used() -> None:
         "cnf.jwk is not this sidecar's agent key": agent_token(
             {**good, "cnf": {"jwk": httpsig.public_jwk(Ed25519PrivateKey.generate())}}),
         "holds no compact JWT": "not-a-token",
+        # the draft's "Agent Token Verification": typ, dwk, iat not ahead, a fully-specified alg
+        "typ is not aa-agent\\+jwt": agent_token(good, typ="JWT"),
+        "dwk is not aauth-agent.json": agent_token({**good, "dwk": "aauth-person.json"}),
+        "no iat, or was issued in the future": agent_token({**good, "iat": 2_000_000_061}),
+        "EdDSA is refused": agent_token(good, alg="EdDSA"),
     }
+    assert check_agent_token(agent_token({**good, "iat": 2_000_000_060}), ISSUER, jwks, ours,
+                             now=2_000_000_000) == 2_000_000_100  # 60 s of clock skew tolerated
     es_key = ECKey.generate_key("P-256", parameters={"kid": "p"})
-    es_token = jwt.encode({"alg": "ES256", "kid": "p"}, good, es_key, algorithms=["ES256"])
+    good = {**good, "dwk": "aauth-agent.json", "iat": 2_000_000_000}
+    es_token = jwt.encode({"alg": "ES256", "typ": "aa-agent+jwt", "kid": "p"}, good, es_key, algorithms=["ES256"])
     es_jwks = {"keys": [es_key.as_dict(private=False)]}
     assert check_agent_token(es_token, ISSUER, es_jwks, ours, now=2_000_000_000) == 2_000_000_100
     head, _, es_sig = es_token.split(".")
-    other = jwt.encode({"alg": "ES256", "kid": "p"}, {**good, "exp": 2_000_000_200}, es_key, algorithms=["ES256"])
+    other = jwt.encode({"alg": "ES256", "typ": "aa-agent+jwt", "kid": "p"}, {**good, "exp": 2_000_000_200}, es_key,
+                       algorithms=["ES256"])
     with pytest.raises(AgentTokenError, match="signature does not verify"):  # a claims part swapped in
         check_agent_token(f"{head}.{other.split('.')[1]}.{es_sig}", ISSUER, es_jwks, ours,
                           now=2_000_000_000)
@@ -560,7 +612,8 @@ async def test_with_a_provider_requests_carry_the_agent_token(jwt_sidecar: Sidec
     assert after["tokens_issued"] - before["tokens_issued"] == 1 and after["enroll_refused"] == 0
     assert after["schemes"].get("jwt", 0) - before["schemes"].get("jwt", 0) >= 9
     async with raw_client(jwt_sidecar) as http:
-        signed = (await http.post("/v1/servers/agent/sign", json={"method": "GET", "url": peer.url})).json()
+        signed = (await http.post("/v1/servers/agent/sign", json={"method": "GET", "url": peer.url,
+                                                                   "content_digest": EMPTY_DIGEST})).json()
     assert signed["headers"]["Signature-Key"].startswith('sig=jwt;jwt="ey')
     assert peer.check("GET", peer.url, [("host", peer.base.removeprefix("http://")),
                                         *signed["headers"].items()], "") == {"ok": True}

@@ -34,6 +34,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from . import httpsig
+from .aauth_requirement import access_token, refusal, requirement
+from .aauth_resource import ResourceMetadata
 from .config import Config, Target, default_socket_path
 from .egress import EgressPolicy, egress_client, is_dev_loopback_url
 from .errors import ConfigError, Forbidden, InvalidRequest, McpcredsError
@@ -63,6 +65,8 @@ class AgentTokenError(McpcredsError):
 
 
 AGENT_DWK: Final = "aauth-agent.json"
+AGENT_TYP: Final = "aa-agent+jwt"
+IAT_SKEW: Final = 60.0  # an agent token's iat may be this far ahead of our clock
 MAX_PROVIDER_ANSWER: Final = 65536
 MAX_TOKEN_LIFE: Final = 86400.0
 RENEW_AHEAD: Final = 60.0  # renew this long before expiry (at most half the token's life)
@@ -191,8 +195,8 @@ def _b64decode(text: str) -> bytes:
 
 def _verify_jws(header: Mapping[str, Any], signing_input: bytes, signature: bytes,
                 jwks: Mapping[str, Any]) -> None:
-    """The JWS signature of an agent token, by the provider key its `kid` names (EdDSA/Ed25519 or
-    ES256). Raises AgentTokenError."""
+    """The JWS signature of an agent token, by the provider key its `kid` names (Ed25519 or ES256:
+    the draft refuses the polymorphic `EdDSA`). Raises AgentTokenError."""
     keys = [k for k in jwks.get("keys", []) if isinstance(k, dict)]
     kid = header.get("kid")
     key = next((k for k in keys if kid is None or k.get("kid") == kid), None)
@@ -200,7 +204,7 @@ def _verify_jws(header: Mapping[str, Any], signing_input: bytes, signature: byte
         raise AgentTokenError("aauth: the agent token's key (kid) is not in the provider's JWKS")
     alg = header.get("alg")
     try:
-        if alg in ("EdDSA", "Ed25519") and (key.get("kty"), key.get("crv")) == ("OKP", "Ed25519"):
+        if alg == "Ed25519" and (key.get("kty"), key.get("crv")) == ("OKP", "Ed25519"):
             Ed25519PublicKey.from_public_bytes(_b64decode(key["x"])).verify(signature, signing_input)
         elif alg == "ES256" and (key.get("kty"), key.get("crv")) == ("EC", "P-256") and len(signature) == 64:
             public = ec.EllipticCurvePublicNumbers(int.from_bytes(_b64decode(key["x"]), "big"),
@@ -210,7 +214,8 @@ def _verify_jws(header: Mapping[str, Any], signing_input: bytes, signature: byte
             der = encode_dss_signature(r, s_)
             public.verify(der, signing_input, ec.ECDSA(hashes.SHA256()))
         else:
-            raise AgentTokenError("aauth: the agent token's alg is not EdDSA or ES256 with a matching key")
+            raise AgentTokenError("aauth: the agent token's alg is not Ed25519 or ES256 (fully specified: "
+                                  "EdDSA is refused) with a matching key")
     except (InvalidSignature, KeyError, ValueError, TypeError):
         raise AgentTokenError("aauth: the agent token's signature does not verify with the provider's "
                               "keys") from None
@@ -218,8 +223,10 @@ def _verify_jws(header: Mapping[str, Any], signing_input: bytes, signature: byte
 
 def check_agent_token(token: str, issuer: str, jwks: Mapping[str, Any], jwk: Mapping[str, str],
                       now: float) -> float:
-    """Validate an agent token (its JWS, `iss`, `exp`, `cnf.jwk` = our key); return its expiry
-    (capped at a day). Raises AgentTokenError naming what is wrong, never quoting the token."""
+    """Validate an agent token as the draft's "Agent Token Verification" asks (`typ`
+    `aa-agent+jwt`, its JWS by the provider's key, `iss`, `dwk`, `exp`, `iat` not ahead,
+    `cnf.jwk` = our key); return its expiry (capped at a day). Raises AgentTokenError naming
+    what is wrong, never quoting the token."""
     parts = token.split(".") if isinstance(token, str) and len(token) <= 16384 else []
     if len(parts) != 3 or not all(ch.isascii() and (ch.isalnum() or ch in "-_.") for ch in token):
         raise AgentTokenError("aauth: the provider's answer holds no compact JWT")
@@ -231,12 +238,18 @@ def check_agent_token(token: str, issuer: str, jwks: Mapping[str, Any], jwk: Map
         raise AgentTokenError("aauth: the agent token cannot be decoded") from None
     if not isinstance(header, dict) or not isinstance(claims, dict):
         raise AgentTokenError("aauth: the agent token cannot be decoded")
+    if header.get("typ") != AGENT_TYP:
+        raise AgentTokenError(f"aauth: the agent token's typ is not {AGENT_TYP}")
     _verify_jws(header, f"{parts[0]}.{parts[1]}".encode("ascii"), signature, jwks)
     if claims.get("iss") != issuer:
         raise AgentTokenError("aauth: the agent token's iss is not the provider's issuer")
-    exp = claims.get("exp")
+    if claims.get("dwk") != AGENT_DWK:
+        raise AgentTokenError(f"aauth: the agent token's dwk is not {AGENT_DWK}")
+    exp, iat = claims.get("exp"), claims.get("iat")
     if isinstance(exp, bool) or not isinstance(exp, int | float) or exp <= now:
         raise AgentTokenError("aauth: the agent token has no exp, or has expired")
+    if isinstance(iat, bool) or not isinstance(iat, int | float) or iat > now + IAT_SKEW:
+        raise AgentTokenError("aauth: the agent token has no iat, or was issued in the future")
     bound = (claims.get("cnf") or {}).get("jwk") if isinstance(claims.get("cnf"), dict) else None
     if not isinstance(bound, dict) or any(bound.get(k) != jwk[k] for k in ("kty", "crv", "x")):
         raise AgentTokenError("aauth: the agent token's cnf.jwk is not this sidecar's agent key")
@@ -248,10 +261,13 @@ class AAuthSigner:
     the first signature if the sidecar was built without one."""
 
     def __init__(self, config: Config, clock: Callable[[], float],
-                 render: Callable[[Template], str] | None = None) -> None:
+                 render: Callable[[Template], str] | None = None,
+                 http_for: Callable[[Target], httpx.AsyncClient] | None = None) -> None:
         self.config = config
         self.clock = clock
         self.render = render  # resolves the enrollment token's template
+        # what each resource asks to be covered (its aauth-resource.json), through its egress client
+        self.resources = ResourceMetadata(clock, http_for, config.sidecar.token_timeout)
         self._key: AgentKey | None = None
         self._token: tuple[str, float, float] | None = None  # (agent token, issued at, expires at)
         self._fetching: asyncio.Task[str] | None = None
@@ -422,9 +438,14 @@ class AAuthSigner:
         if access is not None and not any(k.lower() == "authorization" for k, _ in lines):
             added.append(("authorization", f"AAuth {access}"))  # the resource's token, covered below
             lines += added
+        asked = await self.resources.components(target)
+        present = {name.lower() for name, _ in lines}
+        cover = [c for c in asked if c.startswith("@") or (c in present and c != "content-digest")]
+        digest = httpsig.content_digest(b"") if "content-digest" in asked and body is None else None
         try:
             token = await self.agent_token()
-            signed = self.key.sign(method, url, lines, body, int(self.clock()), token=token)
+            signed = self.key.sign(method, url, lines, body, int(self.clock()), token=token, cover=cover,
+                                   digest=digest)
         except httpsig.SignatureError as exc:
             raise InvalidRequest(f"the request to server {target.name!r} cannot be signed: {exc}") from None
         return [(name.lower().encode("ascii") if as_bytes else name.lower(), value.encode("ascii"))
@@ -432,29 +453,32 @@ class AAuthSigner:
 
     def answered(self, target: Target, status: int,
                  headers: Iterable[tuple[str, str]]) -> tuple[tuple[bytes, bytes], ...]:
-        """What a signed server's answer tells the gateway: an `AAuth-Access` token is kept for that
-        server (presented as `Authorization: AAuth <token>` from then on, in memory only); a 401
-        drops it and is passed on with its challenge, logged once naming what the resource wants."""
+        """What a signed server's answer tells the gateway: an `AAuth-Access` session token is kept
+        for that server (presented as `Authorization: AAuth <token>` from then on, in memory only;
+        a new one replaces it); a 401 drops it and is passed on with its challenge, logged once
+        naming what the resource wants."""
         lines = list(headers)
-        given = next((v.strip() for k, v in lines if k.lower() == "aauth-access"), None)
-        if given and len(given) <= 16384 and all("!" <= ch <= "~" for ch in given):
+        given = access_token(lines)
+        if given is not None:
             if self._access.get(target.name) != given:
                 REDACTOR.add(given, owner=f"aauth:access:{target.name}")
                 self._access[target.name] = given
                 _log.info("aauth access token kept", extra={"server": target.name})
         elif status == 401:
             self._access.pop(target.name, None)
-            asked = [v for k, v in lines if k.lower() == "aauth-requirement"]
-            asked += [v for k, v in lines
-                      if k.lower() == "www-authenticate" and v.lower().startswith("aauth")]
-            wants = asked[0] if asked else ""
-            if wants and (target.name, wants) not in self._warned \
-                    and len(self._warned) < 1024:
+            wants = requirement(lines)
+            if wants is not None and (target.name, wants) not in self._warned and len(self._warned) < 1024:
                 self._warned.add((target.name, wants))
                 _log.warning("aauth: the resource asks for what the sidecar cannot obtain (a token from a "
                              "person or access server); its 401 is passed on",
-                             extra={"server": target.name, "challenge": wants[:256]})
+                             extra={"server": target.name, "requirement": wants})
         return challenge_headers(target, status, lines)
+
+    def refused_body(self, target: Target, status: int, headers: Iterable[tuple[str, str]]) -> bytes | None:
+        """The gateway's answer body for a signed server's 401 that names an AAuth requirement: an
+        mcpcreds error naming what is missing (the resource's own words are not repeated)."""
+        error = refusal(target.name, status, headers)
+        return None if error is None else json.dumps(error.to_wire(), separators=(",", ":")).encode()
 
     # -- POST /v1/servers/{name}/sign
 
@@ -466,13 +490,17 @@ class AAuthSigner:
                             "or `auth`/`oauth` takes precedence)")
         request = parse_sign_request(target, body, header_ok=lambda _name, _value: True)
         digest = body.get("content_digest")
+        asked = await self.resources.components(target)
+        if digest is None and "content-digest" in asked:
+            raise InvalidRequest(f"server {target.name!r} asks that content-digest be covered (its "
+                                 "aauth-resource.json): send content_digest (RFC 9530), the empty body's too")
         try:
             if digest is not None:
                 digest = httpsig.check_content_digest(digest)
             headers = list(request.headers.items())
             token = await self.agent_token()
             signed = self.key.sign(request.method, request.url, headers, None, int(self.clock()),
-                                   cover=list(request.headers),
+                                   cover=[*request.headers, *(c for c in asked if c.startswith("@"))],
                                    digest=digest, token=token)
         except httpsig.SignatureError as exc:
             raise InvalidRequest(f"cannot sign: {exc}") from None

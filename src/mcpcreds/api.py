@@ -162,9 +162,10 @@ class Api:
         self.openapi = (resources.files("mcpcreds") / "openapi.json").read_bytes()
         self.gateway = Gateway(broker, metrics)
         self.aauth = AAuthSigner(broker.config, broker.clock.time,  # the agent key (aauth.py)
-                                 lambda template: self.broker.resolver.render(template))
+                                 lambda template: self.broker.resolver.render(template), broker.http_for)
         self.gateway.sign = self.aauth.gateway_headers
         self.gateway.aauth_answer = self.aauth.answered
+        self.gateway.aauth_refusal = self.aauth.refused_body
         self.sigv4 = SigV4Signer(broker.config, broker.clock.time,  # AWS SigV4 (sigv4.py)
                                  lambda template: self.broker.resolver.render(template), broker.http_for)
         self.gateway.sigv4 = self.sigv4.gateway_headers

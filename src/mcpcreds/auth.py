@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import httpx
 
+from .aauth_requirement import access_token, refusal
 from .calls import Call, Calls
 from .errors import RateLimited
 
@@ -75,36 +76,66 @@ def _apply(request: Any, answer: dict[str, Any]) -> str | None:
     return fingerprint
 
 
-def _credentials(name: str, request: Any, cost: int, max_wait: float) -> Generator[Step, Any, str | None]:
+def _credentials(name: str, request: Any, cost: int, max_wait: float,
+                 session: dict[str, str] | None = None) -> Generator[Step, Any, str | None]:
     """Permit and headers; for an AAuth server (the answer says `aauth`) or an AWS SigV4 one
     (`sigv4`), the signature too: the sidecar signs with its agent key or AWS credentials, which
-    never leave it; the body only as its RFC 9530 digest."""
+    never leave it; the body only as its RFC 9530 digest. An AAuth server's session token (its
+    `AAuth-Access`, kept in `session`) goes in `Authorization: AAuth`, covered by the signature."""
     answer = yield Sidecar(Calls.call(name, cost, max_wait))
     fingerprint = _apply(request, answer)
     sigv4 = answer.get("sigv4") is True  # an AWS SigV4 server: the sidecar signs with the AWS key
-    if answer.get("aauth") is True or sigv4:
+    aauth = answer.get("aauth") is True
+    if aauth and session is not None:
+        held = request.headers.get("authorization", "")
+        if name in session and (not held or held.startswith("AAuth ")):
+            request.headers["authorization"] = f"AAuth {session[name]}"
+        elif held.startswith("AAuth "):  # ours, from an attempt the resource refused
+            del request.headers["authorization"]
+    if aauth or sigv4:
         body = request.content
+        # AAuth: the digest of every request, the empty body's too (a resource may ask for it)
         digest = (f"sha-256=:{base64.b64encode(hashlib.sha256(body).digest()).decode('ascii')}:"
-                  if body else None)
-        covered = ("content-type",) if sigv4 else ("authorization",)
+                  if body or aauth else None)
+        covered = ("content-type",) if sigv4 else ("authorization", "content-type")
         cover = {k: v for k, v in request.headers.items() if k.lower() in covered}
         signed = yield Sidecar(Calls.sign(name, request.method, str(request.url), cover, digest))
         _apply(request, signed)
     return fingerprint
 
 
-def credential_flow(name: str, request: Any, *, cost: int = 1, max_wait: float = 30.0,
-                    on_429: On429 = "wait") -> Generator[Step, Any, Any]:
+def _aauth_answered(name: str, request: Any, response: Any, session: dict[str, str] | None) -> None:
+    """A signed server's answer: its `AAuth-Access` session token kept (a new one replaces it); a
+    401 drops it, and when it names an AAuth requirement the sidecar cannot meet, that is raised
+    as an error naming what is missing."""
+    if session is None or "signature-key" not in request.headers:
+        return
+    lines = list(response.headers.multi_items())
+    given = access_token(lines)
+    if given is not None:
+        session[name] = given
+    elif response.status_code == 401:
+        session.pop(name, None)
+        error = refusal(name, response.status_code, lines)
+        if error is not None:
+            raise error
+
+
+def credential_flow(name: str, request: Any, *, cost: int = 1, max_wait: float = 30.0, on_429: On429 = "wait",
+                    session: dict[str, str] | None = None) -> Generator[Step, Any, Any]:
     """Permit + headers, send; on a 401 drop that login and retry once; on a 429 pause the
-    shared bucket and raise, wait and retry once, or return the answer (per `on_429`)."""
-    fingerprint = yield from _credentials(name, request, cost, max_wait)
+    shared bucket and raise, wait and retry once, or return the answer (per `on_429`).
+    `session` holds AAuth servers' session tokens (in memory, for this auth's life)."""
+    fingerprint = yield from _credentials(name, request, cost, max_wait, session)
     response = yield Upstream(request)
     if response.status_code == 401:
+        _aauth_answered(name, request, response, session)  # a requirement we cannot meet: raised now
         renewed = yield Sidecar(Calls.refused(name, fingerprint))
         if not renewed:  # the same login again would be refused again: hand the 401 back
             return response
-        yield from _credentials(name, request, cost, max_wait)
+        yield from _credentials(name, request, cost, max_wait, session)
         response = yield Upstream(request)
+    _aauth_answered(name, request, response, session)
     if response.status_code == 429:
         retry_after = parse_retry_after(response.headers.get("retry-after"))
         yield Sidecar(Calls.backoff(name, retry_after))
@@ -132,10 +163,11 @@ class CredentialsAuth(httpx.Auth):
         self.cost = cost
         self.max_wait = max_wait
         self.on_429: On429 = on_429
+        self._session: dict[str, str] = {}  # an AAuth server's session token (AAuth-Access), memory only
 
     def _flow(self, request: Any) -> Generator[Step, Any, Any]:
         return credential_flow(self.name, request, cost=self.cost, max_wait=self.max_wait,
-                               on_429=self.on_429)
+                               on_429=self.on_429, session=self._session)
 
     def sync_auth_flow(self, request: Any) -> Generator[Any, Any, None]:
         if self._client is None:

@@ -261,6 +261,8 @@ class Gateway:
         # ... and (target, status, headers) -> the headers of a signed server's answer to pass on
         self.aauth_answer: Callable[[Target, int, list[tuple[str, str]]],
                                     tuple[tuple[bytes, bytes], ...]] | None = None
+        # ... and (target, status, headers) -> the body replacing a 401's that names an AAuth requirement
+        self.aauth_refusal: Callable[[Target, int, list[tuple[str, str]]], bytes | None] | None = None
         # SigV4 (sigv4.py), for servers with auth kind "aws": the same signature as `sign`
         self.sigv4: Callable[[Target, str, str, list[tuple[Any, bytes]], bytes | None],
                              Awaitable[list[tuple[Any, bytes]]]] | None = None
@@ -508,6 +510,10 @@ class Gateway:
             body = jsonrpc.mask(body, inspector.forms)
         if calls is not None:
             calls.finish_all(f"http_{status}" if status >= 300 else "no_response")
+        if status == 401 and target.aauth and self.aauth_refusal is not None:  # names what is missing
+            refused = self.aauth_refusal(target, status, response.headers.multi_items())
+            if refused is not None:
+                body, ctype = refused, "application/json"
         return Response(status, body, content_type=ctype.encode("latin-1") or b"application/json",
                         extra_headers=extra)
 

@@ -9,7 +9,8 @@ verified in the tests by `http-message-signatures`' own signature-base code.
 
 - The covered components are `@method`, `@authority`, `@path` (plus `@query` when the URL has
   one), `signature-key`, `authorization` when the request carries one, `content-digest` (RFC 9530,
-  sha-256) when a body is sent, and any other header the caller names.
+  sha-256) when a body is sent, and any other header the caller names, or derived component
+  (`@target-uri`, `@scheme`, `@request-target`, `@query`: what a resource's metadata may ask for).
 - `created` comes from the caller's clock; the label is `sig`, as in the AAuth drafts.
 - `Signature-Key: sig=hwk;kty="OKP";crv="Ed25519";x="...";alg="Ed25519"` (a bare public key,
   RFC 8037 OKP parameters), or `sig=jwt;jwt="<agent token>"` (a token binding the key in `cnf.jwk`).
@@ -107,6 +108,8 @@ class RequestTarget:
     authority: str
     path: str
     query: str | None
+    scheme: str = "https"
+    target_uri: str = ""
 
     @classmethod
     def parse(cls, url: str) -> RequestTarget:
@@ -116,12 +119,23 @@ class RequestTarget:
         except ValueError:
             raise SignatureError("not a valid URL") from None
         host = parts.hostname
-        if parts.scheme not in _DEFAULT_PORTS or not host:
+        scheme = parts.scheme.lower()
+        if scheme not in _DEFAULT_PORTS or not host:
             raise SignatureError("the URL must be http(s):// with a host")
         if ":" in host:
             host = f"[{host}]"
-        authority = host if port is None or port == _DEFAULT_PORTS[parts.scheme] else f"{host}:{port}"
-        return cls(authority.lower(), parts.path or "/", f"?{parts.query}" if parts.query else None)
+        authority = host if port is None or port == _DEFAULT_PORTS[scheme] else f"{host}:{port}"
+        query = f"?{parts.query}" if parts.query else None
+        path = parts.path or "/"
+        netloc = parts.netloc.rpartition("@")[2]
+        return cls(authority.lower(), path, query, scheme, f"{scheme}://{netloc}{path}{query or ''}")
+
+    def derived(self, name: str) -> str | None:
+        """The value of a derived component (RFC 9421 2.2) a resource may ask to be covered;
+        None for one this signer does not produce."""
+        values = {"@target-uri": self.target_uri, "@scheme": self.scheme, "@query": self.query or "?",
+                  "@request-target": self.path + (self.query or "")}
+        return values.get(name)
 
 
 def field_value(values: Iterable[str]) -> str:
@@ -204,6 +218,13 @@ def sign_request(key: Ed25519PrivateKey, method: str, url: str, headers: Iterabl
         components.append(("@query", target.query))
     names = ["signature-key", *(n for n in ("authorization", "content-digest") if n in fields)]
     for name in (n.strip().lower() for n in cover):
+        if name.startswith("@"):  # a derived component the resource asks for (its metadata)
+            derived = target.derived(name)
+            if derived is None and name not in ("@method", "@authority", "@path"):
+                raise SignatureError("a derived component to cover is not one this signer produces")
+            if derived is not None and all(name != n for n, _ in components):
+                components.append((name, derived))
+            continue
         if name not in fields:
             raise SignatureError("a header to cover is not in the request")
         if name not in names:

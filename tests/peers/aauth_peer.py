@@ -6,6 +6,9 @@ admits only requests signed as AAuth profiles HTTP Message Signatures, checked b
   `Signature-Error: error=<code>`; a verified one reaches the SDK's app. Tools: `echo`, `add`.
 - `/token-required/mcp`: verifies the signature, then asks for an AAuth access token the sidecar
   does not have: 401 `WWW-Authenticate: AAuth requirement=auth-token`, `Signature-Error` absent.
+- `/.well-known/aauth-resource.json`: with `components` (AAUTH_PEER_COMPONENTS), the resource's
+  metadata asks for them (`additional_signature_components`, plus `@query-param`, which the
+  sidecar cannot produce and leaves out) and the verifier demands them; without, 404.
 - `GET /_test/stats`: {"verified", "rejected": {code: n}, "keys": [x of each verified key],
   "covered": [the components of the last verified request], "unsigned": requests with no signature}.
 - `POST /_test/check`: {"method", "url", "headers": [[name, value], ...], "body": "<text>"} -> the
@@ -70,6 +73,9 @@ class State:
         self.enroll_refused = 0
         self.ttl = 300
         self.provider_key = OKPKey.generate_key("Ed25519", parameters={"kid": "provider-1"})
+        # the resource's additional_signature_components (its aauth-resource.json), from the environment
+        self.components = [c for c in os.environ.get("AAUTH_PEER_COMPONENTS", "").split() if c]
+        self.metadata_fetched = 0
         self.issuer = ""  # <base>/provider, once the port is known
 
     def snapshot(self) -> dict[str, Any]:
@@ -77,6 +83,7 @@ class State:
                 "covered": self.covered, "unsigned": self.unsigned, "schemes": dict(self.schemes),
                 "tokens_issued": self.tokens_issued, "enroll_refused": self.enroll_refused,
                 "digested": self.digested, "access_issued": self.access_issued,
+                "metadata_fetched": self.metadata_fetched,
                 "access_presented": self.access_presented}
 
     def token_jwk(self, token: str) -> dict[str, Any]:
@@ -129,7 +136,8 @@ def build_app(state: State) -> ASGIApp:
         if not any(k.lower() == "signature" for k, _ in lines):
             state.unsigned += 1
         try:
-            verified = verify(scope["method"], url, lines, body, time.time(), token_jwk=state.token_jwk)
+            verified = verify(scope["method"], url, lines, body, time.time(), token_jwk=state.token_jwk,
+                              required=state.components)
         except Rejected as exc:
             state.rejected[exc.error] += 1
             return exc
@@ -147,6 +155,14 @@ def build_app(state: State) -> ASGIApp:
             return
         if path == "/_test/stats":
             await send_json(send, 200, state.snapshot())
+            return
+        if path == "/.well-known/aauth-resource.json":
+            state.metadata_fetched += 1
+            if not state.components:
+                await send_json(send, 404, {"error": "not_found"})
+                return
+            await send_json(send, 200, {"issuer": state.issuer.removesuffix("/provider"),
+                                        "additional_signature_components": [*state.components, "@query-param"]})
             return
         if path == "/provider/.well-known/aauth-agent.json":
             await send_json(send, 200, {"issuer": state.issuer, "jwks_uri": f"{state.issuer}/jwks",
@@ -182,7 +198,7 @@ def build_app(state: State) -> ASGIApp:
             ask = json.loads(raw)
             try:
                 verify(ask["method"], ask["url"], [tuple(h) for h in ask["headers"]], ask["body"].encode(),
-                       time.time(), token_jwk=state.token_jwk)
+                       time.time(), token_jwk=state.token_jwk, required=state.components)
             except Rejected as exc:
                 await send_json(send, 200, {"error": exc.error})
                 return
@@ -259,10 +275,10 @@ class AAuthPeer:
 
 
 @contextlib.contextmanager
-def start_aauth_peer(enroll: str = "") -> Iterator[AAuthPeer]:
+def start_aauth_peer(enroll: str = "", components: tuple[str, ...] = ()) -> Iterator[AAuthPeer]:
     cmd = [sys.executable, "-m", "tests.peers.aauth_peer"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-           "AAUTH_PEER_ENROLL": enroll}
+           "AAUTH_PEER_ENROLL": enroll, "AAUTH_PEER_COMPONENTS": " ".join(components)}
     with ready_process(lambda _: cmd, what="AAuth peer", cwd=ROOT, timeout=30, env=env) as (_, base, workdir):
         peer = AAuthPeer(base, workdir)
         try:

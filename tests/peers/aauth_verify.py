@@ -6,7 +6,8 @@ Nothing of mcpcreds is imported.
 
 The profile checked (draft-hardt-oauth-aauth / httpbis-signature-key): one signature labelled
 `sig`; it covers `@method`, `@authority`, `@path` and `signature-key`, `authorization` when the
-request has one, `content-digest` when it has a body (and the digest matches the body); `created`
+request has one, `content-digest` when it has a body (and a covered digest matches the body, even
+an empty one), every component the resource's metadata asks for (`required`); `created`
 within `WINDOW` seconds of now; `Signature-Key: sig=hwk` with an OKP Ed25519 key whose `alg` is
 `Ed25519` (or `sig=jwt` with a token whose `cnf.jwk` is such a key, when a token check is given).
 """
@@ -76,8 +77,9 @@ def _field(headers: Sequence[tuple[str, str]], name: str) -> str | None:
 
 
 def verify(method: str, url: str, headers: Sequence[tuple[str, str]], body: bytes, now: float,
-           token_jwk: Callable[[str], dict[str, Any]] | None = None) -> Verified:
-    """Verify the request (`url` as the resource sees it: its scheme, Host and path); raise Rejected."""
+           token_jwk: Callable[[str], dict[str, Any]] | None = None, required: Sequence[str] = ()) -> Verified:
+    """Verify the request (`url` as the resource sees it: its scheme, Host and path); raise Rejected.
+    `required`: the resource's `additional_signature_components` (its metadata), each to be covered."""
     handler = HTTPMessageVerifier(signature_algorithm=algorithms.ED25519, key_resolver=None)
     raw_input, raw_sig, raw_key = (_field(headers, n) for n in ("signature-input", "signature", "signature-key"))
     if raw_input is None or raw_sig is None or raw_key is None:
@@ -92,12 +94,12 @@ def verify(method: str, url: str, headers: Sequence[tuple[str, str]], body: byte
         raise Rejected("invalid_input", "no member labelled sig")
     params = inputs["sig"].params
     covered = [str(item.value) for item in inputs["sig"]]
-    for name in REQUIRED:
+    for name in (*REQUIRED, *required):
         if name not in covered:
             raise Rejected("invalid_input", f"{name} is not covered")
     if _field(headers, "authorization") is not None and "authorization" not in covered:
         raise Rejected("invalid_input", "authorization is sent but not covered")
-    if body:
+    if body or "content-digest" in covered:  # a covered digest must match, the empty body's too
         digest = _field(headers, "content-digest")
         if digest is None or "content-digest" not in covered:
             raise Rejected("invalid_input", "a body without a covered Content-Digest")
