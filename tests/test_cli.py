@@ -5,7 +5,6 @@ import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from mcpcreds.config import McpServerSpec, load_config
 from tests.conftest import CANARY, KeyringSession, run_cli
@@ -130,22 +129,6 @@ def test_help_for_every_command() -> None:
                  ["spawn-payload", "--help"]):
         result = run_cli(*args)
         assert result.code == 0 and "usage: mcpcreds" in result.stdout
-
-
-def test_status_table_shows_the_gateways_live_sessions(capsys: Any) -> None:
-    from mcpcreds.cli import _print_status
-
-    status: dict[str, Any] = {"version": "1", "servers": [], "gateway": {
-        "sessions": 3, "streams": 1, "in_flight": 0,
-        "servers": [{"name": "crm-ro", "sessions": 3, "oldest_session_age": 754.2, "streams": 1, "in_flight": 0}]}}
-    _print_status(status)
-    lines = capsys.readouterr().out.splitlines()
-    header = lines.index("gateway")
-    assert lines[header + 1].split() == ["server", "sessions", "oldest", "streams", "in", "flight"]
-    assert lines[header + 2].split() == ["crm-ro", "3", "12m", "1", "0"]
-    status["gateway"]["servers"] = []
-    _print_status(status)
-    assert "gateway: no live sessions" in capsys.readouterr().out.splitlines()
 
 
 def test_a_reader_that_leaves_early_gets_no_traceback() -> None:

@@ -21,7 +21,7 @@ from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 TOKEN = "cli-imports-token-4f2a9d"
 HEAVY = ("httpx", "httpx2", "httpcore", "anyio", "authlib", "asyncio", "cryptography", "redis", "keyring",
-         "secretstorage", "ssl", "dataclasses", "inspect")
+         "secretstorage", "ssl", "dataclasses", "inspect", "rich")  # rich: status on a terminal only
 # the package's modules these commands need; any other (the config parser, exec, login, units...)
 # is a cost they should not pay
 LEAN_MODULES = {"mcpcreds", "mcpcreds.__main__", "mcpcreds.cli", "mcpcreds.errors", "mcpcreds.address",
@@ -76,6 +76,7 @@ COMMANDS = {
     "headers": (("headers", "docs"), "", f"Authorization: Bearer {TOKEN}\n"),
     "acquire": (("acquire", "docs", "--max-wait", "0"), "", ""),
     "status": (("status", "--json"), "", '"name": "docs"'),
+    "status piped": (("status",), "", '"name": "docs"'),  # JSON, no table: rich is not imported
     "credential-helper": (("credential-helper", "get"), "protocol=https\nhost=docs.example.com\n\n",
                           f"username=mcpcreds\npassword={TOKEN}\n"),
     "credential-helper --docker": (("credential-helper", "--docker", "get"), "docs.example.com\n",

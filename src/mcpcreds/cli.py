@@ -163,77 +163,32 @@ def cmd_acquire(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _fmt_time(value: Any) -> str:
-    if not isinstance(value, int | float):
-        return "-"
-    import time as _time
-
-    return _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(value))
-
-
 def cmd_status(args: argparse.Namespace) -> int:
+    """JSON when piped (or --json); on a terminal, tables drawn by status_view (rich), imported
+    only then: piped, `status` stays a fast command."""
+    tty = sys.stdout.isatty()
+    if args.watch:
+        if args.json or not tty:
+            raise InvalidRequest("--watch redraws a terminal; piped, run `mcpcreds status --json` "
+                                 "once per reading")
+        from .status_view import check_interval, watch
+
+        interval = check_interval(args.interval)
+        with _client(args, connect_retry=0) as client:
+            return watch(client.status, interval=interval, count=args.count)
     with _client(args) as client:
         status = client.status()
-    if args.json or (not sys.stdout.isatty() and args.json is None):
+    if args.json or (not tty and args.json is None):
         _print_json(status)
         return EXIT_OK
+    from .status_view import show
+
     try:
-        _print_status(status)
+        show(status)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise MalformedAnswer(f"the sidecar's status answer is malformed ({type(exc).__name__}); "
                               "`mcpcreds status --json` shows it as it came") from None
     return EXIT_OK
-
-
-def _print_status(status: dict[str, Any]) -> None:
-    print(f"mcpcreds {status.get('version', '?')}  config {status.get('config') or '-'}")
-    print("\nservers")
-    rows: list[tuple[str, ...]] = [("name", "key", "auth", "rate", "secrets")]
-    for s in status.get("servers", []):
-        rows.append((s["name"], s["key"], s["auth"], s.get("rate") or "-",
-                     ",".join(s.get("secrets", [])) or "-"))
-    _print_table(rows)
-    if status.get("logins"):
-        print("\nlogins")
-        rows = [("key", "state", "expires", "fingerprint", "token requests", "last error")]
-        for login in status["logins"]:
-            rows.append((login["key"], login["state"], _fmt_time(login.get("expires_at")),
-                         login.get("fingerprint") or "-", str(login.get("token_requests", 0)),
-                         login.get("last_error") or "-"))
-        _print_table(rows)
-    if status.get("buckets"):
-        print("\nbuckets")
-        rows = [("key", "rate", "level", "capacity", "waiting", "granted", "refused", "paused until")]
-        for b in status["buckets"]:
-            rows.append((b["key"], b.get("rate") or "-", f"{b['level']:.1f}", str(b["capacity"]),
-                         str(b.get("waiting", 0)), str(b.get("granted", 0)), str(b.get("refused", 0)),
-                         _fmt_time(b.get("paused_until"))))
-        _print_table(rows)
-    gateway = status.get("gateway")
-    if isinstance(gateway, dict):
-        _print_gateway(gateway)
-
-
-def _fmt_age(seconds: Any) -> str:
-    if not isinstance(seconds, int | float):
-        return "-"
-    for unit, size in (("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
-
-
-def _print_gateway(gateway: dict[str, Any]) -> None:
-    rows = gateway.get("servers") or []
-    if not rows:
-        print("\ngateway: no live sessions")
-        return
-    print("\ngateway")
-    table: list[tuple[str, ...]] = [("server", "sessions", "oldest", "streams", "in flight")]
-    for row in rows:
-        table.append((row["name"], str(row.get("sessions", 0)), _fmt_age(row.get("oldest_session_age")),
-                      str(row.get("streams", 0)), str(row.get("in_flight", 0))))
-    _print_table(table)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -509,8 +464,14 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--cost", type=int, default=1, help="permits to take (default 1)")
     p.add_argument("--max-wait", type=float, default=30.0, metavar="S",
                    help="seconds to wait at most (default 30)")
-    p = add_client("status", cmd_status, "logins and buckets, as a table (JSON when piped)")
+    p = add_client("status", cmd_status, "servers, logins, buckets and gateway sessions, as tables on a "
+                   "terminal (JSON when piped)")
     p.add_argument("--json", action="store_true", default=None, help="print JSON")
+    p.add_argument("--watch", action="store_true", help="redraw every --interval seconds, top-style "
+                   "(Ctrl-C quits); shows granted/refused per minute")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S",
+                   help="seconds between refreshes of --watch (default 2)")
+    p.add_argument("--count", type=int, default=None, help=argparse.SUPPRESS)  # refreshes, for tests
     p = add_client("spawn-payload", cmd_spawn_payload,
                    "print the secret-free JSON spec of these servers, for a child process")
     p.add_argument("names", nargs="+", metavar="NAME")

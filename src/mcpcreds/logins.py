@@ -251,6 +251,7 @@ class LoginCache:
                 "key": key,
                 "state": name,
                 "expires_at": token.expires_at if token else None,
+                "renew_at": self.refresh_time(key, token) if token else None,
                 "fingerprint": token.fingerprint if token else None,
                 "last_error": (state.last_error.details.get("error") or state.last_error.code)
                 if state.last_error else None,
