@@ -37,6 +37,8 @@ from .refresh import refresh_login
 from .secret import REDACTOR
 from .shared import build_state
 from .sources import SecretResolver
+from .spiffe import JwtSvidFiles, X509Source
+from .spiffe_config import JwtSvid, SpiffeAuth, jwt_svid_file, spiffe_of
 from .upstream import H1Transport
 from .wire import Response
 
@@ -111,7 +113,9 @@ class Broker:
         self.clock = clock
         self.metrics = metrics
         self.audit = audit or AuditLog(None, clock)
-        self._http: dict[tuple[str, EgressPolicy, bool], httpx.AsyncClient] = {}
+        self._http: dict[tuple[str, EgressPolicy, bool, SpiffeAuth | None], httpx.AsyncClient] = {}
+        self.jwt_svids = JwtSvidFiles(clock.time)  # auth kind "spiffe", svid "jwt" (spiffe.py)
+        self._x509: dict[SpiffeAuth, X509Source] = {}  # ... svid "x509": the gateway's client identities
         self.discovery = Discovery()
         parts = build_state(config, resolver, clock, self._fetch_login,
                             lambda: self.config.sidecar.refresh_ahead)
@@ -211,6 +215,9 @@ class Broker:
         if entry is None:
             return None
         now = self.clock.time()
+        if (svid_file := jwt_svid_file(target)) is not None and (entry.fresh_until <= now or
+                                                                 self.jwt_svids.changed(svid_file)):
+            return None  # a JWT-SVID: never served past its expiry, read again once its file changed
         if entry.fresh_until <= now:
             if target.login is not None or now >= entry.fresh_until + self.secret_cache_ttl:
                 return None
@@ -251,10 +258,15 @@ class Broker:
 
     async def _resolve(self, target: Target) -> HeadersResult:
         static = await self._render(target.key, target.headers.items()) if target.headers else {}
+        expires_at = None
+        if (spiffe := spiffe_of(target)) is not None and spiffe.jwt_svid_file is not None:
+            svid = await self._jwt_svid(target.key, spiffe.jwt_svid_file, spiffe.audience)
+            static = {**static, "Authorization": f"Bearer {svid.token}"}
+            expires_at = svid.expires_at
         now = self.clock.time()
-        fresh_until = now + self.secret_cache_ttl
+        fresh_until = min(now + self.secret_cache_ttl, expires_at or now + self.secret_cache_ttl)
         if target.login is None:
-            result = HeadersResult.build(static, target.key, None, None)
+            result = HeadersResult.build(static, target.key, expires_at, None)
         else:
             token = await self.logins.get(target)
             headers = {"Authorization": f"Bearer {token.access_token}"}
@@ -269,6 +281,15 @@ class Broker:
     async def _render(self, key: str, templates: Iterable[tuple[str, Any]]) -> dict[str, str]:
         try:
             return await asyncio.to_thread(self.resolver.render_all, list(templates))
+        except SecretUnavailable as exc:
+            self.metrics.inc("mcpcreds_secret_errors_total", (("key", key),),
+                             help_text="Secret lookups that failed, by cache key.")
+            _log.warning("secret unavailable", extra={"key": key, "error": exc.message})
+            raise
+
+    async def _jwt_svid(self, key: str, path: str, audience: str | None) -> JwtSvid:
+        try:
+            return await asyncio.to_thread(self.jwt_svids.read, path, audience)
         except SecretUnavailable as exc:
             self.metrics.inc("mcpcreds_secret_errors_total", (("key", key),),
                              help_text="Secret lookups that failed, by cache key.")
@@ -305,7 +326,9 @@ class Broker:
         """The HTTP client for a target's outbound calls, behind its egress policy (SSRF guard,
         pinned DNS, audit): its own calls (logins, discovery), or with `gateway` the MCP traffic
         the gateway relays, in a pool of its own."""
-        key = (target.key, target.egress, gateway)
+        x509 = spiffe_of(target) if gateway else None
+        x509 = x509 if x509 is not None and x509.svid == "x509" else None
+        key = (target.key, target.egress, gateway, x509)
         client = self._http.get(key)
         if client is None:
             def on_connect(host: str, ip: str, port: int) -> None:
@@ -316,6 +339,8 @@ class Broker:
                 kwargs["limits"] = httpx.Limits(max_connections=GATEWAY_CONNECTIONS,
                                                 max_keepalive_connections=64)
                 kwargs["pool_class"] = H1Transport  # the relayed traffic: a lean HTTP/1.1 client
+                if x509 is not None:  # a SPIFFE X.509-SVID: presented on every upstream connection
+                    kwargs["tls"] = self._x509.setdefault(x509, X509Source(x509)).context
             client = self._http[key] = egress_client(target.egress, on_connect=on_connect,
                                                      transport_kwargs=kwargs)
         return client

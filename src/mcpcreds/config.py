@@ -23,6 +23,7 @@ from .errors import ConfigError
 from .exec_config import ExecEntry, exec_trifecta_warnings, parse_execs
 from .policy import TrustPolicy, find_trifecta, trifecta_message
 from .rates import Rate, parse_duration, parse_rate
+from .spiffe_config import parse_spiffe_auth, spiffe_entry_check
 from .templates import Template, TemplateError, is_credential_header, parse_template
 
 TAGS: Final = ("untrusted_input", "sensitive", "egress")
@@ -668,6 +669,9 @@ def _parse_auth(c: _Collector, path: str, raw: Any) -> tuple[dict[str, Template]
     if t.get("kind") == "aws":  # SigV4, signed by the sidecar (aws_config.py): keys of its own
         parse_aws_auth(c, path, t)
         return {}, None
+    if t.get("kind") == "spiffe":  # an SVID from files, presented by the sidecar (spiffe_config.py)
+        parse_spiffe_auth(c, path, t)
+        return {}, None
     c.keys(path, t, _AUTH_KEYS)
     kind = t.get("kind")
     if kind == "static":
@@ -691,7 +695,7 @@ def _parse_auth(c: _Collector, path: str, raw: Any) -> tuple[dict[str, Template]
             c.error(_join(path, "grant"), f"expected one of {', '.join(GRANTS)}")
         scope_key = "scopes" if "scopes" in t else "scope"
         return {}, _parse_login(c, path, t, grant, scope_key)
-    c.error(_join(path, "kind"), "expected 'static', 'oauth2' or 'aws'")
+    c.error(_join(path, "kind"), "expected 'static', 'oauth2', 'aws' or 'spiffe'")
     return {}, None
 
 
@@ -828,8 +832,9 @@ def _parse_entry(c: _Collector, path: str, t: dict[str, Any]) -> _Entry:
     entry_aauth(c, path, t, auth_kind)  # a flag; which servers sign is decided in parse_config
     aws_egress_check(c, path, t)  # auth kind "aws", source "imds": its address must pass the egress policy
     urls = [endpoint, *((login.token_url, login.issuer) if login else ())]
-    return _Entry(endpoint, headers, tags, rate, auth_kind, login, _parse_egress(c, path, t, urls),
-                  _parse_gateway(c, path, t, GatewaySpec()))
+    gateway = _parse_gateway(c, path, t, GatewaySpec())
+    spiffe_entry_check(c, path, t, endpoint, gateway)  # an x509 SVID: only the gateway presents it
+    return _Entry(endpoint, headers, tags, rate, auth_kind, login, _parse_egress(c, path, t, urls), gateway)
 
 
 def _effective_tags(tags: tuple[str, ...]) -> frozenset[str]:

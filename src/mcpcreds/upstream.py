@@ -20,6 +20,10 @@ does the same work with one protocol object per connection:
 - Errors are httpx's (`ConnectError`, `ReadError`, `RemoteProtocolError`, timeouts), so callers
   handle them as they would httpx's own. Header names and values are checked (no CR, LF or NUL:
   nothing can be smuggled into the head).
+- `tls`, when given, is asked for the TLS context at each https request (a client certificate
+  that changes: a SPIFFE X.509-SVID, `spiffe.X509Source`); when it hands out a new one, the idle
+  connections made with the old one are closed and busy ones are not reused, so every new request
+  goes out on a connection that presented the current certificate.
 - Not supported (the gateway sends none of them): HEAD, `Expect: 100-continue`, upgrades, HTTP/2,
   proxies.
 """
@@ -30,7 +34,7 @@ import asyncio
 import re
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 import httptools
@@ -61,6 +65,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, key: Key) -> None:
         self.key = key
+        self.generation = 0  # the transport's TLS context it was made with (see H1Transport.tls)
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.lost = False  # the connection is closed (by either side)
@@ -232,11 +237,13 @@ class _Body(httpx.AsyncByteStream):
 class H1Transport(httpx.AsyncBaseTransport):
     """See the module doc. `verify` is the TLS context (or True for the default one)."""
 
-    def __init__(self, *, verify: ssl.SSLContext | bool = True,
-                 limits: httpx.Limits = DEFAULT_LIMITS) -> None:
+    def __init__(self, *, verify: ssl.SSLContext | bool = True, limits: httpx.Limits = DEFAULT_LIMITS,
+                 tls: Callable[[], ssl.SSLContext] | None = None) -> None:
         if verify is False:
             raise ValueError("the gateway always verifies TLS")
         self.ssl = verify if isinstance(verify, ssl.SSLContext) else ssl.create_default_context()
+        self.tls = tls
+        self.generation = 0  # bumped when `tls` hands out a new context
         self.max_open = limits.max_connections or 1_000_000
         self.max_idle = limits.max_keepalive_connections or 0
         self.idle: dict[Key, list[_Connection]] = {}
@@ -253,6 +260,10 @@ class H1Transport(httpx.AsyncBaseTransport):
         port = url.port or (443 if url.scheme == "https" else 80)
         sni = request.extensions.get("sni_hostname") or url.host
         key: Key = (url.scheme, url.host, port, sni)
+        if self.tls is not None and url.scheme == "https" and (context := self.tls()) is not self.ssl:
+            self.ssl = context
+            self.generation += 1
+            self._close_idle(self.idle_count)  # made with the old identity
         data = request_head(request, url.raw_path) + await request.aread()
         conn = await self._acquire(key, timeouts, request)
         try:
@@ -309,6 +320,7 @@ class H1Transport(httpx.AsyncBaseTransport):
         self.open += 1
         scheme, address, port, sni = key
         conn = _Connection(key)
+        conn.generation = self.generation
         try:
             async with asyncio.timeout(timeouts.get("connect")):
                 await asyncio.get_running_loop().create_connection(
@@ -326,7 +338,7 @@ class H1Transport(httpx.AsyncBaseTransport):
 
     def release(self, conn: _Connection) -> None:
         """The answer's body is done with: keep the connection for the next request, or close it."""
-        if not conn.reusable:
+        if not conn.reusable or conn.generation != self.generation:
             self._discard(conn)
             return
         conn._reset()
