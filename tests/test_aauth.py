@@ -426,6 +426,18 @@ async def test_the_sign_route_refuses(sidecar: SidecarProcess, peer: AAuthPeer, 
     assert (answer.status_code, answer.json()["error"]["code"]) == (status, code)
 
 
+async def test_the_sign_route_needs_the_digest_the_resource_asks_for(sidecar: SidecarProcess,
+                                                                     peer: AAuthPeer) -> None:
+    async with raw_client(sidecar) as http:
+        answer = await http.post("/v1/servers/signed/sign", json={"method": "GET", "url": peer.url})
+        assert (answer.status_code, answer.json()["error"]["code"]) == (400, "invalid_request")
+        assert "asks that content-digest be covered" in answer.json()["error"]["message"]
+        signed = await http.post("/v1/servers/signed/sign", json={"method": "GET", "url": peer.url,
+                                                                  "content_digest": EMPTY_DIGEST})
+    lines = [("host", peer.base.removeprefix("http://")), *signed.json()["headers"].items()]
+    assert peer.check("GET", peer.url, lines, "") == {"ok": True}  # the empty body's digest, covered
+
+
 async def test_the_sign_route_is_grant_aware(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
     async with AsyncClient(sidecar.socket) as creds:
         minted = await creds.grant(["optout"], ttl=60)
