@@ -604,6 +604,9 @@ _OAUTH_KEYS: Final = ("token_url", "issuer", "client_id", "client_secret", "priv
 _AUTH_KEYS: Final = ("kind", "token", "header", "value", "grant", "issuer", "token_url",
                      "client_id", "client_secret", "private_key", "scopes", "scope", "audience",
                      "resource", "auth_method", "expires_in_default", "signing_alg")
+# the keys each kind takes: a key of another kind is refused, never silently ignored
+_KIND_KEYS: Final = {"static": ("kind", "token", "header", "value"),
+                     "oauth2": tuple(k for k in _AUTH_KEYS if k not in ("token", "header", "value"))}
 
 
 def _parse_login(c: _Collector, path: str, t: dict[str, Any], grant: str,
@@ -672,9 +675,12 @@ def _parse_auth(c: _Collector, path: str, raw: Any) -> tuple[dict[str, Template]
     if t.get("kind") == "spiffe":  # an SVID from files, presented by the sidecar (spiffe_config.py)
         parse_spiffe_auth(c, path, t)
         return {}, None
-    c.keys(path, t, _AUTH_KEYS)
     kind = t.get("kind")
+    c.keys(path, t, _KIND_KEYS.get(kind, _AUTH_KEYS) if isinstance(kind, str) else _AUTH_KEYS)
     if kind == "static":
+        if "token" in t and ("header" in t or "value" in t):
+            c.error(_join(path, "token"), "static auth takes `token`, or `header` and `value`: not both")
+            return {}, None
         if "token" in t:
             token = c.template(_join(path, "token"), t["token"], credential=True)
             if token is None:
@@ -694,6 +700,8 @@ def _parse_auth(c: _Collector, path: str, raw: Any) -> tuple[dict[str, Template]
         elif grant not in GRANTS:
             c.error(_join(path, "grant"), f"expected one of {', '.join(GRANTS)}")
         scope_key = "scopes" if "scopes" in t else "scope"
+        if "scopes" in t and "scope" in t:
+            c.error(_join(path, "scope"), "`scope` or `scopes`: not both")
         return {}, _parse_login(c, path, t, grant, scope_key)
     c.error(_join(path, "kind"), "expected 'static', 'oauth2', 'aws' or 'spiffe'")
     return {}, None
