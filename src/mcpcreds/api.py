@@ -479,7 +479,7 @@ class Api:
 
     async def _acquire_async(self, target: Target, cost: int, max_wait: float) -> Response:
         waited = await self.broker.limiter.acquire(target.key, self.broker.rate_of(target), cost, max_wait)
-        return answer({"granted": cost, "waited": round(waited, 6)})
+        return Response(200, b'{"granted":%d,"waited":%s}' % (cost, repr(round(waited, 6)).encode()))
 
     def call(self, request: Request) -> Response | Awaitable[Response]:
         """Permits and headers in one round trip: the client's hot path."""

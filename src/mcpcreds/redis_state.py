@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -24,13 +24,14 @@ from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 from redis.retry import Retry
 
 from .errors import StateUnavailable
 from .logs import get_logger
 from .oauth import Token
 from .rates import Rate
+from .redis_pipe import Pipe
 from .secret import REDACTOR
 
 CALL_TIMEOUT: Final = 1.0
@@ -39,13 +40,17 @@ EVENTS: Final = "mcpcreds:events"
 SALT_KEY: Final = "mcpcreds:salt"
 MAX_PAUSE: Final = 86400.0  # the longest pause the API lets anyone set
 MAX_REFUSALS_LOGGED: Final = 1024
+MAX_BATCH: Final = 64  # callers served by one run of the bucket script
 _log = get_logger("redis")
 T = TypeVar("T")
 
 # Token bucket on the Redis server's clock (so the hosts' clock skew does not matter).
 # KEYS[1] bucket hash. ARGV: burst, refill per second, cost, mode (take|peek|pause), pause seconds,
-# longest pause. Returns {granted 0/1, wait seconds, level, pause remaining} (floats as strings: Lua
-# numbers would be truncated to integers in the reply).
+# longest pause, then (take only) the costs of further callers. A take grants the callers in order,
+# first come first served, and stops at the first whose cost is not there (or at once while
+# paused): one run serves a batch of concurrent callers of the key. Returns {callers granted,
+# wait seconds for the first not granted (0 if all were), level, pause remaining} (floats as
+# strings: Lua numbers would be truncated to integers in the reply).
 # The record is computed on the server, so it cannot carry a MAC whose key Redis never sees; instead
 # what is read is held to what the script itself could have written (a level within 0..burst, no
 # update from the future, no pause longer than the API allows), whoever wrote it.
@@ -54,7 +59,6 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local burst = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
 local mode = ARGV[4]
 local function num(v, default, lo, hi)
   local x = tonumber(v)
@@ -70,13 +74,20 @@ if mode == 'pause' then
   local till = now + tonumber(ARGV[5])
   if till > paused then paused = till end
 end
-local wait = 0
-if paused > now then wait = paused - now end
-if level < cost then wait = math.max(wait, (cost - level) / rate) end
+local held = 0
+if paused > now then held = paused - now end
 local granted = 0
-if mode == 'take' and wait <= 0 then
+local wait = 0
+local i = 3
+while i <= #ARGV do
+  local cost = tonumber(ARGV[i])
+  wait = held
+  if level < cost then wait = math.max(wait, (cost - level) / rate) end
+  if mode ~= 'take' or wait > 0 then break end
   level = level - cost
-  granted = 1
+  granted = granted + 1
+  wait = 0
+  if i == 3 then i = 7 else i = i + 1 end
 end
 redis.call('HSET', KEYS[1], 'level', tostring(level), 'updated', tostring(now),
            'paused_until', tostring(paused))
@@ -170,7 +181,8 @@ class RedisState:
         self._refused: set[tuple[str, str]] = set()
         self.refusals = 0  # records and events that failed verification
         self.node = os.urandom(6).hex()  # who published an event
-        self._bucket = self.redis.register_script(BUCKET_SCRIPT)
+        self._bucket_sha = self.redis.register_script(BUCKET_SCRIPT).sha
+        self._pipe = Pipe(self.redis.connection_pool.make_connection, timeout)
         self._drop = self.redis.register_script(DROP_SCRIPT)
         self._unlock = self.redis.register_script(UNLOCK_SCRIPT)
         self._listener: asyncio.Task[None] | None = None
@@ -238,10 +250,29 @@ class RedisState:
 
     async def bucket(self, key: str, rate: Rate, cost: int, mode: str,
                      pause: float = 0.0) -> tuple[bool, float, float, float]:
-        reply = await self.call("bucket", self._bucket(
-            keys=[_tag(key) + ":bucket"], args=[rate.burst, rate.per_second, cost, mode, pause, MAX_PAUSE]))
+        """One caller's take (or a peek, or a pause): (granted, wait, level, pause remaining)."""
+        granted, wait, level, paused = await self.take_batch(key, rate, (cost,), mode, pause)
+        return granted > 0, wait, level, paused
+
+    async def take_batch(self, key: str, rate: Rate, costs: Sequence[int], mode: str = "take",
+                         pause: float = 0.0) -> tuple[int, float, float, float]:
+        """One run of the bucket script for callers in order (at most MAX_BATCH): how many of the
+        first were granted, the wait for the next, the level and the pause remaining."""
+        if not 1 <= len(costs) <= MAX_BATCH:
+            raise ValueError(f"a batch is 1 to {MAX_BATCH} costs")
+        args = (rate.burst, rate.per_second, costs[0], mode, pause, MAX_PAUSE, *costs[1:])
+        reply = await self.call("bucket", self._evalsha(_tag(key) + ":bucket", args))
         granted, wait, level, paused = reply
-        return bool(int(granted)), float(wait), float(level), float(paused)
+        return int(granted), float(wait), float(level), float(paused)
+
+    async def _evalsha(self, name: str, args: tuple[Any, ...]) -> Any:
+        """EVALSHA of the bucket script on the pipelined connection (the hot path); loaded again
+        if the server lost it (a restart, SCRIPT FLUSH)."""
+        try:
+            return await self._pipe.call("EVALSHA", self._bucket_sha, 1, name, *args)
+        except NoScriptError:
+            self._bucket_sha = await self.redis.script_load(BUCKET_SCRIPT)
+            return await self._pipe.call("EVALSHA", self._bucket_sha, 1, name, *args)
 
     # -- logins
 
@@ -344,4 +375,5 @@ class RedisState:
     async def aclose(self) -> None:
         if self._listener is not None:
             self._listener.cancel()
+        self._pipe.close()
         await self.redis.aclose()

@@ -4,10 +4,12 @@ buckets, grants and login sharing. The broker does not know which it has."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .buckets import Limiter, check_cost
@@ -18,7 +20,7 @@ from .grants import GrantStore, MemoryGrants, RedisGrants
 from .logs import get_logger
 from .oauth import Token, refresh_at, usable_until
 from .rates import Rate
-from .redis_state import RedisState
+from .redis_state import MAX_BATCH, RedisState
 from .sources import SecretResolver
 
 LOCK_LEASE_EXTRA: Final = 5.0
@@ -32,19 +34,47 @@ def _check_wait(max_wait: float) -> float:
     return float(max_wait)
 
 
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    """A caller queued for permits of a shared bucket."""
+
+    cost: int
+    rate: Rate
+    deadline: float  # clock.monotonic()
+    max_wait: float
+    future: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    # the future's result: True granted, False ask the local bucket (degraded)
+    sent: bool = False  # in the batch the script is running now: its answer decides
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _Queue:
+    """A key's callers of this sidecar: `pending` in arrival order; `busy` while a run of the
+    bucket script for the key is under way or the queue waits (only one at a time, so the next
+    batch forms); `blocked` while the head was refused and the queue waits for the bucket."""
+
+    pending: deque[_Waiter] = field(default_factory=deque)
+    busy: bool = False
+    blocked: bool = False
+
+
 class SharedLimiter:
-    """Buckets kept in the shared state. Callers of this sidecar queue first come, first served
-    on a local lock per key; the one at the head asks the shared bucket, and when refused waits
-    exactly the time the script names before asking again (no tight polling)."""
+    """Buckets kept in the shared state. Callers of a key queue first come, first served; one run
+    of the bucket script serves every caller that is waiting when it is sent (a batch, so a burst
+    of concurrent callers costs one round trip, not one each), and while it runs the next batch
+    forms. When the head of the queue is refused, the queue waits exactly the time the script
+    names before asking again (no tight polling); a caller whose max_wait would pass first is
+    refused at once."""
 
     def __init__(self, state: RedisState, clock: Clock, degrade: Limiter | None, local_share: float) -> None:
         self.state = state
         self.clock = clock
         self.degrade = degrade  # on_state_loss = "local": a local bucket at a share of the rate
         self.local_share = local_share
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._queues: dict[str, _Queue] = {}
         self._counts: dict[str, list[int]] = {}  # key -> [granted permits, refused requests]
-        self._waiting: dict[str, int] = {}
+        self._pumps: set[asyncio.Task[None]] = set()
 
     def try_acquire(self, key: str, rate: Rate, cost: int = 1) -> bool:
         return False  # every grant is a round trip to the shared state
@@ -56,56 +86,177 @@ class SharedLimiter:
         check_cost(cost, rate)
         max_wait = _check_wait(max_wait)
         start = self.clock.monotonic()
-        deadline = start + max_wait
-        counts = self._counts.setdefault(key, [0, 0])
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        if not lock.locked():
-            # nobody of ours is waiting: ask at once, concurrently with other such callers
-            granted, wait = await self._take(key, rate, cost, deadline)
-            if granted:
+        counts = self._counts.get(key)
+        if counts is None:
+            counts = self._counts[key] = [0, 0]
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _Queue()
+        if queue.busy or queue.pending:
+            waiter = _Waiter(cost, rate, start + max_wait, max_wait)
+            queue.pending.append(waiter)  # behind the callers of ours already asking
+            if queue.blocked:  # a caller ahead was refused: max_wait runs out while it waits
+                self._arm(key, queue, waiter)
+            self._resume(key, queue, 0.0)
+        else:
+            # nobody of ours is asking: ask at once, in this task (the common case: one round trip)
+            queue.busy = True
+            try:
+                granted, wait, _, _ = await self.state.take_batch(key, rate, (cost,))
+            except StateUnavailable:
+                queue.busy = False
+                self._resume(key, queue, 0.0)
+                if self.degrade is None:
+                    raise
+                await self._degraded(key, rate, cost, start + max_wait)
                 counts[0] += cost
-                return 0.0
-        self._waiting[key] = self._waiting.get(key, 0) + 1
-        try:
-            try:
-                async with asyncio.timeout(max(deadline - self.clock.monotonic(), 0.001)):
-                    await lock.acquire()
-            except TimeoutError:
-                counts[1] += 1
-                raise RateLimited(f"{key}: the queue ahead did not clear within max_wait",
-                                  retry_after=max(max_wait, 0.001)) from None
-            try:
-                while True:
-                    granted, wait = await self._take(key, rate, cost, deadline)
-                    now = self.clock.monotonic()
-                    if granted:
-                        counts[0] += cost
-                        return now - start
-                    if now + wait > deadline + 1e-6:
-                        counts[1] += 1
-                        raise RateLimited(f"{key}: the permits asked for are not available within "
-                                          "max_wait", retry_after=wait)
-                    await asyncio.sleep(wait)
-            finally:
-                lock.release()
-        finally:
-            self._waiting[key] -= 1
-
-    async def _take(self, key: str, rate: Rate, cost: int, deadline: float) -> tuple[bool, float]:
-        """One try at the shared bucket (or, degraded, the local one)."""
-        try:
-            granted, wait, _, _ = await self.state.bucket(key, rate, cost, "take")
-            return granted, wait
-        except StateUnavailable:
-            if self.degrade is None:
+                return self.clock.monotonic() - start
+            except BaseException:
+                queue.busy = False
+                self._resume(key, queue, 0.0)
                 raise
-            local = self._local_rate(rate)
-            if cost > local.burst:  # the local share could never grant it: wait for the shared bucket
-                raise StateUnavailable(f"{key}: the shared state is unreachable and the cost is more "
-                                       "than this sidecar's local share of the bucket") from None
-            remaining = max(0.0, deadline - self.clock.monotonic())
-            await self.degrade.acquire(key, local, cost, remaining)
-            return True, 0.0
+            queue.busy = False
+            if granted or wait > max_wait + 1e-6:
+                self._resume(key, queue, 0.0)
+                if granted:
+                    counts[0] += cost
+                    return 0.0
+                counts[1] += 1
+                raise RateLimited(f"{key}: the permits asked for are not available within max_wait",
+                                  retry_after=wait)
+            waiter = _Waiter(cost, rate, start + max_wait, max_wait)
+            queue.pending.appendleft(waiter)  # refused for now: first in the queue, which waits
+            self._arm(key, queue, waiter)
+            self._resume(key, queue, wait)
+        try:
+            local = not await waiter.future
+        except RateLimited:
+            counts[1] += 1
+            raise
+        except asyncio.CancelledError:  # the caller left: its place goes to the next
+            self._leave(queue, waiter)
+            raise
+        if local:
+            await self._degraded(key, rate, cost, waiter.deadline)
+        counts[0] += cost
+        return self.clock.monotonic() - start
+
+    def _arm(self, key: str, queue: _Queue, waiter: _Waiter) -> None:
+        """Refuse the caller when its max_wait passes while it is queued."""
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+        waiter.timer = asyncio.get_running_loop().call_later(
+            max(waiter.deadline - self.clock.monotonic(), 0.001), self._expire, key, queue, waiter)
+
+    def _resume(self, key: str, queue: _Queue, delay: float) -> None:
+        """Serve the queue in a task of its own, if it has callers and nobody serves it."""
+        if queue.pending and not queue.busy:
+            queue.busy = True
+            task = asyncio.get_running_loop().create_task(self._pump(key, queue, delay))
+            self._pumps.add(task)
+            task.add_done_callback(self._pumps.discard)
+
+    def _expire(self, key: str, queue: _Queue, waiter: _Waiter) -> None:
+        """max_wait passed while the caller was still queued (not in a batch under way)."""
+        if waiter.sent or waiter.future.done():
+            return
+        self._leave(queue, waiter)
+        waiter.future.set_exception(RateLimited(f"{key}: the queue ahead did not clear within max_wait",
+                                                retry_after=max(waiter.max_wait, 0.001)))
+
+    @staticmethod
+    def _leave(queue: _Queue, waiter: _Waiter) -> None:
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+        if not waiter.sent:
+            with contextlib.suppress(ValueError):
+                queue.pending.remove(waiter)
+
+    async def _pump(self, key: str, queue: _Queue, delay: float) -> None:
+        """Serve the key's queue in batches (after `delay`, the wait the script named) until it is
+        empty. Only one runs per key (`queue.busy`)."""
+        batch: list[_Waiter] = []
+        try:
+            if delay > 0:
+                queue.blocked = True
+                await asyncio.sleep(delay)
+            while queue.pending:
+                queue.blocked = False
+                batch = [queue.pending.popleft() for _ in range(min(len(queue.pending), MAX_BATCH))]
+                for waiter in batch:
+                    waiter.sent = True
+                rate = batch[-1].rate  # the newest caller's: a changed rate applies at once
+                try:
+                    costs = [w.cost for w in batch]
+                    granted, _, level, paused = await self.state.take_batch(key, rate, costs)
+                except StateUnavailable as exc:
+                    for waiter in batch:  # degraded: each asks the local bucket itself
+                        self._settle(waiter, False if self.degrade is not None else exc)
+                    batch = []
+                    continue
+                for waiter in batch[:granted]:
+                    self._settle(waiter, True)
+                refused, batch = batch[granted:], []
+                head_wait = self._requeue(key, queue, refused, level, paused)
+                if head_wait > 0:
+                    queue.blocked = True
+                    await asyncio.sleep(head_wait)
+        except BaseException as exc:  # cancelled (the sidecar stops), or a bug: nobody is left waiting
+            for waiter in [*batch, *queue.pending]:
+                self._leave(queue, waiter)
+                self._settle(waiter, StateUnavailable(f"{key}: the permits could not be asked for"))
+            if not isinstance(exc, Exception):
+                raise
+            _log.exception("shared bucket queue failed", extra={"key": key})
+        finally:
+            queue.busy = queue.blocked = False
+
+    def _requeue(self, key: str, queue: _Queue, refused: list[_Waiter], level: float, paused: float) -> float:
+        """Put the refused callers back at the head, in order, refusing at once each one whose
+        permits (after those of the callers kept ahead of it) cannot come within its max_wait, and
+        arm the max_wait of every caller queued. Returns the wait of the new head."""
+        now = self.clock.monotonic()
+        ahead = 0
+        kept: list[_Waiter] = []
+        for waiter in refused:
+            wait = max(paused, (ahead + waiter.cost - level) / waiter.rate.per_second, 0.0)
+            if now + wait > waiter.deadline + 1e-6:
+                self._settle(waiter, RateLimited(
+                    f"{key}: the permits asked for are not available within max_wait", retry_after=wait))
+            else:
+                ahead += waiter.cost
+                waiter.sent = False
+                self._arm(key, queue, waiter)
+                kept.append(waiter)
+        queue.pending.extendleft(reversed(kept))
+        if not kept:
+            return 0.0
+        for waiter in queue.pending:
+            if waiter.timer is None or waiter.timer.cancelled():
+                self._arm(key, queue, waiter)
+        return max(paused, (kept[0].cost - level) / kept[0].rate.per_second, 0.0)
+
+    @staticmethod
+    def _settle(waiter: _Waiter, outcome: bool | BaseException) -> None:
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+        if waiter.future.done():
+            return
+        if isinstance(outcome, BaseException):
+            waiter.future.set_exception(outcome)
+        else:
+            waiter.future.set_result(outcome)
+
+    async def _degraded(self, key: str, rate: Rate, cost: int, deadline: float) -> None:
+        """The shared state is unreachable: the local bucket at its share of the rate, if configured."""
+        if self.degrade is None:
+            raise StateUnavailable(f"{key}: the shared state is unreachable")
+        local = self._local_rate(rate)
+        if cost > local.burst:  # the local share could never grant it: wait for the shared bucket
+            raise StateUnavailable(f"{key}: the shared state is unreachable and the cost is more "
+                                   "than this sidecar's local share of the bucket")
+        remaining = max(0.0, deadline - self.clock.monotonic())
+        await self.degrade.acquire(key, local, cost, remaining)
 
     async def apause(self, key: str, rate: Rate, seconds: float) -> float | None:
         _, _, _, paused = await self.state.bucket(key, rate, 1, "pause", seconds)
@@ -118,7 +269,8 @@ class SharedLimiter:
             granted, refused = self._counts.get(key, [0, 0])
             rows.append({"key": key, "level": round(level, 3), "capacity": rate.burst, "rate": str(rate),
                          "per_second": rate.per_second,
-                         "waiting": self._waiting.get(key, 0), "granted": granted, "refused": refused,
+                         "waiting": len(queue.pending) if (queue := self._queues.get(key)) else 0,
+                         "granted": granted, "refused": refused,
                          "paused_until": time.time() + paused if paused > 0 else None,
                          "shared": True})
         return rows
