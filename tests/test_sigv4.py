@@ -48,6 +48,7 @@ from mcpcreds.aws_credentials import (
     from_imds,
     from_web_identity,
 )
+from mcpcreds.aws_refusal import stale_credentials_code
 from mcpcreds.config import parse_config
 from mcpcreds.egress import EgressPolicy, egress_client
 from mcpcreds.errors import ConfigError, Forbidden
@@ -432,13 +433,16 @@ STATIC_ID, STATIC_SECRET = "AKIASTATICEXAMPLE001", "static-secret-" + CANARY
 ENV_ID, ENV_SECRET = "AKIAENVEXAMPLE000001", "env-secret-" + CANARY
 IMDS_ID, IMDS_SECRET, IMDS_TOKEN = "ASIAIMDSEXAMPLE00001", "imds-secret-" + CANARY, "imds-session-" + CANARY
 WEB_ID, WEB_SECRET, WEB_TOKEN = "ASIAWEBEXAMPLE000002", "web-secret-" + CANARY, "web-session-" + CANARY
-SECRETS = (STATIC_SECRET, ENV_SECRET, IMDS_SECRET, WEB_SECRET)
+# the credentials of the instance whose role credentials are replaced early (the 403 retry test)
+ROT1 = ("ASIAROTATINGEXAMPLE1", "rot1-secret-" + CANARY, "rot1-session-" + CANARY)
+ROT2 = ("ASIAROTATINGEXAMPLE2", "rot2-secret-" + CANARY, "rot2-session-" + CANARY)
+SECRETS = (STATIC_SECRET, ENV_SECRET, IMDS_SECRET, WEB_SECRET, ROT1[1], ROT2[1])
 
 
 @pytest.fixture(scope="module")
 def peer() -> Iterator[SigV4Peer]:
     keys = {STATIC_ID: (STATIC_SECRET, None), ENV_ID: (ENV_SECRET, None), IMDS_ID: (IMDS_SECRET, IMDS_TOKEN),
-            WEB_ID: (WEB_SECRET, WEB_TOKEN)}
+            WEB_ID: (WEB_SECRET, WEB_TOKEN), ROT1[0]: ROT1[1:], ROT2[0]: ROT2[1:]}
     with start_sigv4_peer(keys) as server:
         yield server
 
@@ -446,6 +450,12 @@ def peer() -> Iterator[SigV4Peer]:
 @pytest.fixture(scope="module")
 def imds() -> Iterator[FakeImds]:
     with FakeImds(IMDS_ID, IMDS_SECRET, IMDS_TOKEN, time.time() + 6 * 3600) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def imds_rotating() -> Iterator[FakeImds]:
+    with FakeImds(*ROT1, time.time() + 6 * 3600) as fake:
         yield fake
 
 
@@ -461,7 +471,7 @@ def sts() -> Iterator[FakeSts]:
 
 
 @pytest.fixture(scope="module")
-def sidecar(peer: SigV4Peer, imds: FakeImds, sts: FakeSts) -> Iterator[SidecarProcess]:
+def sidecar(peer: SigV4Peer, imds: FakeImds, sts: FakeSts, imds_rotating: FakeImds) -> Iterator[SidecarProcess]:
     workdir = Path(tempfile.mkdtemp(prefix="mcpcreds-sigv4-"))
     socket = workdir / "run" / "mcpcreds.sock"
     config = workdir / "config.toml"
@@ -500,6 +510,12 @@ name = "aws-web"
 endpoint = "{peer.url}"
 trust = "trusted"
 auth = {{ kind = "aws", {scope}, source = "web_identity", role_arn = "{ROLE}", web_identity_token_file = "{sts.token_file}", sts_endpoint = "{sts.url}" }}
+
+[[servers]]
+name = "aws-rotating"
+endpoint = "{peer.url}"
+trust = "trusted"
+auth = {{ kind = "aws", {scope}, source = "imds", imds_endpoint = "{imds_rotating.url}" }}
 
 [[servers]]
 name = "aws-other-region"
@@ -678,3 +694,53 @@ async def test_the_secret_keys_appear_in_no_output(sidecar: SidecarProcess, peer
     assert STATIC_ID in text or "AWS_TEST_KEY_ID" in text  # the scan reaches where the servers show
     for secret in SECRETS:
         assert secret not in text and secret[:20] not in text
+
+
+@pytest.mark.parametrize(("status", "headers", "body", "code"), [
+    (403, {"x-amzn-errortype": "ExpiredTokenException:http://internal.amazon.com/coral/com.amazon.coral.service/"},
+     b'{"message":"The security token included in the request is expired"}', "ExpiredTokenException"),
+    (403, {}, b'{"message":"The security token included in the request is expired"}', "ExpiredTokenException"),
+    (403, {}, b'{"message":"The security token included in the request is invalid."}', "UnrecognizedClientException"),
+    (403, {}, b'{"message":"The request signature we calculated does not match the signature you provided."}',
+     "InvalidSignatureException"),
+    (400, {}, b'{"__type":"com.amazon.coral.service#ExpiredTokenException","message":"expired"}',
+     "ExpiredTokenException"),
+    (400, {}, b"<?xml version='1.0'?><Error><Code>ExpiredToken</Code><Message>x</Message></Error>", "ExpiredToken"),
+    (403, {}, b"<ErrorResponse><Error><Type>Sender</Type><Code>SignatureDoesNotMatch</Code></Error></ErrorResponse>",
+     "SignatureDoesNotMatch"),
+    (403, {}, b'{"Error":{"Code":"InvalidClientTokenId"}}', "InvalidClientTokenId"),
+    (403, {"x-amzn-errortype": "AccessDeniedException"}, b'{"message":"User is not authorized"}', None),
+    (403, {}, b'{"message":"Forbidden"}', None),
+    (400, {}, b'{"__type":"ThrottlingException"}', None),
+    (401, {"x-amzn-errortype": "ExpiredTokenException"}, b"", None),
+    (500, {}, b"<Error><Code>ExpiredToken</Code></Error>", None),
+    (403, {}, b'{"message":"The security token included in the request is expired"' + b" " * 20_000 + b"}", None),
+    (403, {}, b"not json", None),
+])
+def test_the_refusals_that_mean_stale_credentials(status: int, headers: dict[str, str], body: bytes,
+                                                   code: str | None) -> None:
+    assert stale_credentials_code(status, httpx.Headers(headers), body) == code
+
+
+async def test_an_aws_refusal_of_stale_credentials_fetches_them_again_and_retries_once(
+        sidecar: SidecarProcess, peer: SigV4Peer, imds_rotating: FakeImds) -> None:
+    """The instance's role credentials are replaced before the held ones' expiry (the server says
+    ExpiredToken): the gateway fetches them again and retries, once; refused again, the caller
+    gets the server's answer."""
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    creds_gets = sum(1 for _, path, _ in imds_rotating.calls if path.endswith("/mcp-role"))
+    async with raw_client(sidecar, Accept="application/json, text/event-stream") as http:
+        assert (await http.post("/mcp/aws-rotating", json=init)).status_code == 200
+        assert peer.stats()["keys"][-1] == ROT1[0]
+        peer.expire(ROT1[0])  # the server no longer takes the first credentials ...
+        imds_rotating.creds.update(AccessKeyId=ROT2[0], SecretAccessKey=ROT2[1], Token=ROT2[2])  # ... IMDS has new ones
+        before = peer.stats()["rejected"].get("expired_token", 0)
+        assert (await http.post("/mcp/aws-rotating", json=init)).status_code == 200
+        after = peer.stats()
+        assert after["rejected"].get("expired_token", 0) == before + 1 and after["keys"][-1] == ROT2[0]
+        assert sum(1 for _, path, _ in imds_rotating.calls if path.endswith("/mcp-role")) == creds_gets + 2
+        peer.expire(ROT2[0])  # refused whatever the credentials: one retry, then the server's answer
+        refused = await http.post("/mcp/aws-rotating", json=init)
+    assert refused.status_code == 403 and "expired" in refused.text
+    assert peer.stats()["rejected"]["expired_token"] == before + 3

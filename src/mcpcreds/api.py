@@ -169,6 +169,7 @@ class Api:
         self.sigv4 = SigV4Signer(broker.config, broker.clock.time,  # AWS SigV4 (sigv4.py)
                                  lambda template: self.broker.resolver.render(template), broker.http_for)
         self.gateway.sigv4 = self.sigv4.gateway_headers
+        self.gateway.sigv4_refused = self.sigv4.refused
         self._fixed: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "/v1/health"): ("health", self.health),
             ("GET", "/v1/servers"): ("servers", self.servers),

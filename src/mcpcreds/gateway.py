@@ -266,6 +266,8 @@ class Gateway:
         # SigV4 (sigv4.py), for servers with auth kind "aws": the same signature as `sign`
         self.sigv4: Callable[[Target, str, str, list[tuple[Any, bytes]], bytes | None],
                              Awaitable[list[tuple[Any, bytes]]]] | None = None
+        # ... and (target, a 400/403 answer) -> whether its credentials were stale (retry once)
+        self.sigv4_refused: Callable[[Target, httpx.Response], Awaitable[bool]] | None = None
 
     # -- entry points
 
@@ -376,6 +378,10 @@ class Gateway:
                 if status == 401 and not renewed_once:
                     renewed_once = True
                     retry = await self._refused_login(request, target, result)
+                elif status in (400, 403) and not renewed_once and self.sigv4_refused is not None \
+                        and is_aws(target):  # an AWS refusal of stale credentials: fetched again, once
+                    renewed_once = True
+                    retry = await self.sigv4_refused(target, response)
                 elif _backoff(response) and not paused_once:
                     paused_once = True
                     seconds = parse_retry_after(response.headers.get("retry-after"))

@@ -12,6 +12,10 @@ credentials of `aws_credentials` (they never leave the sidecar process).
   reaches the sidecar; the URL must be of the server's origin. The session token of temporary
   credentials is in the answer (the request must carry it; it is useless without the secret key,
   which stays here).
+- A refusal (400/403) whose AWS error says the credentials are stale or not recognised
+  (`aws_refusal`: an expired session token, an unknown key, a signature that does not match) drops
+  the held credentials, if they are the ones that signed the request; the gateway then retries
+  once, signed with credentials fetched again.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ from .aws_credentials import (
     from_static,
     from_web_identity,
 )
+from .aws_refusal import MAX_ERROR_BODY, stale_credentials_code
 from .config import Config, Target
 from .errors import Forbidden, InvalidRequest
+from .logs import get_logger
 from .sign_request import parse_sign_request
 from .templates import Template
 
@@ -45,6 +51,7 @@ EMPTY_SHA256: Final = hashlib.sha256(b"").hexdigest()
 _DIGEST: Final = re.compile(r"sha-256=:([A-Za-z0-9+/]{43}=):\Z")
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,128}\Z")
 _ADDED: Final = ("authorization", "x-amz-date", "x-amz-content-sha256", "x-amz-security-token")
+_log = get_logger("sigv4")
 
 
 def sign(credentials: AwsCredentials, region: str, service: str, method: str, url: str,
@@ -170,6 +177,36 @@ class SigV4Signer:
                      hashlib.sha256(body or b"").hexdigest(), self.clock())
         out = [("host", host), *((k.lower(), v) for k, v in added.items())]
         return [(name.encode("ascii") if as_bytes else name, value.encode("ascii")) for name, value in out]
+
+    async def refused(self, target: Target, response: httpx.Response) -> bool:
+        """The server refused a request signed here: True (retry, once: the gateway's rule) when
+        its AWS error says the credentials are stale or not recognised; the held ones are dropped
+        if they signed the request (a concurrent refusal may have renewed them already), so the
+        retry is signed with credentials fetched again. Reads a refusal's body only when its
+        Content-Length is at most `MAX_ERROR_BODY`; it stays readable for the caller."""
+        if response.status_code not in (400, 403):
+            return False
+        body = b""
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) <= MAX_ERROR_BODY:
+            try:
+                body = await response.aread()
+            except httpx.HTTPError:
+                return False
+        code = stale_credentials_code(response.status_code, response.headers, body)
+        if code is None:
+            return False
+        held = self.cache.held().get(target.key)
+        try:
+            sent = response.request.headers.get("authorization", "")
+        except RuntimeError:  # an answer without its request: nothing tells which credentials signed
+            sent = ""
+        dropped = held is not None and f"Credential={held[0].access_key_id}/" in sent
+        if dropped:
+            self.cache.drop(target.key)
+        _log.info("aws credentials refused", extra={"server": target.name, "key": target.key, "error": code,
+                                                    "dropped": dropped, "retry": True})
+        return True
 
     # -- POST /v1/servers/{name}/sign
 

@@ -9,6 +9,9 @@ string to sign, HMAC-SHA256 key derivation) with hashlib and hmac only; no botoc
   `$SIGV4_PEER_SCOPE` ("region/service").
 - `GET /_test/stats`: {"verified", "rejected": {code: n}, "keys": [access key ids verified],
   "signed_headers": the last verified request's, "tokens": session tokens presented}.
+- `POST /_test/expire {"key": ID}`: from now on a request signed with that key gets API Gateway's
+  answer to an expired session token: 403, `x-amzn-ErrorType: ExpiredTokenException:...`,
+  `{"message": "The security token included in the request is expired"}` (counted as `expired_token`).
 - `POST /_test/check`: {"method", "url", "headers": [[name, value], ...], "body": "<text>"} -> the
   verification of a request a test signed elsewhere (the `sign` route): {"ok"} or {"error"}.
 
@@ -150,6 +153,7 @@ class State:
         self.key_ids: list[str] = []
         self.signed_headers: list[str] = []
         self.tokens = 0
+        self.expired: set[str] = set()
 
     def snapshot(self) -> dict[str, Any]:
         return {"verified": self.verified, "rejected": dict(self.rejected), "keys": self.key_ids,
@@ -172,6 +176,11 @@ def build_app(state: State) -> ASGIApp:
         if path == "/_test/stats":
             await send_json(send, 200, state.snapshot())
             return
+        if path == "/_test/expire":
+            raw, _ = await buffered(receive)
+            state.expired.add(json.loads(raw)["key"])
+            await send_json(send, 200, {"ok": True})
+            return
         if path == "/_test/check":
             raw, _ = await buffered(receive)
             ask = json.loads(raw)
@@ -193,6 +202,12 @@ def build_app(state: State) -> ASGIApp:
         except Rejected as exc:
             state.rejected[exc.error] += 1
             await send_json(send, 403, {"error": exc.error})
+            return
+        if key_id in state.expired:
+            state.rejected["expired_token"] += 1
+            await send_json(send, 403, {"message": "The security token included in the request is expired"},
+                            [(b"x-amzn-errortype",
+                              b"ExpiredTokenException:http://internal.amazon.com/coral/com.amazon.coral.service/")])
             return
         state.verified += 1
         state.key_ids.append(key_id)
@@ -219,6 +234,9 @@ class SigV4Peer:
         response = self._http.get("/_test/stats")
         response.raise_for_status()
         return cast(dict[str, Any], response.json())
+
+    def expire(self, key_id: str) -> None:
+        self._http.post("/_test/expire", json={"key": key_id}).raise_for_status()
 
     def check(self, method: str, url: str, headers: list[tuple[str, str]], body: str) -> dict[str, Any]:
         response = self._http.post("/_test/check", json={"method": method, "url": url,
