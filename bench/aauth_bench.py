@@ -8,7 +8,8 @@ Run from the repository root (the package installed, e.g. `pip install -e .`):
 1. In the sidecar's process: `AgentKey.sign` of a typical MCP POST (1 KiB JSON body: the RFC 9530
    digest, the signature base, Ed25519, the three headers), p50/p99 in µs; baseline in the same run,
    the bare Ed25519 signature of a base of the same size (`cryptography`), so the ratio is what the
-   HTTP Message Signatures glue adds to the cryptography.
+   HTTP Message Signatures glue adds to the cryptography. Also the same request signed with a P-256
+   agent key (`[aauth] alg = "ES256"`), against the Ed25519 one.
 2. Over the socket, one keep-alive connection, one request at a time: `POST
    /v1/servers/signed/sign` (a digest and a header to cover) against a cached `GET
    /v1/servers/plain/headers`, same run, same sidecar: the added latency of the sign route.
@@ -35,6 +36,7 @@ def _percentiles(samples_ns: list[int]) -> tuple[float, float]:
 
 
 def in_process(n: int) -> dict[str, Any]:
+    from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from mcpcreds import httpsig
@@ -42,6 +44,7 @@ def in_process(n: int) -> dict[str, Any]:
 
     raw = Ed25519PrivateKey.generate()
     key = AgentKey(raw, Path("/nonexistent"))
+    es_key = AgentKey(ec.generate_private_key(ec.SECP256R1()), Path("/nonexistent"))
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                        "params": {"name": "echo", "arguments": {"text": "x" * 900}}}).encode()
     headers = [("accept", "application/json, text/event-stream"), ("content-type", "application/json"),
@@ -51,9 +54,10 @@ def in_process(n: int) -> dict[str, Any]:
     components = [("@method", "POST"), ("@authority", "tools.example.com"), ("@path", "/mcp"),
                   ("signature-key", sample.signature_key), ("content-digest", sample.content_digest or "")]
     base = httpsig.signature_base(components, sample.signature_input.partition("=")[2])  # the same size
-    glue, bare = [], []
+    glue, bare, es = [], [], []
     for _ in range(n // 10):  # warm-up
         key.sign("POST", url, headers, body, 1_800_000_000)
+        es_key.sign("POST", url, headers, body, 1_800_000_000)
         raw.sign(base)
     for _ in range(n):
         t0 = time.perf_counter_ns()
@@ -62,9 +66,13 @@ def in_process(n: int) -> dict[str, Any]:
         t0 = time.perf_counter_ns()
         raw.sign(base)
         bare.append(time.perf_counter_ns() - t0)
-    (g50, g99), (b50, b99) = _percentiles(glue), _percentiles(bare)
+        t0 = time.perf_counter_ns()
+        es_key.sign("POST", url, headers, body, 1_800_000_000)
+        es.append(time.perf_counter_ns() - t0)
+    (g50, g99), (b50, b99), (e50, e99) = _percentiles(glue), _percentiles(bare), _percentiles(es)
     return {"n": n, "sign_p50_us": round(g50, 1), "sign_p99_us": round(g99, 1),
-            "ed25519_p50_us": round(b50, 1), "ed25519_p99_us": round(b99, 1)}
+            "ed25519_p50_us": round(b50, 1), "ed25519_p99_us": round(b99, 1),
+            "es256_sign_p50_us": round(e50, 1), "es256_sign_p99_us": round(e99, 1)}
 
 
 def _exchange(sock: socket.socket, request: bytes) -> None:
@@ -119,6 +127,9 @@ def render(report: dict[str, Any]) -> str:
         f"  AAuth signature    p50 {a['sign_p50_us']:8.1f} us   p99 {a['sign_p99_us']:8.1f} us",
         harness.ratio_line("signing p50 us", ("AAuth signature", a["sign_p50_us"]),
                            ("ed25519 alone", a["ed25519_p50_us"])),
+        f"  AAuth ES256        p50 {a['es256_sign_p50_us']:8.1f} us   p99 {a['es256_sign_p99_us']:8.1f} us",
+        harness.ratio_line("signing p50 us", ("AAuth ES256", a["es256_sign_p50_us"]),
+                           ("AAuth Ed25519", a["sign_p50_us"])),
         f"over the socket ({b['n']} requests each, 1 connection)",
         f"  cached headers     p50 {b['headers_p50_us']:8.1f} us   p99 {b['headers_p99_us']:8.1f} us",
         f"  sign route         p50 {b['sign_route_p50_us']:8.1f} us   p99 {b['sign_route_p99_us']:8.1f} us",

@@ -146,6 +146,27 @@ def test_what_cannot_be_signed_is_refused_without_quoting_it() -> None:
             httpsig.check_content_digest(bad)
 
 
+def test_es256_signatures_verify_independently() -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    jwk = httpsig.public_jwk(key)
+    assert set(jwk) == {"kty", "crv", "x", "y", "alg"} and (jwk["kty"], jwk["crv"], jwk["alg"]) == ("EC", "P-256", "ES256")
+    assert httpsig.jwk_thumbprint(jwk) == ECKey.import_key({k: jwk[k] for k in ("kty", "crv", "x", "y")}).thumbprint()
+    url = "https://mcp.example.com:8443/v1/mcp"
+    signed = httpsig.sign_request(key, "POST", url, [("Content-Type", "application/json")], b"{}", 1_800_000_000,
+                                  httpsig.hwk_key(jwk))
+    assert f'y="{jwk["y"]}"' in signed.signature_key and 'alg="ES256"' in signed.signature_key
+    lines = [("Host", "mcp.example.com:8443"), ("Content-Type", "application/json"), *signed.headers().items()]
+    verified = verify("POST", url, lines, b"{}", 1_800_000_000)
+    assert verified.jwk["alg"] == "ES256" and len(base64.b64decode(signed.signature.split(":")[1])) == 64  # r || s
+    with pytest.raises(Rejected):
+        verify("POST", url, lines, b"{ }", 1_800_000_000)
+    other = httpsig.hwk_key(httpsig.public_jwk(ec.generate_private_key(ec.SECP256R1())))
+    with pytest.raises(Rejected):
+        verify("POST", url, [(n, other if n == "Signature-Key" else v) for n, v in lines], b"{}", 1_800_000_000)
+
+
 # ------------------------------------------------------------------------------ the key file
 
 
@@ -179,6 +200,17 @@ def test_a_symlinked_or_foreign_key_file_is_refused(tmp_path: Path) -> None:
         os.chown(real, 65534, 65534)
         with pytest.raises(ConfigError, match="owned by uid 65534"):
             load_key(real)
+
+
+def test_the_key_is_of_the_configured_algorithm(tmp_path: Path) -> None:
+    es = load_or_create(tmp_path / "es.key", "ES256")
+    assert es.jwk["alg"] == "ES256" and stat.S_IMODE((tmp_path / "es.key").stat().st_mode) == 0o600
+    assert load_or_create(tmp_path / "es.key", "ES256").thumbprint == es.thumbprint
+    with pytest.raises(ConfigError, match="not an Ed25519 key, as \\[aauth\\] alg"):
+        load_key(tmp_path / "es.key")
+    load_or_create(tmp_path / "ed.key")
+    with pytest.raises(ConfigError, match="not a P-256 key"):
+        load_key(tmp_path / "ed.key", "ES256")
 
 
 def test_serve_refuses_to_start_with_a_group_readable_key(tmp_path: Path) -> None:
@@ -551,6 +583,18 @@ def test_an_agent_token_is_checked_before_it_is_used() -> None:
         assert token not in str(info.value)
 
 
+def test_an_es256_agents_token_must_bind_its_whole_key() -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    ours = httpsig.public_jwk(ec.generate_private_key(ec.SECP256R1()))
+    jwks = {"keys": [PROVIDER_KEY.as_dict(private=False)]}
+    good = {"iss": ISSUER, "exp": 2_000_000_100, "cnf": {"jwk": ours}}
+    assert check_agent_token(agent_token(good), ISSUER, jwks, ours, now=2_000_000_000) == 2_000_000_100
+    other_y = {**ours, "y": httpsig.public_jwk(ec.generate_private_key(ec.SECP256R1()))["y"]}
+    with pytest.raises(AgentTokenError, match=r"cnf\.jwk is not this sidecar's agent key"):
+        check_agent_token(agent_token({**good, "cnf": {"jwk": other_y}}), ISSUER, jwks, ours, now=2_000_000_000)
+
+
 async def test_agent_tokens_single_flight_and_renewal_ahead_of_expiry(tmp_path: Path) -> None:
     import asyncio
 
@@ -630,6 +674,43 @@ async def test_with_a_provider_requests_carry_the_agent_token(jwt_sidecar: Sidec
     assert peer.check("GET", peer.url, [("host", peer.base.removeprefix("http://")),
                                         *signed["headers"].items()], "") == {"ok": True}
     assert ENROLL not in jwt_sidecar.log and CANARY not in jwt_sidecar.log
+
+
+async def test_an_es256_agent_key_with_its_agent_token_through_the_gateway_and_sign(
+        peer: AAuthPeer, workdir: Path) -> None:
+    socket = workdir / "es" / "mcpcreds.sock"
+    config = workdir / "es.toml"
+    config.write_text(f"""
+[sidecar]
+socket = "{socket}"
+
+[secrets]
+sources = ["env"]
+
+[aauth]
+provider = "{peer.base}/provider"
+enroll = {{ token = "{{{{secret:ENROLL}}}}" }}
+alg = "ES256"
+
+[[servers]]
+name = "es"
+endpoint = "{peer.url}"
+trust = "trusted"
+""")
+    before = peer.stats()
+    with run_sidecar(config, socket, {"ENROLL": ENROLL}) as proc:
+        async with raw_client(proc, **RPC) as http:
+            assert (await http.post("/mcp/es", json=INIT)).status_code == 200
+            signed = (await http.post("/v1/servers/es/sign", json={"method": "GET", "url": peer.url,
+                                                                    "content_digest": EMPTY_DIGEST})).json()
+        status = run_cli("aauth", "show-key", "--json", "--socket", str(socket), "--config", str(config))
+    jwk = json.loads(status.stdout)["public_jwk"]
+    assert (jwk["kty"], jwk["crv"], jwk["alg"]) == ("EC", "P-256", "ES256")
+    after = peer.stats()
+    assert after["tokens_issued"] - before["tokens_issued"] == 1 and after["rejected"] == before["rejected"]
+    assert after["keys"][-1] == jwk["x"] and after["schemes"]["jwt"] > before["schemes"].get("jwt", 0)
+    assert peer.check("GET", peer.url, [("host", peer.base.removeprefix("http://")),
+                                        *signed["headers"].items()], "") == {"ok": True}
 
 
 def provider_signer(tmp_path: Path, enroll: dict[str, Any] | str, handler: Any) -> AAuthSigner:

@@ -88,6 +88,7 @@ def test_the_global_table() -> None:
     assert parse('[aauth]\nprovider = "https://p.example"\nenroll = "open"\n').aauth.enroll.kind == "open"  # type: ignore[union-attr]
     federated = parse('[aauth]\nprovider = "https://p.example"\nenroll = { assertion_file = "/run/sa/token" }\n')
     assert federated.aauth.enroll is not None and federated.aauth.enroll.assertion_file == "/run/sa/token"
+    assert config.aauth.alg == "Ed25519" and parse('[aauth]\nalg = "ES256"\n').aauth.alg == "ES256"
 
 
 @pytest.mark.parametrize(("table", "error"), [
@@ -102,6 +103,7 @@ def test_the_global_table() -> None:
     ('provider = "https://p.example"\nenroll = { token = "{{secret:A}}", assertion_file = "/x" }',
      "aauth.enroll: expected exactly one of token, assertion_file"),
     ('agent = "x"', "aauth.agent: unknown key"),
+    ('alg = "EdDSA"', 'aauth.alg: expected "Ed25519" or "ES256"'),
 ])
 def test_global_table_errors_name_their_path_never_the_value(table: str, error: str) -> None:
     errs = errors_of(f"[aauth]\n{table}\n")

@@ -1,12 +1,13 @@
-"""The AAuth agent: one durable Ed25519 key that never leaves the sidecar process, and the signer
+"""The AAuth agent: one durable key (Ed25519, or ECDSA P-256 with `[aauth] alg = "ES256"`) that
+never leaves the sidecar process, and the signer
 the gateway and the `sign` route use (the signature itself is `httpsig`).
 
 - The key file (`[aauth] key_file`, default `aauth-agent.key` in the sidecar's state folder, the
   socket's 0700 folder) is created 0600 (`O_EXCL`, `O_NOFOLLOW`) if absent. An existing one must be
   a regular file owned by the sidecar's uid and not readable or writable by group or others, else
   it is refused (at start: `serve` exits with the reason). It is read `O_NOFOLLOW | O_NONBLOCK`,
-  checked with `fstat`, bounded, and must hold a PKCS#8 Ed25519 private key.
-- The private key lives in an `Ed25519PrivateKey` object only: nothing returns, logs or serialises
+  checked with `fstat`, bounded, and must hold a PKCS#8 private key of the configured `alg`.
+- The private key lives in a `cryptography` key object only: nothing returns, logs or serialises
   it; its raw value is handed to the redactor all the same, as a last guard.
 - Without a provider, requests carry `Signature-Key: sig=hwk;...` (a bare public key). With one
   (`[aauth] provider`), `sig=jwt;jwt="<agent token>"`: the token is fetched from the provider
@@ -77,13 +78,16 @@ class AgentKey:
 
     __slots__ = ("_key", "jwk", "path", "thumbprint")
 
-    def __init__(self, key: Ed25519PrivateKey, path: Path) -> None:
+    def __init__(self, key: httpsig.SigningKey, path: Path) -> None:
         self._key = key
         self.path = path
         self.jwk = httpsig.public_jwk(key)
         self.thumbprint = httpsig.jwk_thumbprint(self.jwk)
-        raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                serialization.NoEncryption())
+        if isinstance(key, ec.EllipticCurvePrivateKey):
+            raw = key.private_numbers().private_value.to_bytes(32, "big")
+        else:
+            raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                    serialization.NoEncryption())
         REDACTOR.add(httpsig.b64url(raw), owner="aauth:key")  # a last guard: it is never written anywhere
 
     def __repr__(self) -> str:
@@ -105,7 +109,11 @@ def _refuse(path: Path, why: str) -> ConfigError:
     return ConfigError([f"aauth.key_file: {path}: {why}"])
 
 
-def load_key(path: Path) -> AgentKey:
+def generate_key(alg: str) -> httpsig.SigningKey:
+    return ec.generate_private_key(ec.SECP256R1()) if alg == httpsig.ES256 else Ed25519PrivateKey.generate()
+
+
+def load_key(path: Path, alg: str = httpsig.ALG) -> AgentKey:
     """Read the agent key, checked (see the module doc); raise ConfigError naming why not."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -130,16 +138,20 @@ def load_key(path: Path) -> AgentKey:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError):  # never quotes what it read
         raise _refuse(path, "not a PEM PKCS#8 private key") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise _refuse(path, "not an Ed25519 key")
+    if alg == httpsig.ES256:
+        if not isinstance(key, ec.EllipticCurvePrivateKey) or not isinstance(key.curve, ec.SECP256R1):
+            raise _refuse(path, "not a P-256 key, as [aauth] alg = \"ES256\" asks (move the file away to "
+                                "have a new key made, or set alg to the key's)")
+    elif not isinstance(key, Ed25519PrivateKey):
+        raise _refuse(path, "not an Ed25519 key, as [aauth] alg (default \"Ed25519\") asks (move the file "
+                            "away to have a new key made, or set alg to the key's)")
     return AgentKey(key, path)
 
 
-def create_key(path: Path) -> None:
-    """A new Ed25519 key, written 0600 with O_EXCL (never over an existing file) and fsync'd."""
-    pem = Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM,
-                                                     serialization.PrivateFormat.PKCS8,
-                                                     serialization.NoEncryption())
+def create_key(path: Path, alg: str = httpsig.ALG) -> None:
+    """A new key of `alg`, written 0600 with O_EXCL (never over an existing file) and fsync'd."""
+    pem = generate_key(alg).private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption())
     old_umask = os.umask(0o077)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -157,7 +169,7 @@ def create_key(path: Path) -> None:
     _log.info("aauth agent key created", extra={"key_file": str(path)})
 
 
-def _replace_key_file(path: Path, key: Ed25519PrivateKey) -> None:
+def _replace_key_file(path: Path, key: httpsig.SigningKey) -> None:
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     temp = path.with_name(f".{path.name}.{os.urandom(6).hex()}")
@@ -175,10 +187,10 @@ def _replace_key_file(path: Path, key: Ed25519PrivateKey) -> None:
         raise
 
 
-def load_or_create(path: Path) -> AgentKey:
+def load_or_create(path: Path, alg: str = httpsig.ALG) -> AgentKey:
     if not os.path.lexists(path):
-        create_key(path)
-    return load_key(path)
+        create_key(path, alg)
+    return load_key(path, alg)
 
 
 def key_path(config: Config) -> Path:
@@ -251,7 +263,7 @@ def check_agent_token(token: str, issuer: str, jwks: Mapping[str, Any], jwk: Map
     if isinstance(iat, bool) or not isinstance(iat, int | float) or iat > now + IAT_SKEW:
         raise AgentTokenError("aauth: the agent token has no iat, or was issued in the future")
     bound = (claims.get("cnf") or {}).get("jwk") if isinstance(claims.get("cnf"), dict) else None
-    if not isinstance(bound, dict) or any(bound.get(k) != jwk[k] for k in ("kty", "crv", "x")):
+    if not isinstance(bound, dict) or any(bound.get(k) != jwk[k] for k in httpsig.public_members(jwk)):
         raise AgentTokenError("aauth: the agent token's cnf.jwk is not this sidecar's agent key")
     return min(float(exp), now + MAX_TOKEN_LIFE)
 
@@ -278,7 +290,7 @@ class AAuthSigner:
     def start(self) -> None:
         """Load (or create) the key if any server signs: a refused key file fails the start."""
         if uses_aauth(self.config):
-            self._key = load_or_create(key_path(self.config))
+            self._key = load_or_create(key_path(self.config), self.config.aauth.alg)
             _log.info("aauth agent key loaded", extra={"key_file": str(self._key.path),
                                                        "thumbprint": self._key.thumbprint})
 
@@ -288,9 +300,10 @@ class AAuthSigner:
         if (config.aauth.provider, config.aauth.enroll) != (old.provider, old.enroll):
             self._token = None  # another provider or enrollment: fetched again
         self.config = config
-        if self._key is not None and self._key.path != key_path(config):
+        wanted = (key_path(config), config.aauth.alg)  # a moved key file, or another algorithm
+        if self._key is not None and (self._key.path, self._key.jwk["alg"]) != wanted:
             try:
-                self._key = load_or_create(key_path(config))
+                self._key = load_or_create(key_path(config), config.aauth.alg)
             except ConfigError as exc:
                 _log.error("aauth key file refused; the old key stays", extra={"errors": exc.errors})
 
@@ -298,7 +311,7 @@ class AAuthSigner:
     def key(self) -> AgentKey:
         if self._key is None:
             try:
-                self._key = load_or_create(key_path(self.config))
+                self._key = load_or_create(key_path(self.config), self.config.aauth.alg)
             except ConfigError as exc:
                 raise AAuthKeyError("the AAuth agent key cannot be used: " + "; ".join(exc.errors)) from None
         return self._key
@@ -387,7 +400,7 @@ class AAuthSigner:
             raise InvalidRequest("no server signs with AAuth (aauth = true, or [aauth] default / provider): "
                                  "there is no agent key to rotate")
         old = self.key
-        fresh = Ed25519PrivateKey.generate()
+        fresh = generate_key(self.config.aauth.alg)
         candidate = AgentKey(fresh, old.path)
         token = await self._enroll(candidate) if self.config.aauth.provider is not None else None
         await asyncio.to_thread(_replace_key_file, old.path, fresh)

@@ -6,7 +6,8 @@
 - The global `[aauth]` table: `provider` (the Agent Provider's URL), `key_file` (the durable
   Ed25519 agent key; default `aauth-agent.key` in the sidecar's state folder, the socket's 0700
   folder), `enroll` (`"open"`, `{ token = "{{secret:...}}" }` or `{ assertion_file = "/path" }`)
-  and `default` (sign servers that say nothing; default: when a provider is configured).
+  and `default` (sign servers that say nothing; default: when a provider is configured), `alg`
+  (the agent key: `Ed25519`, the default, or `ES256`, ECDSA P-256, for platforms whose keys are).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from .templates import Template
 if TYPE_CHECKING:
     from .config import Target, _Collector
 
-AAUTH_KEYS: Final = ("provider", "key_file", "enroll", "default")
+AAUTH_KEYS: Final = ("provider", "key_file", "enroll", "default", "alg")
+ALGS: Final = ("Ed25519", "ES256")
 ENROLL_KEYS: Final = ("token", "assertion_file")
 KEY_FILE_NAME: Final = "aauth-agent.key"
 
@@ -42,6 +44,7 @@ class AAuthConfig:
     key_file: str | None = None  # None: KEY_FILE_NAME in the state folder
     enroll: Enroll | None = None
     default: bool | None = None  # None: sign when a provider is configured
+    alg: str = "Ed25519"  # the agent key's algorithm: Ed25519, or ES256 (ECDSA P-256)
 
     @property
     def signs_by_default(self) -> bool:
@@ -85,7 +88,11 @@ def parse_aauth(c: _Collector, raw: Any) -> AAuthConfig:
     enroll = _parse_enroll(c, f"{path}.enroll", t.get("enroll"))
     if enroll is not None and provider is None and "provider" not in t:
         c.error(f"{path}.enroll", "needs `provider` (the Agent Provider to enroll with)")
-    return AAuthConfig(provider, key_file, enroll, default)
+    alg = t.get("alg", "Ed25519")
+    if alg not in ALGS:
+        c.error(f"{path}.alg", "expected \"Ed25519\" or \"ES256\" (the agent key's algorithm)")
+        alg = "Ed25519"
+    return AAuthConfig(provider, key_file, enroll, default, alg)
 
 
 def _parse_enroll(c: _Collector, path: str, raw: Any) -> Enroll | None:

@@ -27,11 +27,16 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 LABEL: Final = "sig"
 ALG: Final = "Ed25519"  # the fully-specified JOSE identifier (RFC 9864) the draft requires
+ES256: Final = "ES256"  # ECDSA P-256 SHA-256 (the draft's SHOULD; RFC 9421 3.3.4: r || s, 64 bytes)
+ALGS: Final = (ALG, ES256)
+SigningKey = Ed25519PrivateKey | ec.EllipticCurvePrivateKey
 _TOKEN_NAME: Final = re.compile(r"[a-z0-9!#$%&'*+\-.^_`|~]+\Z")  # a lower-cased field name
 _LABEL: Final = re.compile(r"[a-z*][a-z0-9_\-.*]{0,63}\Z")  # an sf-key
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
@@ -78,22 +83,43 @@ def sf_bytes(value: bytes) -> str:
     return ":" + base64.b64encode(value).decode("ascii") + ":"
 
 
-def public_jwk(key: Ed25519PrivateKey) -> dict[str, str]:
-    """The public half as an RFC 8037 OKP JWK (with the `alg` the draft requires)."""
+def public_jwk(key: SigningKey) -> dict[str, str]:
+    """The public half as a JWK with the `alg` the draft requires: RFC 8037 OKP for Ed25519, an
+    RFC 7518 EC key for P-256 (ES256)."""
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        if not isinstance(key.curve, ec.SECP256R1):
+            raise SignatureError("an EC agent key must be on P-256")
+        numbers = key.public_key().public_numbers()
+        return {"kty": "EC", "crv": "P-256", "x": b64url(numbers.x.to_bytes(32, "big")),
+                "y": b64url(numbers.y.to_bytes(32, "big")), "alg": ES256}
     raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return {"kty": "OKP", "crv": "Ed25519", "x": b64url(raw), "alg": ALG}
 
 
+def public_members(jwk: Mapping[str, str]) -> tuple[str, ...]:
+    """The members that make a public key what it is (RFC 7638's required members, in order)."""
+    return ("crv", "kty", "x", "y") if jwk.get("kty") == "EC" else ("crv", "kty", "x")
+
+
 def jwk_thumbprint(jwk: Mapping[str, str]) -> str:
-    """RFC 7638 thumbprint (SHA-256) of an OKP key: its required members, in order, no spaces."""
-    canonical = json.dumps({"crv": jwk["crv"], "kty": jwk["kty"], "x": jwk["x"]}, separators=(",", ":"))
+    """RFC 7638 thumbprint (SHA-256): the key's required members, in order, no spaces."""
+    canonical = json.dumps({k: jwk[k] for k in public_members(jwk)}, separators=(",", ":"))
     return b64url(hashlib.sha256(canonical.encode("ascii")).digest())
 
 
 def hwk_key(jwk: Mapping[str, str], label: str = LABEL) -> str:
     """`Signature-Key` for the hwk scheme (a bare public key: pseudonymous)."""
-    return (f"{label}=hwk;kty={sf_string(jwk['kty'])};crv={sf_string(jwk['crv'])};"
-            f"x={sf_string(jwk['x'])};alg={sf_string(jwk.get('alg', ALG))}")
+    members = [m for m in ("kty", "crv", "x", "y") if m in jwk]
+    return f"{label}=hwk;" + ";".join(f"{m}={sf_string(jwk[m])}" for m in members) + \
+        f";alg={sf_string(jwk.get('alg', ALG))}"
+
+
+def raw_signature(key: SigningKey, base: bytes) -> bytes:
+    """Ed25519's 64 bytes, or ECDSA P-256 SHA-256 as r || s (32 bytes each, RFC 9421 3.3.4)."""
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        r, s_ = decode_dss_signature(key.sign(base, ec.ECDSA(hashes.SHA256())))
+        return r.to_bytes(32, "big") + s_.to_bytes(32, "big")
+    return key.sign(base)
 
 
 def jwt_key(token: str, label: str = LABEL) -> str:
@@ -185,7 +211,7 @@ class Signed:
         return out
 
 
-def sign_request(key: Ed25519PrivateKey, method: str, url: str, headers: Iterable[tuple[str, str]],
+def sign_request(key: SigningKey, method: str, url: str, headers: Iterable[tuple[str, str]],
                  body: bytes | None, created: int, signature_key: str, *,
                  cover: Iterable[str] = (), digest: str | None = None, label: str = LABEL) -> Signed:
     """Sign a request as AAuth does. `headers` are the request's (name, value) field lines;
@@ -231,6 +257,6 @@ def sign_request(key: Ed25519PrivateKey, method: str, url: str, headers: Iterabl
             names.append(name)
     components += [(name, field_value(fields[name])) for name in names]
     params = signature_params([name for name, _ in components], created)
-    signature = key.sign(signature_base(components, params))
+    signature = raw_signature(key, signature_base(components, params))
     return Signed(signature_key, f"{label}={params}", f"{label}={sf_bytes(signature)}",
                   tuple(name for name, _ in components), added_digest)

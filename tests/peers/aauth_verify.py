@@ -9,7 +9,8 @@ The profile checked (draft-hardt-oauth-aauth / httpbis-signature-key): one signa
 request has one, `content-digest` when it has a body (and a covered digest matches the body, even
 an empty one), every component the resource's metadata asks for (`required`); `created`
 within `WINDOW` seconds of now; `Signature-Key: sig=hwk` with an OKP Ed25519 key whose `alg` is
-`Ed25519` (or `sig=jwt` with a token whose `cnf.jwk` is such a key, when a token check is given).
+`Ed25519` or an EC P-256 key whose `alg` is `ES256` (or `sig=jwt` with a token whose `cnf.jwk`
+is such a key, when a token check is given).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from typing import Any
 
 import http_sf
 from cryptography.exceptions import InvalidSignature as BadEd25519
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from http_message_signatures import HTTPMessageVerifier, algorithms
 from http_message_signatures.digests import ContentDigest
 from http_message_signatures.exceptions import HTTPMessageSignaturesException
@@ -76,6 +80,19 @@ def _field(headers: Sequence[tuple[str, str]], name: str) -> str | None:
     return ", ".join(values) if values else None
 
 
+def _check(jwk: dict[str, str], signature: bytes, base: bytes) -> None:
+    """Ed25519, or ES256 as RFC 9421 3.3.4 encodes it (r || s, 32 bytes each)."""
+    if jwk["kty"] == "OKP":
+        Ed25519PublicKey.from_public_bytes(_b64url(jwk["x"])).verify(signature, base)
+        return
+    if len(signature) != 64:
+        raise ValueError("an ES256 signature is 64 bytes")
+    public = ec.EllipticCurvePublicNumbers(int.from_bytes(_b64url(jwk["x"]), "big"),
+                                           int.from_bytes(_b64url(jwk["y"]), "big"), ec.SECP256R1()).public_key()
+    der = encode_dss_signature(int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big"))
+    public.verify(der, base, ec.ECDSA(hashes.SHA256()))
+
+
 def verify(method: str, url: str, headers: Sequence[tuple[str, str]], body: bytes, now: float,
            token_jwk: Callable[[str], dict[str, Any]] | None = None, required: Sequence[str] = ()) -> Verified:
     """Verify the request (`url` as the resource sees it: its scheme, Host and path); raise Rejected.
@@ -117,13 +134,15 @@ def verify(method: str, url: str, headers: Sequence[tuple[str, str]], body: byte
         jwk = token_jwk(str(key_params.get("jwt", "")))
     else:
         raise Rejected("unsupported_scheme", "only hwk (and jwt when tokens are checked)")
-    if (jwk.get("kty"), jwk.get("crv"), jwk.get("alg")) != ("OKP", "Ed25519", "Ed25519") or "kid" in key_params:
-        raise Rejected("unsupported_algorithm", "an OKP Ed25519 key with alg Ed25519 (and no kid)")
+    kind = (jwk.get("kty"), jwk.get("crv"), jwk.get("alg"))
+    if kind not in (("OKP", "Ed25519", "Ed25519"), ("EC", "P-256", "ES256")) or "kid" in key_params:
+        raise Rejected("unsupported_algorithm", "an OKP Ed25519 key with alg Ed25519, or an EC P-256 key with "
+                                                "alg ES256 (and no kid)")
     message = _Message(method, url, _Headers(headers))
     try:
         base, _, _ = handler._build_signature_base(message, covered_component_ids=list(inputs["sig"]),
                                                    signature_params=params)
-        Ed25519PublicKey.from_public_bytes(_b64url(jwk["x"])).verify(signatures["sig"].value, base.encode())
+        _check(jwk, signatures["sig"].value, base.encode())
     except (BadEd25519, HTTPMessageSignaturesException, ValueError) as exc:
         raise Rejected("invalid_signature", f"the signature does not verify ({type(exc).__name__})") from None
     return Verified(jwk, covered, created, str(scheme))
