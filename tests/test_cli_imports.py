@@ -21,7 +21,8 @@ from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 TOKEN = "cli-imports-token-4f2a9d"
 HEAVY = ("httpx", "httpx2", "httpcore", "anyio", "authlib", "asyncio", "cryptography", "redis", "keyring",
-         "secretstorage", "ssl", "dataclasses", "inspect", "rich")  # rich: status on a terminal only
+         "secretstorage", "ssl", "dataclasses", "inspect", "rich",  # rich: status on a terminal only
+         "importlib.metadata")  # the version: read for --version and the sidecar only
 # the package's modules these commands need; any other (the config parser, exec, login, units...)
 # is a cost they should not pay
 LEAN_MODULES = {"mcpcreds", "mcpcreds.__main__", "mcpcreds.cli", "mcpcreds.errors", "mcpcreds.address",

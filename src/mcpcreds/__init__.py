@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from .secret import Secret
     from .socket_check import UntrustedSidecar
 
-__version__ = "0.1.0"
-
 _LAZY: dict[str, str] = {
     "AsyncClient": ".client",
     "Client": ".client",
@@ -47,7 +45,22 @@ _LAZY: dict[str, str] = {
 }
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's, read from the package metadata):
+    one place to bump. importlib.metadata costs ~10 ms of imports, so only `--version`, the
+    sidecar's status and health, and `mcpcreds.__version__` pay it, not every command."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mcpcreds")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = value = _version()
+        return value
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -57,7 +70,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *_LAZY, "__version__"})
 
 
 __all__ = [

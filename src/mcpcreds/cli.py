@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TextIO
 
-from . import __version__
 from .address import sidecar_address
 from .calls import MalformedAnswer
 from .client import Client
@@ -188,6 +187,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise MalformedAnswer(f"the sidecar's status answer is malformed ({type(exc).__name__}); "
                               "`mcpcreds status --json` shows it as it came") from None
+    return EXIT_OK
+
+
+def cmd_help(args: argparse.Namespace) -> int:
+    from .help_config import render  # the parser's key lists: imported for this command only
+
+    render(sys.stdout)
     return EXIT_OK
 
 
@@ -426,7 +432,15 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
         epilog="exit codes: 0 ok, 1 failure, 2 usage or config error, 69 sidecar unreachable, "
                "75 rate limited past --max-wait, 77 forbidden",
     )
-    parser.add_argument("--version", action="version", version=f"mcpcreds {__version__}")
+    class Version(argparse.Action):  # the version is read from the package metadata on use only
+        def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+            from . import __version__
+
+            print(f"mcpcreds {__version__}")  # on stdout, as argparse's own version action
+            parser.exit()
+
+    parser.add_argument("--version", action=Version, nargs=0, default=argparse.SUPPRESS,
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def add(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
@@ -446,6 +460,9 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
 
     add("serve", cmd_serve, "run the sidecar in the foreground; ready when the socket accepts")
     add("check", cmd_check, "validate the config and print every error")
+    p = add("help", cmd_help, "reference pages: `mcpcreds help config` lists every config key with its "
+            "default and meaning")
+    p.add_argument("topic", choices=("config",), metavar="TOPIC", help="config")
     if full:  # not for LEAN_COMMANDS: units.py costs them ~10 ms of imports (dataclasses, shutil)
         from .units import add_parser as add_units_parser  # stdlib only
 
