@@ -211,6 +211,16 @@ def _jwt_expiry(token: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def prepare() -> None:
+    """Import ahead what the first token request would otherwise import on the event loop while
+    a caller waits: httpx imports httpcore when it builds its first transport (and httpcore
+    imports trio when it is installed), and httpcore's first request loads anyio's asyncio backend
+    for its locks and events. 0.1-0.3 s of a cold sidecar's first login (bench/status_quo.py).
+    Imports only: safe in a worker thread."""
+    import anyio._backends._asyncio  # noqa: F401  (what anyio imports for the asyncio backend)
+    import httpcore  # noqa: F401
+
+
 def refresh_at(token: Token, refresh_ahead: float, jitter: float) -> float:
     """When to renew: `refresh_ahead` before expiry, capped at half the lifetime, moved earlier
     by `jitter` (a fraction in [0, 1) of REFRESH_JITTER of that window) so logins spread out, and

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from . import oauth
 from .activation import listen_fds, take_sockets
 from .api import Api
 from .audit import AuditLog
@@ -208,6 +209,7 @@ class Sidecar:
                                   "servers": len(self.config.servers), **listening,
                                   **({"activated": "systemd"} if activated else {})})
         self.notify.ready(await self._status() if self.notify.enabled else "")
+        loop.run_in_executor(None, oauth.prepare)  # off the loop: the first login does not wait for it
         notifier = asyncio.create_task(keepalive(self.notify, self._status)) if self.notify.enabled else None
         try:
             await self._stop.wait()
