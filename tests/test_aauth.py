@@ -284,8 +284,15 @@ trust = "trusted"
 name = "access"
 endpoint = "{peer.base}/access/mcp"
 trust = "trusted"
+
+[[servers]]
+name = "static"
+endpoint = "{peer.url}"
+trust = "trusted"
+aauth = true
+auth = {{ kind = "static", token = "{{{{secret:STATIC_TOKEN}}}}" }}
 """)
-    with run_sidecar(config, socket) as proc:
+    with run_sidecar(config, socket, {"STATIC_TOKEN": "static-token-0123456789"}) as proc:
         yield proc
 
 
@@ -366,6 +373,17 @@ async def test_aauth_false_sends_no_signature(sidecar: SidecarProcess, peer: AAu
     async with raw_client(sidecar, **RPC) as http:
         answer = await http.post("/mcp/optout", json=INIT)
     assert answer.status_code == 401
+    after = peer.stats()
+    assert after["unsigned"] > before["unsigned"] and after["verified"] == before["verified"]
+
+
+async def test_auth_wins_over_aauth(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
+    before = peer.stats()
+    async with raw_client(sidecar, **RPC) as http:  # `auth` (a static token) and aauth = true: not signed
+        assert (await http.post("/mcp/static", json=INIT)).status_code == 401
+        refused = await http.post("/v1/servers/static/sign", json={"method": "GET", "url": peer.url,
+                                                                    "content_digest": EMPTY_DIGEST})
+    assert (refused.status_code, refused.json()["error"]["code"]) == (403, "forbidden")
     after = peer.stats()
     assert after["unsigned"] > before["unsigned"] and after["verified"] == before["verified"]
 

@@ -3,7 +3,8 @@
 
 Written here rather than taken from a library: `http-message-signatures` (PyPI) requires a `keyid`
 parameter and knows no `Signature-Key`, and `aauth-signing` (0.2, a few weeks old) pins its own
-request objects; the part that is ours is small (building a signature base from strings and
+request objects (`aauth` 0.5, the protocol layer, re-exports it and adds PyJWT and http-sfv, none
+of which the sidecar needs); the part that is ours is small (building a signature base from strings and
 serialising a few Structured Field values), and it is tested against RFC 9421's Ed25519 vector and
 verified in the tests by `http-message-signatures`' own signature-base code.
 
