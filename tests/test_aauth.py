@@ -692,6 +692,11 @@ async def test_with_a_provider_requests_carry_the_agent_token(jwt_sidecar: Sidec
     assert peer.check("GET", peer.url, [("host", peer.base.removeprefix("http://")),
                                         *signed["headers"].items()], "") == {"ok": True}
     assert ENROLL not in jwt_sidecar.log and CANARY not in jwt_sidecar.log
+    token = after["last_token"]  # held in memory only: in no file, log or status
+    status = run_cli("status", "--json", "--socket", str(jwt_sidecar.socket), "--config", str(jwt_sidecar.config))
+    assert token and token not in jwt_sidecar.log + status.stdout + status.stderr
+    for path in (p for p in (workdir / "jwt").rglob("*") if p.is_file()):
+        assert token.encode() not in path.read_bytes(), path
 
 
 async def test_an_es256_agent_key_with_its_agent_token_through_the_gateway_and_sign(
@@ -770,6 +775,10 @@ async def test_enrollment_sends_the_token_or_the_assertion_signed_by_the_key(tmp
     verified = verify("POST", str(register.url), lines, register.content, time.time())
     assert "authorization" in verified.covered and verified.scheme == "hwk"  # the key proves itself
     assert await signer.agent_token() == token and len(seen) == 3  # held: no second enrollment
+    seen, handler = provider(register=issue)
+    signer = provider_signer(tmp_path, "open", handler)
+    await signer.agent_token()
+    assert json.loads(seen[-1].content) == {} and "authorization" not in seen[-1].headers  # open: the key alone
     assertion = tmp_path / "sa-token"
     assertion.write_text("eyJfederated.assertion.x\n")
     seen, handler = provider(register=issue)

@@ -70,6 +70,7 @@ class State:
         self.access_issued = 0
         self.access_presented = 0
         self.tokens_issued = 0
+        self.last_token = ""  # the last agent token issued (a test checks it is written nowhere)
         self.enroll_refused = 0
         self.ttl = 300
         self.provider_key = OKPKey.generate_key("Ed25519", parameters={"kid": "provider-1"})
@@ -83,7 +84,7 @@ class State:
                 "covered": self.covered, "unsigned": self.unsigned, "schemes": dict(self.schemes),
                 "tokens_issued": self.tokens_issued, "enroll_refused": self.enroll_refused,
                 "digested": self.digested, "access_issued": self.access_issued,
-                "metadata_fetched": self.metadata_fetched,
+                "metadata_fetched": self.metadata_fetched, "last_token": self.last_token,
                 "access_presented": self.access_presented}
 
     def token_jwk(self, token: str) -> dict[str, Any]:
@@ -101,8 +102,9 @@ class State:
         now = int(time.time())
         claims = {"iss": self.issuer, "sub": f"aauth:agent-{self.tokens_issued}", "jti": f"t{self.tokens_issued}",
                   "iat": now, "exp": now + self.ttl, "dwk": "aauth-agent.json", "cnf": {"jwk": jwk}}
-        return jwt.encode({"alg": "Ed25519", "typ": "aa-agent+jwt", "kid": "provider-1"}, claims,
-                          self.provider_key, algorithms=["Ed25519"])
+        self.last_token = jwt.encode({"alg": "Ed25519", "typ": "aa-agent+jwt", "kid": "provider-1"}, claims,
+                                     self.provider_key, algorithms=["Ed25519"])
+        return self.last_token
 
 
 def build_server() -> MCPServer[Any]:
