@@ -82,7 +82,7 @@ async def test_one_run_serves_callers_in_order_and_stops_at_the_first_that_does_
 
 async def test_queued_callers_are_served_in_order_as_the_bucket_refills_never_over_the_rate(
         state: RedisState) -> None:
-    rate = Rate(5, 0.25)  # 20 a second
+    rate = Rate(5, 0.1)  # 50 a second
     limiter = SharedLimiter(state, SystemClock(), None, 0.5)
     order: list[int] = []
     grants: list[tuple[float, float]] = []
@@ -93,20 +93,28 @@ async def test_queued_callers_are_served_in_order_as_the_bucket_refills_never_ov
         grants.append((sent, time.monotonic()))
         order.append(i)
 
-    await asyncio.gather(*(caller(i) for i in range(30)))
-    assert order == list(range(30))  # first come, first served
+    tasks = []
+    for i in range(40):  # ten at once, then one every 2 ms: callers arrive while others are asked
+        tasks.append(asyncio.create_task(caller(i)))  # for, refused and put back
+        if i >= 10:
+            await asyncio.sleep(0.002)
+    await asyncio.gather(*tasks)
+    assert order == list(range(40))  # first come, first served
     assert overfull_windows(grants, rate.burst, rate.per_second) == []
 
 
 async def test_a_caller_that_leaves_the_queue_gives_up_its_place(state: RedisState) -> None:
-    rate = Rate(1, 0.5)
+    rate = Rate(1, 1.0)
     limiter = SharedLimiter(state, SystemClock(), None, 0.5)
     await limiter.acquire("batch-leave", rate, 1, 0.0)  # the bucket is empty now
     leaver = asyncio.create_task(limiter.acquire("batch-leave", rate, 1, 30.0))
-    stayer = asyncio.create_task(limiter.acquire("batch-leave", rate, 1, 30.0))
+    await asyncio.sleep(0.05)
+    # the next permit comes in 1 s, the one after in 2 s: the stayer gets the next only if the
+    # leaver's place went to it (a bound only that crosses)
+    stayer = asyncio.create_task(limiter.acquire("batch-leave", rate, 1, 1.6))
     await asyncio.sleep(0.05)
     leaver.cancel()
-    await stayer  # the permit the leaver would have had goes to the next
+    await stayer
     with pytest.raises(asyncio.CancelledError):
         await leaver
     status = (await limiter.astatus({"batch-leave": rate}))[0]
