@@ -12,18 +12,26 @@ to a local upstream that answers at once (`tests/peers/upstream.py` in its own p
 with httptools, requiring `Authorization: Bearer <token>`), at 1 and 16 requests in flight:
 
 - `plain`: the client sends the bearer header itself (`headers=`);
-- `auth`: the client gets it per request from the real sidecar (`mcpcreds serve`, its own
-  process) through `auth=creds.auth("bench")`: one `POST /v1/servers/bench/call` round trip on
-  the Unix socket (permit + headers) before each upstream request. The server has a static
-  `Bearer {{secret:BENCH_TOKEN}}` header and `rate = "1000000/1s"`, so no request ever waits.
+- `auth`: the client gets it from the real sidecar (`mcpcreds serve`, its own process) through
+  `auth=creds.auth("bench")`, which leases a share of the bucket after a few calls (the default):
+  permit and headers are then taken inside the process, the lease renewed in the background;
+- `auth, no lease`: `creds.auth("bench", lease=False)`: one `POST /v1/servers/bench/call` round
+  trip on the Unix socket (permit + headers) before each upstream request.
+The server has a static `Bearer {{secret:BENCH_TOKEN}}` header and `rate = "1000000/1s"`, so no
+request ever waits.
 
-For each it prints p50/p99/mean latency per request and throughput, and the difference
-(`auth` - `plain`): the added latency. The two modes alternate in `--rounds` rounds of
-`--seconds` each (after a `--warmup`), so drift hits both alike. A decomposition at concurrency 1
-follows: the sidecar call alone through `AsyncClient.call` (what `auth=` adds), the same request
+For each it prints p50/p99/mean latency per request and throughput, and the differences (`auth` -
+`plain`, `auth, no lease` - `plain`): the added latency. The modes alternate in `--rounds` rounds
+of `--seconds` each (after a `--warmup`), so drift hits all alike. A decomposition at concurrency
+1 follows: the sidecar call alone through `AsyncClient.call` (what `auth=` adds), the same request
 on a raw blocking Unix socket (the sidecar's own time plus the kernel), and a bare
 `httpx.AsyncClient` request to the upstream. `--profile` runs cProfile over the `auth` mode at
 concurrency 1 and prints the cumulative time of the flow's parts.
+
+In-process (`--permit-ops` operations each, same run): a permit + headers from a held lease (the
+`AsyncLeaser.take` that `auth=` calls per request: the lease's `aiolimiter.AsyncLimiter`, its
+deadline and headers) against `aiolimiter.AsyncLimiter.acquire` alone, in µs per operation, and
+their ratio.
 
 The client, the sidecar and the upstream share the machine's cores: compare figures taken in the
 same run only.
@@ -42,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from aiolimiter import AsyncLimiter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
 
@@ -50,6 +59,7 @@ from tests.peers.upstream import start_upstream_process
 from bench import harness
 from bench.harness import Latency
 from mcpcreds import AsyncClient
+from mcpcreds.calls import Calls
 
 SERVER = "bench"
 TOKEN = "bench-token-0123456789abcdef0123456789abcdef"
@@ -68,12 +78,14 @@ def upstream_send(http: httpx.AsyncClient) -> harness.Send:
 
 async def measure(upstream: str, sock: Path, concurrency: int, args: argparse.Namespace) -> list[Latency]:
     """`plain` and `auth` alternating in `args.rounds` rounds of `args.seconds`, after a warmup."""
-    samples: dict[str, list[int]] = {"plain": [], "auth": []}
-    elapsed = {"plain": 0.0, "auth": 0.0}
+    samples: dict[str, list[int]] = {"plain": [], "auth": [], "auth, no lease": []}
+    elapsed = dict.fromkeys(samples, 0.0)
     async with AsyncClient(sock) as creds, \
             httpx.AsyncClient(base_url=upstream, headers={"Authorization": f"Bearer {TOKEN}"}) as plain, \
-            httpx.AsyncClient(base_url=upstream, auth=creds.auth(SERVER)) as authed:
-        sends = {"plain": upstream_send(plain), "auth": upstream_send(authed)}
+            httpx.AsyncClient(base_url=upstream, auth=creds.auth(SERVER)) as authed, \
+            httpx.AsyncClient(base_url=upstream, auth=creds.auth(SERVER, lease=False)) as per_request:
+        sends = {"plain": upstream_send(plain), "auth": upstream_send(authed),
+                 "auth, no lease": upstream_send(per_request)}
         for send in sends.values():
             await harness.drive(send, concurrency, time.monotonic() + args.warmup)
         for _ in range(args.rounds):
@@ -90,6 +102,34 @@ def added(plain: Latency, auth: Latency) -> dict[str, Any]:
             "p99_ms": round(auth.p99_ms - plain.p99_ms, 4),
             "mean_ms": round(auth.mean_ms - plain.mean_ms, 4),
             "throughput_ratio": round(auth.throughput / plain.throughput, 3)}
+
+
+async def permit_costs(sock: Path, ops: int, rounds: int) -> dict[str, Any]:
+    """µs per operation, in-process: a permit + headers from a held lease vs aiolimiter alone."""
+    async with AsyncClient(sock) as creds:
+        auth = creds.auth(SERVER)
+        call = Calls.call(SERVER, 1, 30.0)
+        for _ in range(10):  # a few calls in a short time: the auth leases
+            await auth._leased(call)
+        leaser = auth._leaser
+        if leaser is None or leaser.answer is None:
+            raise harness.BenchError("the auth did not lease (is the server's rate leasable?)")
+        baseline = AsyncLimiter(1_000_000_000, 1.0)
+        best = {"lease": float("inf"), "aiolimiter": float("inf")}
+        for _ in range(rounds):  # alternating; the best round of each (the least disturbed)
+            t0 = time.perf_counter_ns()
+            for _ in range(ops):
+                if await leaser.take(1) is None:
+                    raise harness.BenchError("the lease was dropped during the measure")
+            best["lease"] = min(best["lease"], (time.perf_counter_ns() - t0) / ops / 1e3)
+            t0 = time.perf_counter_ns()
+            for _ in range(ops):
+                await baseline.acquire(1)
+            best["aiolimiter"] = min(best["aiolimiter"], (time.perf_counter_ns() - t0) / ops / 1e3)
+        share, burst = leaser.terms
+    return {"lease_us": round(best["lease"], 3), "aiolimiter_us": round(best["aiolimiter"], 3),
+            "ratio": round(best["lease"] / best["aiolimiter"], 2), "ops": ops, "rounds": rounds,
+            "share": share, "burst": burst}
 
 
 def raw_call_latency(sock: Path, seconds: float) -> Latency:
@@ -164,11 +204,19 @@ async def profile(upstream: str, sock: Path, requests: int) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     out = []
-    for plain, auth, a in zip(report["results"][::2], report["results"][1::2], report["added"], strict=True):
-        out += [harness.line(plain), harness.line(auth),
-                f"{'added by auth=':<34} c={a['concurrency']:<3} {'':<9}"
-                f"p50 {a['p50_ms']:+7.3f} ms   p99 {a['p99_ms']:+7.3f} ms   "
-                f"mean {a['mean_ms']:+7.3f} ms   throughput x{a['throughput_ratio']}", ""]
+    results = report["results"]
+    for plain, auth, per_request, a, b in zip(results[::3], results[1::3], results[2::3], report["added"],
+                                              report["added_no_lease"], strict=True):
+        out += [harness.line(plain), harness.line(auth), harness.line(per_request)]
+        for label, d in (("added by auth= (lease)", a), ("added by auth=, no lease", b)):
+            out.append(f"{label:<34} c={d['concurrency']:<3} {'':<9}"
+                       f"p50 {d['p50_ms']:+7.3f} ms   p99 {d['p99_ms']:+7.3f} ms   "
+                       f"mean {d['mean_ms']:+7.3f} ms   throughput x{d['throughput_ratio']}")
+        out.append("")
+    p = report["permit"]
+    out += [f"in-process permit + headers with a lease: {p['lease_us']:.3f} us   "
+            f"aiolimiter acquire alone: {p['aiolimiter_us']:.3f} us   ratio x{p['ratio']}   "
+            f"(best of {p['rounds']} rounds of {p['ops']}; share {p['share']:g}, burst {p['burst']})", ""]
     out.append("decomposition at concurrency 1:")
     out += ["  " + harness.line(r) for r in report["decomposition"]]
     if prof := report.get("profile"):
@@ -189,21 +237,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=0.5, help="seconds per mode first (default 0.5)")
     p.add_argument("--profile", action="store_true", help="cProfile the auth mode at concurrency 1")
     p.add_argument("--profile-requests", type=int, default=2000)
-    args = harness.parse(p, argv, quick={"seconds": 0.5, "rounds": 1, "warmup": 0.1, "profile_requests": 100})
+    p.add_argument("--permit-ops", type=int, default=200_000, help="in-process permits per round")
+    args = harness.parse(p, argv, quick={"seconds": 0.5, "rounds": 1, "warmup": 0.1, "profile_requests": 100,
+                                                      "permit_ops": 20_000})
 
     report: dict[str, Any] = {**harness.machine(), "httpx": httpx.__version__, "seconds": args.seconds,
-                              "rounds": args.rounds, "results": [], "added": [], "decomposition": []}
+                              "rounds": args.rounds, "results": [], "added": [], "added_no_lease": [],
+                              "decomposition": []}
     with harness.workdir("client-bench") as tmp, \
             harness.started(start_upstream_process(TOKEN), "the upstream") as upstream, \
             harness.sidecar(tmp, harness.static_server(
                 SERVER, {"Authorization": "Bearer {{secret:BENCH_TOKEN}}"}, rate="1000000/1s",
                 endpoint=f"{upstream}/mcp"), env={"BENCH_TOKEN": TOKEN}) as sidecar:
         for concurrency in CONCURRENCY:
-            plain, auth = asyncio.run(measure(upstream, sidecar.socket, concurrency, args))
-            report["results"] += [plain, auth]
+            plain, auth, per_request = asyncio.run(measure(upstream, sidecar.socket, concurrency, args))
+            report["results"] += [plain, auth, per_request]
             report["added"].append(added(plain, auth))
+            report["added_no_lease"].append(added(plain, per_request))
             harness.progress(f"c={concurrency}: measured")
         report["decomposition"] = asyncio.run(decompose(upstream, sidecar.socket, args.seconds))
+        report["permit"] = asyncio.run(permit_costs(sidecar.socket, args.permit_ops, args.rounds))
         if args.profile:
             report["profile"] = asyncio.run(profile(upstream, sidecar.socket, args.profile_requests))
     harness.emit(args, report, render)

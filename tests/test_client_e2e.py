@@ -363,7 +363,8 @@ async def test_sigkill_and_restart_lose_no_request(upstream: Upstream, tmp_path:
     """Forty requests through `auth=`; the sidecar is SIGKILLed twice: once between two requests
     (the client's pooled connection is dead), once while a call waits inside it for a permit (the
     call dies mid-flight). Each restart is within the client's connect_retry: all forty succeed,
-    each reaches the upstream exactly once."""
+    each reaches the upstream exactly once. (The per-request path: `lease=False`, so that every
+    permit is asked of the sidecar; a leased auth waits for its share in its own process.)"""
     config, socket = static_config(tmp_path, upstream, rate="100/1000s")  # 1 permit per 10 s
     sidecars = [SidecarProcess(config, socket, STATIC_ENV)]
     outcomes: list[str] = []
@@ -372,7 +373,7 @@ async def test_sigkill_and_restart_lose_no_request(upstream: Upstream, tmp_path:
         await asyncio.to_thread(sidecars[0].wait_for, "ready")
         async with AsyncClient(socket, connect_retry=RESTART_WINDOW) as creds, \
                 AsyncClient(socket) as observer, \
-                httpx.AsyncClient(base_url=upstream.url, auth=creds.auth("a")) as http:
+                httpx.AsyncClient(base_url=upstream.url, auth=creds.auth("a", lease=False)) as http:
 
             async def request(i: int) -> None:
                 try:

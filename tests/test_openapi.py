@@ -29,7 +29,7 @@ CONTRACT_ROUTES: list[tuple[str, str]] = [
 EXTENSIONS = [("post", "/v1/secrets/{name}/rotate"),
               ("post", "/mcp/{server}"), ("get", "/mcp/{server}"), ("delete", "/mcp/{server}"),
               ("post", "/v1/exec/{name}/session"), ("post", "/v1/servers/{name}/sign"),
-              ("post", "/v1/aauth/rotate-key")]
+              ("post", "/v1/aauth/rotate-key"), ("post", "/v1/servers/{name}/lease"), ("get", "/v1/events")]
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 
 
@@ -73,10 +73,13 @@ async def _ask(api: Any, method: str, path: str) -> tuple[int, str]:
     """The status and error code the API answers a bodiless request with (Api.handle, its seam)."""
     import os
 
-    from mcpcreds.wire import Request, Response
+    from mcpcreds.wire import Request, Response, StreamingResponse
 
     result = api.handle(Request(method, path, "", b"", None, os.getuid(), os.getpid()))
-    response = result if isinstance(result, Response) else await result
+    response = result if isinstance(result, Response | StreamingResponse) else await result
+    if isinstance(response, StreamingResponse):  # the event stream: opened, so served
+        await response.body.aclose()
+        return response.status, ""
     code = json.loads(response.body)["error"]["code"] if response.status >= 400 else ""
     return response.status, code
 

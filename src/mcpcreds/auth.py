@@ -7,6 +7,7 @@ httpx). Two thin drivers run it, sync and async. No lock is held across any requ
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import email.utils
@@ -25,6 +26,7 @@ from .errors import RateLimited
 
 if TYPE_CHECKING:
     from .client import AsyncClient, Client
+    from .lease_client import AsyncLeaser
 
 On429 = Literal["raise", "wait", "return"]
 DEFAULT_RETRY_AFTER: Final = 1.0
@@ -154,6 +156,8 @@ class CredentialsAuth(httpx.Auth):
     """An `httpx.Auth` bound to one server of the sidecar."""
 
     requires_request_body = True  # a retry after a 401 sends the body again
+    lease = True  # lease a share when called often (lease_client.py); False: a round trip per request
+    _leaser: AsyncLeaser | None = None
 
     def __init__(self, client: Client | None, async_client: AsyncClient | None, name: str, *,
                  cost: int = 1, max_wait: float = 30.0, on_429: On429 = "wait") -> None:
@@ -192,12 +196,38 @@ class CredentialsAuth(httpx.Auth):
         try:
             while True:
                 if isinstance(step, Sidecar):
-                    step = flow.send(await self._async_client.run(step.call))
+                    leased = await self._leased(step.call) if self.lease else None
+                    answer = leased if leased is not None else await self._async_client.run(step.call)
+                    step = flow.send(answer)
                 else:
                     response = yield step.request
                     step = flow.send(response)
         except StopIteration:
             return
+
+
+    async def _leased(self, call: Call[Any]) -> dict[str, Any] | None:
+        """Permit and headers from this auth's lease, if it holds one. A refusal or a 429 seen by
+        the flow drops the leased headers here at once (the sidecar's event follows): a retry
+        renews the lease (one renewal for every waiting retry) and gets the new login with it."""
+        action = call.path.rpartition("/")[2]
+        leaser = self._leaser
+        if action != "call":
+            if leaser is not None and action in ("invalidate", "backoff"):
+                leaser.drop()
+            return None
+        if leaser is None or leaser.loop is not asyncio.get_running_loop():
+            from .lease_client import AsyncLeaser
+
+            assert self._async_client is not None
+            leaser = self._leaser = AsyncLeaser(self._async_client, self.name)
+            self._async_client._leasers.append(leaser)
+        return await leaser.take(self.cost)
+
+    async def aclose(self) -> None:
+        """Give the lease up now (closing the client does it too)."""
+        if self._leaser is not None:
+            await self._leaser.aclose()
 
 
 def _with_httpx2(base: type[CredentialsAuth]) -> type[CredentialsAuth]:

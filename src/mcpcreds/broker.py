@@ -27,6 +27,8 @@ from .errors import (
     UnknownSecret,
     UnknownServer,
 )
+from .events import EventHub, Subscription
+from .leases import LeaseBook
 from .login_store import entry_name
 from .logins import LoginCache
 from .logs import get_logger
@@ -131,6 +133,16 @@ class Broker:
         self._pause_budgets: dict[str, _PauseBudget] = {}
         self._paused_by: dict[str, tuple[float, Actor]] = {}  # key -> (paused until, who set it)
         self.health_body = json.dumps({"status": "ok", "version": __version__}).encode()
+        self.leases = LeaseBook()  # capacity leases (leases.py; the lease route is lease_api.py)
+        self.events = EventHub(on_close=self._events_closed)  # GET /v1/events (events.py)
+        self._served_fp: dict[str, str] = {}  # key -> fingerprint of the login last served
+
+    def _events_closed(self, sub: Subscription) -> None:
+        """A client's event stream closed: its process is gone or it has stopped using its leases,
+        so their shares come back now. One the sidecar cut off lapses instead (its holder may
+        spend it until the lease ends)."""
+        if not sub.cut_off and self.leases.release_subscriber(sub.id):
+            _log.info("leases released: their holder's event stream closed", extra={"uid": sub.uid})
 
     # -- shared state
 
@@ -146,10 +158,12 @@ class Broker:
             if current is not None and current.fingerprint != fp:
                 self.logins.drop(key)
                 self._drop_cached({key})
+                self.events.publish("login", key, fingerprint=fp if isinstance(fp, str) else None)
                 _log.info("login dropped by another sidecar", extra={"key": key, "fingerprint": fp})
             self.sharing.notify(key)
         elif kind == "invalidate" and self.logins.invalidate(key, fp if isinstance(fp, str) else None):
             self._drop_cached({key})
+            self.events.publish("invalidate", key, fingerprint=fp if isinstance(fp, str) else None)
             _log.info("login dropped by another sidecar", extra={"key": key, "fingerprint": fp})
 
     # -- config
@@ -166,10 +180,16 @@ class Broker:
         self.logins.forget(changed)  # their timers and in-flight fetches too
         self._resolving.clear()  # a resolution under way serves its callers, not the new config
         self.discovery.forget()
-        self.limiter.reconfigure(config.rates)
+        self.limiter.reconfigure(self._shared_rates(config))
         self._cache.clear()
         self.server_specs = self._specs()
         self.proxy_only_keys = _proxy_only_keys(config)
+
+    def _shared_rates(self, config: Config) -> dict[str, Rate]:
+        """The configured rates, less what is leased (a reload does not hand leased shares out twice)."""
+        now = self.clock.monotonic()
+        return {k: self.leases.shared_rate(k, r, now) if self.leases.holds(k) else r
+                for k, r in config.rates.items()}
 
     def serves_headers(self, target: Target) -> bool:
         """Whether the credential of `target` may be handed to callers (`headers`, `call`). It is
@@ -178,7 +198,12 @@ class Broker:
         return target.gateway.serves_headers and target.key not in self.proxy_only_keys
 
     def rate_of(self, target: Target) -> Rate:
-        return target.rate or UNLIMITED
+        """The rate of the bucket callers without a lease share: the configured one less what is
+        leased (leases.py)."""
+        rate = target.rate or UNLIMITED
+        if self.leases.holds(target.key):
+            return self.leases.shared_rate(target.key, rate, self.clock.monotonic())
+        return rate
 
     def _specs(self) -> dict[str, Any]:
         return {"servers": [t.spec.to_dict() for t in self.config.servers.values()]}
@@ -195,6 +220,7 @@ class Broker:
         return target
 
     async def aclose(self) -> None:
+        self.events.close()
         self.logins.close()
         self.limiter.close()
         await self.sharing.aclose()
@@ -273,6 +299,10 @@ class Broker:
             headers.update((k, v) for k, v in static.items() if k.lower() != "authorization")
             REDACTOR.add(token.access_token, owner=f"login:{target.key}")  # forgets the one it replaces
             result = HeadersResult.build(headers, target.key, token.expires_at, token.fingerprint)
+            if token.fingerprint is not None and self._served_fp.get(target.key) != token.fingerprint:
+                if target.key in self._served_fp:  # a new login: leased clients drop the old one
+                    self.events.publish("login", target.key, fingerprint=token.fingerprint)
+                self._served_fp[target.key] = token.fingerprint
             fresh_until = min(fresh_until, self.logins.refresh_time(target.key, token))
         if self.secret_cache_ttl > 0:
             self._cache[target.name] = _Cached(result, fresh_until)
@@ -367,6 +397,7 @@ class Broker:
         key = target.key
         if target.login is None:
             self._drop_cached({key})
+            self.events.publish("invalidate", key)
             return True, True
         current = self.logins.peek(key)
         # nothing held (a renewal under way): the next call brings a new login, whatever was named
@@ -380,6 +411,7 @@ class Broker:
         if dropped:
             self._forced_at[key] = now
             self._drop_cached({key})
+            self.events.publish("invalidate", key, fingerprint=fingerprint)
         return dropped, dropped or not named_is_current
 
     async def pause(self, target: Target, seconds: float, actor: Actor | None = None) -> float | None:
@@ -389,6 +421,8 @@ class Broker:
         if actor is not None and actor.grant is not None:
             seconds = self._grant_pause(target.key, seconds)
         until = await self.limiter.apause(target.key, self.rate_of(target), seconds)
+        if until is not None:
+            self.events.publish("pause", target.key, seconds=round(max(0.0, until - self.clock.time()), 3))
         if actor is not None and seconds > 0 and until is not None:
             previous = self._paused_by.get(target.key)
             if previous is None or until > previous[0] + 0.001:
@@ -438,6 +472,8 @@ class Broker:
         if not targets:
             raise UnknownSecret("no configured server uses a secret of that name")
         self._drop_cached({t.key for t in targets})
+        for target in targets:
+            self.events.publish("rotation", target.key)
         renewed: list[str] = []
         failed: dict[str, str] = {}
         for target in targets:
@@ -483,6 +519,8 @@ class Broker:
             self.logins.install(target, token)
             await self.sharing.share(target.key, token)
         self._drop_cached({t.key for t in targets})
+        for target in targets:
+            self.events.publish("rotation", target.key)
         if force:
             for target in logins:
                 with contextlib.suppress(McpcredsError):
@@ -506,7 +544,8 @@ class Broker:
         return {"version": __version__, "config": self.config.path, "servers": servers,
                 "logins": self.logins.status(), "buckets": await self.buckets(),
                 "secrets": self.dependency_map(),
-                "state": self.sharing.kind}
+                "state": self.sharing.kind,
+                "leases": self.leases.status(self.clock.monotonic())}
 
     async def buckets(self) -> list[dict[str, Any]]:
         """The buckets, each with who set its current pause (`paused_by`: uid, pid, grant)."""

@@ -198,6 +198,19 @@ class Limiter:
             return True
         return False
 
+    def take_up_to(self, key: str, rate: Rate, most: int) -> int:
+        """Take up to `most` whole permits that are there now, if nobody is queued (a lease's
+        first permits, moved from this bucket to its holder's); not counted as granted."""
+        lane = self._lane(key, rate)
+        now = self._clock.monotonic()
+        self._grant_due(lane, now)
+        if lane.queue or lane.bucket.wait_time(1, now) > 0.0:
+            return 0
+        taken = min(most, math.floor(lane.bucket.level(now) + EPSILON))
+        if taken > 0:
+            lane.bucket.take(taken, now)
+        return max(0, taken)
+
     def pause(self, key: str, retry_after: float) -> float | None:
         """An upstream 429: grant nothing on `key` for `retry_after` seconds.
 

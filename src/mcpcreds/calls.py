@@ -107,6 +107,17 @@ def _rotation(body: Any) -> dict[str, Any]:
     return _whole(body)
 
 
+def _lease(body: Any) -> dict[str, Any]:
+    _with_headers(body)
+    for key in ("share", "per", "lease_seconds"):
+        _field(body, key, int, float)
+    for key in ("burst", "initial"):
+        _field(body, key, int)
+    _field(body, "lease", str)
+    _field(body, "key", str)
+    return _whole(body)
+
+
 class Calls:
     """What each API call sends and returns, independent of sync or async I/O."""
 
@@ -135,6 +146,22 @@ class Calls:
     def call(name: str, cost: int, max_wait: float) -> Call[dict[str, Any]]:
         return Call("POST", _server(name, "call"), _permits_and_headers,
                     {"cost": cost, "max_wait": max_wait}, max_wait)
+
+    @staticmethod
+    def lease(name: str, lease: str | None, subscriber: str | None, demand: float | None,
+              holding: tuple[float, int] | None = None) -> Call[dict[str, Any]]:
+        """A capacity lease (new, or a renewal of `lease`, whose terms `holding` are being spent),
+        tied to the event stream `subscriber`."""
+        body: dict[str, Any] = {}
+        if holding is not None:
+            body["holding"] = [holding[0], holding[1]]
+        if lease is not None:
+            body["lease"] = lease
+        if subscriber is not None:
+            body["subscriber"] = subscriber
+        if demand is not None:
+            body["demand"] = round(demand, 3)
+        return Call("POST", _server(name, "lease"), _lease, body)
 
     @staticmethod
     def sign(name: str, method: str, url: str, headers: dict[str, str],

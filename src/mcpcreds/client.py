@@ -188,6 +188,7 @@ class AsyncClient(_Base):
         from .uds_async import UdsHttp
 
         self._http = UdsHttp(str(self.socket_path), self._headers, self.sidecar_uid)
+        self._leasers: list[Any] = []  # lease_client.AsyncLeaser of each auth() that leased
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -196,6 +197,9 @@ class AsyncClient(_Base):
         await self.aclose()
 
     async def aclose(self) -> None:
+        for leaser in self._leasers:  # closing their event streams hands their shares back at once
+            await leaser.aclose()
+        self._leasers.clear()
         await self._http.aclose()
 
     async def run(self, call: Call[R]) -> R:
@@ -260,11 +264,15 @@ class AsyncClient(_Base):
         return await self.run(Calls.secret_rotate(name, value, force))
 
     def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
-             on_429: Literal["raise", "wait", "return"] = "wait") -> HttpxAuth:
-        """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled."""
+             on_429: Literal["raise", "wait", "return"] = "wait", lease: bool = True) -> HttpxAuth:
+        """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled.
+        With `lease` (default), an auth that calls often leases a share of the server's bucket and
+        spends it in this process (lease_client.py): no round trip per request."""
         from .auth import AUTH_CLASS
 
-        return AUTH_CLASS(None, self, name, cost=cost, max_wait=max_wait, on_429=on_429)  # type: ignore[return-value]
+        auth = AUTH_CLASS(None, self, name, cost=cost, max_wait=max_wait, on_429=on_429)
+        auth.lease = lease
+        return auth  # type: ignore[return-value]
 
     # -- the gateway
 

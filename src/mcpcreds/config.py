@@ -162,6 +162,7 @@ class GatewaySpec:
     expose: str = "both"
     rate_methods: tuple[str, ...] | None = None
     max_wait: float = DEFAULT_GATEWAY_WAIT
+    leases: bool = True  # clients may lease a share of the bucket (leases.py); false: per request only
 
     @property
     def serves_headers(self) -> bool:
@@ -739,7 +740,7 @@ class _Entry:
 
 _EGRESS_KEYS: Final = ("net", "allow_hosts", "deny_hosts", "allow_private")
 _TRUST_KEYS: Final = ("trust", "tool_allowlist", "expected_tools", "allow_untrusted_without_allowlist")
-_GATEWAY_KEYS: Final = ("expose", "rate_methods", "max_wait")
+_GATEWAY_KEYS: Final = ("expose", "rate_methods", "max_wait", "leases")
 _ENTRY_KEYS: Final = ("endpoint", "headers", "literal_headers", "tags", "rate", "oauth", "auth", "aauth",
                       *_EGRESS_KEYS, *_GATEWAY_KEYS)
 
@@ -798,7 +799,8 @@ def _parse_gateway(c: _Collector, path: str, t: dict[str, Any], base: GatewaySpe
             c.error(_join(path, "max_wait"), "expected at most 1h")
         elif parsed is not None:
             max_wait = parsed
-    return GatewaySpec(expose, methods, max_wait)
+    leases = c.typed(_join(path, "leases"), t.get("leases"), bool, base.leases)
+    return GatewaySpec(expose, methods, max_wait, leases)
 
 
 def _parse_trust(c: _Collector, path: str, t: dict[str, Any]) -> TrustPolicy:

@@ -165,6 +165,21 @@ class ExecSessionsFull(McpcredsError):
     status = 503
 
 
+class TooManySubscribers(McpcredsError):
+    """The sidecar (or this uid) has as many event streams open as it may."""
+
+    code = "too_many_subscribers"
+    status = 429
+
+
+class LeasesRefused(McpcredsError):
+    """This server's permits are not leased (`leases = false`, a signed or shared-state server):
+    ask per request (`call`)."""
+
+    code = "leases_refused"
+    status = 409
+
+
 ERRORS_BY_CODE: dict[str, type[McpcredsError]] = {
     cls.code: cls
     for cls in (
@@ -191,6 +206,8 @@ ERRORS_BY_CODE: dict[str, type[McpcredsError]] = {
         TokenEndpointTimeout,
         SidecarUnavailable,
         ExecSessionsFull,
+        TooManySubscribers,
+        LeasesRefused,
     )
 }
 

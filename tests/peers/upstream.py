@@ -89,6 +89,7 @@ class Upstream:
         self._gate: _Gate | None = None
         self._counts: Counter[int] = Counter()
         self._tokens: Counter[str] = Counter()
+        self._arrivals: list[str | None] = []  # the bearer token of each request, in arrival order
         self._paths: Counter[tuple[int, str]] = Counter()
         self._changed = threading.Condition(self._lock)
 
@@ -126,6 +127,11 @@ class Upstream:
         with self._lock:
             return dict(self._tokens)
 
+    def arrivals(self) -> list[str | None]:
+        """The bearer token of every request so far (None: none), in the order they arrived."""
+        with self._lock:
+            return list(self._arrivals)
+
     def paths(self, status: int = 200) -> dict[str, int]:
         """How often each path (with its query) got `status` (default: how often it was served)."""
         with self._lock:
@@ -151,6 +157,7 @@ class Upstream:
         gate: _Gate | None = None
         token = authorization[7:] if authorization and authorization[:7].lower() == "bearer " else None
         with self._lock:
+            self._arrivals.append(token)
             if token is not None:
                 self._tokens[token] += 1
             if self._pending_429:

@@ -1,0 +1,109 @@
+"""The lease and event routes: `POST /v1/servers/{name}/lease` and `GET /v1/events`.
+
+A lease answer is the `headers` answer (headers, key, expires_at, fingerprint) with the lease's
+terms: `lease` (its id, for renewals), `share` permits per `per` seconds, `burst`, `initial`
+(permits moved from the shared bucket to the holder now: its in-process bucket starts with
+these), `lease_until` (wall clock) and `lease_seconds`. A holder spends its share in its own
+process until `lease_seconds` after it sent the request, and renews at half of that; a share of
+0 means "not now": ask per request and try again later. The arithmetic is in leases.py.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import TYPE_CHECKING, Any, Final
+
+from .aws_config import is_aws
+from .broker import UNLIMITED
+from .buckets import Limiter
+from .errors import InvalidRequest, LeasesRefused, RateLimited
+from .leases import LeaseRefused
+from .wire import Request, Response, StreamingResponse, json_response
+
+if TYPE_CHECKING:
+    from .api import Api
+
+MAX_DEMAND: Final = 1_000_000_000.0
+MAX_ID: Final = 64
+UNLIMITED_LEASE: Final = 60.0  # seconds: the length of a lease on a server without `rate`
+
+
+def _id(body: dict[str, Any], field: str) -> str | None:
+    value = body.get(field)
+    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= MAX_ID
+                              or not value.isascii() or not value.isprintable()):
+        raise InvalidRequest(f"{field} must be an id this sidecar gave out")
+    return value
+
+
+async def lease(api: Api, request: Request) -> Response:
+    from .api import parse_json_body
+
+    broker = api.broker
+    target = api._credential_target(request)
+    if not target.gateway.leases:
+        raise LeasesRefused(f"server {target.name!r} has leases = false: ask per request")
+    if target.aauth or is_aws(target):
+        raise LeasesRefused(f"server {target.name!r} signs each request in the sidecar: ask per request")
+    if not isinstance(broker.limiter, Limiter):
+        raise LeasesRefused("leases are not served with a shared state (Redis) yet: ask per request")
+    body = parse_json_body(request)
+    lease_id = _id(body, "lease")
+    subscriber = _id(body, "subscriber")
+    if body.get("release") is True:
+        released = lease_id is not None and broker.leases.release(lease_id, request.peer_uid)
+        return json_response({"released": released})
+    holding = body.get("holding")
+    if holding is not None and not (isinstance(holding, list) and len(holding) == 2
+                                    and all(isinstance(v, int | float) and not isinstance(v, bool)
+                                            for v in holding)):
+        raise InvalidRequest("holding must be [share, burst]: the terms of the lease being spent")
+    demand = body.get("demand", MAX_DEMAND)
+    if isinstance(demand, bool) or not isinstance(demand, int | float) or not 0 <= demand <= MAX_DEMAND:
+        raise InvalidRequest("demand must be a number of permits per period, at least 0")
+    if subscriber is not None and broker.events.owner(subscriber) != request.peer_uid:
+        raise InvalidRequest("subscriber must name an open event stream of this uid")
+    key = target.key
+    snapshot = broker.limiter.snapshot(key)
+    if snapshot is not None and snapshot["paused_until"] is not None:
+        raise RateLimited(f"{key}: paused after an upstream 429",
+                          max(0.0, snapshot["paused_until"] - broker.clock.time()))
+    result = await broker.headers(target)  # first: a failing login leases nothing
+    if target.rate is None:  # no limit to share: the whole of it, nothing kept aside
+        return _unlimited(broker.clock.time(), lease_id, result.body)
+    rate = target.rate
+    granted = broker.limiter.snapshot(key)
+    try:
+        terms = broker.leases.grant(key, rate, lease_id, float(demand), request.peer_uid, subscriber,
+                                    granted["granted"] if granted else 0, broker.clock.monotonic(),
+                                    granted["waiting"] if granted else 0,
+                                    (float(holding[0]), int(holding[1])) if holding else None)
+    except LeaseRefused as exc:
+        raise LeasesRefused(str(exc)) from None
+    # the shared bucket's new rate applies from now (its refill until now was at the old one); a
+    # new in-process bucket's first permits come out of the shared one
+    initial = broker.limiter.take_up_to(key, broker.rate_of(target), terms.burst if terms.changed else 0)
+    fields = json.dumps({"lease": terms.lease, "share": round(terms.share, 6), "burst": terms.burst,
+                         "per": terms.per, "initial": initial,
+                         "lease_until": broker.clock.time() + terms.seconds,
+                         "lease_seconds": terms.seconds}, separators=(",", ":")).encode()
+    return Response(200, fields[:-1] + b"," + result.body[1:])
+
+
+def _unlimited(now: float, lease_id: str | None, headers_body: bytes) -> Response:
+    """A lease on a server without `rate`: permits without limit (its holders still hear of
+    invalidations and pauses), nothing taken from anyone."""
+    seconds = UNLIMITED_LEASE
+    fields = json.dumps({"lease": lease_id or secrets.token_urlsafe(12), "share": float(UNLIMITED.burst),
+                         "burst": UNLIMITED.burst, "per": UNLIMITED.per, "initial": UNLIMITED.burst,
+                         "lease_until": now + seconds, "lease_seconds": seconds},
+                        separators=(",", ":")).encode()
+    return Response(200, fields[:-1] + b"," + headers_body[1:])
+
+
+def events(api: Api, request: Request) -> StreamingResponse:
+    sub = api.broker.events.subscribe(request.peer_uid)
+    return StreamingResponse(200, sub, content_type=b"application/x-ndjson",
+                             extra_headers=((b"Cache-Control", b"no-store"),), long_lived=True,
+                             first=sub.hello())

@@ -1,0 +1,284 @@
+"""The client's side of capacity leases (see leases.py for the sidecar's): permits and headers
+inside the process, with no round trip, for an `auth=creds.auth(name)` that calls often.
+
+After `TRIGGER_CALLS` calls within `TRIGGER_SECONDS`, the auth opens the event stream
+(`GET /v1/events`) and asks for a lease tied to it. Its share is spent through an
+`aiolimiter.AsyncLimiter` (capacity = the burst share, refilled at the rate share), which starts
+with the `initial` permits the sidecar moved to it; the leased headers are used until the lease
+ends (`lease_seconds` after the request was *sent*: never past the sidecar's end of it), an event
+drops them (invalidate, rotation, a new login, a pause), or the stream ends (then everything
+leased is dropped: without events a credential could outlive its invalidation). The lease is
+renewed in the background at half its length, asking for what was used (with room to grow).
+A refusal (`leases = false`, a signed server, a shared state) turns leasing off for this auth;
+a share of 0 ("not now") is asked again half a lease later. Every failure falls back to the
+per-request `call`.
+
+The sync `Client` does not lease: `AsyncLimiter` is bound to an event loop (it reads
+`loop.time()` and wakes waiters with loop futures) and is not thread-safe, so a sync driver would
+need a bucket and an event-stream thread of its own; its requests take the per-request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Final
+
+from aiolimiter import AsyncLimiter
+
+from .calls import Calls
+from .errors import LeasesRefused, McpcredsError, RateLimited
+from .socket_check import check_folder, check_peer
+
+if TYPE_CHECKING:
+    from .client import AsyncClient
+
+TRIGGER_CALLS: Final = 3
+TRIGGER_SECONDS: Final = 1.0
+RETRY_AFTER_FAILURE: Final = 1.0
+DEMAND_HEADROOM: Final = 2.0  # ask for twice what was used: a growing client can double per renewal
+MAX_EVENT_LINE: Final = 64 * 1024
+DROP_KINDS: Final = frozenset({"invalidate", "rotation", "pause"})
+
+
+class EventStream:
+    """`GET /v1/events` on its own connection to the sidecar (checked like every connection)."""
+
+    def __init__(self, socket_path: str, sidecar_uid: int, head: bytes) -> None:
+        self.socket_path = socket_path
+        self.sidecar_uid = sidecar_uid
+        self.head = head
+        self.writer: asyncio.StreamWriter | None = None
+        self.reader: asyncio.StreamReader | None = None
+
+    async def open(self) -> str:
+        """Connect and read the hello line: the subscriber id."""
+        check_folder(self.socket_path, self.sidecar_uid)
+        self.reader, self.writer = await asyncio.open_unix_connection(self.socket_path)
+        check_peer(self.writer.get_extra_info("socket"), self.socket_path, self.sidecar_uid)
+        self.writer.write(b"GET /v1/events HTTP/1.1\r\nHost: mcpcreds\r\n" + self.head + b"\r\n")
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        if head.startswith(b"HTTP/1.1 429 "):  # as many streams as it may: maybe later
+            raise McpcredsError("the sidecar has no room for another event stream")
+        if not head.startswith(b"HTTP/1.1 200 ") or b"chunked" not in head.lower():
+            raise LeasesRefused("the sidecar refused the event stream (a grant holder, an old sidecar)")
+        hello = await self.next_event()
+        subscriber = hello.get("subscriber") if hello is not None else None
+        if not isinstance(subscriber, str):
+            raise McpcredsError("the sidecar's event stream did not start with its hello")
+        return subscriber
+
+    async def next_event(self) -> dict[str, Any] | None:
+        """The next event; None when the stream ended."""
+        assert self.reader is not None
+        size_line = await self.reader.readline()
+        size = int(size_line.split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            return None
+        if size > MAX_EVENT_LINE:
+            raise McpcredsError("an event line is too long")
+        data = await self.reader.readexactly(size + 2)
+        event = json.loads(data[:-2])
+        return event if isinstance(event, dict) else {}
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+class AsyncLeaser:
+    """One `auth`'s lease on one server, on the event loop it was first used on."""
+
+    def __init__(self, client: AsyncClient, name: str, clock: Any = time.monotonic) -> None:
+        self.client = client
+        self.name = name
+        self.clock = clock
+        self.loop = asyncio.get_running_loop()
+        self.recent: deque[float] = deque(maxlen=TRIGGER_CALLS)
+        self.disabled = False  # the sidecar refused leases for this server
+        self.retry_at = 0.0  # no lease asked for before this (monotonic)
+        self.answer: dict[str, Any] | None = None  # headers and fingerprint, while usable
+        self.key: str | None = None
+        self.lease: str | None = None
+        self.terms: tuple[float, int] = (0.0, 0)
+        self.limiter: AsyncLimiter | None = None
+        self.deadline = 0.0
+        self.renew_at = 0.0
+        self.used = 0
+        self.since = 0.0
+        self.generation = 0  # bumped whenever what is leased is dropped
+        self.subscriber: str | None = None
+        self.stream: EventStream | None = None
+        self.listener: asyncio.Task[None] | None = None
+        self.obtaining: asyncio.Task[bool] | None = None
+        self.terms_per = 1.0  # the period of the rate, from the last lease
+        self.served = 0  # requests served from the lease
+        self.saturated = False  # a request waited for the share since the last lease
+
+    # -- the hot path
+
+    async def take(self, cost: int) -> dict[str, Any] | None:
+        """Leased headers with `cost` permits spent in-process, or None: ask per request."""
+        answer, limiter = self.answer, self.limiter
+        now = self.clock()
+        if answer is not None and limiter is not None and now < self.deadline and cost <= self.terms[1]:
+            if now >= self.renew_at and self.obtaining is None:
+                self._start_obtaining()
+            if limiter.has_capacity(cost):
+                await limiter.acquire(cost)  # at once: nothing can change in between
+            else:
+                self.saturated = True  # the share is what limits: ask for more at the renewal
+                generation = self.generation
+                try:
+                    async with asyncio.timeout(self.deadline - now):
+                        await limiter.acquire(cost)
+                except TimeoutError:
+                    return None
+                if generation != self.generation or limiter is not self.limiter:
+                    # dropped, or new terms, while waiting: this permit is void (never the old
+                    # headers, nor a share the sidecar may no longer keep aside); take one anew
+                    return await self.take(cost)
+                if self.clock() >= self.deadline:
+                    return None
+                answer = self.answer or answer
+            self.used += cost
+            self.served += 1
+            return answer
+        if self.disabled or now < self.retry_at:
+            return None
+        self.recent.append(now)
+        often = len(self.recent) == TRIGGER_CALLS and now - self.recent[0] <= TRIGGER_SECONDS
+        if self.lease is None and not often:
+            return None
+        task = self.obtaining or self._start_obtaining()
+        if not await asyncio.shield(task) or self.answer is None:
+            return None
+        return await self.take(cost) if self.clock() < self.deadline else None
+
+    # -- leasing
+
+    def _start_obtaining(self) -> asyncio.Task[bool]:
+        task = self.obtaining = asyncio.ensure_future(self._obtain())
+        task.add_done_callback(self._obtained)
+        return task
+
+    def _obtained(self, task: asyncio.Task[bool]) -> None:
+        if self.obtaining is task:
+            self.obtaining = None
+        if not task.cancelled():
+            task.exception()
+
+    def _demand(self, now: float, per: float) -> float | None:
+        """Permits per period to ask for: None (as many as the sidecar gives) without a share or
+        when the share was what held requests back; else twice what was used."""
+        if self.limiter is None or self.saturated or now <= self.since:
+            return None
+        return max(1.0, self.used / (now - self.since) * per * DEMAND_HEADROOM)
+
+    async def _obtain(self) -> bool:
+        try:
+            if self.subscriber is None:
+                await self._listen()
+            sent = self.clock()
+            demand = self._demand(sent, self.terms_per)
+            holding = self.terms if self.limiter is not None else None
+            got = await self.client.run(Calls.lease(self.name, self.lease, self.subscriber, demand, holding))
+        except LeasesRefused:
+            self.disabled = True
+            self.drop()
+            return False
+        except RateLimited as exc:
+            self.retry_at = self.clock() + min(exc.retry_after, 60.0)
+            self.drop()
+            return False
+        except (McpcredsError, OSError, ValueError, asyncio.IncompleteReadError):
+            self.retry_at = self.renew_at = self.clock() + RETRY_AFTER_FAILURE
+            return False
+        share, burst, per = float(got["share"]), int(got["burst"]), float(got["per"])
+        seconds, initial = float(got["lease_seconds"]), int(got["initial"])
+        self.lease, self.key, self.terms_per = str(got["lease"]), str(got["key"]), per
+        self.used, self.since, self.saturated = 0, sent, False
+        if burst < 1 or share <= 0.0:  # not now: per request, and ask again half a lease later
+            self.terms, self.limiter, self.answer = (0.0, 0), None, None
+            self.retry_at = sent + seconds / 2
+            self.recent.clear()
+            return False
+        shrunk = self.limiter is not None and share < self.terms[0]
+        if (share, burst) != self.terms or self.limiter is None:
+            limiter = AsyncLimiter(burst, per * burst / share)
+            if burst - initial > 0:  # starts with only the permits the sidecar moved to it
+                await limiter.acquire(burst - max(0, initial))
+            self.limiter, self.terms = limiter, (share, burst)
+        if self.subscriber is None:  # the stream ended meanwhile: nothing leased is usable
+            return False
+        self.answer = {"headers": got["headers"], "fingerprint": got.get("fingerprint")}
+        # a smaller share: say so at once (the next renewal holds it), so the sidecar stops keeping
+        # the larger one aside for us
+        self.deadline, self.renew_at = sent + seconds, sent if shrunk else sent + seconds / 2
+        expires_at = got.get("expires_at")
+        if isinstance(expires_at, int | float):  # never past the login's expiry, as without a lease
+            left = expires_at - (float(got["lease_until"]) - seconds)  # from the sidecar's now
+            self.deadline = min(self.deadline, sent + left)
+            self.renew_at = min(self.renew_at, sent + left / 2)
+        return True
+
+    async def _listen(self) -> None:
+        head = "".join(f"{k}: {v}\r\n" for k, v in self.client._headers.items()).encode("latin-1")
+        stream = EventStream(str(self.client.socket_path), self.client.sidecar_uid, head)
+        try:
+            self.subscriber = await stream.open()
+        except BaseException:
+            stream.close()
+            raise
+        self.stream = stream
+        self.listener = asyncio.ensure_future(self._read(stream))
+
+    async def _read(self, stream: EventStream) -> None:
+        try:
+            while (event := await stream.next_event()) is not None:
+                self.on_event(event)
+        except (OSError, ValueError, McpcredsError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            stream.close()
+            if self.stream is stream:  # the sidecar is gone, or cut us off: drop everything
+                self.stream, self.subscriber, self.lease = None, None, None
+                self.terms, self.limiter = (0.0, 0), None
+                self.drop()
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """Drop the leased headers when the sidecar says they may no longer be used."""
+        if event.get("key") != self.key or self.key is None:
+            return
+        kind = event.get("kind")
+        if kind == "pause":
+            seconds = event.get("seconds")
+            if isinstance(seconds, int | float):
+                self.retry_at = max(self.retry_at, self.clock() + min(float(seconds), 3600.0))
+            self.drop()
+        elif kind in DROP_KINDS or (kind == "login" and self.answer is not None
+                                    and event.get("fingerprint") != self.answer.get("fingerprint")):
+            self.drop()
+
+    def drop(self) -> None:
+        """Stop using the leased headers now; the share (if any) stays until renewed."""
+        self.answer = None
+        self.deadline = 0.0
+        self.generation += 1
+
+    async def aclose(self) -> None:
+        """Give everything up: closing the stream hands the shares back at once."""
+        self.disabled = True
+        self.drop()
+        for task in (self.obtaining, self.listener):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None

@@ -1,0 +1,197 @@
+"""The lease arithmetic (leases.py) on a fake clock, with exact asserts; and the shared bucket the
+Limiter keeps while leases are out (buckets.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mcpcreds.buckets import Limiter
+from mcpcreds.clock import FakeClock
+from mcpcreds.leases import SHARED, LeaseBook, lease_seconds, max_min_fair
+from mcpcreds.rates import Rate
+
+RATE = Rate(100, 1.0)
+KEY = "mcp:a"
+
+
+def test_max_min_fair_gives_small_demands_theirs_and_splits_the_rest_evenly() -> None:
+    assert max_min_fair(100.0, {"a": 10.0, "b": 50.0, "c": 80.0, SHARED: 1.0}) == \
+        {SHARED: 1.0, "a": 10.0, "b": 44.5, "c": 44.5}
+    assert max_min_fair(100.0, {"a": 30.0, "b": 20.0}) == {"b": 20.0, "a": 30.0}  # room to spare
+    assert max_min_fair(90.0, {"a": 100.0, "b": 100.0, "c": 100.0}) == {"a": 30.0, "b": 30.0, "c": 30.0}
+    assert max_min_fair(10.0, {"a": -5.0, "b": 100.0}) == {"a": 0.0, "b": 10.0}
+
+
+def test_lease_length_is_two_periods_from_2s_to_60s() -> None:
+    assert lease_seconds(Rate(100, 1.0)) == 2.0
+    assert lease_seconds(Rate(10, 0.1)) == 2.0
+    assert lease_seconds(Rate(60, 10.0)) == 20.0
+    assert lease_seconds(Rate(600, 60.0)) == 60.0
+    assert lease_seconds(Rate(1, 86400.0)) == 60.0
+
+
+def test_a_lone_holder_gets_all_but_the_shared_callers_floor() -> None:
+    clock, book = FakeClock(), LeaseBook()
+    terms = book.grant(KEY, RATE, None, 1e9, 1000, None, 0, clock.monotonic())
+    # max-min over {holder: 100 (its demand, clipped to the burst), shared callers: 1 (the floor)}
+    assert (terms.share, terms.burst, terms.seconds, terms.per) == (99.0, 49, 2.0, 1.0)
+    assert terms.until == clock.monotonic() + 2.0 and terms.changed
+    # the shared bucket keeps the rest: 1 permit a second, 51 at once
+    shared = book.shared_rate(KEY, RATE, clock.monotonic())
+    assert (shared.burst, shared.per_second) == (51, 1.0)
+
+
+def test_a_holder_that_wants_little_leaves_the_rest_to_the_shared_bucket() -> None:
+    clock, book = FakeClock(), LeaseBook()
+    terms = book.grant(KEY, RATE, None, 20.0, 1000, None, 0, clock.monotonic())
+    assert (terms.share, terms.burst) == (20.0, 10)
+    shared = book.shared_rate(KEY, RATE, clock.monotonic())
+    assert (shared.burst, shared.per_second) == (90, 80.0)
+
+
+def test_a_holder_that_joins_gets_its_fair_share_within_two_lease_periods() -> None:
+    """A takes nearly everything alone; B joins. B is told "not now" (share 0) while A's lease
+    reserves it; A's renewal shrinks to half, but its old lease is kept aside until it lapses, so
+    B's fair half is there from then: within two lease periods of its first ask."""
+    clock, book = FakeClock(), LeaseBook()
+    a = book.grant(KEY, RATE, None, 100.0, 1000, None, 0, clock.monotonic())
+    clock.advance(0.5)
+    joined = clock.monotonic()
+    b = book.grant(KEY, RATE, None, 100.0, 1001, None, 0, clock.monotonic())
+    assert (b.share, b.burst) == (0.0, 0)
+    clock.advance(0.5)  # A renews at half its lease
+    a = book.grant(KEY, RATE, a.lease, 100.0, 1000, None, 0, clock.monotonic())
+    assert (a.share, a.burst) == (49.5, 24) and a.changed
+    clock.advance(0.5)  # B asks again half a lease after its "not now": A's first lease still holds
+    b = book.grant(KEY, RATE, b.lease, 100.0, 1001, None, 0, clock.monotonic())
+    assert (b.share, b.burst) == (0.0, 0)
+    clock.advance(0.5)  # A's first lease lapsed (it was granted 2 s ago)
+    b = book.grant(KEY, RATE, b.lease, 100.0, 1001, None, 0, clock.monotonic())
+    assert (b.share, b.burst) == (49.5, 24)
+    assert clock.monotonic() - joined <= 2 * lease_seconds(RATE)
+    shared = book.shared_rate(KEY, RATE, clock.monotonic())
+    assert (shared.burst, shared.per_second) == (52, 1.0)
+
+
+def test_shares_and_bursts_never_sum_past_the_rate() -> None:
+    """Holders come, renew with any demand, go or lapse, in random order: at every step the
+    shared bucket's rate plus every reserved share is at most the configured rate, and so are
+    the bursts (the shared bucket keeps at least half of it)."""
+    rng = random.Random(7)
+    clock, book = FakeClock(), LeaseBook()
+    live: dict[str, float] = {}  # lease -> until
+    for _ in range(2000):
+        now = clock.monotonic()
+        action = rng.random()
+        if action < 0.5 or not live:
+            lease = rng.choice([*live, None]) if live else None
+            terms = book.grant(KEY, RATE, lease, rng.uniform(0, 150), 1000, None, rng.randrange(10**6), now)
+            if terms.burst:
+                live[terms.lease] = terms.until
+        elif action < 0.6:
+            book.release(live.popitem()[0])
+        clock.advance(rng.choice([0.0, 0.01, 0.3, 1.0]))
+        now = clock.monotonic()
+        live = {k: u for k, u in live.items() if u > now}
+        shared = book.shared_rate(KEY, RATE, now)
+        leased_share, leased_burst = book.reserved(KEY, now)
+        assert shared.per_second + leased_share / RATE.per <= RATE.per_second * (1 + 1e-12)
+        assert shared.burst + leased_burst <= RATE.burst
+        assert shared.burst >= RATE.burst // 2 and shared.per_second > 0
+
+
+def test_a_lease_not_renewed_lapses_and_its_share_comes_back() -> None:
+    clock, book = FakeClock(), LeaseBook()
+    terms = book.grant(KEY, RATE, None, 100.0, 1000, "sub-1", 0, clock.monotonic())
+    clock.advance(terms.seconds - 0.001)
+    assert book.shared_rate(KEY, RATE, clock.monotonic()).per_second == 1.0
+    clock.advance(0.001)
+    assert book.shared_rate(KEY, RATE, clock.monotonic()) == RATE
+    assert not book.holds(KEY) and book.status(clock.monotonic()) == []
+    assert book.release_subscriber("sub-1") == 0  # nothing left to release
+
+
+def test_a_closed_event_stream_takes_the_share_back_at_once() -> None:
+    clock, book = FakeClock(), LeaseBook()
+    book.grant(KEY, RATE, None, 30.0, 1000, "sub-1", 0, clock.monotonic())
+    other = book.grant(KEY, RATE, None, 30.0, 1000, "sub-2", 0, clock.monotonic())
+    assert book.shared_rate(KEY, RATE, clock.monotonic()).per_second == 40.0
+    assert book.release_subscriber("sub-1") == 1
+    assert book.shared_rate(KEY, RATE, clock.monotonic()).per_second == 70.0
+    assert not book.release(other.lease, uid=1001)  # another uid's lease is not given up
+    assert book.release(other.lease, uid=1000)
+    assert book.shared_rate(KEY, RATE, clock.monotonic()) == RATE
+
+
+def test_the_shared_callers_demand_is_measured_from_their_grants() -> None:
+    """Callers without a lease took 60 permits a second: a greedy holder gets the rest."""
+    clock, book = FakeClock(), LeaseBook()
+    book.grant(KEY, RATE, None, 0.0, 1000, None, 0, clock.monotonic())
+    for granted in (60, 120, 180, 240, 300, 360, 420, 480, 540, 600):
+        clock.advance(1.0)
+        terms = book.grant(KEY, RATE, None, 100.0, 1001, None, granted, clock.monotonic())
+        book.release(terms.lease)
+    # smoothed demand after ten samples of 60/s: 60 * (1 - 0.5**10)
+    entry = book._keys[KEY]
+    assert entry.shared_demand == pytest.approx(60 * (1 - 0.5 ** 10), rel=1e-12)
+    terms = book.grant(KEY, RATE, None, 100.0, 1001, None, 600, clock.monotonic() + 1.0)
+    # the shared demand sample of 0 (no grants in the last second) halves it: 30
+    assert terms.share == pytest.approx(100 - 60 * (1 - 0.5 ** 10) / 2, abs=1e-3)
+
+
+def test_callers_waiting_in_the_shared_queue_count_as_wanting_the_whole_rate() -> None:
+    """Queued callers are unmet demand, which grants alone do not show: they get an equal part."""
+    clock, book = FakeClock(), LeaseBook()
+    terms = book.grant(KEY, RATE, None, 100.0, 1000, None, 0, clock.monotonic(), shared_waiting=3)
+    assert (terms.share, terms.burst) == (50.0, 25)
+    assert book.shared_rate(KEY, RATE, clock.monotonic()).per_second == 50.0
+
+
+def test_a_renewal_with_the_same_terms_is_unchanged_and_moves_no_permits() -> None:
+    clock, book = FakeClock(), LeaseBook()
+    first = book.grant(KEY, RATE, None, 40.0, 1000, None, 0, clock.monotonic())
+    clock.advance(1.0)
+    again = book.grant(KEY, RATE, first.lease, 40.0, 1000, None, 0, clock.monotonic())
+    assert again.lease == first.lease and (again.share, again.burst) == (40.0, 20) and not again.changed
+    stranger = book.grant(KEY, RATE, first.lease, 40.0, 1001, None, 0, clock.monotonic())
+    assert stranger.lease != first.lease  # another uid cannot renew (nor shrink) someone's lease
+
+
+def test_the_shared_bucket_gives_a_new_holder_its_first_permits_and_refills_slower() -> None:
+    """What is leased leaves the shared bucket: its level pays the holder's first permits, and it
+    refills at the rate less the leased share."""
+    clock = FakeClock()
+    limiter, book = Limiter(clock, {KEY: RATE}), LeaseBook()
+    assert limiter.try_acquire(KEY, RATE, 60)  # 40 left
+    terms = book.grant(KEY, RATE, None, 100.0, 1000, None, 60, clock.monotonic())
+    shared = book.shared_rate(KEY, RATE, clock.monotonic())
+    assert limiter.take_up_to(KEY, shared, terms.burst) == 40  # all there was (the burst is 49)
+    assert limiter.take_up_to(KEY, shared, terms.burst) == 0
+    clock.advance(3.0)
+    limiter.wake(KEY)
+    snapshot = limiter.snapshot(KEY)
+    assert snapshot is not None and snapshot["level"] == 3.0 and snapshot["capacity"] == 51
+    assert not limiter.try_acquire(KEY, shared, 4) and limiter.try_acquire(KEY, shared, 3)
+
+
+def test_a_holder_spending_a_smaller_share_frees_the_larger_one_at_once() -> None:
+    """A's share shrinks when B joins; once A says it spends the smaller one (`holding`), its
+    first lease is no longer kept aside, and B gets its fair share before that lease lapses."""
+    clock, book = FakeClock(), LeaseBook()
+    a = book.grant(KEY, RATE, None, 100.0, 1000, None, 0, clock.monotonic())
+    b = book.grant(KEY, RATE, None, 100.0, 1001, None, 0, clock.monotonic())
+    assert b.share == 0.0
+    clock.advance(0.1)
+    a = book.grant(KEY, RATE, a.lease, 100.0, 1000, None, 0, clock.monotonic(), holding=(99.0, 49))
+    assert (a.share, a.burst) == (49.5, 24)
+    assert book.reserved(KEY, clock.monotonic()) == (99.0, 49)  # A may still spend 99 until it has this
+    clock.advance(0.1)
+    a = book.grant(KEY, RATE, a.lease, 100.0, 1000, None, 0, clock.monotonic(), holding=(49.5, 24))
+    assert book.reserved(KEY, clock.monotonic()) == (49.5, 24)
+    b = book.grant(KEY, RATE, b.lease, 100.0, 1001, None, 0, clock.monotonic())
+    assert (b.share, b.burst) == (49.5, 24)
+    # a `holding` that matches none of its leases keeps them all (the sidecar cannot tell)
+    a = book.grant(KEY, RATE, a.lease, 10.0, 1000, None, 0, clock.monotonic(), holding=(1.0, 1))
+    assert book.reserved(KEY, clock.monotonic()) == (99.0, 48)

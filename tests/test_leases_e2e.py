@@ -1,0 +1,259 @@
+"""Leases end to end: the real sidecar (`mcpcreds serve`), the upstream peer, clients using
+`auth=creds.auth(name)` with httpx; workers in their own processes where processes matter.
+
+Nothing here asserts a duration: an invalidation is checked by the order of what reaches the
+upstream, the limit by the windows of tests/test_rates_e2e.py (each request's (sent, answered)
+interval brackets its permit, wherever it was taken), the return of a killed holder's share by a
+bound a broken release would cross (half the lease, which is 60 s on that server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mcpcreds import AsyncClient, Client
+from mcpcreds.errors import LeasesRefused
+from tests.peers.upstream import Upstream, one_of, start_upstream
+from tests.sidecar_proc import SidecarProcess, run_sidecar
+from tests.test_rates_e2e import overfull_windows
+
+T1 = "lease-token-one-0123456789"
+T2 = "lease-token-two-9876543210"
+CONFIG = """
+[sidecar]
+socket = "{socket}"
+[secrets]
+sources = ["dir:{secrets}"]
+[services.api]
+endpoint = "{url}/mcp"
+headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
+rate = "40/1s"
+[services.shared]
+endpoint = "{url}/mcp"
+headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
+rate = "20/1s"
+[services.slow]
+endpoint = "{url}/mcp"
+headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
+rate = "600/1m"
+[[servers]]
+name = "a"
+service = "api"
+[[servers]]
+name = "b"
+service = "shared"
+[[servers]]
+name = "slow"
+service = "slow"
+[[servers]]
+name = "off"
+service = "api"
+leases = false
+"""
+
+
+@dataclass
+class Env:
+    upstream: Upstream
+    sidecar: SidecarProcess
+    secrets: Path
+
+    def set_token(self, value: str) -> None:
+        path = self.secrets / "TOKEN"
+        tmp = self.secrets / ".TOKEN.tmp"
+        tmp.write_text(value)
+        tmp.chmod(0o600)
+        os.replace(tmp, path)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    tmp = tmp_path_factory.mktemp("leases")
+    secrets = tmp / "secrets"
+    secrets.mkdir(mode=0o700)
+    (tmp / "run").mkdir(mode=0o700)
+    with start_upstream(accept=one_of(T1, T2)) as upstream:
+        config = tmp / "config.toml"
+        config.write_text(CONFIG.format(socket=tmp / "run" / "s.sock", secrets=secrets, url=upstream.url))
+        found = Env(upstream, None, secrets)  # type: ignore[arg-type]
+        found.set_token(T1)
+        with run_sidecar(config, tmp / "run" / "s.sock") as sidecar:
+            found.sidecar = sidecar
+            yield found
+
+
+async def until(condition: object, what: str, timeout: float = 20.0) -> None:
+    """Wait for `condition()` on the event loop (each check yields to the other tasks)."""
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never saw {what}")
+        await asyncio.sleep(0.002)
+
+
+async def test_an_invalidation_stops_a_leased_client_from_sending_the_old_token(env: Env) -> None:
+    """A leased client sends requests one after the other. The token changes and is invalidated:
+    once the invalidation's event has reached the client, every request that reaches the
+    upstream carries the new token; before the invalidation, the leased one (no round trip)."""
+    env.set_token(T1)
+    async with AsyncClient(env.sidecar.socket) as creds, AsyncClient(env.sidecar.socket) as admin:
+        await admin.invalidate("a")  # whatever an earlier test left cached
+        auth = creds.auth("a")
+        async with httpx.AsyncClient(base_url=env.upstream.url, auth=auth) as http:
+            for _ in range(5):  # a few calls in a short time: the auth leases
+                assert (await http.get("/mcp")).status_code == 200
+            leaser = auth._leaser
+            assert leaser is not None and leaser.answer is not None and leaser.terms[1] > 0
+            first = len(env.upstream.arrivals())
+            sent = 0
+            delivered_at: int | None = None
+            invalidated_at: int | None = None
+            generation = leaser.generation
+            stop = False
+
+            async def traffic() -> None:
+                nonlocal sent, delivered_at
+                while not stop:
+                    if delivered_at is None and leaser.generation != generation:
+                        delivered_at = sent  # the event reached the client before this request
+                    assert (await http.get("/mcp")).status_code == 200
+                    sent += 1
+
+            task = asyncio.create_task(traffic())
+            try:
+                await until(lambda: sent >= 10, "10 leased requests")
+                env.set_token(T2)
+                await admin.invalidate("a")
+                invalidated_at = sent
+                await until(lambda: delivered_at is not None, "the invalidation's event at the client")
+                await until(lambda: sent >= (delivered_at or 0) + 10, "10 requests after the event")
+            finally:
+                stop = True
+                await task
+        arrivals = env.upstream.arrivals()[first:first + sent]
+    assert delivered_at is not None and invalidated_at is not None
+    assert set(arrivals[:10]) == {T1}
+    assert set(arrivals[delivered_at:]) == {T2}, arrivals  # never the old token after the event
+    assert T1 not in arrivals[invalidated_at + 1:][delivered_at - invalidated_at:]
+
+
+WORKER = """
+import asyncio, json, sys, time
+import httpx
+from mcpcreds import AsyncClient
+
+async def main() -> None:
+    socket, name, url, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    async with AsyncClient(socket) as creds:
+        auth = creds.auth(name)
+        async with httpx.AsyncClient(base_url=url, auth=auth) as http:
+            await creds.health()
+            print("ready", flush=True)
+            await asyncio.to_thread(sys.stdin.readline)  # every worker starts at once
+            grants = []
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                sent = time.monotonic()
+                response = await http.get("/mcp")
+                assert response.status_code == 200, response.status_code
+                grants.append((sent, time.monotonic()))
+            leased = auth._leaser.served if auth._leaser is not None else 0
+    print(json.dumps({"grants": grants, "leased": leased}), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_leases_never_exceed_the_limit_across_processes(env: Env) -> None:
+    """Four processes lease shares of one 20/1s bucket (and ask per request when they have none)
+    for 3 s: the upstream gets every request, and no window of time holds more of them than the
+    bucket allows."""
+    env.set_token(T1)
+    first = len(env.upstream.arrivals())
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(env.sidecar.socket), "b", env.upstream.url, "3"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    for proc in procs:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    reports = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    grants = [tuple(g) for r in reports for g in r["grants"]]
+    assert len(env.upstream.arrivals()) - first == len(grants)  # counted at the upstream
+    assert sum(r["leased"] for r in reports) > 0  # the permits of some were leased
+    assert overfull_windows(grants, burst=20, per_second=20.0) == []
+
+
+HOLDER = """
+import asyncio, sys
+import httpx
+from mcpcreds import AsyncClient
+
+async def main() -> None:
+    async with AsyncClient(sys.argv[1]) as creds:
+        auth = creds.auth("slow")
+        async with httpx.AsyncClient(base_url=sys.argv[2], auth=auth) as http:
+            while auth._leaser is None or auth._leaser.answer is None:
+                await http.get("/mcp")
+            print("leased", auth._leaser.terms[0], flush=True)
+            await asyncio.to_thread(sys.stdin.readline)  # until killed
+
+asyncio.run(main())
+"""
+
+
+def test_a_killed_holder_gives_its_share_back_at_once(env: Env) -> None:
+    """A process holding a lease on a 600/1m bucket (leases of 60 s) is SIGKILLed: its share is
+    back (the event stream closed) long before its lease would have lapsed."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(env.sidecar.socket), env.upstream.url],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        assert line[0] == "leased" and float(line[1]) > 0
+        with Client(env.sidecar.socket) as client:
+            rows = {r["key"]: r for r in client.status()["leases"]}
+            assert rows["service:slow"]["holders"] == 1 and rows["service:slow"]["leased_share"] > 0
+            killed = time.monotonic()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            while any(r["key"] == "service:slow" for r in client.status()["leases"]):
+                assert time.monotonic() - killed < 30.0, "the share came back only when the lease lapsed"
+                time.sleep(0.01)
+            client.acquire("slow")  # the shared bucket has its whole rate again
+            [bucket] = [b for b in client.status()["buckets"] if b["key"] == "service:slow"]
+            assert bucket["capacity"] == 600 and bucket["rate"] == "600/1m"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_a_server_with_leases_false_is_asked_per_request(env: Env) -> None:
+    env.set_token(T1)
+    async with AsyncClient(env.sidecar.socket) as creds:
+        with pytest.raises(LeasesRefused):
+            await creds.run(__import__("mcpcreds.calls", fromlist=["Calls"]).Calls.lease("off", None, None, None))
+        auth = creds.auth("off")
+        before = len(env.upstream.arrivals())
+        async with httpx.AsyncClient(base_url=env.upstream.url, auth=auth) as http:
+            for _ in range(6):
+                assert (await http.get("/mcp")).status_code == 200
+        assert auth._leaser is not None and auth._leaser.disabled and auth._leaser.served == 0
+        assert env.upstream.arrivals()[before:] == [T1] * 6
+        [bucket] = [b for b in (await creds.status())["buckets"] if b["key"] == "service:api"]
+        assert bucket["granted"] >= 6  # each one a permit of the shared bucket
