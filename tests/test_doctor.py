@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -151,7 +152,8 @@ def test_each_broken_part_is_a_cross_with_its_fix(setup: Path, idp: ThreadingHTT
     assert result.code == 1 and f"{FAIL} config: " in result.stdout and "fix: mcpcreds check" in result.stdout
 
 
-def test_redis_checked_when_it_holds_the_state(redis: RedisPeer) -> None:
+def test_redis_checked_when_it_holds_the_state(redis: RedisPeer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATE_KEY", CANARY + "-state-key")
     config = parse_config({"sidecar": {"state": redis.url, "state_key": "{{secret:STATE_KEY}}"},
                            "secrets": {"sources": ["env"]}})
     doctor = Doctor()
@@ -161,6 +163,100 @@ def test_redis_checked_when_it_holds_the_state(redis: RedisPeer) -> None:
     down = Doctor(timeout=1.0)
     asyncio.run(down.check_redis(config))
     assert not down.ok and f"{FAIL} redis: unix://" in output(down.checks)  # type: ignore[arg-type]
+
+
+def redis_lines(config: Config) -> tuple[bool, str]:
+    doctor = Doctor(timeout=2.0)
+    asyncio.run(doctor.check_redis(config))
+    return doctor.ok, output(doctor.checks)  # type: ignore[arg-type]
+
+
+def test_redis_script_and_state_key_are_checked(redis: RedisPeer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis import Redis
+
+    from mcpcreds.oauth import Token
+    from mcpcreds.redis_state import RedisState
+
+    ours, theirs = CANARY + "-ours", CANARY + "-theirs"
+    config = parse_config({"sidecar": {"state": redis.url, "state_key": "{{secret:STATE_KEY}}"},
+                           "secrets": {"sources": ["env"]}})
+    monkeypatch.setenv("STATE_KEY", ours)
+    ok, text = redis_lines(config)  # a Redis no sidecar has used
+    assert ok, text
+    assert f"{PASS} redis script: the bucket script loads (" in text
+    assert f"{PASS} redis state_key: resolves; no sidecar has written to this Redis yet" in text
+
+    async def store(state_key: str, key: str) -> None:  # a sidecar stores a login
+        state = RedisState(redis.url, state_key)
+        try:
+            await state.put_login(key, Token("at-" + key, "Bearer", 1.0, time.time() + 600, None, "fp"), 600)
+        finally:
+            await state.aclose()
+
+    asyncio.run(store(ours, "mcp:a"))
+    ok, text = redis_lines(config)
+    assert ok, text
+    assert f"{PASS} redis script: the bucket script is loaded (" in text  # cached by the run before
+    assert f"{PASS} redis state_key: opens the 1 stored login tried" in text
+    asyncio.run(store(theirs, "mcp:b"))  # another sidecar with another state_key
+    ok, text = redis_lines(config)
+    assert not ok
+    assert f"{FAIL} redis state_key: opens 1 of the 2 stored logins tried: another sidecar" in text
+    assert "fix: give every sidecar sharing this Redis the same state_key secret" in text
+    monkeypatch.delenv("STATE_KEY")
+    ok, text = redis_lines(config)
+    assert not ok and f"{FAIL} redis state_key: does not resolve" in text
+    monkeypatch.setenv("STATE_KEY", ours)
+    admin = Redis(unix_socket_path=str(redis.socket))
+    try:  # a Redis user that may not run scripts
+        admin.script_flush()
+        admin.acl_setuser("default", enabled=True, nopass=True, commands=["+@all", "-script", "-evalsha",
+                                                                          "-eval"], keys=["*"], channels=["*"])
+        ok, text = redis_lines(config)
+    finally:
+        admin.acl_setuser("default", reset=True, enabled=True, nopass=True, commands=["+@all"], keys=["*"],
+                          channels=["*"])
+        admin.close()
+    assert not ok and f"{FAIL} redis script: cannot load the bucket script: NoPermissionError" in text, text
+    assert "ACL: +script|load" in text
+    assert CANARY not in text
+
+
+@pytest.mark.parametrize(("version", "ok"), [("4.0.14", False), ("3.2.0", False), ("5.0.0", True),
+                                             ("7.2.4", True), ("10.0", True), ("8", True), ("valkey", True)])
+def test_the_redis_version_floor(version: str, ok: bool) -> None:
+    from mcpcreds.doctor import redis_version_ok
+
+    assert redis_version_ok(version) is ok
+
+
+def test_installed_units_listen_on_the_socket_and_run_a_program_that_is_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mcpcreds.units import install
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    dest = tmp_path / "xdg" / "systemd" / "user"
+    socket_path = tmp_path / "run" / "mcpcreds" / "mcpcreds.sock"
+
+    def lines(path: Path = socket_path) -> str:
+        doctor = Doctor()
+        doctor.check_units(path)
+        return output(doctor.checks)  # type: ignore[arg-type]
+
+    install("user", dest, f"{sys.executable} -m mcpcreds")
+    text = lines()
+    assert f"{PASS} systemd units: {dest}/mcpcreds.socket listens on {socket_path}" in text
+    assert f"{PASS} systemd units: {dest}/mcpcreds.service runs {sys.executable}" in text
+    assert f"{FAIL} systemd units: {dest}/mcpcreds.socket listens on {socket_path}, but the config's socket " \
+        f"is {tmp_path}/other.sock" in lines(tmp_path / "other.sock")
+    gone = tmp_path / "venv-removed" / "bin" / "mcpcreds"  # a pipx reinstall elsewhere, a removed venv
+    install("user", dest, str(gone), force=True)
+    text = lines()
+    assert f"{FAIL} systemd units: {dest}/mcpcreds.service runs {gone}, which is not an executable file" in text
+    assert "fix: mcpcreds install-units --user --force" in text
+    (dest / "mcpcreds.service").unlink()
+    assert f"{FAIL} systemd units: {dest}/mcpcreds.service is missing" in lines()
 
 
 class SkewedIdp(Idp):

@@ -4,8 +4,10 @@ Checks, in order: the config parses; the socket's folder and the socket are safe
 no symlink); the sidecar answers and runs as the expected uid; each secret source is usable
 (environment, keyring backend loaded and unlocked, dir: folders readable); each server's
 secrets resolve; each token endpoint (or issuer discovery) answers through the server's egress
-policy; Redis answers when it holds the shared state; the clock agrees with the servers' `Date`;
-installed systemd units listen where the config says.
+policy; Redis answers when it holds the shared state (version 5 or later, the bucket script
+loaded or loadable, our state_key opening the logins other sidecars stored); the clock agrees
+with the servers' `Date`; installed systemd units listen where the config says and start a
+program that is there.
 
 Only names are printed, never a value: secret values are read (to know they resolve) and
 dropped. Every check is bounded: socket and HTTP calls by `timeout`, keyring calls by
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import hashlib
 import json
 import os
 import socket
@@ -40,6 +44,10 @@ PASS: Final = "✓"
 FAIL: Final = "✗"
 DEFAULT_TIMEOUT: Final = 3.0
 MAX_SKEW: Final = 60.0  # seconds of clock difference with a server's Date before it matters
+# the bucket script writes after TIME: Redis 5 replicates script effects by default; 4 refuses
+MIN_REDIS: Final = (5, 0)
+MAX_LOGINS_CHECKED: Final = 20  # stored logins the state_key check tries to open
+MAX_KEYS_SCANNED: Final = 2000  # Redis keys the state_key check looks through for them
 _SAFE_ERRORS: Final = (McpcredsError, OSError, TimeoutError)
 _PEERCRED: Final = struct.Struct("3i")
 
@@ -414,14 +422,81 @@ class Doctor:
         else:
             client = aioredis.Redis.from_url(url, **options)
         try:
-            info = await asyncio.wait_for(client.info("server"), self.timeout)
-        except Exception as exc:  # the line names the type
-            self.add(False, "redis", f"{shown}: {type(exc).__name__}",
-                     "is Redis running and reachable? check sidecar.state, state_password, state_ca")
-            return
+            try:
+                info = await asyncio.wait_for(client.info("server"), self.timeout)
+            except Exception as exc:  # the line names the type
+                self.add(False, "redis", f"{shown}: {type(exc).__name__}",
+                         "is Redis running and reachable? check sidecar.state, state_password, state_ca")
+                return
+            version = str(info.get("redis_version", "?"))
+            if redis_version_ok(version):
+                self.add(True, "redis", f"{shown} answers (Redis {version})")
+            else:
+                self.add(False, "redis", f"{shown} runs Redis {version}; the bucket script needs "
+                         f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later", "upgrade Redis (or use Valkey)")
+            await self._redis_script(client)
+            await self._redis_state_key(client, config)
         finally:
             await client.aclose()
-        self.add(True, "redis", f"{shown} answers (Redis {info.get('redis_version', '?')})")
+
+    async def _redis_script(self, client: Any) -> None:
+        """The bucket script is cached on the server, or can be (as the sidecar does on first use):
+        an ACL without scripting, or a server without Lua, would fail every rated request."""
+        from .redis_state import BUCKET_SCRIPT
+
+        sha = hashlib.sha1(BUCKET_SCRIPT.encode()).hexdigest()
+        try:
+            if (await asyncio.wait_for(client.script_exists(sha), self.timeout))[0]:
+                self.add(True, "redis script", f"the bucket script is loaded ({sha[:12]})")
+                return
+            await asyncio.wait_for(client.script_load(BUCKET_SCRIPT), self.timeout)
+        except Exception as exc:  # the line names the type and Redis's first words
+            self.add(False, "redis script", f"cannot load the bucket script: {_redis_msg(exc)}",
+                     "allow scripting for the sidecar's Redis user (ACL: +script|load +script|exists "
+                     "+evalsha), on a server with Lua scripting")
+            return
+        self.add(True, "redis script", f"the bucket script loads ({sha[:12]}; no sidecar had used it yet)")
+
+    async def _redis_state_key(self, client: Any, config: Config) -> None:
+        """Our state_key opens the logins other sidecars stored (the same salt, the same key): with
+        another key, each sidecar ignores the others' logins and fetches its own."""
+        from cryptography.fernet import InvalidToken
+
+        from .redis_state import SALT_KEY, derive_keys
+        from .sources import SecretResolver
+
+        label = "redis state_key"
+        if config.sidecar.state_key is None:
+            return  # check refuses a shared state without one
+        try:
+            state_key = SecretResolver.from_config(config.secrets).render(config.sidecar.state_key)
+        except _SAFE_ERRORS as exc:
+            self.add(False, label, f"does not resolve ({_msg(exc)})", "set the secret state_key names")
+            return
+        try:
+            salt = await asyncio.wait_for(client.get(SALT_KEY), self.timeout)
+            blobs = await asyncio.wait_for(_stored_logins(client), self.timeout) if salt else []
+        except Exception as exc:  # the line names the type
+            self.add(False, label, f"cannot read the stored logins: {_redis_msg(exc)}")
+            return
+        if not salt:
+            self.add(True, label, "resolves; no sidecar has written to this Redis yet")
+            return
+        if not blobs:
+            self.add(True, label, "resolves; no stored login to try it on yet")
+            return
+        fernet = derive_keys(state_key, bytes(salt)).fernet
+        opened = 0
+        for blob in blobs:
+            with contextlib.suppress(InvalidToken, TypeError, ValueError):
+                fernet.decrypt(blob)
+                opened += 1
+        if opened == len(blobs):
+            self.add(True, label, f"opens the {opened} stored login{'s' if opened != 1 else ''} tried")
+        else:
+            self.add(False, label, f"opens {opened} of the {len(blobs)} stored logins tried: another "
+                     "sidecar on this Redis uses a different state_key (each ignores the others' logins)",
+                     "give every sidecar sharing this Redis the same state_key secret")
 
     # -- the clock and the units
 
@@ -459,6 +534,56 @@ class Doctor:
                 self.add(False, "systemd units", f"{unit} listens on {', '.join(paths) or 'nothing'}, but "
                          f"the config's socket is {socket_path}: serve refuses that socket",
                          "make ListenStream= and sidecar.socket the same path (or re-run install-units)")
+            self._check_service(unit.with_name("mcpcreds.service"))
+
+    def _check_service(self, service: Path) -> None:
+        """The service beside the socket unit exists and its ExecStart= runs a program that is
+        there (a pipx reinstall or a removed venv leaves a unit that fails at the first connection)."""
+        scope = "--system" if str(service).startswith("/etc/") else "--user"
+        fix = f"mcpcreds install-units {scope} --force (ExecStart= for this installation)"
+        if not service.is_file():
+            self.add(False, "systemd units", f"{service} is missing: the socket has no service to start",
+                     fix)
+            return
+        starts = _unit_values(service, "ExecStart")
+        words = starts[0].split() if starts else []
+        program = words[0].lstrip("-@:+!") if words else ""
+        program = program.replace("%h", str(Path.home()))
+        if not program.startswith("/") or not os.access(program, os.X_OK):
+            self.add(False, "systemd units", f"{service} runs {program or 'nothing'}, which is not an "
+                     "executable file", fix)
+            return
+        self.add(True, "systemd units", f"{service} runs {program}")
+
+
+def redis_version_ok(version: str) -> bool:
+    """Whether a `redis_version` is MIN_REDIS or later (an unreadable one passes: Valkey and
+    other servers that speak the protocol may spell it their way)."""
+    try:
+        parts = tuple(int(p) for p in version.split(".")[:2])
+    except ValueError:
+        return True
+    return len(parts) < 2 or parts >= MIN_REDIS
+
+
+def _redis_msg(exc: BaseException) -> str:
+    """A Redis error by type and its first words (Redis's own text names no secret)."""
+    text = str(exc).splitlines()[0][:120] if str(exc) else ""
+    return type(exc).__name__ + (f": {text}" if text else "")
+
+
+async def _stored_logins(client: Any) -> list[bytes]:
+    """Up to MAX_LOGINS_CHECKED encrypted login blobs, looking at MAX_KEYS_SCANNED keys at most."""
+    blobs: list[bytes] = []
+    seen = 0
+    async for name in client.scan_iter(match="mcpcreds:{*}:login", count=200):
+        seen += 1
+        blob = await client.hget(name, "blob")
+        if blob is not None:
+            blobs.append(bytes(blob))
+        if len(blobs) >= MAX_LOGINS_CHECKED or seen >= MAX_KEYS_SCANNED:
+            break
+    return blobs
 
 
 def _targets(config: Config) -> list[Target]:

@@ -209,7 +209,8 @@ class Sidecar:
                                   "servers": len(self.config.servers), **listening,
                                   **({"activated": "systemd"} if activated else {})})
         self.notify.ready(await self._status() if self.notify.enabled else "")
-        loop.run_in_executor(None, oauth.prepare)  # off the loop: the first login does not wait for it
+        if any(t.login is not None for t in self.config.targets_by_key.values()):
+            loop.run_in_executor(None, oauth.prepare)  # off the loop: the first login does not wait for it
         notifier = asyncio.create_task(keepalive(self.notify, self._status)) if self.notify.enabled else None
         try:
             await self._stop.wait()
