@@ -368,6 +368,21 @@ async def test_a_resource_access_token_is_kept_and_presented_signed(sidecar: Sid
     assert "authorization" in after["covered"] and after["rejected"] == before["rejected"]
 
 
+async def test_a_refused_session_token_is_dropped_and_the_retry_gets_a_new_one(sidecar: SidecarProcess,
+                                                                                peer: AAuthPeer) -> None:
+    async with raw_client(sidecar, **RPC) as http:
+        assert (await http.post("/mcp/access", json=INIT)).status_code == 200  # a session token is held
+        peer.forget_access_tokens()
+        before = peer.stats()
+        answer = await http.post("/mcp/access", json=INIT)  # refused, then retried without it
+        assert answer.status_code == 200, answer.text
+        after = peer.stats()
+        assert after["access_refused"] - before["access_refused"] == 1
+        assert after["access_issued"] - before["access_issued"] == 1  # the retry was given a new one
+        assert (await http.post("/mcp/access", json=INIT)).status_code == 200
+    assert peer.stats()["access_presented"] > after["access_presented"]  # and it is presented
+
+
 async def test_aauth_false_sends_no_signature(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
     before = peer.stats()
     async with raw_client(sidecar, **RPC) as http:
@@ -389,9 +404,11 @@ async def test_auth_wins_over_aauth(sidecar: SidecarProcess, peer: AAuthPeer) ->
 
 
 async def test_a_challenge_for_a_token_is_passed_on(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
+    before = peer.stats()["verified"]
     async with raw_client(sidecar, **RPC) as http:
         answer = await http.post("/mcp/needs-token", json=INIT)
     assert answer.status_code == 401
+    assert peer.stats()["verified"] - before == 1  # a requirement the sidecar cannot meet: not retried
     assert answer.headers["www-authenticate"] == 'AAuth requirement=auth-token; resource="aauth-peer"'
     assert answer.headers["aauth-requirement"] == 'requirement=auth-token; resource-token="eyJ.x.y"'
     error = answer.json()["error"]  # the body names what is missing, never the resource's words

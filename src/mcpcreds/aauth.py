@@ -487,6 +487,13 @@ class AAuthSigner:
                              extra={"server": target.name, "requirement": wants})
         return challenge_headers(target, status, lines)
 
+    def retry_after_401(self, target: Target, headers: Iterable[tuple[str, str]]) -> bool:
+        """A signed server's 401 before the gateway's one retry: the session token it refused is
+        dropped (the retry goes without it, and the resource may give a new one); a 401 that
+        names a requirement the sidecar cannot meet is not retried."""
+        self._access.pop(target.name, None)
+        return requirement(headers) is None
+
     def refused_body(self, target: Target, status: int, headers: Iterable[tuple[str, str]]) -> bytes | None:
         """The gateway's answer body for a signed server's 401 that names an AAuth requirement: an
         mcpcreds error naming what is missing (the resource's own words are not repeated)."""

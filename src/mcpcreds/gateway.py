@@ -263,6 +263,8 @@ class Gateway:
                                     tuple[tuple[bytes, bytes], ...]] | None = None
         # ... and (target, status, headers) -> the body replacing a 401's that names an AAuth requirement
         self.aauth_refusal: Callable[[Target, int, list[tuple[str, str]]], bytes | None] | None = None
+        # ... and (target, headers of a 401) -> whether to retry (after dropping its session token)
+        self.aauth_refused: Callable[[Target, list[tuple[str, str]]], bool] | None = None
         # SigV4 (sigv4.py), for servers with auth kind "aws": the same signature as `sign`
         self.sigv4: Callable[[Target, str, str, list[tuple[Any, bytes]], bytes | None],
                              Awaitable[list[tuple[Any, bytes]]]] | None = None
@@ -377,7 +379,10 @@ class Gateway:
                 retry = False
                 if status == 401 and not renewed_once:
                     renewed_once = True
-                    retry = await self._refused_login(request, target, result)
+                    # AAuth: the session token refused is dropped first; a requirement: no retry
+                    retry = (not target.aauth or self.aauth_refused is None
+                             or self.aauth_refused(target, response.headers.multi_items())) \
+                        and await self._refused_login(request, target, result)
                 elif status in (400, 403) and not renewed_once and self.sigv4_refused is not None \
                         and is_aws(target):  # an AWS refusal of stale credentials: fetched again, once
                     renewed_once = True

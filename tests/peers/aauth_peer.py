@@ -15,8 +15,9 @@ admits only requests signed as AAuth profiles HTTP Message Signatures, checked b
   verification of a request a test signed elsewhere (for the `sign` route): {"ok"} or {"error"}.
 - `/access/mcp`: a verified request without `Authorization` is served and its answer carries
   `AAuth-Access: access-N` (a resource token); later ones must present `Authorization: AAuth
-  access-N` (covered by the signature: the verifier demands it), an unknown one gets 401. Stats:
-  "access_issued", "access_presented".
+  access-N` (covered by the signature: the verifier demands it), an unknown one gets 401
+  (`WWW-Authenticate: AAuth error="invalid_token"`; `POST /_test/access/forget` makes every token
+  unknown). Stats: "access_issued", "access_presented", "access_refused".
 - An Agent Provider under `/provider` (issuer `<base>/provider`, built on joserfc):
   `/.well-known/aauth-agent.json` (issuer, jwks_uri, registration_endpoint), `/provider/jwks`, and
   `POST /provider/register`: a request signed with `sig=hwk` (verified as above) that carries
@@ -69,6 +70,7 @@ class State:
         self.access_tokens: set[str] = set()
         self.access_issued = 0
         self.access_presented = 0
+        self.access_refused = 0
         self.tokens_issued = 0
         self.last_token = ""  # the last agent token issued (a test checks it is written nowhere)
         self.enroll_refused = 0
@@ -85,6 +87,7 @@ class State:
                 "tokens_issued": self.tokens_issued, "enroll_refused": self.enroll_refused,
                 "digested": self.digested, "access_issued": self.access_issued,
                 "metadata_fetched": self.metadata_fetched, "last_token": self.last_token,
+                "access_refused": self.access_refused,
                 "access_presented": self.access_presented}
 
     def token_jwk(self, token: str) -> dict[str, Any]:
@@ -173,6 +176,10 @@ def build_app(state: State) -> ASGIApp:
         if path == "/provider/jwks":
             await send_json(send, 200, {"keys": [state.provider_key.as_dict(private=False)]})
             return
+        if path == "/_test/access/forget":  # the resource forgets the session tokens it gave
+            state.access_tokens.clear()
+            await send_json(send, 200, {"ok": True})
+            return
         if path == "/_test/provider":
             raw, _ = await buffered(receive)
             state.ttl = int(json.loads(raw)["ttl"])
@@ -234,8 +241,9 @@ def build_app(state: State) -> ASGIApp:
             elif auth.removeprefix("AAuth ") in state.access_tokens:
                 state.access_presented += 1
             else:
+                state.access_refused += 1
                 await send_json(send, 401, {"error": "invalid_access_token"},
-                                [(b"www-authenticate", b"AAuth requirement=access-token")])
+                                [(b"www-authenticate", b'AAuth error="invalid_token"')])
                 return
         await mcp_app({**scope, "path": "/mcp"} if path.endswith("/mcp") else scope, receive, send)
 
@@ -268,6 +276,9 @@ class AAuthPeer:
                                                           "headers": headers, "body": body})
         response.raise_for_status()
         return cast(dict[str, Any], response.json())
+
+    def forget_access_tokens(self) -> None:
+        self._http.post("/_test/access/forget").raise_for_status()
 
     def set_token_ttl(self, ttl: int) -> None:
         self._http.post("/_test/provider", json={"ttl": ttl}).raise_for_status()
