@@ -12,6 +12,7 @@ from importlib import resources
 from typing import Any, Final
 from urllib.parse import unquote
 
+from . import lease_api
 from .aauth import AAuthSigner
 from .audit import AuditLog
 from .aws_config import is_aws
@@ -179,6 +180,7 @@ class Api:
             ("GET", "/metrics"): ("metrics", self.metrics_text),
             ("POST", "/v1/grants"): ("grant", self.create_grant),
             ("POST", "/v1/aauth/rotate-key"): ("aauth_rotate", self.aauth_rotate),
+            ("GET", "/v1/events"): ("events", self.events),
         }
         self._server_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "headers"): ("headers", self.headers),
@@ -187,6 +189,7 @@ class Api:
             ("POST", "call"): ("call", self.call),
             ("POST", "backoff"): ("backoff", self.backoff),
             ("POST", "sign"): ("sign", self.sign),
+            ("POST", "lease"): ("lease", self.lease),
         }
         self._secret_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("POST", "rotated"): ("rotated", self.secret_rotated),
@@ -570,6 +573,14 @@ class Api:
                          force=force, outcome="ok", **_actor(request))
         _log.info("secret rotated", extra={"secret": name, "renewed": renewed, "stored_in": where})
         return answer({"renewed": renewed, "stored_in": where})
+
+    async def lease(self, request: Request) -> Response:
+        """A capacity lease: a share of the bucket spent in the caller's process (lease_api.py)."""
+        return await lease_api.lease(self, request)
+
+    def events(self, request: Request) -> StreamingResponse:
+        """The event stream leased clients listen to (events.py)."""
+        return lease_api.events(self, request)
 
     async def _headers_async(self, target: Target) -> Response:
         result: HeadersResult = await self.broker.headers(target)
