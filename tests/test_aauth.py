@@ -451,6 +451,9 @@ async def test_the_resource_metadata_is_read_once_per_sidecar(sidecar: SidecarPr
     stats = peer.stats()
     assert set(ASKED) <= set(stats["covered"]) and not stats["rejected"].get("invalid_input")
     assert 1 <= stats["metadata_fetched"] <= 2  # one origin: once for each of the two sidecars, not per request
+    async with raw_client(sidecar) as http:
+        status = (await http.get("/v1/status")).json()
+    assert status["aauth"]["resource_components"] == {peer.base: list(ASKED)}
     logged = [json.loads(line) for line in sidecar.log.splitlines() if "does not produce" in line]
     assert [entry["skipped"] for entry in logged] == [1]  # @query-param, left out (never quoted), once
 

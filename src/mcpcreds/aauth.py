@@ -321,7 +321,8 @@ class AAuthSigner:
             return None
         return {"key_file": str(self._key.path), "thumbprint": self._key.thumbprint,
                 "public_jwk": self._key.jwk, "scheme": "jwt" if self.config.aauth.provider else "hwk",
-                "token_expires_at": self._token[2] if self._token else None}
+                "token_expires_at": self._token[2] if self._token else None,
+                "resource_components": self.resources.held()}  # origin -> what its metadata asks to cover
 
     # -- agent tokens
 
