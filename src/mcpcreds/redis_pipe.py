@@ -5,8 +5,9 @@ connection without a pool, a lock or a round trip each to take a connection.
 redis-py opens the connection (TCP or Unix socket, TLS with the server verified, AUTH, HELLO,
 SELECT: all as for every other call of the state); then its transport is handed to this module's
 protocol, which parses the replies (RESP2 and RESP3, `parse_reply`, pure) as they arrive. A reply
-that does not come within the timeout fails every command in flight and drops the connection (a
-hung server costs one timeout); the next command connects again."""
+that does not come within the timeout (checked every quarter of it, by one timer for the
+connection rather than one per command) fails every command in flight and drops the connection
+(a hung server costs one timeout); the next command connects again."""
 
 from __future__ import annotations
 
@@ -102,7 +103,8 @@ def pack(args: tuple[Any, ...]) -> bytes:
 class _Replies(asyncio.Protocol):
     """Matches the replies on the connection to the commands in flight, in order."""
 
-    def __init__(self, waiting: deque[asyncio.Future[Any]], on_lost: Callable[[BaseException], None]) -> None:
+    def __init__(self, waiting: deque[tuple[asyncio.Future[Any], float]],
+                 on_lost: Callable[[BaseException], None]) -> None:
         self.waiting = waiting
         self.on_lost = on_lost
         self.buf = bytearray()
@@ -117,7 +119,7 @@ class _Replies(asyncio.Protocol):
                     continue
                 if not self.waiting:
                     raise ProtocolError("a reply nobody asked for")
-                future = self.waiting.popleft()
+                future, _ = self.waiting.popleft()
                 if not future.done():  # its caller may have left
                     future.set_result(value)
         except (ProtocolError, ValueError) as exc:
@@ -136,8 +138,9 @@ class Pipe:
         self._make = make_connection
         self.timeout = timeout
         self._transport: asyncio.BaseTransport | None = None
-        self._waiting: deque[asyncio.Future[Any]] = deque()
+        self._waiting: deque[tuple[asyncio.Future[Any], float]] = deque()  # with the time sent
         self._connecting: asyncio.Task[None] | None = None
+        self._watch: asyncio.TimerHandle | None = None
         self._writer: Any = None
 
     async def _connect(self) -> None:
@@ -156,18 +159,18 @@ class Pipe:
         # writer, which closes it when it is collected, lives as long as the connection
         conn._reader = conn._writer = None
         self._writer = writer
-        waiting: deque[asyncio.Future[Any]] = deque()
+        waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
         transport.set_protocol(_Replies(waiting, lambda exc: self._lost(transport, waiting, exc)))
         self._transport, self._waiting = transport, waiting
 
-    def _lost(self, transport: asyncio.BaseTransport, waiting: deque[asyncio.Future[Any]],
+    def _lost(self, transport: asyncio.BaseTransport, waiting: deque[tuple[asyncio.Future[Any], float]],
               exc: BaseException) -> None:
         """The connection is done with: every command in flight on it fails."""
         transport.close()
         if self._transport is transport:
             self._transport = None
         while waiting:
-            future = waiting.popleft()
+            future, _ = waiting.popleft()
             if not future.done():
                 future.set_exception(exc)
 
@@ -189,25 +192,33 @@ class Pipe:
                 raise RedisConnectionError("Redis connection lost as it opened")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        waiting = self._waiting
-        waiting.append(future)
+        self._waiting.append((future, loop.time()))
         transport.write(pack(args))  # type: ignore[attr-defined]
-        timer = loop.call_later(self.timeout, self._timed_out, transport, waiting, future)
-        try:
-            reply = await future
-        finally:
-            timer.cancel()
+        if self._watch is None:
+            self._watch = loop.call_later(self.timeout / 4, self._check)
+        reply = await future
         if isinstance(reply, ReplyError):
             message = str(reply)
             raise NoScriptError(message) if message.startswith("NOSCRIPT") else ResponseError(message)
         return reply
 
-    def _timed_out(self, transport: asyncio.BaseTransport, waiting: deque[asyncio.Future[Any]],
-                   future: asyncio.Future[Any]) -> None:
-        if not future.done():
+    def _check(self) -> None:
+        """The watchdog: fail the connection if its oldest command is older than the timeout;
+        look again in a quarter of it while commands are in flight."""
+        self._watch = None
+        transport, waiting = self._transport, self._waiting
+        if transport is None or not waiting:
+            return  # idle: the next command arms it again
+        loop = asyncio.get_running_loop()
+        if loop.time() - waiting[0][1] >= self.timeout:
             self._lost(transport, waiting, TimeoutError(f"Redis did not answer within {self.timeout:g}s"))
+            return
+        self._watch = loop.call_later(self.timeout / 4, self._check)
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self._connecting is not None:
             self._connecting.cancel()
         if self._transport is not None:
