@@ -77,6 +77,17 @@ def arguments(doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def levels(text: str) -> list[int]:
+    """An option's comma-separated whole numbers >= 1 (`--concurrency 1,16`): an argparse type."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"not comma-separated whole numbers >= 1: {text!r}")
+    return values
+
+
 def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
           quick: Mapping[str, Any]) -> argparse.Namespace:
     """Parse `argv` with `--quick` added: it sets `quick` (option destinations and values) unless
@@ -207,6 +218,17 @@ def log_warnings(proc: SidecarProcess) -> list[str]:
         if level not in ("info", "debug"):
             out.append(line.strip())
     return out
+
+
+def print_log_warnings(procs: Mapping[str, SidecarProcess]) -> dict[str, list[str]]:
+    """`log_warnings` of each named sidecar, printed (at most 10 lines each) if there are any."""
+    found = {name: log_warnings(proc) for name, proc in procs.items()}
+    if any(found.values()):
+        print("\nsidecar log lines above info:")
+        for name, lines in found.items():
+            for text in lines[:10]:
+                print(f"  {name}: {text}")
+    return found
 
 
 def status(sock: Path | str) -> dict[str, Any]:

@@ -16,24 +16,29 @@ What it measures, in one run, against one private redis-server on a Unix socket
 - `memory`: `await creds.acquire("bench", cost=1, max_wait=1)` against the real sidecar
   (`mcpcreds serve`, its own process) with the memory state;
 - `redis`: the same against a second sidecar whose state is the Redis (`state = "unix://..."`):
-  every grant is one run of `redis_state.BUCKET_SCRIPT` on the Redis;
+  every grant is decided by a run of `redis_state.BUCKET_SCRIPT` on the Redis, one run for the
+  callers of the key that wait together (a batch), sent on the sidecar's pipelined connection;
 - `evalsha`: a bare `EVALSHA` of `BUCKET_SCRIPT` ("take", cost 1, the same burst and rate) from
-  `redis.asyncio` on the same Redis: the floor of what the Redis state can cost per grant.
+  `redis.asyncio` on the same Redis, one per grant: the baseline (what a client calling the
+  script itself pays).
 
 The server's rate is `1000000/1s`, so no acquire ever waits: this measures the cost of a grant.
 The load is asyncio tasks over one `AsyncClient` (or one `redis.asyncio.Redis`, whose pool opens
 a connection per task in flight) in this process; with `--clients N` the tasks are split over N
 client processes instead, in case the client is the bottleneck. The modes alternate in `--rounds`
 rounds, so drift hits them alike. Printed per mode: requests/s and p50/p99/mean latency, then
-the ratios (redis vs memory, redis vs evalsha), and the Redis commands the server ran per acquire
-(`INFO commandstats`, reset before each mode; warmup included) with their server-side time.
+the ratios (redis vs memory, redis vs evalsha; the target is redis / evalsha throughput >= 0.8 at
+c=1 and c=16), and the Redis commands the server ran per acquire (`INFO commandstats`, reset
+before each mode; warmup included) with their server-side time, and the server-side time of one
+run of the script (`usec_per_call` of EVALSHA: with batching, one run serves several grants).
 
 Then a decomposition (`--no-decompose` skips it), in this process at the same levels:
 `memory.raw` / `redis.raw` send the same acquire to each sidecar as fixed bytes on a bare asyncio
 Unix socket per task in flight (the sidecar's own cost, without the client library), `state.bucket` calls
-`RedisState.bucket` (redis-py's `Script` call plus the state's error wrapper) and
-`limiter.acquire` calls `SharedLimiter.acquire` (that plus the per-key FIFO lock the sidecar
-takes around every grant) on the same Redis, without a sidecar.
+`RedisState.bucket` (one EVALSHA on the state's pipelined connection, `redis_pipe.py`, plus its
+error wrapper: a bare EVALSHA without redis-py's pool) and `limiter.acquire` calls
+`SharedLimiter.acquire` (that plus the per-key queue and batching) on the same Redis, without a
+sidecar.
 
 The clients, the sidecars and redis-server share the machine's cores: compare figures taken in the
 same run only.
@@ -81,7 +86,7 @@ LABELS = {
     "evalsha": "bare EVALSHA (redis-py asyncio)",
     "memory.raw": "memory sidecar, raw socket",
     "redis.raw": "Redis sidecar, raw socket",
-    "state.bucket": "RedisState.bucket, in-process",
+    "state.bucket": "RedisState.bucket, pipelined",
     "limiter.acquire": "SharedLimiter.acquire, in-process",
 }
 
@@ -212,11 +217,12 @@ def fmt_ratio(label: str, x: dict[str, float]) -> str:
             f"mean x{x['mean']}")
 
 
-def parse_levels(text: str) -> list[int]:
-    levels = [int(part) for part in text.split(",") if part.strip()]
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError("--concurrency: comma-separated whole numbers >= 1")
-    return levels
+def script_runs(cmds: dict[str, dict[str, float]], stats: dict[str, dict[str, float]]) -> str:
+    """Runs of the bucket script per grant, and the server-side time of one run."""
+    runs = stats.get("evalsha", {"calls": 0.0, "usec": 0.0})
+    per_run = runs["usec"] / runs["calls"] if runs["calls"] else 0.0
+    per_grant = cmds.get("evalsha", {}).get("calls", 0)
+    return f"{per_grant} script runs per grant, {per_run:.1f} us server-side per run"
 
 
 def measure_level(concurrency: int, targets: Targets, workers: harness.Workers | None, admin: redis.Redis,
@@ -246,6 +252,7 @@ def measure_level(concurrency: int, targets: Targets, workers: harness.Workers |
     # the warmup's commands count too: divided by every request sent, not only the sampled
     cmds = {mode: per_acquire(stats[mode], max(1, sent[mode])) for mode in MODES}
     report["redis_commands_per_acquire"][str(concurrency)] = cmds
+    report["script_runs"][str(concurrency)] = {mode: script_runs(cmds[mode], stats[mode]) for mode in MODES}
     if not args.json:
         for r in results.values():
             print(fmt(r))
@@ -256,13 +263,18 @@ def measure_level(concurrency: int, targets: Targets, workers: harness.Workers |
             row = ", ".join(f"{name} {v['calls']} ({v['usec']} us)"
                             for name, v in cmds[mode].items() if v["calls"] >= 0.01) or "none"
             print(f"    {mode:<8} {row}")
+        for mode in ("redis", "evalsha"):
+            print(f"    {mode:<8} {report['script_runs'][str(concurrency)][mode]}")
+        print(harness.ratio_line(f"acquire throughput, c={concurrency} (target >= 0.8x)",
+                                 ("Redis state", results["redis"].throughput),
+                                 ("bare EVALSHA", results["evalsha"].throughput)))
         print(flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = harness.arguments("Acquire cost: Redis state vs memory state vs bare EVALSHA.")
     p.add_argument("--seconds", type=float, default=5.0, help="per mode, level and round (default 5)")
-    p.add_argument("--concurrency", type=parse_levels, default=[1, 16],
+    p.add_argument("--concurrency", type=harness.levels, default=[1, 16],
                    help="requests in flight, comma-separated (default 1,16)")
     p.add_argument("--clients", type=int, default=1,
                    help="client processes sharing the load (default 1: tasks in this process)")
@@ -275,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         **harness.machine(), "redis_py": redis.__version__, "seconds": args.seconds, "rounds": args.rounds,
         "warmup": args.warmup, "clients": args.clients, "rate": RATE, "results": [], "ratios": [],
-        "redis_commands_per_acquire": {}, "decomposition": [], "sidecar_log_warnings": {}}
+        "redis_commands_per_acquire": {}, "script_runs": {}, "decomposition": []}
     block = harness.static_server(SERVER, {"X-Api-Key": "{{secret:KEY}}"}, rate=RATE)
     with ExitStack() as stack:
         tmp = stack.enter_context(harness.workdir("redis-bench"))
@@ -305,13 +317,9 @@ def main(argv: list[str] | None = None) -> int:
                     report["decomposition"].append(r)
                     if not args.json:
                         print("  " + fmt(r), flush=True)
-        for name, sidecar in (("memory", memory), ("redis", shared)):
-            report["sidecar_log_warnings"][name] = harness.log_warnings(sidecar)
-        if not args.json and any(report["sidecar_log_warnings"].values()):
-            print("\nsidecar log lines above info:")
-            for name, lines in report["sidecar_log_warnings"].items():
-                for line in lines[:10]:
-                    print(f"  {name}: {line}")
+        procs = {"memory": memory, "redis": shared}
+        report["sidecar_log_warnings"] = (harness.print_log_warnings(procs) if not args.json
+                                          else {name: harness.log_warnings(p) for name, p in procs.items()})
     if args.json:
         harness.emit(args, report, str)
     return 0

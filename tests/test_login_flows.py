@@ -402,7 +402,7 @@ async def test_a_login_without_a_configured_scope_asks_for_the_one_the_resource_
                     client=http)
     assert asked == [{"scope": ["files:read"], "resource": [MCP], "client_id": ["c"]}]
     assert f"scope (asked for by {MCP}): files:read" in out.getvalue()
-    assert store.put_ == [("mcp:s", StoredLogin("rt-1234567", "c"))]
+    assert store.put_ == [("mcp:s", StoredLogin("rt-1234567", "c", scope="files:read"))]
 
 
 def test_a_login_with_no_sidecar_running_says_it_will_be_used_at_start(

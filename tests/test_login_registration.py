@@ -265,10 +265,12 @@ class _Browser(io.StringIO):
     def __init__(self) -> None:
         super().__init__()
         self.tasks: list[asyncio.Task[None]] = []
+        self.asked: list[dict[str, list[str]]] = []  # the authorization requests' parameters
 
     def write(self, text: str) -> int:
         for word in text.split():
             if "code_challenge=" in word:
+                self.asked.append(parse_qs(httpx.URL(word).query.decode()))
                 self.tasks.append(asyncio.ensure_future(self._follow(word)))
         return super().write(text)
 
@@ -291,7 +293,7 @@ class _Store:
 
 
 def _server(methods: list[str], registration: dict[str, Any], token: dict[str, Any],
-            seen: list[tuple[str, Any]], registers: bool = True) -> httpx.AsyncClient:
+            seen: list[tuple[str, Any]], registers: bool = True, cimd: bool = False) -> httpx.AsyncClient:
     """The authorization server (and the MCP server's metadata); run_login opens and closes it."""
     meta = {"issuer": AS, "authorization_endpoint": f"{AS}/authorize", "token_endpoint": f"{AS}/token",
             "registration_endpoint": f"{AS}/register", "token_endpoint_auth_methods_supported": methods}
@@ -312,12 +314,15 @@ def _server(methods: list[str], registration: dict[str, Any], token: dict[str, A
 
     if not registers:
         del meta["registration_endpoint"]
+    if cimd:
+        meta["client_id_metadata_document_supported"] = True
     return httpx.AsyncClient(transport=httpx.MockTransport(handler))
 
 
-def _config() -> Any:
+def _config(client_id: str | None = None) -> Any:
+    client = f', client_id = "{client_id}"' if client_id else ""
     return parse_config(tomllib.loads(f'[[servers]]\nname = "s"\nendpoint = "{MCP}"\n'
-                                      'auth = { kind = "oauth2", grant = "authorization_code", scope = "m" }\n'))
+                                      f'auth = {{ kind = "oauth2", grant = "authorization_code", scope = "m"{client} }}\n'))
 
 
 async def test_a_login_registers_a_client_and_keeps_the_access_token_when_no_refresh_token_comes() -> None:
@@ -357,7 +362,7 @@ async def test_a_login_registers_a_client_and_keeps_the_access_token_when_no_ref
     await asyncio.gather(*out.tasks)
     assert [kind for kind, _ in seen] == ["token"]
     assert seen[0][1][1]["redirect_uri"] == [redirect_uri] and seen[0][1][1]["client_id"] == ["dyn-7"]
-    assert again == StoredLogin("rt-2", "dyn-7", registration=stored.registration)
+    assert again == StoredLogin("rt-2", "dyn-7", registration=stored.registration, scope="m")
 
 
 async def test_a_public_registration_sends_no_secret_and_basic_sends_it_in_the_header() -> None:
@@ -394,3 +399,94 @@ async def test_without_a_registration_endpoint_the_login_says_to_configure_a_cli
                         store=_Store(), client=http)  # type: ignore[arg-type]
     assert info.value.error == "registration_unavailable" and "client_id" in info.value.message
     assert seen == []
+
+
+# -- Client ID Metadata Documents (issue 20): the configured URL is the client where the server
+# -- takes it; elsewhere the login registers (the MCP spec's order), and refreshes as registered
+
+CIMD_URL = "https://client.example.com/mcpcreds/client.json"
+
+
+def test_a_metadata_document_url_is_https_with_a_path_and_nothing_else() -> None:
+    from mcpcreds.authcode_flow import is_metadata_document_url, may_register, uses_metadata_document
+
+    assert is_metadata_document_url(CIMD_URL)
+    for bad in ("http://client.example.com/c.json", "https://client.example.com", "https://client.example.com/",
+                "https://client.example.com/c.json#x", "https://u:p@client.example.com/c.json",
+                "https://client.example.com/a/../c.json", "https://client.example.com/./c.json", "my-client", ""):
+        assert not is_metadata_document_url(bad), bad
+    assert may_register("") and may_register(CIMD_URL) and not may_register("my-client")
+    # pre-registered: always as is; a URL: as is where supported, or when there is no registration
+    assert uses_metadata_document("my-client", cimd_supported=False, can_register=True)
+    assert uses_metadata_document(CIMD_URL, cimd_supported=True, can_register=True)
+    assert not uses_metadata_document(CIMD_URL, cimd_supported=False, can_register=True)
+    assert uses_metadata_document(CIMD_URL, cimd_supported=False, can_register=False)
+    assert not uses_metadata_document("", cimd_supported=True, can_register=True)
+
+
+async def test_where_the_server_takes_metadata_documents_the_url_is_the_client_and_nothing_registers() -> None:
+    from mcpcreds.login_flow import run_login
+
+    config = _config(CIMD_URL)
+    seen: list[tuple[str, Any]] = []
+    out = _Browser()
+    http = _server(["none"], {}, {"access_token": "at-cimd-1", "expires_in": 600}, seen, cimd=True)
+    stored = await run_login(config, config.servers["s"], out, open_browser=False, wait=20,
+                             store=_Store(), client=http)  # type: ignore[arg-type]
+    await asyncio.gather(*out.tasks)
+    assert [kind for kind, _ in seen] == ["token"]
+    assert out.asked[0]["client_id"] == [CIMD_URL]
+    authorization, form = seen[0][1]
+    assert authorization is None and form["client_id"] == [CIMD_URL] and "client_secret" not in form
+    assert stored.client_id == CIMD_URL and stored.registration is None
+    assert f"the metadata document {CIMD_URL}" in out.getvalue()
+
+
+async def test_where_the_server_does_not_take_them_the_login_registers_and_refreshes_as_registered() -> None:
+    from mcpcreds.login_flow import run_login
+
+    config = _config(CIMD_URL)
+    seen: list[tuple[str, Any]] = []
+    out = _Browser()
+    http = _server(["none"], {"client_id": "dyn-9"}, {"access_token": "at-reg-1", "expires_in": 600}, seen)
+    stored = await run_login(config, config.servers["s"], out, open_browser=False, wait=20,
+                             store=_Store(), client=http)  # type: ignore[arg-type]
+    await asyncio.gather(*out.tasks)
+    assert [kind for kind, _ in seen] == ["register", "token"]
+    assert out.asked[0]["client_id"] == ["dyn-9"]
+    assert stored.client_id == "dyn-9" and stored.registration is not None
+    login = config.servers["s"].login
+    client = client_of(login, stored)
+    assert client is not None and client.client_id == "dyn-9"
+    # a login that used the URL itself refreshes as the URL
+    assert client_of(login, StoredLogin("rt-1", CIMD_URL)) == login
+
+
+# -- step-up (issue 20): the next login asks for the wider scope the sidecar recorded
+
+
+async def test_a_recorded_step_up_widens_the_next_login_and_counts_it() -> None:
+    from mcpcreds.login_flow import run_login
+
+    config = _config()
+    store = _Store()
+    store.entry = StoredLogin(None, "dyn-1", "at-old-1", 5000.0, REG, scope="m", step_up="m files:write")
+    seen: list[tuple[str, Any]] = []
+    out = _Browser()
+    http = _server(["client_secret_basic"], {}, {"access_token": "at-wide-1", "expires_in": 600}, seen)
+    stored = await run_login(config, config.servers["s"], out, open_browser=False, wait=20,
+                             store=store, client=http)  # type: ignore[arg-type]
+    await asyncio.gather(*out.tasks)
+    assert out.asked[0]["scope"] == ["m files:write"]
+    assert "scope (a step-up: " in out.getvalue()
+    assert (stored.scope, stored.step_up, stored.step_ups) == ("m files:write", None, 1)
+    assert store.entry == stored
+    # the next login without a recorded step-up: the configured scope, and the count starts over
+    seen.clear()
+    out = _Browser()
+    http = _server(["client_secret_basic"], {}, {"access_token": "at-plain-1", "expires_in": 600}, seen)
+    again = await run_login(config, config.servers["s"], out, open_browser=False, wait=20,
+                            store=store, client=http)  # type: ignore[arg-type]
+    await asyncio.gather(*out.tasks)
+    assert out.asked[0]["scope"] == ["m"]
+    assert (again.scope, again.step_up, again.step_ups) == ("m", None, 0)

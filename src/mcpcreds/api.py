@@ -34,9 +34,11 @@ from .grants import MAX_TTL, Grant, GrantLimits, new_token, token_hash
 from .logs import get_logger
 from .metrics import Metrics
 from .policy import check_rule_of_two
+from .scopes import MAX_SCOPE_CHARS, MAX_SCOPES, parse_scope
 from .secret import redact_json
 from .sigv4 import SigV4Signer
 from .sources import check_secret_name
+from .step_up import report_insufficient_scope
 from .wire import Answer, Request, Response, StreamingResponse, json_response
 
 _log = get_logger("api")
@@ -189,6 +191,7 @@ class Api:
             ("POST", "call"): ("call", self.call),
             ("POST", "backoff"): ("backoff", self.backoff),
             ("POST", "sign"): ("sign", self.sign),
+            ("POST", "step-up"): ("step_up", self.step_up),
             ("POST", "lease"): ("lease", self.lease),
         }
         self._secret_actions: dict[tuple[str, str], tuple[str, Handler]] = {
@@ -201,7 +204,8 @@ class Api:
         }
         self._fast_targets: dict[bytes, Target] = {}
         self._grant_routes = frozenset({"health", "openapi", "servers", "headers", "acquire", "call",
-                                        "invalidate", "backoff", "grant", "revoke", "mcp", "exec", "sign"})
+                                        "invalidate", "backoff", "grant", "revoke", "mcp", "exec", "sign",
+                                        "step_up"})
 
     def reload(self) -> None:
         self._fast_targets.clear()
@@ -537,6 +541,20 @@ class Api:
         _log.info("invalidate", extra=fields)
         self.audit.write("invalidation", **fields)
         return answer({"dropped": dropped, "renewed": renewed})
+
+    async def step_up(self, request: Request) -> Response:
+        """A `403 insufficient_scope` from the server (step_up.py): login_required when a login
+        with the wider scope is due, else why not. The scope is checked, never echoed."""
+        target = self._target(request)
+        body = parse_json_body(request)
+        fp = text_field(body, "fingerprint", MAX_FINGERPRINT)
+        scope = parse_scope(body.get("scope"))
+        if scope is None:
+            raise InvalidRequest(f"scope must be 1 to {MAX_SCOPES} scope-tokens (RFC 6749 §3.3) separated by "
+                                 f"spaces, at most {MAX_SCOPE_CHARS} characters")
+        if fp is None and request.grant is not None:
+            raise InvalidRequest("a grant holder must name the fingerprint of the login it was refused with")
+        return answer(await report_insufficient_scope(self.broker, target, fp, scope))
 
     async def secret_rotated(self, request: Request) -> Response:
         name = check_secret_name(request.name)

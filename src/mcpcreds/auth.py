@@ -14,7 +14,7 @@ import email.utils
 import hashlib
 import re
 import time
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -23,10 +23,12 @@ import httpx
 from .aauth_requirement import access_token, refusal
 from .calls import Call, Calls
 from .errors import RateLimited
+from .scopes import insufficient_scope
 
 if TYPE_CHECKING:
     from .client import AsyncClient, Client
     from .lease_client import AsyncLeaser
+    from .lease_sync import SyncLeaser
 
 On429 = Literal["raise", "wait", "return"]
 DEFAULT_RETRY_AFTER: Final = 1.0
@@ -123,10 +125,29 @@ def _aauth_answered(name: str, request: Any, response: Any, session: dict[str, s
             raise error
 
 
+def _step_up(name: str, request: Any, fingerprint: str | None, scope: str,
+             again: Callable[[], Generator[Step, Any, str | None]]) -> Generator[Step, Any, Any]:
+    """A `403 insufficient_scope` naming `scope`: tell the sidecar, which raises login_required
+    when a login with the wider scope is due (step_up.py). When the login named was renewed
+    meanwhile (a step-up already done), send once more with the current one and return that
+    answer (its own 403 reported too); else None: the 403 goes back to the caller."""
+    answer = yield Sidecar(Calls.step_up(name, fingerprint, scope))
+    if not answer["renewed"]:
+        return None
+    fingerprint = yield from again()
+    response = yield Upstream(request)
+    scope_again = insufficient_scope(response.status_code, response.headers.get("www-authenticate"))
+    if scope_again is not None:
+        yield Sidecar(Calls.step_up(name, fingerprint, scope_again))
+    return response
+
+
 def credential_flow(name: str, request: Any, *, cost: int = 1, max_wait: float = 30.0, on_429: On429 = "wait",
                     session: dict[str, str] | None = None) -> Generator[Step, Any, Any]:
-    """Permit + headers, send; on a 401 drop that login and retry once; on a 429 pause the
-    shared bucket and raise, wait and retry once, or return the answer (per `on_429`).
+    """Permit + headers, send; on a 401 drop that login and retry once; on a 403
+    insufficient_scope tell the sidecar (login_required when a wider login is due, see _step_up);
+    on a 429 pause the shared bucket and raise, wait and retry once, or return the answer (per
+    `on_429`).
     `session` holds AAuth servers' session tokens (in memory, for this auth's life)."""
     fingerprint = yield from _credentials(name, request, cost, max_wait, session)
     response = yield Upstream(request)
@@ -138,6 +159,11 @@ def credential_flow(name: str, request: Any, *, cost: int = 1, max_wait: float =
         yield from _credentials(name, request, cost, max_wait, session)
         response = yield Upstream(request)
     _aauth_answered(name, request, response, session)
+    scope = insufficient_scope(response.status_code, response.headers.get("www-authenticate"))
+    if scope is not None:
+        retried = yield from _step_up(name, request, fingerprint, scope,
+                                      lambda: _credentials(name, request, cost, max_wait, session))
+        response = response if retried is None else retried
     if response.status_code == 429:
         retry_after = parse_retry_after(response.headers.get("retry-after"))
         yield Sidecar(Calls.backoff(name, retry_after))
@@ -158,6 +184,7 @@ class CredentialsAuth(httpx.Auth):
     requires_request_body = True  # a retry after a 401 sends the body again
     lease = True  # lease a share when called often (lease_client.py); False: a round trip per request
     _leaser: AsyncLeaser | None = None
+    _sync_leaser: SyncLeaser | None = None
 
     def __init__(self, client: Client | None, async_client: AsyncClient | None, name: str, *,
                  cost: int = 1, max_wait: float = 30.0, on_429: On429 = "wait") -> None:
@@ -181,7 +208,8 @@ class CredentialsAuth(httpx.Auth):
         try:
             while True:
                 if isinstance(step, Sidecar):
-                    step = flow.send(self._client.run(step.call))
+                    leased = self._leased_sync(step.call) if self.lease else None
+                    step = flow.send(leased if leased is not None else self._client.run(step.call))
                 else:
                     response = yield step.request
                     step = flow.send(response)
@@ -223,6 +251,25 @@ class CredentialsAuth(httpx.Auth):
             leaser = self._leaser = AsyncLeaser(self._async_client, self.name)
             self._async_client._leasers.append(leaser)
         return await leaser.take(self.cost)
+
+    def _leased_sync(self, call: Call[Any]) -> dict[str, Any] | None:
+        """`_leased` for the sync driver (lease_sync.py)."""
+        action = call.path.rpartition("/")[2]
+        leaser = self._sync_leaser
+        if action != "call":
+            if leaser is not None and action in ("invalidate", "backoff"):
+                leaser.drop()
+            return None
+        if leaser is None:
+            from .lease_sync import SyncLeaser
+
+            assert self._client is not None
+            with self._client._leasers_lock:
+                leaser = self._sync_leaser
+                if leaser is None:
+                    leaser = self._sync_leaser = SyncLeaser(self._client, self.name)
+                    self._client._leasers.append(leaser)
+        return leaser.take(self.cost)
 
     async def aclose(self) -> None:
         """Give the lease up now (closing the client does it too)."""

@@ -96,6 +96,41 @@ def code_from_redirect(query: str, request: AuthRequest, issuer: str | None) -> 
     return codes[0]
 
 
+# ---------------------------------------------------------------------------- Client ID Metadata Documents
+
+
+def is_metadata_document_url(client_id: str) -> bool:
+    """Whether a configured client_id is a Client ID Metadata Document URL (the MCP spec, and
+    draft-ietf-oauth-client-id-metadata-document-00 §3): https, with a path component, no
+    fragment, no user or password, no dot segments."""
+    parts = urlsplit(client_id)
+    try:
+        user, password = parts.username, parts.password
+    except ValueError:
+        return False
+    segments = parts.path.split("/")
+    return (parts.scheme == "https" and bool(parts.hostname) and parts.path not in ("", "/")
+            and not parts.fragment and "#" not in client_id and user is None and password is None
+            and "." not in segments and ".." not in segments)
+
+
+def may_register(client_id: str) -> bool:
+    """Whether a login configured with this client_id may end up as a client mcpcreds registered
+    (RFC 7591): none configured, or a metadata document URL the server does not take."""
+    return not client_id or is_metadata_document_url(client_id)
+
+
+def uses_metadata_document(client_id: str, cimd_supported: bool, can_register: bool) -> bool:
+    """Whether a login uses its configured client_id as is (rather than registering): always
+    for a pre-registered one; a metadata document URL when the server advertises
+    `client_id_metadata_document_supported`, or offers no registration to fall back on (it may
+    know the URL as a pre-registered client id). The MCP spec's order: pre-registered, then a
+    metadata document when supported, then dynamic registration."""
+    if not client_id:
+        return False
+    return not is_metadata_document_url(client_id) or cimd_supported or not can_register
+
+
 # ---------------------------------------------------------------------------- dynamic client registration
 
 REGISTRATION_PREFERENCE: Final = ("none", "client_secret_basic", "client_secret_post")

@@ -95,6 +95,12 @@ def _permits_and_headers(body: Any) -> dict[str, Any]:
     return _permits(_with_headers(body))
 
 
+def _step_up(body: Any) -> dict[str, Any]:
+    _field(body, "step_up", bool)
+    _field(body, "renewed", bool)
+    return _whole(body)
+
+
 def _grant(body: Any) -> dict[str, Any]:
     _field(body, "id", str)
     _field(body, "grant", str)
@@ -188,6 +194,16 @@ class Calls:
         if fingerprint:
             body["fingerprint"] = fingerprint
         return Call("POST", _server(name, "invalidate"), _renewed, body)
+
+    @staticmethod
+    def step_up(name: str, fingerprint: str | None, scope: str) -> Call[dict[str, Any]]:
+        """The upstream answered `403 insufficient_scope` naming `scope`: raises login_required
+        when a login with the wider scope is due; else `step_up: false` and whether the login
+        named was `renewed` meanwhile (a retry may pass)."""
+        body: dict[str, Any] = {"scope": scope}
+        if fingerprint:
+            body["fingerprint"] = fingerprint
+        return Call("POST", _server(name, "step-up"), _step_up, body)
 
     @staticmethod
     def backoff(name: str, retry_after: float) -> Call[float | None]:

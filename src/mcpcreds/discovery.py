@@ -14,6 +14,7 @@ import httpx
 from .config import LOGIN_GRANTS, LoginSpec, check_url
 from .errors import TokenEndpointError, TokenEndpointTimeout
 from .logs import get_logger
+from .scopes import challenge_scope, scope_of
 
 MAX_METADATA_BYTES: Final = 256 * 1024
 MAX_URL_CHARS: Final = 2048  # a URL taken from a document or a header
@@ -81,28 +82,6 @@ def token_endpoint_from(metadata: Any, issuer: str) -> str:
     return endpoint
 
 
-_CHALLENGE_SCOPE: Final = re.compile(r'(?:^|[\s,])scope\s*=\s*"([^"]*)"', re.IGNORECASE)
-_SCOPE_TOKEN: Final = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")  # RFC 6749 §3.3 scope-token
-MAX_SCOPE_CHARS: Final = 4096
-MAX_SCOPES: Final = 64
-
-
-def _scope_of(tokens: list[str]) -> str | None:
-    """A scope from tokens that are all valid (else None): bounded, never quoted in errors."""
-    if not tokens or len(tokens) > MAX_SCOPES or not all(_SCOPE_TOKEN.fullmatch(t) for t in tokens):
-        return None
-    scope = " ".join(dict.fromkeys(tokens))
-    return scope if len(scope) <= MAX_SCOPE_CHARS else None
-
-
-def challenge_scope(header: str | None) -> str | None:
-    """The `scope` of a Bearer challenge (RFC 6750 §3), e.g. a 401's WWW-Authenticate."""
-    if not header or len(header) > 4 * MAX_SCOPE_CHARS:
-        return None
-    match = _CHALLENGE_SCOPE.search(header)
-    return _scope_of(match.group(1).split()) if match else None
-
-
 def choose_scope(configured: str | None, challenge: str | None, resource_metadata: Any) -> str | None:
     """The scope a person's login asks for (the MCP authorization spec's order): the configured
     one, else the `scope` of the resource's 401 challenge, else the resource's `scopes_supported`
@@ -113,7 +92,7 @@ def choose_scope(configured: str | None, challenge: str | None, resource_metadat
         return challenge
     supported = resource_metadata.get("scopes_supported") if isinstance(resource_metadata, dict) else None
     if isinstance(supported, list) and all(isinstance(s, str) for s in supported):
-        return _scope_of(supported)
+        return scope_of(supported)
     return None
 
 
@@ -132,6 +111,7 @@ class ServerEndpoints:
     revocation: str | None
     registration: str | None = None  # RFC 7591
     auth_methods: tuple[str, ...] = ("client_secret_basic",)  # RFC 8414's default when unnamed
+    cimd: bool = False  # client_id_metadata_document_supported (Client ID Metadata Documents)
 
 
 DEFAULT_AUTH_METHODS: Final = ("client_secret_basic",)
@@ -152,7 +132,8 @@ def endpoints_from(metadata: Any, issuer: str) -> ServerEndpoints:
         auth_methods = DEFAULT_AUTH_METHODS
     return ServerEndpoints(issuer, token, optional("device_authorization_endpoint"),
                            optional("authorization_endpoint"), optional("revocation_endpoint"),
-                           optional("registration_endpoint"), auth_methods)
+                           optional("registration_endpoint"), auth_methods,
+                           metadata.get("client_id_metadata_document_supported") is True)
 
 
 class Discovery:
@@ -212,7 +193,7 @@ class Discovery:
             issuer = found.issuer
             found = ServerEndpoints(issuer, login.token_url, found.device_authorization,
                                     found.authorization, found.revocation, found.registration,
-                                    found.auth_methods)
+                                    found.auth_methods, found.cimd)
         return found
 
     async def legacy_endpoints(self, endpoint: str, http: httpx.AsyncClient) -> ServerEndpoints:

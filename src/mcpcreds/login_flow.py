@@ -25,11 +25,14 @@ from .authcode_flow import (
     AuthRequest,
     authorization_request,
     code_from_redirect,
+    is_metadata_document_url,
     loopback_port,
+    may_register,
     parse_registration,
     redirect_uri_for,
     registration_body,
     registration_method,
+    uses_metadata_document,
 )
 from .config import LOGIN_GRANTS, Config, LoginSpec, Target
 from .device_flow import DEVICE_GRANT, DeviceAuthorization, PollSchedule, parse_device_authorization
@@ -46,6 +49,7 @@ from .oauth import (
     build_token_request,
     send_token_request,
 )
+from .scopes import MAX_STEP_UPS, union
 from .sources import SecretResolver
 
 MAX_WAIT: Final = 3600.0  # --timeout: at most an hour
@@ -299,14 +303,22 @@ async def run_login(config: Config, target: Target, out: TextIO, open_browser: b
     async with client or egress_client(target.egress) as http:
         discovery = Discovery()
         ends = await discovery.endpoints(login, target.endpoint, http)
-        if login.scope is None and (scope := await discovery.login_scope(target.endpoint, http)):
+        step_up = previous.step_up if previous is not None else None
+        if step_up is not None:  # a resource answered 403 insufficient_scope (the sidecar recorded it)
+            login = dataclasses.replace(login, scope=union(login.scope, step_up) or step_up)
+            target = dataclasses.replace(target, login=login)
+            out.write(f"scope (a step-up: {target.endpoint} asked for more): {login.scope}\n")
+        elif login.scope is None and (scope := await discovery.login_scope(target.endpoint, http)):
             out.write(f"scope (asked for by {target.endpoint}): {scope}\n")
             login = dataclasses.replace(login, scope=scope)
             target = dataclasses.replace(target, login=login)
         if login.grant == "device":
             token, extras = await asyncio.wait_for(device_login(http, target, ends, credential, out),
                                                    MAX_WAIT)
-        elif login.client_id:
+        elif uses_metadata_document(login.client_id, ends.cimd, ends.registration is not None):
+            if is_metadata_document_url(login.client_id) and ends.cimd:
+                out.write(f"client: the metadata document {login.client_id} ({ends.issuer} supports "
+                          "Client ID Metadata Documents)\n")
             token, extras = await code_login(http, target, ends, credential, out, open_browser, wait)
         else:
             reuse = previous.registration if previous is not None else None
@@ -327,10 +339,13 @@ async def run_login(config: Config, target: Target, out: TextIO, open_browser: b
             assert registration is not None
     client_id = registration.client_id if registration is not None else login.client_id
     refresh = extras.get("refresh_token")
+    step_ups = min(previous.step_ups + 1, MAX_STEP_UPS) if previous is not None and step_up else 0
     if refresh is not None:
-        stored = StoredLogin(refresh, client_id, registration=registration)
+        stored = StoredLogin(refresh, client_id, registration=registration, scope=login.scope,
+                             step_ups=step_ups)
     else:  # the login lasts as long as its access token
-        stored = StoredLogin(None, client_id, token.access_token, token.expires_at, registration)
+        stored = StoredLogin(None, client_id, token.access_token, token.expires_at, registration,
+                             scope=login.scope, step_ups=step_ups)
     await asyncio.to_thread(store.put, target.key, stored)
     return stored
 
@@ -346,7 +361,8 @@ async def run_logout(config: Config, target: Target, out: TextIO) -> bool:
         return False
     try:
         credential = await asyncio.to_thread(_credential, config, target)
-        if not login.client_id and stored.registration is not None:
+        if may_register(login.client_id) and stored.registration is not None \
+                and stored.registration.client_id == stored.client_id:
             credential = stored.registration.client_secret
             login = registered_login(login, stored.registration)
         kind = "refresh_token" if stored.refresh_token is not None else "access_token"

@@ -2,7 +2,9 @@
 `service:crm`, `login.mcp.docs` for `mcp:docs`), never a file the config names. The entry holds
 JSON: the refresh token, or (a server that issues none) the access token and when it expires; the
 client id it was issued to (a changed client id needs a new login); and the client's dynamic
-registration (RFC 7591), when mcpcreds registered itself, reused by the next login."""
+registration (RFC 7591), when mcpcreds registered itself, reused by the next login; the scope the
+login asked for, and a step-up the sidecar recorded (a resource answered `403 insufficient_scope`:
+the next login asks for the wider scope) with how many step-up logins in a row led here."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Final, TypeGuard
 
 from .config import SecretsConfig
 from .errors import SecretUnavailable
+from .scopes import MAX_STEP_UPS, parse_scope
 from .secret import REDACTOR
 from .sources import KeyringSource, SecretResolver
 
@@ -89,10 +92,14 @@ class StoredLogin:
     access_token: str | None = None
     expires_at: float | None = None
     registration: Registration | None = None
+    scope: str | None = None  # what the login asked for (None: no scope parameter)
+    step_up: str | None = None  # the wider scope the next login asks for (a 403 insufficient_scope)
+    step_ups: int = 0  # step-up logins in a row up to this one (bounded by MAX_STEP_UPS)
 
     def __repr__(self) -> str:
         kind = "refresh" if self.refresh_token is not None else "access-only"
-        return f"StoredLogin(client_id={self.client_id!r}, {kind}, expires_at={self.expires_at!r})"
+        return (f"StoredLogin(client_id={self.client_id!r}, {kind}, expires_at={self.expires_at!r}, "
+                f"scope={self.scope!r}, step_up={self.step_up!r}, step_ups={self.step_ups})")
 
     def to_json(self) -> str:
         data: dict[str, object] = {"v": 1, "client_id": self.client_id}
@@ -102,6 +109,11 @@ class StoredLogin:
             data.update(access_token=self.access_token, expires_at=self.expires_at)
         if self.registration is not None:
             data["registration"] = self.registration.to_dict()
+        for key in ("scope", "step_up"):
+            if (value := getattr(self, key)) is not None:
+                data[key] = value
+        if self.step_ups:
+            data["step_ups"] = self.step_ups
         return json.dumps(data)
 
     @classmethod
@@ -121,9 +133,16 @@ class StoredLogin:
         registration = None
         if "registration" in data and (registration := Registration.from_dict(data["registration"])) is None:
             return None
+        scopes = {key: parse_scope(data[key]) for key in ("scope", "step_up") if key in data}
+        step_ups = data.get("step_ups", 0)
+        if None in scopes.values() or isinstance(step_ups, bool) or not isinstance(step_ups, int) \
+                or not 0 <= step_ups <= MAX_STEP_UPS:
+            return None
+        scope, step_up = scopes.get("scope"), scopes.get("step_up")
         if isinstance(token, str) and token:
             REDACTOR.add(token)
-            return cls(token, client_id, registration=registration)
+            return cls(token, client_id, registration=registration, scope=scope, step_up=step_up,
+                       step_ups=step_ups)
         if token is not None:
             return None
         access, expires_at = data.get("access_token"), data.get("expires_at")
@@ -131,7 +150,7 @@ class StoredLogin:
                 or not isinstance(expires_at, int | float) or not math.isfinite(expires_at):
             return None
         REDACTOR.add(access)
-        return cls(None, client_id, access, float(expires_at), registration)
+        return cls(None, client_id, access, float(expires_at), registration, scope, step_up, step_ups)
 
 
 class LoginStore:

@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
+from .authcode_flow import may_register
 from .config import LoginSpec, Target
 from .errors import LoginRequired, TokenEndpointError
 from .login_store import LoginStore, StoredLogin, login_store
@@ -51,10 +52,13 @@ def access_only_token(stored: StoredLogin, now: float, refused: str | None = Non
 
 
 def client_of(login: LoginSpec, stored: StoredLogin) -> LoginSpec | None:
-    """The client a stored login refreshes as: the registered one (no client_id configured, the
-    login registered itself), else the configured one; None when they differ (a new login is due)."""
+    """The client a stored login refreshes as: the registered one (no client_id configured, or a
+    metadata document URL the server did not take: the login registered itself), else the
+    configured one; None when they differ (a new login is due)."""
     registration = stored.registration
-    if not login.client_id and registration is not None and registration.client_id == stored.client_id:
+    registered = registration is not None and registration.client_id == stored.client_id
+    if registered and may_register(login.client_id):
+        assert registration is not None
         return dataclasses.replace(login, client_id=registration.client_id,
                                    auth_method=registration.auth_method)
     if not login.client_id or stored.client_id != login.client_id:
@@ -80,7 +84,8 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
     http = broker.http_for(target)
     token_url = await broker.discovery.token_url(login, target.endpoint, http)
     credential = None
-    if stored.registration is not None and not target.login.client_id:  # type: ignore[union-attr]
+    if stored.registration is not None and stored.registration.client_id == login.client_id \
+            and may_register(target.login.client_id):  # type: ignore[union-attr]
         credential = stored.registration.client_secret
     elif login.templates:
         template = login.private_key or login.client_secret
@@ -108,8 +113,8 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
     rotated = extras.get("refresh_token")
     if rotated is not None and rotated != stored.refresh_token:
         # write-then-use: the old one is spent at the server; the new one must be kept first
-        await asyncio.to_thread(store.put, target.key,
-                                StoredLogin(rotated, login.client_id, registration=stored.registration))
+        kept = dataclasses.replace(stored, refresh_token=rotated, client_id=login.client_id)  # scope kept
+        await asyncio.to_thread(store.put, target.key, kept)
         _log.info("refresh token rotated", extra={"key": target.key})
     return token
 

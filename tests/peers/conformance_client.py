@@ -7,13 +7,20 @@ The suite sets MCP_CONFORMANCE_SCENARIO and, for the client-credentials scenario
 MCP_CONFORMANCE_CONTEXT (JSON: client_id and client_secret, or private_key_pem and
 signing_algorithm). The adapter
 1. writes a sidecar config with one server, `conf`, whose endpoint is SERVER_URL: a client
-   credentials login from the context, else a person login (grant = "authorization_code", no
-   client_id: `mcpcreds login` registers a client, RFC 7591; everything else from discovery);
+   credentials login from the context, else a person login (grant = "authorization_code",
+   client_id = the suite's client metadata document URL, as its own clients use: taken as is
+   where the authorization server advertises Client ID Metadata Documents, else `mcpcreds
+   login` registers a client, RFC 7591; everything else from discovery);
 2. for a person login runs `mcpcreds login conf --no-browser`, fetches the URL it prints and
    follows the redirects as a browser would (the suite's authorization server approves at once
    and redirects to the login's loopback callback), and waits for the login to end;
 3. starts the sidecar, and runs the MCP SDK 2.x client with `auth=creds.auth("conf")`:
-   initialize, list the tools, call `test-tool` when the server lists it.
+   initialize, list the tools, call `test-tool` when the server lists it. When the session ends
+   with `login_required` (a step-up: the server answered `403 insufficient_scope` naming a scope
+   the login did not ask for), it does what a person would: runs the command named (the same
+   login, which takes the wider scope the sidecar recorded) and starts over, at most MAX_LOGINS
+   logins in all. A 403 handed back (a step-up that would not help) ends it with a
+   `conformance-client: refused: ...` line.
 
 Secrets reach the sidecar through its environment (the `env` source); a person login's refresh
 token goes to the keyring the environment offers (the test runs the suite with a private
@@ -38,17 +45,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import httpx2
-from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mcpcreds import AsyncClient  # noqa: E402
+from mcpcreds.errors import LoginRequired  # noqa: E402
 from tests.sidecar_proc import run_sidecar  # noqa: E402
 
 NAME = "conf"
+CLIENT_METADATA_URL = "https://conformance-test.local/client-metadata.json"
+MAX_LOGINS = 3  # a step-up is a new login: at most two of them after the first
 LOGIN_TIMEOUT = 20  # seconds: `mcpcreds login --timeout`
 URL_LINE = re.compile(r"(https?://\S+)")
 
@@ -69,8 +76,11 @@ def server_auth(context: dict[str, Any]) -> tuple[str, dict[str, str]]:
                 'auth_method = "private_key_jwt", private_key = "{{secret:CONF_PRIVATE_KEY}}"'
                 + (f", signing_alg = {_toml(alg)}" if alg else "") + " }",
                 {"CONF_PRIVATE_KEY": context["private_key_pem"]})
-    # a person login with no client_id: `mcpcreds login` registers one (RFC 7591)
-    return ('{ kind = "oauth2", grant = "authorization_code" }', {})
+    # a person login whose client_id is the client's metadata document URL (the suite's, as its
+    # own clients use it): taken as is where the server advertises Client ID Metadata Documents,
+    # else `mcpcreds login` registers a client (RFC 7591)
+    return (f'{{ kind = "oauth2", grant = "authorization_code", client_id = {_toml(CLIENT_METADATA_URL)} }}',
+            {})
 
 
 def write_config(workdir: Path, url: str, context: dict[str, Any]) -> tuple[Path, Path, dict[str, str]]:
@@ -120,7 +130,22 @@ def login(config: Path, env: dict[str, str]) -> None:
         raise SystemExit(f"mcpcreds login exited {proc.returncode}")
 
 
+def login_required(exc: BaseException) -> LoginRequired | None:
+    """The LoginRequired an MCP session ended with (the SDK raises it in an exception group)."""
+    if isinstance(exc, LoginRequired):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := login_required(inner)) is not None:
+                return found
+    return None
+
+
 async def use_server(socket: Path, url: str) -> None:
+    import httpx2  # here: a login that fails ends the adapter without the SDK's import time
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
     async with AsyncClient(socket=str(socket)) as creds, \
             httpx2.AsyncClient(auth=creds.auth(NAME), timeout=15) as http, \
             streamable_http_client(url, http_client=http) as streams, \
@@ -142,11 +167,26 @@ def main(argv: list[str]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="mcc-"))  # short: the socket path has a length limit
     try:
         config, socket, env = write_config(workdir, url, context)
-        if "client_id" not in context:
+        person = "client_id" not in context
+        if person:
             login(config, env)
+        logins = 1
         with run_sidecar(config, socket, env) as sidecar:
             try:
-                asyncio.run(use_server(socket, url))
+                while True:
+                    try:
+                        asyncio.run(use_server(socket, url))
+                        break
+                    except Exception as exc:  # the SDK raises in an exception group
+                        required = login_required(exc)
+                        if required is None or not person or logins >= MAX_LOGINS:
+                            # the 403 of a step-up that would not help, handed back by creds.auth
+                            print(f"conformance-client: refused: {type(exc).__name__}: {exc}", flush=True)
+                            return 1
+                        # what a person does when told: run the command named (a step-up)
+                        sys.stderr.write(f"adapter: {required.message}\n")
+                        login(config, env)
+                        logins += 1
             finally:
                 sys.stderr.write(sidecar.log)
     finally:
