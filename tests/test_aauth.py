@@ -286,6 +286,11 @@ endpoint = "{peer.base}/access/mcp"
 trust = "trusted"
 
 [[servers]]
+name = "strict"
+endpoint = "{peer.base}/strict/mcp"
+trust = "trusted"
+
+[[servers]]
 name = "static"
 endpoint = "{peer.url}"
 trust = "trusted"
@@ -383,6 +388,21 @@ async def test_a_refused_session_token_is_dropped_and_the_retry_gets_a_new_one(s
     assert peer.stats()["access_presented"] > after["access_presented"]  # and it is presented
 
 
+async def test_a_refusal_naming_required_input_is_learned_and_retried(sidecar: SidecarProcess,
+                                                                       peer: AAuthPeer) -> None:
+    before = peer.stats()
+    async with raw_client(sidecar, **RPC) as http:
+        answer = await http.post("/mcp/strict", json=INIT)  # refused invalid_input, retried covering @scheme
+        assert answer.status_code == 200, answer.text
+        after = peer.stats()
+        assert after["rejected"].get("invalid_input", 0) - before["rejected"].get("invalid_input", 0) == 1
+        assert "@scheme" in after["covered"]
+        assert (await http.post("/mcp/strict", json=INIT)).status_code == 200  # learned: no refusal now
+        status = (await http.get("/v1/status")).json()
+    assert peer.stats()["rejected"].get("invalid_input", 0) == after["rejected"]["invalid_input"]
+    assert status["aauth"]["resource_components"][peer.base] == [*ASKED, "@scheme"]
+
+
 async def test_aauth_false_sends_no_signature(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
     before = peer.stats()
     async with raw_client(sidecar, **RPC) as http:
@@ -445,15 +465,16 @@ async def test_creds_auth_keeps_the_session_token_and_names_a_requirement(sideca
 
 
 async def test_the_resource_metadata_is_read_once_per_sidecar(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
+    before = peer.stats()
     async with raw_client(sidecar, **RPC) as http:
         for _ in range(3):
             assert (await http.post("/mcp/signed", json=INIT)).status_code == 200
     stats = peer.stats()
-    assert set(ASKED) <= set(stats["covered"]) and not stats["rejected"].get("invalid_input")
+    assert set(ASKED) <= set(stats["covered"]) and stats["rejected"] == before["rejected"]
     assert 1 <= stats["metadata_fetched"] <= 2  # one origin: once for each of the two sidecars, not per request
     async with raw_client(sidecar) as http:
         status = (await http.get("/v1/status")).json()
-    assert status["aauth"]["resource_components"] == {peer.base: list(ASKED)}
+    assert status["aauth"]["resource_components"][peer.base][:2] == list(ASKED)
     logged = [json.loads(line) for line in sidecar.log.splitlines() if "does not produce" in line]
     assert [entry["skipped"] for entry in logged] == [1]  # @query-param, left out (never quoted), once
 
@@ -467,8 +488,9 @@ async def test_the_sign_route_signs_a_direct_clients_request(
         answer = await http.post("/v1/servers/signed/sign", json=ask)
     assert answer.status_code == 200, answer.text
     signed = answer.json()
-    assert signed["covered"] == ["@method", "@authority", "@path", "@target-uri", "signature-key",
-                                 "content-digest", "content-type"]  # @target-uri: the resource asks for it
+    assert [c for c in signed["covered"] if c != "@scheme"] == [  # @scheme: if /strict/ taught it already
+        "@method", "@authority", "@path", "@target-uri", "signature-key", "content-digest",
+        "content-type"]  # @target-uri: the resource asks for it
     assert signed["headers"]["Signature-Key"] == httpsig.hwk_key({"kty": "OKP", "crv": "Ed25519",
                                                                   "x": public_x(workdir), "alg": "Ed25519"})
     with httpx.Client(timeout=10) as direct:  # the client talks to the server itself

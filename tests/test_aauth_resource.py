@@ -23,7 +23,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mcpcreds import httpsig
 from mcpcreds.aauth_requirement import AAuthRequirementError, access_token, describe, refusal, requirement
-from mcpcreds.aauth_resource import FRESH, MAX_METADATA, RETRY, ResourceMetadata, parse_components
+from mcpcreds.aauth_resource import (
+    FRESH,
+    MAX_METADATA,
+    RETRY,
+    ResourceMetadata,
+    parse_components,
+    required_input,
+)
 from mcpcreds.auth import Sidecar, Upstream, credential_flow
 from mcpcreds.config import parse_config
 from tests.peers.aauth_verify import Rejected, verify
@@ -109,6 +116,30 @@ async def test_without_a_readable_document_the_base_components_and_a_retry_later
 
 async def test_without_an_http_client_nothing_is_fetched() -> None:
     assert await ResourceMetadata(lambda: 0.0, None).components(CONFIG.servers["far"]) == ()
+
+
+def test_a_refusal_naming_required_input_teaches_the_origin() -> None:
+    header = ('error=invalid_input, required_input=("@method" "@authority" "@path" "signature-key" '
+              '"content-digest" "@scheme" "@query-param" "x-tenant")')
+    assert required_input([("Signature-Error", header)]) == ("@method", "@authority", "@path", "signature-key",
+                                                            "content-digest", "@scheme", "x-tenant")
+    assert required_input([("Signature-Error", "error=invalid_signature")]) == ()
+    assert required_input([("Signature-Error", "error=invalid_input")]) == ()
+    assert required_input([("Signature-Error", "error=invalid_input, required_input=(" + '"a" ' * 2000 + ")")]) == ()
+
+
+async def test_learned_components_join_the_document_and_expire_with_it() -> None:
+    resource, now = Resource(), [1000.0]
+    held = metadata(resource, now)
+    assert await held.components(CONFIG.servers["res"]) == ("content-digest",)
+    now[0] = 1500.0
+    assert held.learn(CONFIG.servers["twin"], ("@method", "content-digest", "@scheme"))  # the same origin
+    assert not held.learn(CONFIG.servers["res"], ("@scheme", "signature-key"))  # nothing new
+    assert await held.components(CONFIG.servers["res"]) == ("content-digest", "@scheme")
+    assert await held.components(CONFIG.servers["far"]) == ("content-digest",)  # another origin: its own
+    now[0] = 1000 + FRESH  # the document's entry expires: read again, what was learned goes with it
+    assert await held.components(CONFIG.servers["res"]) == ("content-digest",)
+    assert not ResourceMetadata(lambda: 0.0, None).learn(CONFIG.servers["res"], ("@scheme",))
 
 
 # ------------------------------------------------------------------------------ derived components

@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from . import httpsig
 from .aauth_requirement import access_token, refusal, requirement
-from .aauth_resource import ResourceMetadata
+from .aauth_resource import ResourceMetadata, required_input
 from .config import Config, Target, default_socket_path
 from .egress import EgressPolicy, egress_client, is_dev_loopback_url
 from .errors import ConfigError, Forbidden, InvalidRequest, McpcredsError
@@ -490,10 +490,13 @@ class AAuthSigner:
 
     def retry_after_401(self, target: Target, headers: Iterable[tuple[str, str]]) -> bool:
         """A signed server's 401 before the gateway's one retry: the session token it refused is
-        dropped (the retry goes without it, and the resource may give a new one); a 401 that
+        dropped (the retry goes without it, and the resource may give a new one); components an
+        `invalid_input` error requires are covered from now on (the retry included); a 401 that
         names a requirement the sidecar cannot meet is not retried."""
+        lines = list(headers)
         self._access.pop(target.name, None)
-        return requirement(headers) is None
+        self.resources.learn(target, required_input(lines))  # invalid_input naming what to cover
+        return requirement(lines) is None
 
     def refused_body(self, target: Target, status: int, headers: Iterable[tuple[str, str]]) -> bytes | None:
         """The gateway's answer body for a signed server's 401 that names an AAuth requirement: an

@@ -11,6 +11,9 @@ asks every signature to cover (for example `content-digest`, RFC 9530, for body 
   and the derived `@method`, `@authority`, `@path`, `@query`, `@target-uri`, `@scheme`,
   `@request-target`. Others (parameters, `@query-param`, ...) are left out and logged once per
   origin, never quoted; the resource's refusal then says what it missed.
+- A refusal that says it (`Signature-Error: error=invalid_input, required_input=(...)`, the
+  Signature-Key draft) teaches the origin's entry those components too (`learn`), so the gateway's
+  one retry covers them; bounded like the document.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
@@ -41,7 +44,10 @@ RETRY: Final = 300.0
 DERIVED: Final = frozenset({"@method", "@authority", "@path", "@query", "@target-uri", "@scheme",
                             "@request-target"})
 _FIELD: Final = re.compile(r"[a-z0-9!#$%&'*+\-.^_`|~]{1,64}\Z")
+_REQUIRED_INPUT: Final = re.compile(r"required_input\s*=\s*\(([^()]{0,2048})\)")
+_SF_STRING: Final = re.compile(r'"([^"\\]{0,64})"')
 _NEVER: Final = frozenset({"signature", "signature-input"})
+_BASE: Final = frozenset({"@method", "@authority", "@path", "signature-key"})  # always covered
 
 
 def origin_of(endpoint: str) -> str:
@@ -66,6 +72,18 @@ def parse_components(data: Any) -> tuple[tuple[str, ...], int]:
         elif name not in taken:
             skipped += 1
     return tuple(taken), skipped + max(0, len(raw) - MAX_COMPONENTS)
+
+
+def required_input(headers: Iterable[tuple[str, str]]) -> tuple[str, ...]:
+    """The components a `Signature-Error: error=invalid_input` names in `required_input` (those
+    this signer produces), else ()."""
+    for name, value in headers:
+        if name.lower() == "signature-error" and len(value) <= 4096 and "invalid_input" in value:
+            found = _REQUIRED_INPUT.search(value)
+            if found:
+                return parse_components({"additional_signature_components":
+                                         _SF_STRING.findall(found.group(1))})[0]
+    return ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +116,26 @@ class ResourceMetadata:
             task = self._pending[origin] = asyncio.ensure_future(self._fetch(target, origin))
             task.add_done_callback(lambda _: self._pending.pop(origin, None))
         return await asyncio.shield(task)
+
+    def learn(self, target: Target, components: Iterable[str]) -> bool:
+        """Components a refusal named, added to the origin's entry; True when any was new."""
+        if self.http_for is None:
+            return False
+        origin = origin_of(target.endpoint)
+        held = self._cache.get(origin)
+        known = held.components if held is not None else ()
+        added = tuple(c for c in components if c not in known and c not in _BASE)
+        if not added:
+            return False
+        merged = (*known, *added)[:MAX_COMPONENTS]
+        until = held.until if held is not None else self.clock() + FRESH
+        if held is None and len(self._cache) >= MAX_ORIGINS:
+            with contextlib.suppress(StopIteration):
+                del self._cache[next(iter(self._cache))]
+        self._cache[origin] = _Entry(merged, until)
+        _log.info("aauth: the resource asked for more signature components; covered from now on",
+                  extra={"server": target.name, "added": list(added)})
+        return True
 
     def held(self) -> dict[str, list[str]]:
         """Per origin, the components asked for (for status)."""

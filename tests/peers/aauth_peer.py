@@ -4,6 +4,8 @@ admits only requests signed as AAuth profiles HTTP Message Signatures, checked b
 
 - `/mcp`: a request that fails verification gets 401 with `WWW-Authenticate: AAuth` and
   `Signature-Error: error=<code>`; a verified one reaches the SDK's app. Tools: `echo`, `add`.
+- `/strict/mcp`: like `/mcp`, but its verifier also demands `@scheme`, which the metadata does not
+  name: the refusal says so (`Signature-Error: error=invalid_input, required_input=(...)`).
 - `/token-required/mcp`: verifies the signature, then asks for an AAuth access token the sidecar
   does not have: 401 `WWW-Authenticate: AAuth requirement=auth-token`, `Signature-Error` absent.
 - `/.well-known/aauth-resource.json`: with `components` (AAUTH_PEER_COMPONENTS), the resource's
@@ -131,6 +133,9 @@ def build_server() -> MCPServer[Any]:
 def build_app(state: State) -> ASGIApp:
     mcp_app = build_server().streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
 
+    def required_of(scope: Scope) -> list[str]:  # /strict/: one more than the metadata says
+        return [*state.components, "@scheme"] if scope.get("path", "").startswith("/strict/") else state.components
+
     def check(scope: Scope, body: bytes) -> Rejected | None:
         lines = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         host = next((v for k, v in lines if k.lower() == "host"), "")
@@ -142,7 +147,7 @@ def build_app(state: State) -> ASGIApp:
             state.unsigned += 1
         try:
             verified = verify(scope["method"], url, lines, body, time.time(), token_jwk=state.token_jwk,
-                              required=state.components)
+                              required=required_of(scope))
         except Rejected as exc:
             state.rejected[exc.error] += 1
             return exc
@@ -217,7 +222,7 @@ def build_app(state: State) -> ASGIApp:
         failed = check(scope, body)
         if failed is not None:
             await send_json(send, 401, {"error": failed.error}, [
-                (b"www-authenticate", b'AAuth'), (b"signature-error", f"error={failed.error}".encode())])
+                (b"www-authenticate", b'AAuth'), (b"signature-error", signature_error(failed, required_of(scope)))])
             return
         if path == "/token-required/mcp":
             await send_json(send, 401, {"error": "auth_token_required"}, [
@@ -248,6 +253,14 @@ def build_app(state: State) -> ASGIApp:
         await mcp_app({**scope, "path": "/mcp"} if path.endswith("/mcp") else scope, receive, send)
 
     return app
+
+
+def signature_error(failed: Rejected, required: list[str]) -> bytes:
+    """`Signature-Error` (the Signature-Key draft): invalid_input names every component required."""
+    if failed.error != "invalid_input":
+        return f"error={failed.error}".encode()
+    names = " ".join(f'"{n}"' for n in ("@method", "@authority", "@path", "signature-key", *required))
+    return f"error=invalid_input, required_input=({names})".encode()
 
 
 async def serve() -> None:
