@@ -64,6 +64,7 @@ from mcpcreds.calls import Calls
 SERVER = "bench"
 TOKEN = "bench-token-0123456789abcdef0123456789abcdef"
 CONCURRENCY = (1, 16)
+CHUNK = 1000  # in-process permits between two yields to the event loop
 CALL_REQUEST = harness.request_bytes("POST", f"/v1/servers/{SERVER}/call", b'{"cost": 1, "max_wait": 30.0}')
 
 
@@ -117,14 +118,20 @@ async def permit_costs(sock: Path, ops: int, rounds: int) -> dict[str, Any]:
         baseline = AsyncLimiter(1_000_000_000, 1.0)
         best = {"lease": float("inf"), "aiolimiter": float("inf")}
         for _ in range(rounds):  # alternating; the best round of each (the least disturbed)
+            # the loop yields every CHUNK operations, as real requests do at each await: the
+            # lease's renewal (a background task) runs then
             t0 = time.perf_counter_ns()
-            for _ in range(ops):
+            for i in range(ops):
                 if await leaser.take(1) is None:
                     raise harness.BenchError("the lease was dropped during the measure")
+                if i % CHUNK == 0:
+                    await asyncio.sleep(0)
             best["lease"] = min(best["lease"], (time.perf_counter_ns() - t0) / ops / 1e3)
             t0 = time.perf_counter_ns()
-            for _ in range(ops):
+            for i in range(ops):
                 await baseline.acquire(1)
+                if i % CHUNK == 0:
+                    await asyncio.sleep(0)
             best["aiolimiter"] = min(best["aiolimiter"], (time.perf_counter_ns() - t0) / ops / 1e3)
         share, burst = leaser.terms
     return {"lease_us": round(best["lease"], 3), "aiolimiter_us": round(best["aiolimiter"], 3),

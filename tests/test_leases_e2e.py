@@ -15,8 +15,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -257,3 +258,55 @@ async def test_a_server_with_leases_false_is_asked_per_request(env: Env) -> None
         assert env.upstream.arrivals()[before:] == [T1] * 6
         [bucket] = [b for b in (await creds.status())["buckets"] if b["key"] == "service:api"]
         assert bucket["granted"] >= 6  # each one a permit of the shared bucket
+
+
+def test_a_sync_client_leases_and_drops_the_old_token_on_invalidation(env: Env) -> None:
+    """The same with the sync `Client` (its own bucket under a lock, its event stream on a thread):
+    requests from a thread, one after the other; after the invalidation's event reached the
+    client, only the new token arrives."""
+    env.set_token(T1)
+    with Client(env.sidecar.socket) as creds, Client(env.sidecar.socket) as admin:
+        admin.invalidate("a")
+        auth = creds.auth("a")
+        with httpx.Client(base_url=env.upstream.url, auth=auth) as http:
+            for _ in range(5):
+                assert http.get("/mcp").status_code == 200
+            leaser = auth._sync_leaser
+            assert leaser is not None and leaser.answer is not None and leaser.served > 0
+            first = len(env.upstream.arrivals())
+            generation = leaser.generation
+            sent = 0
+            delivered_at: int | None = None
+            stop = threading.Event()
+            progress = threading.Condition()
+
+            def traffic() -> None:
+                nonlocal sent, delivered_at
+                while not stop.is_set():
+                    if delivered_at is None and leaser.generation != generation:
+                        delivered_at = sent
+                    assert http.get("/mcp").status_code == 200
+                    with progress:
+                        sent += 1
+                        progress.notify_all()
+
+            def wait_for(condition: Callable[[], bool], what: str) -> None:
+                with progress:
+                    if not progress.wait_for(condition, timeout=20):
+                        raise AssertionError(f"never saw {what}")
+
+            thread = threading.Thread(target=traffic)
+            thread.start()
+            try:
+                wait_for(lambda: sent >= 10, "10 leased requests")
+                env.set_token(T2)
+                admin.invalidate("a")
+                wait_for(lambda: delivered_at is not None and sent >= delivered_at + 10,
+                         "10 requests after the invalidation's event reached the client")
+            finally:
+                stop.set()
+                thread.join(30)
+        arrivals = env.upstream.arrivals()[first:first + sent]
+    assert delivered_at is not None and set(arrivals[:10]) == {T1}
+    assert set(arrivals[delivered_at:]) == {T2}, arrivals
+    assert leaser.served > sent // 2  # most of them leased (a renewal or two may ask per request)

@@ -28,6 +28,7 @@ from .scopes import insufficient_scope
 if TYPE_CHECKING:
     from .client import AsyncClient, Client
     from .lease_client import AsyncLeaser
+    from .lease_sync import SyncLeaser
 
 On429 = Literal["raise", "wait", "return"]
 DEFAULT_RETRY_AFTER: Final = 1.0
@@ -183,6 +184,7 @@ class CredentialsAuth(httpx.Auth):
     requires_request_body = True  # a retry after a 401 sends the body again
     lease = True  # lease a share when called often (lease_client.py); False: a round trip per request
     _leaser: AsyncLeaser | None = None
+    _sync_leaser: SyncLeaser | None = None
 
     def __init__(self, client: Client | None, async_client: AsyncClient | None, name: str, *,
                  cost: int = 1, max_wait: float = 30.0, on_429: On429 = "wait") -> None:
@@ -206,7 +208,8 @@ class CredentialsAuth(httpx.Auth):
         try:
             while True:
                 if isinstance(step, Sidecar):
-                    step = flow.send(self._client.run(step.call))
+                    leased = self._leased_sync(step.call) if self.lease else None
+                    step = flow.send(leased if leased is not None else self._client.run(step.call))
                 else:
                     response = yield step.request
                     step = flow.send(response)
@@ -248,6 +251,25 @@ class CredentialsAuth(httpx.Auth):
             leaser = self._leaser = AsyncLeaser(self._async_client, self.name)
             self._async_client._leasers.append(leaser)
         return await leaser.take(self.cost)
+
+    def _leased_sync(self, call: Call[Any]) -> dict[str, Any] | None:
+        """`_leased` for the sync driver (lease_sync.py)."""
+        action = call.path.rpartition("/")[2]
+        leaser = self._sync_leaser
+        if action != "call":
+            if leaser is not None and action in ("invalidate", "backoff"):
+                leaser.drop()
+            return None
+        if leaser is None:
+            from .lease_sync import SyncLeaser
+
+            assert self._client is not None
+            with self._client._leasers_lock:
+                leaser = self._sync_leaser
+                if leaser is None:
+                    leaser = self._sync_leaser = SyncLeaser(self._client, self.name)
+                    self._client._leasers.append(leaser)
+        return leaser.take(self.cost)
 
     async def aclose(self) -> None:
         """Give the lease up now (closing the client does it too)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -303,6 +304,8 @@ class Client(_Base):
                  sidecar_uid: int | None = None) -> None:
         super().__init__(socket, grant, timeout, connect_retry, sidecar_uid)
         self._http = SyncUdsHttp(str(self.socket_path), self._headers, self.sidecar_uid)
+        self._leasers: list[Any] = []  # lease_sync.SyncLeaser of each auth() that leased
+        self._leasers_lock = threading.Lock()
 
     def __enter__(self) -> Client:
         return self
@@ -311,6 +314,10 @@ class Client(_Base):
         self.close()
 
     def close(self) -> None:
+        with self._leasers_lock:  # closing their event streams hands their shares back at once
+            leasers, self._leasers = self._leasers, []
+        for leaser in leasers:
+            leaser.close()
         self._http.close()
 
     def run(self, call: Call[R]) -> R:
@@ -368,11 +375,14 @@ class Client(_Base):
         return self.run(Calls.secret_rotate(name, value, force))
 
     def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
-             on_429: Literal["raise", "wait", "return"] = "wait") -> HttpxAuth:
-        """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled."""
+             on_429: Literal["raise", "wait", "return"] = "wait", lease: bool = True) -> HttpxAuth:
+        """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled;
+        with `lease` (default), a leased share spent in this process when it calls often."""
         from .auth import AUTH_CLASS
 
-        return AUTH_CLASS(self, None, name, cost=cost, max_wait=max_wait, on_429=on_429)  # type: ignore[return-value]
+        auth = AUTH_CLASS(self, None, name, cost=cost, max_wait=max_wait, on_429=on_429)
+        auth.lease = lease
+        return auth  # type: ignore[return-value]
 
 
 __all__ = ["AsyncClient", "Client", "McpcredsError"]

@@ -42,6 +42,7 @@ RETRY_AFTER_FAILURE: Final = 1.0
 DEMAND_HEADROOM: Final = 2.0  # ask for twice what was used: a growing client can double per renewal
 MAX_EVENT_LINE: Final = 64 * 1024
 DROP_KINDS: Final = frozenset({"invalidate", "rotation", "pause"})
+WAITED: Final = 0.001  # seconds in `acquire` that mean the share, not the event loop, held it back
 
 
 class EventStream:
@@ -105,6 +106,7 @@ class AsyncLeaser:
         self.key: str | None = None
         self.lease: str | None = None
         self.terms: tuple[float, int] = (0.0, 0)
+        self.burst = 0  # terms[1], read on the hot path
         self.limiter: AsyncLimiter | None = None
         self.deadline = 0.0
         self.renew_at = 0.0
@@ -125,31 +127,25 @@ class AsyncLeaser:
         """Leased headers with `cost` permits spent in-process, or None: ask per request."""
         answer, limiter = self.answer, self.limiter
         now = self.clock()
-        if answer is not None and limiter is not None and now < self.deadline and cost <= self.terms[1]:
+        if answer is not None and limiter is not None and now < self.deadline and cost <= self.burst:
             if now >= self.renew_at and self.obtaining is None:
                 self._start_obtaining()
-            if limiter.has_capacity(cost):
-                await limiter.acquire(cost)  # at once: nothing can change in between
-            else:
+            generation = self.generation
+            await limiter.acquire(cost)  # at once while the share has room; else it waits for it
+            if generation != self.generation or limiter is not self.limiter:
+                # dropped, or new terms, while waiting: this permit is void (never the old
+                # headers, nor a share the sidecar may no longer keep aside); take one anew
+                return await self.take(cost)
+            after = self.clock()
+            if after - now > WAITED:
                 self.saturated = True  # the share is what limits: ask for more at the renewal
-                generation = self.generation
-                try:
-                    async with asyncio.timeout(self.deadline - now):
-                        await limiter.acquire(cost)
-                except TimeoutError:
+                if after >= self.deadline:
                     return None
-                if generation != self.generation or limiter is not self.limiter:
-                    # dropped, or new terms, while waiting: this permit is void (never the old
-                    # headers, nor a share the sidecar may no longer keep aside); take one anew
-                    return await self.take(cost)
-                if self.clock() >= self.deadline:
-                    return None
-                answer = self.answer or answer
             self.used += cost
             self.served += 1
             return answer
-        if self.disabled or now < self.retry_at:
-            return None
+        if self.disabled or now < self.retry_at or (answer is not None and now < self.deadline):
+            return None  # (a live lease whose burst is less than `cost`: per request)
         self.recent.append(now)
         often = len(self.recent) == TRIGGER_CALLS and now - self.recent[0] <= TRIGGER_SECONDS
         if self.lease is None and not often:
@@ -212,7 +208,7 @@ class AsyncLeaser:
             limiter = AsyncLimiter(burst, per * burst / share)
             if burst - initial > 0:  # starts with only the permits the sidecar moved to it
                 await limiter.acquire(burst - max(0, initial))
-            self.limiter, self.terms = limiter, (share, burst)
+            self.limiter, self.terms, self.burst = limiter, (share, burst), burst
         if self.subscriber is None:  # the stream ended meanwhile: nothing leased is usable
             return False
         self.answer = {"headers": got["headers"], "fingerprint": got.get("fingerprint")}
