@@ -505,9 +505,17 @@ async def status_until(sidecar: SidecarProcess, server: str, check: Any) -> tupl
 
 async def test_status_counts_live_sessions_and_streams_per_server_never_their_ids(
         peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    seen = set(peer.stats()["sessions"])  # the ids of earlier tests' sessions (none if run alone)
     async with mcp_session(sidecar, "watched") as session:
-        session_id = [s for s in peer.stats()["sessions"] if s][-1]
         row, text = await status_until(sidecar, "watched", lambda r: r["sessions"] == 1 and r["streams"] == 1)
+
+        def new_ids() -> set[str]:  # this session's upstream id, on the requests after initialize
+            return {s for s in peer.stats()["sessions"] if s and s not in seen}
+
+        await eventually(new_ids)
+        ids = new_ids()
+        assert len(ids) == 1, ids
+        session_id = ids.pop()
         assert row["oldest_session_age"] >= 0 and row["in_flight"] == 0  # the stream: the SDK's GET
         assert session_id not in text
         async with raw_client(sidecar) as http:
