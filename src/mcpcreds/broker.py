@@ -23,6 +23,7 @@ from .errors import (
     InvalidRequest,
     McpcredsError,
     SecretUnavailable,
+    StateUnavailable,
     TokenEndpointError,
     UnknownSecret,
     UnknownServer,
@@ -545,7 +546,16 @@ class Broker:
                 "logins": self.logins.status(), "buckets": await self.buckets(),
                 "secrets": self.dependency_map(),
                 "state": self.sharing.kind,
-                "leases": self.leases.status(self.clock.monotonic())}
+                "leases": self.leases.status(self.clock.monotonic()),
+                "grants": await self.grants_status()}
+
+    async def grants_status(self) -> dict[str, int] | None:
+        """Live grants and their limit (None when the shared state cannot say: status still answers)."""
+        try:
+            live = await self.grants.live()
+        except StateUnavailable:
+            return None
+        return {"live": live, "limit": self.config.sidecar.max_grants}
 
     async def buckets(self) -> list[dict[str, Any]]:
         """The buckets, each with who set its current pause (`paused_by`: uid, pid, grant)."""

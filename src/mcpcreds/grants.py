@@ -96,6 +96,10 @@ class GrantStore(Protocol):
 
     async def revoke(self, grant_id: str) -> bool: ...
 
+    async def live(self) -> int:
+        """How many grants are live now (unexpired, unrevoked): status shows it."""
+        ...
+
 
 class MemoryGrants:
     """Grants in this sidecar's memory. A heap by expiry sweeps lapsed grants, so a put costs
@@ -140,6 +144,10 @@ class MemoryGrants:
             self._remove(gid)
             todo.extend(self._children.pop(gid, ()))
         return True
+
+    async def live(self) -> int:
+        self._expire()
+        return len(self._hash_of)
 
     def _remove(self, grant_id: str) -> None:
         hashed = self._hash_of.pop(grant_id, None)
@@ -246,6 +254,11 @@ class RedisGrants:
             if int(alive) != len(grant.ancestors):
                 return None
         return grant
+
+    async def live(self) -> int:
+        """The grants of every sidecar on this Redis, by the live set the limit is counted on."""
+        count = self.state.redis.zcount(f"{_GRANTS}:live", f"({self.clock.time()}", "+inf")
+        return int(await self.state.call("count grants", count))
 
     async def revoke(self, grant_id: str) -> bool:
         """Revoke the grant and every grant below it; each frees its place in the limits."""
