@@ -587,7 +587,7 @@ def test_the_sign_route_is_described_in_the_openapi_document() -> None:
     route = doc["paths"]["/v1/servers/{name}/sign"]["post"]
     assert route["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/SignRequest"}
     assert set(doc["components"]["schemas"]["SignRequest"]["properties"]) == {"method", "url", "headers",
-                                                                              "content_digest"}
+                                                                              "content_digest", "required_input"}
     assert doc["components"]["schemas"]["McpServerSpec"]["properties"]["aauth"]["type"] == "boolean"
 
 
@@ -706,6 +706,11 @@ enroll = {{ token = "{{{{secret:ENROLL}}}}" }}
 name = "agent"
 endpoint = "{peer.url}"
 trust = "trusted"
+
+[[servers]]
+name = "agent-strict"
+endpoint = "{peer.base}/strict/mcp"
+trust = "trusted"
 """)
     with run_sidecar(config, socket, {"ENROLL": ENROLL}) as proc:
         yield proc
@@ -776,6 +781,26 @@ trust = "trusted"
     assert after["keys"][-1] == jwk["x"] and after["schemes"]["jwt"] > before["schemes"].get("jwt", 0)
     assert peer.check("GET", peer.url, [("host", peer.base.removeprefix("http://")),
                                         *signed["headers"].items()], "") == {"ok": True}
+
+
+async def test_creds_auth_retries_covering_what_a_refusal_requires(jwt_sidecar: SidecarProcess,
+                                                                   peer: AAuthPeer) -> None:
+    import httpx2
+
+    before = peer.stats()  # this sidecar's gateway never met /strict/: only the refusal can say @scheme
+    async with AsyncClient(jwt_sidecar.socket) as creds, httpx2.AsyncClient(auth=creds.auth("agent-strict")) as http:
+        answer = await http.post(f"{peer.base}/strict/mcp", json=INIT, headers=RPC)
+    assert answer.status_code == 200, answer.text
+    after = peer.stats()
+    assert after["rejected"].get("invalid_input", 0) - before["rejected"].get("invalid_input", 0) == 1
+    assert "@scheme" in after["covered"]
+    async with raw_client(jwt_sidecar) as http:
+        bad = await http.post("/v1/servers/agent-strict/sign", json={
+            "method": "GET", "url": f"{peer.base}/strict/mcp", "content_digest": EMPTY_DIGEST,
+            "required_input": "@scheme"})
+        status = (await http.get("/v1/status")).json()
+    assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_request")
+    assert "@scheme" not in status["aauth"]["resource_components"][peer.base]  # one caller's, not shared
 
 
 def provider_signer(tmp_path: Path, enroll: dict[str, Any] | str, handler: Any) -> AAuthSigner:

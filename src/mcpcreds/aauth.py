@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from . import httpsig
 from .aauth_requirement import access_token, refusal, requirement
-from .aauth_resource import ResourceMetadata, required_input
+from .aauth_resource import MAX_COMPONENTS, ResourceMetadata, parse_components, required_input
 from .config import Config, Target, default_socket_path
 from .egress import EgressPolicy, egress_client, is_dev_loopback_url
 from .errors import ConfigError, Forbidden, InvalidRequest, McpcredsError
@@ -512,9 +512,19 @@ class AAuthSigner:
         if not target.aauth:
             raise Forbidden(f"requests to server {target.name!r} are not signed with AAuth (aauth = false, "
                             "or `auth`/`oauth` takes precedence)")
-        request = parse_sign_request(target, body, header_ok=lambda _name, _value: True)
+        request = parse_sign_request(target, body, header_ok=lambda _name, _value: True,
+                                     extra=frozenset({"required_input"}))
         digest = body.get("content_digest")
         asked = await self.resources.components(target)
+        named = body.get("required_input")
+        if named is not None:  # what a refusal's Signature-Error named: covered in this signature
+            if not isinstance(named, list) or len(named) > MAX_COMPONENTS or not all(
+                    isinstance(c, str) and len(c) <= 64 for c in named):
+                raise InvalidRequest(f"required_input must be a list of at most {MAX_COMPONENTS} component "
+                                     "names (what a refusal's Signature-Error named)")
+            # only for this caller's signature: a caller does not change what others' cover
+            more, _ = parse_components({"additional_signature_components": named})
+            asked = (*asked, *(c for c in more if c not in asked))
         if digest is None and "content-digest" in asked:
             raise InvalidRequest(f"server {target.name!r} asks that content-digest be covered (its "
                                  "aauth-resource.json): send content_digest (RFC 9530), the empty body's too")

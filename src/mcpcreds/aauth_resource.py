@@ -75,14 +75,15 @@ def parse_components(data: Any) -> tuple[tuple[str, ...], int]:
 
 
 def required_input(headers: Iterable[tuple[str, str]]) -> tuple[str, ...]:
-    """The components a `Signature-Error: error=invalid_input` names in `required_input` (those
-    this signer produces), else ()."""
+    """The components a `Signature-Error: error=invalid_input` names in `required_input` beyond
+    the base ones (those this signer produces), else ()."""
     for name, value in headers:
         if name.lower() == "signature-error" and len(value) <= 4096 and "invalid_input" in value:
             found = _REQUIRED_INPUT.search(value)
             if found:
-                return parse_components({"additional_signature_components":
-                                         _SF_STRING.findall(found.group(1))})[0]
+                listed = _SF_STRING.findall(found.group(1))
+                named, _ = parse_components({"additional_signature_components": listed})
+                return tuple(c for c in named if c not in _BASE)
     return ()
 
 

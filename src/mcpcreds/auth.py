@@ -80,8 +80,8 @@ def _apply(request: Any, answer: dict[str, Any]) -> str | None:
     return fingerprint
 
 
-def _credentials(name: str, request: Any, cost: int, max_wait: float,
-                 session: dict[str, str] | None = None) -> Generator[Step, Any, str | None]:
+def _credentials(name: str, request: Any, cost: int, max_wait: float, session: dict[str, str] | None = None,
+                 required: tuple[str, ...] = ()) -> Generator[Step, Any, str | None]:
     """Permit and headers; for an AAuth server (the answer says `aauth`) or an AWS SigV4 one
     (`sigv4`), the signature too: the sidecar signs with its agent key or AWS credentials, which
     never leave it; the body only as its RFC 9530 digest. An AAuth server's session token (its
@@ -103,7 +103,7 @@ def _credentials(name: str, request: Any, cost: int, max_wait: float,
                   if body or aauth else None)
         covered = ("content-type",) if sigv4 else ("authorization", "content-type")
         cover = {k: v for k, v in request.headers.items() if k.lower() in covered}
-        signed = yield Sidecar(Calls.sign(name, request.method, str(request.url), cover, digest))
+        signed = yield Sidecar(Calls.sign(name, request.method, str(request.url), cover, digest, required))
         _apply(request, signed)
     return fingerprint
 
@@ -142,6 +142,16 @@ def _step_up(name: str, request: Any, fingerprint: str | None, scope: str,
     return response
 
 
+def _required_input(request: Any, response: Any) -> tuple[str, ...]:
+    """What a signed server's `Signature-Error: error=invalid_input` asks to be covered (the retry
+    asks the sidecar to cover it, and the sidecar keeps it for that server's origin)."""
+    if "signature-key" not in request.headers or "signature-error" not in response.headers:
+        return ()
+    from .aauth_resource import required_input  # only for such a refusal
+
+    return required_input(response.headers.multi_items())
+
+
 def credential_flow(name: str, request: Any, *, cost: int = 1, max_wait: float = 30.0, on_429: On429 = "wait",
                     session: dict[str, str] | None = None) -> Generator[Step, Any, Any]:
     """Permit + headers, send; on a 401 drop that login and retry once; on a 403
@@ -153,10 +163,11 @@ def credential_flow(name: str, request: Any, *, cost: int = 1, max_wait: float =
     response = yield Upstream(request)
     if response.status_code == 401:
         _aauth_answered(name, request, response, session)  # a requirement we cannot meet: raised now
+        required = _required_input(request, response)
         renewed = yield Sidecar(Calls.refused(name, fingerprint))
         if not renewed:  # the same login again would be refused again: hand the 401 back
             return response
-        yield from _credentials(name, request, cost, max_wait, session)
+        yield from _credentials(name, request, cost, max_wait, session, required)
         response = yield Upstream(request)
     _aauth_answered(name, request, response, session)
     scope = insufficient_scope(response.status_code, response.headers.get("www-authenticate"))

@@ -171,11 +171,14 @@ class Calls:
 
     @staticmethod
     def sign(name: str, method: str, url: str, headers: dict[str, str],
-             content_digest: str | None) -> Call[dict[str, Any]]:
-        """AAuth: the headers that sign this request with the sidecar's agent key."""
+             content_digest: str | None, required_input: tuple[str, ...] = ()) -> Call[dict[str, Any]]:
+        """AAuth: the headers that sign this request with the sidecar's agent key (covering, too,
+        what a refusal's `required_input` named)."""
         body: dict[str, Any] = {"method": method, "url": url, "headers": headers}
         if content_digest is not None:
             body["content_digest"] = content_digest
+        if required_input:
+            body["required_input"] = list(required_input)
         return Call("POST", _server(name, "sign"), _with_headers, body)
 
     @staticmethod

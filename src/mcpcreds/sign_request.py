@@ -28,13 +28,14 @@ class SignRequest:
 
 
 def parse_sign_request(target: Target, body: dict[str, Any], *, header_ok: Callable[[str, str], bool],
-                       values: str = "string values") -> SignRequest:
+                       values: str = "string values", extra: frozenset[str] = frozenset()) -> SignRequest:
     """The request a direct client wants signed. `header_ok` is the signer's own rule for a header
-    name and value (beyond types and sizes); `values` names what it accepts in the error."""
+    name and value (beyond types and sizes); `values` names what it accepts in the error; `extra`
+    the fields of its own it checks itself."""
     if "body" in body:
         raise InvalidRequest("the body is never sent to the sidecar: send content_digest (RFC 9530)")
-    if set(body) - _FIELDS:
-        raise InvalidRequest("unknown fields: the body holds method, url, headers, content_digest")
+    if set(body) - _FIELDS - extra:
+        raise InvalidRequest("unknown fields: the body holds " + ", ".join(sorted(_FIELDS | extra)))
     method = body.get("method")
     if not isinstance(method, str) or not _METHOD.match(method):
         raise InvalidRequest("method must be an upper-case HTTP method")
