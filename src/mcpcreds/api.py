@@ -34,6 +34,7 @@ from .grants import MAX_TTL, Grant, GrantLimits, new_token, token_hash
 from .logs import get_logger
 from .metrics import Metrics
 from .policy import check_rule_of_two
+from .refresh import forget_shared_login
 from .scopes import MAX_SCOPE_CHARS, MAX_SCOPES, parse_scope
 from .secret import redact_json
 from .sigv4 import SigV4Signer
@@ -535,6 +536,8 @@ class Api:
         reason = text_field(body, "reason", MAX_REASON)
         if fp is None and request.grant is not None and target.login is not None:
             raise InvalidRequest("a grant holder must name the fingerprint of the login it was refused with")
+        if reason == "logout":  # `mcpcreds logout`: the login other sidecars share goes too (login_share.py)
+            await forget_shared_login(self.broker, target)
         dropped, renewed = await self.broker.invalidate(target, fp)
         fields = {"key": target.key, "dropped": dropped, "renewed": renewed, "fingerprint": fp,
                   "reason": reason, **_actor(request)}

@@ -482,6 +482,10 @@ class Broker:
                 renewed.append(target.key)
                 continue
             try:
+                if target.login.grant in LOGIN_GRANTS and secret == entry_name(target.key):
+                    # a new login (`mcpcreds login`): renewed from it, not from the access token
+                    # other sidecars share (refresh.py adopts it: login_share.py)
+                    await self.sharing.drop(target.key, None)
                 await self.logins.renew(target)
                 renewed.append(target.key)
             except McpcredsError as exc:

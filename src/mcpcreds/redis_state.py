@@ -309,6 +309,28 @@ class RedisState:
         pipe.pexpire(name, max(1, int(ttl * 1000)))
         await self.call("store login", pipe.execute())
 
+    # -- a person's login (login_share.py): encrypted like logins, bound to its key, no expiry
+
+    async def get_stored_login(self, key: str) -> dict[str, Any] | None:
+        name = _tag(key) + ":person"
+        blob = await self.call("get stored login", self.redis.get(name))
+        if blob is None:
+            return None
+
+        def read(keys: StateKeys) -> dict[str, Any] | None:
+            try:
+                data = json.loads(keys.fernet.decrypt(blob))
+            except (InvalidToken, ValueError):
+                return None
+            return data if isinstance(data, dict) and data.get("key") == key else None
+
+        return await self._verified("stored login", name, read)
+
+    async def put_stored_login(self, key: str, record: dict[str, Any]) -> None:
+        keys = await self.keys(refresh=True)
+        blob = keys.fernet.encrypt(json.dumps({**record, "key": key}).encode())
+        await self.call("store stored login", self.redis.set(_tag(key) + ":person", blob))
+
     async def drop_login(self, key: str, fingerprint: str | None) -> bool:
         return bool(await self.call("drop login", self._drop(keys=[_tag(key) + ":login"],
                                                                args=[fingerprint or ""])))

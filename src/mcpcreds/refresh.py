@@ -5,7 +5,8 @@ keyring does not have), and `login_required` when there is none or it is refused
 server issued no refresh token is its stored access token, served until it expires or a resource
 refuses it (an invalidation), then `login_required`. A client that mcpcreds registered (RFC 7591)
 is the stored registration's. Single flight, refresh ahead and stale-if-error are the login
-cache's (logins.py), as for client credentials."""
+cache's (logins.py), as for client credentials. On a shared (Redis) state, the login every
+sidecar renews from is in Redis, encrypted, redeemed by one sidecar at a time (login_share.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
+from . import login_share
 from .authcode_flow import may_register
-from .config import LoginSpec, Target
+from .config import LOGIN_GRANTS, LoginSpec, Target
 from .errors import LoginRequired, TokenEndpointError
 from .login_store import LoginStore, StoredLogin, login_store
 from .logs import get_logger
@@ -25,6 +27,7 @@ from .secret import fingerprint
 
 if TYPE_CHECKING:
     from .broker import Broker
+    from .redis_state import RedisState
 
 _log = get_logger("refresh")
 # per broker: the access-only login (key -> token) this sidecar served last; asked for again
@@ -66,6 +69,23 @@ def client_of(login: LoginSpec, stored: StoredLogin) -> LoginSpec | None:
     return login
 
 
+def shared_state(broker: Broker) -> RedisState | None:
+    """The Redis state when the sidecar shares it with others, else None."""
+    from .shared import SharedLogins
+
+    return broker.sharing.state if isinstance(broker.sharing, SharedLogins) else None
+
+
+async def forget_shared_login(broker: Broker, target: Target) -> None:
+    """A logout: the login in Redis is cleared too (its seeds kept), for every sidecar."""
+    state = shared_state(broker)
+    if state is None or target.login is None or target.login.grant not in LOGIN_GRANTS:
+        return
+    shared = await login_share.read(state, target.key)
+    if shared is not None and shared.login is not None:
+        await login_share.write(state, target.key, login_share.SharedLogin(None, shared.seeds))
+
+
 async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, str] | None = None) -> Token:
     """A new access token from the stored refresh token; `overrides` are secret values to use
     instead of the stored ones (a rotation's trial of a new client secret or key)."""
@@ -73,6 +93,12 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
     assert login is not None
     store = login_store(broker.config.secrets, broker.resolver)
     stored = await asyncio.to_thread(store.get, target.key)
+    state, shared = shared_state(broker), None
+    if state is not None:  # the login all the sidecars renew from (login_share.py); a new one adopted
+        shared, adopt = login_share.choose(stored, await login_share.read(state, target.key))
+        if adopt and shared is not None:
+            await login_share.write(state, target.key, shared)
+        stored = shared.login if shared is not None else None
     if stored is None:
         raise login_required(target, "no login stored")
     client = client_of(login, stored)
@@ -107,6 +133,8 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
         broker.metrics.inc("mcpcreds_token_errors_total", (("key", target.key),),
                            help_text="Token requests that failed, by cache key.")
         if exc.error == "invalid_grant":
+            if state is not None and shared is not None:  # spent for every sidecar
+                await login_share.write(state, target.key, login_share.SharedLogin(None, shared.seeds))
             raise login_required(target, "the authorization server refused the refresh token "
                                          "(invalid_grant)") from None
         raise
@@ -114,7 +142,10 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
     if rotated is not None and rotated != stored.refresh_token:
         # write-then-use: the old one is spent at the server; the new one must be kept first
         kept = dataclasses.replace(stored, refresh_token=rotated, client_id=login.client_id)  # scope kept
-        await asyncio.to_thread(store.put, target.key, kept)
+        if state is not None and shared is not None:
+            await login_share.write(state, target.key, login_share.SharedLogin(kept, shared.seeds))
+        else:
+            await asyncio.to_thread(store.put, target.key, kept)
         _log.info("refresh token rotated", extra={"key": target.key})
     return token
 
