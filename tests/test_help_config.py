@@ -135,3 +135,23 @@ def test_the_command_prints_the_page() -> None:
             assert f"  {key} = {default}\n" in result.stdout
     assert "refresh_ahead = 60\n" in result.stdout
     assert run_cli("help", "nothing").code == 2
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`mcpcreds help config | head -1`: the page is written, the reader has gone; the closed pipe
+    is met inside the command (exit 1, no "Exception ignored" at interpreter exit). Stdout's buffer
+    holds the whole page, so the first write is the flush, as when head leaves after a line."""
+    import io
+    import os
+
+    from mcpcreds.cli import main
+
+    read, write = os.pipe()
+    os.close(read)
+    out = io.TextIOWrapper(io.BufferedWriter(io.FileIO(write, "w"), buffer_size=1 << 20), encoding="utf-8")
+    monkeypatch.setattr("sys.stdout", out)
+    try:
+        assert main(["help", "config"]) == 1
+    finally:
+        with contextlib.suppress(OSError):  # main() pointed the fd at /dev/null: this flush goes there
+            out.close()

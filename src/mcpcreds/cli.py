@@ -194,6 +194,7 @@ def cmd_help(args: argparse.Namespace) -> int:
     from .help_config import render  # the parser's key lists: imported for this command only
 
     render(sys.stdout)
+    sys.stdout.flush()  # `help config | head`: a closed pipe is met here, where main() handles it
     return EXIT_OK
 
 
