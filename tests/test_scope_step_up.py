@@ -237,3 +237,45 @@ def test_the_flow_hands_back_a_403_no_login_would_help_and_retries_once_after_a_
     plain = httpx.Response(403)
     steps, result = _drive([plain], {"call": CALL})
     assert result is plain and steps[-1] == "upstream"
+
+
+# -- the route: its input checked and never echoed
+
+
+async def test_the_route_refuses_a_bad_scope_without_echoing_it() -> None:
+    import os
+
+    from mcpcreds.api import Api
+    from mcpcreds.audit import AuditLog
+    from mcpcreds.broker import Broker
+    from mcpcreds.clock import FakeClock
+    from mcpcreds.metrics import Metrics
+    from mcpcreds.sources import EnvSource, SecretResolver
+    from mcpcreds.wire import Request, Response
+
+    config = parse_config(tomllib.loads(
+        f'[[servers]]\nname = "docs"\nendpoint = "{MCP}"\nheaders = {{ "X-Api-Key" = "{{{{secret:KEY}}}}" }}\n'
+        f'[[servers]]\nname = "notes"\nendpoint = "{MCP}"\nauth = {PERSON}\n'))
+    clock = FakeClock()
+    log = AuditLog(None, clock)
+    broker = Broker(config, SecretResolver([EnvSource({"KEY": "k-1"})]), clock, Metrics(), log)
+    api = Api(broker, Metrics(), log)
+
+    async def call(name: str, body: object) -> tuple[int, dict[str, Any]]:
+        request = Request("POST", f"/v1/servers/{name}/step-up", "", json.dumps(body).encode(), None,
+                          os.getuid(), 1)
+        result = api.handle(request)
+        response = result if isinstance(result, Response) else await result
+        return response.status, json.loads(response.body)
+
+    try:
+        marker = "evil<script>"
+        for scope in (f'a"{marker}', marker * 400, " ".join(f"s{i}" for i in range(MAX_SCOPES + 1)), "", 7, None):
+            status, answer = await call("notes", {"scope": scope, "fingerprint": FP})
+            assert (status, answer["error"]["code"]) == (400, "invalid_request"), scope
+            assert marker not in json.dumps(answer)
+        # a server with static headers: nothing to widen, the 403 goes back
+        assert await call("docs", {"scope": "files:write"}) == (
+            200, {"step_up": False, "renewed": False, "why": "not_a_person_login"})
+    finally:
+        await broker.aclose()
