@@ -46,13 +46,25 @@ rate = "10/1s"
 """
 
 
-@pytest.fixture
-def sidecar(tmp_path: Path) -> Iterator[SidecarProcess]:
-    socket_path, audit = tmp_path / "run" / "s.sock", tmp_path / "audit.jsonl"
-    config = tmp_path / "config.toml"
+def grants_sidecar(root: Path) -> Iterator[SidecarProcess]:
+    socket_path, audit = root / "run" / "s.sock", root / "audit.jsonl"
+    config = root / "config.toml"
     config.write_text(CONFIG.format(socket=socket_path, audit=audit))
     with run_sidecar(config, socket_path, {"KEY": CANARY}) as proc:
         yield proc
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
+    """One sidecar for the tests that mint, use and revoke grants of their own: a grant is known
+    only by its token, and none of them reads the sidecar's log (they share its start-up)."""
+    yield from grants_sidecar(tmp_path_factory.mktemp("grants"))
+
+
+@pytest.fixture
+def own_sidecar(tmp_path: Path) -> Iterator[SidecarProcess]:
+    """A sidecar for a test that stops it (to read its whole log)."""
+    yield from grants_sidecar(tmp_path)
 
 
 def test_a_child_with_a_grant_reaches_only_its_servers(sidecar: SidecarProcess) -> None:
@@ -127,7 +139,8 @@ def test_a_grant_completing_the_trifecta_is_refused_with_the_three_names(sidecar
         assert len(parent.grant(["web", "crm"])["servers"]) == 2  # two of three is fine
 
 
-def test_spawn_payload_with_a_grant(sidecar: SidecarProcess) -> None:
+def test_spawn_payload_with_a_grant(own_sidecar: SidecarProcess) -> None:
+    sidecar = own_sidecar
     result = run_cli("spawn-payload", "--grant", "crm", "--socket", str(sidecar.socket))
     assert result.code == 0, result.output
     payload = json.loads(result.stdout)

@@ -45,9 +45,11 @@ def write_config(root: Path) -> tuple[Path, Path]:
     return config, sock
 
 
-@pytest.fixture
-def sidecar(tmp_path: Path) -> Iterator[SidecarProcess]:
-    config, sock = write_config(tmp_path)
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
+    """One sidecar for the tests on a real socket: none changes its config, each opens its own
+    connections, and the memory test measures growth from its own baseline (they share its start-up)."""
+    config, sock = write_config(tmp_path_factory.mktemp("wire"))
     with run_sidecar(config, sock, {"DOCS_TOKEN": "docs-token"}) as proc:
         yield proc
 
