@@ -20,6 +20,7 @@ import secretstorage
 from jeepney.bus_messages import MatchRule, message_bus
 from jeepney.io.blocking import open_dbus_connection
 
+from tests.peers.mcp_server import McpServerPeer, start_mcp_server
 from tests.peers.oidc_peer import OidcPeer, start_oidc_peer
 from tests.peers.redis_peer import RedisPeer, start_redis
 
@@ -205,6 +206,15 @@ def module_peer(peer: OidcPeer, ttl: int) -> OidcPeer:
     peer.set_ttl(ttl)
     peer.reset_stats()
     return peer
+
+
+@pytest.fixture(scope="session")
+def mcp_server_session(oidc_session: OidcPeer) -> Iterator[McpServerPeer]:
+    """One real MCP server peer (tests/peers/mcp_server.py: the MCP SDK 2.x, taking the shared
+    oidc-provider's JWTs) for the modules that read its counters as differences and revoke tokens
+    by their own jti: its start-up (the SDK, uvicorn) is paid once."""
+    with start_mcp_server(oidc_session.issuer, oidc_session.jwks_uri) as server:
+        yield server
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from mcp.shared.exceptions import MCPError
 
 from mcpcreds import AsyncClient, Client
 from tests.conftest import CANARY, module_peer
-from tests.peers.mcp_server import McpServerPeer, start_mcp_server
+from tests.peers.mcp_server import McpServerPeer
 from tests.peers.oidc_peer import OidcPeer
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
@@ -54,9 +54,8 @@ def oidc(oidc_session: OidcPeer) -> OidcPeer:
 
 
 @pytest.fixture(scope="module")
-def mcp_server(oidc: OidcPeer) -> Iterator[McpServerPeer]:
-    with start_mcp_server(oidc.issuer, oidc.jwks_uri) as server:
-        yield server
+def mcp_server(oidc: OidcPeer, mcp_server_session: McpServerPeer) -> McpServerPeer:
+    return mcp_server_session  # shared with test_policy (conftest): counters are read as differences
 
 
 @pytest.fixture(scope="module")

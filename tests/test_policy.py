@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from mcpcreds.policy import (
     visible_tools,
 )
 from tests.conftest import CANARY, module_peer
-from tests.peers.mcp_server import McpServerPeer, start_mcp_server
+from tests.peers.mcp_server import McpServerPeer
 from tests.peers.oidc_peer import OidcPeer
 from tests.test_mcp_sdk_e2e import mcp1_python
 
@@ -215,14 +215,15 @@ OIDC_CLIENTS: list[dict[str, Any]] = [  # on the shared peer (conftest)
 
 
 @pytest.fixture(scope="module")
-def mcp_peer(oidc_session: OidcPeer) -> Iterator[tuple[McpServerPeer, str]]:
-    """The real MCP server peer and a bearer token it accepts (from the real oidc-provider)."""
+def mcp_peer(oidc_session: OidcPeer, mcp_server_session: McpServerPeer) -> tuple[McpServerPeer, str]:
+    """The real MCP server peer (shared with test_mcp_sdk_e2e, conftest) and a bearer token it
+    accepts (from the real oidc-provider)."""
     oidc = module_peer(oidc_session, 600)
-    with start_mcp_server(oidc.issuer, oidc.jwks_uri) as server:
-        response = httpx.post(oidc.token_url, auth=("agent", CANARY), timeout=30, data={
-            "grant_type": "client_credentials", "scope": "tools:read tools:call", "resource": server.url})
-        response.raise_for_status()
-        yield server, response.json()["access_token"]
+    server = mcp_server_session
+    response = httpx.post(oidc.token_url, auth=("agent", CANARY), timeout=30, data={
+        "grant_type": "client_credentials", "scope": "tools:read tools:call", "resource": server.url})
+    response.raise_for_status()
+    return server, response.json()["access_token"]
 
 
 @asynccontextmanager
