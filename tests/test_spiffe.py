@@ -9,8 +9,8 @@
   (tests/peers/mcp_gateway_peer.py) carrying the JWT-SVID of the file, the new one once the file
   changes (gateway and headers route); the same server behind a TLS terminator that requires a
   client certificate of the trust domain's CA (certificates made here with `cryptography`): the
-  gateway presents the X.509-SVID, and the new one after the files change; the SVID key and
-  refused tokens in no output (canary scan).
+  gateway presents the X.509-SVID, and the new one after the files change; status shows each
+  SVID's SPIFFE ID and expiry; the SVID key and refused tokens in no output (canary scan).
 """
 
 from __future__ import annotations
@@ -479,6 +479,23 @@ async def test_an_svid_the_server_does_not_trust_is_refused_by_the_server(env: E
     finally:
         write_private(env.svid_dir / "svid.key", good[1].decode())
         write_private(env.svid_dir / "svid.pem", good[0].decode(), 0o644)
+
+
+async def test_status_shows_each_svid_its_spiffe_id_and_expiry_never_a_token(env: Env) -> None:
+    async with raw_client(env) as http:
+        assert (await http.post("/mcp/spiffe-jwt", json=INIT)).status_code == 200
+        assert (await http.post("/mcp/spiffe-x509", json=INIT)).status_code == 200
+        status = (await http.get("/v1/status")).json()
+    rows = {row["key"]: row for row in status["spiffe"]}
+    token = (env.svid_dir / "jwt").read_text()
+    exp = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))["exp"]
+    assert rows["mcp:spiffe-jwt"] == {"key": "mcp:spiffe-jwt", "svid": "jwt", "spiffe_id": AGENT_ID,
+                                      "expires_at": exp}
+    cert = x509.load_pem_x509_certificate((env.svid_dir / "svid.pem").read_bytes())
+    assert rows["mcp:spiffe-x509"] == {"key": "mcp:spiffe-x509", "svid": "x509", "spiffe_id": AGENT_ID,
+                                       "expires_at": cert.not_valid_after_utc.timestamp()}
+    assert "mcp:spiffe-wrong-aud" not in rows  # never read successfully
+    assert token not in json.dumps(status)
 
 
 async def test_the_svid_key_appears_in_no_output(env: Env) -> None:

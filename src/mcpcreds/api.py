@@ -39,6 +39,7 @@ from .scopes import MAX_SCOPE_CHARS, MAX_SCOPES, parse_scope
 from .secret import redact_json
 from .sigv4 import SigV4Signer
 from .sources import check_secret_name
+from .spiffe import spiffe_status
 from .step_up import report_insufficient_scope
 from .wire import Answer, Request, Response, StreamingResponse, json_response
 
@@ -415,7 +416,8 @@ class Api:
 
     async def status(self, request: Request) -> Response:
         return answer({**await self.broker.status(), "gateway": self.gateway.status(),
-                       "aauth": self.aauth.status(), "aws": self.sigv4.status()})
+                       "aauth": self.aauth.status(), "aws": self.sigv4.status(),
+                       "spiffe": spiffe_status(self.broker)})
 
     def openapi_doc(self, request: Request) -> Response:
         return Response(200, self.openapi)

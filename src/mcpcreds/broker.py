@@ -118,7 +118,7 @@ class Broker:
         self.audit = audit or AuditLog(None, clock)
         self._http: dict[tuple[str, EgressPolicy, bool, SpiffeAuth | None], httpx.AsyncClient] = {}
         self.jwt_svids = JwtSvidFiles(clock.time)  # auth kind "spiffe", svid "jwt" (spiffe.py)
-        self._x509: dict[SpiffeAuth, X509Source] = {}  # ... svid "x509": the gateway's client identities
+        self.x509_sources: dict[SpiffeAuth, X509Source] = {}  # ... "x509": the gateway's identities
         self.discovery = Discovery()
         parts = build_state(config, resolver, clock, self._fetch_login,
                             lambda: self.config.sidecar.refresh_ahead)
@@ -371,7 +371,7 @@ class Broker:
                                                 max_keepalive_connections=64)
                 kwargs["pool_class"] = H1Transport  # the relayed traffic: a lean HTTP/1.1 client
                 if x509 is not None:  # a SPIFFE X.509-SVID: presented on every upstream connection
-                    kwargs["tls"] = self._x509.setdefault(x509, X509Source(x509)).context
+                    kwargs["tls"] = self.x509_sources.setdefault(x509, X509Source(x509)).context
             client = self._http[key] = egress_client(target.egress, on_connect=on_connect,
                                                      transport_kwargs=kwargs)
         return client

@@ -17,13 +17,26 @@ import ssl
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
+
+from cryptography import x509
 
 from .errors import SecretUnavailable
 from .logs import get_logger
 from .secret import Secret
 from .sources import _file_kind, _open_folder, _read_at_most, _trusted_owner
-from .spiffe_config import MAX_JWT_BYTES, MAX_PEM_BYTES, JwtSvid, SpiffeAuth, SvidError, parse_jwt_svid
+from .spiffe_config import (
+    MAX_JWT_BYTES,
+    MAX_PEM_BYTES,
+    JwtSvid,
+    SpiffeAuth,
+    SvidError,
+    parse_jwt_svid,
+    spiffe_of,
+)
+
+if TYPE_CHECKING:
+    from .broker import Broker
 
 FileKey = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
 _log = get_logger("spiffe")
@@ -90,6 +103,7 @@ class JwtSvidFiles:
     def __init__(self, now: Callable[[], float]) -> None:
         self.now = now
         self._read: dict[str, FileKey] = {}
+        self.held: dict[str, tuple[str, float]] = {}  # path -> the SPIFFE ID and expiry last read (status)
 
     def changed(self, path: str) -> bool:
         """Whether the file is no longer the one last read (a stat, no read: the hot path)."""
@@ -112,7 +126,9 @@ class JwtSvidFiles:
         Secret(svid.token, owner=f"spiffe-jwt:{path}")  # masked wherever it could show
         if len(self._read) > 4096:
             self._read.clear()
+            self.held.clear()
         self._read[path] = key
+        self.held[path] = (svid.spiffe_id, svid.expires_at)
         return svid
 
 
@@ -128,6 +144,8 @@ class X509Source:
         self._context: ssl.SSLContext | None = None
         self._failed: tuple[FileKey | None, ...] | None = None  # the last failed load's (logged once)
         self.loads = 0
+        self.identity: tuple[str | None, float] | None = None  # the leaf's SPIFFE ID and expiry (status)
+        self._identity: tuple[str | None, float] | None = None
 
     def context(self) -> ssl.SSLContext:
         keys = tuple(file_key(p) for p in self.files)
@@ -144,6 +162,7 @@ class X509Source:
                              extra={"error": exc.message})
             return self._context
         self._context, self._keys, self._failed = context, loaded, None
+        self.identity = self._identity
         self.loads += 1
         _log.info("spiffe x509: SVID loaded", extra={"svid_file": self.files[0]})
         return context
@@ -159,6 +178,7 @@ class X509Source:
                 fds.append(fd)
                 keys.append(key)
             bundle = read_checked(fds[2], self.files[2], f"{what} bundle_file", MAX_PEM_BYTES)
+            leaf = read_checked(fds[0], self.files[0], f"{what} svid_file", MAX_PEM_BYTES)
             for fd, path in zip(fds[:2], self.files[:2], strict=True):
                 if os.fstat(fd).st_size > MAX_PEM_BYTES:
                     raise SecretUnavailable(f"{what}: {path}: refused: larger than {MAX_PEM_BYTES} bytes")
@@ -175,8 +195,42 @@ class X509Source:
                 raise SecretUnavailable(f"{what}: svid_file {self.files[0]} and key_file {self.files[1]} "
                                         "are not a PEM certificate and its private key (or do not match)"
                                         ) from None
+            self._identity = _identity(leaf)
             return context, tuple(keys)
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+def _identity(pem: str) -> tuple[str | None, float] | None:
+    """The SPIFFE ID (URI SAN) and expiry of the first certificate of a PEM chain."""
+    try:
+        cert = x509.load_pem_x509_certificate(pem.encode())
+    except ValueError:  # the TLS library took it: not expected
+        return None
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = [u for u in names.get_values_for_type(x509.UniformResourceIdentifier) if u.startswith("spiffe://")]
+    except x509.ExtensionNotFound:
+        uris = []
+    return (uris[0] if uris else None), cert.not_valid_after_utc.timestamp()
+
+
+def spiffe_status(broker: Broker) -> list[dict[str, Any]] | None:
+    """Per cache key with a SPIFFE SVID read or loaded: the kind, the SPIFFE ID and when the
+    SVID expires (never a token or a key)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for target in broker.config.targets_by_key.values():
+        auth = spiffe_of(target)
+        if auth is None:
+            continue
+        held: tuple[str | None, float] | None = None
+        if auth.jwt_svid_file is not None:
+            held = broker.jwt_svids.held.get(auth.jwt_svid_file)
+        elif (source := broker.x509_sources.get(auth)) is not None:
+            held = source.identity
+        if held is not None:
+            rows[target.key] = {"key": target.key, "svid": auth.svid, "spiffe_id": held[0],
+                                "expires_at": held[1]}
+    return [rows[k] for k in sorted(rows)] or None
