@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -285,6 +286,31 @@ def test_the_sidecar_renews_ahead_of_expiry_from_the_refresh_token(setup: Setup,
     assert second["fingerprint"] != first["fingerprint"] and second["expires_at"] > first["expires_at"]
     assert setup.stored("mcp:dev") not in (None, stored)  # the rotated refresh token was kept
     assert setup.peer.stats()["by_grant"]["refresh_token"] >= 2  # the notice, then the timer
+
+
+def test_a_sidecar_killed_right_after_keeping_a_rotated_refresh_token_loses_nothing(
+        setup: Setup, tmp_path: Path) -> None:
+    """kill -9 mid-renewal: the sidecar, told of the login, redeems its refresh token, stores the
+    rotated one and is killed before it uses the new access token (tests/crash_keyring.py). The
+    restarted sidecar renews from what the keyring holds: had the rotated token been used before it
+    was stored, the keyring would hold the spent one (invalid_grant)."""
+    crash_config = tmp_path / "crash.toml"
+    crash_config.write_text(setup.config.read_text().replace(
+        "keyring_service =", 'keyring_backend = "tests.crash_keyring.KillAfterLoginWrite"\nkeyring_service =', 1))
+    crashing = SidecarProcess(crash_config, setup.socket, setup.env)
+    try:
+        crashing.wait_for("ready")
+        setup.login("dev")  # tells the sidecar, which dies in its renewal
+        assert crashing.wait() == -signal.SIGKILL
+    finally:
+        crashing.stop()
+    rotated = setup.stored("mcp:dev")
+    assert rotated is not None and setup.peer.stats()["by_grant"]["refresh_token"] == 1
+    with run_sidecar(setup.config, setup.socket, setup.env) as sidecar, Client(sidecar.socket) as client:
+        client.headers("dev")  # renewed from the rotated token kept before the crash
+        no_refresh_token_anywhere(setup, sidecar, {rotated})
+    assert setup.peer.stats()["by_grant"]["refresh_token"] == 2
+    assert setup.stored("mcp:dev") not in (None, rotated)
 
 
 def test_without_a_working_keyring_the_login_fails_before_anything_is_asked(setup: Setup,
