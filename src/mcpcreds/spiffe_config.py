@@ -34,6 +34,9 @@ X509_KEYS: Final = ("svid_file", "key_file", "bundle_file")
 MAX_JWT_BYTES: Final = 16 * 1024
 MAX_PEM_BYTES: Final = 256 * 1024
 _MAX_PATH: Final = 4096
+# the parsed settings per auth table (by identity; the table is kept so its id is not reused):
+# the gateway asks for them per request
+_PARSED: dict[int, tuple[Mapping[str, Any], SpiffeAuth | None]] = {}
 
 
 class SvidError(ValueError):
@@ -109,9 +112,16 @@ def spiffe_of(target: Target) -> SpiffeAuth | None:
     auth = target.spec.auth
     if auth is None or auth.get("kind") != "spiffe" or target.auth_kind != "auth":
         return None
+    held = _PARSED.get(id(auth))
+    if held is not None and held[0] is auth:
+        return held[1]
     from .config import _Collector
 
-    return parse_spiffe_auth(_Collector(), "auth", auth)
+    parsed = parse_spiffe_auth(_Collector(), "auth", auth)
+    if len(_PARSED) >= 1024:
+        _PARSED.clear()
+    _PARSED[id(auth)] = (auth, parsed)
+    return parsed
 
 
 def jwt_svid_file(target: Target) -> str | None:
