@@ -10,6 +10,7 @@ bound a broken release would cross (half the lease, which is 60 s on that server
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import os
 import signal
@@ -310,3 +311,66 @@ def test_a_sync_client_leases_and_drops_the_old_token_on_invalidation(env: Env) 
     assert delivered_at is not None and set(arrivals[:10]) == {T1}
     assert set(arrivals[delivered_at:]) == {T2}, arrivals
     assert leaser.served > sent // 2  # most of them leased (a renewal or two may ask per request)
+
+
+def overfull_windows_sorted(grants: list[tuple[float, float]], burst: int, per_second: float
+                            ) -> list[tuple[float, int]]:
+    """`overfull_windows` (tests/test_rates_e2e.py) in O(n² log n), for a thousand grants: for each
+    start (a sent time), the grants sent from it, by answered time; the k-th of them ends a window
+    that holds k + 1 grants."""
+    found = set()
+    ordered = sorted(grants)
+    suffix: list[float] = []  # answered times of the grants sent at or after `start`, sorted
+    for i in range(len(ordered) - 1, -1, -1):  # from the latest start: the suffix grows by one
+        start, answered = ordered[i]
+        bisect.insort(suffix, answered)
+        if i > 0 and ordered[i - 1][0] == start:
+            continue  # a tie: the window from this start is counted with all of them
+        for k, end in enumerate(suffix):
+            if end >= start and k + 1 > burst + per_second * (end - start) + 1e-6:
+                found.add((round(end - start, 3), k + 1))
+    return sorted(found)
+
+
+def test_overfull_windows_sorted_agrees_with_the_cubic_one() -> None:
+    import random
+
+    rng = random.Random(3)
+    for _ in range(50):
+        grants = [(t := rng.uniform(0, 3), t + rng.uniform(0, 0.3)) for _ in range(rng.randrange(1, 40))]
+        assert overfull_windows_sorted(grants, 5, 4.0) == overfull_windows(grants, 5, 4.0)
+
+
+@pytest.mark.soak
+def test_eight_processes_on_100_per_second_for_10_s_stay_within_the_bucket(env: Env, tmp_path: Path) -> None:
+    """The issue's accuracy run: eight processes lease shares of one 100/1s bucket for 10 s. Never
+    over (the windows, counted at the upstream); the use is printed (issue 18 asks >= 95 %)."""
+    config = env.sidecar.config.read_text()
+    assert 'rate = "20/1s"' in config  # the `b` server: raised to 100/1s for this run, then back
+    env.set_token(T1)
+    env.sidecar.config.write_text(config.replace('rate = "20/1s"', 'rate = "100/1s"'))
+    env.sidecar.signal(signal.SIGHUP)
+    env.sidecar.wait_for("config reloaded")
+    try:
+        first = len(env.upstream.arrivals())
+        procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(env.sidecar.socket), "b", env.upstream.url,
+                                   "10"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                 for _ in range(8)]
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        reports = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+        grants = [tuple(g) for r in reports for g in r["grants"]]
+        assert len(env.upstream.arrivals()) - first == len(grants)
+        assert overfull_windows_sorted(grants, burst=100, per_second=100.0) == []
+        span = max(a for _, a in grants) - min(s for s, _ in grants)
+        print(f"\n8 processes, 100/1s: {len(grants)} requests in {span:.2f} s, bound {100 + 100 * span:.0f}: "
+              f"use {len(grants) / (100 + 100 * span):.1%}; leased {sum(r['leased'] for r in reports)}; "
+              f"per process {[len(r['grants']) for r in reports]}")
+    finally:
+        env.sidecar.config.write_text(config)
+        env.sidecar.signal(signal.SIGHUP)
+        env.sidecar.wait_for("config reloaded")

@@ -15,6 +15,7 @@ import httpx
 
 from . import __version__
 from .audit import AuditLog
+from .buckets import Limiter
 from .clock import Clock
 from .config import LOGIN_GRANTS, Config, Target
 from .discovery import Discovery
@@ -144,6 +145,15 @@ class Broker:
         spend it until the lease ends)."""
         if not sub.cut_off and self.leases.release_subscriber(sub.id):
             _log.info("leases released: their holder's event stream closed", extra={"uid": sub.uid})
+            for key in self.config.rates:
+                self.lease_changed(key)
+
+    def lease_changed(self, key: str) -> None:
+        """Give the shared bucket of `key` its rate less what is leased now (after a grant, a
+        release, a lapse): its waiters are served at that rate from now, not at the next caller."""
+        target = self.config.targets_by_key.get(key)
+        if target is not None and isinstance(self.limiter, Limiter):
+            self.limiter.take_up_to(key, self.rate_of(target), 0)
 
     # -- shared state
 

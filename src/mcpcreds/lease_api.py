@@ -10,6 +10,7 @@ process until `lease_seconds` after it sent the request, and renews at half of t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from typing import TYPE_CHECKING, Any, Final
@@ -84,6 +85,8 @@ async def lease(api: Api, request: Request) -> Response:
     # the shared bucket's new rate applies from now (its refill until now was at the old one); a
     # new in-process bucket's first permits come out of the shared one
     initial = broker.limiter.take_up_to(key, broker.rate_of(target), terms.burst if terms.changed else 0)
+    # when this lease lapses unrenewed, the shared bucket's waiters get its share back at once
+    asyncio.get_running_loop().call_later(terms.seconds, broker.lease_changed, key)
     fields = json.dumps({"lease": terms.lease, "share": round(terms.share, 6), "burst": terms.burst,
                          "per": terms.per, "initial": initial,
                          "lease_until": broker.clock.time() + terms.seconds,

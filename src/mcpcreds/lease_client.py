@@ -42,7 +42,6 @@ RETRY_AFTER_FAILURE: Final = 1.0
 DEMAND_HEADROOM: Final = 2.0  # ask for twice what was used: a growing client can double per renewal
 MAX_EVENT_LINE: Final = 64 * 1024
 DROP_KINDS: Final = frozenset({"invalidate", "rotation", "pause"})
-WAITED: Final = 0.001  # seconds in `acquire` that mean the share, not the event loop, held it back
 
 
 class EventStream:
@@ -120,6 +119,8 @@ class AsyncLeaser:
         self.terms_per = 1.0  # the period of the rate, from the last lease
         self.served = 0  # requests served from the lease
         self.saturated = False  # a request waited for the share since the last lease
+        self.asked_all = True  # the last lease asked for all it could get (no demand named)
+        self.changed: asyncio.Future[None] | None = None  # set when terms or headers change
 
     # -- the hot path
 
@@ -130,20 +131,12 @@ class AsyncLeaser:
         if answer is not None and limiter is not None and now < self.deadline and cost <= self.burst:
             if now >= self.renew_at and self.obtaining is None:
                 self._start_obtaining()
-            generation = self.generation
-            await limiter.acquire(cost)  # at once while the share has room; else it waits for it
-            if generation != self.generation or limiter is not self.limiter:
-                # dropped, or new terms, while waiting: this permit is void (never the old
-                # headers, nor a share the sidecar may no longer keep aside); take one anew
-                return await self.take(cost)
-            after = self.clock()
-            if after - now > WAITED:
-                self.saturated = True  # the share is what limits: ask for more at the renewal
-                if after >= self.deadline:
-                    return None
-            self.used += cost
-            self.served += 1
-            return answer
+            if limiter.has_capacity(cost):
+                await limiter.acquire(cost)  # at once: nothing can change in between
+                self.used += cost
+                self.served += 1
+                return answer
+            return await self._wait(limiter, cost, now)
         if self.disabled or now < self.retry_at or (answer is not None and now < self.deadline):
             return None  # (a live lease whose burst is less than `cost`: per request)
         self.recent.append(now)
@@ -154,6 +147,38 @@ class AsyncLeaser:
         if not await asyncio.shield(task) or self.answer is None:
             return None
         return await self.take(cost) if self.clock() < self.deadline else None
+
+    async def _wait(self, limiter: AsyncLimiter, cost: int, now: float) -> dict[str, Any] | None:
+        """The share has no room now: wait for it, unless the lease changes first (new terms, or
+        dropped headers), then take anew from what replaced it. A share smaller than what is
+        used is asked to grow at once (the renewal asks for all it can get)."""
+        self.saturated = True
+        if not self.asked_all and self.obtaining is None:
+            self._start_obtaining()
+        changed = self.changed
+        if changed is None or changed.done():
+            changed = self.changed = asyncio.get_running_loop().create_future()
+        acquiring = asyncio.ensure_future(limiter.acquire(cost))
+        try:
+            await asyncio.wait((acquiring, changed), timeout=max(0.0, self.deadline - now),
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not acquiring.done():
+                acquiring.cancel()  # aiolimiter drops a cancelled waiter
+        if acquiring.done() and not acquiring.cancelled() and limiter is self.limiter \
+                and self.answer is not None and self.clock() < self.deadline:
+            self.used += cost
+            self.served += 1
+            return self.answer
+        if changed.done() or limiter is not self.limiter:
+            return await self.take(cost)  # a permit of old terms is void: take one anew
+        return None
+
+    def _changed(self) -> None:
+        """Wake the requests waiting for the old terms or headers."""
+        changed, self.changed = self.changed, None
+        if changed is not None and not changed.done():
+            changed.set_result(None)
 
     # -- leasing
 
@@ -182,6 +207,7 @@ class AsyncLeaser:
             sent = self.clock()
             demand = self._demand(sent, self.terms_per)
             holding = self.terms if self.limiter is not None else None
+            self.asked_all = demand is None
             got = await self.client.run(Calls.lease(self.name, self.lease, self.subscriber, demand, holding))
         except LeasesRefused:
             self.disabled = True
@@ -200,6 +226,7 @@ class AsyncLeaser:
         self.used, self.since, self.saturated = 0, sent, False
         if burst < 1 or share <= 0.0:  # not now: per request, and ask again half a lease later
             self.terms, self.limiter, self.answer = (0.0, 0), None, None
+            self._changed()
             self.retry_at = sent + seconds / 2
             self.recent.clear()
             return False
@@ -209,6 +236,7 @@ class AsyncLeaser:
             if burst - initial > 0:  # starts with only the permits the sidecar moved to it
                 await limiter.acquire(burst - max(0, initial))
             self.limiter, self.terms, self.burst = limiter, (share, burst), burst
+            self._changed()
         if self.subscriber is None:  # the stream ended meanwhile: nothing leased is usable
             return False
         self.answer = {"headers": got["headers"], "fingerprint": got.get("fingerprint")}
@@ -265,6 +293,7 @@ class AsyncLeaser:
         self.answer = None
         self.deadline = 0.0
         self.generation += 1
+        self._changed()
 
     async def aclose(self) -> None:
         """Give everything up: closing the stream hands the shares back at once."""
