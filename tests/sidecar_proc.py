@@ -15,7 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-READY_TIMEOUT = 20.0
+# A bound only a process that never comes up (or never logs the event) crosses, as the peers' 60 s:
+# a crash ends the wait at once (its stderr closes), and under a CPU hog on both cores a start
+# took more than 20 s.
+READY_TIMEOUT = 60.0
 
 
 class SidecarProcess:

@@ -272,7 +272,7 @@ def start_gateway_peer(token_prefix: str, static_key: str) -> Iterator[GatewayPe
     cmd = [sys.executable, "-m", "tests.peers.mcp_gateway_peer", "--token-prefix", token_prefix,
            "--static-key", static_key]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    with ready_process(lambda _: cmd, what="MCP gateway peer", cwd=ROOT, timeout=30, env=env) as (_, base, workdir):
+    with ready_process(lambda _: cmd, what="MCP gateway peer", cwd=ROOT, timeout=60, env=env) as (_, base, workdir):
         peer = GatewayPeer(base, workdir)
         try:
             yield peer
