@@ -50,9 +50,16 @@ rate = "20/1s"
 endpoint = "{url}/mcp"
 headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
 rate = "600/1m"
+[services.slow2]
+endpoint = "{url}/mcp"
+headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
+rate = "600/1m"
 [[servers]]
 name = "a"
 service = "api"
+[[servers]]
+name = "slow2"
+service = "slow2"
 [[servers]]
 name = "b"
 service = "shared"
@@ -207,7 +214,7 @@ from mcpcreds import AsyncClient
 
 async def main() -> None:
     async with AsyncClient(sys.argv[1]) as creds:
-        auth = creds.auth("slow")
+        auth = creds.auth(sys.argv[3])
         async with httpx.AsyncClient(base_url=sys.argv[2], auth=auth) as http:
             while auth._leaser is None or auth._leaser.answer is None:
                 await http.get("/mcp")
@@ -221,7 +228,7 @@ asyncio.run(main())
 def test_a_killed_holder_gives_its_share_back_at_once(env: Env) -> None:
     """A process holding a lease on a 600/1m bucket (leases of 60 s) is SIGKILLed: its share is
     back (the event stream closed) long before its lease would have lapsed."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(env.sidecar.socket), env.upstream.url],
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(env.sidecar.socket), env.upstream.url, "slow"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -374,3 +381,41 @@ def test_eight_processes_on_100_per_second_for_10_s_stay_within_the_bucket(env: 
         env.sidecar.config.write_text(config)
         env.sidecar.signal(signal.SIGHUP)
         env.sidecar.wait_for("config reloaded")
+
+
+def test_callers_queued_on_the_shared_bucket_get_a_released_share_at_once(env: Env) -> None:
+    """While a holder leases nearly all of a 600/1m bucket, the shared bucket refills at 1 permit
+    a minute: a caller without a lease queues there. The holder is SIGKILLed: the queued caller is
+    served at the whole rate from then (not at 1 a minute, nor only when another caller comes)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(env.sidecar.socket), env.upstream.url, "slow2"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().split()[0] == "leased"
+        with Client(env.sidecar.socket) as client, Client(env.sidecar.socket) as waiter:
+            [bucket] = [b for b in client.status()["buckets"] if b["key"] == "service:slow2"]
+            assert bucket["per_second"] < 0.1  # the shared bucket: what the lease left
+            if int(bucket["level"]) >= 1:
+                client.acquire("slow2", cost=int(bucket["level"]))  # drained
+            done = threading.Event()
+
+            def wait_for_a_permit() -> None:
+                waiter.acquire("slow2", cost=1, max_wait=3000)
+                done.set()
+
+            thread = threading.Thread(target=wait_for_a_permit)
+            thread.start()
+            deadline = time.monotonic() + 20
+            while not [b for b in client.status()["buckets"] if b["key"] == "service:slow2" and b["waiting"]]:
+                assert time.monotonic() < deadline and not done.is_set(), "the caller did not queue"
+                time.sleep(0.01)
+            killed = time.monotonic()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            # at 1 permit a minute it would wait up to 60 s; the lease itself would lapse in 60 s
+            assert done.wait(30.0), "the queued caller was not served at the released rate"
+            assert time.monotonic() - killed < 30.0
+            thread.join()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
