@@ -32,6 +32,8 @@ BUILT: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("aws-static", {**AWS, "source": "static", "access_key_id": "{{secret:K}}", "secret_access_key": SECRET}, {}),
     ("aws-imds", {**AWS, "source": "imds"}, {"allow_private": ["169.254.169.254"]}),
     ("aws-web-identity", {**AWS, "source": "web_identity", "role_arn": ROLE, "web_identity_token_file": "/t"}, {}),
+    ("aws-sso", {**AWS, "source": "sso", "sso_start_url": "https://example.awsapps.com/start",
+                 "sso_region": "eu-west-1", "sso_account_id": "123456789012", "sso_role_name": "Tools"}, {}),
     ("spiffe-jwt", {"kind": "spiffe", "svid": "jwt", "jwt_svid_file": "/run/spiffe/jwt"}, {}),
     ("spiffe-x509", X509, {"expose": "proxy"}),
 ]
@@ -54,7 +56,7 @@ REFUSED: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
      "auth.token: unknown key"),
     ("scope-and-scopes", {"kind": "oauth2", "grant": "device", "client_id": "c", "scope": "a", "scopes": ["b"]},
      {}, "auth.scope: `scope` or `scopes`: not both"),
-    ("aws-sso", {**AWS, "source": "sso"}, {}, "auth.source: source = 'sso' is not built yet"),
+    ("aws-sso-incomplete", {**AWS, "source": "sso"}, {}, "auth.sso_region: required"),
     ("aws-with-a-grant", {**AWS, "source": "env", "grant": "device"}, {}, "auth.grant: unknown key"),
     ("spiffe-x509-direct", X509, {}, "expose: auth kind \"spiffe\" with svid = \"x509\""),
     ("spiffe-with-a-token", {"kind": "spiffe", "svid": "jwt", "jwt_svid_file": "/j", "token": SECRET}, {},

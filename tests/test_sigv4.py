@@ -380,7 +380,7 @@ AWS = {"kind": "aws", "region": "us-east-1", "service": "execute-api"}
 
 
 @pytest.mark.parametrize(("auth", "extra", "where", "says"), [
-    ({**AWS, "source": "sso"}, {}, "auth.source", "not built yet"),
+    ({**AWS, "source": "sso"}, {}, "auth.sso_region", "required"),  # sso's settings: tests/test_aws_sso.py
     ({**AWS, "source": "web_identity", "web_identity_token_file": "/t"}, {}, "auth.role_arn", "required"),
     ({**AWS, "source": "web_identity", "role_arn": "arn:aws:iam::123456789012:role/r"}, {},
      "auth.web_identity_token_file", "required"),

@@ -540,6 +540,8 @@ class Api:
             raise InvalidRequest("a grant holder must name the fingerprint of the login it was refused with")
         if reason == "logout":  # `mcpcreds logout`: the login other sidecars share goes too (login_share.py)
             await forget_shared_login(self.broker, target)
+            if is_aws(target):  # an SSO logout: the role credentials held go too
+                self.sigv4.cache.drop(target.key)
         dropped, renewed = await self.broker.invalidate(target, fp)
         fields = {"key": target.key, "dropped": dropped, "renewed": renewed, "fingerprint": fp,
                   "reason": reason, **_actor(request)}

@@ -13,7 +13,10 @@ Version 4 by the sidecar (the signer is `sigv4`, the credentials `aws_credential
   - `web_identity`: STS `AssumeRoleWithWebIdentity` with the OIDC token in `web_identity_token_file`
     (re-read at each renewal: a projected service-account token rotates) for `role_arn`, at
     `sts_endpoint` (default `https://sts.{region}.amazonaws.com`), through the egress policy.
-  - `sso`: not built yet; `check` refuses it (never accepts and fails later).
+  - `sso`: AWS IAM Identity Center. `mcpcreds login NAME` registers a public client and runs its
+    device authorization at `sso_start_url` (`sso_region`); the SSO access and refresh tokens go
+    to the keyring (`aws_sso`); the sidecar gets `sso_role_name` in `sso_account_id` with
+    `GetRoleCredentials`, renewing the SSO token from its refresh token (rotated ones stored first).
 - The precedence of `auth` holds: a server with `auth` is never also AAuth-signed.
 """
 
@@ -34,9 +37,13 @@ if TYPE_CHECKING:
 
 AWS_KEYS: Final = ("kind", "region", "service", "source", "access_key_id", "secret_access_key",
                    "session_token", "imds_endpoint", "role_arn", "web_identity_token_file",
-                   "role_session_name", "sts_endpoint")
-SOURCES: Final = ("env", "static", "imds", "web_identity")
-NOT_BUILT: Final = ("sso",)
+                   "role_session_name", "sts_endpoint", "sso_start_url", "sso_region", "sso_account_id",
+                   "sso_role_name", "sso_oidc_endpoint", "sso_portal_endpoint")
+SOURCES: Final = ("env", "static", "imds", "web_identity", "sso")
+SSO_KEYS: Final = ("sso_start_url", "sso_region", "sso_account_id", "sso_role_name", "sso_oidc_endpoint",
+                   "sso_portal_endpoint")
+_ACCOUNT: Final = re.compile(r"[0-9]{12}\Z")
+_ROLE_NAME: Final = re.compile(r"[\w+=,.@-]{1,64}\Z")
 WEB_IDENTITY_KEYS: Final = ("role_arn", "web_identity_token_file", "role_session_name", "sts_endpoint")
 _ROLE_ARN: Final = re.compile(r"arn:aws[a-z-]{0,16}:iam::[0-9]{12}:role/[\w+=,.@/-]{1,512}\Z")
 _SESSION_NAME: Final = re.compile(r"[\w+=,.@-]{2,64}\Z")
@@ -61,10 +68,24 @@ class AwsAuth:
     web_identity_token_file: str | None = None  # ... with the token in this file (re-read each time)
     role_session_name: str = "mcpcreds"
     sts_endpoint: str | None = None  # default: https://sts.{region}.amazonaws.com
+    sso_start_url: str | None = None  # sso: the IAM Identity Center start URL ...
+    sso_region: str | None = None  # ... its region
+    sso_account_id: str | None = None  # ... the account and
+    sso_role_name: str | None = None  # ... the role (permission set) whose credentials are asked for
+    sso_oidc_endpoint: str | None = None  # default: https://oidc.{sso_region}.amazonaws.com
+    sso_portal_endpoint: str | None = None  # default: https://portal.sso.{sso_region}.amazonaws.com
 
     @property
     def sts_url(self) -> str:
         return self.sts_endpoint or f"https://sts.{self.region}.amazonaws.com/"
+
+    @property
+    def sso_oidc_url(self) -> str:
+        return (self.sso_oidc_endpoint or f"https://oidc.{self.sso_region}.amazonaws.com").rstrip("/")
+
+    @property
+    def sso_portal_url(self) -> str:
+        return (self.sso_portal_endpoint or f"https://portal.sso.{self.sso_region}.amazonaws.com").rstrip("/")
 
 
 def botocore_installed() -> bool:
@@ -88,10 +109,6 @@ def parse_aws_auth(c: _Collector, path: str, t: Mapping[str, Any]) -> AwsAuth | 
     if not isinstance(service, str) or not _SERVICE.match(service):
         c.error(f"{path}.service", "required: the SigV4 service name (e.g. \"execute-api\")")
         ok = False
-    if source in NOT_BUILT:
-        c.error(f"{path}.source", f"source = {source!r} is not built yet: use \"env\", \"static\", "
-                "\"imds\" or \"web_identity\"")
-        return None
     if source not in SOURCES:
         c.error(f"{path}.source", f"expected one of {', '.join(SOURCES)}")
         return None
@@ -123,10 +140,44 @@ def parse_aws_auth(c: _Collector, path: str, t: Mapping[str, Any]) -> AwsAuth | 
             ok = ok and found is not None
             imds = found or imds
     web = _web_identity(c, path, t, source)
-    if not ok or web is None:
+    sso = _sso(c, path, t, source)
+    if not ok or web is None or sso is None:
         return None
     return AwsAuth(str(region), str(service), str(source), templates.get("access_key_id"),
-                   templates.get("secret_access_key"), templates.get("session_token"), imds, **web)
+                   templates.get("secret_access_key"), templates.get("session_token"), imds, **web, **sso)
+
+
+def _sso(c: _Collector, path: str, t: Mapping[str, Any], source: str) -> dict[str, Any] | None:
+    """`sso_start_url`, `sso_region`, `sso_account_id`, `sso_role_name` (required with source
+    "sso"), `sso_oidc_endpoint`, `sso_portal_endpoint` (defaults: AWS's in `sso_region`)."""
+    from .config import check_url
+
+    if source != "sso":
+        for key in SSO_KEYS:
+            if key in t:
+                c.error(f"{path}.{key}", "only with source = \"sso\"")
+                return None
+        return {}
+    out: dict[str, Any] = {}
+    checks = {"sso_region": (_REGION, "required: the IAM Identity Center region (e.g. \"eu-west-1\")"),
+              "sso_account_id": (_ACCOUNT, "required: the 12-digit AWS account id"),
+              "sso_role_name": (_ROLE_NAME, "required: the role (permission set) name")}
+    for key, (pattern, says) in checks.items():
+        value = t.get(key)
+        if not isinstance(value, str) or not pattern.match(value):
+            c.error(f"{path}.{key}", says)
+            return None
+        out[key] = value
+    for key in ("sso_start_url", "sso_oidc_endpoint", "sso_portal_endpoint"):
+        value = t.get(key)
+        if value is None and key != "sso_start_url":
+            continue
+        problem = check_url(value) if isinstance(value, str) else "required: a URL"
+        if problem is not None:
+            c.error(f"{path}.{key}", problem)
+            return None
+        out[key] = value
+    return out
 
 
 def _web_identity(c: _Collector, path: str, t: Mapping[str, Any], source: str) -> dict[str, Any] | None:

@@ -34,6 +34,7 @@ from .authcode_flow import (
     registration_method,
     uses_metadata_document,
 )
+from .aws_sso import cmd_sso_login, cmd_sso_logout, sso_target
 from .config import LOGIN_GRANTS, Config, LoginSpec, Target
 from .device_flow import DEVICE_GRANT, DeviceAuthorization, PollSchedule, parse_device_authorization
 from .discovery import Discovery, ServerEndpoints
@@ -416,6 +417,8 @@ def cmd_login(args: argparse.Namespace) -> int:
     from .cli import _config
 
     config = _config(args)
+    if (sso := sso_target(config, args.name)) is not None:  # auth kind "aws", source "sso" (aws_sso.py)
+        return cmd_sso_login(args, config, sso)
     target = login_target(config, args.name)
     wait = args.timeout
     if not 0 < wait <= MAX_WAIT:
@@ -438,6 +441,8 @@ def cmd_logout(args: argparse.Namespace) -> int:
     from .cli import _config
 
     config = _config(args)
+    if (sso := sso_target(config, args.name)) is not None:
+        return cmd_sso_logout(args, config, sso)
     target = login_target(config, args.name)
     if not asyncio.run(run_logout(config, target, sys.stderr)):
         print(f"{target.name}: no login stored", file=sys.stderr)

@@ -41,8 +41,10 @@ from .aws_credentials import (
     from_web_identity,
 )
 from .aws_refusal import MAX_ERROR_BODY, stale_credentials_code
+from .aws_sso import from_sso
 from .config import Config, Target
 from .errors import Forbidden, InvalidRequest
+from .login_store import login_store
 from .logs import get_logger
 from .sign_request import parse_sign_request
 from .templates import Template
@@ -156,6 +158,10 @@ class SigV4Signer:
                 return await from_web_identity(auth, self.http_for(target))
             if auth.source == "static":
                 return await asyncio.to_thread(from_static, auth, self.render)
+            if auth.source == "sso":  # the login's SSO token (aws_sso.py), from the keyring
+                keyring = login_store(self.config.secrets).keyring
+                return await from_sso(auth, target.name, target.key, self.http_for(target), keyring,
+                                      self.clock)
             return from_env()
 
         return await self.cache.get(target.key, fetch, self.config.secrets.cache_ttl)
