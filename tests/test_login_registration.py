@@ -473,7 +473,9 @@ async def test_a_recorded_step_up_widens_the_next_login_and_counts_it() -> None:
     store.entry = StoredLogin(None, "dyn-1", "at-old-1", 5000.0, REG, scope="m", step_up="m files:write")
     seen: list[tuple[str, Any]] = []
     out = _Browser()
-    http = _server(["client_secret_basic"], {}, {"access_token": "at-wide-1", "expires_in": 600}, seen)
+    # (the registration is reused; were its loopback port taken, the login registers again)
+    again_reg = {"client_id": "dyn-1", "client_secret": SECRET, "token_endpoint_auth_method": "client_secret_basic"}
+    http = _server(["client_secret_basic"], again_reg, {"access_token": "at-wide-1", "expires_in": 600}, seen)
     stored = await run_login(config, config.servers["s"], out, open_browser=False, wait=20,
                              store=store, client=http)  # type: ignore[arg-type]
     await asyncio.gather(*out.tasks)
@@ -484,7 +486,7 @@ async def test_a_recorded_step_up_widens_the_next_login_and_counts_it() -> None:
     # the next login without a recorded step-up: the configured scope, and the count starts over
     seen.clear()
     out = _Browser()
-    http = _server(["client_secret_basic"], {}, {"access_token": "at-plain-1", "expires_in": 600}, seen)
+    http = _server(["client_secret_basic"], again_reg, {"access_token": "at-plain-1", "expires_in": 600}, seen)
     again = await run_login(config, config.servers["s"], out, open_browser=False, wait=20,
                             store=store, client=http)  # type: ignore[arg-type]
     await asyncio.gather(*out.tasks)
