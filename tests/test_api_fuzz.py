@@ -787,7 +787,8 @@ def parse_answer(data: bytes, head_only: bool = False, stream: bool = False) -> 
         headers[key] = value.strip()
     status, start = int(match.group(1)), end + 4
     chunked = headers.get("transfer-encoding", "").lower() == "chunked"
-    if head_only or (stream and chunked and headers.get("content-type", "").startswith("text/event-stream")):
+    if head_only or (stream and chunked and headers.get("content-type", "").startswith(
+            ("text/event-stream", "application/x-ndjson"))):  # SSE, or the sidecar's event stream
         return Answer(status, headers, b"", data[:start], streaming=not head_only), data[start:]
     if chunked:
         body, total = _dechunk(data, start)
@@ -1184,7 +1185,9 @@ def run_case(wire: Wire, case: Case, state: BatchState) -> Outcome:
     else:
         request, token = encode(case, state)
         try:
-            answer = wire.exchange(request, stream=case.method == "GET" and case.target.startswith("/mcp/"))
+            # the long-lived streams (an MCP GET, the event stream): their head only
+            answer = wire.exchange(request, stream=case.method == "GET" and (
+                case.target.startswith("/mcp/") or case.target.split("?")[0] == "/v1/events"))
         except (OSError, ValueError) as exc:
             return outcome(case, None, [f"no answer: {exc}"], b"")
     problems = check(case, answer, state, token, head)
