@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 from mcpcreds.errors import SidecarUnavailable
-from mcpcreds.status_view import MAX_ROWS, bar, duration, per_minute, show, watch
+from mcpcreds.status_view import MAX_ROWS, bar, check_document, duration, per_minute, show, watch
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 NOW = 1_800_000_000.0
@@ -286,3 +286,17 @@ def test_status_watch_on_a_terminal_and_refused_when_piped(sidecar: SidecarProce
     assert piped.returncode == 2 and "mcpcreds status --json" in piped.stderr
     code, _, err = on_a_terminal("status", "--watch", "--interval", "0", "--config", config)
     assert code == 2 and "--interval takes" in err
+
+
+def test_the_command_refuses_a_document_that_is_not_a_status() -> None:
+    """The view draws what it can of odd fields, but `mcpcreds status` refuses an answer without
+    the core rows (an impostor or a broken sidecar), rather than exit 0 over an empty table."""
+    check_document(RECORDED)
+    check_document({"servers": []})
+    for bad in ([], {"servers": "x"}, {"servers": [{"name": 1, "key": "k"}]}, {"servers": [{}]},
+                {"servers": [], "logins": "x"}, {"servers": [], "buckets": [{"key": "k", "level": "high",
+                                                                            "capacity": 1}]},
+                {"servers": [], "buckets": [{"key": "k", "level": 1, "capacity": 1, "paused_until": 1e300}]},
+                {"servers": [], "logins": [{"key": "k", "expires_at": float("nan")}]}):
+        with pytest.raises(ValueError):
+            check_document(bad)

@@ -180,9 +180,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json or (not tty and args.json is None):
         _print_json(status)
         return EXIT_OK
-    from .status_view import show
+    from .status_view import check_document, show
 
     try:
+        check_document(status)
         show(status)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise MalformedAnswer(f"the sidecar's status answer is malformed ({type(exc).__name__}); "

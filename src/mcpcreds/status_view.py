@@ -107,6 +107,39 @@ def _rows(value: Any) -> list[Mapping[str, Any]]:
     return [row for row in value[:MAX_ROWS] if isinstance(row, Mapping)]
 
 
+_TIME_FIELDS: Final = ("expires_at", "renew_at", "paused_until")
+_LATEST_TIME: Final = 1e11  # year 5138: past it, a time is garbage, not a date
+
+
+def _check_rows(status: Status, part: str, strings: tuple[str, ...], numbers: tuple[str, ...] = ()) -> None:
+    value = status.get(part)
+    if value is None and part != "servers":
+        return
+    if not isinstance(value, list) or not all(isinstance(row, Mapping) for row in value):
+        raise ValueError(f"{part} is not a list of objects")
+    for row in value:
+        if not all(isinstance(row.get(f), str) for f in strings):
+            raise ValueError(f"a row of {part} lacks its names")
+        if not all(_num(row.get(f)) is not None for f in numbers):
+            raise ValueError(f"a row of {part} lacks its numbers")
+        for field in _TIME_FIELDS:
+            at = row.get(field)
+            if at is not None and not (_num(at) is not None and 0 <= at <= _LATEST_TIME):
+                raise ValueError(f"a time of {part} is out of range")
+
+
+def check_document(status: Any) -> None:
+    """Raise ValueError unless `status` has the shape every sidecar's status has: the view is
+    lenient with fields it does not know (a newer or older sidecar), but an answer without the
+    core rows, or with garbage where they are, is not a sidecar's status and is not drawn as one
+    (exit non-zero rather than an empty or misleading table)."""
+    if not isinstance(status, Mapping):
+        raise ValueError("not an object")
+    _check_rows(status, "servers", ("name", "key"))
+    _check_rows(status, "logins", ("key",))
+    _check_rows(status, "buckets", ("key",), ("level", "capacity"))
+
+
 def _table(title: str, *columns: str) -> Table:
     table = Table(title=title, title_justify="left", title_style="bold", expand=False,
                   show_edge=False, pad_edge=False, header_style="bold")
