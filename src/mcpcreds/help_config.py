@@ -128,9 +128,9 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "sso_start_url": ("(required with sso)", "sso: the IAM Identity Center start URL"),
         "sso_region": ("(required with sso)", "sso: the IAM Identity Center region"),
         "sso_account_id": ("(required with sso)", "sso: the 12-digit account id"),
-        "sso_role_name": ("(required with sso)", "sso: the role (permission set) whose credentials are asked for"),
+        "sso_role_name": ("(required with sso)", "sso: the role (permission set) to take"),
         "sso_oidc_endpoint": ("https://oidc.{sso_region}.amazonaws.com", "sso: the SSO OIDC endpoint"),
-        "sso_portal_endpoint": ("https://portal.sso.{sso_region}.amazonaws.com", "sso: the SSO portal endpoint"),
+        "sso_portal_endpoint": ("https://portal.sso.{sso_region}.amazonaws.com", "sso: the portal"),
     },
     "spiffe": {
         "kind": ("(required)", "\"spiffe\": present a SPIFFE SVID read from files"),
