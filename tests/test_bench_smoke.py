@@ -38,7 +38,7 @@ class Bench(NamedTuple):
 
 BENCHES = {
     "socket": Bench("socket_bench.py", (), r"^echo\s+1\s+[\d,]+\s", r"^sidecar\s+1\s.*\s\d+\.\d\d$"),
-    "client": Bench("client_bench.py", (), r"^plain\s+c=1\s.*req/s", r"^added by auth=\s+c=1\s.*throughput x[\d.]+$"),
+    "client": Bench("client_bench.py", (), r"^plain\s+c=1\s.*req/s", r"^added by auth= \(lease\)\s+c=1\s.*throughput x[\d.]+$"),
     "redis": Bench("redis_bench.py", (), r"^bare EVALSHA .*c=1\s.*req/s", r"^\s+redis / evalsha\s+throughput x[\d.]+"),
     "rate": Bench("rate_bench.py", (), r"^aiolimiter\s+\d+\s",
                   r"^ratio: permits in 1 s: sidecar \d+ / aiolimiter \d+ = [\d.]+x$", (0, 1)),
