@@ -42,6 +42,22 @@ RETRY_AFTER_FAILURE: Final = 1.0
 DEMAND_HEADROOM: Final = 2.0  # ask for twice what was used: a growing client can double per renewal
 MAX_EVENT_LINE: Final = 64 * 1024
 DROP_KINDS: Final = frozenset({"invalidate", "rotation", "pause"})
+MAX_EVENT_PAUSE: Final = 3600.0
+
+
+def event_effect(event: dict[str, Any], key: str | None, answer: dict[str, Any] | None) -> tuple[bool, float]:
+    """What an event of the stream means for the leased headers of `key`: (drop them, pause
+    seconds). A pause drops them and holds requests; a login with another fingerprint than the
+    held answer's drops them. Shared by the async and the sync lease holders."""
+    if key is None or event.get("key") != key:
+        return False, 0.0
+    kind = event.get("kind")
+    if kind == "pause":
+        seconds = event.get("seconds")
+        pause = min(float(seconds), MAX_EVENT_PAUSE) if isinstance(seconds, int | float) else 0.0
+        return True, pause
+    changed = kind == "login" and answer is not None and event.get("fingerprint") != answer.get("fingerprint")
+    return kind in DROP_KINDS or changed, 0.0
 
 
 class EventStream:
@@ -276,16 +292,10 @@ class AsyncLeaser:
 
     def on_event(self, event: dict[str, Any]) -> None:
         """Drop the leased headers when the sidecar says they may no longer be used."""
-        if event.get("key") != self.key or self.key is None:
-            return
-        kind = event.get("kind")
-        if kind == "pause":
-            seconds = event.get("seconds")
-            if isinstance(seconds, int | float):
-                self.retry_at = max(self.retry_at, self.clock() + min(float(seconds), 3600.0))
-            self.drop()
-        elif kind in DROP_KINDS or (kind == "login" and self.answer is not None
-                                    and event.get("fingerprint") != self.answer.get("fingerprint")):
+        drop, pause = event_effect(event, self.key, self.answer)
+        if pause:
+            self.retry_at = max(self.retry_at, self.clock() + pause)
+        if drop:
             self.drop()
 
     def drop(self) -> None:

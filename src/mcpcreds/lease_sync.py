@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .buckets import TokenBucket
 from .calls import Calls
 from .errors import LeasesRefused, McpcredsError, RateLimited
-from .lease_client import DROP_KINDS, MAX_EVENT_LINE, RETRY_AFTER_FAILURE, TRIGGER_CALLS, TRIGGER_SECONDS
+from .lease_client import MAX_EVENT_LINE, RETRY_AFTER_FAILURE, TRIGGER_CALLS, TRIGGER_SECONDS, event_effect
 from .rates import Rate
 from .socket_check import check_folder, check_peer
 
@@ -246,16 +246,10 @@ class SyncLeaser:
 
     def on_event(self, event: dict[str, Any]) -> None:
         with self.lock:
-            if event.get("key") != self.key or self.key is None:
-                return
-            kind = event.get("kind")
-            if kind == "pause":
-                seconds = event.get("seconds")
-                if isinstance(seconds, int | float):
-                    self.retry_at = max(self.retry_at, self.clock() + min(float(seconds), 3600.0))
-                self._drop()
-            elif kind in DROP_KINDS or (kind == "login" and self.answer is not None
-                                        and event.get("fingerprint") != self.answer.get("fingerprint")):
+            drop, pause = event_effect(event, self.key, self.answer)
+            if pause:
+                self.retry_at = max(self.retry_at, self.clock() + pause)
+            if drop:
                 self._drop()
 
     def drop(self) -> None:
