@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 from mcpcreds.errors import SidecarUnavailable
-from mcpcreds.status_view import MAX_ROWS, bar, check_document, duration, per_minute, show, watch
+from mcpcreds.status_view import MAX_ROWS, bar, check_document, duration, per_minute, show, view, watch
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 NOW = 1_800_000_000.0
@@ -77,6 +77,16 @@ def section(lines: list[str], title: str) -> list[str]:
     start = lines.index(title)
     end = next((i for i in range(start + 1, len(lines)) if lines[i] == ""), len(lines))
     return lines[start:end]
+
+
+def test_the_watch_note_stays_whole_whatever_the_length_of_the_config_path() -> None:
+    """`--watch` names its interval and how to quit; a long config path must not split that note
+    across the wrapped header line (as it did under pytest-xdist's longer temporary folders)."""
+    for length in range(20, 140):
+        status = {**RECORDED, "config": "/" + "c" * (length - 1)}
+        console = Console(width=120, record=True, force_terminal=False)
+        console.print(view(status, NOW, note="every 0.1s, Ctrl-C quits"))
+        assert "every 0.1s, Ctrl-C quits" in console.export_text(), length
 
 
 def test_a_recorded_status_as_tables() -> None:

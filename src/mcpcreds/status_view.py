@@ -235,10 +235,10 @@ def view(status: Status, now: float, rates: Mapping[str, tuple[float, float]] | 
          note: str = "") -> Group:
     """The whole status as one renderable: a header line, then one table per part present."""
     head = Text(f"mcpcreds {_text(status.get('version'), 20)}", style="bold")
+    if note:  # before the config path, which can be long enough to wrap the line
+        head.append(f"  {note}", style="dim")
     head.append(f"  config {_text(status.get('config'), 200)}  state {_text(status.get('state'), 20)}",
                 style="")
-    if note:
-        head.append(f"  {note}", style="dim")
     parts: list[RenderableType] = [head, Text(""), servers_table(status)]
     if _rows(status.get("logins")):
         parts += [Text(""), logins_table(status, now)]
