@@ -223,7 +223,38 @@ async def test_a_waiter_cancelled_as_it_is_granted_gives_the_permits_back(
     assert waiter.cancelled()
     snap = limiter.snapshot(KEY)
     assert snap is not None
-    assert (snap["granted"], snap["level"]) == (60, 2.0)
+    # the permits are back in the bucket, and counted as returned: `granted` never goes down
+    assert (snap["granted"], snap["returned"], snap["level"]) == (62, 2, 2.0)
+
+
+async def test_the_counters_never_go_down_across_returns_and_reloads(
+    limiter: Limiter, clock: FakeClock
+) -> None:
+    """They are Prometheus counters: a scrape that saw a higher value than the next one reads as
+    a restart of the process, and rate() over it counts everything again."""
+    def counts() -> tuple[int, int, int]:
+        snap = limiter.snapshot(KEY)
+        assert snap is not None
+        return snap["granted"], snap["returned"], snap["refused"]
+
+    await drain(limiter)
+    with pytest.raises(RateLimited):
+        await limiter.acquire(KEY, PER_MINUTE, 1)
+    assert counts() == (60, 0, 1)
+    waiter = asyncio.create_task(limiter.acquire(KEY, PER_MINUTE, 2, max_wait=10))
+    await settle()
+    clock.advance(2)
+    limiter.wake(KEY)  # granted, and the caller goes away before it runs
+    waiter.cancel()
+    await settle()
+    assert counts() == (62, 2, 1)
+    limiter.reconfigure({})  # a SIGHUP whose config has no rate for the key: its bucket goes
+    assert limiter.snapshot(KEY) is None
+    limiter.reconfigure({KEY: PER_MINUTE})  # and the next one brings it back, full
+    assert counts() == (62, 2, 1)
+    assert limiter.snapshot(KEY)["level"] == 60.0  # type: ignore[index]
+    assert await limiter.acquire(KEY, PER_MINUTE, 5) == 0.0
+    assert counts() == (67, 2, 1)
 
 
 async def test_a_pause_delays_every_waiter(limiter: Limiter, clock: FakeClock) -> None:
@@ -311,7 +342,7 @@ async def test_snapshot_and_status(limiter: Limiter, clock: FakeClock) -> None:
     clock.advance(0.5)
     expected = {
         "key": KEY, "level": 0.5, "capacity": 60, "rate": "60/1m", "per_second": 1.0, "waiting": 1,
-        "granted": 60, "refused": 1, "paused_until": clock.time() + 9.5,
+        "granted": 60, "returned": 0, "refused": 1, "paused_until": clock.time() + 9.5,
     }
     assert limiter.snapshot(KEY) == expected
     await limiter.acquire("mcp:docs", Rate(5, 1))

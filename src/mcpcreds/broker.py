@@ -598,7 +598,12 @@ class Broker:
                 ("mcpcreds_bucket_level", "Permits in the bucket now.", labels, bucket["level"]),
                 ("mcpcreds_bucket_capacity", "Burst size of the bucket.", labels, bucket["capacity"]),
                 ("mcpcreds_bucket_waiting", "Requests waiting for permits.", labels, bucket["waiting"]),
-                ("mcpcreds_bucket_granted_permits_total", "Permits granted.", labels, bucket["granted"]),
+                ("mcpcreds_bucket_granted_permits_total",
+                 "Permits granted (those later given back too: a counter never goes down).", labels,
+                 bucket["granted"]),
+                ("mcpcreds_bucket_returned_permits_total",
+                 "Granted permits given back: the caller went away before using them.", labels,
+                 bucket.get("returned", 0)),  # the shared state's buckets never give back
                 ("mcpcreds_bucket_refused_requests_total", "Requests refused past max_wait.", labels,
                  bucket["refused"]),
                 ("mcpcreds_bucket_paused_until_timestamp_seconds",

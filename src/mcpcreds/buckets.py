@@ -132,18 +132,27 @@ class _Waiter:
 
 
 @dataclass(eq=False)
+class _Counts:
+    """A key's counters (Prometheus counters): they only go up for the life of the process, so
+    they are kept apart from the lane, which a reload that drops the key's rate throws away."""
+
+    granted: int = 0
+    returned: int = 0  # granted, then given back: the caller went away before it ran
+    refused: int = 0
+
+
+@dataclass(eq=False)
 class _Lane:
     """One key's bucket, its queue of waiters (first come, first served) and its counters."""
 
     bucket: TokenBucket
+    counts: _Counts
     queue: deque[_Waiter] = field(default_factory=deque)
     # The bucket as it will be right after the last queued waiter is granted, at `tail_at`:
     # lets a newcomer's grant time be projected without walking the whole queue.
     tail: TokenBucket | None = None
     tail_at: float = 0.0
     timer: asyncio.TimerHandle | None = None
-    granted: int = 0
-    refused: int = 0
 
 
 class Limiter:
@@ -156,6 +165,7 @@ class Limiter:
     def __init__(self, clock: Clock, rates: Mapping[str, Rate] | None = None) -> None:
         self._clock = clock
         self._lanes: dict[str, _Lane] = {}
+        self._counts: dict[str, _Counts] = {}  # outlive their lanes (one per key ever configured)
         if rates:
             self.reconfigure(rates)
 
@@ -172,7 +182,7 @@ class Limiter:
         now = self._clock.monotonic()
         grant_at, tail = self._project(key, lane, cost, now)
         if grant_at - now > max_wait + EPSILON:
-            lane.refused += 1
+            lane.counts.refused += 1
             raise RateLimited(_refusal(key), retry_after=grant_at - now)
         waiter = _Waiter(cost, max_wait, now + max_wait, asyncio.get_running_loop().create_future())
         lane.queue.append(waiter)
@@ -194,7 +204,7 @@ class Limiter:
         now = self._clock.monotonic()
         self._grant_due(lane, now)
         if not lane.queue and lane.bucket.try_take(cost, now) == 0.0:
-            lane.granted += cost
+            lane.counts.granted += cost
             return True
         return False
 
@@ -272,8 +282,9 @@ class Limiter:
             "rate": str(bucket.rate),
             "per_second": bucket.rate.per_second,
             "waiting": len(lane.queue),
-            "granted": lane.granted,
-            "refused": lane.refused,
+            "granted": lane.counts.granted,
+            "returned": lane.counts.returned,
+            "refused": lane.counts.refused,
             "paused_until": self._wall(bucket.paused_until, now),
         }
 
@@ -291,7 +302,8 @@ class Limiter:
         now = self._clock.monotonic() if now is None else now
         lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[key] = _Lane(TokenBucket(rate, now))
+            counts = self._counts.setdefault(key, _Counts())
+            lane = self._lanes[key] = _Lane(TokenBucket(rate, now), counts)
         elif lane.bucket.rate != rate:
             lane.bucket.set_rate(rate, now)
             self._replan(key, lane, now)
@@ -325,7 +337,7 @@ class Limiter:
                 continue
             grant_at = at + sim.wait_time(waiter.cost, at)
             if grant_at > waiter.deadline + EPSILON:
-                lane.refused += 1
+                lane.counts.refused += 1
                 waiter.future.set_exception(
                     RateLimited(_refusal(key), retry_after=grant_at - now)
                 )
@@ -346,7 +358,7 @@ class Limiter:
             if lane.bucket.try_take(head.cost, now) > 0.0:
                 return
             lane.queue.popleft()
-            lane.granted += head.cost
+            lane.counts.granted += head.cost
             head.future.set_result(None)
         lane.tail = None
 
@@ -367,7 +379,7 @@ class Limiter:
         future = waiter.future
         if future.done() and not future.cancelled() and future.exception() is None:
             lane.bucket.give_back(waiter.cost, now)
-            lane.granted -= waiter.cost
+            lane.counts.returned += waiter.cost
         elif waiter in lane.queue:
             lane.queue.remove(waiter)
         self._replan(key, lane, now)
