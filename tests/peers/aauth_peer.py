@@ -42,16 +42,15 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-import httpx
 from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import OKPKey
 
 from tests.peers.aauth_verify import Rejected, verify
 from tests.peers.asgi import buffered, send_json, serve_on_loopback
-from tests.peers.process import read_log, ready_process
+from tests.peers.process import PeerHandle, ready_process
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -272,32 +271,15 @@ async def serve() -> None:
     await serve_on_loopback(make_app)
 
 
-class AAuthPeer:
-    def __init__(self, base: str, workdir: Path) -> None:
-        self.base = base
-        self.url = f"{base}/mcp"
-        self._workdir = workdir
-        self._http = httpx.Client(base_url=base, timeout=10.0)
-
-    def stats(self) -> dict[str, Any]:
-        response = self._http.get("/_test/stats")
-        response.raise_for_status()
-        return cast(dict[str, Any], response.json())
-
+class AAuthPeer(PeerHandle):
     def check(self, method: str, url: str, headers: list[tuple[str, str]], body: str) -> dict[str, Any]:
-        response = self._http.post("/_test/check", json={"method": method, "url": url,
-                                                          "headers": headers, "body": body})
-        response.raise_for_status()
-        return cast(dict[str, Any], response.json())
+        return self._post("/_test/check", {"method": method, "url": url, "headers": headers, "body": body})
 
     def forget_access_tokens(self) -> None:
         self._http.post("/_test/access/forget").raise_for_status()
 
     def set_token_ttl(self, ttl: int) -> None:
         self._http.post("/_test/provider", json={"ttl": ttl}).raise_for_status()
-
-    def log(self) -> str:
-        return read_log(self._workdir)
 
 
 @contextlib.contextmanager
@@ -310,7 +292,7 @@ def start_aauth_peer(enroll: str = "", components: tuple[str, ...] = ()) -> Iter
         try:
             yield peer
         finally:
-            peer._http.close()
+            peer.close()
 
 
 if __name__ == "__main__":

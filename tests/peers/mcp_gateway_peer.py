@@ -42,12 +42,10 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from tests.peers.asgi import Fail429, buffered, send_json, serve_on_loopback
-from tests.peers.process import read_log, ready_process
+from tests.peers.process import PeerHandle, ready_process
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -242,18 +240,7 @@ async def serve(args: argparse.Namespace) -> None:
     await serve_on_loopback(lambda _port: build_app(PeerState(args.token_prefix, args.static_key)))
 
 
-class GatewayPeer:
-    def __init__(self, base: str, workdir: Path) -> None:
-        self.base = base
-        self.url = f"{base}/mcp"
-        self._workdir = workdir
-        self._http = httpx.Client(base_url=base, timeout=10.0)
-
-    def stats(self) -> dict[str, Any]:
-        response = self._http.get("/_test/stats")
-        response.raise_for_status()
-        return cast(dict[str, Any], response.json())
-
+class GatewayPeer(PeerHandle):
     def release(self) -> None:
         self._http.post("/_test/release").raise_for_status()
 
@@ -262,9 +249,6 @@ class GatewayPeer:
 
     def fail_next_with_429(self, count: int, retry_after: str) -> None:
         self._http.post("/_test/fail_429", json={"count": count, "retry_after": retry_after}).raise_for_status()
-
-    def log(self) -> str:
-        return read_log(self._workdir)
 
 
 @contextlib.contextmanager
@@ -277,7 +261,7 @@ def start_gateway_peer(token_prefix: str, static_key: str) -> Iterator[GatewayPe
         try:
             yield peer
         finally:
-            peer._http.close()
+            peer.close()
 
 
 async def sdk1_client(socket_path: str, name: str) -> None:

@@ -57,7 +57,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tests.peers.asgi import Fail429, buffered, rpc_methods
-from tests.peers.process import read_log, ready_process
+from tests.peers.process import PeerHandle, ready_process
 
 READY_TIMEOUT = 60.0
 ROOT = Path(__file__).resolve().parents[2]
@@ -293,25 +293,13 @@ def main(argv: list[str] | None = None) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-class McpServerPeer:
+class McpServerPeer(PeerHandle):
     """A running MCP server process. Use start_mcp_server() to create one."""
 
     def __init__(self, proc: subprocess.Popen[str], url: str, workdir: Path) -> None:
+        super().__init__(url.rsplit("/", 1)[0], workdir)
         self.proc = proc
         self.url = url
-        self.base = url.rsplit("/", 1)[0]
-        self._workdir = workdir
-        self._http = httpx.Client(base_url=self.base, timeout=10.0)
-
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = self._http.post(path, json=body)
-        response.raise_for_status()
-        return cast(dict[str, Any], response.json())
-
-    def stats(self) -> dict[str, Any]:
-        response = self._http.get("/_test/stats")
-        response.raise_for_status()
-        return cast(dict[str, Any], response.json())
 
     def reset_stats(self) -> None:
         self._post("/_test/reset_stats", {})
@@ -326,9 +314,6 @@ class McpServerPeer:
     def fail_next_with_429(self, n: int = 1, retry_after: float = 1, method: str | None = "tools/call") -> None:
         """Answer the next `n` POSTs of JSON-RPC `method` (None: any POST) with 429 + Retry-After."""
         self._post("/_test/fail_429", {"count": n, "retry_after": f"{retry_after:g}", "method": method})
-
-    def log(self) -> str:
-        return read_log(self._workdir)
 
     def stop(self) -> None:
         """Close the control client; the process ends with start_mcp_server's block."""

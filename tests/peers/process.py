@@ -11,7 +11,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, cast
+
+import httpx
 
 
 def _pump_lines(stream: IO[str], sink: queue.Queue[str | None]) -> None:
@@ -23,6 +25,32 @@ def _pump_lines(stream: IO[str], sink: queue.Queue[str | None]) -> None:
 def read_log(workdir: Path) -> str:
     path = workdir / "stderr.log"
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+class PeerHandle:
+    """The test side of an HTTP peer served at `base`: its `/_test/*` controls and its log."""
+
+    def __init__(self, base: str, workdir: Path) -> None:
+        self.base = base
+        self.url = f"{base}/mcp"
+        self._workdir = workdir
+        self._http = httpx.Client(base_url=base, timeout=10.0)
+
+    def _post(self, path: str, body: Any = None) -> dict[str, Any]:
+        response = self._http.post(path, json=body)
+        response.raise_for_status()
+        return cast(dict[str, Any], response.json()) if response.content else {}
+
+    def stats(self) -> dict[str, Any]:
+        response = self._http.get("/_test/stats")
+        response.raise_for_status()
+        return cast(dict[str, Any], response.json())
+
+    def log(self) -> str:
+        return read_log(self._workdir)
+
+    def close(self) -> None:
+        self._http.close()
 
 
 @contextlib.contextmanager

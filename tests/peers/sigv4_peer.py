@@ -33,13 +33,11 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
-import httpx
-
 from tests.peers.asgi import buffered, send_json, serve_on_loopback
-from tests.peers.process import read_log, ready_process
+from tests.peers.process import PeerHandle, ready_process
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -223,29 +221,12 @@ async def serve() -> None:
     await serve_on_loopback(lambda _port: build_app(State()))
 
 
-class SigV4Peer:
-    def __init__(self, base: str, workdir: Path) -> None:
-        self.base = base
-        self.url = f"{base}/mcp"
-        self._workdir = workdir
-        self._http = httpx.Client(base_url=base, timeout=10.0)
-
-    def stats(self) -> dict[str, Any]:
-        response = self._http.get("/_test/stats")
-        response.raise_for_status()
-        return cast(dict[str, Any], response.json())
-
+class SigV4Peer(PeerHandle):
     def expire(self, key_id: str) -> None:
         self._http.post("/_test/expire", json={"key": key_id}).raise_for_status()
 
     def check(self, method: str, url: str, headers: list[tuple[str, str]], body: str) -> dict[str, Any]:
-        response = self._http.post("/_test/check", json={"method": method, "url": url,
-                                                          "headers": headers, "body": body})
-        response.raise_for_status()
-        return cast(dict[str, Any], response.json())
-
-    def log(self) -> str:
-        return read_log(self._workdir)
+        return self._post("/_test/check", {"method": method, "url": url, "headers": headers, "body": body})
 
 
 @contextlib.contextmanager
@@ -259,7 +240,7 @@ def start_sigv4_peer(keys: dict[str, tuple[str, str | None]], scope: str = "us-e
         try:
             yield peer
         finally:
-            peer._http.close()
+            peer.close()
 
 
 if __name__ == "__main__":
