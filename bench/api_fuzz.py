@@ -20,9 +20,8 @@ and logins start over), and its logs and audit log are searched for the canaries
 
 Printed: cases, batches, seconds and cases/s (Hypothesis draws every case: generation is part of
 the figure, and the share of time spent on the socket is shown), the statuses seen overall and per
-operation, the health checks, the bugs already known (`KNOWN_BUGS` in the test module: counted,
-not failed), and every other failure (the first `--show` in full, with the request that caused
-it). Exit status: 1 when there is any failure that is not a known bug, else 0.
+operation, the health checks, and every failure (the first `--show` in full, with the request that
+caused it). Exit status: 1 when there is any failure, else 0.
 """
 
 from __future__ import annotations
@@ -45,7 +44,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from tests.test_api_fuzz import (
-    KNOWN_BUGS,
     Case,
     batches,
     fuzz_sidecar,
@@ -73,7 +71,6 @@ class Tally:
     wire_seconds: float = 0.0
     statuses: Counter[str] = field(default_factory=Counter)
     by_operation: dict[str, Counter[str]] = field(default_factory=dict)
-    known: Counter[str] = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
 
     def record(self, outcomes: list[Any], after: list[str]) -> None:
@@ -85,7 +82,6 @@ class Tally:
             status = str(out.status) if out.status is not None else "none"
             self.statuses[status] += 1
             self.by_operation.setdefault(operation(out.case), Counter())[status] += 1
-            self.known.update(out.known)
             if out.problems:
                 self.failures.append(out.report())
 
@@ -97,7 +93,6 @@ class Tally:
         self.statuses.update(other.statuses)
         for op, counts in other.by_operation.items():
             self.by_operation.setdefault(op, Counter()).update(counts)
-        self.known.update(other.known)
         self.failures += other.failures
 
 
@@ -158,10 +153,6 @@ def render(tally: Tally, seconds: float, args: argparse.Namespace) -> str:
         counts = tally.by_operation[op]
         lines.append(f"  {op:<{width}}  " + "  ".join(f"{s} x{n:,}" for s, n in sorted(counts.items())))
     lines.append(f"health after each batch: {tally.health_ok:,} of {tally.batches:,} answered 200")
-    lines.append("known bugs (counted, not failed; KNOWN_BUGS in tests/test_api_fuzz.py):"
-                 if tally.known else "known bugs: none seen")
-    for key, count in sorted(tally.known.items()):
-        lines.append(f"  {key}: {count:,} answers ({KNOWN_BUGS[key]})")
     lines.append(f"failures: {len(tally.failures):,}")
     for report in tally.failures[:args.show]:
         lines.append("  " + report.replace("\n", "\n  "))
@@ -192,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             "socket_share": round(tally.wire_seconds / (seconds * args.workers), 3),
             "statuses": dict(tally.statuses),
             "by_operation": {op: dict(c) for op, c in tally.by_operation.items()},
-            "health_ok": tally.health_ok, "known_bugs": dict(tally.known), "failures": tally.failures,
+            "health_ok": tally.health_ok, "failures": tally.failures,
         }, indent=2))
     else:
         print(render(tally, seconds, args))

@@ -25,7 +25,7 @@ batches, sessions, SSE) included, reach real code. Every answer must:
 and after each batch `GET /v1/health` answers 200. CI runs a tour of every operation (an explicit
 example) and a bounded, derandomized number of batches (about 290 cases, a few seconds);
 `python bench/api_fuzz.py` runs the same generator and checks for 100,000 cases and more. What the
-fuzz found in src is listed in KNOWN_BUGS: counted apart, reproduced by strict-xfail tests.
+fuzz found in src is fixed, and each has a minimal reproduction here (`test_known_*`).
 """
 
 from __future__ import annotations
@@ -1085,27 +1085,6 @@ def learn(case: Case, answer: Answer, state: BatchState) -> None:
             state.fingerprint = data["fingerprint"]
 
 
-# Bugs the fuzz found in src (reported in issue #13, not fixed here). A problem that matches one
-# of these exactly is counted apart rather than failed on; each has a minimal reproduction below
-# (`test_known_*`, strict xfail): when src is fixed, that test passes and fails the run, and the
-# entry and its xfail go.
-KNOWN_BUGS: Final = {
-    "deep-json-500": "a JSON body nested about 1000 deep answers 500 (RecursionError out of json.loads in "
-                     "api.parse_json_body, which catches only ValueError)",
-    "head-content": "a HEAD request is answered with the error body after the head (RFC 9110 9.3.2: no content)",
-    "status-bucket-rate": "GET /v1/status: buckets[].rate is the rate's text ('20/1s'); the document says "
-                          "a number of permits per second",
-    "open-route-403": "GET /v1/health and /v1/openapi.json answer 403 to an Authorization that is not a live "
-                      "grant; the document lists only 200 for them",
-    "gateway-grant-403": "/mcp/{server} with an Authorization that is not a live grant answers 403 with the "
-                         "API's error body ({error: {code: forbidden}}); the document says a JSON-RPC error "
-                         "(GatewayError)",
-    "gateway-get-delete-400": "GET and DELETE /mcp/{server} answer 400 (an invalid server name; the MCP server's "
-                              "own 400, e.g. no session, passed on); the document lists no 400 for them",
-    # reproduced below only: the fuzz rotates the secrets the MCP peer checks to their own values
-    "gateway-header-500": "a credential that is no valid header value (non-ASCII, as `rotate` with force stores "
-                          "it) makes /mcp/{server} answer 500 (UnicodeEncodeError in httpx, gateway._send)",
-}
 
 
 def json_depth(body: bytes) -> int:
@@ -1130,34 +1109,12 @@ def json_depth(body: bytes) -> int:
     return deepest
 
 
-def known_bug(case: Case, status: int | None, problem: str) -> str | None:
-    """The KNOWN_BUGS entry a problem is an instance of, if any."""
-    if status == 500 and problem.startswith("status 500 ") and json_depth(case.body) >= 900:
-        return "deep-json-500"
-    if case.method == "HEAD" and problem.endswith("(content after a HEAD answer)"):
-        return "head-content"
-    if case.template == "/v1/status" and re.fullmatch(
-            r"body does not match \S+: '[^']*' is not of type 'number' at \['buckets', \d+, 'rate'\]", problem):
-        return "status-bucket-rate"
-    if status == 403 and case.template in ("/v1/health", "/v1/openapi.json") and problem.startswith("status 403 ") \
-            and (case.grant is not None or case.authorization is not None):
-        return "open-route-403"
-    if case.template == "/mcp/{server}":
-        if status == 403 and problem.startswith("body does not match #/paths/~1mcp~1{server}/") \
-                and (case.grant is not None or case.authorization is not None):
-            return "gateway-grant-403"
-        if status == 400 and case.method in ("GET", "DELETE"):
-            return "gateway-get-delete-400"
-    return None
-
-
 @dataclass
 class Outcome:
     case: Case
     status: int | None
-    problems: list[str]  # not KNOWN_BUGS
+    problems: list[str]
     answer: bytes = b""
-    known: list[str] = field(default_factory=list)  # KNOWN_BUGS keys
 
     def report(self) -> str:
         return (f"{self.case.describe()}\n  -> {self.status}: {self.answer[:600]!r}\n  "
@@ -1165,9 +1122,7 @@ class Outcome:
 
 
 def outcome(case: Case, status: int | None, problems: list[str], answer: bytes) -> Outcome:
-    known = [known_bug(case, status, p) for p in problems]
-    return Outcome(case, status, [p for p, k in zip(problems, known, strict=True) if k is None], answer,
-                   sorted({k for k in known if k is not None}))
+    return Outcome(case, status, problems, answer)
 
 
 def run_case(wire: Wire, case: Case, state: BatchState) -> Outcome:
@@ -1318,19 +1273,7 @@ def test_the_checks_catch_a_grant_token_outside_its_minting() -> None:
                                                    state, None))
 
 
-def test_known_bugs_match_only_their_own_signature() -> None:
-    deep = Case("POST", "/v1/servers/static/acquire", "/v1/servers/{name}/acquire", b"[" * 1000 + b"]" * 1000)
-    shallow = Case("POST", "/v1/servers/static/acquire", "/v1/servers/{name}/acquire", b"[[]]")
-    assert known_bug(deep, 500, "status 500 is not one of [200]") == "deep-json-500"
-    assert known_bug(shallow, 500, "status 500 is not one of [200]") is None
-    health_case = Case("GET", "/v1/health", "/v1/health")
-    assert known_bug(health_case, 403, "status 403 is not one of [200]") is None  # no Authorization sent
-    assert known_bug(Case("POST", "/mcp/static", "/mcp/{server}"), 400, "status 400 is not one of [200]") is None
-    assert known_bug(Case("GET", "/v1/health", "/v1/health", authorization="Bearer x"), 403,
-                     "status 403 is not one of [200]") == "open-route-403"
-
-
-# -- minimal reproductions of what the fuzz found (see KNOWN_BUGS); strict: a fix makes them fail
+# -- minimal reproductions of what the fuzz found in src (all fixed): each fails if its bug comes back
 
 
 def _one(target: FuzzTarget, request: bytes) -> Answer:
