@@ -222,8 +222,6 @@ async def test_no_counter_goes_down_across_reloads(idp: FaultIdp) -> None:
     assert first == last  # nothing happened in between: the same, not reset
 
 
-@pytest.mark.xfail(strict=True, reason="LoginCache.forget (logins.py) drops the key's counters with its "
-                   "login when a reload changes how the login is obtained; remove once they outlive it")
 async def test_login_counters_survive_a_reload_that_changes_the_login(idp: FaultIdp) -> None:
     clock = FakeClock()
     text = CONFIG.format(base=idp.base, token_url=idp.token_url)

@@ -49,11 +49,15 @@ class LoginCache:
         self._tokens: TLRUCache[str, Token] = TLRUCache(
             MAX_LOGINS, ttu=lambda _key, token, _now: usable_until(token), timer=clock.time)
         self._states: dict[str, _KeyState] = {}
+        # the counters of forgotten keys: Prometheus counters never go down while the process runs
+        self._counted: dict[str, tuple[int, int, int]] = {}
 
     def _state(self, key: str) -> _KeyState:
         state = self._states.get(key)
         if state is None:
-            state = self._states[key] = _KeyState()
+            requests, renewals, shared = self._counted.pop(key, (0, 0, 0))
+            state = self._states[key] = _KeyState(token_requests=requests, renewals=renewals,
+                                                  shared_fetches=shared)
         return state
 
     # -- reading
@@ -222,8 +226,10 @@ class LoginCache:
         for key in keys:
             self._tokens.pop(key, None)
             state = self._states.pop(key, None)
-            if state is not None and state.timer is not None:
-                state.timer.cancel()
+            if state is not None:
+                self._counted[key] = (state.token_requests, state.renewals, state.shared_fetches)
+                if state.timer is not None:
+                    state.timer.cancel()
 
     def close(self) -> None:
         for state in self._states.values():
