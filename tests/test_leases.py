@@ -195,3 +195,68 @@ def test_a_holder_spending_a_smaller_share_frees_the_larger_one_at_once() -> Non
     # a `holding` that matches none of its leases keeps them all (the sidecar cannot tell)
     a = book.grant(KEY, RATE, a.lease, 10.0, 1000, None, 0, clock.monotonic(), holding=(1.0, 1))
     assert book.reserved(KEY, clock.monotonic()) == (99.0, 48)
+
+
+def test_a_joining_holder_gets_its_fair_share_at_once_through_nudges() -> None:
+    """A holds nearly everything; B joins and is told "not now", and A is told to renew. A's
+    renewal halves its share (its old lease still kept aside: it may spend it until it hears),
+    and its next renewal says it spends the half: that frees the rest, and B is told to renew.
+    All at the same instant: nobody waits for a renewal period."""
+    clock, told = FakeClock(), []
+    book = LeaseBook(on_nudge=lambda key, subs: told.append((key, subs)))
+    now = clock.monotonic()
+    a = book.grant(KEY, RATE, None, 1e9, 1000, "sub-a", 0, now)
+    assert (a.share, a.burst) == (99.0, 49) and told == []
+    b = book.grant(KEY, RATE, None, 1e9, 1001, "sub-b", 0, now)
+    assert (b.share, b.burst) == (0.0, 0) and told == [(KEY, ["sub-a"])]
+    a = book.grant(KEY, RATE, a.lease, 1e9, 1000, "sub-a", 0, now, holding=(99.0, 49))
+    assert (a.share, a.burst) == (49.5, 24) and book.reserved(KEY, now) == (99.0, 49)
+    assert told == [(KEY, ["sub-a"])]  # B could get nothing more yet: not told
+    a = book.grant(KEY, RATE, a.lease, 1e9, 1000, "sub-a", 0, now, holding=(49.5, 24))
+    assert book.reserved(KEY, now) == (49.5, 24) and told[1:] == [(KEY, ["sub-b"])]
+    b = book.grant(KEY, RATE, b.lease, 1e9, 1001, "sub-b", 0, now)
+    assert (b.share, b.burst) == (49.5, 24) and len(told) == 2
+
+
+def test_a_holder_is_told_once_until_it_renews() -> None:
+    clock, told = FakeClock(), []
+    book = LeaseBook(on_nudge=lambda key, subs: told.append(subs))
+    now = clock.monotonic()
+    a = book.grant(KEY, RATE, None, 1e9, 1000, "sub-a", 0, now)
+    book.grant(KEY, RATE, None, 1e9, 1001, "sub-b", 0, now)
+    book.grant(KEY, RATE, None, 1e9, 1002, "sub-c", 0, now)  # A is still over its share, told already
+    assert told == [["sub-a"]]
+    book.grant(KEY, RATE, a.lease, 1e9, 1000, "sub-a", 0, now)  # A renewed (still holding its 99)
+    book.grant(KEY, RATE, None, 1e9, 1003, "sub-d", 0, now)
+    assert told == [["sub-a"], ["sub-a"]]
+
+
+def test_a_caller_without_a_lease_recalls_the_holders_over_their_part() -> None:
+    """A holds 99 of 100. A caller without a lease asks: A is told to renew (once per eighth of a
+    lease, however often callers ask); the sidecar's own reading of the rate recalls nobody. A's
+    renewal sees the caller waiting: the shared callers get an equal part."""
+    clock, told = FakeClock(), []
+    book = LeaseBook(on_nudge=lambda key, subs: told.append(subs))
+    a = book.grant(KEY, RATE, None, 1e9, 1000, "sub-a", 0, clock.monotonic())
+    assert book.shared_rate(KEY, RATE, clock.monotonic(), asking=False).per_second == 1.0 and told == []
+    assert book.shared_rate(KEY, RATE, clock.monotonic()).per_second == 1.0
+    assert told == [["sub-a"]]
+    book.shared_rate(KEY, RATE, clock.monotonic())
+    a = book.grant(KEY, RATE, a.lease, 1e9, 1000, "sub-a", 0, clock.monotonic(), shared_waiting=1,
+                   holding=(99.0, 49))
+    assert (a.share, a.burst) == (50.0, 25) and told == [["sub-a"]]
+    book.grant(KEY, RATE, a.lease, 1e9, 1000, "sub-a", 0, clock.monotonic(), shared_waiting=1,
+               holding=(50.0, 25))
+    assert book.shared_rate(KEY, RATE, clock.monotonic()).per_second == 50.0
+    assert told == [["sub-a"]]  # the shared part is what it would get wanting all: nobody recalled
+    # later the shared callers' demand fell (no waiters, no grants): A grows back; a new ask
+    # recalls it again, but only an eighth of a lease after the last recall
+    clock.advance(0.2)
+    a = book.grant(KEY, RATE, a.lease, 1e9, 1000, "sub-a", 0, clock.monotonic(), holding=(50.0, 25))
+    assert a.share == 99.0
+    book.grant(KEY, RATE, a.lease, 1e9, 1000, "sub-a", 0, clock.monotonic(), holding=(99.0, 49))
+    book.shared_rate(KEY, RATE, clock.monotonic())
+    assert told == [["sub-a"]]
+    clock.advance(0.05)
+    book.shared_rate(KEY, RATE, clock.monotonic())
+    assert told == [["sub-a"], ["sub-a"]]

@@ -2,9 +2,10 @@
 
 Each event is one JSON line: `{"kind": ..., "key": ..., ...}` with kind `invalidate` (a login or
 cached headers dropped), `rotation` (a secret changed), `login` (a new login: its fingerprint
-changed) or `pause` (an upstream 429: `seconds` to wait). The first line of a stream is
-`{"kind": "hello", "subscriber": ID}`: a lease request that names the ID is tied to the stream,
-and its share is taken back as soon as the stream closes.
+changed), `pause` (an upstream 429: `seconds` to wait) or, to one holder only, `lease` (renew
+your lease of `key` now: fairness gives you more, or someone else your surplus; leases.py). The
+first line of a stream is `{"kind": "hello", "subscriber": ID}`: a lease request that names the ID
+is tied to the stream, and its share is taken back as soon as the stream closes.
 
 Subscribers are bounded per uid and overall; a subscriber that does not read its events (its queue
 full) is cut off: its stream ends, and a client whose stream ends drops what it leased. Nothing a
@@ -24,7 +25,7 @@ from .errors import TooManySubscribers
 MAX_SUBSCRIBERS: Final = 1024
 MAX_SUBSCRIBERS_PER_UID: Final = 64
 MAX_QUEUED: Final = 256  # events waiting for one subscriber before it is cut off
-KINDS: Final = frozenset({"invalidate", "rotation", "login", "pause"})
+KINDS: Final = frozenset({"invalidate", "rotation", "login", "pause", "lease"})
 
 
 def encode(event: dict[str, Any]) -> bytes:
@@ -115,6 +116,15 @@ class EventHub:
         line = encode({"kind": kind, "key": key, **fields})
         for sub in list(self.subscribers.values()):
             sub.put(line)
+
+    def send(self, subscribers: list[str], kind: str, key: str) -> None:
+        """Queue the event for the subscribers named only (those still open)."""
+        line = encode({"kind": kind, "key": key})
+        for subscriber in subscribers:
+            sub = self.subscribers.get(subscriber)
+            if sub is not None:
+                self.published += 1
+                sub.put(line)
 
     def close(self) -> None:
         """Shutdown: every stream ends."""

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import secrets
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 from .aws_config import is_aws
@@ -24,6 +26,9 @@ from .wire import Request, Response, StreamingResponse, json_response
 
 if TYPE_CHECKING:
     from .api import Api
+    from .broker import Broker
+    from .events import EventHub
+    from .rates import Rate
 
 MAX_DEMAND: Final = 1_000_000_000.0
 MAX_ID: Final = 64
@@ -60,6 +65,9 @@ async def lease(api: Api, request: Request) -> Response:
                                     and all(isinstance(v, int | float) and not isinstance(v, bool)
                                             for v in holding)):
         raise InvalidRequest("holding must be [share, burst]: the terms of the lease being spent")
+    spare = body.get("spare", 0)
+    if isinstance(spare, bool) or not isinstance(spare, int) or not 0 <= spare <= MAX_DEMAND:
+        raise InvalidRequest("spare must be the whole permits left in the holder's bucket, at least 0")
     demand = body.get("demand", MAX_DEMAND)
     if isinstance(demand, bool) or not isinstance(demand, int | float) or not 0 <= demand <= MAX_DEMAND:
         raise InvalidRequest("demand must be a number of permits per period, at least 0")
@@ -75,6 +83,10 @@ async def lease(api: Api, request: Request) -> Response:
         return _unlimited(broker.clock.time(), lease_id, result.body)
     rate = target.rate
     granted = broker.limiter.snapshot(key)
+    if broker.leases.on_nudge is None:  # holders hear "renew now" on their event stream
+        broker.leases.on_nudge = partial(_nudge, broker.events)
+    limiter, book = broker.limiter, broker.leases
+    before = book.shared_rate(key, rate, broker.clock.monotonic(), asking=False)
     try:
         terms = broker.leases.grant(key, rate, lease_id, float(demand), request.peer_uid, subscriber,
                                     granted["granted"] if granted else 0, broker.clock.monotonic(),
@@ -82,16 +94,34 @@ async def lease(api: Api, request: Request) -> Response:
                                     (float(holding[0]), int(holding[1])) if holding else None)
     except LeaseRefused as exc:
         raise LeasesRefused(str(exc)) from None
-    # the shared bucket's new rate applies from now (its refill until now was at the old one); a
-    # new in-process bucket's first permits come out of the shared one
-    initial = broker.limiter.take_up_to(key, broker.rate_of(target), terms.burst if terms.changed else 0)
+    # the holder's bucket is filled up to its burst (it has `spare`) from the shared one, at the
+    # shared one's old rate (its refill until now, and its old burst: the new, smaller one would
+    # clip what it holds first), above a reserve for the callers without a lease: the shared
+    # share of one period. Then the new rate applies from now.
+    after = book.shared_rate(key, rate, broker.clock.monotonic(), asking=False)
+    reserve = min(after.burst, max(1, math.ceil(after.per_second * rate.per)))
+    snapshot = limiter.snapshot(key)
+    level = snapshot["level"] if snapshot is not None else float(rate.burst)
+    initial = limiter.take_up_to(key, before, max(0, min(terms.burst - spare, math.floor(level) - reserve)))
+    _apply_shared_rate(broker, key, rate)
     # when this lease lapses unrenewed, the shared bucket's waiters get its share back at once
-    asyncio.get_running_loop().call_later(terms.seconds, broker.lease_changed, key)
+    asyncio.get_running_loop().call_later(terms.seconds, _apply_shared_rate, broker, key, rate)
     fields = json.dumps({"lease": terms.lease, "share": round(terms.share, 6), "burst": terms.burst,
                          "per": terms.per, "initial": initial,
                          "lease_until": broker.clock.time() + terms.seconds,
                          "lease_seconds": terms.seconds}, separators=(",", ":")).encode()
     return Response(200, fields[:-1] + b"," + result.body[1:])
+
+
+def _nudge(events: EventHub, key: str, subscribers: list[str]) -> None:
+    events.send(subscribers, "lease", key)
+
+
+def _apply_shared_rate(broker: Broker, key: str, rate: Rate) -> None:
+    """Give the shared bucket of `key` its rate less what is leased now (not a caller's ask)."""
+    if isinstance(broker.limiter, Limiter) and broker.config.rates.get(key) == rate:
+        now = broker.clock.monotonic()
+        broker.limiter.take_up_to(key, broker.leases.shared_rate(key, rate, now, asking=False), 0)
 
 
 def _unlimited(now: float, lease_id: str | None, headers_body: bytes) -> Response:

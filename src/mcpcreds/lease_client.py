@@ -60,6 +60,21 @@ def event_effect(event: dict[str, Any], key: str | None, answer: dict[str, Any] 
     return kind in DROP_KINDS or changed, 0.0
 
 
+def renew_now(event: dict[str, Any], key: str | None, lease: str | None, disabled: bool) -> bool:
+    """A `lease` event for the key of the lease we hold: renew it now."""
+    return event.get("kind") == "lease" and key is not None and event.get("key") == key \
+        and lease is not None and not disabled
+
+
+def available(limiter: AsyncLimiter) -> int:
+    """The whole permits `limiter` could grant now (aiolimiter says only yes or no)."""
+    low, high = 0, int(limiter.max_rate)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if limiter.has_capacity(mid) else (low, mid - 1)
+    return low
+
+
 class EventStream:
     """`GET /v1/events` on its own connection to the sidecar (checked like every connection)."""
 
@@ -136,7 +151,11 @@ class AsyncLeaser:
         self.served = 0  # requests served from the lease
         self.saturated = False  # a request waited for the share since the last lease
         self.asked_all = True  # the last lease asked for all it could get (no demand named)
+        self.asked: float | None = None  # the demand the last lease asked for
+        self.min_window = 0.0  # a quarter of the lease: less use than that measures nothing
         self.changed: asyncio.Future[None] | None = None  # set when terms or headers change
+        self.nudged = False  # told to renew while a renewal was under way: renew again after it
+        self.shrunk = False  # the last lease gave a smaller share: the sidecar waits to hear we spend it
 
     # -- the hot path
 
@@ -206,14 +225,20 @@ class AsyncLeaser:
     def _obtained(self, task: asyncio.Task[bool]) -> None:
         if self.obtaining is task:
             self.obtaining = None
-        if not task.cancelled():
-            task.exception()
+        ok = not task.cancelled() and task.exception() is None
+        # say at once that we spend a smaller share (not at a take), or renew as told meanwhile
+        again = ok and (self.nudged or (task.result() and self.shrunk))
+        self.nudged = False
+        if again and not self.disabled and self.obtaining is None:
+            self._start_obtaining()
 
     def _demand(self, now: float, per: float) -> float | None:
         """Permits per period to ask for: None (as many as the sidecar gives) without a share or
         when the share was what held requests back; else twice what was used."""
         if self.limiter is None or self.saturated or now <= self.since:
             return None
+        if now - self.since < self.min_window:  # an early renewal (a nudge, a shrink): as before
+            return self.asked
         return max(1.0, self.used / (now - self.since) * per * DEMAND_HEADROOM)
 
     async def _obtain(self) -> bool:
@@ -223,8 +248,11 @@ class AsyncLeaser:
             sent = self.clock()
             demand = self._demand(sent, self.terms_per)
             holding = self.terms if self.limiter is not None else None
-            self.asked_all = demand is None
-            got = await self.client.run(Calls.lease(self.name, self.lease, self.subscriber, demand, holding))
+            self.asked_all, self.asked = demand is None, demand
+            call = Calls.lease(self.name, self.lease, self.subscriber, demand, holding)
+            if self.limiter is not None and call.body is not None:  # the sidecar tops it up to the burst
+                call.body["spare"] = available(self.limiter)
+            got = await self.client.run(call)
         except LeasesRefused:
             self.disabled = True
             self.drop()
@@ -239,18 +267,23 @@ class AsyncLeaser:
         share, burst, per = float(got["share"]), int(got["burst"]), float(got["per"])
         seconds, initial = float(got["lease_seconds"]), int(got["initial"])
         self.lease, self.key, self.terms_per = str(got["lease"]), str(got["key"]), per
-        self.used, self.since, self.saturated = 0, sent, False
+        if sent - self.since >= self.min_window:  # the use was measured: a new window from now
+            self.used, self.since = 0, sent
+        self.saturated, self.min_window = False, seconds / 4
         if burst < 1 or share <= 0.0:  # not now: per request, and ask again half a lease later
             self.terms, self.limiter, self.answer = (0.0, 0), None, None
             self._changed()
             self.retry_at = sent + seconds / 2
             self.recent.clear()
             return False
-        shrunk = self.limiter is not None and share < self.terms[0]
-        if (share, burst) != self.terms or self.limiter is None:
+        shrunk = self.shrunk = self.limiter is not None and share < self.terms[0]
+        if (share, burst) != self.terms or self.limiter is None or initial > 0:
             limiter = AsyncLimiter(burst, per * burst / share)
-            if burst - initial > 0:  # starts with only the permits the sidecar moved to it
-                await limiter.acquire(burst - max(0, initial))
+            # it starts with the permits the sidecar moved to it and those the old one had left
+            # (already taken from the shared bucket: spent under the new terms, not lost)
+            start = min(burst, max(0, initial) + (available(self.limiter) if self.limiter else 0))
+            if burst - start > 0:
+                await limiter.acquire(burst - start)
             self.limiter, self.terms, self.burst = limiter, (share, burst), burst
             self._changed()
         if self.subscriber is None:  # the stream ended meanwhile: nothing leased is usable
@@ -291,7 +324,15 @@ class AsyncLeaser:
                 self.drop()
 
     def on_event(self, event: dict[str, Any]) -> None:
-        """Drop the leased headers when the sidecar says they may no longer be used."""
+        """Drop the leased headers when the sidecar says they may no longer be used; renew at once
+        when it says so (a `lease` event: fairness has changed our share)."""
+        if renew_now(event, self.key, self.lease, self.disabled):
+            self.retry_at = 0.0
+            if self.obtaining is None:
+                self._start_obtaining()
+            else:  # the renewal under way may have been answered before the sidecar said so
+                self.nudged = True
+            return
         drop, pause = event_effect(event, self.key, self.answer)
         if pause:
             self.retry_at = max(self.retry_at, self.clock() + pause)

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 from .buckets import TokenBucket
 from .calls import Calls
 from .errors import LeasesRefused, McpcredsError, RateLimited
-from .lease_client import MAX_EVENT_LINE, RETRY_AFTER_FAILURE, TRIGGER_CALLS, TRIGGER_SECONDS, event_effect
+from .lease_client import (
+    MAX_EVENT_LINE,
+    RETRY_AFTER_FAILURE,
+    TRIGGER_CALLS,
+    TRIGGER_SECONDS,
+    event_effect,
+    renew_now,
+)
 from .rates import Rate
 from .socket_check import check_folder, check_peer
 
@@ -110,6 +117,10 @@ class SyncLeaser:
         self.subscriber: str | None = None
         self.stream: SyncEventStream | None = None
         self.obtaining: threading.Event | None = None  # set when the obtain under way ends
+        self.nudged = False  # told to renew while a renewal was under way: renew again after it
+        self.shrunk = False  # the last lease gave a smaller share: the sidecar waits to hear we spend it
+        self.asked: float | None = None  # the demand the last lease asked for
+        self.min_window = 0.0  # a quarter of the lease: less use than that measures nothing
 
     # -- the hot path
 
@@ -158,6 +169,12 @@ class SyncLeaser:
     def _obtain(self, done: threading.Event) -> None:
         try:
             self._obtain_once()
+            for _ in range(3):  # a shrunk share: say at once that we spend the smaller one; or told
+                with self.lock:  # to renew while this renewal was under way
+                    again, self.nudged = (self.shrunk or self.nudged) and not self.disabled, False
+                if not again:
+                    break
+                self._obtain_once()
         finally:
             with self.lock:
                 if self.obtaining is done:
@@ -170,11 +187,16 @@ class SyncLeaser:
                 self._listen()
             with self.lock:
                 sent = self.clock()
+                early = sent - self.since < self.min_window  # a nudge, a shrink: as before
                 demand = None if self.bucket is None or self.saturated or sent <= self.since else \
-                    max(1.0, self.used / (sent - self.since) * self.terms_per * 2.0)
+                    self.asked if early else max(1.0, self.used / (sent - self.since) * self.terms_per * 2.0)
+                self.asked = demand
                 holding = self.terms if self.bucket is not None else None
                 lease, subscriber = self.lease, self.subscriber
-            got = self.client.run(Calls.lease(self.name, lease, subscriber, demand, holding))
+                call = Calls.lease(self.name, lease, subscriber, demand, holding)
+                if self.bucket is not None and call.body is not None:  # the sidecar tops it up
+                    call.body["spare"] = int(self.bucket.level(sent))
+            got = self.client.run(call)
         except LeasesRefused:
             with self.lock:
                 self.disabled = True
@@ -196,17 +218,21 @@ class SyncLeaser:
         share, burst, per = float(got["share"]), int(got["burst"]), float(got["per"])
         seconds, initial = float(got["lease_seconds"]), int(got["initial"])
         self.lease, self.key, self.terms_per = str(got["lease"]), str(got["key"]), per
-        self.used, self.since, self.saturated = 0, sent, False
+        if sent - self.since >= self.min_window:  # the use was measured: a new window from now
+            self.used, self.since = 0, sent
+        self.saturated, self.shrunk, self.min_window = False, False, seconds / 4
         if burst < 1 or share <= 0.0:
             self.terms, self.bucket, self.answer = (0.0, 0), None, None
             self.retry_at = sent + seconds / 2
             self.recent.clear()
             return
-        shrunk = self.bucket is not None and share < self.terms[0]
-        if (share, burst) != self.terms or self.bucket is None:
+        shrunk = self.shrunk = self.bucket is not None and share < self.terms[0]
+        if (share, burst) != self.terms or self.bucket is None or initial > 0:
             now = self.clock()
             bucket = TokenBucket(Rate(burst, per * burst / share), now)
-            bucket.take(burst - max(0, min(initial, burst)), now)  # only what the sidecar moved to it
+            # what the sidecar moved to it and what the old one had left (taken from the shared bucket)
+            carried = int(self.bucket.level(now)) if self.bucket is not None else 0
+            bucket.take(burst - min(max(0, initial) + carried, burst), now)
             self.bucket, self.terms = bucket, (share, burst)
         if self.subscriber is None:
             return
@@ -246,6 +272,13 @@ class SyncLeaser:
 
     def on_event(self, event: dict[str, Any]) -> None:
         with self.lock:
+            if renew_now(event, self.key, self.lease, self.disabled):  # fairness changed our share
+                self.retry_at = 0.0
+                if self.obtaining is None:
+                    self._start_obtaining()
+                else:
+                    self.nudged = True
+                return
             drop, pause = event_effect(event, self.key, self.answer)
             if pause:
                 self.retry_at = max(self.retry_at, self.clock() + pause)

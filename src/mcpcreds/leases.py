@@ -15,13 +15,21 @@ from the next renewal after that (within two lease periods).
 
 A lease lapses at `until` unless renewed; its holder's share is taken back at once when the
 holder's event stream closes (`release_subscriber`) or it gives it up (`release`).
+
+Nobody waits for a renewal to get what fairness gives it (`on_nudge`: the sidecar sends a `lease`
+event to the holders named, who renew at once): a grant names the other holders whose share is
+well over their fair one while someone is short of theirs (they renew, then say they spend the
+smaller share, which frees the larger one), and those well under theirs who could get more now.
+A caller without a lease asking while the shared bucket's share is well under what it would get
+wanting everything names the holders over their fair part (at most once per `RECALL_EVERY` of a
+lease): their renewal sees the shared callers waiting. Each holder is named once until it renews.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -32,6 +40,8 @@ MIN_SHARED_DEMAND: Final = 1.0  # permits per period always kept for callers wit
 SHARED_BURST_FLOOR: Final = 0.5  # the part of the burst that stays with the shared bucket
 DEMAND_SMOOTHING: Final = 0.5  # weight of the newest sample of the shared callers' demand
 MAX_HOLDERS_PER_KEY: Final = 256
+NUDGE_MARGIN: Final = 0.1  # a share this far (of the fair one, at least 1 permit) from fair is nudged
+RECALL_EVERY: Final = 0.125  # of a lease: the least time between two recalls for the shared callers
 
 
 def lease_seconds(rate: Rate) -> float:
@@ -83,6 +93,7 @@ class _Holder:
     until: float
     grants: list[_Grant] = field(default_factory=list)
     terms: tuple[float, int] | None = None
+    nudged: bool = False  # told to renew now, and has not yet
 
     def prune(self, now: float) -> None:
         self.grants = [g for g in self.grants if g.until > now]
@@ -99,6 +110,9 @@ class _Key:
     shared_demand: float = 0.0
     granted_total: int | None = None
     sampled_at: float = 0.0
+    recall_below: float = -math.inf  # a shared share under this recalls holders (see shared_rate)
+    fair_all: dict[str, float] = field(default_factory=dict)  # the split if the shared callers want all
+    recalled_at: float = -math.inf
 
 
 class LeaseRefused(Exception):
@@ -108,9 +122,10 @@ class LeaseRefused(Exception):
 class LeaseBook:
     """The leases of one sidecar, per bucket key."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_nudge: Callable[[str, list[str]], None] | None = None) -> None:
         self._keys: dict[str, _Key] = {}
         self._where: dict[str, str] = {}  # lease id -> key
+        self.on_nudge = on_nudge  # (key, subscribers): tell these holders to renew now
 
     def holds(self, key: str) -> bool:
         entry = self._keys.get(key)
@@ -122,15 +137,22 @@ class LeaseBook:
         entry = self._keys.get(key)
         return self._reserved(key, entry, now) if entry is not None else (0.0, 0)
 
-    def shared_rate(self, key: str, rate: Rate, now: float) -> Rate:
+    def shared_rate(self, key: str, rate: Rate, now: float, asking: bool = True) -> Rate:
         """The rate of the bucket that serves the callers without a lease (the hot path: a dict
-        miss when nothing is leased on `key`)."""
+        miss when nothing is leased on `key`). `asking`: a caller without a lease asks for
+        permits now (not the sidecar applying new terms): holders over their fair part are
+        recalled if the shared share is well under what the shared callers would get."""
         entry = self._keys.get(key)
         if entry is None:
             return rate
         share, burst = self._reserved(key, entry, now)
         if share <= 0.0 and burst <= 0:
             return rate
+        if asking and rate.burst - share < entry.recall_below \
+                and now >= entry.recalled_at + RECALL_EVERY * lease_seconds(rate):
+            entry.recalled_at = now
+            self._tell(key, [h for name, h in entry.holders.items()
+                             if _over(h.reserved()[0], entry.fair_all.get(name, 0.0))])
         left_burst = rate.burst - burst
         left_share = rate.burst - share
         if left_burst < 1 or left_share <= 0.0:  # the rate was lowered under live leases
@@ -158,6 +180,7 @@ class LeaseBook:
             holder = entry.holders[lease] = _Holder(uid, subscriber, demand, now)
             self._where[lease] = key
         assert lease is not None
+        holder.nudged = False
         holder.demand = max(0.0, min(demand, float(rate.burst)))
         spent = [g for g in holder.grants if (g.share, g.burst) == holding]
         if spent:
@@ -181,7 +204,40 @@ class LeaseBook:
             holder.grants.append(_Grant(share, burst, until))
         changed = holder.terms != (share, burst)
         holder.terms = (share, burst)
+        self._rebalance(key, entry, rate, fair, demands, lease)
         return Terms(lease, share, burst, rate.per, until, seconds, changed)
+
+    def _rebalance(self, key: str, entry: _Key, rate: Rate, fair: dict[str, float],
+                   demands: dict[str, float], lease: str) -> None:
+        """After a grant to `lease`: nudge the other holders far from their fair share (those over
+        it only if someone is short), and note what the shared callers would get wanting all."""
+        reserved = {name: h.reserved()[0] for name, h in entry.holders.items()}
+        total = sum(reserved.values())
+        short = _under(rate.burst - total, fair[SHARED])  # the shared callers', or a holder's
+        told: list[_Holder] = []
+        for name, h in entry.holders.items():
+            held = h.terms[0] if h.terms is not None else 0.0
+            short = short or _under(held, fair[name])
+            reachable = min(fair[name], rate.burst - fair[SHARED] - (total - reserved[name]))
+            if name != lease and _under(held, reachable):
+                told.append(h)  # more is free for it now
+        if short:
+            told += [h for name, h in entry.holders.items()
+                     if name != lease and _over(reserved[name], fair[name])]
+        self._tell(key, told)
+        demands[SHARED] = float(rate.burst)
+        entry.fair_all = max_min_fair(float(rate.burst), demands)
+        entry.recall_below = entry.fair_all[SHARED] - _margin(entry.fair_all[SHARED])
+
+    def _tell(self, key: str, holders: list[_Holder]) -> None:
+        """Ask these holders to renew now (each once until it has)."""
+        subscribers = []
+        for h in holders:
+            if not h.nudged and h.subscriber is not None:
+                h.nudged = True
+                subscribers.append(h.subscriber)
+        if subscribers and self.on_nudge is not None:
+            self.on_nudge(key, subscribers)
 
     def release(self, lease: str, uid: int | None = None) -> bool:
         """The holder gives its lease up (it has stopped spending it); `uid`, if given, must hold it."""
@@ -244,3 +300,15 @@ class LeaseBook:
             sample = max(0, granted - entry.granted_total) / (now - entry.sampled_at) * rate.per
             entry.shared_demand += DEMAND_SMOOTHING * (sample - entry.shared_demand)
         entry.granted_total, entry.sampled_at = granted, now
+
+
+def _margin(fair: float) -> float:
+    return max(1.0, NUDGE_MARGIN * fair)
+
+
+def _under(held: float, fair: float) -> bool:
+    return held < fair - _margin(fair)
+
+
+def _over(held: float, fair: float) -> bool:
+    return held > fair + _margin(fair)
