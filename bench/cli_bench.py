@@ -23,8 +23,10 @@ without any `.pth` file of the machine's site-packages. A `.pth` that imports so
 sandbox's certifi hook does: re, pathlib, importlib.resources) makes `python -c pass` slower and
 preloads modules the CLI would otherwise pay for, which flatters the ratio; `-S` shows the strict one.
 
-It also runs `mcpcreds headers NAME` once under `python -X importtime` and names any heavy module
-(httpx, authlib, asyncio, cryptography, redis, keyring, ssl, the config parser) it imported.
+It also runs `mcpcreds headers NAME` once under `python -S -X importtime` (no `.pth` file can
+import a module before it) and names any heavy module it imported: httpx, authlib, asyncio,
+cryptography, redis, keyring, ssl, the config parser, and tomllib, pathlib, socket and threading
+(a few ms each, which the fast path does without).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ SERVER = "bench"
 TOKEN = "cli-bench-token-0123456789abcdef"
 TARGET = 2.0
 HEAVY = ("httpx", "httpcore", "authlib", "asyncio", "cryptography", "redis", "keyring", "ssl",
-         "mcpcreds.config", "mcpcreds.auth")
+         "mcpcreds.config", "mcpcreds.auth", "tomllib", "pathlib", "socket", "threading")
 CONSOLE_SCRIPT = "import sys; from mcpcreds.cli import main; sys.exit(main())"
 
 
@@ -79,7 +81,7 @@ def run_once(argv: list[str], env: dict[str, str], expected: str | None) -> floa
 
 
 def heavy_imports(argv: list[str], env: dict[str, str]) -> list[str]:
-    proc = subprocess.run([sys.executable, "-X", "importtime", *argv], stdin=subprocess.DEVNULL,
+    proc = subprocess.run([sys.executable, "-S", "-X", "importtime", *argv], stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, env=env, timeout=60)
     names = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
              if line.startswith("import time:") and line.count("|") == 2}
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 elapsed = run_once(cmd, env_s if "-S" in cmd else env, expected)
                 if n >= args.warmup:
                     samples[name].append(elapsed * 1000)
-        heavy = heavy_imports(["-m", "mcpcreds", "headers", SERVER], env)
+        heavy = heavy_imports(["-m", "mcpcreds", "headers", SERVER], env_s)
 
     results = []
     for name, cmd, _ in commands:

@@ -9,25 +9,31 @@ be imported. A behaviour test, not a timing test: bench/cli_bench.py measures th
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import run_cli
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
+SRC = Path(__file__).resolve().parents[1] / "src"
 TOKEN = "cli-imports-token-4f2a9d"
 HEAVY = ("httpx", "httpx2", "httpcore", "anyio", "authlib", "asyncio", "cryptography", "redis", "keyring",
          "secretstorage", "ssl", "dataclasses", "inspect", "rich",  # rich: status on a terminal only
-         "importlib.metadata")  # the version: read for --version and the sidecar only
+         "importlib.metadata",  # the version: read for --version and the sidecar only
+         # a few ms each (issue 18): the config is read by lean_toml, paths are text, the socket is
+         # _socket's, the lock _thread's
+         "tomllib", "datetime", "pathlib", "socket", "selectors", "threading", "struct", "getpass")
 # the package's modules these commands need; any other (the config parser, exec, login, units...)
 # is a cost they should not pay
 LEAN_MODULES = {"mcpcreds", "mcpcreds.__main__", "mcpcreds.cli", "mcpcreds.errors", "mcpcreds.address",
                 "mcpcreds.calls", "mcpcreds.client", "mcpcreds.socket_check", "mcpcreds.uds",
-                "mcpcreds.credential_helper"}
+                "mcpcreds.credential_helper", "mcpcreds.lean_toml"}
 CONSOLE_SCRIPT = "import sys; from mcpcreds.cli import main; sys.exit(main())"  # what [project.scripts] runs
 
 CONFIG = """
@@ -66,9 +72,14 @@ def imported(stderr: str) -> set[str]:
 
 def run_timed(how: str, *args: str, stdin: str = "", env: dict[str, str] | None = None,
               ) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """Under `python -S` (site-packages on PYTHONPATH): a `.pth` file of the machine's site-packages
+    may import modules (this sandbox's certifi hook imports pathlib, re...), which would hide the
+    command's own imports of them."""
     head = ["-m", "mcpcreds"] if how == "module" else ["-c", CONSOLE_SCRIPT]
-    proc = subprocess.run([sys.executable, "-X", "importtime", *head, *args], input=stdin,
-                          capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
+    path = os.pathsep.join([str(SRC), *site.getsitepackages(), *filter(None, [os.environ.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, "-S", "-X", "importtime", *head, *args], input=stdin,
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": path, **(env or {})})
     return proc, imported(proc.stderr)
 
 
@@ -94,7 +105,8 @@ def test_command_imports_no_heavy_module(sidecar: SidecarProcess, command: str, 
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert expected in proc.stdout
     assert "mcpcreds.cli" in modules and "mcpcreds.client" in modules  # the report is read right
-    assert sorted(m for m in modules if m in HEAVY or m.split(".")[0] in HEAVY) == []
+    allowed = {"struct"} if command.startswith("credential-helper") else set()  # base64's, for Basic
+    assert sorted(m for m in modules - allowed if m in HEAVY or m.split(".")[0] in HEAVY) == []
     assert sorted(m for m in modules if m.split(".")[0] == "mcpcreds" and m not in LEAN_MODULES) == []
     if command in ("token", "headers"):  # their simple form is parsed without argparse
         assert "argparse" not in modules
@@ -191,3 +203,114 @@ def test_address_locates_as_config_does(env: dict[str, str], monkeypatch: pytest
         assert address.find_config_path(explicit) == config.find_config_path(explicit)
     for configured in (None, "/configured.sock"):
         assert address.default_socket_path(configured) == config.default_socket_path(configured)
+
+
+# ---------------------------------------------------------------------------- the lean TOML reader
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.toml"))
+TRICKY = [
+    "", "\n\n", "# only a comment", "a = 1", "a=1\r\nb=2\r\n", "a = 1\rb = 2", "[ sidecar ]\nsocket = 's'",
+    "[sidecar]\nsocket = 's'\n[sidecar]", "[a]\n[[a]]", "[[a]]\n[a]", "[a.b]\n[a]\nc = 1", "[a]\n[a.b]\n[a]",
+    "[[a]]\nb = 1\n[a.c]\n[[a]]\n[a.c]", "a = {}\n[a]", "a = [{}]\n[[a]]", "a = 1\n[a.b]", "[a]\nb = 1\n[a.b]",
+    'a = "x\\ty"', 'a = "x\\"', "a = 'x\\'", 'a = """x"""', "a = '''x'''", 'a = "x\ty"', 'a = "x\x01"',
+    "a = 1 # c\x01", "a = 1 # c\t", "a = 01", "a = -0", "a = +7", "a = 1_000", "a = 0x1f", "a = 1.5",
+    "a = 1e3", "a = inf", "a = nan", "a = 1979-05-27", "a = 07:32:00", "a = true", "a = truex", "a = TRUE",
+    "a = [1, 2,]", "a = [,]", "a = [1 2]", "a = [\n1]", "a = {b = 1,}", "a = {b = 1, b = 2}", "a = {b.c = 1}",
+    'a = {"b" = 1, \'c\' = [true, "x"]}', "a = 1\na = 2", 'a = 1\n"a" = 2', "a.b = 1", "a = ", "= 1",
+    "[a", "[a]]", "[[a]", "[[a] ]", "[ [a]]", "[a.]", "[.a]", "[]", '["a b".c]', "a b = 1", "\ufeffa = 1",
+    "a = 1 b = 2", "a = 'x' 'y'", "a = \"x", "a = [1, [2, {c = 'd'}]]", "é = 1", "a = 'é'", "a = 1\x00",
+    "[sidecar]\nsocket = '/tmp/x/s.sock'\nsidecar_uid = 1000\n", '[sidecar]\nsocket = "/tmp/\\u0078/s.sock"\n',
+]
+
+
+def tomllib_or_none(text: str) -> Any:
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None
+
+
+def test_the_lean_reader_reads_the_examples_as_tomllib_does() -> None:
+    from mcpcreds.lean_toml import loads
+
+    assert EXAMPLES
+    for path in EXAMPLES:
+        text = path.read_text(encoding="utf-8")
+        assert loads(text) == tomllib_or_none(text) is not None, path  # read, not passed to tomllib
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_the_lean_reader_reads_as_tomllib_or_not_at_all(text: str) -> None:
+    """None (tomllib decides) or tomllib's own answer; None for whatever tomllib refuses."""
+    from mcpcreds.lean_toml import loads
+
+    got = loads(text)
+    assert got is None or got == tomllib_or_none(text)
+
+
+def test_the_lean_reader_agrees_with_tomllib_on_mutated_and_generated_documents() -> None:
+    """Random edits of the examples (a character of TOML's syntax put in, a run cut out or
+    repeated), and documents made of headers and pairs that meet TOML's rules on tables defined
+    twice and keys given twice: whatever the lean reader reads, it reads as tomllib does."""
+    import random
+
+    from mcpcreds.lean_toml import loads
+
+    rng = random.Random(18)
+    texts = [path.read_text(encoding="utf-8") for path in EXAMPLES]
+    pieces = [*" \t\n\r#[]{}=,.\"'\\abc_-019+", "[[", "]]", "\r\n", "\x00", "é", '"""', "1.5", "true",
+              "[a]\n", "[[a]]\n", "a = 1\n", "a.b = 1\n", "[sidecar]\n"]
+    lines = ["[a]", "[a.b]", "[[a]]", "[[a.b]]", "[ a . b ]", '["a"]', "[a.b.c]", "[[a.b.c]]", "[b]", "[[b]]",
+             "a = 1", "b = 'x'", '"a" = {}', "c = [1, 2,]", "d = {x = 1, y = [true]}", "b = {}", "a = []",
+             "b = [{}]", "# c", "", "  b = -0 # x", "a = {b = {c = 1}}", '"b" = 2', "[a.d]", "d = 1"]
+    read = 0
+    for n in range(3000):
+        if n % 2:
+            text = rng.choice(texts)
+            for _ in range(rng.randint(1, 3)):
+                at, to = rng.randrange(len(text) + 1), rng.randrange(len(text) + 1)
+                edit = rng.random()
+                if edit < 0.5:
+                    text = text[:at] + rng.choice(pieces) + text[at:]
+                elif edit < 0.8:
+                    text = text[:at] + text[at + rng.randint(1, 5):]
+                else:
+                    text = text[:at] + text[min(at, to):max(at, to)] + text[at:]
+        else:
+            text = "\n".join(rng.choice(lines) for _ in range(rng.randint(1, 7)))
+        got = loads(text)
+        if got is not None:
+            read += 1
+            assert got == tomllib_or_none(text), text
+    assert read > 600  # most of them are not TOML, but many are: the comparison is not empty
+
+
+@pytest.mark.parametrize(("sidecar", "expected"), [
+    ('socket = "/run/a/s.sock"\nsidecar_uid = 1000', ("/run/a/s.sock", 1000)),
+    ('socket = "/run/\\u0061/s.sock"', ("/run/a/s.sock", None)),  # an escape: read by tomllib
+    ("socket = '/run/a//s.sock/'\nwhen = 1979-05-27", ("/run/a/s.sock", None)),  # a date: tomllib
+    ('socket = "/run/a/s.sock"\r\n', ("/run/a/s.sock", None)),
+])
+def test_the_socket_is_read_with_or_without_the_lean_reader(tmp_path: Path, sidecar: str,
+                                                            expected: tuple[str, int | None]) -> None:
+    from mcpcreds.address import sidecar_address
+
+    config = tmp_path / "c.toml"
+    config.write_text(f"[sidecar]\n{sidecar}\n[[servers]]\nname = 'docs'\n", encoding="utf-8")
+    assert sidecar_address(str(config), None) == expected
+
+
+def test_paths_are_spelled_as_pathlib_spells_them() -> None:
+    """The socket and config paths are text on the fast path: `path_text` must name the file
+    `pathlib` named (the socket a sidecar binds is found by the same spelling)."""
+    import itertools
+    from pathlib import PurePosixPath
+
+    from mcpcreds.address import path_text
+
+    for count in range(6):
+        for parts in itertools.product(["/", "a", ".", "..", "b/", ""], repeat=count):
+            path = "".join(parts)
+            assert path_text(path) == str(PurePosixPath(path)), path

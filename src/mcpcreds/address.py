@@ -4,46 +4,83 @@ Standard library only, and no `config` import: `config` validates the whole file
 httpx), which would cost each `mcpcreds token|headers|acquire|status` about a hundred ms while
 they need two keys of `[sidecar]`. `config` holds the same two locating functions (kept equal by
 tests/test_cli_imports.py); the sidecar itself still validates everything at `serve`.
+
+The paths are handled as text (`path_text` spells them as `pathlib` does): importing pathlib costs
+those commands ~2 ms (urllib.parse, ipaddress); so does tomllib, which `lean_toml` mostly spares.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # not `typing`'s: importing typing costs these commands ~2 ms
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 
-def find_config_path(explicit: str | None = None) -> Path:
+def path_text(path: str) -> str:
+    """`str(pathlib.PurePosixPath(path))`: the same spelling, without the import."""
+    root = "/" if path.startswith("/") else ""
+    if path.startswith("//") and not path.startswith("///"):
+        root = "//"  # POSIX leaves the meaning of two leading slashes open: pathlib keeps them
+    return root + "/".join(part for part in path.split("/") if part and part != ".") or "."
+
+
+def config_file(explicit: str | None = None) -> str:
     """`explicit`, else $MCPCREDS_CONFIG, else $XDG_CONFIG_HOME/mcpcreds/config.toml."""
     if explicit:
-        return Path(explicit)
+        return path_text(explicit)
     if env := os.environ.get("MCPCREDS_CONFIG"):
-        return Path(env)
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "mcpcreds" / "config.toml"
+        return path_text(env)
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return path_text(f"{base}/mcpcreds/config.toml")
 
 
-def default_socket_path(configured: str | None = None) -> Path:
+def socket_file(configured: str | None = None) -> str:
     """`configured`, else $MCPCREDS_SOCKET, else $XDG_RUNTIME_DIR/mcpcreds/mcpcreds.sock, else
     /tmp/mcpcreds-UID/mcpcreds.sock."""
     if configured:
-        return Path(configured)
+        return path_text(configured)
     if env := os.environ.get("MCPCREDS_SOCKET"):
-        return Path(env)
+        return path_text(env)
     if runtime := os.environ.get("XDG_RUNTIME_DIR"):
-        return Path(runtime) / "mcpcreds" / "mcpcreds.sock"
-    return Path(f"/tmp/mcpcreds-{os.getuid()}") / "mcpcreds.sock"
+        return path_text(f"{runtime}/mcpcreds/mcpcreds.sock")
+    return f"/tmp/mcpcreds-{os.getuid()}/mcpcreds.sock"
 
 
-def _sidecar_keys(path: Path) -> tuple[str | None, int | None] | None:
+def find_config_path(explicit: str | None = None) -> Path:
+    """`config_file` as a Path."""
+    from pathlib import Path
+
+    return Path(config_file(explicit))
+
+
+def default_socket_path(configured: str | None = None) -> Path:
+    """`socket_file` as a Path."""
+    from pathlib import Path
+
+    return Path(socket_file(configured))
+
+
+def _sidecar_keys(path: str) -> tuple[str | None, int | None] | None:
     """`sidecar.socket` and `sidecar.sidecar_uid` of the config at `path`, checked as `config`
     checks them; None if the file cannot be read or parsed or either key is not valid."""
-    import tomllib
+    from .lean_toml import loads
 
     try:
-        data: Any = tomllib.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        with open(path, "rb") as file:
+            text = file.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
         return None
+    data: Any = loads(text)
+    if data is None:  # outside the lean reader's subset of TOML (or not TOML)
+        import tomllib
+
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            return None
     table = data.get("sidecar", {})
     if not isinstance(table, dict):
         return None
@@ -62,8 +99,8 @@ def sidecar_address(config: str | None, socket: str | None) -> tuple[str, int | 
     defaults). An explicit `config` that cannot be read, or whose two keys are not valid, raises
     the full `ConfigError`; a default config that does is passed over."""
     keys: tuple[str | None, int | None] | None = None
-    path = find_config_path(config)
-    if config or path.exists():
+    path = config_file(config)
+    if config or os.path.exists(path):
         keys = _sidecar_keys(path)
         if keys is None and config:
             from .config import load_config
@@ -71,4 +108,4 @@ def sidecar_address(config: str | None, socket: str | None) -> tuple[str, int | 
             full = load_config(config)  # raises ConfigError with every problem
             keys = full.sidecar.socket, full.sidecar.sidecar_uid
     configured, uid = keys if keys is not None else (None, None)
-    return str(socket or default_socket_path(configured)), uid
+    return socket or socket_file(configured), uid

@@ -9,14 +9,10 @@ when one of those commands, or --help, is asked for.
 
 from __future__ import annotations
 
-import contextlib
-import getpass
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, TextIO
 
 from .address import sidecar_address
 from .calls import MalformedAnswer
@@ -35,11 +31,16 @@ from .errors import (
 )
 from .socket_check import UntrustedSidecar
 
+TYPE_CHECKING = False  # not `typing`'s: importing typing costs each command ~2 ms
 if TYPE_CHECKING:
     import argparse  # imported by build_parser: `token NAME` and `headers NAME` run without it
+    from collections.abc import Callable, Sequence
+    from typing import Any, TextIO
 
     from .config import Config, SecretsConfig
     from .sources import KeyringSource
+
+    Handler = Callable[["argparse.Namespace"], int]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -48,8 +49,6 @@ EXIT_UNAVAILABLE = 69
 EXIT_RATE_LIMITED = 75
 EXIT_FORBIDDEN = 77
 MAX_NAME = 256  # a server name or cache key on the command line
-
-Handler = Callable[["argparse.Namespace"], int]
 
 
 def exit_code_for(exc: McpcredsError) -> int:
@@ -92,6 +91,8 @@ def _keyring(args: argparse.Namespace) -> KeyringSource:
 def read_secret_value(stdin: TextIO, prompt: str) -> str:
     """The value from stdin (one trailing newline stripped), or a no-echo prompt on a terminal."""
     if stdin.isatty():
+        import getpass
+
         value = getpass.getpass(prompt)
     else:
         value = stdin.read()
@@ -233,6 +234,8 @@ def _print_table(rows: Sequence[Sequence[str]], out: TextIO | None = None) -> No
 
 def cmd_stdio(args: argparse.Namespace) -> int:
     """A stdio MCP server relaying to the gateway: stdout is JSON-RPC only (see stdio_relay)."""
+    import contextlib
+
     from .client import grant_header
     from .socket_check import check_folder, expected_sidecar_uid
     from .stdio_relay import run
@@ -579,6 +582,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `mcpcreds status | head`: the reader left; say nothing more
+        import contextlib
+
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILURE

@@ -11,29 +11,30 @@ gateway clients import httpx when called (tests/test_cli_imports.py checks what 
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import os
-import threading
 import time
-from collections.abc import Callable, Iterable
-from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
-from urllib.parse import quote
+from _thread import allocate_lock  # threading.Lock itself, without importing threading (~1 ms)
 
 import httptools  # a C parser: about 1 ms to import
 
-from .address import default_socket_path
+from .address import path_text, socket_file
 from .calls import Call, Calls, MalformedAnswer
 from .errors import McpcredsError, SidecarUnavailable, error_from_wire
 from .socket_check import check_folder, check_peer, expected_sidecar_uid
 from .uds import Retryable, SyncUdsHttp
 
+TYPE_CHECKING = False  # not `typing`'s: the command line pays for every module imported here
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from pathlib import Path
+    from types import ModuleType
+    from typing import Any, Final, Literal, TypeVar
+
     import httpx
 
     from .auth import HttpxAuth
+
+    R = TypeVar("R")
 
 DEFAULT_TIMEOUT: Final = 10.0
 CONNECT_RETRY_SECONDS: Final = 2.0  # ride out a sidecar restart
@@ -41,7 +42,6 @@ GATEWAY_ORIGIN: Final = "http://mcpcreds"  # the host part of gateway URLs: the 
 # the MCP SDK's own defaults: 30 s to connect or write, 300 s between two bytes of an SSE stream
 MCP_CONNECT_TIMEOUT: Final = 30.0
 MCP_READ_TIMEOUT: Final = 300.0
-R = TypeVar("R")
 
 
 def _checked_backend(httpcore: ModuleType, socket_path: str, sidecar_uid: int) -> Any:
@@ -85,6 +85,8 @@ def gateway_http_client(flavour: str, socket_path: str, sidecar_uid: int, name: 
     checked now, and every new connection is checked before its first byte. `kwargs` go to the
     client; `headers`, `timeout` and `auth` may be None (the MCP SDK 1.x `httpx_client_factory`
     signature), a None timeout meaning the MCP SDK's defaults."""
+    import importlib
+
     http = importlib.import_module(flavour)
     core = importlib.import_module("httpcore2" if flavour == "httpx2" else "httpcore")
     check_folder_if_there(socket_path, sidecar_uid)
@@ -106,12 +108,16 @@ def gateway_http_client(flavour: str, socket_path: str, sidecar_uid: int, name: 
 
 def check_folder_if_there(socket_path: str, sidecar_uid: int) -> None:
     """The folder check, now; a folder not made yet (no sidecar yet) is left to connect time."""
+    import contextlib
+
     with contextlib.suppress(FileNotFoundError):
         check_folder(socket_path, sidecar_uid)
 
 
 def gateway_url(name: str) -> str:
     """The URL to give an MCP client for server `name`, with a client from `mcp_http_client`."""
+    from urllib.parse import quote
+
     return f"{GATEWAY_ORIGIN}/mcp/{quote(name, safe=':')}"
 
 
@@ -160,11 +166,18 @@ class _RetryWindow:
 class _Base:
     def __init__(self, socket: str | os.PathLike[str] | None, grant: str | None, timeout: float,
                  connect_retry: float, sidecar_uid: int | None) -> None:
-        self.socket_path = Path(socket) if socket else default_socket_path()
+        self._socket = path_text(os.fspath(socket)) if socket else socket_file()
         self.sidecar_uid = expected_sidecar_uid(sidecar_uid)
         self.timeout = timeout
         self.connect_retry = connect_retry
         self._headers = grant_header(grant)
+
+    @property
+    def socket_path(self) -> Path:
+        """The sidecar's socket."""
+        from pathlib import Path  # not on the command line's path: it uses the text
+
+        return Path(self._socket)
 
     def _unavailable(self, exc: BaseException) -> SidecarUnavailable:
         if isinstance(exc, TimeoutError):
@@ -188,7 +201,7 @@ class AsyncClient(_Base):
         super().__init__(socket, grant, timeout, connect_retry, sidecar_uid)
         from .uds_async import UdsHttp
 
-        self._http = UdsHttp(str(self.socket_path), self._headers, self.sidecar_uid)
+        self._http = UdsHttp(self._socket, self._headers, self.sidecar_uid)
         self._leasers: list[Any] = []  # lease_client.AsyncLeaser of each auth() that leased
 
     async def __aenter__(self) -> AsyncClient:
@@ -286,13 +299,13 @@ class AsyncClient(_Base):
         socket with the library's checks (see `gateway_http_client`), carrying this client's grant.
         Use it with `streamable_http_client(creds.mcp_url(name), http_client=...)`: the
         credential, the rate limit and the tool policy are applied in the sidecar."""
-        client: httpx.AsyncClient = gateway_http_client("httpx", str(self.socket_path), self.sidecar_uid,
+        client: httpx.AsyncClient = gateway_http_client("httpx", self._socket, self.sidecar_uid,
                                                         name, dict(self._headers), **kwargs)
         return client
 
     def mcp_httpx2_client(self, name: str, **kwargs: Any) -> Any:
         """The same as `mcp_http_client`, an `httpx2.AsyncClient` (the MCP SDK 2.x); needs httpx2."""
-        return gateway_http_client("httpx2", str(self.socket_path), self.sidecar_uid, name,
+        return gateway_http_client("httpx2", self._socket, self.sidecar_uid, name,
                                    dict(self._headers), **kwargs)
 
 
@@ -303,9 +316,9 @@ class Client(_Base):
                  timeout: float = DEFAULT_TIMEOUT, connect_retry: float = CONNECT_RETRY_SECONDS,
                  sidecar_uid: int | None = None) -> None:
         super().__init__(socket, grant, timeout, connect_retry, sidecar_uid)
-        self._http = SyncUdsHttp(str(self.socket_path), self._headers, self.sidecar_uid)
+        self._http = SyncUdsHttp(self._socket, self._headers, self.sidecar_uid)
         self._leasers: list[Any] = []  # lease_sync.SyncLeaser of each auth() that leased
-        self._leasers_lock = threading.Lock()
+        self._leasers_lock = allocate_lock()
 
     def __enter__(self) -> Client:
         return self
