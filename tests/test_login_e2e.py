@@ -7,8 +7,11 @@ private D-Bus), the sidecar renewing from it with rotation, `invalid_grant` -> `
 from __future__ import annotations
 
 import json
+import os
 import re
+import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +28,7 @@ from joserfc.jwk import KeySet
 
 from mcpcreds import Client
 from mcpcreds.errors import LoginRequired
+from tests.blocking_keyring import GATE_ENV, STARTED
 from tests.conftest import CANARY, KeyringSession, module_peer, run_cli
 from tests.peers.oidc_peer import OidcPeer, approve_in_browser
 from tests.sidecar_proc import SidecarProcess, run_sidecar
@@ -311,6 +315,74 @@ def test_a_sidecar_killed_right_after_keeping_a_rotated_refresh_token_loses_noth
         no_refresh_token_anywhere(setup, sidecar, {rotated})
     assert setup.peer.stats()["by_grant"]["refresh_token"] == 2
     assert setup.stored("mcp:dev") not in (None, rotated)
+
+
+def test_a_rotated_refresh_token_is_stored_before_anyone_gets_the_new_access_token(
+        setup: Setup, tmp_path: Path) -> None:
+    """Write-then-use, shown by its order: the keyring write of the rotated refresh token is held
+    at its start (tests/blocking_keyring.py) while a client waits for the login's headers. While
+    it is held, that client has no answer, the login is still renewing without a token (status),
+    and a second asker waits too; released, the client gets the new access token and the keyring
+    holds the rotated refresh token, which renews again."""
+    code, output, _ = setup.login("dev")  # no sidecar yet: it renews from this login when asked
+    assert code == 0 and "no sidecar is running" in output, output
+    first = setup.stored("mcp:dev")
+    assert first is not None
+    gate = tmp_path / "gate"
+    os.mkfifo(gate, 0o600)
+    held_config = tmp_path / "held.toml"
+    held_config.write_text(setup.config.read_text().replace(
+        "keyring_service =", 'keyring_backend = "tests.blocking_keyring.BlockFirstLoginWrite"\n'
+        "keyring_timeout = 300\nkeyring_service =", 1))
+    env = {**setup.env, GATE_ENV: str(gate)}
+    with run_sidecar(held_config, setup.socket, env) as sidecar, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as waiting, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as second:
+        for conn in (waiting, second):
+            conn.settimeout(60)
+            conn.connect(str(setup.socket))
+        waiting.sendall(b"GET /v1/servers/dev/headers HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sidecar.wait_for(STARTED)["entry"] == "login.mcp.dev"
+        # the refresh token is spent at the server and the rotated one is not stored yet
+        assert setup.peer.stats()["by_grant"]["refresh_token"] == 1 and setup.stored("mcp:dev") == first
+        second.sendall(b"GET /v1/servers/dev/headers HTTP/1.1\r\nHost: x\r\n\r\n")
+        with Client(sidecar.socket) as client:  # answered after both requests were read
+            (row,) = [r for r in client.status()["logins"] if r["key"] == "mcp:dev"]
+        assert (row["state"], row["fingerprint"], row["expires_at"]) == ("renewing", None, None), row
+        # anything sent to them before the status answer is in their buffers by now: nothing
+        assert select.select([waiting, second], [], [], 0)[0] == []
+        with open(gate, "wb") as release:
+            release.write(b"x")
+        answers = [read_response(conn) for conn in (waiting, second)]
+        rotated = setup.stored("mcp:dev")
+        assert rotated is not None and rotated != first
+        for status, body in answers:
+            assert status == 200, body
+        tokens = {body["headers"]["Authorization"] for _, body in answers}
+        assert len(tokens) == 1  # the one renewal, shared
+        assert claims(setup.peer, tokens.pop())["client_id"] == "c-device"
+        with Client(sidecar.socket) as client:  # the stored one is the live one: it renews again
+            assert client.secret_rotated("login.mcp.dev") == ["mcp:dev"]
+        no_refresh_token_anywhere(setup, sidecar, {first, rotated})
+    assert setup.peer.stats()["by_grant"]["refresh_token"] == 2
+    assert setup.stored("mcp:dev") not in (None, first, rotated)
+
+
+def read_response(conn: socket.socket) -> tuple[int, Any]:
+    """One HTTP/1.1 answer with a Content-Length body, read from a raw connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:"))
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        assert chunk, body
+        body += chunk
+    return int(lines[0].split()[1]), json.loads(body[:length])
 
 
 def test_without_a_working_keyring_the_login_fails_before_anything_is_asked(setup: Setup,

@@ -1,0 +1,62 @@
+"""A keyring backend for the write-then-use test: the real one (gnome-keyring, SecretService),
+except that the first write of a login entry stops at its start until the test releases it.
+
+The test names a FIFO in MCPCREDS_TEST_KEYRING_GATE. At the start of the write the backend opens
+it (read-write, so the open never blocks and a byte the test writes from then on is not lost),
+logs a JSON line with the event "test keyring write started" to stderr (the sidecar's log,
+which the test reads), and blocks reading one byte; only then does it store the entry. A bound
+(GATE_TIMEOUT) ends the wait if the test never releases it, so a failed test cannot hang the
+sidecar."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import sys
+import threading
+from typing import Final
+
+from keyring.backend import KeyringBackend
+from keyring.backends.SecretService import Keyring as SecretService
+
+GATE_ENV: Final = "MCPCREDS_TEST_KEYRING_GATE"
+STARTED: Final = "test keyring write started"
+GATE_TIMEOUT: Final = 120.0
+_LOCK: Final = threading.Lock()
+_BLOCKED: list[str] = []  # module-wide: the sidecar may make a backend per keyring source
+
+
+class BlockFirstLoginWrite(KeyringBackend):
+    priority = 1  # type: ignore[assignment]
+    viable = False  # out of keyring's detection and chain: named by path only
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.real = SecretService()
+
+    def get_password(self, service: str, username: str) -> str | None:
+        return self.real.get_password(service, username)  # type: ignore[no-any-return]
+
+    def set_password(self, service: str, username: str, password: str) -> None:
+        with _LOCK:
+            first = username.startswith("login.") and not _BLOCKED
+            if first:
+                _BLOCKED.append(username)
+        if first:
+            _wait_for_release(username)
+        self.real.set_password(service, username, password)
+
+    def delete_password(self, service: str, username: str) -> None:
+        self.real.delete_password(service, username)
+
+
+def _wait_for_release(username: str) -> None:
+    fd = os.open(os.environ[GATE_ENV], os.O_RDWR)
+    try:
+        print(json.dumps({"event": STARTED, "entry": username}), file=sys.stderr, flush=True)
+        ready, _, _ = select.select([fd], [], [], GATE_TIMEOUT)
+        if ready:
+            os.read(fd, 1)
+    finally:
+        os.close(fd)
