@@ -29,12 +29,17 @@ client processes instead, in case the client is the bottleneck. The modes altern
 rounds, so drift hits them alike. Printed per mode: requests/s and p50/p99/mean latency, then
 the ratios (redis vs memory, redis vs evalsha; the target is redis / evalsha throughput >= 0.8 at
 c=1 and c=16), and the Redis commands the server ran per acquire (`INFO commandstats`, reset
-before each mode; warmup included) with their server-side time, and the server-side time of one
-run of the script (`usec_per_call` of EVALSHA: with batching, one run serves several grants).
+before each mode; warmup included) with their server-side time, and the bucket script's
+server-side time: per run (EVALSHA's `usec` / `calls`, the commands the script calls included),
+runs per grant (with batching, one run serves several grants) and per grant.
 
 Then a decomposition (`--no-decompose` skips it), in this process at the same levels:
 `memory.raw` / `redis.raw` send the same acquire to each sidecar as fixed bytes on a bare asyncio
-Unix socket per task in flight (the sidecar's own cost, without the client library), `state.bucket` calls
+Unix socket per task in flight (the sidecar's own cost, without the client library); `relay.raw`
+sends them to the least relay (`relay`, its own process: each request becomes the same pre-packed
+EVALSHA on one pipelined Redis connection, each reply a fixed answer), the floor of any process
+that stands between the client and Redis and asks Redis once per grant, with its ratio to the
+bare EVALSHA and the Redis sidecar's ratio to it; `state.bucket` calls
 `RedisState.bucket` (one EVALSHA on the state's pipelined connection, `redis_pipe.py`, plus its
 error wrapper: a bare EVALSHA without redis-py's pool) and `limiter.acquire` calls
 `SharedLimiter.acquire` (that plus the per-key queue and batching) on the same Redis, without a
@@ -49,8 +54,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
 import sys
 import time
+from collections import deque
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +75,7 @@ from bench.harness import Latency
 from mcpcreds import AsyncClient
 from mcpcreds.clock import SystemClock
 from mcpcreds.rates import parse_rate
+from mcpcreds.redis_pipe import pack, parse_reply
 from mcpcreds.redis_state import BUCKET_SCRIPT, MAX_PAUSE, RedisState
 from mcpcreds.shared import SharedLimiter
 
@@ -75,17 +83,23 @@ SERVER = "bench"
 RATE = "1000000/1s"
 STATE_KEY = "bench-state-key-0123456789abcdef"
 FLOOR_KEY = "mcpcreds:{bench-evalsha}:bucket"
+RELAY_KEY = "mcpcreds:{bench-relay}:bucket"
 DECOMPOSE_KEY = "bench-decompose"
 ACQUIRE_REQUEST = harness.request_bytes("POST", f"/v1/servers/{SERVER}/acquire",
                                         b'{"cost": 1, "max_wait": 1}')
 MODES = ("memory", "redis", "evalsha")
-DECOMPOSITION = ("memory.raw", "redis.raw", "state.bucket", "limiter.acquire")
+DECOMPOSITION = ("memory.raw", "redis.raw", "relay.raw", "state.bucket", "limiter.acquire")
+GRANTED = b'{"granted":1,"waited":0.0}'
+RELAY_ANSWERS = {granted: b"HTTP/1.1 %d OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                 % (status, len(body), body)
+                 for granted, status, body in ((True, 200, GRANTED), (False, 429, b'{"granted":0}'))}
 LABELS = {
     "memory": "sidecar, memory state",
     "redis": "sidecar, Redis state",
     "evalsha": "bare EVALSHA (redis-py asyncio)",
     "memory.raw": "memory sidecar, raw socket",
     "redis.raw": "Redis sidecar, raw socket",
+    "relay.raw": "least relay to Redis, raw socket",
     "state.bucket": "RedisState.bucket, pipelined",
     "limiter.acquire": "SharedLimiter.acquire, in-process",
 }
@@ -97,6 +111,74 @@ class Targets:
     redis_socket: str  # the sidecar with the Redis state
     redis_server: str  # redis-server's own Unix socket
     rate: str
+    relay_socket: str = ""  # `relay`'s process, if started
+
+
+def bucket_args(rate: str) -> tuple[Any, ...]:
+    """The bucket script's ARGV for one "take" of cost 1, as RedisState sends them."""
+    parsed = parse_rate(rate)
+    return (parsed.burst, parsed.per_second, 1, "take", 0.0, MAX_PAUSE)
+
+
+def relay(listen: str, redis_socket: str, command_hex: str) -> None:
+    """`redis_bench.py --relay LISTEN REDIS COMMAND`: the least a process between the client and
+    Redis does per acquire, a floor for any sidecar that asks Redis once per grant. Each acquire
+    request read (the bench's fixed bytes) becomes the same pre-packed EVALSHA on one pipelined
+    Redis connection, and each reply a fixed answer: no HTTP parsing, routing, tasks or futures."""
+    command = bytes.fromhex(command_hex)
+
+    async def serve() -> None:
+        waiting: deque[asyncio.Transport] = deque()
+
+        class Replies(asyncio.Protocol):
+            buf = b""
+
+            def data_received(self, data: bytes) -> None:
+                buf, pos = self.buf + data, 0
+                while (parsed := parse_reply(buf, pos)) is not None:
+                    reply, pos = parsed
+                    waiting.popleft().write(RELAY_ANSWERS[reply[0] == 1])
+                self.buf = buf[pos:]
+
+        class Requests(asyncio.Protocol):
+            buf = b""
+            transport: asyncio.Transport
+
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                assert isinstance(transport, asyncio.Transport)
+                self.transport = transport
+
+            def data_received(self, data: bytes) -> None:
+                self.buf += data
+                while len(self.buf) >= len(ACQUIRE_REQUEST):
+                    self.buf = self.buf[len(ACQUIRE_REQUEST):]
+                    waiting.append(self.transport)
+                    to_redis.write(command)
+
+        loop = asyncio.get_running_loop()
+        to_redis, _ = await loop.create_unix_connection(Replies, redis_socket)
+        await loop.create_unix_server(Requests, listen)
+        print("ready", flush=True)
+        await loop.create_future()  # until the bench ends this process
+
+    asyncio.run(serve())
+
+
+def start_relay(stack: ExitStack, folder: Path, redis_socket: str, rate: str) -> str:
+    """`relay` in its own process on `folder/relay.sock`; its socket."""
+    admin = redis.Redis(unix_socket_path=redis_socket)
+    sha = admin.script_load(BUCKET_SCRIPT)
+    admin.close()
+    listen = str(folder / "relay.sock")
+    command = pack(("EVALSHA", sha, 1, RELAY_KEY, *bucket_args(rate)))
+    proc = subprocess.Popen([sys.executable, __file__, "--relay", listen, redis_socket, command.hex()],
+                            stdout=subprocess.PIPE, text=True)
+    stack.callback(proc.wait, 10)
+    stack.callback(proc.terminate)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        raise harness.BenchError("the relay did not start")
+    return listen
 
 
 async def _sender(mode: str, targets: Targets, tasks: int, stack: AsyncExitStack) -> harness.Send:
@@ -114,8 +196,9 @@ async def _sender(mode: str, targets: Targets, tasks: int, stack: AsyncExitStack
                 raise RuntimeError(f"{mode}: unexpected answer {answer}")
 
         return acquire
-    if mode in ("memory.raw", "redis.raw"):
-        socket = targets.memory_socket if mode == "memory.raw" else targets.redis_socket
+    if mode in ("memory.raw", "redis.raw", "relay.raw"):
+        socket = {"memory.raw": targets.memory_socket, "redis.raw": targets.redis_socket,
+                  "relay.raw": targets.relay_socket}[mode]
         idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []  # one per task in flight
         for _ in range(tasks):
             reader, writer = await asyncio.open_unix_connection(socket)
@@ -134,7 +217,7 @@ async def _sender(mode: str, targets: Targets, tasks: int, stack: AsyncExitStack
         r = aioredis.Redis(unix_socket_path=targets.redis_server)
         stack.push_async_callback(r.aclose)
         sha = await r.script_load(BUCKET_SCRIPT)
-        args = (rate.burst, rate.per_second, 1, "take", 0.0, MAX_PAUSE)  # as RedisState.bucket sends
+        args = bucket_args(targets.rate)
 
         async def evalsha() -> None:
             reply = await r.evalsha(sha, 1, FLOOR_KEY, *args)
@@ -217,12 +300,14 @@ def fmt_ratio(label: str, x: dict[str, float]) -> str:
             f"mean x{x['mean']}")
 
 
-def script_runs(cmds: dict[str, dict[str, float]], stats: dict[str, dict[str, float]]) -> str:
-    """Runs of the bucket script per grant, and the server-side time of one run."""
+def script_time(cmds: dict[str, dict[str, float]], stats: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The bucket script's server-side time (`INFO commandstats`: EVALSHA's usec is the whole run,
+    the commands the script calls included): runs per grant, microseconds per run and per grant."""
     runs = stats.get("evalsha", {"calls": 0.0, "usec": 0.0})
     per_run = runs["usec"] / runs["calls"] if runs["calls"] else 0.0
-    per_grant = cmds.get("evalsha", {}).get("calls", 0)
-    return f"{per_grant} script runs per grant, {per_run:.1f} us server-side per run"
+    per_grant = cmds.get("evalsha", {"calls": 0.0, "usec": 0.0})
+    return {"runs_per_grant": per_grant["calls"], "usec_per_run": round(per_run, 1),
+            "usec_per_grant": per_grant["usec"]}
 
 
 def measure_level(concurrency: int, targets: Targets, workers: harness.Workers | None, admin: redis.Redis,
@@ -252,7 +337,8 @@ def measure_level(concurrency: int, targets: Targets, workers: harness.Workers |
     # the warmup's commands count too: divided by every request sent, not only the sampled
     cmds = {mode: per_acquire(stats[mode], max(1, sent[mode])) for mode in MODES}
     report["redis_commands_per_acquire"][str(concurrency)] = cmds
-    report["script_runs"][str(concurrency)] = {mode: script_runs(cmds[mode], stats[mode]) for mode in MODES}
+    times = {mode: script_time(cmds[mode], stats[mode]) for mode in ("redis", "evalsha")}
+    report["script_time"][str(concurrency)] = times
     if not args.json:
         for r in results.values():
             print(fmt(r))
@@ -263,8 +349,10 @@ def measure_level(concurrency: int, targets: Targets, workers: harness.Workers |
             row = ", ".join(f"{name} {v['calls']} ({v['usec']} us)"
                             for name, v in cmds[mode].items() if v["calls"] >= 0.01) or "none"
             print(f"    {mode:<8} {row}")
-        for mode in ("redis", "evalsha"):
-            print(f"    {mode:<8} {report['script_runs'][str(concurrency)][mode]}")
+        print("  the bucket script, server-side:")
+        for mode, t in times.items():
+            print(f"    {mode:<8} {t['usec_per_run']:.1f} us per run x {t['runs_per_grant']} runs per grant "
+                  f"= {t['usec_per_grant']:.2f} us per grant")
         print(harness.ratio_line(f"acquire throughput, c={concurrency} (target >= 0.8x)",
                                  ("Redis state", results["redis"].throughput),
                                  ("bare EVALSHA", results["evalsha"].throughput)))
@@ -287,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         **harness.machine(), "redis_py": redis.__version__, "seconds": args.seconds, "rounds": args.rounds,
         "warmup": args.warmup, "clients": args.clients, "rate": RATE, "results": [], "ratios": [],
-        "redis_commands_per_acquire": {}, "script_runs": {}, "decomposition": []}
+        "redis_commands_per_acquire": {}, "script_time": {}, "decomposition": []}
     block = harness.static_server(SERVER, {"X-Api-Key": "{{secret:KEY}}"}, rate=RATE)
     with ExitStack() as stack:
         tmp = stack.enter_context(harness.workdir("redis-bench"))
@@ -299,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         memory = stack.enter_context(harness.sidecar(tmp / "memory", block, env=env))
         state = f'state = "{server.url}"\nstate_key = "{{{{secret:STATE_KEY}}}}"'
         shared = stack.enter_context(harness.sidecar(tmp / "redis", block, env=env, settings=state))
-        targets = Targets(str(memory.socket), str(shared.socket), str(server.socket), RATE)
+        relay_socket = "" if args.no_decompose else start_relay(stack, tmp, str(server.socket), RATE)
+        targets = Targets(str(memory.socket), str(shared.socket), str(server.socket), RATE, relay_socket)
         if not args.json:
             print(f"redis-server {report['redis_server']}, redis-py {redis.__version__}, "
                   f"{os.cpu_count()} cpus; {args.seconds}s x {args.rounds} round(s) per mode; "
@@ -311,12 +400,21 @@ def main(argv: list[str] | None = None) -> int:
                 print("decomposition (this process, asyncio): acquire as fixed bytes on a bare Unix "
                       "socket per task in flight, then the Redis state's parts without the sidecar:")
             for concurrency in args.concurrency:
+                rows = {}
                 for mode in DECOMPOSITION:
                     got, _ = measure(mode, targets, concurrency, None, args.warmup, args.seconds)
-                    r = harness.summarize(mode, concurrency, got, args.seconds)
+                    r = rows[mode] = harness.summarize(mode, concurrency, got, args.seconds)
                     report["decomposition"].append(r)
                     if not args.json:
                         print("  " + fmt(r), flush=True)
+                if not args.json:
+                    bare = next(r for r in report["results"]
+                                if (r.mode, r.concurrency) == ("evalsha", concurrency))
+                    relay_rps = rows["relay.raw"].throughput
+                    print("  " + harness.ratio_line(f"c={concurrency}, a relay's floor", (
+                        "least relay", relay_rps), ("bare EVALSHA", bare.throughput)))
+                    print("  " + harness.ratio_line(f"c={concurrency}, the sidecar past the floor", (
+                        "Redis sidecar", rows["redis.raw"].throughput), ("least relay", relay_rps)))
         procs = {"memory": memory, "redis": shared}
         report["sidecar_log_warnings"] = (harness.print_log_warnings(procs) if not args.json
                                           else {name: harness.log_warnings(p) for name, p in procs.items()})
@@ -326,4 +424,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    harness.main(main)
+    if sys.argv[1:2] == ["--relay"]:
+        relay(*sys.argv[2:5])
+    else:
+        harness.main(main)

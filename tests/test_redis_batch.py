@@ -131,3 +131,15 @@ async def test_a_script_the_server_lost_is_loaded_again(server: RedisPeer, state
         await raw.aclose()
     await limiter.acquire("batch-flush", SLOW, 1, 0.0)
     assert (await limiter.astatus({"batch-flush": SLOW}))[0]["granted"] == 2
+
+
+async def test_a_changed_rate_applies_at_the_next_take_of_a_key_taken_before(state: RedisState) -> None:
+    """What a key's takes share is packed once per key and rate: a new rate for the key (a reload
+    of the config) must reach the script, or the bucket would keep the old burst."""
+    wide, narrow = Rate(20, 600.0), Rate(5, 600.0)
+    granted, _, level, _ = await state.take_batch("batch-rate", wide, [1])
+    assert granted == 1 and level == pytest.approx(19, abs=0.01)
+    granted, _, level, _ = await state.take_batch("batch-rate", narrow, [1, 1])
+    assert granted == 2 and level == pytest.approx(3, abs=0.01)  # held to the new burst of 5 first
+    granted, _, level, _ = await state.take_batch("batch-rate", wide, [2])
+    assert granted == 1 and level == pytest.approx(1, abs=0.01)

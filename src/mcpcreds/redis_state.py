@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NoReturn, TypeVar
 
 import redis.asyncio as aioredis
 from cryptography.exceptions import InvalidSignature
@@ -31,7 +31,7 @@ from .errors import StateUnavailable
 from .logs import get_logger
 from .oauth import Token
 from .rates import Rate
-from .redis_pipe import Pipe
+from .redis_pipe import Pipe, items, pack
 from .secret import REDACTOR
 
 CALL_TIMEOUT: Final = 1.0
@@ -41,6 +41,7 @@ SALT_KEY: Final = "mcpcreds:salt"
 MAX_PAUSE: Final = 86400.0  # the longest pause the API lets anyone set
 MAX_REFUSALS_LOGGED: Final = 1024
 MAX_BATCH: Final = 64  # callers served by one run of the bucket script
+MAX_PACKED_TAKES: Final = 4096  # (key, rate) pairs whose take command is kept packed
 _log = get_logger("redis")
 T = TypeVar("T")
 
@@ -95,6 +96,8 @@ local idle = (burst - level) / rate + math.max(0, paused - now) + 60
 redis.call('PEXPIRE', KEYS[1], math.ceil(idle * 1000))
 return {granted, tostring(wait), tostring(level), tostring(math.max(0, paused - now))}
 """
+
+_TAKE_ARGS: Final = items(("take", 0.0, MAX_PAUSE))
 
 # Drop the login only if it is still the one with that fingerprint ('' = any).
 DROP_SCRIPT: Final = """
@@ -183,6 +186,7 @@ class RedisState:
         self.node = os.urandom(6).hex()  # who published an event
         self._bucket_sha = self.redis.register_script(BUCKET_SCRIPT).sha
         self._pipe = Pipe(self.redis.connection_pool.make_connection, timeout)
+        self._takes: dict[tuple[str, Rate], bytes] = {}  # _bucket_command's
         self._drop = self.redis.register_script(DROP_SCRIPT)
         self._unlock = self.redis.register_script(UNLOCK_SCRIPT)
         self._listener: asyncio.Task[None] | None = None
@@ -192,13 +196,20 @@ class RedisState:
         so a Redis that hangs costs one timeout, not one per request."""
         if time.monotonic() < self._down_until:
             coro.close()
-            raise StateUnavailable("shared state unreachable (a moment ago); retrying shortly")
+            self._still_down()
         try:
             return await coro
         except (TimeoutError, RedisError, OSError) as exc:
-            self._down_until = time.monotonic() + DOWN_SECONDS
-            raise StateUnavailable(f"shared state unreachable ({what}: {type(exc).__name__}); "
-                                   "requests fail until it is back") from None
+            self._failed(what, exc)
+
+    @staticmethod
+    def _still_down() -> NoReturn:
+        raise StateUnavailable("shared state unreachable (a moment ago); retrying shortly")
+
+    def _failed(self, what: str, exc: BaseException) -> NoReturn:
+        self._down_until = time.monotonic() + DOWN_SECONDS
+        raise StateUnavailable(f"shared state unreachable ({what}: {type(exc).__name__}); "
+                               "requests fail until it is back") from None
 
     # -- keys
 
@@ -257,22 +268,37 @@ class RedisState:
     async def take_batch(self, key: str, rate: Rate, costs: Sequence[int], mode: str = "take",
                          pause: float = 0.0) -> tuple[int, float, float, float]:
         """One run of the bucket script for callers in order (at most MAX_BATCH): how many of the
-        first were granted, the wait for the next, the level and the pause remaining."""
+        first were granted, the wait for the next, the level and the pause remaining. The hot path:
+        the call's error handling is `call`'s, written out, and the command comes packed."""
         if not 1 <= len(costs) <= MAX_BATCH:
             raise ValueError(f"a batch is 1 to {MAX_BATCH} costs")
-        args = (rate.burst, rate.per_second, costs[0], mode, pause, MAX_PAUSE, *costs[1:])
-        reply = await self.call("bucket", self._evalsha(_tag(key) + ":bucket", args))
+        if time.monotonic() < self._down_until:
+            self._still_down()
+        try:
+            try:
+                reply = await self._pipe.send(self._bucket_command(key, rate, costs, mode, pause))
+            except NoScriptError:  # the server lost it (a restart, SCRIPT FLUSH): load it again
+                self._bucket_sha = await self.redis.script_load(BUCKET_SCRIPT)
+                reply = await self._pipe.send(self._bucket_command(key, rate, costs, mode, pause))
+        except (TimeoutError, RedisError, OSError) as exc:
+            self._failed("bucket", exc)
         granted, wait, level, paused = reply
         return int(granted), float(wait), float(level), float(paused)
 
-    async def _evalsha(self, name: str, args: tuple[Any, ...]) -> Any:
-        """EVALSHA of the bucket script on the pipelined connection (the hot path); loaded again
-        if the server lost it (a restart, SCRIPT FLUSH)."""
-        try:
-            return await self._pipe.call("EVALSHA", self._bucket_sha, 1, name, *args)
-        except NoScriptError:
-            self._bucket_sha = await self.redis.script_load(BUCKET_SCRIPT)
-            return await self._pipe.call("EVALSHA", self._bucket_sha, 1, name, *args)
+    def _bucket_command(self, key: str, rate: Rate, costs: Sequence[int], mode: str, pause: float) -> bytes:
+        """EVALSHA of the bucket script, packed: KEYS[1], then burst, rate, the first cost, mode,
+        pause, the longest pause and the further costs. What a key's takes share (all but the
+        costs) is packed once per key and rate (the script's SHA1 is that of a constant)."""
+        if mode != "take" or pause != 0.0:
+            return pack(("EVALSHA", self._bucket_sha, 1, _tag(key) + ":bucket", rate.burst, rate.per_second,
+                         costs[0], mode, pause, MAX_PAUSE, *costs[1:]))
+        head = self._takes.get((key, rate))
+        if head is None:
+            if len(self._takes) >= MAX_PACKED_TAKES:
+                self._takes.clear()
+            head = self._takes[(key, rate)] = items(
+                ("EVALSHA", self._bucket_sha, 1, _tag(key) + ":bucket", rate.burst, rate.per_second))
+        return b"*%d\r\n%b%b%b%b" % (9 + len(costs), head, items(costs[:1]), _TAKE_ARGS, items(costs[1:]))
 
     # -- logins
 
