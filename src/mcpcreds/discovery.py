@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from .config import LOGIN_GRANTS, LoginSpec, check_url
-from .errors import TokenEndpointError, TokenEndpointTimeout
+from .errors import Forbidden, McpcredsError, TokenEndpointError, TokenEndpointTimeout
 from .logs import get_logger
 from .scopes import challenge_scope, scope_of
 
@@ -46,9 +46,13 @@ def _origin(url: str) -> str:
 
 
 def metadata_urls(issuer: str) -> list[str]:
+    """Where the issuer's metadata may be, in the MCP authorization spec's order (2025-11-25):
+    RFC 8414 with path insertion, OpenID Connect Discovery with path insertion, then OpenID
+    Connect's own path appending; for an issuer without a path, the RFC 8414 then the OpenID
+    document at the root."""
     urls = [_well_known(issuer, "oauth-authorization-server", insert=True),
-            _well_known(issuer, "openid-configuration", insert=False),
-            _well_known(issuer, "openid-configuration", insert=True)]
+            _well_known(issuer, "openid-configuration", insert=True),
+            _well_known(issuer, "openid-configuration", insert=False)]
     return list(dict.fromkeys(urls))
 
 
@@ -94,6 +98,26 @@ def choose_scope(configured: str | None, challenge: str | None, resource_metadat
     if isinstance(supported, list) and all(isinstance(s, str) for s in supported):
         return scope_of(supported)
     return None
+
+
+def _issuer_in(data: Any, endpoint: str, *, at_root: bool) -> str:
+    """The authorization server that protected-resource metadata for `endpoint` names. RFC 9728
+    §3.3: metadata for another resource must not be used; a root document may speak for a path
+    above the endpoint, any other must name the endpoint itself."""
+    resource = data.get("resource") if isinstance(data, dict) else None
+    if not isinstance(resource, str) or not (
+            _covers(resource, endpoint) if at_root else resource.rstrip("/") == endpoint.rstrip("/")):
+        raise TokenEndpointError(f"protected-resource metadata of {endpoint} is for another resource",
+                                 "discovery_failed")
+    servers = data.get("authorization_servers")
+    if not isinstance(servers, list) or not servers or not isinstance(servers[0], str):
+        raise TokenEndpointError(f"protected-resource metadata of {endpoint} names no "
+                                 "authorization server", "discovery_failed")
+    issuer = servers[0]
+    if not usable_url(issuer):
+        raise TokenEndpointError("protected-resource metadata names an unusable issuer URL",
+                                 "discovery_failed")
+    return issuer
 
 
 class NoResourceMetadata(TokenEndpointError):
@@ -215,42 +239,40 @@ class Discovery:
         return found
 
     async def issuer_for(self, endpoint: str, http: httpx.AsyncClient) -> str:
-        """RFC 9728: the resource's metadata names its authorization server. The document is the
-        path-based one, else the one the endpoint's 401 names, else the server's root one (which
-        may speak for the whole origin: its `resource` may be a path above the endpoint)."""
-        status, data = await self._get_json(resource_metadata_url(endpoint), http)
-        at_root = False
-        if status != 200:
-            header = await self._challenge(endpoint, http)
-            url = parse_resource_metadata_header(header) if header else None
-            named = url is not None and usable_url(url)
-            if named:
-                assert url is not None
-                status, data = await self._get_json(url, http)
-            root = _well_known(_origin(endpoint), "oauth-protected-resource", insert=True)
-            if status != 200 and root != resource_metadata_url(endpoint):
-                status, data = await self._get_json(root, http)
-                at_root = status == 200
-            if status != 200 and not named:
-                raise NoResourceMetadata(
-                    f"{endpoint} publishes no protected-resource metadata; set oauth.token_url or "
-                    "oauth.issuer", "discovery_failed")
-        resource = data.get("resource") if isinstance(data, dict) else None
-        fits = isinstance(resource, str) and (
-            _covers(resource, endpoint) if at_root else resource.rstrip("/") == endpoint.rstrip("/"))
-        if status == 200 and not fits:
-            # RFC 9728 §3.3: metadata for another resource must not be used
-            raise TokenEndpointError(f"protected-resource metadata of {endpoint} is for another resource",
-                                     "discovery_failed")
-        servers = data.get("authorization_servers") if isinstance(data, dict) else None
-        if status != 200 or not isinstance(servers, list) or not servers or not isinstance(servers[0], str):
-            raise TokenEndpointError(f"protected-resource metadata of {endpoint} names no "
-                                     "authorization server", "discovery_failed")
-        issuer = servers[0]
-        if not usable_url(issuer):
-            raise TokenEndpointError("protected-resource metadata names an unusable issuer URL",
-                                     "discovery_failed")
-        return issuer
+        """RFC 9728: the resource's metadata names its authorization server. The document is, in
+        the MCP authorization spec's order (2025-11-25), the one the endpoint's 401 names
+        (`resource_metadata` of its WWW-Authenticate), otherwise the path-based well-known one,
+        then the server's root one (which may speak for the whole origin: its `resource` may be
+        a path above the endpoint)."""
+        header = await self._challenge(endpoint, http)
+        named = parse_resource_metadata_header(header) if header else None
+        unusable: McpcredsError | None = None
+        if named is not None and usable_url(named):
+            try:
+                status, data = await self._get_json(named, http)
+                if status == 200:
+                    return _issuer_in(data, endpoint, at_root=False)
+                unusable = TokenEndpointError(f"protected-resource metadata of {endpoint} is not where "
+                                              "its 401 says", "discovery_failed")
+            except (TokenEndpointError, TokenEndpointTimeout, Forbidden) as exc:
+                unusable = exc
+            # The spec falls back to the well-known URIs when the header names no document; we
+            # fall back too when the named one cannot be used (not found, unreachable, refused by
+            # the egress policy, too large, for another resource...): the well-known documents
+            # are checked the same way, so nothing unchecked is used. Found nowhere, the named
+            # document's own failure is the answer.
+            _log.info("the protected-resource metadata a 401 names cannot be used: trying the "
+                      "well-known URIs", extra={"endpoint": endpoint, "error": type(unusable).__name__})
+        urls = {resource_metadata_url(endpoint): False}  # path-based first, then the root
+        urls.setdefault(_well_known(_origin(endpoint), "oauth-protected-resource", insert=True), True)
+        for url, at_root in urls.items():
+            status, data = await self._get_json(url, http)
+            if status == 200:
+                return _issuer_in(data, endpoint, at_root=at_root)
+        if unusable is not None:
+            raise unusable
+        raise NoResourceMetadata(f"{endpoint} publishes no protected-resource metadata; set oauth.token_url "
+                                 "or oauth.issuer", "discovery_failed")
 
     async def login_scope(self, endpoint: str, http: httpx.AsyncClient) -> str | None:
         """The scope the resource asks for, when the config names none (best effort: a resource
