@@ -138,7 +138,10 @@ oauth = {{ client_id = "c", client_secret = "{{{{secret:S}}}}", scope = "tools:r
             assert broker.discovery.issuers[f"{idp.base}/mcp"] == peer.issuer
         finally:
             await broker.aclose()
-    assert idp.hits["/mcp"] == 1 and idp.hits["/prm"] == 1
+    # each round asks the 401 first (the MCP spec's order); its document wins, so the path-based
+    # well-known one is never asked
+    assert idp.hits["/mcp"] == 2 and idp.hits["/prm"] == 2
+    assert idp.hits["/.well-known/oauth-protected-resource/mcp"] == 0
 
 
 async def test_a_caller_that_leaves_does_not_cancel_the_others(idp: FaultIdp) -> None:
