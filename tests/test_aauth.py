@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from http_message_signatures.digests import ContentDigest
 from joserfc import jwt
-from joserfc.jwk import ECKey, OKPKey
+from joserfc.jwk import ECKey, KeySet, OKPKey
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -37,9 +37,10 @@ from mcpcreds import AsyncClient, httpsig
 from mcpcreds.aauth import AAuthSigner, AgentTokenError, check_agent_token, load_key, load_or_create
 from mcpcreds.config import parse_config
 from mcpcreds.errors import ConfigError
-from tests.conftest import CANARY, run_cli
+from tests.conftest import CANARY, module_peer, run_cli
 from tests.peers.aauth_peer import AAuthPeer, start_aauth_peer
 from tests.peers.aauth_verify import Rejected, verify
+from tests.peers.oidc_peer import OidcPeer
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 # RFC 9421 B.1.4: the test key test-key-ed25519
@@ -230,6 +231,11 @@ def test_serve_refuses_to_start_with_a_group_readable_key(tmp_path: Path) -> Non
 
 
 ENROLL = "enroll-" + CANARY  # the enrollment secret the provider demands
+BEARER_SECRET = "bearer-secret-0123456789"
+OIDC_CLIENTS: list[dict[str, Any]] = [  # on the shared oidc-provider (conftest): the `oauth` server's
+    {"client_id": "c-aauth-bearer", "client_secret": BEARER_SECRET,
+     "token_endpoint_auth_method": "client_secret_basic", "scope": "tools:read"},
+]
 ASKED = ("content-digest", "@target-uri")  # what the resource's aauth-resource.json asks to be covered
 EMPTY_DIGEST = httpsig.content_digest(b"")
 
@@ -250,7 +256,17 @@ def workdir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def sidecar(peer: AAuthPeer, workdir: Path) -> Iterator[SidecarProcess]:
+def oidc(oidc_session: OidcPeer) -> OidcPeer:
+    return module_peer(oidc_session, 3600)
+
+
+def local_url(peer: AAuthPeer, path: str = "/mcp") -> str:
+    """The peer under another origin (localhost, not 127.0.0.1): its own metadata cache entry."""
+    return peer.base.replace("127.0.0.1", "localhost") + path
+
+
+@pytest.fixture(scope="module")
+def sidecar(peer: AAuthPeer, oidc: OidcPeer, workdir: Path) -> Iterator[SidecarProcess]:
     socket = workdir / "run" / "mcpcreds.sock"
     config = workdir / "config.toml"
     config.write_text(f"""
@@ -296,8 +312,22 @@ endpoint = "{peer.url}"
 trust = "trusted"
 aauth = true
 auth = {{ kind = "static", token = "{{{{secret:STATIC_TOKEN}}}}" }}
+
+[[servers]]
+name = "bearer"
+endpoint = "{peer.base}/bearer/mcp"
+trust = "trusted"
+aauth = true
+oauth = {{ token_url = "{oidc.token_url}", client_id = "c-aauth-bearer", client_secret = "{{{{secret:BEARER_SECRET}}}}", scope = "tools:read" }}
+
+[[servers]]
+name = "metadata-denied"
+endpoint = "{local_url(peer)}"
+trust = "trusted"
+deny_hosts = ["localhost"]
 """)
-    with run_sidecar(config, socket, {"STATIC_TOKEN": "static-token-0123456789"}) as proc:
+    with run_sidecar(config, socket, {"STATIC_TOKEN": "static-token-0123456789",
+                                      "BEARER_SECRET": BEARER_SECRET}) as proc:
         yield proc
 
 
@@ -421,6 +451,40 @@ async def test_auth_wins_over_aauth(sidecar: SidecarProcess, peer: AAuthPeer) ->
     assert (refused.status_code, refused.json()["error"]["code"]) == (403, "forbidden")
     after = peer.stats()
     assert after["unsigned"] > before["unsigned"] and after["verified"] == before["verified"]
+
+
+async def test_oauth_wins_over_aauth(sidecar: SidecarProcess, peer: AAuthPeer, oidc: OidcPeer) -> None:
+    """`oauth` and aauth = true: the gateway's requests carry the login's bearer and no signature
+    field at all, and the sign route refuses the server."""
+    async with raw_client(sidecar, **RPC) as http:
+        answer = await http.post("/mcp/bearer", json=INIT)
+        refused = await http.post("/v1/servers/bearer/sign", json={"method": "GET", "url": f"{peer.base}/bearer/mcp",
+                                                                    "content_digest": EMPTY_DIGEST})
+    assert answer.status_code == 401  # the peer admits only signed requests: it refused these
+    assert (refused.status_code, refused.json()["error"]["code"]) == (403, "forbidden")
+    seen = [r for r in peer.stats()["seen"] if r["path"] == "/bearer/mcp"]
+    assert seen and all(r["signature_fields"] == [] for r in seen), seen
+    jwks = KeySet.import_key_set(oidc.jwks())  # type: ignore[arg-type]
+    for r in seen:  # the bearer is the oauth login's, issued by the authorization server
+        assert r["authorization"].startswith("Bearer ")
+        claims = jwt.decode(r["authorization"].removeprefix("Bearer "), jwks).claims
+        assert claims["client_id"] == "c-aauth-bearer"
+
+
+async def test_the_resource_metadata_is_fetched_through_the_egress_policy(sidecar: SidecarProcess,
+                                                                          peer: AAuthPeer) -> None:
+    """The server's egress policy denies its own host: the metadata is not fetched (nothing
+    reaches the peer), a warning says so, and the sidecar signs with the base components only."""
+    before = peer.stats()["metadata_fetched"]
+    async with raw_client(sidecar) as http:
+        answer = await http.post("/v1/servers/metadata-denied/sign", json={"method": "GET", "url": local_url(peer)})
+        status = (await http.get("/v1/status")).json()
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["covered"] == ["@method", "@authority", "@path", "signature-key"]
+    assert peer.stats()["metadata_fetched"] == before
+    logged = sidecar.wait_for("aauth: the resource metadata could not be read; signing with the base components")
+    assert logged["server"] == "metadata-denied" and logged["reason"] == "Forbidden"
+    assert local_url(peer, "") not in status["aauth"]["resource_components"]
 
 
 async def test_a_challenge_for_a_token_is_passed_on(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
@@ -761,10 +825,17 @@ sources = ["env"]
 provider = "{peer.base}/provider"
 enroll = {{ token = "{{{{secret:ENROLL}}}}" }}
 alg = "ES256"
+default = false
 
 [[servers]]
 name = "es"
 endpoint = "{peer.url}"
+trust = "trusted"
+aauth = true
+
+[[servers]]
+name = "es-plain"
+endpoint = "{peer.base}/plain/mcp"
 trust = "trusted"
 """)
     before = peer.stats()
@@ -773,14 +844,23 @@ trust = "trusted"
             assert (await http.post("/mcp/es", json=INIT)).status_code == 200
             signed = (await http.post("/v1/servers/es/sign", json={"method": "GET", "url": peer.url,
                                                                     "content_digest": EMPTY_DIGEST})).json()
+            # default = false: a server without the field is not signed, though a provider is set
+            assert (await http.post("/mcp/es-plain", json=INIT)).status_code == 401
+            plain_sign = await http.post("/v1/servers/es-plain/sign", json={
+                "method": "GET", "url": f"{peer.base}/plain/mcp", "content_digest": EMPTY_DIGEST})
         status = run_cli("aauth", "show-key", "--json", "--socket", str(socket), "--config", str(config))
     jwk = json.loads(status.stdout)["public_jwk"]
     assert (jwk["kty"], jwk["crv"], jwk["alg"]) == ("EC", "P-256", "ES256")
     after = peer.stats()
-    assert after["tokens_issued"] - before["tokens_issued"] == 1 and after["rejected"] == before["rejected"]
+    signed_refused = {k: v for k, v in after["rejected"].items() if k != "missing_signature"}
+    assert signed_refused == {k: v for k, v in before["rejected"].items() if k != "missing_signature"}
+    assert after["tokens_issued"] - before["tokens_issued"] == 1
     assert after["keys"][-1] == jwk["x"] and after["schemes"]["jwt"] > before["schemes"].get("jwt", 0)
     assert peer.check("GET", peer.url, [("host", peer.base.removeprefix("http://")),
                                         *signed["headers"].items()], "") == {"ok": True}
+    assert (plain_sign.status_code, plain_sign.json()["error"]["code"]) == (403, "forbidden")
+    plain = [r for r in after["seen"] if r["path"] == "/plain/mcp"]
+    assert plain and all(r["signature_fields"] == [] for r in plain), plain
 
 
 async def test_creds_auth_retries_covering_what_a_refusal_requires(jwt_sidecar: SidecarProcess,

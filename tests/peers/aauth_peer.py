@@ -12,7 +12,10 @@ admits only requests signed as AAuth profiles HTTP Message Signatures, checked b
   metadata asks for them (`additional_signature_components`, plus `@query-param`, which the
   sidecar cannot produce and leaves out) and the verifier demands them; without, 404.
 - `GET /_test/stats`: {"verified", "rejected": {code: n}, "keys": [x of each verified key],
-  "covered": [the components of the last verified request], "unsigned": requests with no signature}.
+  "covered": [the components of the last verified request], "unsigned": requests with no signature,
+  "seen": the last 64 requests checked, each {"path", "authorization", "signature_fields": which
+  of Signature, Signature-Input, Signature-Key it carried}}. Any other path ending in `/mcp`
+  (`/bearer/mcp`, ...) is served like `/mcp`.
 - `POST /_test/check`: {"method", "url", "headers": [[name, value], ...], "body": "<text>"} -> the
   verification of a request a test signed elsewhere (for the `sign` route): {"ok"} or {"error"}.
 - `/access/mcp`: a verified request without `Authorization` is served and its answer carries
@@ -39,7 +42,7 @@ import json
 import os
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +60,7 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ROOT = Path(__file__).resolve().parents[2]
+SIGNATURE_FIELDS = frozenset({"signature", "signature-input", "signature-key"})
 
 
 class State:
@@ -72,6 +76,8 @@ class State:
         self.access_issued = 0
         self.access_presented = 0
         self.access_refused = 0
+        # the last requests checked: path, the Authorization header, which signature fields came
+        self.seen: deque[dict[str, Any]] = deque(maxlen=64)
         self.tokens_issued = 0
         self.last_token = ""  # the last agent token issued (a test checks it is written nowhere)
         self.enroll_refused = 0
@@ -88,7 +94,7 @@ class State:
                 "tokens_issued": self.tokens_issued, "enroll_refused": self.enroll_refused,
                 "digested": self.digested, "access_issued": self.access_issued,
                 "metadata_fetched": self.metadata_fetched, "last_token": self.last_token,
-                "access_refused": self.access_refused,
+                "access_refused": self.access_refused, "seen": list(self.seen),
                 "access_presented": self.access_presented}
 
     def token_jwk(self, token: str) -> dict[str, Any]:
@@ -144,6 +150,9 @@ def build_app(state: State) -> ASGIApp:
             url += f"?{query}"
         if not any(k.lower() == "signature" for k, _ in lines):
             state.unsigned += 1
+        fields = {k.lower(): v for k, v in lines}
+        state.seen.append({"path": scope.get("path", ""), "authorization": fields.get("authorization"),
+                           "signature_fields": sorted(SIGNATURE_FIELDS & set(fields))})
         try:
             verified = verify(scope["method"], url, lines, body, time.time(), token_jwk=state.token_jwk,
                               required=required_of(scope))
