@@ -28,7 +28,8 @@ HEAVY = ("httpx", "httpx2", "httpcore", "anyio", "authlib", "asyncio", "cryptogr
          "importlib.metadata",  # the version: read for --version and the sidecar only
          # a few ms each (issue 18): the config is read by lean_toml, paths are text, the socket is
          # _socket's, the lock _thread's
-         "tomllib", "datetime", "pathlib", "socket", "selectors", "threading", "struct", "getpass")
+         "tomllib", "datetime", "pathlib", "socket", "selectors", "threading", "struct", "getpass",
+         "httptools")  # uds.Answer reads the one answer; httptools imports typing
 # the package's modules these commands need; any other (the config parser, exec, login, units...)
 # is a cost they should not pay
 LEAN_MODULES = {"mcpcreds", "mcpcreds.__main__", "mcpcreds.cli", "mcpcreds.errors", "mcpcreds.address",
@@ -110,6 +111,7 @@ def test_command_imports_no_heavy_module(sidecar: SidecarProcess, command: str, 
     assert sorted(m for m in modules if m.split(".")[0] == "mcpcreds" and m not in LEAN_MODULES) == []
     if command in ("token", "headers"):  # their simple form is parsed without argparse
         assert "argparse" not in modules
+        assert "json" not in modules  # the answer is scanned by _json (uds.decode_json)
 
 
 SIMPLE_FORMS = [
@@ -314,3 +316,96 @@ def test_paths_are_spelled_as_pathlib_spells_them() -> None:
         for parts in itertools.product(["/", "a", ".", "..", "b/", ""], repeat=count):
             path = "".join(parts)
             assert path_text(path) == str(PurePosixPath(path)), path
+
+
+# ---------------------------------------------------------------------------- the blocking client's HTTP reader
+
+ANSWERS = {
+    "length": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"a\": 1}",
+    "close": b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+    "1.0": b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nhi",
+    "1.0 keep-alive": b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nhi",
+    "empty": b"HTTP/1.1 429 Too Many\r\nContent-Length: 0\r\n\r\n",
+    "no reason": b"HTTP/1.1 200\r\ncontent-length: 1\r\n\r\nx",
+    "chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n3;x=1\r\nabc\r\n0\r\n\r\n",
+    "trailer": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\nX-T: 1\r\n\r\n",
+    "204": b"HTTP/1.1 204 No Content\r\n\r\n",
+    "close and keep-alive": b"HTTP/1.1 200 OK\r\nConnection: Keep-Alive, Close\r\nContent-Length: 0\r\n\r\n",
+    # malformed: both refuse
+    "html": b"<html>hello</html>\r\n\r\n",
+    "HTTP/2": b"HTTP/2 200 OK\r\n\r\n",
+    "long status": b"HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n",
+    "bad length": b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\nhi",
+    "two lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nhi",
+    "space in a name": b"HTTP/1.1 200 OK\r\nBad Header: x\r\nContent-Length: 0\r\n\r\n",
+    "no colon": b"HTTP/1.1 200 OK\r\nNoColon\r\nContent-Length: 0\r\n\r\n",
+    "bad chunk size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhi\r\n0\r\n\r\n",
+    "bad chunk end": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhiX\r\n0\r\n\r\n",
+    "length and chunked": (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           b"2\r\nhi\r\n0\r\n\r\n"),
+    # incomplete: neither is done (the client then reports the connection closed mid-answer)
+    "short body": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhi",
+    "until the end": b"HTTP/1.1 200 OK\r\n\r\nbody-until-close",
+}
+
+
+def read_answer(parser: Any, feed: Any, data: bytes, step: int) -> object:
+    import httptools
+
+    try:
+        for at in range(0, len(data), step):
+            feed(data[at:at + step])
+    except (ValueError, httptools.HttpParserError):
+        return "refused"
+    return (parser.status, b"".join(parser.body), parser.keep_alive) if parser.done else "not done"
+
+
+@pytest.mark.parametrize("answer", ANSWERS)
+def test_the_blocking_client_reads_answers_as_httptools_does(answer: str) -> None:
+    """`uds.Answer` (the CLI's, without httptools) and `uds.Parsed` (httptools, the async client's):
+    the same status, body and keep-alive, or both refuse, fed whole or a byte or three at a time."""
+    from mcpcreds.uds import Answer, Parsed
+
+    for step in (1, 3, 1 << 16):
+        ours = Answer()
+        theirs = Parsed()
+        expected = read_answer(theirs, theirs.parser.feed_data, ANSWERS[answer], step)
+        assert read_answer(ours, ours.feed_data, ANSWERS[answer], step) == expected, step
+
+
+def test_the_blocking_client_bounds_what_it_reads() -> None:
+    from mcpcreds.uds import MAX_HEAD, MAX_RESPONSE, Answer
+
+    for answer in (b"HTTP/1.1 200 OK\r\nX: " + b"x" * MAX_HEAD,
+                   b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (MAX_RESPONSE + 1),
+                   b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n" % (MAX_RESPONSE + 1),
+                   b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * (MAX_RESPONSE + 1)):
+        with pytest.raises(ValueError):
+            Answer().feed_data(answer)
+    kept = Answer()
+    kept.feed_data(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhiHTTP/1.1 200 OK\r\n")
+    assert kept.done and not kept.keep_alive  # bytes past the answer: the connection is not kept
+
+
+JSON_ANSWERS = [
+    b"", b" ", b"{}", b"[]", b'{"headers": {"Authorization": "Bearer t"}, "expires_at": 1.5e9}', b" \t\n\r{}\r\n",
+    b'{"a": NaN, "b": Infinity, "c": -Infinity}', b"1e400", b"-0", b"12345678901234567890123", b'"\\ud800"',
+    b'"caf\xc3\xa9"', b'"\xff"', b"\xef\xbb\xbf{}", '{"a": 1}'.encode("utf-16"), '{"a": 1}'.encode("utf-32-le"),
+    b'{"a": 1} x', b'{"a": 1}{}', b'{"a": 1,}', b'{"a": "x\ny"}', b'{"a": 1, "a": 2}', b"[" * 200_000,
+    b"[1, 2", b"tru", b"true", b"null", b"nul", b"01", b'{"a" 1}', b"\x00", b'"\\u00e9\\n"',
+]
+
+
+@pytest.mark.parametrize("raw", JSON_ANSWERS, ids=range(len(JSON_ANSWERS)))
+def test_answers_are_decoded_as_json_loads_decodes_them(raw: bytes) -> None:
+    """`uds.decode_json` scans UTF-8 without importing json: the same value as json.loads, or None
+    where json.loads refuses."""
+    import json
+
+    from mcpcreds.uds import decode_json
+
+    try:
+        expected = json.loads(raw) if raw else None
+    except (ValueError, RecursionError):
+        expected = None
+    assert repr(decode_json(raw)) == repr(expected)  # repr: NaN is not equal to itself

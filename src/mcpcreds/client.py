@@ -15,8 +15,6 @@ import os
 import time
 from _thread import allocate_lock  # threading.Lock itself, without importing threading (~1 ms)
 
-import httptools  # a C parser: about 1 ms to import
-
 from .address import path_text, socket_file
 from .calls import Call, Calls, MalformedAnswer
 from .errors import McpcredsError, SidecarUnavailable, error_from_wire
@@ -138,7 +136,9 @@ def _decode_parts(status: int, body: Any, call: Call[R]) -> R:
     return call.extract(body)
 
 
-_FAILURES: Final = (TimeoutError, OSError, ValueError, httptools.HttpParserError)
+# what a transport raises when the sidecar cannot be reached or its answer cannot be read;
+# AsyncClient adds httptools' parser error (Client's transport raises ValueError)
+_FAILURES: Final = (TimeoutError, OSError, ValueError)
 
 
 class _RetryWindow:
@@ -164,6 +164,9 @@ class _RetryWindow:
 
 
 class _Base:
+    _malformed: tuple[type[Exception], ...] = (ValueError,)  # an answer that is not HTTP
+    _failures: tuple[type[Exception], ...] = _FAILURES
+
     def __init__(self, socket: str | os.PathLike[str] | None, grant: str | None, timeout: float,
                  connect_retry: float, sidecar_uid: int | None) -> None:
         self._socket = path_text(os.fspath(socket)) if socket else socket_file()
@@ -182,7 +185,7 @@ class _Base:
     def _unavailable(self, exc: BaseException) -> SidecarUnavailable:
         if isinstance(exc, TimeoutError):
             return SidecarUnavailable(f"the sidecar on {self.socket_path} did not answer in time")
-        if isinstance(exc, ValueError | httptools.HttpParserError):
+        if isinstance(exc, self._malformed):
             return SidecarUnavailable(f"the sidecar on {self.socket_path} sent a malformed HTTP answer "
                                       f"({type(exc).__name__})")
         return SidecarUnavailable(f"no mcpcreds sidecar answers on {self.socket_path} "
@@ -199,8 +202,12 @@ class AsyncClient(_Base):
                  timeout: float = DEFAULT_TIMEOUT, connect_retry: float = CONNECT_RETRY_SECONDS,
                  sidecar_uid: int | None = None) -> None:
         super().__init__(socket, grant, timeout, connect_retry, sidecar_uid)
+        import httptools
+
         from .uds_async import UdsHttp
 
+        self._malformed = (ValueError, httptools.HttpParserError)
+        self._failures = (*_FAILURES, httptools.HttpParserError)
         self._http = UdsHttp(self._socket, self._headers, self.sidecar_uid)
         self._leasers: list[Any] = []  # lease_client.AsyncLeaser of each auth() that leased
 
@@ -222,7 +229,7 @@ class AsyncClient(_Base):
             try:
                 status, body = await self._http.request(call.method, call.path, call.body,
                                                         timeout=self.timeout + call.extra_time)
-            except _FAILURES as exc:
+            except self._failures as exc:
                 import asyncio
 
                 await asyncio.sleep(window.wait_after(exc, self._unavailable))
@@ -339,7 +346,7 @@ class Client(_Base):
             try:
                 status, body = self._http.request(call.method, call.path, call.body,
                                                   timeout=self.timeout + call.extra_time)
-            except _FAILURES as exc:
+            except self._failures as exc:
                 time.sleep(window.wait_after(exc, self._unavailable))
                 continue
             return _decode_parts(status, body, call)

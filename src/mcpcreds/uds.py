@@ -1,5 +1,5 @@
-"""A lean HTTP/1.1 client for the sidecar's Unix socket (blocking sockets + httptools), and what
-it shares with the asyncio twin in `uds_async`.
+"""A lean HTTP/1.1 client for the sidecar's Unix socket (blocking sockets), and what it shares
+with the asyncio twin in `uds_async` (which parses with httptools).
 
 httpx costs about 1.7 ms a request here; this costs a tenth of that, and the client's calls are
 on every upstream request's path. Kept connections are reused; a connection that fails before
@@ -7,16 +7,15 @@ any answer byte is reported retryable. Each new connection is checked before its
 (`socket_check`): the folder, then the peer's uid.
 
 No asyncio here: `mcpcreds token|headers|acquire|status` go through `SyncUdsHttp` only, and
-importing asyncio would cost each of them tens of ms (tests/test_cli_imports.py).
+importing asyncio would cost each of them tens of ms (tests/test_cli_imports.py). Nor httptools:
+it imports `typing`, ~3 ms for a command that reads one small answer, which `Answer` reads.
 """
 
 from __future__ import annotations
 
-import json
+from _json import make_scanner  # json.loads' own C scanner: `json` imports `re` (~3 ms) besides
 from _socket import AF_UNIX, SOCK_STREAM, socket  # `socket`'s base class: its module costs ~1 ms
 from _thread import allocate_lock  # threading.Lock itself, without importing threading
-
-import httptools
 
 from .socket_check import check_folder, check_peer
 
@@ -25,6 +24,8 @@ if TYPE_CHECKING:
     from typing import Any, Final
 
 MAX_RESPONSE: Final = 1024 * 1024
+MAX_HEAD: Final = 64 * 1024
+_NO_BODY: Final = frozenset({204, 304})
 
 
 class Retryable(ConnectionError):
@@ -32,7 +33,11 @@ class Retryable(ConnectionError):
 
 
 class Parsed:
+    """An answer parsed by httptools, for `uds_async`."""
+
     def __init__(self) -> None:
+        import httptools  # imported by uds_async already: a lookup
+
         self.parser = httptools.HttpResponseParser(self)
         self.body: list[bytes] = []
         self.size = 0
@@ -53,18 +58,171 @@ class Parsed:
         self.done = True
 
 
+class Answer:
+    """One HTTP/1.1 answer, read from its bytes as they come: the status line, the head (at most
+    MAX_HEAD bytes), then a Content-Length or chunked body (at most MAX_RESPONSE bytes). Anything
+    else is a ValueError; an answer framed by the end of the connection never becomes `done`."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.head = True  # still reading the head
+        self.chunked = False
+        self.left = -1  # body bytes still due (Content-Length, or the current chunk); -1: until the end
+        self.body: list[bytes] = []
+        self.size = 0
+        self.done = False
+        self.keep_alive = False
+        self.status = 0
+
+    def feed_data(self, data: bytes) -> None:
+        self.buffer += data
+        while self.head:
+            if not self.buffer.startswith(b"HTTP/1."[:len(self.buffer)]):
+                raise ValueError("not an HTTP/1.x answer")
+            end = self.buffer.find(b"\r\n\r\n")
+            if end > MAX_HEAD or (end < 0 and len(self.buffer) > MAX_HEAD):
+                raise ValueError("sidecar answer head too large")
+            if end < 0:
+                return
+            self._read_head(self.buffer[:end].split(b"\r\n"))
+            self.buffer = self.buffer[end + 4:]
+            self.head = 100 <= self.status < 200  # an interim answer: the final one follows
+        while not self.done and self._read_body():
+            pass
+        if self.done and self.buffer:  # bytes past the answer: this connection is not trusted again
+            self.keep_alive = False
+
+    def _read_head(self, lines: list[bytes]) -> None:
+        version, _, rest = lines[0].partition(b" ")
+        code = rest[:3]
+        if version not in (b"HTTP/1.1", b"HTTP/1.0") or not (
+                len(code) == 3 and code.isdigit() and rest[3:4] in (b"", b" ")):
+            raise ValueError("not an HTTP/1.x status line")
+        self.status = int(code)
+        self.chunked, self.left = False, -1
+        tokens: set[bytes] = set()
+        length = None
+        for line in lines[1:]:
+            name, colon, value = line.partition(b":")
+            if not colon or not name or name != name.strip() or b" " in name:
+                raise ValueError("malformed header line")
+            name, value = name.lower(), value.strip()
+            if name == b"content-length":
+                if not value.isdigit() or length is not None:
+                    raise ValueError("malformed Content-Length")
+                length = int(value)
+            elif name == b"transfer-encoding":
+                if value.lower() != b"chunked":
+                    raise ValueError("unsupported Transfer-Encoding")
+                self.chunked = True
+            elif name == b"connection":
+                tokens.update(token.strip().lower() for token in value.split(b","))
+        if self.chunked and length is not None:
+            raise ValueError("both Content-Length and chunked")
+        self.keep_alive = b"close" not in tokens and (version == b"HTTP/1.1" or b"keep-alive" in tokens)
+        if self.status in _NO_BODY:
+            self.left, self.chunked = 0, False
+        elif length is not None:
+            self.left = length
+        elif not self.chunked:
+            self.keep_alive = False  # the body ends with the connection
+        if self.left > MAX_RESPONSE:
+            raise ValueError("sidecar answer too large")
+        if self.left == 0 and not self.chunked and not 100 <= self.status < 200:
+            self.done = True
+
+    def _take(self, count: int) -> None:
+        self.size += count
+        if self.size > MAX_RESPONSE:
+            raise ValueError("sidecar answer too large")
+        self.body.append(self.buffer[:count])
+        self.buffer = self.buffer[count:]
+
+    def _read_body(self) -> bool:
+        """Reads what the buffer holds of the body; True if there may be more to read now."""
+        if not self.chunked:
+            count = len(self.buffer) if self.left < 0 else min(self.left, len(self.buffer))
+            self._take(count)
+            if self.left >= 0:
+                self.left -= count
+                self.done = self.left == 0
+            return False
+        if self.left < 0:  # a chunk-size line is due
+            end = self.buffer.find(b"\r\n")
+            if end < 0:
+                if len(self.buffer) > MAX_HEAD:
+                    raise ValueError("malformed chunk size")
+                return False
+            size = self.buffer[:end].partition(b";")[0].strip()
+            if not size or len(size) > 8 or size.strip(b"0123456789abcdefABCDEF"):
+                raise ValueError("malformed chunk size")
+            self.buffer = self.buffer[end + 2:]
+            self.left = int(size, 16)
+            if self.size + self.left > MAX_RESPONSE:
+                raise ValueError("sidecar answer too large")
+            return True
+        if self.left == 0:  # the last chunk: then trailer lines, up to an empty one
+            end = self.buffer.find(b"\r\n")
+            if end < 0:
+                if len(self.buffer) > MAX_HEAD:
+                    raise ValueError("trailers too large")
+                return False
+            self.buffer = self.buffer[end + 2:]
+            self.done = end == 0
+            return not self.done
+        if len(self.buffer) < self.left + 2:
+            return False
+        if self.buffer[self.left:self.left + 2] != b"\r\n":
+            raise ValueError("malformed chunk")
+        self._take(self.left)
+        self.buffer = self.buffer[2:]
+        self.left = -1
+        return True
+
+
 def encode(head: bytes, method: str, path: str, body: dict[str, Any] | None) -> bytes:
-    payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
+    payload = b""
+    if body is not None:
+        import json
+
+        payload = json.dumps(body, separators=(",", ":")).encode()
     lines = f"{method} {path} HTTP/1.1\r\nHost: mcpcreds\r\n".encode() + head
     if body is not None:
         lines += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(payload)
     return lines + b"\r\n" + payload
 
 
+class _Settings:
+    """What `json.loads` scans with (json.JSONDecoder's defaults)."""
+
+    strict = True
+    object_hook = object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+
+
+_scan = make_scanner(_Settings())  # type: ignore[arg-type]  # it reads the attributes above
+_JSON_SPACE: Final = " \t\n\r"
+
+
 def decode_json(raw: bytes) -> Any:
+    """`json.loads(raw)`, None if `raw` is empty or not JSON. A UTF-8 answer is scanned as
+    json.loads scans it, without importing `json`; anything else is left to json.loads."""
+    if not raw:
+        return None
     try:
-        return json.loads(raw) if raw else None
-    except (ValueError, RecursionError):  # RecursionError: nested too deep
+        text = raw.decode("utf-8")
+        value, end = _scan(text, len(text) - len(text.lstrip(_JSON_SPACE)))
+        if not text[end:].strip(_JSON_SPACE):
+            return value
+    except (ValueError, StopIteration, RecursionError):  # RecursionError: nested too deep
+        pass
+    import json  # another encoding (json.loads detects it), or not JSON: json.loads decides
+
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
         return None
 
 
@@ -105,7 +263,7 @@ class SyncUdsHttp:
                 timeout: float) -> tuple[int, Any]:
         sock = self._connection(timeout)
         try:
-            parsed = Parsed()
+            parsed = Answer()
             received = False
             try:
                 sock.sendall(encode(self._head, method, path, body))
@@ -123,7 +281,7 @@ class SyncUdsHttp:
                         raise ConnectionResetError("the sidecar closed the connection mid-answer")
                     raise Retryable("the sidecar closed the connection")
                 received = True
-                parsed.parser.feed_data(chunk)
+                parsed.feed_data(chunk)
         except BaseException:
             sock.close()
             raise
