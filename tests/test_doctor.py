@@ -152,6 +152,118 @@ def test_each_broken_part_is_a_cross_with_its_fix(setup: Path, idp: ThreadingHTT
     assert result.code == 1 and f"{FAIL} config: " in result.stdout and "fix: mcpcreds check" in result.stdout
 
 
+def self_signed_cert(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 that no system store trusts (made here, signed by its own key)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mcpcreds doctor test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_file, key_file
+
+
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # the doctor's refused handshakes
+
+
+@pytest.fixture
+def tls_idp(tmp_path: Path) -> Iterator[ThreadingHTTPServer]:
+    """The same token endpoint over https, with a self-signed certificate."""
+    import ssl
+
+    cert, key = self_signed_cert(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = QuietServer(("127.0.0.1", 0), Idp)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_dns_and_tls_failures_of_a_token_endpoint_are_crosses_with_their_fix(
+        tmp_path: Path, tls_idp: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token endpoint whose name does not resolve, and one whose certificate the system does not
+    trust (checked through the egress policy, which lets the loopback address through): each a ✗
+    line naming the URL and the cause, with its fix; exit 1; no traceback."""
+    tls = f"https://127.0.0.1:{tls_idp.server_address[1]}"
+    config = tmp_path / "config.toml"
+    config.write_text(f"""
+[sidecar]
+socket = "{tmp_path / 'run' / 'mcpcreds.sock'}"
+[secrets]
+sources = ["env"]
+[[servers]]
+name = "nxdomain"
+endpoint = "https://nxdomain.example.com/mcp"
+oauth = {{ token_url = "https://idp.mcpcreds-doctor.invalid/token", client_id = "a", client_secret = "{{{{secret:S}}}}" }}
+[[servers]]
+name = "nxissuer"
+endpoint = "https://nxissuer.example.com/mcp"
+oauth = {{ issuer = "https://issuer.mcpcreds-doctor.invalid", client_id = "a", client_secret = "{{{{secret:S}}}}" }}
+[[servers]]
+name = "untrusted"
+endpoint = "https://untrusted.example.com/mcp"
+allow_private = ["127.0.0.1"]
+oauth = {{ token_url = "{tls}/token", client_id = "a", client_secret = "{{{{secret:S}}}}" }}
+[[servers]]
+name = "untrusted-issuer"
+endpoint = "https://untrusted-issuer.example.com/mcp"
+allow_private = ["127.0.0.1"]
+oauth = {{ issuer = "{tls}", client_id = "a", client_secret = "{{{{secret:S}}}}" }}
+""")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))  # no installed units to find
+    monkeypatch.delenv("MCPCREDS_SOCKET", raising=False)
+    with run_sidecar(config, tmp_path / "run" / "mcpcreds.sock", {"S": CANARY}):  # all else passes
+        result = run_cli("doctor", "--config", str(config), env={"S": CANARY})
+    assert result.code == 1, result.output
+    assert "Traceback" not in result.output and CANARY not in result.output
+    lines = result.stdout.splitlines()
+    crosses = sorted(line.split(":")[0] for line in lines if line.startswith(FAIL))
+    assert crosses == [f"{FAIL} token endpoint of {name}"
+                       for name in ("nxdomain", "nxissuer", "untrusted", "untrusted-issuer")], result.stdout
+    assert result.stdout.endswith("\n4 problems found\n"), result.stdout
+
+    def cross(server: str) -> tuple[str, str]:
+        (at,) = [i for i, line in enumerate(lines) if line.startswith(f"{FAIL} token endpoint of {server}: ")]
+        return lines[at], lines[at + 1]
+
+    line, fix = cross("nxdomain")
+    assert ": https://idp.mcpcreds-doctor.invalid/token: ConnectError: cannot resolve " \
+        "idp.mcpcreds-doctor.invalid: " in line, line  # then the resolver's words
+    assert fix == "    fix: check the token_url, DNS, TLS and egress (net, allow_hosts, allow_private)"
+    line, fix = cross("nxissuer")
+    assert "discovery for issuer https://issuer.mcpcreds-doctor.invalid failed: ConnectError: cannot resolve " \
+        "issuer.mcpcreds-doctor.invalid" in line, line
+    assert fix == "    fix: check the issuer URL, DNS and egress (net, allow_hosts, allow_private)"
+    line, fix = cross("untrusted")
+    assert f": {tls}/token: ConnectError: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: " \
+        "self-signed certificate" in line, line
+    assert fix == "    fix: check the token_url, DNS, TLS and egress (net, allow_hosts, allow_private)"
+    line, fix = cross("untrusted-issuer")
+    assert f"discovery for issuer {tls} failed: ConnectError: [SSL: CERTIFICATE_VERIFY_FAILED]" in line, line
+    assert fix.startswith("    fix: check the issuer URL")
+
+
 def test_redis_checked_when_it_holds_the_state(redis: RedisPeer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STATE_KEY", CANARY + "-state-key")
     config = parse_config({"sidecar": {"state": redis.url, "state_key": "{{secret:STATE_KEY}}"},
