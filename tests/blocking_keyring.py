@@ -54,7 +54,8 @@ class BlockFirstLoginWrite(KeyringBackend):
 def _wait_for_release(username: str) -> None:
     fd = os.open(os.environ[GATE_ENV], os.O_RDWR)
     try:
-        print(json.dumps({"event": STARTED, "entry": username}), file=sys.stderr, flush=True)
+        # one write below PIPE_BUF: whole, never interleaved with the sidecar's own log lines
+        os.write(sys.stderr.fileno(), (json.dumps({"event": STARTED, "entry": username}) + "\n").encode())
         ready, _, _ = select.select([fd], [], [], GATE_TIMEOUT)
         if ready:
             os.read(fd, 1)
