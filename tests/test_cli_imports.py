@@ -328,6 +328,7 @@ ANSWERS = {
     "empty": b"HTTP/1.1 429 Too Many\r\nContent-Length: 0\r\n\r\n",
     "no reason": b"HTTP/1.1 200\r\ncontent-length: 1\r\n\r\nx",
     "chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n3;x=1\r\nabc\r\n0\r\n\r\n",
+    "hex sizes": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nA\r\n0123456789\r\n1b\r\n" + b"x" * 27 + b"\r\n0\r\n\r\n",
     "trailer": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\nX-T: 1\r\n\r\n",
     "204": b"HTTP/1.1 204 No Content\r\n\r\n",
     "close and keep-alive": b"HTTP/1.1 200 OK\r\nConnection: Keep-Alive, Close\r\nContent-Length: 0\r\n\r\n",
