@@ -254,7 +254,7 @@ oauth = {{ issuer = "{tls}", client_id = "a", client_secret = "{{{{secret:S}}}}"
     line, fix = cross("nxissuer")
     assert "discovery for issuer https://issuer.mcpcreds-doctor.invalid failed: ConnectError: cannot resolve " \
         "issuer.mcpcreds-doctor.invalid" in line, line
-    assert fix == "    fix: check the issuer URL, DNS and egress (net, allow_hosts, allow_private)"
+    assert fix == "    fix: check the issuer URL, DNS, TLS and egress (net, allow_hosts, allow_private)"
     line, fix = cross("untrusted")
     assert f": {tls}/token: ConnectError: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: " \
         "self-signed certificate" in line, line

@@ -374,7 +374,7 @@ class Doctor:
                     errors.append(f"{url}: HTTP {response.status_code}")
                 self.add(False, label, f"discovery for issuer {login.issuer} failed: "
                          f"{'; '.join(dict.fromkeys(errors))}",
-                         "check the issuer URL, DNS and egress (net, allow_hosts, allow_private)")
+                         "check the issuer URL, DNS, TLS and egress (net, allow_hosts, allow_private)")
                 return
             url = login.token_url or ""
             try:
