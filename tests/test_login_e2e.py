@@ -27,7 +27,7 @@ from joserfc import jwt
 from joserfc.jwk import KeySet
 
 from mcpcreds import Client
-from mcpcreds.errors import LoginRequired
+from mcpcreds.errors import LoginRequired, SecretUnavailable
 from tests.blocking_keyring import GATE_ENV, STARTED
 from tests.conftest import CANARY, KeyringSession, module_peer, run_cli
 from tests.peers.oidc_peer import OidcPeer, approve_in_browser
@@ -364,6 +364,37 @@ def test_a_rotated_refresh_token_is_stored_before_anyone_gets_the_new_access_tok
         with Client(sidecar.socket) as client:  # the stored one is the live one: it renews again
             assert client.secret_rotated("login.mcp.dev") == ["mcp:dev"]
         no_refresh_token_anywhere(setup, sidecar, {first, rotated})
+    assert setup.peer.stats()["by_grant"]["refresh_token"] == 2
+    assert setup.stored("mcp:dev") not in (None, first, rotated)
+
+
+def test_a_rotated_refresh_token_the_keyring_refused_is_written_by_the_next_renewal(
+        setup: Setup, tmp_path: Path) -> None:
+    """The keyring refuses the write of the rotated refresh token after the server has spent the
+    old one (tests/failing_keyring.py): that renewal fails, and the rotated login stays in memory.
+    The next renewal writes it and serves its access token without redeeming the spent refresh
+    token again (which the server refuses: invalid_grant, the login lost)."""
+    code, output, _ = setup.login("dev")  # no sidecar yet: it renews from this login when asked
+    assert code == 0 and "no sidecar is running" in output, output
+    first = setup.stored("mcp:dev")
+    assert first is not None
+    failing_config = tmp_path / "failing.toml"
+    failing_config.write_text(setup.config.read_text().replace(
+        "keyring_service =", 'keyring_backend = "tests.failing_keyring.FailFirstLoginWrite"\nkeyring_service =', 1))
+    with run_sidecar(failing_config, setup.socket, setup.env) as sidecar, Client(sidecar.socket) as client:
+        with pytest.raises(SecretUnavailable):
+            client.headers("dev")
+        assert setup.peer.stats()["by_grant"]["refresh_token"] == 1 and setup.stored("mcp:dev") == first
+        assert client.secret_rotated("login.mcp.dev") == ["mcp:dev"]  # renew now, not after the backoff
+        info = client.headers_info("dev")
+        assert claims(setup.peer, info["headers"]["Authorization"])["client_id"] == "c-device"
+        assert setup.peer.stats()["by_grant"]["refresh_token"] == 1  # the spent one was not redeemed
+        rotated = setup.stored("mcp:dev")
+        assert rotated not in (None, first)
+        assert client.secret_rotated("login.mcp.dev") == ["mcp:dev"]  # the stored one renews
+        assert client.headers_info("dev")["fingerprint"] != info["fingerprint"]
+        no_refresh_token_anywhere(setup, sidecar, {first, rotated})  # type: ignore[arg-type]
+        assert sidecar.wait_for("rotated refresh token not stored")["level"] == "error"
     assert setup.peer.stats()["by_grant"]["refresh_token"] == 2
     assert setup.stored("mcp:dev") not in (None, first, rotated)
 

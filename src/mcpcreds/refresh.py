@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Final
 from . import login_share
 from .authcode_flow import may_register
 from .config import LOGIN_GRANTS, LoginSpec, Target
-from .errors import LoginRequired, TokenEndpointError
+from .errors import LoginRequired, McpcredsError, TokenEndpointError
 from .login_store import LoginStore, StoredLogin, login_store
 from .logs import get_logger
 from .oauth import MIN_LIFETIME, Token, build_token_request, send_token_request, usable_until
@@ -33,6 +33,12 @@ _log = get_logger("refresh")
 # per broker: the access-only login (key -> token) this sidecar served last; asked for again
 # while the cache holds none, it was dropped (invalidated: a resource refused it)
 _SERVED: Final[weakref.WeakKeyDictionary[object, dict[str, Token]]] = weakref.WeakKeyDictionary()
+# per broker: a rotated login whose keyring write failed (key -> (the spent refresh token, the
+# rotated login, its access token)). The keyring holds a refresh token the server has spent, so
+# the next renewal writes this one first and serves its access token, instead of redeeming the
+# spent one (a refusal, or a revoked login at servers that detect reuse).
+_UNSAVED: Final[weakref.WeakKeyDictionary[object, dict[str, tuple[str, StoredLogin, Token]]]] = \
+    weakref.WeakKeyDictionary()
 
 
 def login_required(target: Target, why: str) -> LoginRequired:
@@ -94,6 +100,10 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
     store = login_store(broker.config.secrets, broker.resolver)
     stored = await asyncio.to_thread(store.get, target.key)
     state, shared = shared_state(broker), None
+    if state is None:
+        stored, late = await _write_unsaved(broker, target.key, store, stored)
+        if late is not None:
+            return late
     if state is not None:  # the login all the sidecars renew from (login_share.py); a new one adopted
         shared, adopt = login_share.choose(stored, await login_share.read(state, target.key))
         if adopt and shared is not None:
@@ -145,9 +155,35 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
         if state is not None and shared is not None:
             await login_share.write(state, target.key, login_share.SharedLogin(kept, shared.seeds))
         else:
-            await asyncio.to_thread(store.put, target.key, kept)
+            try:
+                await asyncio.to_thread(store.put, target.key, kept)
+            except McpcredsError:
+                _UNSAVED.setdefault(broker, {})[target.key] = (stored.refresh_token, kept, token)
+                _log.error("rotated refresh token not stored",
+                           extra={"key": target.key, "kept": "in memory, until the next renewal writes it"})
+                raise
         _log.info("refresh token rotated", extra={"key": target.key})
     return token
+
+
+async def _write_unsaved(broker: Broker, key: str, store: LoginStore, stored: StoredLogin | None
+                         ) -> tuple[StoredLogin | None, Token | None]:
+    """Store the rotated login a failed write left in memory, if the keyring still holds the
+    refresh token it replaced (not a logout or a new login since). Returns the stored login, and
+    the rotated login's access token if it has not expired (else None: renew from the login)."""
+    unsaved = _UNSAVED.get(broker, {}).pop(key, None)
+    if unsaved is None:
+        return stored, None
+    spent, kept, token = unsaved
+    if stored is None or stored.refresh_token != spent:
+        return stored, None
+    try:
+        await asyncio.to_thread(store.put, key, kept)
+    except McpcredsError:
+        _UNSAVED.setdefault(broker, {})[key] = unsaved
+        raise
+    _log.info("refresh token rotated", extra={"key": key, "written_late": True})
+    return kept, token if token.expires_at > broker.clock.time() else None
 
 
 async def _access_only(broker: Broker, target: Target, stored: StoredLogin, store: LoginStore) -> Token:
