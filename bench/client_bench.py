@@ -110,8 +110,12 @@ async def permit_costs(sock: Path, ops: int, rounds: int) -> dict[str, Any]:
     async with AsyncClient(sock) as creds:
         auth = creds.auth(SERVER)
         call = Calls.call(SERVER, 1, 30.0)
-        for _ in range(10):  # a few calls in a short time: the auth leases
+        for _ in range(10):  # a few calls in a short time: the auth leases (in the background)
             await auth._leased(call)
+        for _ in range(500):
+            if auth._leaser is not None and auth._leaser.answer is not None:
+                break
+            await asyncio.sleep(0.01)
         leaser = auth._leaser
         if leaser is None or leaser.answer is None:
             raise harness.BenchError("the auth did not lease (is the server's rate leasable?)")

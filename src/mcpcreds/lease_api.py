@@ -21,12 +21,14 @@ from .aws_config import is_aws
 from .broker import UNLIMITED
 from .buckets import Limiter
 from .errors import InvalidRequest, LeasesRefused, RateLimited
-from .leases import LeaseRefused
+from .leases import LeaseBook, LeaseRefused, Terms
+from .shared import SharedLimiter
 from .wire import Request, Response, StreamingResponse, json_response
 
 if TYPE_CHECKING:
     from .api import Api
     from .broker import Broker
+    from .clock import Clock
     from .events import EventHub
     from .rates import Rate
 
@@ -52,8 +54,8 @@ async def lease(api: Api, request: Request) -> Response:
         raise LeasesRefused(f"server {target.name!r} has leases = false: ask per request")
     if target.aauth or is_aws(target):
         raise LeasesRefused(f"server {target.name!r} signs each request in the sidecar: ask per request")
-    if not isinstance(broker.limiter, Limiter):
-        raise LeasesRefused("leases are not served with a shared state (Redis) yet: ask per request")
+    if not isinstance(broker.limiter, Limiter | SharedLimiter):
+        raise LeasesRefused("this sidecar's buckets cannot be leased: ask per request")
     body = parse_json_body(request)
     lease_id = _id(body, "lease")
     subscriber = _id(body, "subscriber")
@@ -91,9 +93,13 @@ async def lease(api: Api, request: Request) -> Response:
         terms = broker.leases.grant(key, rate, lease_id, float(demand), request.peer_uid, subscriber,
                                     granted["granted"] if granted else 0, broker.clock.monotonic(),
                                     granted["waiting"] if granted else 0,
-                                    (float(holding[0]), int(holding[1])) if holding else None)
+                                    (float(holding[0]), int(holding[1])) if holding else None,
+                                    prepaid=isinstance(limiter, SharedLimiter))
     except LeaseRefused as exc:
         raise LeasesRefused(str(exc)) from None
+    if isinstance(limiter, SharedLimiter):
+        terms, initial = await _buy(limiter, book, broker.clock, key, rate, terms, spare)
+        return _answer(broker.clock.time(), terms, initial, result.body)
     # the holder's bucket is filled up to its burst (it has `spare`) from the shared one, at the
     # shared one's old rate (its refill until now, and its old burst: the new, smaller one would
     # clip what it holds first), above a reserve for the callers without a lease: the shared
@@ -106,11 +112,49 @@ async def lease(api: Api, request: Request) -> Response:
     _apply_shared_rate(broker, key, rate)
     # when this lease lapses unrenewed, the shared bucket's waiters get its share back at once
     asyncio.get_running_loop().call_later(terms.seconds, _apply_shared_rate, broker, key, rate)
-    fields = json.dumps({"lease": terms.lease, "share": round(terms.share, 6), "burst": terms.burst,
-                         "per": terms.per, "initial": initial,
-                         "lease_until": broker.clock.time() + terms.seconds,
+    return _answer(broker.clock.time(), terms, initial, result.body)
+
+
+def _answer(wall: float, terms: Terms, initial: int, headers_body: bytes) -> Response:
+    # the share rounded down: the holder never refills faster than granted (nor than bought)
+    fields = json.dumps({"lease": terms.lease, "share": math.floor(terms.share * 1e6) / 1e6,
+                         "burst": terms.burst, "per": terms.per, "initial": initial,
+                         "lease_until": wall + terms.seconds,
                          "lease_seconds": terms.seconds}, separators=(",", ":")).encode()
-    return Response(200, fields[:-1] + b"," + result.body[1:])
+    return Response(200, fields[:-1] + b"," + headers_body[1:])
+
+
+async def _buy(limiter: SharedLimiter, book: LeaseBook, clock: Clock, key: str, rate: Rate, terms: Terms,
+               spare: int) -> tuple[Terms, int]:
+    """A shared state: take the lease's permits (what its holder may spend in it, not yet bought:
+    `terms.cost`) from the shared bucket, which every sidecar takes from, so the limit holds
+    across them all: in its queue, with the callers without a lease, waiting at most as long as the
+    holder's last lease is still bought for (a new holder: one lease, and its lease runs from the
+    purchase); not had by then: "not now". Then the holder's first permits (up to its burst), if
+    they are there now. This sidecar's bucket keeps nothing aside for it: its callers without a
+    lease pay the shared bucket themselves."""
+    now = clock.monotonic()
+    try:
+        if terms.burst < 1:
+            return terms, 0
+        if terms.cost > 0:
+            paid_until = book.paid_until(terms)
+            wait = paid_until - now if paid_until > now else terms.seconds
+            await limiter.acquire(key, rate, terms.cost, wait)
+            if paid_until <= now:
+                terms = book.redate(terms, clock.monotonic())
+        want = max(0, terms.burst - spare)
+        if want == 0:
+            return terms, 0
+        granted, _, paused = await limiter.take_for_lease(key, rate, [want])
+        if paused > 0.0:
+            raise RateLimited(f"{key}: paused after an upstream 429", paused)
+        return terms, want if granted else 0
+    except RateLimited:  # not bought in time (or a pause): the holder asks per request for now
+        return book.settle(terms, 0.0, now), 0
+    except BaseException:
+        book.settle(terms, 0.0, now)
+        raise
 
 
 def _nudge(events: EventHub, key: str, subscribers: list[str]) -> None:

@@ -154,6 +154,7 @@ class AsyncLeaser:
         self.asked: float | None = None  # the demand the last lease asked for
         self.min_window = 0.0  # a quarter of the lease: less use than that measures nothing
         self.changed: asyncio.Future[None] | None = None  # set when terms or headers change
+        self.lease_end = 0.0  # the end of the last lease obtained (drop() does not move it)
         self.nudged = False  # told to renew while a renewal was under way: renew again after it
         self.shrunk = False  # the last lease gave a smaller share: the sidecar waits to hear we spend it
 
@@ -178,10 +179,9 @@ class AsyncLeaser:
         often = len(self.recent) == TRIGGER_CALLS and now - self.recent[0] <= TRIGGER_SECONDS
         if self.lease is None and not often:
             return None
-        task = self.obtaining or self._start_obtaining()
-        if not await asyncio.shield(task) or self.answer is None:
-            return None
-        return await self.take(cost) if self.clock() < self.deadline else None
+        if self.obtaining is None:
+            self._start_obtaining()
+        return None  # per request until the lease is there (buying it may wait for permits)
 
     async def _wait(self, limiter: AsyncLimiter, cost: int, now: float) -> dict[str, Any] | None:
         """The share has no room now: wait for it, unless the lease changes first (new terms, or
@@ -250,7 +250,8 @@ class AsyncLeaser:
             holding = self.terms if self.limiter is not None else None
             self.asked_all, self.asked = demand is None, demand
             call = Calls.lease(self.name, self.lease, self.subscriber, demand, holding)
-            if self.limiter is not None and call.body is not None:  # the sidecar tops it up to the burst
+            if self.limiter is not None and sent < self.lease_end and call.body is not None:
+                # what our bucket has left, bought under a lease still live: topped up to the burst
                 call.body["spare"] = available(self.limiter)
             got = await self.client.run(call)
         except LeasesRefused:
@@ -277,11 +278,13 @@ class AsyncLeaser:
             self.recent.clear()
             return False
         shrunk = self.shrunk = self.limiter is not None and share < self.terms[0]
-        if (share, burst) != self.terms or self.limiter is None or initial > 0:
+        # a bucket kept past its lease's end refilled meanwhile with nothing bought: not carried
+        live = self.limiter is not None and sent < self.lease_end
+        if (share, burst) != self.terms or not live or initial > 0:
             limiter = AsyncLimiter(burst, per * burst / share)
             # it starts with the permits the sidecar moved to it and those the old one had left
             # (already taken from the shared bucket: spent under the new terms, not lost)
-            start = min(burst, max(0, initial) + (available(self.limiter) if self.limiter else 0))
+            start = min(burst, max(0, initial) + (available(self.limiter) if live and self.limiter else 0))
             if burst - start > 0:
                 await limiter.acquire(burst - start)
             self.limiter, self.terms, self.burst = limiter, (share, burst), burst
@@ -291,6 +294,7 @@ class AsyncLeaser:
         self.answer = {"headers": got["headers"], "fingerprint": got.get("fingerprint")}
         # a smaller share: say so at once (the next renewal holds it), so the sidecar stops keeping
         # the larger one aside for us
+        self.lease_end = sent + seconds
         self.deadline, self.renew_at = sent + seconds, sent if shrunk else sent + seconds / 2
         expires_at = got.get("expires_at")
         if isinstance(expires_at, int | float):  # never past the login's expiry, as without a lease

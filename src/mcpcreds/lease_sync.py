@@ -117,6 +117,7 @@ class SyncLeaser:
         self.subscriber: str | None = None
         self.stream: SyncEventStream | None = None
         self.obtaining: threading.Event | None = None  # set when the obtain under way ends
+        self.lease_end = 0.0  # the end of the last lease obtained (drop() does not move it)
         self.nudged = False  # told to renew while a renewal was under way: renew again after it
         self.shrunk = False  # the last lease gave a smaller share: the sidecar waits to hear we spend it
         self.asked: float | None = None  # the demand the last lease asked for
@@ -194,8 +195,8 @@ class SyncLeaser:
                 holding = self.terms if self.bucket is not None else None
                 lease, subscriber = self.lease, self.subscriber
                 call = Calls.lease(self.name, lease, subscriber, demand, holding)
-                if self.bucket is not None and call.body is not None:  # the sidecar tops it up
-                    call.body["spare"] = int(self.bucket.level(sent))
+                if self.bucket is not None and sent < self.lease_end and call.body is not None:
+                    call.body["spare"] = int(self.bucket.level(sent))  # bought, live: topped up
             got = self.client.run(call)
         except LeasesRefused:
             with self.lock:
@@ -227,16 +228,19 @@ class SyncLeaser:
             self.recent.clear()
             return
         shrunk = self.shrunk = self.bucket is not None and share < self.terms[0]
-        if (share, burst) != self.terms or self.bucket is None or initial > 0:
+        # a bucket kept past its lease's end refilled meanwhile with nothing bought: not carried
+        live = self.bucket is not None and sent < self.lease_end
+        if (share, burst) != self.terms or not live or initial > 0:
             now = self.clock()
             bucket = TokenBucket(Rate(burst, per * burst / share), now)
             # what the sidecar moved to it and what the old one had left (taken from the shared bucket)
-            carried = int(self.bucket.level(now)) if self.bucket is not None else 0
+            carried = int(self.bucket.level(now)) if live and self.bucket is not None else 0
             bucket.take(burst - min(max(0, initial) + carried, burst), now)
             self.bucket, self.terms = bucket, (share, burst)
         if self.subscriber is None:
             return
         self.answer = {"headers": got["headers"], "fingerprint": got.get("fingerprint")}
+        self.lease_end = sent + seconds
         self.deadline, self.renew_at = sent + seconds, sent if shrunk else sent + seconds / 2
         expires_at = got.get("expires_at")
         if isinstance(expires_at, int | float):

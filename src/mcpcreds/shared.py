@@ -258,6 +258,21 @@ class SharedLimiter:
         remaining = max(0.0, deadline - self.clock.monotonic())
         await self.degrade.acquire(key, local, cost, remaining)
 
+    def snapshot(self, key: str) -> dict[str, Any] | None:
+        """What a lease grant reads of this sidecar's callers of `key` (leases.py): the permits
+        granted to them and how many wait (the level and a pause are in the shared state)."""
+        counts = self._counts.get(key)
+        queue = self._queues.get(key)
+        return {"granted": counts[0] if counts else 0, "waiting": len(queue.pending) if queue else 0,
+                "paused_until": None}
+
+    async def take_for_lease(self, key: str, rate: Rate, costs: list[int]) -> tuple[int, float, float]:
+        """Buy a prepaid lease's permits (and its holder's first ones) from the shared bucket now,
+        ahead of the queue, without waiting: how many of `costs` were taken, in order; the level
+        left and the pause remaining."""
+        granted, _, level, paused = await self.state.take_batch(key, rate, costs)
+        return granted, level, paused
+
     async def apause(self, key: str, rate: Rate, seconds: float) -> float | None:
         _, _, _, paused = await self.state.bucket(key, rate, 1, "pause", seconds)
         return time.time() + paused if paused > 0 else None

@@ -1,0 +1,65 @@
+"""Leases on a shared state: two sidecars on one real redis-server, each with processes leasing
+shares of the same bucket (each sidecar buys its holders' permits from the bucket in Redis
+ahead of their use, leases.py `prepaid_cost`). Counted at the upstream: the run holds no more
+requests than the one bucket grants in its span (a bucket per sidecar, or leases not bought,
+would let through about twice that). A leased permit is bought at most one lease (one period of
+the rate) before it is spent, so a shorter window may hold up to one more burst than the bucket
+alone would: that is the bound checked on windows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+from tests.peers.redis_peer import RedisPeer
+from tests.peers.upstream import one_of, start_upstream
+from tests.redis_sidecar import start_on_state
+from tests.test_leases_e2e import WORKER
+from tests.test_rates_e2e import overfull_windows
+
+TOKEN = "redis-lease-token-0123456789"
+BODY = """
+[services.api]
+endpoint = "{url}/mcp"
+headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
+rate = "20/1s"
+[[servers]]
+name = "b"
+service = "api"
+"""
+
+
+def test_leases_on_two_sidecars_never_exceed_the_shared_bucket(tmp_path: Path, redis: RedisPeer) -> None:
+    with start_upstream(accept=one_of(TOKEN)) as upstream, ExitStack() as stack:
+        sidecars = [start_on_state(stack, tmp_path / f"sidecar{i}", redis.url, BODY.format(url=upstream.url),
+                                   {"TOKEN": TOKEN}) for i in range(2)]
+        first = len(upstream.arrivals())
+        procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(sidecar.socket), "b", upstream.url, "3"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                 for sidecar in sidecars for _ in range(2)]
+        try:
+            for proc in procs:
+                assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+            for proc in procs:
+                assert proc.stdin is not None
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            reports = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        assert all(p.returncode == 0 for p in procs)
+        grants = [tuple(g) for r in reports for g in r["grants"]]
+        assert len([t for t in upstream.arrivals()[first:] if t]) == len(grants)  # counted at the upstream
+        leased = [r["leased"] for r in reports]
+        assert sum(leased) > 0, leased  # leases were bought and spent
+        span = max(a for _, a in grants) - min(s for s, _ in grants)
+        assert len(grants) <= 20 + 20 * span
+        assert overfull_windows(grants, burst=2 * 20, per_second=20.0) == []
+        print(f"\n2 sidecars x 2 processes, 20/1s on Redis: {len(grants)} requests in {span:.2f} s "
+              f"(bound {20 + 20 * span:.0f}), {sum(leased)} leased")
