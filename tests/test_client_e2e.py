@@ -414,7 +414,9 @@ async def test_sigkill_and_restart_lose_no_request(upstream: Upstream, tmp_path:
 
 def test_outage_longer_than_connect_retry_is_seen_by_the_caller(upstream: Upstream, tmp_path: Path) -> None:
     """With the sync client: a request made while no sidecar answers fails, in the caller's hands,
-    after connect_retry; it never reaches the upstream; the next one after a restart succeeds."""
+    after connect_retry; it never reaches the upstream; the next one after a restart succeeds.
+    (The per-request path, `lease=False`: a leased auth may spend its lease until the end of the
+    event stream reaches its reader thread, which a busy machine can delay past requests 10, 11.)"""
     config, socket = static_config(tmp_path, upstream)
     sidecar = SidecarProcess(config, socket, STATIC_ENV)
     restarted: SidecarProcess | None = None
@@ -422,7 +424,7 @@ def test_outage_longer_than_connect_retry_is_seen_by_the_caller(upstream: Upstre
     try:
         sidecar.wait_for("ready")
         with Client(socket, connect_retry=0.3) as creds, \
-                httpx.Client(base_url=upstream.url, auth=creds.auth("a")) as http:
+                httpx.Client(base_url=upstream.url, auth=creds.auth("a", lease=False)) as http:
             for i in range(20):
                 if i == 10:
                     sidecar.signal(signal.SIGKILL)
