@@ -309,3 +309,28 @@ def test_a_new_prepaid_lease_bought_late_runs_from_its_purchase() -> None:
     clock.advance(0.5)
     a = book.grant(KEY, RATE, a.lease, 1e9, 1000, None, 0, clock.monotonic(), prepaid=True)
     assert book.paid_until(a) == start + 1.25 and a.cost == 50  # 99 x (1.75 - 1.25), rounded up
+
+
+def test_a_holder_saying_it_spends_the_rounded_share_frees_the_larger_one() -> None:
+    """The answer gives the share to 6 decimals (rounded down): a renewal holding that rounded
+    share is the lease it was given, and frees the larger one before it."""
+    clock, book = FakeClock(), LeaseBook()
+    now = clock.monotonic()
+    a = book.grant(KEY, RATE, None, 1e9, 1000, None, 0, now)
+    for uid in range(1001, 1007):
+        book.grant(KEY, RATE, None, 1e9, uid, None, 0, now)
+    a = book.grant(KEY, RATE, a.lease, 1e9, 1000, None, 0, now, holding=(99.0, 49))
+    assert (round(a.share, 9), a.burst) == (14.142857143, 7) and book.reserved(KEY, now) == (99.0, 49)
+    book.grant(KEY, RATE, a.lease, 1e9, 1000, None, 0, now, holding=(14.142857, 7))
+    assert book.reserved(KEY, now) == (a.share, 7)  # the six others got nothing yet: only A's
+
+
+def test_a_holders_bucket_is_filled_to_the_burst_it_would_have_were_the_shared_callers_to_want_all() -> None:
+    """A lone holder gets 99 of 100 (burst 49), but its bucket is filled from the shared one only
+    to 25 (half of 50, its part against shared callers wanting everything): the others who join
+    cut it soon, and what a bucket holds above its new burst is lost."""
+    clock, book = FakeClock(), LeaseBook()
+    a = book.grant(KEY, RATE, None, 1e9, 1000, None, 0, clock.monotonic())
+    assert (a.share, a.burst, book.fair_burst(KEY, a.lease)) == (99.0, 49, 25)
+    b = book.grant(KEY, RATE, None, 20.0, 1001, None, 0, clock.monotonic())
+    assert book.fair_burst(KEY, b.lease) == 10 and book.fair_burst(KEY, a.lease) == 20  # 40 of 100 - 20

@@ -108,7 +108,8 @@ async def lease(api: Api, request: Request) -> Response:
     reserve = min(after.burst, max(1, math.ceil(after.per_second * rate.per)))
     snapshot = limiter.snapshot(key)
     level = snapshot["level"] if snapshot is not None else float(rate.burst)
-    initial = limiter.take_up_to(key, before, max(0, min(terms.burst - spare, math.floor(level) - reserve)))
+    most = min(terms.burst, book.fair_burst(key, terms.lease)) - spare
+    initial = limiter.take_up_to(key, before, max(0, min(most, math.floor(level) - reserve)))
     _apply_shared_rate(broker, key, rate)
     # when this lease lapses unrenewed, the shared bucket's waiters get its share back at once
     asyncio.get_running_loop().call_later(terms.seconds, _apply_shared_rate, broker, key, rate)

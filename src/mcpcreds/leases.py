@@ -221,7 +221,8 @@ class LeaseBook:
         assert lease is not None
         holder.nudged = False
         holder.demand = max(0.0, min(demand, float(rate.burst)))
-        spent = [g for g in holder.grants if (g.share, g.burst) == holding]
+        spent = [g for g in holder.grants if holding is not None and g.burst == holding[1]
+                 and abs(g.share - holding[0]) <= 1e-6 * max(1.0, g.share)]  # (the answer rounds it)
         if spent:
             holder.grants = [max(spent, key=lambda g: g.until)]
         if subscriber is not None:
@@ -250,6 +251,14 @@ class LeaseBook:
         holder.terms = (share, burst)
         self._rebalance(key, entry, rate, fair, demands, lease)
         return Terms(lease, share, burst, rate.per, until, seconds, changed, cost)
+
+    def fair_burst(self, key: str, lease: str) -> int:
+        """The burst `lease` would get if the callers without a lease wanted everything: what its
+        holder's bucket is filled to from the shared one (a newcomer's first share is often cut
+        soon after, by those joining behind it, and a bucket cut to a smaller burst loses the rest)."""
+        entry = self._keys.get(key)
+        share = entry.fair_all.get(lease, 0.0) if entry is not None else 0.0
+        return max(1, math.floor(share * (1 - SHARED_BURST_FLOOR)))
 
     def paid_until(self, terms: Terms) -> float:
         """Until when the holder of a prepaid lease had bought its spending before this grant."""
