@@ -162,7 +162,9 @@ class GatewaySpec:
     expose: str = "both"
     rate_methods: tuple[str, ...] | None = None
     max_wait: float = DEFAULT_GATEWAY_WAIT
-    leases: bool = True  # clients may lease a share of the bucket (leases.py); false: per request only
+    # clients may lease a share of the bucket (leases.py); false: per request only; None (unset):
+    # leases with the memory state, none with a shared state (there a leased window is looser)
+    leases: bool | None = None
 
     @property
     def serves_headers(self) -> bool:
@@ -799,7 +801,7 @@ def _parse_gateway(c: _Collector, path: str, t: dict[str, Any], base: GatewaySpe
             c.error(_join(path, "max_wait"), "expected at most 1h")
         elif parsed is not None:
             max_wait = parsed
-    leases = c.typed(_join(path, "leases"), t.get("leases"), bool, base.leases)
+    leases = base.leases if "leases" not in t else c.typed(_join(path, "leases"), t["leases"], bool, True)
     return GatewaySpec(expose, methods, max_wait, leases)
 
 

@@ -50,8 +50,11 @@ async def lease(api: Api, request: Request) -> Response:
 
     broker = api.broker
     target = api._credential_target(request)
-    if not target.gateway.leases:
+    if target.gateway.leases is False:
         raise LeasesRefused(f"server {target.name!r} has leases = false: ask per request")
+    if target.gateway.leases is None and isinstance(broker.limiter, SharedLimiter):
+        raise LeasesRefused(f"server {target.name!r} is on a shared state, where leases are opt-in "
+                            "(leases = true): ask per request")
     if target.aauth or is_aws(target):
         raise LeasesRefused(f"server {target.name!r} signs each request in the sidecar: ask per request")
     if not isinstance(broker.limiter, Limiter | SharedLimiter):
