@@ -34,7 +34,7 @@ from .grants import MAX_TTL, Grant, GrantLimits, new_token, token_hash
 from .logs import get_logger
 from .metrics import Metrics
 from .policy import check_rule_of_two
-from .refresh import forget_shared_login
+from .refresh import forget_shared_login, forget_unsaved
 from .scopes import MAX_SCOPE_CHARS, MAX_SCOPES, parse_scope
 from .secret import redact_json
 from .sigv4 import SigV4Signer
@@ -540,6 +540,7 @@ class Api:
             raise InvalidRequest("a grant holder must name the fingerprint of the login it was refused with")
         if reason == "logout":  # `mcpcreds logout`: the login other sidecars share goes too (login_share.py)
             await forget_shared_login(self.broker, target)
+            forget_unsaved(self.broker, target.key)
             if is_aws(target):  # an SSO logout: the role credentials held go too
                 self.sigv4.cache.drop(target.key)
         dropped, renewed = await self.broker.invalidate(target, fp)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
@@ -33,10 +34,10 @@ _log = get_logger("refresh")
 # per broker: the access-only login (key -> token) this sidecar served last; asked for again
 # while the cache holds none, it was dropped (invalidated: a resource refused it)
 _SERVED: Final[weakref.WeakKeyDictionary[object, dict[str, Token]]] = weakref.WeakKeyDictionary()
-# per broker: a rotated login whose keyring write failed (key -> (the spent refresh token, the
-# rotated login, its access token)). The keyring holds a refresh token the server has spent, so
-# the next renewal writes this one first and serves its access token, instead of redeeming the
-# spent one (a refusal, or a revoked login at servers that detect reuse).
+# per broker: a rotated login whose keyring write failed (key -> (a digest of the spent refresh
+# token, the rotated login, its access token)). The keyring holds a refresh token the server has
+# spent, so the next renewal writes this one first and serves its access token, instead of
+# redeeming the spent one (a refusal, or a revoked login at servers that detect reuse).
 _UNSAVED: Final[weakref.WeakKeyDictionary[object, dict[str, tuple[str, StoredLogin, Token]]]] = \
     weakref.WeakKeyDictionary()
 
@@ -102,7 +103,7 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
     state, shared = shared_state(broker), None
     if state is None:
         stored, late = await _write_unsaved(broker, target.key, store, stored)
-        if late is not None:
+        if late is not None and not overrides:  # a rotation's trial must reach the token endpoint
             return late
     if state is not None:  # the login all the sidecars renew from (login_share.py); a new one adopted
         shared, adopt = login_share.choose(stored, await login_share.read(state, target.key))
@@ -155,13 +156,16 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
         if state is not None and shared is not None:
             await login_share.write(state, target.key, login_share.SharedLogin(kept, shared.seeds))
         else:
+            # in memory first: a write that fails, or a cancellation while it runs, loses nothing
+            pending = _UNSAVED.setdefault(broker, {})
+            pending[target.key] = (_digest(stored.refresh_token), kept, token)
             try:
                 await asyncio.to_thread(store.put, target.key, kept)
             except McpcredsError:
-                _UNSAVED.setdefault(broker, {})[target.key] = (stored.refresh_token, kept, token)
                 _log.error("rotated refresh token not stored",
                            extra={"key": target.key, "kept": "in memory, until the next renewal writes it"})
                 raise
+            pending.pop(target.key, None)
         _log.info("refresh token rotated", extra={"key": target.key})
     return token
 
@@ -171,19 +175,28 @@ async def _write_unsaved(broker: Broker, key: str, store: LoginStore, stored: St
     """Store the rotated login a failed write left in memory, if the keyring still holds the
     refresh token it replaced (not a logout or a new login since). Returns the stored login, and
     the rotated login's access token if it has not expired (else None: renew from the login)."""
-    unsaved = _UNSAVED.get(broker, {}).pop(key, None)
+    pending = _UNSAVED.get(broker, {})
+    unsaved = pending.get(key)
     if unsaved is None:
         return stored, None
     spent, kept, token = unsaved
-    if stored is None or stored.refresh_token != spent:
+    if stored is None or stored.refresh_token is None or _digest(stored.refresh_token) != spent:
+        pending.pop(key, None)
         return stored, None
-    try:
-        await asyncio.to_thread(store.put, key, kept)
-    except McpcredsError:
-        _UNSAVED.setdefault(broker, {})[key] = unsaved
-        raise
+    await asyncio.to_thread(store.put, key, kept)  # on failure it stays pending
+    pending.pop(key, None)
     _log.info("refresh token rotated", extra={"key": key, "written_late": True})
-    return kept, token if token.expires_at > broker.clock.time() else None
+    fresh = usable_until(token) - broker.clock.time() >= MIN_LIFETIME
+    return kept, token if fresh else None
+
+
+def forget_unsaved(broker: Broker, key: str) -> None:
+    """A logout: a rotated login still waiting for its keyring write is not written any more."""
+    _UNSAVED.get(broker, {}).pop(key, None)
+
+
+def _digest(refresh_token: str) -> str:
+    return hashlib.sha256(refresh_token.encode()).hexdigest()
 
 
 async def _access_only(broker: Broker, target: Target, stored: StoredLogin, store: LoginStore) -> Token:
