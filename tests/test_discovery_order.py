@@ -6,12 +6,14 @@ Connect Discovery path insertion, then OpenID Connect path appending."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import httpx
 import pytest
 
+from mcpcreds import discovery
 from mcpcreds.config import LoginSpec
 from mcpcreds.discovery import Discovery, metadata_urls
 from mcpcreds.egress import EgressPolicy, egress_client
@@ -47,6 +49,8 @@ def responder(routes: Routes, seen: list[str], request: httpx.Request, url: str)
     key = f"{request.method} {url}"
     seen.append(key)
     status, headers, body = routes.get(key, (404, {}, {}))
+    if isinstance(body, httpx.AsyncByteStream):
+        return httpx.Response(status, headers=headers, stream=body)
     if isinstance(body, bytes):
         return httpx.Response(status, headers=headers, content=body)
     return httpx.Response(status, headers=headers, json=body)
@@ -204,3 +208,26 @@ async def test_an_issuer_without_a_path_is_read_from_rfc_8414_then_openid() -> N
         assert await Discovery().token_url(login(), MCP, http) == f"{AS_A}/t"
     assert seen[2:] == [f"GET {AS_A}/.well-known/oauth-authorization-server",
                         f"GET {AS_A}/.well-known/openid-configuration"]
+
+
+class Drip(httpx.AsyncByteStream):
+    """A body that never ends: a byte every 0.05 s, each read well within httpx's read timeout."""
+
+    async def __aiter__(self) -> Any:
+        while True:
+            yield b" "
+            await asyncio.sleep(0.05)
+
+
+async def test_a_named_document_that_drips_forever_is_given_up_whole_and_asked_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """httpx's timeout bounds each read, not the document: the whole fetch has DISCOVERY_TIMEOUT;
+    then the path-based document is used, and the named URL is not asked a second time."""
+    monkeypatch.setattr(discovery, "DISCOVERY_TIMEOUT", 0.5)
+    routes = two_servers()
+    routes[f"POST {MCP}"] = challenge(PATH_BASED)
+    routes[f"GET {PATH_BASED}"] = (200, {}, Drip())
+    http, seen = egress(routes)
+    async with http:
+        assert await asyncio.wait_for(Discovery().token_url(login(), MCP, http), 30) == f"{AS_A}/token"
+    assert seen.count(f"GET {PATH_BASED}") == 1 and f"GET {ROOT}" in seen, seen

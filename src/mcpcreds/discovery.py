@@ -3,6 +3,7 @@ protected-resource metadata from the MCP endpoint. Results are cached and the is
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from dataclasses import dataclass
@@ -266,7 +267,13 @@ class Discovery:
         urls = {resource_metadata_url(endpoint): False}  # path-based first, then the root
         urls.setdefault(_well_known(_origin(endpoint), "oauth-protected-resource", insert=True), True)
         for url, at_root in urls.items():
-            status, data = await self._get_json(url, http)
+            if url == named and unusable is not None:
+                continue  # the 401 named it, and it was tried
+            try:
+                status, data = await self._get_json(url, http)
+            except (TokenEndpointError, TokenEndpointTimeout, Forbidden) as exc:
+                unusable = unusable or exc  # the first failure is the answer if none is found
+                continue
             if status == 200:
                 return _issuer_in(data, endpoint, at_root=at_root)
         if unusable is not None:
@@ -297,14 +304,24 @@ class Discovery:
     async def _challenge(self, endpoint: str, http: httpx.AsyncClient) -> str | None:
         """The WWW-Authenticate header of an unauthenticated request to the MCP endpoint."""
         try:  # only the head is read: the body of a hostile server could be endless
-            async with http.stream("POST", endpoint, json={"jsonrpc": "2.0", "id": 0, "method": "ping"},
-                                   headers={"Accept": "application/json, text/event-stream"},
-                                   follow_redirects=False, timeout=DISCOVERY_TIMEOUT) as response:
+            async with asyncio.timeout(DISCOVERY_TIMEOUT), \
+                    http.stream("POST", endpoint, json={"jsonrpc": "2.0", "id": 0, "method": "ping"},
+                                headers={"Accept": "application/json, text/event-stream"},
+                                follow_redirects=False, timeout=DISCOVERY_TIMEOUT) as response:
                 return response.headers.get("www-authenticate") if response.status_code == 401 else None
-        except (httpx.HTTPError, httpx.InvalidURL):
+        except (httpx.HTTPError, httpx.InvalidURL, TimeoutError):
             return None
 
     async def _get_json(self, url: str, http: httpx.AsyncClient) -> tuple[int, Any]:
+        # httpx's timeout bounds each read; the whole fetch is bounded too (a byte every few
+        # seconds would otherwise hold every caller of this login for as long as it likes)
+        try:
+            async with asyncio.timeout(DISCOVERY_TIMEOUT):
+                return await self._read_json(url, http)
+        except TimeoutError:
+            raise TokenEndpointTimeout(f"metadata at {url} did not arrive in time") from None
+
+    async def _read_json(self, url: str, http: httpx.AsyncClient) -> tuple[int, Any]:
         try:
             async with http.stream("GET", url, headers=_IDENTITY, follow_redirects=False,
                                    timeout=DISCOVERY_TIMEOUT) as response:
