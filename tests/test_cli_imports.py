@@ -386,6 +386,31 @@ def test_the_blocking_client_bounds_what_it_reads() -> None:
     kept = Answer()
     kept.feed_data(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhiHTTP/1.1 200 OK\r\n")
     assert kept.done and not kept.keep_alive  # bytes past the answer: the connection is not kept
+    endless = Answer()  # interim answers without end: refused, not read for ever
+    with pytest.raises(ValueError):
+        for _ in range(100):
+            endless.feed_data(b"HTTP/1.1 102 Processing\r\n\r\n")
+
+
+def test_a_kept_connection_with_bytes_nobody_asked_for_is_not_used_again() -> None:
+    """Bytes that arrive on an idle kept connection (after its answer was read) would be taken as
+    the next request's answer; a connection the sidecar closed would fail the next request. Both
+    are dropped before reuse, and a fresh connection is made."""
+    import socket as socket_module
+
+    from mcpcreds.uds import _idle_and_open
+
+    quiet, peer = socket_module.socketpair()
+    stray, stray_peer = socket_module.socketpair()
+    closed, closed_peer = socket_module.socketpair()
+    try:
+        stray_peer.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        closed_peer.close()
+        assert [_idle_and_open(s) for s in (quiet, stray, closed)] == [True, False, False]  # type: ignore[arg-type]
+        assert stray.recv(64).startswith(b"HTTP/1.1 200")  # peeked, not consumed
+    finally:
+        for s in (quiet, peer, stray, stray_peer, closed):
+            s.close()
 
 
 JSON_ANSWERS = [

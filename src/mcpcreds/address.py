@@ -73,14 +73,14 @@ def _sidecar_keys(path: str) -> tuple[str | None, int | None] | None:
             text = file.read().decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    data: Any = loads(text)
-    if data is None:  # outside the lean reader's subset of TOML (or not TOML)
-        import tomllib
+    try:  # RecursionError, ValueError: nested too deep, an integer past Python's digit limit
+        data: Any = loads(text)
+        if data is None:  # outside the lean reader's subset of TOML (or not TOML)
+            import tomllib
 
-        try:
             data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError:
-            return None
+    except (ValueError, RecursionError):  # tomllib.TOMLDecodeError is a ValueError
+        return None
     table = data.get("sidecar", {})
     if not isinstance(table, dict):
         return None

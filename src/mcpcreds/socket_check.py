@@ -9,12 +9,12 @@ Checked once per new connection: one lstat and one getsockopt.
 
 from __future__ import annotations
 
+# _socket, the C module under `socket`: `socket` itself (its enums) costs each command ~1 ms
+import _socket
 import os
 import stat
 import sys
-
-# the C socket module: `socket` (its enums) costs each command ~1 ms, and these constants are its
-from _socket import SO_PEERCRED, SOL_SOCKET
+from _socket import SOL_SOCKET
 
 from .errors import ConfigError, SidecarUnavailable
 
@@ -67,8 +67,11 @@ def check_folder(socket_path: str, uid: int) -> None:
 
 def check_peer(sock: socket | TransportSocket, socket_path: str, uid: int) -> None:
     """Refuse a connected socket whose listener does not run as `uid` (from the kernel)."""
-    peer_uid = int.from_bytes(sock.getsockopt(SOL_SOCKET, SO_PEERCRED, _PEERCRED_SIZE)[4:8], sys.byteorder,
-                              signed=True)
+    peercred = getattr(_socket, "SO_PEERCRED", None)  # Linux; elsewhere refused at use, not at import
+    if peercred is None:
+        raise UntrustedSidecar(f"refusing the socket {socket_path}: this platform cannot tell who listens "
+                               "on it (no SO_PEERCRED); nothing was sent")
+    peer_uid = int.from_bytes(sock.getsockopt(SOL_SOCKET, peercred, _PEERCRED_SIZE)[4:8], sys.byteorder)
     if peer_uid != uid:
         raise UntrustedSidecar(f"refusing the socket {socket_path}: the process listening on it runs as "
                                f"uid {peer_uid}, not as the sidecar's uid {uid} ({_HINT}); "

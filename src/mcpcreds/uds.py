@@ -14,7 +14,7 @@ it imports `typing`, ~3 ms for a command that reads one small answer, which `Ans
 from __future__ import annotations
 
 from _json import make_scanner  # json.loads' own C scanner: `json` imports `re` (~3 ms) besides
-from _socket import AF_UNIX, SOCK_STREAM, socket  # `socket`'s base class: its module costs ~1 ms
+from _socket import AF_UNIX, MSG_PEEK, SOCK_STREAM, socket  # `socket`'s base class: its module costs ~1 ms
 from _thread import allocate_lock  # threading.Lock itself, without importing threading
 
 from .socket_check import check_folder, check_peer
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 MAX_RESPONSE: Final = 1024 * 1024
 MAX_HEAD: Final = 64 * 1024
+MAX_INTERIM: Final = 8  # 1xx answers before the final one (a sidecar sends none)
 _NO_BODY: Final = frozenset({204, 304})
 
 
@@ -73,6 +74,7 @@ class Answer:
         self.done = False
         self.keep_alive = False
         self.status = 0
+        self.interim = 0  # 1xx answers read so far
 
     def feed_data(self, data: bytes) -> None:
         self.buffer += data
@@ -87,6 +89,9 @@ class Answer:
             self._read_head(self.buffer[:end].split(b"\r\n"))
             self.buffer = self.buffer[end + 4:]
             self.head = 100 <= self.status < 200  # an interim answer: the final one follows
+            self.interim += self.head
+            if self.interim > MAX_INTERIM:
+                raise ValueError("too many interim answers")
         while not self.done and self._read_body():
             pass
         if self.done and self.buffer:  # bytes past the answer: this connection is not trusted again
@@ -226,6 +231,21 @@ def decode_json(raw: bytes) -> Any:
         return None
 
 
+def _idle_and_open(sock: socket) -> bool:
+    """A kept connection with nothing to read: not closed by the sidecar (its idle timeout), and
+    no bytes that no request asked for, which would be read as the next request's answer."""
+    sock.setblocking(False)
+    try:
+        sock.recv(1, MSG_PEEK)  # a byte nobody asked for, or b"": closed
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(True)
+
+
 class SyncUdsHttp:
     """The blocking twin of `UdsHttp`, for `Client`; kept connections are shared by threads."""
 
@@ -238,10 +258,12 @@ class SyncUdsHttp:
 
     def _connection(self, timeout: float) -> socket:
         with self._lock:
-            if self._idle:
+            while self._idle:
                 sock = self._idle.pop()
-                sock.settimeout(timeout)
-                return sock
+                if _idle_and_open(sock):
+                    sock.settimeout(timeout)
+                    return sock
+                sock.close()
         try:
             check_folder(self.path, self.sidecar_uid)
         except FileNotFoundError as exc:
