@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import hashlib
 import weakref
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
 from . import login_share
@@ -101,15 +101,21 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
     store = login_store(broker.config.secrets, broker.resolver)
     stored = await asyncio.to_thread(store.get, target.key)
     state, shared = shared_state(broker), None
-    if state is None:
-        stored, late = await _write_unsaved(broker, target.key, store, stored)
-        if late is not None and not overrides:  # a rotation's trial must reach the token endpoint
-            return late
     if state is not None:  # the login all the sidecars renew from (login_share.py); a new one adopted
         shared, adopt = login_share.choose(stored, await login_share.read(state, target.key))
         if adopt and shared is not None:
             await login_share.write(state, target.key, shared)
         stored = shared.login if shared is not None else None
+
+    async def keep(login: StoredLogin) -> None:
+        if state is not None and shared is not None:
+            await login_share.write(state, target.key, login_share.SharedLogin(login, shared.seeds))
+        else:
+            await asyncio.to_thread(store.put, target.key, login)
+
+    stored, late = await _write_unsaved(broker, target.key, stored, keep)
+    if late is not None and not overrides:  # a rotation's trial must reach the token endpoint
+        return late
     if stored is None:
         raise login_required(target, "no login stored")
     client = client_of(login, stored)
@@ -153,28 +159,27 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
     if rotated is not None and rotated != stored.refresh_token:
         # write-then-use: the old one is spent at the server; the new one must be kept first
         kept = dataclasses.replace(stored, refresh_token=rotated, client_id=login.client_id)  # scope kept
-        if state is not None and shared is not None:
-            await login_share.write(state, target.key, login_share.SharedLogin(kept, shared.seeds))
-        else:
-            # in memory first: a write that fails, or a cancellation while it runs, loses nothing
-            pending = _UNSAVED.setdefault(broker, {})
-            pending[target.key] = (_digest(stored.refresh_token), kept, token)
-            try:
-                await asyncio.to_thread(store.put, target.key, kept)
-            except McpcredsError:
-                _log.error("rotated refresh token not stored",
-                           extra={"key": target.key, "kept": "in memory, until the next renewal writes it"})
-                raise
-            pending.pop(target.key, None)
+        # in memory first: a write that fails (a locked keyring, Redis unreachable), or a
+        # cancellation while it runs, loses nothing
+        pending = _UNSAVED.setdefault(broker, {})
+        pending[target.key] = (_digest(stored.refresh_token), kept, token)
+        try:
+            await keep(kept)
+        except McpcredsError:
+            _log.error("rotated refresh token not stored",
+                       extra={"key": target.key, "kept": "in memory, until the next renewal writes it"})
+            raise
+        pending.pop(target.key, None)
         _log.info("refresh token rotated", extra={"key": target.key})
     return token
 
 
-async def _write_unsaved(broker: Broker, key: str, store: LoginStore, stored: StoredLogin | None
+async def _write_unsaved(broker: Broker, key: str, stored: StoredLogin | None,
+                         keep: Callable[[StoredLogin], Awaitable[None]]
                          ) -> tuple[StoredLogin | None, Token | None]:
-    """Store the rotated login a failed write left in memory, if the keyring still holds the
-    refresh token it replaced (not a logout or a new login since). Returns the stored login, and
-    the rotated login's access token if it has not expired (else None: renew from the login)."""
+    """Store (`keep`) the rotated login a failed write left in memory, if the store still holds
+    the refresh token it replaced (not a logout or a new login since). Returns the stored login,
+    and the rotated login's access token if it has not expired (else None: renew from the login)."""
     pending = _UNSAVED.get(broker, {})
     unsaved = pending.get(key)
     if unsaved is None:
@@ -183,7 +188,7 @@ async def _write_unsaved(broker: Broker, key: str, store: LoginStore, stored: St
     if stored is None or stored.refresh_token is None or _digest(stored.refresh_token) != spent:
         pending.pop(key, None)
         return stored, None
-    await asyncio.to_thread(store.put, key, kept)  # on failure it stays pending
+    await keep(kept)  # on failure it stays pending
     pending.pop(key, None)
     _log.info("refresh token rotated", extra={"key": key, "written_late": True})
     fresh = usable_until(token) - broker.clock.time() >= MIN_LIFETIME
