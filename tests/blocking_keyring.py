@@ -17,8 +17,7 @@ import sys
 import threading
 from typing import Final
 
-from keyring.backend import KeyringBackend
-from keyring.backends.SecretService import Keyring as SecretService
+from tests.fault_keyring import RealKeyring
 
 GATE_ENV: Final = "MCPCREDS_TEST_KEYRING_GATE"
 STARTED: Final = "test keyring write started"
@@ -27,17 +26,7 @@ _LOCK: Final = threading.Lock()
 _BLOCKED: list[str] = []  # module-wide: the sidecar may make a backend per keyring source
 
 
-class BlockFirstLoginWrite(KeyringBackend):
-    priority = 1  # type: ignore[assignment]
-    viable = False  # out of keyring's detection and chain: named by path only
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.real = SecretService()
-
-    def get_password(self, service: str, username: str) -> str | None:
-        return self.real.get_password(service, username)  # type: ignore[no-any-return]
-
+class BlockFirstLoginWrite(RealKeyring):
     def set_password(self, service: str, username: str, password: str) -> None:
         with _LOCK:
             first = username.startswith("login.") and not _BLOCKED
@@ -45,10 +34,8 @@ class BlockFirstLoginWrite(KeyringBackend):
                 _BLOCKED.append(username)
         if first:
             _wait_for_release(username)
-        self.real.set_password(service, username, password)
+        super().set_password(service, username, password)
 
-    def delete_password(self, service: str, username: str) -> None:
-        self.real.delete_password(service, username)
 
 
 def _wait_for_release(username: str) -> None:

@@ -7,24 +7,11 @@ from __future__ import annotations
 import os
 import signal
 
-from keyring.backend import KeyringBackend
-from keyring.backends.SecretService import Keyring as SecretService
+from tests.fault_keyring import RealKeyring
 
 
-class KillAfterLoginWrite(KeyringBackend):
-    priority = 1  # type: ignore[assignment]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.real = SecretService()
-
-    def get_password(self, service: str, username: str) -> str | None:
-        return self.real.get_password(service, username)  # type: ignore[no-any-return]
-
+class KillAfterLoginWrite(RealKeyring):
     def set_password(self, service: str, username: str, password: str) -> None:
-        self.real.set_password(service, username, password)
+        super().set_password(service, username, password)
         if username.startswith("login."):
             os.kill(os.getpid(), signal.SIGKILL)
-
-    def delete_password(self, service: str, username: str) -> None:
-        self.real.delete_password(service, username)

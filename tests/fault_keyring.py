@@ -1,0 +1,27 @@
+"""The real keyring (gnome-keyring, SecretService) as a backend that fault tests subclass to add
+a fault to `set_password` (tests/crash_keyring.py, blocking_keyring.py, failing_keyring.py).
+Named by path (secrets.keyring_backend) in a sidecar's config, never found by keyring's own
+detection (see tests/hanging_keyring.py for why that matters)."""
+
+from __future__ import annotations
+
+from keyring.backend import KeyringBackend
+from keyring.backends.SecretService import Keyring as SecretService
+
+
+class RealKeyring(KeyringBackend):
+    priority = 1  # type: ignore[assignment]
+    viable = False  # out of keyring's detection and chain: named by path only
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.real = SecretService()
+
+    def get_password(self, service: str, username: str) -> str | None:
+        return self.real.get_password(service, username)  # type: ignore[no-any-return]
+
+    def set_password(self, service: str, username: str, password: str) -> None:
+        self.real.set_password(service, username, password)
+
+    def delete_password(self, service: str, username: str) -> None:
+        self.real.delete_password(service, username)
