@@ -22,6 +22,13 @@ machine's cores, so compare figures taken in the same run only.
 
 `--sidecar-is-echo` replaces the sidecar with a second copy of the echo server (to check the
 harness itself; the ratio should then be close to 1).
+
+`--client` measures the library's own cost instead (issue 18): `AsyncClient.headers("bench")` at
+concurrency 1 against the same request on a raw blocking keep-alive socket to the same sidecar,
+one of each in turn (`--calls` pairs after a warm-up), so both see the same machine. It prints
+p50 and mean of each, what the client adds (p50) and the client/raw ratio:
+
+    python bench/socket_bench.py --client --calls 20000
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from bench import harness
 from bench.harness import BenchError, ResponseError
+from mcpcreds import AsyncClient
 
 SERVER_NAME = "bench"
 BENCH_TOKEN = "bench-token-0123456789abcdef0123456789abcdef"
@@ -282,6 +290,49 @@ def measure(workers: harness.Workers, label: str, path: str, connections: int,
                    first_error=next((p.first_error for p in parts if p.first_error), ""))
 
 
+# ------------------------------------------------------------------------ the client against raw
+
+
+async def client_against_raw(path: str, calls: int) -> dict[str, Any]:
+    """`calls` pairs, in turn: a raw blocking round trip, then `AsyncClient.headers` (c=1)."""
+    perf = time.perf_counter_ns
+    samples: dict[str, list[int]] = {"raw socket": [], "AsyncClient.headers": []}
+    raw_times, client_times = samples.values()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(path)
+        async with AsyncClient(path) as creds:
+            for _ in range(min(calls, 1000)):  # warm-up: the sidecar's cache, both connections
+                harness.roundtrip(conn, REQUEST)
+                await creds.headers(SERVER_NAME)
+            for _ in range(calls):
+                t0 = perf()
+                status, _ = harness.roundtrip(conn, REQUEST)
+                t1 = perf()
+                await creds.headers(SERVER_NAME)
+                t2 = perf()
+                if status != 200:
+                    raise BenchError(f"GET {TARGET} answered {status}")
+                raw_times.append(t1 - t0)
+                client_times.append(t2 - t1)
+    out: dict[str, Any] = {"calls": calls}
+    for name, times in samples.items():
+        ordered = sorted(times)
+        out[name] = {"p50_us": round(harness.percentile(ordered, 0.5) / 1e3, 2),
+                     "mean_us": round(sum(ordered) / len(ordered) / 1e3, 2)}
+    raw, client = out["raw socket"], out["AsyncClient.headers"]
+    out["added_p50_us"] = round(client["p50_us"] - raw["p50_us"], 2)
+    out["ratio_p50"] = round(client["p50_us"] / raw["p50_us"], 3)
+    return out
+
+
+def render_client(report: dict[str, Any]) -> str:
+    rows = [("c=1, one of each in turn", "p50 us", "mean us")]
+    rows += [(name, f"{report[name]['p50_us']:.1f}", f"{report[name]['mean_us']:.1f}")
+             for name in ("raw socket", "AsyncClient.headers")]
+    return (harness.table(rows) + f"\nadded by AsyncClient p50: {report['added_p50_us']:+.1f} us; "
+            f"ratio AsyncClient/raw p50 {report['ratio_p50']:.2f} ({report['calls']} calls each)")
+
+
 # ------------------------------------------------------------------------------------------- main
 
 
@@ -304,7 +355,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="load generator processes (default 2)")
     p.add_argument("--sidecar-is-echo", action="store_true",
                    help="benchmark a second echo server in place of the sidecar (harness check)")
-    args = harness.parse(p, argv, quick={"seconds": 0.3, "warmup": 0.1, "connections": "1,8"})
+    p.add_argument("--client", action="store_true",
+                   help="AsyncClient.headers against a raw socket round trip, c=1 (the library's cost)")
+    p.add_argument("--calls", type=int, default=20000, help="with --client: calls of each (default 20000)")
+    args = harness.parse(p, argv, quick={"seconds": 0.3, "warmup": 0.1, "connections": "1,8", "calls": 2000})
+    if args.client:
+        if args.calls < 1:
+            p.error("--calls must be >= 1")
+        with harness.workdir("socket-bench") as tmp, sidecar(tmp) as path:
+            report = asyncio.run(client_against_raw(path, args.calls))
+        harness.emit(args, {**harness.machine(), **report}, render_client)
+        return 0
     try:
         counts = [int(c) for c in args.connections.split(",") if c.strip()]
     except ValueError:

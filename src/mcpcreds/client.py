@@ -224,14 +224,15 @@ class AsyncClient(_Base):
         await self._http.aclose()
 
     async def run(self, call: Call[R]) -> R:
-        window = _RetryWindow(self.connect_retry)
+        window: _RetryWindow | None = None  # made at the first failure: most calls have none
         while True:
             try:
                 status, body = await self._http.request(call.method, call.path, call.body,
-                                                        timeout=self.timeout + call.extra_time)
+                                                        self.timeout + call.extra_time)
             except self._failures as exc:
                 import asyncio
 
+                window = window or _RetryWindow(self.connect_retry)
                 await asyncio.sleep(window.wait_after(exc, self._unavailable))
                 continue
             return _decode_parts(status, body, call)
