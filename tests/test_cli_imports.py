@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from mcpcreds import uds
 from tests.conftest import run_cli
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
@@ -361,11 +362,37 @@ def read_answer(parser: Any, feed: Any, data: bytes, step: int) -> object:
     return (parser.status, b"".join(parser.body), parser.keep_alive) if parser.done else "not done"
 
 
+class Parsed:
+    """An answer parsed by httptools: the oracle `uds.Answer` is held to."""
+
+    def __init__(self) -> None:
+        import httptools
+
+        self.parser = httptools.HttpResponseParser(self)
+        self.body: list[bytes] = []
+        self.size = 0
+        self.done = False
+        self.keep_alive = False
+        self.status = 0
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size > uds.MAX_RESPONSE:
+            raise ValueError("sidecar answer too large")
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        # read while the parser still holds this message (it resets once the callback returns)
+        self.keep_alive = self.parser.should_keep_alive()
+        self.status = self.parser.get_status_code()
+        self.done = True
+
+
 @pytest.mark.parametrize("answer", ANSWERS)
 def test_the_blocking_client_reads_answers_as_httptools_does(answer: str) -> None:
-    """`uds.Answer` (the CLI's, without httptools) and `uds.Parsed` (httptools, the async client's):
+    """`uds.Answer` (the CLI's, without httptools) and httptools (the async client's parser):
     the same status, body and keep-alive, or both refuse, fed whole or a byte or three at a time."""
-    from mcpcreds.uds import Answer, Parsed
+    from mcpcreds.uds import Answer
 
     for step in (1, 3, 1 << 16):
         ours = Answer()

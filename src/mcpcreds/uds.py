@@ -33,32 +33,6 @@ class Retryable(ConnectionError):
     """The request may not have reached the sidecar (refused, missing socket, stale connection)."""
 
 
-class Parsed:
-    """An answer parsed by httptools, for `uds_async`."""
-
-    def __init__(self) -> None:
-        import httptools  # imported by uds_async already: a lookup
-
-        self.parser = httptools.HttpResponseParser(self)
-        self.body: list[bytes] = []
-        self.size = 0
-        self.done = False
-        self.keep_alive = False
-        self.status = 0
-
-    def on_body(self, body: bytes) -> None:
-        self.size += len(body)
-        if self.size > MAX_RESPONSE:
-            raise ValueError("sidecar answer too large")
-        self.body.append(body)
-
-    def on_message_complete(self) -> None:
-        # read while the parser still holds this message (it resets once the callback returns)
-        self.keep_alive = self.parser.should_keep_alive()
-        self.status = self.parser.get_status_code()
-        self.done = True
-
-
 class Answer:
     """One HTTP/1.1 answer, read from its bytes as they come: the status line, the head (at most
     MAX_HEAD bytes), then a Content-Length or chunked body (at most MAX_RESPONSE bytes). Anything
