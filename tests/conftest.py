@@ -85,9 +85,58 @@ class KeyringSession:
     env: dict[str, str]
 
 
-def _start_keyring_session(workdir: Path) -> tuple[KeyringSession, Callable[[], None]]:
+# The private session bus activates nothing: with the system's service files, a call made while
+# no daemon owns the SecretService name (the test daemon gone) started a second daemon, which
+# never got the password, and every later test failed with KeyringLocked.
+_BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:tmpdir={runtime}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+  </policy>
+</busconfig>
+"""
+
+
+def _start_daemon(env: dict[str, str], log: Path) -> subprocess.Popen[str]:
+    """gnome-keyring-daemon unlocked with the test password, its login keyring in env's HOME (so a
+    daemon started again there opens the same entries), its stderr appended to `log`."""
+    # in the foreground, so its pid is known and it is stopped with the session (--daemonize
+    # prints no pid for the secrets component alone, and left a daemon behind every run)
+    with log.open("a") as stderr:
+        daemon = subprocess.Popen(
+            ["gnome-keyring-daemon", "--unlock", "--components=secrets", "--foreground"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=env,
+        )
+    try:
+        assert daemon.stdin is not None
+        daemon.stdin.write("test-password")  # --unlock reads the password up to end of input
+        daemon.stdin.close()
+        _wait_until_secret_service_is_ready(env["DBUS_SESSION_BUS_ADDRESS"], daemon)
+    except BaseException:
+        _stop(daemon)
+        raise
+    return daemon
+
+
+def _stop(daemon: subprocess.Popen[str]) -> None:
+    daemon.terminate()
+    try:
+        daemon.wait(10)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait(10)
+
+
+def _start_keyring_session(workdir: Path) -> tuple[KeyringSession, Callable[[], None], Callable[[], bool]]:
     """Start a private session bus and gnome-keyring-daemon (unlocked with a test password) on it;
-    return the session once the keyring is ready, and the function that stops both."""
+    return the session once the keyring is ready, the function that stops both, and the one that
+    starts the daemon again if it has gone (True if it had)."""
     missing = [b for b in ("dbus-daemon", "gnome-keyring-daemon") if shutil.which(b) is None]
     if missing:
         raise RuntimeError(f"missing {missing}: run .ci/run (apt-get install dbus gnome-keyring)")
@@ -95,40 +144,32 @@ def _start_keyring_session(workdir: Path) -> tuple[KeyringSession, Callable[[], 
     runtime = workdir / "run"
     home.mkdir()
     runtime.mkdir(mode=0o700)
+    (workdir / "bus.conf").write_text(_BUS_CONFIG.format(runtime=runtime))
     env = {**os.environ, "HOME": str(home), "XDG_RUNTIME_DIR": str(runtime)}
     out = subprocess.run(
-        ["dbus-daemon", "--session", "--fork", "--print-address=1", "--print-pid=1"],
+        ["dbus-daemon", f"--config-file={workdir / 'bus.conf'}", "--fork", "--print-address=1", "--print-pid=1"],
         capture_output=True, text=True, env=env, check=True, timeout=20,
     ).stdout.split()
     address, dbus_pid = out[0], int(out[1])
     env["DBUS_SESSION_BUS_ADDRESS"] = address
-    # in the foreground, so its pid is known and it is stopped with the session (--daemonize
-    # prints no pid for the secrets component alone, and left a daemon behind every run)
-    daemon = subprocess.Popen(
-        ["gnome-keyring-daemon", "--unlock", "--components=secrets", "--foreground"],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env,
-    )
+    log = workdir / "gnome-keyring.log"
+    daemons = [_start_daemon(env, log)]
 
     def stop() -> None:
-        daemon.terminate()
-        try:
-            daemon.wait(10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait(10)
+        _stop(daemons[-1])
         with contextlib.suppress(ProcessLookupError):
             os.kill(dbus_pid, signal.SIGTERM)
 
-    try:
-        assert daemon.stdin is not None
-        daemon.stdin.write("test-password")  # --unlock reads the password up to end of input
-        daemon.stdin.close()
-        _wait_until_secret_service_is_ready(address, daemon)
-    except BaseException:
-        stop()
-        raise
+    def revive() -> bool:
+        if daemons[-1].poll() is None:
+            return False
+        sys.stderr.write(f"\ngnome-keyring-daemon exited ({daemons[-1].returncode}); started again. Its log:\n"
+                         f"{log.read_text(errors='replace')[-2000:]}\n")
+        daemons.append(_start_daemon(env, log))
+        return True
+
     return KeyringSession(address, {"DBUS_SESSION_BUS_ADDRESS": address,
-                                    "HOME": str(home), "XDG_RUNTIME_DIR": str(runtime)}), stop
+                                    "HOME": str(home), "XDG_RUNTIME_DIR": str(runtime)}), stop, revive
 
 
 def _wait_until_secret_service_is_ready(address: str, daemon: subprocess.Popen[str],
@@ -171,16 +212,29 @@ def _wait_until_secret_service_is_ready(address: str, daemon: subprocess.Popen[s
         conn.close()
 
 
+_REVIVE: list[Callable[[], bool]] = []  # the session keyring's, while it runs
+
+
+@pytest.fixture(autouse=True)
+def _keyring_daemon_alive() -> None:
+    """Before each test: a keyring daemon that has gone is started again, on the same bus and with
+    the same stored entries, rather than failing every later test of the worker."""
+    for revive in _REVIVE:
+        revive()
+
+
 @pytest.fixture(scope="session")
 def keyring_session() -> Iterator[KeyringSession]:
     """A real gnome-keyring (SecretService) on a private D-Bus session bus."""
     workdir = Path(tempfile.mkdtemp(prefix="mcpcreds-keyring-"))
-    session, stop = _start_keyring_session(workdir)
+    session, stop, revive = _start_keyring_session(workdir)
     old = os.environ.get("DBUS_SESSION_BUS_ADDRESS")
     os.environ["DBUS_SESSION_BUS_ADDRESS"] = session.bus_address
+    _REVIVE.append(revive)
     try:
         yield session
     finally:
+        _REVIVE.remove(revive)
         if old is None:
             os.environ.pop("DBUS_SESSION_BUS_ADDRESS", None)
         else:
