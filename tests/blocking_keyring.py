@@ -14,28 +14,21 @@ import json
 import os
 import select
 import sys
-import threading
 from typing import Final
 
-from tests.fault_keyring import RealKeyring
+from tests.fault_keyring import FirstLoginWrite, RealKeyring
 
 GATE_ENV: Final = "MCPCREDS_TEST_KEYRING_GATE"
 STARTED: Final = "test keyring write started"
 GATE_TIMEOUT: Final = 120.0
-_LOCK: Final = threading.Lock()
-_BLOCKED: list[str] = []  # module-wide: the sidecar may make a backend per keyring source
+_FIRST: Final = FirstLoginWrite()
 
 
 class BlockFirstLoginWrite(RealKeyring):
     def set_password(self, service: str, username: str, password: str) -> None:
-        with _LOCK:
-            first = username.startswith("login.") and not _BLOCKED
-            if first:
-                _BLOCKED.append(username)
-        if first:
+        if _FIRST(username):
             _wait_for_release(username)
         super().set_password(service, username, password)
-
 
 
 def _wait_for_release(username: str) -> None:

@@ -5,6 +5,8 @@ detection (see tests/hanging_keyring.py for why that matters)."""
 
 from __future__ import annotations
 
+import threading
+
 from keyring.backend import KeyringBackend
 from keyring.backends.SecretService import Keyring as SecretService
 
@@ -25,3 +27,18 @@ class RealKeyring(KeyringBackend):
 
     def delete_password(self, service: str, username: str) -> None:
         self.real.delete_password(service, username)
+
+
+class FirstLoginWrite:
+    """`first(username)`: True for the first write of a login entry in this process only (the
+    sidecar may make a backend per keyring source, so this lives in the fault's module)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen = False
+
+    def __call__(self, username: str) -> bool:
+        with self._lock:
+            first = username.startswith("login.") and not self._seen
+            self._seen = self._seen or first
+        return first

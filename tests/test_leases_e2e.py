@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -202,22 +203,35 @@ asyncio.run(main())
 """
 
 
+def run_workers(sockets: list[Path], server: str, upstream: str, seconds: str) -> list[dict[str, Any]]:
+    """One WORKER process per socket, started together once all are ready; their reports (a
+    worker still running when this fails is killed)."""
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(socket), server, upstream, seconds],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for socket in sockets]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        reports = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert all(p.returncode == 0 for p in procs)
+    return reports
+
+
 def test_leases_never_exceed_the_limit_across_processes(env: Env) -> None:
     """Four processes lease shares of one 20/1s bucket (and ask per request when they have none)
     for 3 s: the upstream gets every request, and no window of time holds more of them than the
     bucket allows."""
     env.set_token(T1)
     first = len(env.upstream.arrivals())
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(env.sidecar.socket), "b", env.upstream.url, "3"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(4)]
-    for proc in procs:
-        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    reports = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
-    assert all(p.returncode == 0 for p in procs)
+    reports = run_workers([env.sidecar.socket] * 4, "b", env.upstream.url, "3")
     grants = [tuple(g) for r in reports for g in r["grants"]]
     assert len([t for t in env.upstream.arrivals()[first:] if t]) == len(grants)  # counted at the upstream
     assert sum(r["leased"] for r in reports) > 0  # the permits of some were leased

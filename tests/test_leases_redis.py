@@ -9,9 +9,6 @@ opt-in (`leases = true`): unset, the lease route refuses them there."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -20,7 +17,7 @@ from mcpcreds.errors import LeasesRefused
 from tests.peers.redis_peer import RedisPeer
 from tests.peers.upstream import one_of, start_upstream
 from tests.redis_sidecar import start_on_state
-from tests.test_leases_e2e import WORKER
+from tests.test_leases_e2e import run_workers
 from tests.test_rates_e2e import overfull_windows
 
 TOKEN = "redis-lease-token-0123456789"
@@ -41,23 +38,7 @@ def test_leases_on_two_sidecars_never_exceed_the_shared_bucket(tmp_path: Path, r
         sidecars = [start_on_state(stack, tmp_path / f"sidecar{i}", redis.url, BODY.format(url=upstream.url, leases="leases = true"),
                                    {"TOKEN": TOKEN}) for i in range(2)]
         first = len(upstream.arrivals())
-        procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(sidecar.socket), "b", upstream.url, "3"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                 for sidecar in sidecars for _ in range(2)]
-        try:
-            for proc in procs:
-                assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-            for proc in procs:
-                assert proc.stdin is not None
-                proc.stdin.write("go\n")
-                proc.stdin.flush()
-            reports = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        assert all(p.returncode == 0 for p in procs)
+        reports = run_workers([sidecar.socket for sidecar in sidecars for _ in range(2)], "b", upstream.url, "3")
         grants = [tuple(g) for r in reports for g in r["grants"]]
         assert len([t for t in upstream.arrivals()[first:] if t]) == len(grants)  # counted at the upstream
         leased = [r["leased"] for r in reports]
