@@ -73,10 +73,11 @@ from tests.peers.redis_peer import start_redis
 from bench import harness
 from bench.harness import Latency
 from mcpcreds import AsyncClient
+from mcpcreds.bucket_scripts import BUCKET_SCRIPT
 from mcpcreds.clock import SystemClock
 from mcpcreds.rates import parse_rate
 from mcpcreds.redis_pipe import pack, parse_reply
-from mcpcreds.redis_state import BUCKET_SCRIPT, MAX_PAUSE, RedisState
+from mcpcreds.redis_state import MAX_PAUSE, RedisState
 from mcpcreds.shared import SharedLimiter
 
 SERVER = "bench"
@@ -170,7 +171,7 @@ def start_relay(stack: ExitStack, folder: Path, redis_socket: str, rate: str) ->
     sha = admin.script_load(BUCKET_SCRIPT)
     admin.close()
     listen = str(folder / "relay.sock")
-    command = pack(("EVALSHA", sha, 1, RELAY_KEY, *bucket_args(rate)))
+    command = pack(("EVALSHA", sha, 2, RELAY_KEY, RELAY_KEY + "-leases", *bucket_args(rate)))
     proc = subprocess.Popen([sys.executable, __file__, "--relay", listen, redis_socket, command.hex()],
                             stdout=subprocess.PIPE, text=True)
     stack.callback(proc.wait, 10)
@@ -220,7 +221,7 @@ async def _sender(mode: str, targets: Targets, tasks: int, stack: AsyncExitStack
         args = bucket_args(targets.rate)
 
         async def evalsha() -> None:
-            reply = await r.evalsha(sha, 1, FLOOR_KEY, *args)
+            reply = await r.evalsha(sha, 2, FLOOR_KEY, FLOOR_KEY + "-leases", *args)
             if int(reply[0]) != 1:
                 raise RuntimeError(f"evalsha: not granted {reply}")
 

@@ -262,55 +262,6 @@ def test_a_caller_without_a_lease_recalls_the_holders_over_their_part() -> None:
     assert told == [["sub-a"], ["sub-a"]]
 
 
-def test_a_prepaid_lease_costs_what_its_holder_may_spend_that_is_not_yet_bought() -> None:
-    """On a shared state a lease lasts one period and is bought from the shared bucket: the first
-    one whole, a renewal the stretch past what was bought, and the rise of a share over the part
-    already bought. The callers without a lease pay the shared bucket themselves: their local
-    rate is the whole one."""
-    clock, book = FakeClock(), LeaseBook()
-    a = book.grant(KEY, RATE, None, 1e9, 1000, None, 0, clock.monotonic(), prepaid=True)
-    assert (a.share, a.burst, a.seconds, a.cost) == (99.0, 49, 1.0, 99)
-    assert book.shared_rate(KEY, RATE, clock.monotonic()) == RATE
-    clock.advance(0.5)
-    a = book.grant(KEY, RATE, a.lease, 1e9, 1000, None, 0, clock.monotonic(), prepaid=True)
-    assert (a.share, a.cost, a.seconds) == (99.0, 50, 1.0)  # 99 x 0.5 s, rounded up
-    clock.advance(0.5)
-    a = book.grant(KEY, RATE, a.lease, 40.0, 1000, None, 0, clock.monotonic(), prepaid=True)
-    assert (a.share, a.cost) == (40.0, 20)  # 1.5 -> 2.0 at 40 (the 99 bought until 1.5 covers the rest)
-    clock.advance(0.5)
-    a = book.grant(KEY, RATE, a.lease, 1e9, 1000, None, 0, clock.monotonic(), prepaid=True)
-    assert (a.share, a.cost) == (99.0, 79)  # 2.0 -> 2.5 at 99, and 99 - 40 over 1.5 -> 2.0: 49.5 + 29.5
-
-
-def test_a_prepaid_lease_not_bought_in_full_shrinks_to_what_is_there() -> None:
-    clock, book = FakeClock(), LeaseBook()
-    a = book.grant(KEY, RATE, None, 1e9, 1000, None, 0, clock.monotonic(), prepaid=True)
-    settled = book.settle(a, 30.7, clock.monotonic())  # 30 whole permits buy 30 a period for 1 s
-    assert (settled.share, settled.burst, settled.cost, settled.changed) == (30.0, 15, 30, True)
-    assert book.reserved(KEY, clock.monotonic()) == (30.0, 15)
-    clock.advance(0.5)
-    a = book.grant(KEY, RATE, a.lease, 1e9, 1000, None, 0, clock.monotonic(), prepaid=True)
-    assert (a.share, a.cost) == (99.0, 84)  # 1.0 -> 1.5 at 99, and 99 - 30 over 0.5 -> 1.0: 49.5 + 34.5
-    settled = book.settle(a, 0.5, clock.monotonic())  # nothing whole: not now
-    assert (settled.share, settled.burst, settled.cost) == (0.0, 0, 0)
-    assert book.reserved(KEY, clock.monotonic()) == (30.0, 15)  # the lease bought before still runs
-
-
-def test_a_new_prepaid_lease_bought_late_runs_from_its_purchase() -> None:
-    """Its permits came 0.25 s after the grant (the holder's request waited for them): the lease
-    runs one period from then, and counted from the request it lasts 1.25 s."""
-    clock, book = FakeClock(), LeaseBook()
-    a = book.grant(KEY, RATE, None, 1e9, 1000, None, 0, clock.monotonic(), prepaid=True)
-    start = clock.monotonic()
-    clock.advance(0.25)
-    a = book.redate(a, clock.monotonic())
-    assert (a.until, a.seconds) == (start + 1.25, 1.25)
-    assert book.paid_until(a) == 0.0  # bought nothing before this lease
-    clock.advance(0.5)
-    a = book.grant(KEY, RATE, a.lease, 1e9, 1000, None, 0, clock.monotonic(), prepaid=True)
-    assert book.paid_until(a) == start + 1.25 and a.cost == 50  # 99 x (1.75 - 1.25), rounded up
-
-
 def test_a_holder_saying_it_spends_the_rounded_share_frees_the_larger_one() -> None:
     """The answer gives the share to 6 decimals (rounded down): a renewal holding that rounded
     share is the lease it was given, and frees the larger one before it."""

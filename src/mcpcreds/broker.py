@@ -39,7 +39,7 @@ from .oauth import Token, build_token_request, send_token_request
 from .rates import Rate
 from .refresh import refresh_login
 from .secret import REDACTOR
-from .shared import build_state
+from .shared import SharedLimiter, build_state
 from .sources import SecretResolver
 from .spiffe import JwtSvidFiles, X509Source
 from .spiffe_config import JwtSvid, SpiffeAuth, jwt_svid_file, spiffe_of
@@ -137,16 +137,33 @@ class Broker:
         self.health_body = json.dumps({"status": "ok", "version": __version__}).encode()
         self.leases = LeaseBook()  # capacity leases (leases.py; the lease route is lease_api.py)
         self.events = EventHub(on_close=self._events_closed)  # GET /v1/events (events.py)
+        self._releasing: set[asyncio.Task[None]] = set()
         self._served_fp: dict[str, str] = {}  # key -> fingerprint of the login last served
 
     def _events_closed(self, sub: Subscription) -> None:
         """A client's event stream closed: its process is gone or it has stopped using its leases,
         so their shares come back now. One the sidecar cut off lapses instead (its holder may
         spend it until the lease ends)."""
-        if not sub.cut_off and self.leases.release_subscriber(sub.id):
+        if sub.cut_off:
+            return
+        held = self.leases.leases_of(sub.id)
+        if self.leases.release_subscriber(sub.id):
             _log.info("leases released: their holder's event stream closed", extra={"uid": sub.uid})
             for key in self.config.rates:
                 self.lease_changed(key)
+            if isinstance(self.limiter, SharedLimiter):  # the shared bucket keeps them aside
+                task = asyncio.get_running_loop().create_task(self._release_shared(held))
+                self._releasing.add(task)
+                task.add_done_callback(self._releasing.discard)
+
+    async def _release_shared(self, held: list[tuple[str, str]]) -> None:
+        from .lease_api import release_shared
+
+        assert isinstance(self.limiter, SharedLimiter)
+        try:
+            await release_shared(self.limiter, self.config.rates, held)
+        except McpcredsError:  # the shared state is away: the leases lapse there instead
+            _log.warning("leases could not be released in the shared state; they lapse")
 
     def lease_changed(self, key: str) -> None:
         """Give the shared bucket of `key` its rate less what is leased now (after a grant, a

@@ -162,8 +162,8 @@ class GatewaySpec:
     expose: str = "both"
     rate_methods: tuple[str, ...] | None = None
     max_wait: float = DEFAULT_GATEWAY_WAIT
-    # clients may lease a share of the bucket (leases.py); false: per request only; None (unset):
-    # leases with the memory state, none with a shared state (there a leased window is looser)
+    # clients may lease a share of the bucket (leases.py, bucket_scripts.py); false: per request
+    # only; None (unset) leases as true does
     leases: bool | None = None
 
     @property

@@ -442,7 +442,7 @@ class Doctor:
     async def _redis_script(self, client: Any) -> None:
         """The bucket script is cached on the server, or can be (as the sidecar does on first use):
         an ACL without scripting, or a server without Lua, would fail every rated request."""
-        from .redis_state import BUCKET_SCRIPT
+        from .bucket_scripts import BUCKET_SCRIPT
 
         sha = hashlib.sha1(BUCKET_SCRIPT.encode()).hexdigest()
         try:

@@ -87,8 +87,8 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
                    "\"headers\": no gateway; \"both\""),
         "rate_methods": ("every request", "JSON-RPC methods through the gateway that take a permit"),
         "max_wait": (_NO_DEFAULT, "seconds a gateway request waits for a permit before a 429"),
-        "leases": (_NO_DEFAULT, "clients may lease a share of the bucket; false: per request only; "
-                   "unset: on with the memory state, off with a shared one"),
+        "leases": ("true", "clients may lease a share of the bucket (with a shared state, of the "
+                   "bucket in Redis); false: per request only"),
         "trust": ("\"untrusted\"", "trusted, untrusted or sandboxed (for clients that filter tools)"),
         "tool_allowlist": ("none", "the tools the gateway lets through"),
         "expected_tools": ("none", "the tools the server is expected to list"),

@@ -21,14 +21,16 @@ from .aws_config import is_aws
 from .broker import UNLIMITED
 from .buckets import Limiter
 from .errors import InvalidRequest, LeasesRefused, RateLimited
-from .leases import LeaseBook, LeaseRefused, Terms
+from .leases import MIN_SHARED_DEMAND, SHARED_BURST_FLOOR, LeaseRefused, Terms, lease_seconds
+from .redis_state import LeaseAsk
 from .shared import SharedLimiter
 from .wire import Request, Response, StreamingResponse, json_response
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .api import Api
     from .broker import Broker
-    from .clock import Clock
     from .events import EventHub
     from .rates import Rate
 
@@ -52,9 +54,6 @@ async def lease(api: Api, request: Request) -> Response:
     target = api._credential_target(request)
     if target.gateway.leases is False:
         raise LeasesRefused(f"server {target.name!r} has leases = false: ask per request")
-    if target.gateway.leases is None and isinstance(broker.limiter, SharedLimiter):
-        raise LeasesRefused(f"server {target.name!r} is on a shared state, where leases are opt-in "
-                            "(leases = true): ask per request")
     if target.aauth or is_aws(target):
         raise LeasesRefused(f"server {target.name!r} signs each request in the sidecar: ask per request")
     if not isinstance(broker.limiter, Limiter | SharedLimiter):
@@ -63,7 +62,12 @@ async def lease(api: Api, request: Request) -> Response:
     lease_id = _id(body, "lease")
     subscriber = _id(body, "subscriber")
     if body.get("release") is True:
-        released = lease_id is not None and broker.leases.release(lease_id, request.peer_uid)
+        if lease_id is None:
+            return json_response({"released": False})
+        key_of = broker.leases.key_of(lease_id)
+        released = broker.leases.release(lease_id, request.peer_uid)
+        if released and key_of is not None and isinstance(broker.limiter, SharedLimiter):
+            await release_shared(broker.limiter, broker.config.rates, [(key_of, lease_id)])
         return json_response({"released": released})
     holding = body.get("holding")
     if holding is not None and not (isinstance(holding, list) and len(holding) == 2
@@ -87,6 +91,9 @@ async def lease(api: Api, request: Request) -> Response:
     if target.rate is None:  # no limit to share: the whole of it, nothing kept aside
         return _unlimited(broker.clock.time(), lease_id, result.body)
     rate = target.rate
+    if isinstance(broker.limiter, SharedLimiter):
+        return await _lease_shared(broker, broker.limiter, request.peer_uid, key, rate, lease_id, subscriber,
+                                   float(demand), spare, holding, result.body)
     granted = broker.limiter.snapshot(key)
     if broker.leases.on_nudge is None:  # holders hear "renew now" on their event stream
         broker.leases.on_nudge = partial(_nudge, broker.events)
@@ -96,13 +103,10 @@ async def lease(api: Api, request: Request) -> Response:
         terms = broker.leases.grant(key, rate, lease_id, float(demand), request.peer_uid, subscriber,
                                     granted["granted"] if granted else 0, broker.clock.monotonic(),
                                     granted["waiting"] if granted else 0,
-                                    (float(holding[0]), int(holding[1])) if holding else None,
-                                    prepaid=isinstance(limiter, SharedLimiter))
+                                    (float(holding[0]), int(holding[1])) if holding else None)
     except LeaseRefused as exc:
         raise LeasesRefused(str(exc)) from None
-    if isinstance(limiter, SharedLimiter):
-        terms, initial = await _buy(limiter, book, broker.clock, key, rate, terms, spare)
-        return _answer(broker.clock.time(), terms, initial, result.body)
+    assert isinstance(limiter, Limiter)
     # the holder's bucket is filled up to its burst (it has `spare`) from the shared one, at the
     # shared one's old rate (its refill until now, and its old burst: the new, smaller one would
     # clip what it holds first), above a reserve for the callers without a lease: the shared
@@ -128,37 +132,34 @@ def _answer(wall: float, terms: Terms, initial: int, headers_body: bytes) -> Res
     return Response(200, fields[:-1] + b"," + headers_body[1:])
 
 
-async def _buy(limiter: SharedLimiter, book: LeaseBook, clock: Clock, key: str, rate: Rate, terms: Terms,
-               spare: int) -> tuple[Terms, int]:
-    """A shared state: take the lease's permits (what its holder may spend in it, not yet bought:
-    `terms.cost`) from the shared bucket, which every sidecar takes from, so the limit holds
-    across them all: in its queue, with the callers without a lease, waiting at most as long as the
-    holder's last lease is still bought for (a new holder: one lease, and its lease runs from the
-    purchase); not had by then: "not now". Then the holder's first permits (up to its burst), if
-    they are there now. This sidecar's bucket keeps nothing aside for it: its callers without a
-    lease pay the shared bucket themselves."""
-    now = clock.monotonic()
+async def _lease_shared(broker: Broker, limiter: SharedLimiter, uid: int, key: str, rate: Rate,
+                        lease_id: str | None, subscriber: str | None, demand: float, spare: int,
+                        holding: list[float] | None, headers_body: bytes) -> Response:
+    """A shared state: the share is decided, and kept aside from the bucket every sidecar takes
+    from, by the bucket's lease script (bucket_scripts.py), over the holders of every sidecar."""
+    book = broker.leases
     try:
-        if terms.burst < 1:
-            return terms, 0
-        if terms.cost > 0:
-            paid_until = book.paid_until(terms)
-            wait = paid_until - now if paid_until > now else terms.seconds
-            await limiter.acquire(key, rate, terms.cost, wait)
-            if paid_until <= now:
-                terms = book.redate(terms, clock.monotonic())
-        want = max(0, terms.burst - spare)
-        if want == 0:
-            return terms, 0
-        granted, _, paused = await limiter.take_for_lease(key, rate, [want])
-        if paused > 0.0:
-            raise RateLimited(f"{key}: paused after an upstream 429", paused)
-        return terms, want if granted else 0
-    except RateLimited:  # not bought in time (or a pause): the holder asks per request for now
-        return book.settle(terms, 0.0, now), 0
-    except BaseException:
-        book.settle(terms, 0.0, now)
-        raise
+        lease_id = book.admit(key, lease_id, uid, subscriber, broker.clock.monotonic())
+    except LeaseRefused as exc:
+        raise LeasesRefused(str(exc)) from None
+    seconds = lease_seconds(rate)
+    ask = LeaseAsk(lease_id, min(demand, float(rate.burst)), seconds, min(spare, rate.burst),
+                   (float(holding[0]), int(holding[1])) if holding else None,
+                   leasable=1 - SHARED_BURST_FLOOR, least_shared=MIN_SHARED_DEMAND)
+    reply = await limiter.lease(key, rate, ask)
+    terms = book.note(lease_id, reply.share, reply.burst, rate.per, seconds, broker.clock.monotonic())
+    if reply.paused > 0.0:
+        raise RateLimited(f"{key}: paused after an upstream 429", reply.paused)
+    return _answer(broker.clock.time(), terms, reply.initial, headers_body)
+
+
+async def release_shared(limiter: SharedLimiter, rates: Mapping[str, Rate],
+                         leases: list[tuple[str, str]]) -> None:
+    """Give these leases' shares back to the shared bucket now (their holders stopped spending)."""
+    for key, lease_id in leases:
+        rate = rates.get(key)
+        if rate is not None:
+            await limiter.lease(key, rate, LeaseAsk(lease_id, 0.0, 0.001, release=True))
 
 
 def _nudge(events: EventHub, key: str, subscribers: list[str]) -> None:

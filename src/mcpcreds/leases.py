@@ -13,6 +13,9 @@ A share never exceeds what is free now: a holder whose share shrinks keeps its o
 until the lease it holds lapses (it may spend it until then), so a newcomer gets its fair share
 from the next renewal after that (within two lease periods).
 
+On a shared (Redis) state the same split is made, over every sidecar's holders, by the bucket's
+lease script (bucket_scripts.py); this book then only keeps its own holders' ids (`admit`, `note`).
+
 A lease lapses at `until` unless renewed; its holder's share is taken back at once when the
 holder's event stream closes (`release_subscriber`) or it gives it up (`release`).
 
@@ -30,7 +33,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .rates import MAX_SECONDS, Rate
@@ -47,36 +50,6 @@ RECALL_EVERY: Final = 0.125  # of a lease: the least time between two recalls fo
 def lease_seconds(rate: Rate) -> float:
     """How long a lease lasts: two periods of the rate, from 2 s to 60 s (renewed at half)."""
     return min(max(2.0 * rate.per, 2.0), 60.0)
-
-
-def prepaid_seconds(rate: Rate) -> float:
-    """How long a prepaid lease lasts: one period of the rate (at most 60 s), so what it may spend
-    in it (its share) is never more than the bucket holds (renewed at half)."""
-    return min(rate.per, 60.0)
-
-
-def prepaid_cost(share: float, paid: tuple[float, float], until: float, now: float, per: float) -> float:
-    """Permits a holder may spend under `share` until `until` that `paid` (share, until) has not
-    bought: the stretch past the paid end at the new share, and up to it the rise of the share."""
-    paid_share, paid_until = paid
-    start = max(paid_until, now)
-    return (share * (until - start) + max(0.0, share - paid_share) * (start - now)) / per
-
-
-def affordable_share(level: float, paid: tuple[float, float], until: float, now: float, per: float) -> float:
-    """The largest share whose `prepaid_cost` is at most `level` (the cost grows with the share)."""
-    paid_share, paid_until = paid
-    start = max(paid_until, now)
-    ahead, overlap = (until - start) / per, (start - now) / per
-    if ahead <= 0.0:
-        return paid_share + (level / overlap if overlap > 0.0 else 0.0)
-    if paid_share * ahead >= level:
-        return level / ahead
-    return (level + paid_share * overlap) / (ahead + overlap)
-
-
-def _whole(cost: float) -> int:
-    return max(0, math.ceil(cost - 1e-9))
 
 
 def max_min_fair(capacity: float, demands: Mapping[str, float]) -> dict[str, float]:
@@ -106,7 +79,6 @@ class Terms:
     until: float
     seconds: float
     changed: bool
-    cost: int = 0  # prepaid (a shared state): permits to take from the shared bucket for it now
 
 
 @dataclass(slots=True)
@@ -125,8 +97,6 @@ class _Holder:
     grants: list[_Grant] = field(default_factory=list)
     terms: tuple[float, int] | None = None
     nudged: bool = False  # told to renew now, and has not yet
-    paid: tuple[float, float] = (0.0, 0.0)  # prepaid: (share, until) bought from the shared bucket
-    paid_before: tuple[float, float] = (0.0, 0.0)  # what was paid before the last grant
 
     def prune(self, now: float) -> None:
         self.grants = [g for g in self.grants if g.until > now]
@@ -146,7 +116,7 @@ class _Key:
     recall_below: float = -math.inf  # a shared share under this recalls holders (see shared_rate)
     fair_all: dict[str, float] = field(default_factory=dict)  # the split if the shared callers want all
     recalled_at: float = -math.inf
-    prepaid: bool = False  # leases bought from a shared state's bucket: its callers pay it themselves
+    shared_state: bool = False  # the shares are decided and kept aside in the shared state
 
 
 class LeaseRefused(Exception):
@@ -177,7 +147,7 @@ class LeaseBook:
         permits now (not the sidecar applying new terms): holders over their fair part are
         recalled if the shared share is well under what the shared callers would get."""
         entry = self._keys.get(key)
-        if entry is None or entry.prepaid:
+        if entry is None or entry.shared_state:
             return rate
         share, burst = self._reserved(key, entry, now)
         if share <= 0.0 and burst <= 0:
@@ -195,19 +165,14 @@ class LeaseBook:
 
     def grant(self, key: str, rate: Rate, lease: str | None, demand: float, uid: int,
               subscriber: str | None, shared_granted: int, now: float, shared_waiting: int = 0,
-              holding: tuple[float, int] | None = None, prepaid: bool = False) -> Terms:
+              holding: tuple[float, int] | None = None) -> Terms:
         """A new lease for a new holder (`lease` None) or a renewal; `demand` in permits per
         period, `shared_granted` the shared bucket's grant counter (for its callers' demand),
         `shared_waiting` how many of its callers wait in its queue (unmet demand: then they
         count as wanting the whole rate, and get at least an equal part of it). `holding`: the
         share and burst the holder spends now (it has the answer that gave them): its older
         leases with other terms are no longer kept aside, so a share that shrank frees its part
-        at once rather than when the lease that gave the larger one lapses.
-
-        `prepaid` (a shared state, whose bucket other sidecars take from too): the lease lasts one
-        period of the rate and `Terms.cost` is what its holder may spend in it that is not yet
-        bought (`prepaid_cost`); the caller takes that from the shared bucket, and `settle`s for
-        less when it cannot."""
+        at once rather than when the lease that gave the larger one lapses."""
         entry = self._keys.setdefault(key, _Key())
         self._sample(entry, rate, shared_granted, now)
         self._reserved(key, entry, now)  # prunes lapsed leases
@@ -238,19 +203,50 @@ class LeaseBook:
         burst = min(max(1, math.floor(share * (1 - SHARED_BURST_FLOOR))), free_burst)
         if burst < 1 or share <= 0.0:
             share, burst = 0.0, 0
-        entry.prepaid = prepaid
-        seconds = prepaid_seconds(rate) if prepaid else lease_seconds(rate)
+        seconds = lease_seconds(rate)
         until = holder.until = now + seconds
-        cost = 0
         if burst:
             holder.grants.append(_Grant(share, burst, until))
-            if prepaid:
-                cost = _whole(prepaid_cost(share, holder.paid, until, now, rate.per))
-                holder.paid_before, holder.paid = holder.paid, (share, until)
         changed = holder.terms != (share, burst)
         holder.terms = (share, burst)
         self._rebalance(key, entry, rate, fair, demands, lease)
-        return Terms(lease, share, burst, rate.per, until, seconds, changed, cost)
+        return Terms(lease, share, burst, rate.per, until, seconds, changed)
+
+    def admit(self, key: str, lease: str | None, uid: int, subscriber: str | None, now: float) -> str:
+        """A shared state's holder (its share is decided in the shared state, bucket_scripts.py):
+        its lease id, a new one unless `lease` is this uid's. Noted here for its release when its
+        event stream closes, and for the status."""
+        entry = self._keys.setdefault(key, _Key(shared_state=True))
+        self._reserved(key, entry, now)  # prunes lapsed leases
+        holder = entry.holders.get(lease) if lease is not None else None
+        if holder is None or holder.uid != uid:
+            if len(entry.holders) >= MAX_HOLDERS_PER_KEY:
+                raise LeaseRefused("this bucket has as many lease holders as it may")
+            lease = secrets.token_urlsafe(12)
+            holder = entry.holders[lease] = _Holder(uid, subscriber, 0.0, now)
+            self._where[lease] = key
+        if subscriber is not None:
+            holder.subscriber = subscriber
+        assert lease is not None
+        return lease
+
+    def note(self, lease: str, share: float, burst: int, per: float, seconds: float, now: float) -> Terms:
+        """What the shared state granted `lease` (admitted just before)."""
+        holder = self._keys[self._where[lease]].holders[lease]
+        until = holder.until = now + seconds
+        if burst:
+            holder.grants.append(_Grant(share, burst, until))
+        changed = holder.terms != (share, burst)
+        holder.terms = (share, burst)
+        return Terms(lease, share, burst, per, until, seconds, changed)
+
+    def key_of(self, lease: str) -> str | None:
+        return self._where.get(lease)
+
+    def leases_of(self, subscriber: str) -> list[tuple[str, str]]:
+        """(key, lease) of the leases held through this event stream."""
+        return [(key, lease) for key, entry in self._keys.items() for lease, h in entry.holders.items()
+                if h.subscriber == subscriber]
 
     def fair_burst(self, key: str, lease: str) -> int:
         """The burst `lease` would get if the callers without a lease wanted everything: what its
@@ -259,47 +255,6 @@ class LeaseBook:
         entry = self._keys.get(key)
         share = entry.fair_all.get(lease, 0.0) if entry is not None else 0.0
         return max(1, math.floor(share * (1 - SHARED_BURST_FLOOR)))
-
-    def paid_until(self, terms: Terms) -> float:
-        """Until when the holder of a prepaid lease had bought its spending before this grant."""
-        key = self._where.get(terms.lease)
-        holder = self._keys[key].holders.get(terms.lease) if key is not None else None
-        return holder.paid_before[1] if holder is not None else 0.0
-
-    def redate(self, terms: Terms, paid_at: float) -> Terms:
-        """A new prepaid lease bought at `paid_at`, later than granted (it waited for the permits):
-        it runs from then (its holder's bucket starts with the answer, so nothing it refilled is
-        unbought); `seconds` counts from the grant, as the holder counts from its request."""
-        key = self._where.get(terms.lease)
-        holder = self._keys[key].holders.get(terms.lease) if key is not None else None
-        if holder is None or not holder.grants or holder.grants[-1].until != terms.until:
-            return terms
-        granted_at, until = terms.until - terms.seconds, paid_at + terms.seconds
-        holder.grants[-1].until = holder.until = until
-        holder.paid = (holder.paid[0], until)
-        return replace(terms, until=until, seconds=until - granted_at)
-
-    def settle(self, terms: Terms, level: float, now: float) -> Terms:
-        """A prepaid lease's `cost` could not be taken: only `level` permits were there. Its
-        grant shrinks to the share they buy (none under 1 permit of burst); the new cost is to be
-        taken in turn (and settled again, at 0, if someone else took them meanwhile)."""
-        key = self._where.get(terms.lease)
-        holder = self._keys[key].holders.get(terms.lease) if key is not None else None
-        if holder is None or not holder.grants or holder.grants[-1].until != terms.until:
-            return replace(terms, share=0.0, burst=0, cost=0)
-        holder.grants.pop()
-        holder.paid = holder.paid_before
-        share = affordable_share(math.floor(max(0.0, level)), holder.paid, terms.until, now, terms.per)
-        share = min(share, terms.share)
-        burst = min(max(1, math.floor(share * (1 - SHARED_BURST_FLOOR))), terms.burst)
-        if share <= 0.0 or terms.burst < 1 or level < 1.0:
-            holder.terms = (0.0, 0)
-            return replace(terms, share=0.0, burst=0, cost=0, changed=True)
-        holder.grants.append(_Grant(share, burst, terms.until))
-        cost = _whole(prepaid_cost(share, holder.paid, terms.until, now, terms.per))
-        holder.paid_before, holder.paid = holder.paid, (share, terms.until)
-        holder.terms = (share, burst)
-        return replace(terms, share=share, burst=burst, cost=cost, changed=True)
 
     def _rebalance(self, key: str, entry: _Key, rate: Rate, fair: dict[str, float],
                    demands: dict[str, float], lease: str) -> None:

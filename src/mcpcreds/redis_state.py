@@ -27,6 +27,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 from redis.retry import Retry
 
+from .bucket_scripts import BUCKET_SCRIPT, LEASE_SCRIPT
 from .errors import StateUnavailable
 from .logs import get_logger
 from .oauth import Token
@@ -45,58 +46,6 @@ MAX_PACKED_TAKES: Final = 4096  # (key, rate) pairs whose take command is kept p
 _log = get_logger("redis")
 T = TypeVar("T")
 
-# Token bucket on the Redis server's clock (so the hosts' clock skew does not matter).
-# KEYS[1] bucket hash. ARGV: burst, refill per second, cost, mode (take|peek|pause), pause seconds,
-# longest pause, then (take only) the costs of further callers. A take grants the callers in order,
-# first come first served, and stops at the first whose cost is not there (or at once while
-# paused): one run serves a batch of concurrent callers of the key. Returns {callers granted,
-# wait seconds for the first not granted (0 if all were), level, pause remaining} (floats as
-# strings: Lua numbers would be truncated to integers in the reply).
-# The record is computed on the server, so it cannot carry a MAC whose key Redis never sees; instead
-# what is read is held to what the script itself could have written (a level within 0..burst, no
-# update from the future, no pause longer than the API allows), whoever wrote it.
-BUCKET_SCRIPT: Final = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local burst = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local mode = ARGV[4]
-local function num(v, default, lo, hi)
-  local x = tonumber(v)
-  if x == nil or x ~= x then return default end
-  return math.max(lo, math.min(hi, x))
-end
-local h = redis.call('HMGET', KEYS[1], 'level', 'updated', 'paused_until')
-local level = num(h[1], burst, 0, burst)
-local updated = num(h[2], now, 0, now)
-local paused = num(h[3], 0, 0, now + tonumber(ARGV[6]))
-level = math.min(burst, level + (now - updated) * rate)
-if mode == 'pause' then
-  local till = now + tonumber(ARGV[5])
-  if till > paused then paused = till end
-end
-local held = 0
-if paused > now then held = paused - now end
-local granted = 0
-local wait = 0
-local i = 3
-while i <= #ARGV do
-  local cost = tonumber(ARGV[i])
-  wait = held
-  if level < cost then wait = math.max(wait, (cost - level) / rate) end
-  if mode ~= 'take' or wait > 0 then break end
-  level = level - cost
-  granted = granted + 1
-  wait = 0
-  if i == 3 then i = 7 else i = i + 1 end
-end
-redis.call('HSET', KEYS[1], 'level', tostring(level), 'updated', tostring(now),
-           'paused_until', tostring(paused))
-local idle = (burst - level) / rate + math.max(0, paused - now) + 60
-redis.call('PEXPIRE', KEYS[1], math.ceil(idle * 1000))
-return {granted, tostring(wait), tostring(level), tostring(math.max(0, paused - now))}
-"""
-
 _TAKE_ARGS: Final = items(("take", 0.0, MAX_PAUSE))
 
 # Drop the login only if it is still the one with that fingerprint ('' = any).
@@ -114,9 +63,42 @@ return 0
 """
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseAsk:
+    """A holder's lease asked of the shared bucket: `demand` and `least_shared` in permits per
+    period, `holding` the (share per period, burst) it spends now, `leasable` the part of the burst
+    holders may have together."""
+
+    lease: str
+    demand: float
+    seconds: float
+    spare: int = 0
+    holding: tuple[float, int] | None = None
+    release: bool = False
+    leasable: float = 0.5
+    least_shared: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseReply:
+    """What the shared bucket granted: `share` permits per period, `burst`, `initial` permits
+    moved to the holder's bucket now, and a pause remaining (an upstream 429: nothing granted)."""
+
+    share: float
+    burst: int
+    initial: int
+    paused: float
+
+
 def _tag(key: str) -> str:
     """All of a service's keys share a hash tag, so they live on one Redis Cluster slot."""
     return "mcpcreds:{" + key + "}"
+
+
+def _bucket_keys(key: str) -> tuple[str, str]:
+    """The bucket's hash and its leases' (bucket_scripts.py)."""
+    tag = _tag(key)
+    return tag + ":bucket", tag + ":leases"
 
 
 def _bound(kind: str, name: str) -> bytes:
@@ -185,6 +167,7 @@ class RedisState:
         self.refusals = 0  # records and events that failed verification
         self.node = os.urandom(6).hex()  # who published an event
         self._bucket_sha = self.redis.register_script(BUCKET_SCRIPT).sha
+        self._lease = self.redis.register_script(LEASE_SCRIPT)
         self._pipe = Pipe(self.redis.connection_pool.make_connection, timeout)
         self._takes: dict[tuple[str, Rate], bytes] = {}  # _bucket_command's
         self._drop = self.redis.register_script(DROP_SCRIPT)
@@ -290,15 +273,26 @@ class RedisState:
         pause, the longest pause and the further costs. What a key's takes share (all but the
         costs) is packed once per key and rate (the script's SHA1 is that of a constant)."""
         if mode != "take" or pause != 0.0:
-            return pack(("EVALSHA", self._bucket_sha, 1, _tag(key) + ":bucket", rate.burst, rate.per_second,
+            return pack(("EVALSHA", self._bucket_sha, 2, *_bucket_keys(key), rate.burst, rate.per_second,
                          costs[0], mode, pause, MAX_PAUSE, *costs[1:]))
         head = self._takes.get((key, rate))
         if head is None:
             if len(self._takes) >= MAX_PACKED_TAKES:
                 self._takes.clear()
             head = self._takes[(key, rate)] = items(
-                ("EVALSHA", self._bucket_sha, 1, _tag(key) + ":bucket", rate.burst, rate.per_second))
-        return b"*%d\r\n%b%b%b%b" % (9 + len(costs), head, items(costs[:1]), _TAKE_ARGS, items(costs[1:]))
+                ("EVALSHA", self._bucket_sha, 2, *_bucket_keys(key), rate.burst, rate.per_second))
+        return b"*%d\r\n%b%b%b%b" % (10 + len(costs), head, items(costs[:1]), _TAKE_ARGS, items(costs[1:]))
+
+    async def lease(self, key: str, rate: Rate, ask: LeaseAsk) -> LeaseReply:
+        """One run of the lease script (bucket_scripts.py) for a holder's grant or its release."""
+        holding = ask.holding if ask.holding is not None else (-1.0, -1)
+        reply = await self.call("lease", self._lease(keys=list(_bucket_keys(key)), args=[
+            rate.burst, repr(rate.per_second), ask.lease, repr(ask.demand / rate.per), repr(ask.seconds),
+            ask.spare,
+            repr(holding[0] / rate.per if holding[0] >= 0 else -1.0), holding[1], 1 if ask.release else 0,
+            repr(ask.leasable), repr(ask.least_shared / rate.per)]))
+        share, burst, initial, paused = reply
+        return LeaseReply(float(share) * rate.per, int(burst), int(initial), float(paused))
 
     # -- logins
 

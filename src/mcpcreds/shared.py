@@ -20,7 +20,7 @@ from .grants import GrantStore, MemoryGrants, RedisGrants
 from .logs import get_logger
 from .oauth import Token, refresh_at, usable_until
 from .rates import Rate
-from .redis_state import MAX_BATCH, RedisState
+from .redis_state import MAX_BATCH, LeaseAsk, LeaseReply, RedisState
 from .sources import SecretResolver
 
 LOCK_LEASE_EXTRA: Final = 5.0
@@ -266,12 +266,9 @@ class SharedLimiter:
         return {"granted": counts[0] if counts else 0, "waiting": len(queue.pending) if queue else 0,
                 "paused_until": None}
 
-    async def take_for_lease(self, key: str, rate: Rate, costs: list[int]) -> tuple[int, float, float]:
-        """Buy a prepaid lease's permits (and its holder's first ones) from the shared bucket now,
-        ahead of the queue, without waiting: how many of `costs` were taken, in order; the level
-        left and the pause remaining."""
-        granted, _, level, paused = await self.state.take_batch(key, rate, costs)
-        return granted, level, paused
+    async def lease(self, key: str, rate: Rate, ask: LeaseAsk) -> LeaseReply:
+        """A holder's lease of the shared bucket, or its release (bucket_scripts.py)."""
+        return await self.state.lease(key, rate, ask)
 
     async def apause(self, key: str, rate: Rate, seconds: float) -> float | None:
         _, _, _, paused = await self.state.bucket(key, rate, 1, "pause", seconds)
