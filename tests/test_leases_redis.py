@@ -6,11 +6,14 @@ through about twice that)."""
 
 from __future__ import annotations
 
+import json
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import pytest
 
+from mcpcreds import Client
 from tests.peers.redis_peer import RedisPeer
 from tests.peers.upstream import one_of, start_upstream
 from tests.redis_sidecar import start_on_state
@@ -18,6 +21,7 @@ from tests.test_leases_e2e import run_workers
 from tests.test_rates_e2e import overfull_windows
 
 TOKEN = "redis-lease-token-0123456789"
+BOUND = 10.0  # seconds: a bound for what comes at once, never reached unless broken
 BODY = """
 [services.api]
 endpoint = "{url}/mcp"
@@ -65,3 +69,19 @@ def test_eight_processes_on_two_sidecars_on_100_per_second_for_10_s(tmp_path: Pa
         print(f"\n2 sidecars x 4 processes, 100/1s on Redis: {len(grants)} requests in {span:.2f} s, bound "
               f"{100 + 100 * span:.0f}: use {len(grants) / (100 + 100 * span):.1%}; leased "
               f"{sum(r['leased'] for r in reports)}; per process {[len(r['grants']) for r in reports]}")
+
+
+def test_a_pause_on_one_sidecar_reaches_the_lease_holders_of_another_at_once(tmp_path: Path, redis: RedisPeer) -> None:
+    """An upstream 429 reported to sidecar A pauses the bucket in Redis; sidecar B's lease holders
+    hear it on their event stream then (Redis pub/sub), not at their next renewal, and stop."""
+    with ExitStack() as stack:
+        a, b = (start_on_state(stack, tmp_path / f"sidecar{i}", redis.url,
+                               BODY.format(url="http://127.0.0.1:9", leases=""), {"TOKEN": TOKEN}) for i in range(2))
+        transport = httpx.HTTPTransport(uds=str(b.socket))
+        with httpx.Client(transport=transport, base_url="http://mcpcreds", timeout=BOUND) as http, \
+                http.stream("GET", "/v1/events") as events, Client(a.socket) as client_a:
+            lines = events.iter_lines()
+            assert json.loads(next(lines))["kind"] == "hello"
+            client_a.backoff("b", 30.0)
+            event = json.loads(next(lines))  # the read times out (BOUND) if it never comes
+            assert event["kind"] == "pause" and event["key"] == "service:api" and 29.0 <= event["seconds"] <= 30.0

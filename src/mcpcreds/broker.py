@@ -37,6 +37,7 @@ from .logs import get_logger
 from .metrics import Labels, Metrics
 from .oauth import Token, build_token_request, send_token_request
 from .rates import Rate
+from .redis_state import MAX_PAUSE
 from .refresh import refresh_login
 from .secret import REDACTOR
 from .shared import SharedLimiter, build_state
@@ -178,7 +179,8 @@ class Broker:
         self.sharing.start(self._on_event)
 
     def _on_event(self, event: dict[str, Any]) -> None:
-        """Another sidecar changed a login: stop serving our local copy of the old one."""
+        """Another sidecar changed a login (stop serving our local copy of the old one) or paused a
+        bucket after an upstream 429 (tell our lease holders)."""
         key, fp = str(event.get("key")), event.get("fingerprint")
         kind = event.get("kind")
         if kind == "login":
@@ -189,6 +191,11 @@ class Broker:
                 self.events.publish("login", key, fingerprint=fp if isinstance(fp, str) else None)
                 _log.info("login dropped by another sidecar", extra={"key": key, "fingerprint": fp})
             self.sharing.notify(key)
+        elif kind == "pause":  # a lease holder of ours must stop now, not at its next renewal
+            seconds = event.get("seconds")
+            if isinstance(seconds, int | float) and not isinstance(seconds, bool) \
+                    and 0 <= seconds <= MAX_PAUSE and key in self.config.rates:
+                self.events.publish("pause", key, seconds=round(float(seconds), 3))
         elif kind == "invalidate" and self.logins.invalidate(key, fp if isinstance(fp, str) else None):
             self._drop_cached({key})
             self.events.publish("invalidate", key, fingerprint=fp if isinstance(fp, str) else None)
@@ -450,7 +457,11 @@ class Broker:
             seconds = self._grant_pause(target.key, seconds)
         until = await self.limiter.apause(target.key, self.rate_of(target), seconds)
         if until is not None:
-            self.events.publish("pause", target.key, seconds=round(max(0.0, until - self.clock.time()), 3))
+            left = round(max(0.0, until - self.clock.time()), 3)
+            self.events.publish("pause", target.key, seconds=left)
+            if isinstance(self.limiter, SharedLimiter):  # the other sidecars' lease holders too
+                with contextlib.suppress(McpcredsError):
+                    await self.limiter.state.publish("pause", target.key, seconds=left)
         if actor is not None and seconds > 0 and until is not None:
             previous = self._paused_by.get(target.key)
             if previous is None or until > previous[0] + 0.001:
