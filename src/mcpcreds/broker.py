@@ -195,6 +195,8 @@ class Broker:
             seconds = event.get("seconds")
             if isinstance(seconds, int | float) and not isinstance(seconds, bool) \
                     and 0 <= seconds <= MAX_PAUSE and key in self.config.rates:
+                if isinstance(self.limiter, SharedLimiter):
+                    self.limiter.reserves.drop(key)
                 self.events.publish("pause", key, seconds=round(float(seconds), 3))
         elif kind == "invalidate" and self.logins.invalidate(key, fp if isinstance(fp, str) else None):
             self._drop_cached({key})

@@ -21,6 +21,7 @@ from .logs import get_logger
 from .oauth import Token, refresh_at, usable_until
 from .rates import Rate
 from .redis_state import MAX_BATCH, LeaseAsk, LeaseReply, RedisState
+from .reserve import Reserves
 from .sources import SecretResolver
 
 LOCK_LEASE_EXTRA: Final = 5.0
@@ -75,9 +76,20 @@ class SharedLimiter:
         self._queues: dict[str, _Queue] = {}
         self._counts: dict[str, list[int]] = {}  # key -> [granted permits, refused requests]
         self._pumps: set[asyncio.Task[None]] = set()
+        self.reserves = Reserves(clock, self.lease)  # this sidecar's own leases of busy keys
 
     def try_acquire(self, key: str, rate: Rate, cost: int = 1) -> bool:
-        return False  # every grant is a round trip to the shared state
+        """Permits from this sidecar's own lease of `key`, if it holds them (no round trip);
+        else the caller goes on to `acquire`."""
+        queue = self._queues.get(key)
+        if not self.reserves.take(key, rate, cost, queue is not None and (queue.busy or bool(queue.pending)),
+                                  count=False):
+            return False
+        counts = self._counts.get(key)
+        if counts is None:
+            counts = self._counts[key] = [0, 0]
+        counts[0] += cost
+        return True
 
     def _local_rate(self, rate: Rate) -> Rate:
         return Rate(max(1, int(rate.burst * self.local_share)), rate.per)
@@ -92,6 +104,9 @@ class SharedLimiter:
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = _Queue()
+        if self.reserves.take(key, rate, cost, queue.busy or bool(queue.pending)):
+            counts[0] += cost
+            return 0.0
         if queue.busy or queue.pending:
             waiter = _Waiter(cost, rate, start + max_wait, max_wait)
             queue.pending.append(waiter)  # behind the callers of ours already asking
@@ -127,7 +142,7 @@ class SharedLimiter:
             waiter = _Waiter(cost, rate, start + max_wait, max_wait)
             queue.pending.appendleft(waiter)  # refused for now: first in the queue, which waits
             self._arm(key, queue, waiter)
-            self._resume(key, queue, wait)
+            self._resume(key, queue, min(wait, self.reserves.wait(key, cost)))
         try:
             local = not await waiter.future
         except RateLimited:
@@ -182,6 +197,9 @@ class SharedLimiter:
                 await asyncio.sleep(delay)
             while queue.pending:
                 queue.blocked = False
+                self._serve_from_reserve(key, queue)
+                if not queue.pending:
+                    break
                 batch = [queue.pending.popleft() for _ in range(min(len(queue.pending), MAX_BATCH))]
                 for waiter in batch:
                     waiter.sent = True
@@ -198,6 +216,8 @@ class SharedLimiter:
                     self._settle(waiter, True)
                 refused, batch = batch[granted:], []
                 head_wait = self._requeue(key, queue, refused, level, paused)
+                if head_wait > 0 and queue.pending:  # the sidecar's own lease may refill sooner
+                    head_wait = min(head_wait, self.reserves.wait(key, queue.pending[0].cost))
                 if head_wait > 0:
                     queue.blocked = True
                     await asyncio.sleep(head_wait)
@@ -210,6 +230,13 @@ class SharedLimiter:
             _log.exception("shared bucket queue failed", extra={"key": key})
         finally:
             queue.busy = queue.blocked = False
+
+    def _serve_from_reserve(self, key: str, queue: _Queue) -> None:
+        """Settle the callers at the head of the queue that this sidecar's own lease has permits for."""
+        while queue.pending and self.reserves.take(key, queue.pending[0].rate, queue.pending[0].cost):
+            waiter = queue.pending.popleft()
+            waiter.sent = True
+            self._settle(waiter, True)
 
     def _requeue(self, key: str, queue: _Queue, refused: list[_Waiter], level: float, paused: float) -> float:
         """Put the refused callers back at the head, in order, refusing at once each one whose
@@ -271,6 +298,7 @@ class SharedLimiter:
         return await self.state.lease(key, rate, ask)
 
     async def apause(self, key: str, rate: Rate, seconds: float) -> float | None:
+        self.reserves.drop(key)
         _, _, _, paused = await self.state.bucket(key, rate, 1, "pause", seconds)
         return time.time() + paused if paused > 0 else None
 
@@ -288,7 +316,8 @@ class SharedLimiter:
         return rows
 
     def reconfigure(self, rates: dict[str, Rate]) -> None:
-        """Buckets live in the shared state; a changed rate applies at the next take."""
+        """Buckets live in the shared state; a changed rate applies at the next take (and a lease
+        of this sidecar's on the old rate is given back there)."""
 
     def close(self) -> None:
         if self.degrade is not None:

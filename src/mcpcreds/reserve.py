@@ -1,0 +1,180 @@
+"""A sidecar's own lease of a busy key's bucket in the shared state, for its callers without a
+lease.
+
+A key this sidecar grants often (`RESERVE_AFTER` calls within `RESERVE_WINDOW`) gets a lease
+held by the sidecar itself, as a library client holds one: the bucket in Redis keeps its share
+and burst aside (bucket_scripts.py), so the limit holds exactly across every sidecar, and a
+permit it holds is a local take instead of a round trip to Redis. It is renewed in the
+background at half its length, asking for twice what was used (all of the rate at first); one
+not used since its last renewal is given back. A pause drops it at once. While Redis is
+unreachable it is spent until its end, like a client's, and not renewed: after that, callers get
+the shared state's error again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+from .buckets import TokenBucket
+from .clock import Clock
+from .errors import McpcredsError
+from .leases import MIN_SHARED_DEMAND, SHARED_BURST_FLOOR, lease_seconds
+from .logs import get_logger
+from .rates import MAX_SECONDS, Rate
+from .redis_state import LeaseAsk, LeaseReply
+
+RESERVE_AFTER: Final = 16  # calls of a key within RESERVE_WINDOW before the sidecar leases for them
+RESERVE_WINDOW: Final = 1.0
+DEMAND_HEADROOM: Final = 2.0
+RETRY_AFTER_FAILURE: Final = 1.0
+SHARE_MARGIN: Final = 1e-9  # the local bucket refills a hair slower than granted (float rounding)
+_log = get_logger("reserve")
+
+LeaseCall = Callable[[str, Rate, LeaseAsk], Awaitable[LeaseReply]]
+
+
+@dataclass(eq=False, slots=True)
+class _Reserve:
+    lease: str
+    rate: Rate
+    since: float  # monotonic: the start of the use measured for the next demand
+    bucket: TokenBucket | None = None
+    terms: tuple[float, int] | None = None  # (share per period, burst) last granted
+    until: float = 0.0  # monotonic: its end, counted from when the request was sent
+    renew_at: float = 0.0
+    used: int = 0
+    renewing: bool = False
+
+
+class Reserves:
+    """The sidecar's own leases, per key (see the module's docstring)."""
+
+    def __init__(self, clock: Clock, lease: LeaseCall) -> None:
+        self.clock = clock
+        self._lease = lease
+        self._reserves: dict[str, _Reserve] = {}
+        self._calls: dict[str, tuple[float, int]] = {}  # key -> (window start, calls in it)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def take(self, key: str, rate: Rate, cost: int, queued: bool = False, count: bool = True) -> bool:
+        """Take `cost` permits from this sidecar's lease of `key` if it holds them now (the hot
+        path; not while `queued`: callers are waiting for the key, and nobody jumps the queue);
+        `count`s the call towards a lease where there is none."""
+        now = self.clock.monotonic()
+        reserve = self._reserves.get(key)
+        if reserve is None:
+            if count:
+                self._count(key, rate, now)
+            return False
+        if queued:
+            return False
+        if reserve.rate != rate:  # the rate changed on a reload: a lease on the new one
+            self.drop(key)
+            return False
+        if now >= reserve.renew_at and not reserve.renewing:
+            self._renew(key, reserve)
+        bucket = reserve.bucket
+        if bucket is None or now >= reserve.until or cost > bucket.capacity:
+            return False
+        if bucket.try_take(cost, now) > 0.0:
+            return False
+        reserve.used += cost
+        return True
+
+    def wait(self, key: str, cost: int) -> float:
+        """Seconds until this sidecar's lease of `key` holds `cost` permits (inf: it never will)."""
+        reserve = self._reserves.get(key)
+        if reserve is None or reserve.bucket is None or cost > reserve.bucket.capacity:
+            return math.inf
+        now = self.clock.monotonic()
+        wait = reserve.bucket.wait_time(cost, now)
+        return wait if now + wait < reserve.until else math.inf
+
+    def held(self, key: str) -> tuple[float, int] | None:
+        """The share and burst this sidecar leases for its callers of `key` (for the status)."""
+        reserve = self._reserves.get(key)
+        if reserve is None or reserve.bucket is None or self.clock.monotonic() >= reserve.until:
+            return None
+        return reserve.terms
+
+    def drop(self, key: str) -> None:
+        """Stop spending the lease of `key` now (a pause, a new rate) and give it back."""
+        reserve = self._reserves.pop(key, None)
+        if reserve is not None and reserve.terms is not None:
+            self._spawn(self._release(key, reserve))
+
+    def drop_all(self) -> None:
+        for key in list(self._reserves):
+            self.drop(key)
+
+    def _count(self, key: str, rate: Rate, now: float) -> None:
+        start, calls = self._calls.get(key, (now, 0))
+        if now - start > RESERVE_WINDOW:
+            start, calls = now, 0
+        if calls + 1 < RESERVE_AFTER:
+            self._calls[key] = (start, calls + 1)
+            return
+        self._calls.pop(key, None)
+        reserve = self._reserves[key] = _Reserve(secrets.token_urlsafe(12), rate, now)
+        self._renew(key, reserve)
+
+    def _renew(self, key: str, reserve: _Reserve) -> None:
+        reserve.renewing = True
+        self._spawn(self._obtain(key, reserve))
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _release(self, key: str, reserve: _Reserve) -> None:
+        with contextlib.suppress(McpcredsError):  # the shared state is away: it lapses there instead
+            await self._lease(key, reserve.rate, LeaseAsk(reserve.lease, 0.0, 0.001, release=True))
+
+    async def _obtain(self, key: str, reserve: _Reserve) -> None:
+        rate = reserve.rate
+        sent = self.clock.monotonic()
+        elapsed = sent - reserve.since
+        try:
+            if reserve.terms is not None and reserve.used == 0:  # not used since the last renewal
+                if self._reserves.get(key) is reserve:
+                    del self._reserves[key]
+                await self._release(key, reserve)
+                return
+            demand = float(rate.burst) if reserve.terms is None or elapsed <= 0 \
+                else max(1.0, reserve.used / elapsed * rate.per * DEMAND_HEADROOM)
+            live = reserve.bucket is not None and sent < reserve.until
+            spare = int(reserve.bucket.level(sent)) if live and reserve.bucket is not None else 0
+            seconds = lease_seconds(rate)
+            ask = LeaseAsk(reserve.lease, min(demand, float(rate.burst)), seconds, spare,
+                           reserve.terms if live else None, leasable=1 - SHARED_BURST_FLOOR,
+                           least_shared=MIN_SHARED_DEMAND)
+            reply = await self._lease(key, rate, ask)
+        except McpcredsError as exc:  # kept until its end; asked again a moment later
+            reserve.renew_at = self.clock.monotonic() + RETRY_AFTER_FAILURE
+            _log.debug("the sidecar's lease was not renewed", extra={"key": key, "error": exc.code})
+            return
+        finally:
+            reserve.renewing = False
+        if self._reserves.get(key) is not reserve:  # dropped meanwhile (a pause, a reload)
+            await self._release(key, reserve)
+            return
+        reserve.used, reserve.since = 0, sent
+        reserve.renew_at = sent + seconds / 2
+        period = rate.per * reply.burst / reply.share if reply.share > 0 else math.inf
+        if reply.paused > 0.0 or reply.burst < 1 or period > MAX_SECONDS:
+            reserve.bucket, reserve.terms, reserve.until = None, (0.0, 0), sent
+            return
+        now = self.clock.monotonic()
+        bucket = TokenBucket(Rate(reply.burst, period * (1 + SHARE_MARGIN)), now)
+        # it starts with the permits moved to it and those the old bucket has left (taken
+        # from the shared bucket already: spent under the new terms, not lost)
+        carried = int(reserve.bucket.level(now)) if live and reserve.bucket is not None else 0
+        bucket.take(reply.burst - min(reply.initial + carried, reply.burst), now)
+        reserve.bucket, reserve.terms, reserve.until = bucket, (reply.share, reply.burst), sent + seconds
