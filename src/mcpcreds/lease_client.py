@@ -13,9 +13,11 @@ A refusal (`leases = false`, a signed server, a shared state) turns leasing off 
 a share of 0 ("not now") is asked again half a lease later. Every failure falls back to the
 per-request `call`.
 
-The sync `Client` does not lease: `AsyncLimiter` is bound to an event loop (it reads
-`loop.time()` and wakes waiters with loop futures) and is not thread-safe, so a sync driver would
-need a bucket and an event-stream thread of its own; its requests take the per-request path.
+The sync `Client` leases through lease_sync.py: `AsyncLimiter` is bound to an event loop (it
+reads `loop.time()` and wakes waiters with loop futures) and is not thread-safe, so the sync
+holder spends its share through a `buckets.TokenBucket` under a lock and reads the event stream
+on a thread of its own. The rules both follow (what an event means, when to renew now, what
+demand to ask for) are the pure functions here.
 """
 
 from __future__ import annotations
@@ -64,6 +66,20 @@ def renew_now(event: dict[str, Any], key: str | None, lease: str | None, disable
     """A `lease` event for the key of the lease we hold: renew it now."""
     return event.get("kind") == "lease" and key is not None and event.get("key") == key \
         and lease is not None and not disabled
+
+
+def lease_demand(has_share: bool, saturated: bool, now: float, since: float, min_window: float,
+                 asked: float | None, used: int, per: float) -> float | None:
+    """Permits per period a renewal asks for: None (as many as the sidecar gives) without a share
+    or when the share was what held requests back (`saturated`); the last demand (`asked`) again
+    when less than `min_window` has passed since the use was last measured (`since`: an early
+    renewal, a nudge or a shrink, measures nothing); else twice the `used` permits' rate.
+    Shared by the async and the sync lease holders."""
+    if not has_share or saturated or now <= since:
+        return None
+    if now - since < min_window:
+        return asked
+    return max(1.0, used / (now - since) * per * DEMAND_HEADROOM)
 
 
 def available(limiter: AsyncLimiter) -> int:
@@ -235,11 +251,8 @@ class AsyncLeaser:
     def _demand(self, now: float, per: float) -> float | None:
         """Permits per period to ask for: None (as many as the sidecar gives) without a share or
         when the share was what held requests back; else twice what was used."""
-        if self.limiter is None or self.saturated or now <= self.since:
-            return None
-        if now - self.since < self.min_window:  # an early renewal (a nudge, a shrink): as before
-            return self.asked
-        return max(1.0, self.used / (now - self.since) * per * DEMAND_HEADROOM)
+        return lease_demand(self.limiter is not None, self.saturated, now, self.since, self.min_window,
+                            self.asked, self.used, per)
 
     async def _obtain(self) -> bool:
         try:

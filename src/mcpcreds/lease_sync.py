@@ -4,7 +4,11 @@
 `loop.time()` and wakes its waiters with that loop's futures) and is not thread-safe, while a sync
 `Client` is used from any thread, with no loop. The share is spent here through the sidecar's own
 pure `buckets.TokenBucket` under a lock, the event stream is read by a daemon thread on a blocking
-socket, and renewals run on a short-lived thread, so no request waits for one.
+socket, and leases (the first one too) are obtained on a short-lived thread while requests go per
+request, so no request waits for one. A request waiting for its share is woken when the terms or
+the headers change (a `threading.Condition` on the lock), as the async holder's `changed` future
+does. Otherwise the rules are the async holder's, line for line, and the pure ones are shared
+(lease_client.py: `event_effect`, `renew_now`, `lease_demand`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from .lease_client import (
     TRIGGER_CALLS,
     TRIGGER_SECONDS,
     event_effect,
+    lease_demand,
     renew_now,
 )
 from .rates import Rate
@@ -98,22 +103,24 @@ class SyncLeaser:
         self.name = name
         self.clock = clock
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)  # notified when terms or headers change
         self.recent: deque[float] = deque(maxlen=TRIGGER_CALLS)
-        self.disabled = False
-        self.retry_at = 0.0
-        self.answer: dict[str, Any] | None = None
+        self.disabled = False  # the sidecar refused leases for this server, or closed
+        self.retry_at = 0.0  # no lease asked for before this (monotonic)
+        self.answer: dict[str, Any] | None = None  # headers and fingerprint, while usable
         self.key: str | None = None
         self.lease: str | None = None
         self.terms: tuple[float, int] = (0.0, 0)
-        self.terms_per = 1.0
+        self.terms_per = 1.0  # the period of the rate, from the last lease
         self.bucket: TokenBucket | None = None
         self.deadline = 0.0
         self.renew_at = 0.0
         self.used = 0
         self.since = 0.0
-        self.saturated = False
-        self.served = 0
-        self.generation = 0
+        self.saturated = False  # a request waited for the share since the last lease
+        self.asked_all = True  # the last lease asked for all it could get (no demand named)
+        self.served = 0  # requests served from the lease
+        self.generation = 0  # bumped whenever what is leased is dropped
         self.subscriber: str | None = None
         self.stream: SyncEventStream | None = None
         self.obtaining: threading.Event | None = None  # set when the obtain under way ends
@@ -127,128 +134,146 @@ class SyncLeaser:
 
     def take(self, cost: int) -> dict[str, Any] | None:
         """Leased headers with `cost` permits spent in-process, or None: ask per request."""
-        while True:
-            with self.lock:
+        with self.lock:
+            while True:
                 now = self.clock()
                 bucket, answer = self.bucket, self.answer
                 live = answer is not None and now < self.deadline
-                if live and bucket is not None and cost <= self.terms[1]:
-                    if now >= self.renew_at and self.obtaining is None:
-                        self._start_obtaining()
-                    wait = bucket.wait_time(cost, now)
-                    if wait == 0.0:
-                        bucket.take(cost, now)
-                        self.used += cost
-                        self.served += 1
-                        return answer
-                    self.saturated = True
-                    wait = min(wait, self.deadline - now)
-                    waiter = None
-                else:
-                    if self.disabled or now < self.retry_at or live:
-                        return None  # (a live lease whose burst is less than `cost`: per request)
-                    self.recent.append(now)
-                    often = len(self.recent) == TRIGGER_CALLS and now - self.recent[0] <= TRIGGER_SECONDS
-                    if self.lease is None and not often:
-                        return None
-                    waiter = self.obtaining or self._start_obtaining()
-            if waiter is None:
-                time.sleep(wait)  # the share refills; then look again (the lease may have changed)
-                continue
-            waiter.wait(self.client.timeout + 1.0)
-            with self.lock:
-                if self.answer is None or self.bucket is None or self.clock() >= self.deadline:
-                    return None
+                if not (live and bucket is not None and cost <= self.terms[1]):
+                    break
+                if now >= self.renew_at and self.obtaining is None:
+                    self._start_obtaining()
+                wait = bucket.wait_time(cost, now)
+                if wait == 0.0:
+                    bucket.take(cost, now)
+                    self.used += cost
+                    self.served += 1
+                    return answer
+                # the share has no room now: wait for it, unless the lease changes first (new
+                # terms, dropped headers), then take anew from what replaced it. A share smaller
+                # than what is used is asked to grow at once (the renewal asks for all it can get)
+                self.saturated = True
+                if not self.asked_all and self.obtaining is None:
+                    self._start_obtaining()
+                self.changed.wait(min(wait, self.deadline - now))
+            if self.disabled or now < self.retry_at or live:
+                return None  # (a live lease whose burst is less than `cost`: per request)
+            self.recent.append(now)
+            often = len(self.recent) == TRIGGER_CALLS and now - self.recent[0] <= TRIGGER_SECONDS
+            if self.lease is None and not often:
+                return None
+            if self.obtaining is None:
+                self._start_obtaining()
+            return None  # per request until the lease is there (buying it may wait for permits)
+
+    def _changed(self) -> None:
+        """Wake the requests waiting for the old terms or headers (the lock is held)."""
+        self.changed.notify_all()
 
     # -- leasing
 
     def _start_obtaining(self) -> threading.Event:
+        """Obtain a lease on a thread (the lock is held); the event is set when it is done."""
         done = self.obtaining = threading.Event()
         threading.Thread(target=self._obtain, args=(done,), name="mcpcreds-lease", daemon=True).start()
         return done
 
     def _obtain(self, done: threading.Event) -> None:
         try:
-            self._obtain_once()
-            for _ in range(3):  # a shrunk share: say at once that we spend the smaller one; or told
-                with self.lock:  # to renew while this renewal was under way
-                    again, self.nudged = (self.shrunk or self.nudged) and not self.disabled, False
-                if not again:
-                    break
-                self._obtain_once()
+            while True:
+                ok = self._obtain_once()
+                with self.lock:
+                    # say at once that we spend a smaller share, or renew as told meanwhile
+                    again = (self.nudged or (ok and self.shrunk)) and not self.disabled
+                    self.nudged = False
+                    if not again:  # (in the same hold of the lock as the check: no nudge is lost)
+                        if self.obtaining is done:
+                            self.obtaining = None
+                        break
         finally:
             with self.lock:
                 if self.obtaining is done:
                     self.obtaining = None
             done.set()
 
-    def _obtain_once(self) -> None:
+    def _obtain_once(self) -> bool:
+        """Ask for a lease or its renewal and apply the answer: True when leased headers came."""
         try:
-            if self.subscriber is None:
-                self._listen()
+            if self.subscriber is None and not self._listen():
+                return False
             with self.lock:
+                if self.disabled:
+                    return False
                 sent = self.clock()
-                early = sent - self.since < self.min_window  # a nudge, a shrink: as before
-                demand = None if self.bucket is None or self.saturated or sent <= self.since else \
-                    self.asked if early else max(1.0, self.used / (sent - self.since) * self.terms_per * 2.0)
-                self.asked = demand
+                demand = lease_demand(self.bucket is not None, self.saturated, sent, self.since,
+                                      self.min_window, self.asked, self.used, self.terms_per)
+                self.asked_all, self.asked = demand is None, demand
                 holding = self.terms if self.bucket is not None else None
-                lease, subscriber = self.lease, self.subscriber
-                call = Calls.lease(self.name, lease, subscriber, demand, holding)
+                call = Calls.lease(self.name, self.lease, self.subscriber, demand, holding)
                 if self.bucket is not None and sent < self.lease_end and call.body is not None:
-                    call.body["spare"] = int(self.bucket.level(sent))  # bought, live: topped up
+                    # what our bucket has left, bought under a lease still live: topped up to the burst
+                    call.body["spare"] = int(self.bucket.level(sent))
             got = self.client.run(call)
         except LeasesRefused:
             with self.lock:
                 self.disabled = True
                 self._drop()
-            return
+            return False
         except RateLimited as exc:
             with self.lock:
                 self.retry_at = self.clock() + min(exc.retry_after, 60.0)
                 self._drop()
-            return
+            return False
         except (McpcredsError, OSError, ValueError):
             with self.lock:
                 self.retry_at = self.renew_at = self.clock() + RETRY_AFTER_FAILURE
-            return
+            return False
         with self.lock:
-            self._apply(got, sent)
+            return self._apply(got, sent)
 
-    def _apply(self, got: dict[str, Any], sent: float) -> None:
+    def _apply(self, got: dict[str, Any], sent: float) -> bool:
+        if self.disabled:  # closed while the answer was on its way: nothing of it is used
+            return False
         share, burst, per = float(got["share"]), int(got["burst"]), float(got["per"])
         seconds, initial = float(got["lease_seconds"]), int(got["initial"])
         self.lease, self.key, self.terms_per = str(got["lease"]), str(got["key"]), per
         if sent - self.since >= self.min_window:  # the use was measured: a new window from now
             self.used, self.since = 0, sent
-        self.saturated, self.shrunk, self.min_window = False, False, seconds / 4
-        if burst < 1 or share <= 0.0:
+        self.saturated, self.min_window = False, seconds / 4
+        if burst < 1 or share <= 0.0:  # not now: per request, and ask again half a lease later
             self.terms, self.bucket, self.answer = (0.0, 0), None, None
+            self._changed()
             self.retry_at = sent + seconds / 2
             self.recent.clear()
-            return
+            return False
         shrunk = self.shrunk = self.bucket is not None and share < self.terms[0]
         # a bucket kept past its lease's end refilled meanwhile with nothing bought: not carried
         live = self.bucket is not None and sent < self.lease_end
         if (share, burst) != self.terms or not live or initial > 0:
             now = self.clock()
             bucket = TokenBucket(Rate(burst, per * burst / share), now)
-            # what the sidecar moved to it and what the old one had left (taken from the shared bucket)
+            # it starts with the permits the sidecar moved to it and those the old one had left
+            # (already taken from the shared bucket: spent under the new terms, not lost)
             carried = int(self.bucket.level(now)) if live and self.bucket is not None else 0
             bucket.take(burst - min(max(0, initial) + carried, burst), now)
             self.bucket, self.terms = bucket, (share, burst)
-        if self.subscriber is None:
-            return
+            self._changed()
+        if self.subscriber is None:  # the stream ended meanwhile: nothing leased is usable
+            return False
         self.answer = {"headers": got["headers"], "fingerprint": got.get("fingerprint")}
+        # a smaller share: say so at once (the next renewal holds it), so the sidecar stops keeping
+        # the larger one aside for us
         self.lease_end = sent + seconds
         self.deadline, self.renew_at = sent + seconds, sent if shrunk else sent + seconds / 2
         expires_at = got.get("expires_at")
-        if isinstance(expires_at, int | float):
-            left = expires_at - (float(got["lease_until"]) - seconds)
+        if isinstance(expires_at, int | float):  # never past the login's expiry, as without a lease
+            left = expires_at - (float(got["lease_until"]) - seconds)  # from the sidecar's now
             self.deadline = min(self.deadline, sent + left)
             self.renew_at = min(self.renew_at, sent + left / 2)
+        return True
 
-    def _listen(self) -> None:
+    def _listen(self) -> bool:
+        """Open the event stream and start its reader: False when closed meanwhile."""
         head = "".join(f"{k}: {v}\r\n" for k, v in self.client._headers.items()).encode("latin-1")
         stream = SyncEventStream(str(self.client.socket_path), self.client.sidecar_uid, head)
         try:
@@ -257,8 +282,12 @@ class SyncLeaser:
             stream.close()
             raise
         with self.lock:
+            if self.disabled:  # closed while it opened: no stream (nor reader) is left behind
+                stream.close()
+                return False
             self.stream, self.subscriber = stream, subscriber
         threading.Thread(target=self._read, args=(stream,), name="mcpcreds-events", daemon=True).start()
+        return True
 
     def _read(self, stream: SyncEventStream) -> None:
         try:
@@ -269,18 +298,20 @@ class SyncLeaser:
         finally:
             stream.close()
             with self.lock:
-                if self.stream is stream:
+                if self.stream is stream:  # the sidecar is gone, or cut us off: drop everything
                     self.stream, self.subscriber, self.lease = None, None, None
                     self.terms, self.bucket = (0.0, 0), None
                     self._drop()
 
     def on_event(self, event: dict[str, Any]) -> None:
+        """Drop the leased headers when the sidecar says they may no longer be used; renew at once
+        when it says so (a `lease` event: fairness has changed our share)."""
         with self.lock:
-            if renew_now(event, self.key, self.lease, self.disabled):  # fairness changed our share
+            if renew_now(event, self.key, self.lease, self.disabled):
                 self.retry_at = 0.0
                 if self.obtaining is None:
                     self._start_obtaining()
-                else:
+                else:  # the renewal under way may have been answered before the sidecar said so
                     self.nudged = True
                 return
             drop, pause = event_effect(event, self.key, self.answer)
@@ -290,6 +321,7 @@ class SyncLeaser:
                 self._drop()
 
     def drop(self) -> None:
+        """Stop using the leased headers now; the share (if any) stays until renewed."""
         with self.lock:
             self._drop()
 
@@ -297,11 +329,16 @@ class SyncLeaser:
         self.answer = None
         self.deadline = 0.0
         self.generation += 1
+        self._changed()
 
     def close(self) -> None:
+        """Give everything up: closing the stream hands the shares back at once; a lease still on
+        its way is not used (nor is a stream opened for it)."""
         with self.lock:
             self.disabled = True
             self._drop()
             stream, self.stream = self.stream, None
+            self.subscriber, self.lease = None, None
+            self.terms, self.bucket = (0.0, 0), None
         if stream is not None:
             stream.close()
