@@ -79,6 +79,17 @@ async def test_a_key_called_often_is_leased_and_its_permits_are_taken_locally() 
     assert reserves.held(KEY) == (99.0, 49)
 
 
+async def test_the_sidecars_lease_is_short_whatever_the_period() -> None:
+    """A sidecar that dies holding its lease keeps its share aside in Redis for 2 s at most (a
+    client's lease on 100 a minute lasts 60 s)."""
+    clock, lease = FakeClock(), ScriptedLease(LeaseReply(99.0, 49, 49, 0.0))
+    reserves = Reserves(clock, lease)
+    for _ in range(RESERVE_AFTER):
+        reserves.take(KEY, Rate(100, 60.0), 1)
+    await settle()
+    assert lease.asks[0].seconds == 2.0
+
+
 async def test_calls_spread_out_do_not_lease() -> None:
     clock, lease = FakeClock(), ScriptedLease()
     reserves = Reserves(clock, lease)
@@ -203,6 +214,10 @@ async def test_two_sidecars_leasing_for_their_callers_grant_exactly_the_burst(re
         total = RESERVE_AFTER + served + await grants_until_refused(second, HOUR) \
             + await grants_until_refused(first, HOUR)
         assert total == 100
+        assert await state.redis.hlen("mcpcreds:{svc:api}:leases") >= 1
+        await first.aclose()  # the sidecars stop: their leases are given back in Redis
+        await second.aclose()
+        assert await state.redis.hlen("mcpcreds:{svc:api}:leases") == 0
     finally:
         await other_state.aclose()
 

@@ -260,6 +260,8 @@ class Broker:
         self.events.close()
         self.logins.close()
         self.limiter.close()
+        if isinstance(self.limiter, SharedLimiter):
+            await self.limiter.aclose()
         await self.sharing.aclose()
         for client in self._http.values():
             await client.aclose()

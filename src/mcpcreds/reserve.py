@@ -6,7 +6,8 @@ held by the sidecar itself, as a library client holds one: the bucket in Redis k
 and burst aside (bucket_scripts.py), so the limit holds exactly across every sidecar, and a
 permit it holds is a local take instead of a round trip to Redis. It is renewed in the
 background at half its length, asking for twice what was used (all of the rate at first); one
-not used since its last renewal is given back. A pause drops it at once. While Redis is
+not used since its last renewal is given back, and all of them when the sidecar stops; one whose
+sidecar died lapses after `RESERVE_SECONDS` at most. A pause drops it at once. While Redis is
 unreachable it is spent until its end, like a client's, and not renewed: after that, callers get
 the shared state's error again.
 """
@@ -33,6 +34,9 @@ RESERVE_AFTER: Final = 16  # calls of a key within RESERVE_WINDOW before the sid
 RESERVE_WINDOW: Final = 1.0
 DEMAND_HEADROOM: Final = 2.0
 RETRY_AFTER_FAILURE: Final = 1.0
+# at most this long (renewed at half): a sidecar that dies holding its lease keeps its share aside
+# in Redis no longer than this, whatever the rate's period
+RESERVE_SECONDS: Final = 2.0
 SHARE_MARGIN: Final = 1e-9  # the local bucket refills a hair slower than granted (float rounding)
 _log = get_logger("reserve")
 
@@ -109,9 +113,14 @@ class Reserves:
         if reserve is not None and reserve.terms is not None:
             self._spawn(self._release(key, reserve))
 
-    def drop_all(self) -> None:
-        for key in list(self._reserves):
-            self.drop(key)
+    async def aclose(self) -> None:
+        """Give every lease back (the sidecar stops), so the others need not wait for their end."""
+        held, self._reserves = self._reserves, {}
+        for task in list(self._tasks):
+            task.cancel()
+        for key, reserve in held.items():
+            if reserve.terms is not None:
+                await self._release(key, reserve)
 
     def _count(self, key: str, rate: Rate, now: float) -> None:
         start, calls = self._calls.get(key, (now, 0))
@@ -151,7 +160,7 @@ class Reserves:
                 else max(1.0, reserve.used / elapsed * rate.per * DEMAND_HEADROOM)
             live = reserve.bucket is not None and sent < reserve.until
             spare = int(reserve.bucket.level(sent)) if live and reserve.bucket is not None else 0
-            seconds = lease_seconds(rate)
+            seconds = min(lease_seconds(rate), RESERVE_SECONDS)
             ask = LeaseAsk(reserve.lease, min(demand, float(rate.burst)), seconds, spare,
                            reserve.terms if live else None, leasable=1 - SHARED_BURST_FLOOR,
                            least_shared=MIN_SHARED_DEMAND)

@@ -323,6 +323,10 @@ class SharedLimiter:
         if self.degrade is not None:
             self.degrade.close()
 
+    async def aclose(self) -> None:
+        """Give this sidecar's own leases back before the state closes."""
+        await self.reserves.aclose()
+
 
 class LocalLogins:
     """The memory state's side of login sharing: nothing to share, every fetch is local."""
