@@ -113,6 +113,27 @@ async def test_the_renewal_at_half_asks_twice_what_was_used_and_carries_what_is_
     assert takes(reserves) == 20  # the new bucket: what the old one had left, up to the new burst
 
 
+async def test_a_lease_found_empty_after_asking_for_less_asks_for_all_at_once() -> None:
+    """Twice the use measured may be too little when the load grows: the first caller it cannot
+    serve has the lease renewed at once, asking for all of the rate (once: asked for all and still
+    short, it waits for its renewal at half)."""
+    clock = FakeClock()
+    lease = ScriptedLease(LeaseReply(99.0, 49, 49, 0.0), LeaseReply(10.0, 5, 0, 0.0),
+                          LeaseReply(99.0, 49, 44, 0.0), LeaseReply(99.0, 49, 0, 0.0))
+    reserves = await leased(clock, lease)
+    assert takes(reserves, 5) == 5
+    clock.advance(1.0)
+    reserves.take(KEY, RATE, 1)  # renews at half: 6 used in 1 s, asks 12
+    await settle()
+    assert lease.asks[1].demand == 12.0
+    assert takes(reserves) == 5  # the new lease's burst
+    await settle()
+    assert len(lease.asks) == 3 and lease.asks[2].demand == 100.0  # found empty: all, at once
+    assert takes(reserves) == 44  # what it moved (the old bucket was empty)
+    await settle()
+    assert len(lease.asks) == 3  # short again, but it asked for all: no renewal before half
+
+
 async def test_a_lease_not_used_since_its_renewal_is_given_back() -> None:
     clock, lease = FakeClock(), ScriptedLease(LeaseReply(99.0, 49, 49, 0.0), LeaseReply(99.0, 49, 0, 0.0))
     reserves = await leased(clock, lease)

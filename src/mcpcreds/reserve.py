@@ -5,7 +5,8 @@ A key this sidecar grants often (`RESERVE_AFTER` calls within `RESERVE_WINDOW`) 
 held by the sidecar itself, as a library client holds one: the bucket in Redis keeps its share
 and burst aside (bucket_scripts.py), so the limit holds exactly across every sidecar, and a
 permit it holds is a local take instead of a round trip to Redis. It is renewed in the
-background at half its length, asking for twice what was used (all of the rate at first); one
+background at half its length, asking for twice what was used (all of the rate at first, and at
+once when a caller finds it empty after it asked for less); one
 not used since its last renewal is given back, and all of them when the sidecar stops; one whose
 sidecar died lapses after `RESERVE_SECONDS` at most. A pause drops it at once. While Redis is
 unreachable it is spent until its end, like a client's, and not renewed: after that, callers get
@@ -54,6 +55,8 @@ class _Reserve:
     renew_at: float = 0.0
     used: int = 0
     renewing: bool = False
+    asked: float = 0.0  # the demand of the last lease asked for (permits per period)
+    short: bool = False  # a caller found it empty since: the next lease asks for all of the rate
 
 
 class Reserves:
@@ -87,6 +90,9 @@ class Reserves:
         if bucket is None or now >= reserve.until or cost > bucket.capacity:
             return False
         if bucket.try_take(cost, now) > 0.0:
+            reserve.short = True  # what it asked for held callers back: ask for all, now if it had not
+            if reserve.asked < rate.burst and not reserve.renewing:
+                self._renew(key, reserve)
             return False
         reserve.used += cost
         return True
@@ -156,8 +162,9 @@ class Reserves:
                     del self._reserves[key]
                 await self._release(key, reserve)
                 return
-            demand = float(rate.burst) if reserve.terms is None or elapsed <= 0 \
+            demand = float(rate.burst) if reserve.terms is None or reserve.short or elapsed <= 0 \
                 else max(1.0, reserve.used / elapsed * rate.per * DEMAND_HEADROOM)
+            reserve.asked, reserve.short = min(demand, float(rate.burst)), False
             live = reserve.bucket is not None and sent < reserve.until
             spare = int(reserve.bucket.level(sent)) if live and reserve.bucket is not None else 0
             seconds = min(lease_seconds(rate), RESERVE_SECONDS)
