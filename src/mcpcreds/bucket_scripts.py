@@ -194,7 +194,8 @@ if ARGV[9] == '1' then
   redis.call('HDEL', KEYS[2], id)
 elseif old ~= nil or count < @MAX_LEASES@ then
   local demand = num(ARGV[4], 0, 0, rate)
-  local shared_demand = math.max(sdemand, tonumber(ARGV[11]))
+  local keep_part = num(ARGV[10], 0.5, 0, 1)
+  local shared_demand = math.max(sdemand, num(ARGV[11], 0, 0, rate))
   if refused_at > 0 and now - refused_at < seconds / 2 then shared_demand = rate end
   local order = {{'', shared_demand}, {id, demand}}
   local others_s, others_b = 0, 0
@@ -213,12 +214,12 @@ elseif old ~= nil or count < @MAX_LEASES@ then
     left = left - part
   end
   share = math.max(0, math.min(fair[id], rate - fair[''] - others_s))
-  b = math.min(math.max(1, math.floor(share * per * tonumber(ARGV[10]) + 1e-9)),
-               math.floor(burst * tonumber(ARGV[10]) + 1e-9) - others_b)
+  b = math.min(math.max(1, math.floor(share * per * keep_part + 1e-9)),
+               math.floor(burst * keep_part + 1e-9) - others_b)
   if paused > now or b < 1 or share <= 0 then share, b = 0, 0 end
   local ps, pb, pu = 0, 0, 0
   if old ~= nil then
-    local hold_s, hold_b = tonumber(ARGV[7]), tonumber(ARGV[8])
+    local hold_s, hold_b = num(ARGV[7], -1, -1, rate), num(ARGV[8], -1, -1, burst)
     local same = math.abs(hold_s - old[1]) * per <= 2e-6 * math.max(1, old[1] * per)
     if old[3] > now and hold_b == old[2] and same then
       ps, pb, pu = old[1], old[2], old[3]  -- the holder spends the last grant: the one before is done
