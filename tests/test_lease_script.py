@@ -150,3 +150,20 @@ async def test_the_shared_limiter_refuses_a_caller_while_the_leased_cap_is_spent
     await limiter.acquire(KEY, HOUR, 51, 0.0)
     with pytest.raises(RateLimited):
         await limiter.acquire(KEY, HOUR, 1, 0.0)
+
+
+async def test_a_grant_names_the_holders_of_any_sidecar_to_tell_to_renew_now(state: RedisState) -> None:
+    """The split changed: the holders over their fair part while someone is short (here the
+    newcomer), then those under what they could have now, each named once until it renews (the
+    sidecar tells its own on their event stream, the others' through pub/sub)."""
+    a = await lease(state, LeaseAsk("a", 1e9, 60.0))
+    b = await lease(state, LeaseAsk("b", 1e9, 60.0))
+    assert b.share == 0.0 and b.told == ("a",)
+    a = await lease(state, LeaseAsk("a", 1e9, 60.0, holding=(a.share, a.burst)))
+    assert math.isclose(a.share, 49.5, rel_tol=1e-9) and a.told == ()  # its 99 is still kept aside
+    a = await lease(state, LeaseAsk("a", 1e9, 60.0, holding=(a.share, a.burst)))
+    assert a.told == ("b",)  # a spends its 49.5: b could have 49.5 now
+    a = await lease(state, LeaseAsk("a", 1e9, 60.0, holding=(a.share, a.burst)))
+    assert a.told == ()  # told once until it renews
+    b = await lease(state, LeaseAsk("b", 1e9, 60.0))
+    assert math.isclose(b.share, 49.5, rel_tol=1e-9)

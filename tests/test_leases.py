@@ -285,3 +285,17 @@ def test_a_holders_bucket_is_filled_to_the_burst_it_would_have_were_the_shared_c
     assert (a.share, a.burst, book.fair_burst(KEY, a.lease)) == (99.0, 49, 25)
     b = book.grant(KEY, RATE, None, 20.0, 1001, None, 0, clock.monotonic())
     assert book.fair_burst(KEY, b.lease) == 10 and book.fair_burst(KEY, a.lease) == 20  # 40 of 100 - 20
+
+
+def test_a_shared_state_holder_is_kept_while_the_shared_state_answers() -> None:
+    """On a shared state a holder is admitted, the lease script runs (an await), then its grant is
+    noted: another lease granted meanwhile must not prune the one admitted (which left a share
+    kept aside in Redis for nobody, and a 500 for its holder)."""
+    clock, book = FakeClock(), LeaseBook()
+    a = book.admit(KEY, None, 1000, "sub-a", clock.monotonic(), 2.0)
+    clock.advance(0.01)
+    book.admit(KEY, None, 1001, "sub-b", clock.monotonic(), 2.0)
+    terms = book.note(a, 50.0, 25, 1.0, 2.0, clock.monotonic())
+    assert terms is not None and (terms.lease, terms.share, terms.burst) == (a, 50.0, 25)
+    assert book.release_subscriber("sub-a") == 1
+    assert book.note(a, 50.0, 25, 1.0, 2.0, clock.monotonic()) is None  # released meanwhile

@@ -85,3 +85,24 @@ def test_a_pause_on_one_sidecar_reaches_the_lease_holders_of_another_at_once(tmp
             client_a.backoff("b", 30.0)
             event = json.loads(next(lines))  # the read times out (BOUND) if it never comes
             assert event["kind"] == "pause" and event["key"] == "service:api" and 29.0 <= event["seconds"] <= 30.0
+
+
+def test_a_lease_through_one_sidecar_tells_a_holder_on_another_to_renew_now(tmp_path: Path,
+                                                                            redis: RedisPeer) -> None:
+    """A holder on sidecar A leases all it may; a newcomer leases through sidecar B and gets
+    nothing now: A's holder hears "renew now" on its event stream at once (the lease script names
+    it, B publishes it, A tells its holder), not at its renewal half a lease later."""
+    with ExitStack() as stack:
+        a, b = (start_on_state(stack, tmp_path / f"sidecar{i}", redis.url,
+                               BODY.format(url="http://127.0.0.1:9", leases=""), {"TOKEN": TOKEN}) for i in range(2))
+        transport = httpx.HTTPTransport(uds=str(a.socket))
+        with httpx.Client(transport=transport, base_url="http://mcpcreds", timeout=BOUND) as http, \
+                http.stream("GET", "/v1/events") as events, Client(a.socket) as client_a, Client(b.socket) as client_b:
+            lines = events.iter_lines()
+            subscriber = json.loads(next(lines))["subscriber"]
+            held = client_a.request("POST", "/v1/servers/b/lease", {"subscriber": subscriber})
+            assert held["share"] > 15
+            newcomer = client_b.request("POST", "/v1/servers/b/lease", {})
+            assert newcomer["share"] == 0.0
+            event = json.loads(next(lines))  # the read times out (BOUND) if it never comes
+            assert event == {"kind": "lease", "key": "service:api"}

@@ -113,25 +113,31 @@ async def test_the_renewal_at_half_asks_twice_what_was_used_and_carries_what_is_
     assert takes(reserves) == 20  # the new bucket: what the old one had left, up to the new burst
 
 
-async def test_a_lease_found_empty_after_asking_for_less_asks_for_all_at_once() -> None:
+async def test_a_lease_found_empty_asks_for_twice_as_much_at_once_until_it_asked_for_all() -> None:
     """Twice the use measured may be too little when the load grows: the first caller it cannot
-    serve has the lease renewed at once, asking for all of the rate (once: asked for all and still
-    short, it waits for its renewal at half)."""
+    serve has the lease renewed at once, asking twice what it asked before (or twice the use, if
+    more); one that asked for all of the rate waits for its renewal at half."""
     clock = FakeClock()
     lease = ScriptedLease(LeaseReply(99.0, 49, 49, 0.0), LeaseReply(10.0, 5, 0, 0.0),
-                          LeaseReply(99.0, 49, 44, 0.0), LeaseReply(99.0, 49, 0, 0.0))
+                          LeaseReply(4.0, 2, 0, 0.0), LeaseReply(8.0, 4, 2, 0.0))
     reserves = await leased(clock, lease)
-    assert takes(reserves, 5) == 5
+    assert takes(reserves) == 49
+    await settle()
+    assert len(lease.asks) == 1  # short, but it asked for all (the first lease does)
     clock.advance(1.0)
-    reserves.take(KEY, RATE, 1)  # renews at half: 6 used in 1 s, asks 12
+    reserves.take(KEY, RATE, 1)  # renews at half: 50 used in 1 s, asks for all
     await settle()
-    assert lease.asks[1].demand == 12.0
-    assert takes(reserves) == 5  # the new lease's burst
+    assert lease.asks[1].demand == 100.0
+    clock.advance(0.5)
+    assert takes(reserves, 1) == 1
+    clock.advance(0.5)
+    reserves.take(KEY, RATE, 1)  # renews at half: 2 used in 1 s, asks 4
     await settle()
-    assert len(lease.asks) == 3 and lease.asks[2].demand == 100.0  # found empty: all, at once
-    assert takes(reserves) == 44  # what it moved (the old bucket was empty)
+    assert lease.asks[2].demand == 4.0
+    clock.advance(0.9)
+    assert takes(reserves) == 2  # the new burst; then empty: 2 used in 0.9 s
     await settle()
-    assert len(lease.asks) == 3  # short again, but it asked for all: no renewal before half
+    assert len(lease.asks) == 4 and lease.asks[3].demand == 8.0  # twice 4, at once
 
 
 async def test_a_lease_not_used_since_its_renewal_is_given_back() -> None:
@@ -263,3 +269,20 @@ async def test_with_redis_stopped_a_sidecar_grants_from_its_lease_only_until_the
             outages += isinstance(exc, StateUnavailable)
             await asyncio.sleep(0.002)
     assert outages > 0 and last - stopped <= 2.0
+
+
+async def test_a_lease_nobody_uses_is_given_back_at_half_without_a_caller(redis: RedisPeer,
+                                                                          state: RedisState) -> None:
+    """Its callers went away (leased themselves, or stopped): the sidecar gives its lease back at
+    half its length rather than leave the share aside in Redis until it ends (nothing in Redis
+    removes a lapsed entry until the bucket is used again, so an entry gone is one given back)."""
+    fast = Rate(1000, 1.0)
+    limiter = SharedLimiter(state, SystemClock(), None, 0.5)
+    for _ in range(RESERVE_AFTER):
+        await limiter.acquire(KEY, fast, 1, 0.0)
+    await until_leased(limiter)
+    deadline = time.monotonic() + 10.0
+    while await state.redis.hlen("mcpcreds:{svc:api}:leases") > 0:
+        assert time.monotonic() < deadline, "the unused lease was not given back"
+        await asyncio.sleep(0.05)
+    assert limiter.reserves.held(KEY) is None

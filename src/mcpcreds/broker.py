@@ -15,6 +15,7 @@ import httpx
 
 from . import __version__
 from .audit import AuditLog
+from .bucket_scripts import MAX_LEASES_PER_KEY
 from .buckets import Limiter
 from .clock import Clock
 from .config import LOGIN_GRANTS, Config, Target
@@ -30,7 +31,7 @@ from .errors import (
     UnknownServer,
 )
 from .events import EventHub, Subscription
-from .leases import LeaseBook
+from .leases import MAX_LEASE_ID, LeaseBook
 from .login_store import entry_name
 from .logins import LoginCache
 from .logs import get_logger
@@ -138,7 +139,9 @@ class Broker:
         self.health_body = json.dumps({"status": "ok", "version": __version__}).encode()
         self.leases = LeaseBook()  # capacity leases (leases.py; the lease route is lease_api.py)
         self.events = EventHub(on_close=self._events_closed)  # GET /v1/events (events.py)
-        self._releasing: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        if isinstance(self.limiter, SharedLimiter):
+            self.limiter.on_told = self.nudge_leases
         self._served_fp: dict[str, str] = {}  # key -> fingerprint of the login last served
 
     def _events_closed(self, sub: Subscription) -> None:
@@ -154,8 +157,31 @@ class Broker:
                 self.lease_changed(key)
             if isinstance(self.limiter, SharedLimiter):  # the shared bucket keeps them aside
                 task = asyncio.get_running_loop().create_task(self._release_shared(held))
-                self._releasing.add(task)
-                task.add_done_callback(self._releasing.discard)
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+
+    def nudge_leases(self, key: str, leases: Iterable[str], publish: bool = True) -> None:
+        """Tell these lease holders to renew now (the shared state's split changed their part):
+        ours on their event stream, the sidecar's own lease at once, the others' sidecars through
+        the shared state (`publish`)."""
+        subscribers, elsewhere = [], []
+        for lease in leases:
+            if self.leases.key_of(lease) is not None:
+                if (sub := self.leases.subscriber_of(lease)) is not None:
+                    subscribers.append(sub)
+            elif not (isinstance(self.limiter, SharedLimiter) and self.limiter.reserves.nudge(lease)):
+                elsewhere.append(lease)
+        if subscribers:
+            self.events.send(subscribers, "lease", key)
+        if elsewhere and publish and isinstance(self.limiter, SharedLimiter):
+            task = asyncio.get_running_loop().create_task(self._publish_nudge(key, elsewhere))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _publish_nudge(self, key: str, leases: list[str]) -> None:
+        assert isinstance(self.limiter, SharedLimiter)
+        with contextlib.suppress(McpcredsError):  # they renew at half their lease instead
+            await self.limiter.state.publish("nudge", key, leases=leases)
 
     async def _release_shared(self, held: list[tuple[str, str]]) -> None:
         from .lease_api import release_shared
@@ -179,8 +205,9 @@ class Broker:
         self.sharing.start(self._on_event)
 
     def _on_event(self, event: dict[str, Any]) -> None:
-        """Another sidecar changed a login (stop serving our local copy of the old one) or paused a
-        bucket after an upstream 429 (tell our lease holders)."""
+        """Another sidecar changed a login (stop serving our local copy of the old one), paused a
+        bucket after an upstream 429 (tell our lease holders), or leased so that some of our
+        holders should renew now."""
         key, fp = str(event.get("key")), event.get("fingerprint")
         kind = event.get("kind")
         if kind == "login":
@@ -198,6 +225,11 @@ class Broker:
                 if isinstance(self.limiter, SharedLimiter):
                     self.limiter.reserves.drop(key)
                 self.events.publish("pause", key, seconds=round(float(seconds), 3))
+        elif kind == "nudge":  # holders of ours the shared state's split changed: renew now
+            leases = event.get("leases")
+            if isinstance(leases, list) and len(leases) <= MAX_LEASES_PER_KEY and key in self.config.rates \
+                    and all(isinstance(lease, str) and len(lease) <= MAX_LEASE_ID for lease in leases):
+                self.nudge_leases(key, leases, publish=False)
         elif kind == "invalidate" and self.logins.invalidate(key, fp if isinstance(fp, str) else None):
             self._drop_cached({key})
             self.events.publish("invalidate", key, fingerprint=fp if isinstance(fp, str) else None)

@@ -8,8 +8,8 @@ bursts, and a holder's first permits are taken from the bucket's level. So the b
 holder's bucket together never hold more than the burst nor refill faster than the rate: no window
 holds more grants than the one bucket would give, whichever sidecar the holders lease from.
 
-A lease entry is "share burst until prev_share prev_burst prev_until demand": the grant and the
-one before it, kept until it ends unless its holder says it spends the new one (`holding`), since
+A lease entry is "share burst until prev_share prev_burst prev_until demand told": the grant and
+the one before it, kept until it ends unless its holder says it spends the new one (`holding`), since
 until the answer reaches it the holder spends the old terms. What is reserved for a holder at a
 time is the larger of its live grants. The bucket hash caches the sums (`lshare`, `lburst`) and the
 next end of a grant (`lnext`): a take reads the leases only when a grant has ended since.
@@ -38,14 +38,14 @@ local function num(v, default, lo, hi)
   return math.max(lo, math.min(hi, x))
 end
 local h = redis.call('HMGET', KEYS[1], 'level', 'updated', 'paused_until', 'lnext', 'lshare', 'lburst',
-                     'taken', 'refused_at')
+                     'asked', 'waiting_until')
 local level = num(h[1], burst, 0, burst)
 local updated = num(h[2], now, 0, now)
 local lnext = num(h[4], nil, 0, now + MAXL)
 local lshare = num(h[5], 0, 0, rate)
 local lburst = num(h[6], 0, 0, burst)
-local taken = num(h[7], 0, 0, 1e15)
-local refused_at = num(h[8], 0, 0, now)
+local asked = num(h[7], 0, 0, 1e15)  -- permits asked for by takes, granted or not (their demand)
+local waiting_until = num(h[8], 0, 0, now + MAXL)  -- a refused take waits (at least) until then
 local leases = nil
 local function read_leases()
   leases = {}
@@ -53,10 +53,10 @@ local function read_leases()
   for i = 1, #all, 2 do
     local f = {}
     for x in string.gmatch(all[i + 1], '[^ ]+') do f[#f + 1] = x end
-    if #f == 7 then
+    if #f == 8 then
       leases[all[i]] = {num(f[1], 0, 0, rate), num(f[2], 0, 0, burst), num(f[3], 0, 0, now + MAXL),
                         num(f[4], 0, 0, rate), num(f[5], 0, 0, burst), num(f[6], 0, 0, now + MAXL),
-                        num(f[7], 0, 0, rate)}
+                        num(f[7], 0, 0, rate), num(f[8], 0, 0, 1)}
     end
   end
 end
@@ -107,7 +107,8 @@ local function advance()
 end
 local function save(paused)
   redis.call('HSET', KEYS[1], 'level', tostring(level), 'updated', tostring(now),
-             'paused_until', tostring(paused), 'taken', tostring(taken), 'refused_at', tostring(refused_at))
+             'paused_until', tostring(paused), 'asked', tostring(asked), 'waiting_until',
+             tostring(waiting_until))
   local idle = math.max(0, paused - now) + 60
   if dirty then
     if lnext ~= nil then
@@ -150,14 +151,14 @@ while i <= #ARGV do
   local cost = tonumber(ARGV[i])
   wait = held
   if level < cost then wait = math.max(wait, (cost - level) / shared) end
+  if mode == 'take' then asked = asked + cost end
   if mode ~= 'take' or wait > 0 then break end
   level = level - cost
-  taken = taken + cost
   granted = granted + 1
   wait = 0
   if i == 3 then i = 7 else i = i + 1 end
 end
-if mode == 'take' and wait > 0 then refused_at = now end
+if mode == 'take' and wait > 0 then waiting_until = math.max(waiting_until, now + wait) end
 save(paused)
 return {granted, tostring(wait), tostring(level), tostring(math.max(0, paused - now))}
 """
@@ -166,9 +167,11 @@ return {granted, tostring(wait), tostring(level), tostring(math.max(0, paused - 
 # bucket has left), the holding share (per second; -1: none) and burst, release (1|0), the part
 # of the burst that may be leased, the least share kept for the callers without a lease (per
 # second). The share: max-min fair over the live holders' demands and the callers without a
-# lease (their demand measured from the takes since the last lease; all of the rate if a take was
-# refused within half a lease), never more than is not reserved for the others. Returns {share
-# per second, burst, initial permits moved to the holder, pause remaining} (floats as strings).
+# lease (their demand: the permits their takes asked for since the last lease, granted or not,
+# smoothed; all of the rate while a refused take waits), never more than is not reserved for the
+# others. Returns {share
+# per second, burst, initial permits moved to the holder, pause remaining (floats as strings),
+# then the lease ids to tell to renew now}.
 LEASE_SCRIPT: Final = _PRELUDE + """
 local paused = num(h[3], 0, 0, now + MAXL * 24)
 read_leases()
@@ -180,11 +183,33 @@ local hs = redis.call('HMGET', KEYS[1], 'sampled_at', 'sampled', 'sdemand')
 local sampled_at = num(hs[1], now, 0, now)
 local sdemand = num(hs[3], 0, 0, rate)
 if now > sampled_at then
-  local sample = math.max(0, taken - num(hs[2], taken, 0, taken)) / (now - sampled_at)
+  local sample = math.max(0, asked - num(hs[2], asked, 0, asked)) / (now - sampled_at)
   sdemand = sdemand + 0.5 * (math.min(sample, rate) - sdemand)
 end
-redis.call('HSET', KEYS[1], 'sampled_at', tostring(now), 'sampled', tostring(taken),
+redis.call('HSET', KEYS[1], 'sampled_at', tostring(now), 'sampled', tostring(asked),
            'sdemand', tostring(sdemand))
+local function put(lid, e)
+  redis.call('HSET', KEYS[2], lid, string.format('%.17g %d %.17g %.17g %d %.17g %.17g %d',
+                                                 e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8]))
+end
+local shared_demand = math.max(sdemand, num(ARGV[11], 0, 0, rate))
+if waiting_until > now then shared_demand = rate end  -- callers wait for the shared bucket now
+-- max-min fair over the callers without a lease ('') and every holder (`extra`: a new demand)
+local function fair_split(extra, extra_demand)
+  local order = {{'', shared_demand}}
+  if extra ~= nil then order[2] = {extra, extra_demand} end
+  for lid, e in pairs(leases) do
+    if lid ~= extra then order[#order + 1] = {lid, e[7]} end
+  end
+  table.sort(order, function(x, y) if x[2] ~= y[2] then return x[2] < y[2] end return x[1] < y[1] end)
+  local left, fair = rate, {}
+  for i, p in ipairs(order) do
+    local part = math.min(p[2], left / (#order - i + 1))
+    fair[p[1]] = part
+    left = left - part
+  end
+  return fair
+end
 local old = leases[id]
 local count = 0
 for _ in pairs(leases) do count = count + 1 end
@@ -195,24 +220,14 @@ if ARGV[9] == '1' then
 elseif old ~= nil or count < @MAX_LEASES@ then
   local demand = num(ARGV[4], 0, 0, rate)
   local keep_part = num(ARGV[10], 0.5, 0, 1)
-  local shared_demand = math.max(sdemand, num(ARGV[11], 0, 0, rate))
-  if refused_at > 0 and now - refused_at < seconds / 2 then shared_demand = rate end
-  local order = {{'', shared_demand}, {id, demand}}
   local others_s, others_b = 0, 0
   for lid, e in pairs(leases) do
     if lid ~= id then
-      order[#order + 1] = {lid, e[7]}
       local es, eb = reserved(e, now)
       others_s, others_b = others_s + es, others_b + eb
     end
   end
-  table.sort(order, function(x, y) if x[2] ~= y[2] then return x[2] < y[2] end return x[1] < y[1] end)
-  local left, fair = rate, {}
-  for i, p in ipairs(order) do
-    local part = math.min(p[2], left / (#order - i + 1))
-    fair[p[1]] = part
-    left = left - part
-  end
+  local fair = fair_split(id, demand)
   share = math.max(0, math.min(fair[id], rate - fair[''] - others_s))
   b = math.min(math.max(1, math.floor(share * per * keep_part + 1e-9)),
                math.floor(burst * keep_part + 1e-9) - others_b)
@@ -230,10 +245,35 @@ elseif old ~= nil or count < @MAX_LEASES@ then
   end
   -- a holder given nothing now stays (reserving nothing) so that its demand counts at the others'
   -- renewals, and it gets its part at its own next one
-  local u = now + seconds
-  leases[id] = {share, b, u, ps, pb, pu, demand}
-  redis.call('HSET', KEYS[2], id, string.format('%.17g %d %.17g %.17g %d %.17g %.17g',
-                                                share, b, u, ps, pb, pu, demand))
+  leases[id] = {share, b, now + seconds, ps, pb, pu, demand, 0}
+  put(id, leases[id])
+end
+-- who should renew now (leases.py `_rebalance`): the holders under what they could have now, and
+-- those over their fair part while someone (a holder, or the callers without a lease) is short of
+-- theirs; each told once until it renews
+local told = {}
+if paused <= now then
+  local fair = fair_split(nil, 0)
+  local function margin(f) return math.max(1 / per, 0.1 * f) end
+  local total, held = 0, {}
+  for lid, e in pairs(leases) do
+    held[lid] = reserved(e, now)
+    total = total + held[lid]
+  end
+  local short = rate - total < fair[''] - margin(fair[''])
+  for lid, e in pairs(leases) do
+    if e[3] > now and e[1] < fair[lid] - margin(fair[lid]) then short = true end
+  end
+  for lid, e in pairs(leases) do
+    local reachable = math.min(fair[lid], rate - fair[''] - (total - held[lid]))
+    local under = e[3] > now and e[1] < reachable - margin(reachable)
+    local over = short and held[lid] > fair[lid] + margin(fair[lid])
+    if lid ~= id and e[8] == 0 and (under or over) then
+      told[#told + 1] = lid
+      e[8] = 1
+      put(lid, e)
+    end
+  end
 end
 local last
 lshare, lburst, lnext, last = sums(now)
@@ -247,5 +287,7 @@ level = math.min(level, burst - lburst)
 dirty = true
 save(paused)
 if lnext ~= nil then redis.call('PEXPIRE', KEYS[2], math.ceil((last - now + 60) * 1000)) end
-return {tostring(share), b, initial, tostring(math.max(0, paused - now))}
+local reply = {tostring(share), b, initial, tostring(math.max(0, paused - now))}
+for _, lid in ipairs(told) do reply[#reply + 1] = lid end
+return reply
 """.replace("@MAX_LEASES@", str(MAX_LEASES_PER_KEY))

@@ -21,7 +21,7 @@ from .aws_config import is_aws
 from .broker import UNLIMITED
 from .buckets import Limiter
 from .errors import InvalidRequest, LeasesRefused, RateLimited
-from .leases import MIN_SHARED_DEMAND, SHARED_BURST_FLOOR, LeaseRefused, Terms, lease_seconds
+from .leases import MAX_LEASE_ID, MIN_SHARED_DEMAND, SHARED_BURST_FLOOR, LeaseRefused, Terms, lease_seconds
 from .redis_state import LeaseAsk
 from .shared import SharedLimiter
 from .wire import Request, Response, StreamingResponse, json_response
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .rates import Rate
 
 MAX_DEMAND: Final = 1_000_000_000.0
-MAX_ID: Final = 64
+MAX_ID: Final = MAX_LEASE_ID
 UNLIMITED_LEASE: Final = 60.0  # seconds: the length of a lease on a server without `rate`
 
 
@@ -138,16 +138,19 @@ async def _lease_shared(broker: Broker, limiter: SharedLimiter, uid: int, key: s
     """A shared state: the share is decided, and kept aside from the bucket every sidecar takes
     from, by the bucket's lease script (bucket_scripts.py), over the holders of every sidecar."""
     book = broker.leases
+    seconds = lease_seconds(rate)
     try:
-        lease_id = book.admit(key, lease_id, uid, subscriber, broker.clock.monotonic())
+        lease_id = book.admit(key, lease_id, uid, subscriber, broker.clock.monotonic(), seconds)
     except LeaseRefused as exc:
         raise LeasesRefused(str(exc)) from None
-    seconds = lease_seconds(rate)
     ask = LeaseAsk(lease_id, min(demand, float(rate.burst)), seconds, min(spare, rate.burst),
                    (float(holding[0]), int(holding[1])) if holding else None,
                    leasable=1 - SHARED_BURST_FLOOR, least_shared=MIN_SHARED_DEMAND)
     reply = await limiter.lease(key, rate, ask)
     terms = book.note(lease_id, reply.share, reply.burst, rate.per, seconds, broker.clock.monotonic())
+    if terms is None:  # released while the shared state answered: give its share back there too
+        await release_shared(limiter, broker.config.rates, [(key, lease_id)])
+        raise LeasesRefused("the lease was released while it was granted: ask again")
     if reply.paused > 0.0:
         raise RateLimited(f"{key}: paused after an upstream 429", reply.paused)
     return _answer(broker.clock.time(), terms, reply.initial, headers_body)

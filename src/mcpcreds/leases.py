@@ -43,6 +43,7 @@ MIN_SHARED_DEMAND: Final = 1.0  # permits per period always kept for callers wit
 SHARED_BURST_FLOOR: Final = 0.5  # the part of the burst that stays with the shared bucket
 DEMAND_SMOOTHING: Final = 0.5  # weight of the newest sample of the shared callers' demand
 MAX_HOLDERS_PER_KEY: Final = 256
+MAX_LEASE_ID: Final = 64  # characters: what the API takes as a lease or subscriber id
 NUDGE_MARGIN: Final = 0.1  # a share this far (of the fair one, at least 1 permit) from fair is nudged
 RECALL_EVERY: Final = 0.125  # of a lease: the least time between two recalls for the shared callers
 
@@ -212,10 +213,12 @@ class LeaseBook:
         self._rebalance(key, entry, rate, fair, demands, lease)
         return Terms(lease, share, burst, rate.per, until, seconds, changed)
 
-    def admit(self, key: str, lease: str | None, uid: int, subscriber: str | None, now: float) -> str:
+    def admit(self, key: str, lease: str | None, uid: int, subscriber: str | None, now: float,
+              seconds: float) -> str:
         """A shared state's holder (its share is decided in the shared state, bucket_scripts.py):
         its lease id, a new one unless `lease` is this uid's. Noted here for its release when its
-        event stream closes, and for the status."""
+        event stream closes, and for the status; a new one is kept for `seconds` (the lease it
+        asks for) while the shared state answers, so that no other grant meanwhile prunes it."""
         entry = self._keys.setdefault(key, _Key(shared_state=True))
         self._reserved(key, entry, now)  # prunes lapsed leases
         holder = entry.holders.get(lease) if lease is not None else None
@@ -223,16 +226,21 @@ class LeaseBook:
             if len(entry.holders) >= MAX_HOLDERS_PER_KEY:
                 raise LeaseRefused("this bucket has as many lease holders as it may")
             lease = secrets.token_urlsafe(12)
-            holder = entry.holders[lease] = _Holder(uid, subscriber, 0.0, now)
+            holder = entry.holders[lease] = _Holder(uid, subscriber, 0.0, now + seconds)
             self._where[lease] = key
         if subscriber is not None:
             holder.subscriber = subscriber
         assert lease is not None
         return lease
 
-    def note(self, lease: str, share: float, burst: int, per: float, seconds: float, now: float) -> Terms:
-        """What the shared state granted `lease` (admitted just before)."""
-        holder = self._keys[self._where[lease]].holders[lease]
+    def note(self, lease: str, share: float, burst: int, per: float, seconds: float,
+             now: float) -> Terms | None:
+        """What the shared state granted `lease` (admitted just before); None if it was released
+        meanwhile (its holder's event stream closed)."""
+        key = self._where.get(lease)
+        holder = self._keys[key].holders.get(lease) if key is not None else None
+        if holder is None:
+            return None
         until = holder.until = now + seconds
         if burst:
             holder.grants.append(_Grant(share, burst, until))
@@ -242,6 +250,12 @@ class LeaseBook:
 
     def key_of(self, lease: str) -> str | None:
         return self._where.get(lease)
+
+    def subscriber_of(self, lease: str) -> str | None:
+        """The event stream of this sidecar's holder of `lease`, if it has one."""
+        key = self._where.get(lease)
+        holder = self._keys[key].holders.get(lease) if key is not None else None
+        return holder.subscriber if holder is not None else None
 
     def leases_of(self, subscriber: str) -> list[tuple[str, str]]:
         """(key, lease) of the leases held through this event stream."""

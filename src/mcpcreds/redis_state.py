@@ -82,12 +82,14 @@ class LeaseAsk:
 @dataclass(frozen=True, slots=True)
 class LeaseReply:
     """What the shared bucket granted: `share` permits per period, `burst`, `initial` permits
-    moved to the holder's bucket now, and a pause remaining (an upstream 429: nothing granted)."""
+    moved to the holder's bucket now, a pause remaining (an upstream 429: nothing granted), and
+    the other holders (of any sidecar) to tell to renew now."""
 
     share: float
     burst: int
     initial: int
     paused: float
+    told: tuple[str, ...] = ()  # lease ids to tell to renew now (their fair part changed)
 
 
 def _tag(key: str) -> str:
@@ -291,8 +293,9 @@ class RedisState:
             ask.spare,
             repr(holding[0] / rate.per if holding[0] >= 0 else -1.0), holding[1], 1 if ask.release else 0,
             repr(ask.leasable), repr(ask.least_shared / rate.per)]))
-        share, burst, initial, paused = reply
-        return LeaseReply(float(share) * rate.per, int(burst), int(initial), float(paused))
+        share, burst, initial, paused, *told = reply
+        ids = tuple(t.decode("ascii", "replace") if isinstance(t, bytes) else str(t) for t in told)
+        return LeaseReply(float(share) * rate.per, int(burst), int(initial), float(paused), ids)
 
     # -- logins
 

@@ -5,8 +5,8 @@ A key this sidecar grants often (`RESERVE_AFTER` calls within `RESERVE_WINDOW`) 
 held by the sidecar itself, as a library client holds one: the bucket in Redis keeps its share
 and burst aside (bucket_scripts.py), so the limit holds exactly across every sidecar, and a
 permit it holds is a local take instead of a round trip to Redis. It is renewed in the
-background at half its length, asking for twice what was used (all of the rate at first, and at
-once when a caller finds it empty after it asked for less); one
+background at half its length, asking for twice what was used (all of the rate at first; at
+once, for twice what it asked before, when a caller finds it empty); one
 not used since its last renewal is given back, and all of them when the sidecar stops; one whose
 sidecar died lapses after `RESERVE_SECONDS` at most. A pause drops it at once. While Redis is
 unreachable it is spent until its end, like a client's, and not renewed: after that, callers get
@@ -56,7 +56,7 @@ class _Reserve:
     used: int = 0
     renewing: bool = False
     asked: float = 0.0  # the demand of the last lease asked for (permits per period)
-    short: bool = False  # a caller found it empty since: the next lease asks for all of the rate
+    short: bool = False  # a caller found it empty since: the next lease asks for twice as much
 
 
 class Reserves:
@@ -90,7 +90,7 @@ class Reserves:
         if bucket is None or now >= reserve.until or cost > bucket.capacity:
             return False
         if bucket.try_take(cost, now) > 0.0:
-            reserve.short = True  # what it asked for held callers back: ask for all, now if it had not
+            reserve.short = True  # what it asked for held callers back: ask for more, now
             if reserve.asked < rate.burst and not reserve.renewing:
                 self._renew(key, reserve)
             return False
@@ -112,6 +112,15 @@ class Reserves:
         if reserve is None or reserve.bucket is None or self.clock.monotonic() >= reserve.until:
             return None
         return reserve.terms
+
+    def nudge(self, lease: str) -> bool:
+        """The shared state says: renew the lease `lease` now (if it is one of ours)."""
+        for key, reserve in self._reserves.items():
+            if reserve.lease == lease:
+                if not reserve.renewing:
+                    self._renew(key, reserve)
+                return True
+        return False
 
     def drop(self, key: str) -> None:
         """Stop spending the lease of `key` now (a pause, a new rate) and give it back."""
@@ -139,6 +148,11 @@ class Reserves:
         reserve = self._reserves[key] = _Reserve(secrets.token_urlsafe(12), rate, now)
         self._renew(key, reserve)
 
+    def _due(self, key: str, reserve: _Reserve) -> None:
+        if self._reserves.get(key) is reserve and not reserve.renewing \
+                and self.clock.monotonic() >= reserve.renew_at:
+            self._renew(key, reserve)
+
     def _renew(self, key: str, reserve: _Reserve) -> None:
         reserve.renewing = True
         self._spawn(self._obtain(key, reserve))
@@ -162,8 +176,10 @@ class Reserves:
                     del self._reserves[key]
                 await self._release(key, reserve)
                 return
-            demand = float(rate.burst) if reserve.terms is None or reserve.short or elapsed <= 0 \
+            demand = float(rate.burst) if reserve.terms is None or elapsed <= 0 \
                 else max(1.0, reserve.used / elapsed * rate.per * DEMAND_HEADROOM)
+            if reserve.short:  # callers found it empty: twice what it asked for, at least
+                demand = max(demand, reserve.asked * DEMAND_HEADROOM)
             reserve.asked, reserve.short = min(demand, float(rate.burst)), False
             live = reserve.bucket is not None and sent < reserve.until
             spare = int(reserve.bucket.level(sent)) if live and reserve.bucket is not None else 0
@@ -183,6 +199,9 @@ class Reserves:
             return
         reserve.used, reserve.since = 0, sent
         reserve.renew_at = sent + seconds / 2
+        # renewed (or, unused, given back) at half even if no caller comes to renew it
+        asyncio.get_running_loop().call_later(max(0.0, reserve.renew_at - self.clock.monotonic()),
+                                              self._due, key, reserve)
         period = rate.per * reply.burst / reply.share if reply.share > 0 else math.inf
         if reply.paused > 0.0 or reply.burst < 1 or period > MAX_SECONDS:
             reserve.bucket, reserve.terms, reserve.until = None, (0.0, 0), sent

@@ -77,6 +77,7 @@ class SharedLimiter:
         self._counts: dict[str, list[int]] = {}  # key -> [granted permits, refused requests]
         self._pumps: set[asyncio.Task[None]] = set()
         self.reserves = Reserves(clock, self.lease)  # this sidecar's own leases of busy keys
+        self.on_told: Callable[[str, tuple[str, ...]], None] | None = None  # (key, lease ids)
 
     def try_acquire(self, key: str, rate: Rate, cost: int = 1) -> bool:
         """Permits from this sidecar's own lease of `key`, if it holds them (no round trip);
@@ -294,8 +295,12 @@ class SharedLimiter:
                 "paused_until": None}
 
     async def lease(self, key: str, rate: Rate, ask: LeaseAsk) -> LeaseReply:
-        """A holder's lease of the shared bucket, or its release (bucket_scripts.py)."""
-        return await self.state.lease(key, rate, ask)
+        """A holder's lease of the shared bucket, or its release (bucket_scripts.py); the holders
+        the answer says to tell to renew now go to `on_told`."""
+        reply = await self.state.lease(key, rate, ask)
+        if reply.told and self.on_told is not None:
+            self.on_told(key, reply.told)
+        return reply
 
     async def apause(self, key: str, rate: Rate, seconds: float) -> float | None:
         self.reserves.drop(key)
