@@ -9,7 +9,7 @@ import pytest
 
 from mcpcreds.buckets import Limiter
 from mcpcreds.clock import FakeClock
-from mcpcreds.leases import SHARED, LeaseBook, lease_seconds, max_min_fair
+from mcpcreds.leases import SHARED, LeaseBook, LeaseRefused, lease_seconds, max_min_fair
 from mcpcreds.rates import Rate
 
 RATE = Rate(100, 1.0)
@@ -299,3 +299,18 @@ def test_a_shared_state_holder_is_kept_while_the_shared_state_answers() -> None:
     assert terms is not None and (terms.lease, terms.share, terms.burst) == (a, 50.0, 25)
     assert book.release_subscriber("sub-a") == 1
     assert book.note(a, 50.0, 25, 1.0, 2.0, clock.monotonic()) is None  # released meanwhile
+
+
+def test_one_uid_cannot_take_every_holders_place() -> None:
+    """A bucket has room for 256 holders; one uid may hold 64 of them, so other uids (on this
+    sidecar or, on a shared state, any) still get theirs."""
+    clock, book = FakeClock(), LeaseBook()
+    for _ in range(64):
+        book.admit(KEY, None, 1000, None, clock.monotonic(), 2.0)
+    with pytest.raises(LeaseRefused):
+        book.admit(KEY, None, 1000, None, clock.monotonic(), 2.0)
+    for _ in range(64):  # the memory state's grants alike
+        book.grant("other-key", RATE, None, 1e9, 1000, None, 0, clock.monotonic())
+    with pytest.raises(LeaseRefused):
+        book.grant("other-key", RATE, None, 1e9, 1000, None, 0, clock.monotonic())
+    book.admit(KEY, None, 1001, None, clock.monotonic(), 2.0)  # another uid still can

@@ -7,6 +7,7 @@ through about twice that)."""
 from __future__ import annotations
 
 import json
+import signal
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from mcpcreds import Client
+from mcpcreds.errors import InvalidRequest
 from tests.peers.redis_peer import RedisPeer
 from tests.peers.upstream import one_of, start_upstream
 from tests.redis_sidecar import start_on_state
@@ -104,5 +106,26 @@ def test_a_lease_through_one_sidecar_tells_a_holder_on_another_to_renew_now(tmp_
             assert held["share"] > 15
             newcomer = client_b.request("POST", "/v1/servers/b/lease", {})
             assert newcomer["share"] == 0.0
+            event = json.loads(next(lines))  # the read times out (BOUND) if it never comes
+            assert event == {"kind": "lease", "key": "service:api"}
+
+
+def test_a_reload_that_changes_the_rate_tells_the_lease_holders_to_renew_now(tmp_path: Path,
+                                                                             redis: RedisPeer) -> None:
+    """A lowered rate must not wait for the leases on the old one to end (up to 60 s): their
+    holders hear "renew now" when the sidecar reloads, and the bad input of a renewal is refused."""
+    with ExitStack() as stack:
+        sidecar = start_on_state(stack, tmp_path / "sidecar", redis.url,
+                                 BODY.format(url="http://127.0.0.1:9", leases=""), {"TOKEN": TOKEN})
+        transport = httpx.HTTPTransport(uds=str(sidecar.socket))
+        with httpx.Client(transport=transport, base_url="http://mcpcreds", timeout=BOUND) as http, \
+                http.stream("GET", "/v1/events") as events, Client(sidecar.socket) as client:
+            lines = events.iter_lines()
+            subscriber = json.loads(next(lines))["subscriber"]
+            held = client.request("POST", "/v1/servers/b/lease", {"subscriber": subscriber})
+            with pytest.raises(InvalidRequest):  # a number past any share: refused, not a 500
+                client.request("POST", "/v1/servers/b/lease", {"lease": held["lease"], "holding": [10**400, 1]})
+            sidecar.config.write_text(sidecar.config.read_text().replace('rate = "20/1s"', 'rate = "10/1s"'))
+            sidecar.signal(signal.SIGHUP)
             event = json.loads(next(lines))  # the read times out (BOUND) if it never comes
             assert event == {"kind": "lease", "key": "service:api"}

@@ -140,6 +140,28 @@ async def test_a_lease_found_empty_asks_for_twice_as_much_at_once_until_it_asked
     assert len(lease.asks) == 4 and lease.asks[3].demand == 8.0  # twice 4, at once
 
 
+async def test_a_lease_found_empty_or_told_to_renew_right_after_a_renewal_is_kept() -> None:
+    """Only a renewal due at half gives back a lease unused since the last one: one found empty
+    just after its renewal answered (nothing carried, nothing moved), or told to renew by the
+    shared state, asks again instead."""
+    clock = FakeClock()
+    lease = ScriptedLease(LeaseReply(10.0, 5, 5, 0.0), LeaseReply(20.0, 10, 0, 0.0),
+                          LeaseReply(40.0, 20, 20, 0.0), LeaseReply(40.0, 20, 0, 0.0))
+    reserves = await leased(clock, lease)
+    assert takes(reserves, 5) == 5
+    clock.advance(1.0)
+    assert takes(reserves, 5) == 5  # the first of them renews (due): 10 used in 1 s
+    await settle()
+    assert lease.asks[1].demand == 20.0
+    assert not reserves.take(KEY, RATE, 1)  # the new bucket is empty: found empty, asks at once
+    await settle()
+    assert not lease.asks[2].release and lease.asks[2].demand >= 40.0
+    assert takes(reserves) == 20
+    assert reserves.nudge(lease.asks[0].lease)  # told to renew: renews, does not give it back
+    await settle()
+    assert not lease.asks[3].release and reserves.held(KEY) == (40.0, 20)
+
+
 async def test_a_lease_not_used_since_its_renewal_is_given_back() -> None:
     clock, lease = FakeClock(), ScriptedLease(LeaseReply(99.0, 49, 49, 0.0), LeaseReply(99.0, 49, 0, 0.0))
     reserves = await leased(clock, lease)

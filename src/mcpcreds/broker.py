@@ -238,7 +238,7 @@ class Broker:
     # -- config
 
     def reload(self, config: Config, resolver: SecretResolver) -> None:
-        old = self.config.targets_by_key
+        old, old_rates = self.config.targets_by_key, self.config.rates
         self.config = config
         self.resolver = resolver
         self.logins.refresh_ahead = config.sidecar.refresh_ahead
@@ -250,6 +250,9 @@ class Broker:
         self._resolving.clear()  # a resolution under way serves its callers, not the new config
         self.discovery.forget()
         self.limiter.reconfigure(self._shared_rates(config))
+        for key in old_rates.keys() | config.rates.keys():
+            if old_rates.get(key) != config.rates.get(key):
+                self.events.publish("lease", key)  # its lease holders renew now, on the new rate
         self._cache.clear()
         self.server_specs = self._specs()
         self.proxy_only_keys = _proxy_only_keys(config)

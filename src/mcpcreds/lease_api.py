@@ -72,7 +72,7 @@ async def lease(api: Api, request: Request) -> Response:
     holding = body.get("holding")
     if holding is not None and not (isinstance(holding, list) and len(holding) == 2
                                     and all(isinstance(v, int | float) and not isinstance(v, bool)
-                                            for v in holding)):
+                                            and 0 <= v <= MAX_DEMAND for v in holding)):
         raise InvalidRequest("holding must be [share, burst]: the terms of the lease being spent")
     spare = body.get("spare", 0)
     if isinstance(spare, bool) or not isinstance(spare, int) or not 0 <= spare <= MAX_DEMAND:

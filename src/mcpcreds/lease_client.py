@@ -292,7 +292,7 @@ class AsyncLeaser:
             return False
         shrunk = self.shrunk = self.limiter is not None and share < self.terms[0]
         # a bucket kept past its lease's end refilled meanwhile with nothing bought: not carried
-        live = self.limiter is not None and sent < self.lease_end
+        live = self.limiter is not None and self.clock() < self.lease_end  # (an answer after its end: not)
         if (share, burst) != self.terms or not live or initial > 0:
             limiter = AsyncLimiter(burst, per * burst / share)
             # it starts with the permits the sidecar moved to it and those the old one had left

@@ -248,7 +248,7 @@ class SyncLeaser:
             return False
         shrunk = self.shrunk = self.bucket is not None and share < self.terms[0]
         # a bucket kept past its lease's end refilled meanwhile with nothing bought: not carried
-        live = self.bucket is not None and sent < self.lease_end
+        live = self.bucket is not None and self.clock() < self.lease_end  # (an answer after its end: not)
         if (share, burst) != self.terms or not live or initial > 0:
             now = self.clock()
             bucket = TokenBucket(Rate(burst, per * burst / share), now)

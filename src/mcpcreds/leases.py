@@ -43,6 +43,7 @@ MIN_SHARED_DEMAND: Final = 1.0  # permits per period always kept for callers wit
 SHARED_BURST_FLOOR: Final = 0.5  # the part of the burst that stays with the shared bucket
 DEMAND_SMOOTHING: Final = 0.5  # weight of the newest sample of the shared callers' demand
 MAX_HOLDERS_PER_KEY: Final = 256
+MAX_HOLDERS_PER_UID: Final = 64  # of a key: one uid cannot take every holder's place
 MAX_LEASE_ID: Final = 64  # characters: what the API takes as a lease or subscriber id
 NUDGE_MARGIN: Final = 0.1  # a share this far (of the fair one, at least 1 permit) from fair is nudged
 RECALL_EVERY: Final = 0.125  # of a lease: the least time between two recalls for the shared callers
@@ -179,8 +180,7 @@ class LeaseBook:
         self._reserved(key, entry, now)  # prunes lapsed leases
         holder = entry.holders.get(lease) if lease is not None else None
         if holder is None or holder.uid != uid:
-            if len(entry.holders) >= MAX_HOLDERS_PER_KEY:
-                raise LeaseRefused("this bucket has as many lease holders as it may")
+            _check_room(entry, uid)
             lease = secrets.token_urlsafe(12)
             holder = entry.holders[lease] = _Holder(uid, subscriber, demand, now)
             self._where[lease] = key
@@ -223,8 +223,7 @@ class LeaseBook:
         self._reserved(key, entry, now)  # prunes lapsed leases
         holder = entry.holders.get(lease) if lease is not None else None
         if holder is None or holder.uid != uid:
-            if len(entry.holders) >= MAX_HOLDERS_PER_KEY:
-                raise LeaseRefused("this bucket has as many lease holders as it may")
+            _check_room(entry, uid)
             lease = secrets.token_urlsafe(12)
             holder = entry.holders[lease] = _Holder(uid, subscriber, 0.0, now + seconds)
             self._where[lease] = key
@@ -363,6 +362,13 @@ class LeaseBook:
             sample = max(0, granted - entry.granted_total) / (now - entry.sampled_at) * rate.per
             entry.shared_demand += DEMAND_SMOOTHING * (sample - entry.shared_demand)
         entry.granted_total, entry.sampled_at = granted, now
+
+
+def _check_room(entry: _Key, uid: int) -> None:
+    if len(entry.holders) >= MAX_HOLDERS_PER_KEY:
+        raise LeaseRefused("this bucket has as many lease holders as it may")
+    if sum(1 for h in entry.holders.values() if h.uid == uid) >= MAX_HOLDERS_PER_UID:
+        raise LeaseRefused("this uid holds as many leases of this bucket as it may")
 
 
 def _margin(fair: float) -> float:

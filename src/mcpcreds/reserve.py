@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import math
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -56,6 +56,7 @@ class _Reserve:
     used: int = 0
     renewing: bool = False
     asked: float = 0.0  # the demand of the last lease asked for (permits per period)
+    again: bool = False  # told to renew while a renewal was under way: once more after it
     short: bool = False  # a caller found it empty since: the next lease asks for twice as much
 
 
@@ -85,14 +86,14 @@ class Reserves:
             self.drop(key)
             return False
         if now >= reserve.renew_at and not reserve.renewing:
-            self._renew(key, reserve)
+            self._renew(key, reserve, due=True)
         bucket = reserve.bucket
         if bucket is None or now >= reserve.until or cost > bucket.capacity:
             return False
         if bucket.try_take(cost, now) > 0.0:
             reserve.short = True  # what it asked for held callers back: ask for more, now
             if reserve.asked < rate.burst and not reserve.renewing:
-                self._renew(key, reserve)
+                self._renew(key, reserve, due=False)
             return False
         reserve.used += cost
         return True
@@ -117,10 +118,18 @@ class Reserves:
         """The shared state says: renew the lease `lease` now (if it is one of ours)."""
         for key, reserve in self._reserves.items():
             if reserve.lease == lease:
-                if not reserve.renewing:
-                    self._renew(key, reserve)
+                if reserve.renewing:
+                    reserve.again = True
+                else:
+                    self._renew(key, reserve, due=False)
                 return True
         return False
+
+    def reconfigure(self, rates: Mapping[str, Rate]) -> None:
+        """A reload: the leases on a rate that changed or went away are given back."""
+        for key, reserve in list(self._reserves.items()):
+            if rates.get(key) != reserve.rate:
+                self.drop(key)
 
     def drop(self, key: str) -> None:
         """Stop spending the lease of `key` now (a pause, a new rate) and give it back."""
@@ -146,16 +155,18 @@ class Reserves:
             return
         self._calls.pop(key, None)
         reserve = self._reserves[key] = _Reserve(secrets.token_urlsafe(12), rate, now)
-        self._renew(key, reserve)
+        self._renew(key, reserve, due=False)
 
     def _due(self, key: str, reserve: _Reserve) -> None:
         if self._reserves.get(key) is reserve and not reserve.renewing \
                 and self.clock.monotonic() >= reserve.renew_at:
-            self._renew(key, reserve)
+            self._renew(key, reserve, due=True)
 
-    def _renew(self, key: str, reserve: _Reserve) -> None:
+    def _renew(self, key: str, reserve: _Reserve, due: bool) -> None:
+        """Renew now; `due`: at half the lease (not told to, nor found empty), when one not used
+        since its last renewal is given back instead."""
         reserve.renewing = True
-        self._spawn(self._obtain(key, reserve))
+        self._spawn(self._obtain(key, reserve, due))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
@@ -166,18 +177,18 @@ class Reserves:
         with contextlib.suppress(McpcredsError):  # the shared state is away: it lapses there instead
             await self._lease(key, reserve.rate, LeaseAsk(reserve.lease, 0.0, 0.001, release=True))
 
-    async def _obtain(self, key: str, reserve: _Reserve) -> None:
+    async def _obtain(self, key: str, reserve: _Reserve, due: bool) -> None:
         rate = reserve.rate
         sent = self.clock.monotonic()
-        elapsed = sent - reserve.since
+        elapsed, used = sent - reserve.since, reserve.used
         try:
-            if reserve.terms is not None and reserve.used == 0:  # not used since the last renewal
+            if due and reserve.terms is not None and used == 0 and not reserve.short:  # unused since
                 if self._reserves.get(key) is reserve:
                     del self._reserves[key]
                 await self._release(key, reserve)
                 return
             demand = float(rate.burst) if reserve.terms is None or elapsed <= 0 \
-                else max(1.0, reserve.used / elapsed * rate.per * DEMAND_HEADROOM)
+                else max(1.0, used / elapsed * rate.per * DEMAND_HEADROOM)
             if reserve.short:  # callers found it empty: twice what it asked for, at least
                 demand = max(demand, reserve.asked * DEMAND_HEADROOM)
             reserve.asked, reserve.short = min(demand, float(rate.burst)), False
@@ -197,8 +208,11 @@ class Reserves:
         if self._reserves.get(key) is not reserve:  # dropped meanwhile (a pause, a reload)
             await self._release(key, reserve)
             return
-        reserve.used, reserve.since = 0, sent
+        reserve.used, reserve.since = reserve.used - used, sent  # the takes since it was sent count next
         reserve.renew_at = sent + seconds / 2
+        if reserve.again:  # told to renew while this renewal was under way
+            reserve.again = False
+            self._renew(key, reserve, due=False)
         # renewed (or, unused, given back) at half even if no caller comes to renew it
         asyncio.get_running_loop().call_later(max(0.0, reserve.renew_at - self.clock.monotonic()),
                                               self._due, key, reserve)
@@ -210,6 +224,8 @@ class Reserves:
         bucket = TokenBucket(Rate(reply.burst, period * (1 + SHARE_MARGIN)), now)
         # it starts with the permits moved to it and those the old bucket has left (taken
         # from the shared bucket already: spent under the new terms, not lost)
-        carried = int(reserve.bucket.level(now)) if live and reserve.bucket is not None else 0
+        # (refilled no further than the old lease's end, if the answer came after it)
+        old = reserve.bucket if live else None
+        carried = int(old.level(min(now, reserve.until))) if old is not None else 0
         bucket.take(reply.burst - min(reply.initial + carried, reply.burst), now)
         reserve.bucket, reserve.terms, reserve.until = bucket, (reply.share, reply.burst), sent + seconds

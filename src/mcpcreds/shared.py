@@ -321,8 +321,9 @@ class SharedLimiter:
         return rows
 
     def reconfigure(self, rates: dict[str, Rate]) -> None:
-        """Buckets live in the shared state; a changed rate applies at the next take (and a lease
-        of this sidecar's on the old rate is given back there)."""
+        """Buckets live in the shared state; a changed rate applies at the next take, and a lease
+        of this sidecar's on the old rate is given back now."""
+        self.reserves.reconfigure(rates)
 
     def close(self) -> None:
         if self.degrade is not None:
