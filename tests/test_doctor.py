@@ -334,6 +334,36 @@ def test_redis_script_and_state_key_are_checked(redis: RedisPeer, monkeypatch: p
     assert CANARY not in text
 
 
+def test_a_redis_that_may_evict_the_sidecars_keys_is_a_failure(redis: RedisPeer,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis import Redis
+
+    monkeypatch.setenv("STATE_KEY", CANARY + "-state-key")
+    config = parse_config({"sidecar": {"state": redis.url, "state_key": "{{secret:STATE_KEY}}"},
+                           "secrets": {"sources": ["env"]}})
+    ok, text = redis_lines(config)  # no maxmemory: whatever the policy, nothing is evicted
+    assert ok and f"{PASS} redis eviction: nothing is evicted (maxmemory 0," in text, text
+    admin = Redis(unix_socket_path=str(redis.socket))
+    try:
+        admin.config_set("maxmemory", "100mb")
+        for policy in ("allkeys-lru", "volatile-ttl"):  # our keys carry TTLs: volatile-* picks them too
+            admin.config_set("maxmemory-policy", policy)
+            ok, text = redis_lines(config)
+            assert not ok and f"{FAIL} redis eviction: maxmemory 104857600 with {policy}" in text, text
+            assert "fix: set maxmemory-policy to noeviction" in text
+        admin.config_set("maxmemory-policy", "noeviction")
+        assert redis_lines(config)[0]
+        admin.acl_setuser("default", enabled=True, nopass=True, commands=["+@all", "-config"], keys=["*"],
+                          channels=["*"])
+        ok, text = redis_lines(config)  # CONFIG refused (as on managed Redis): said, not failed
+        assert ok and f"{PASS} redis eviction: the eviction settings cannot be read (NoPermissionError" in text, text
+    finally:
+        admin.acl_setuser("default", reset=True, enabled=True, nopass=True, commands=["+@all"], keys=["*"],
+                          channels=["*"])
+        admin.config_set("maxmemory", "0")
+        admin.close()
+
+
 @pytest.mark.parametrize(("version", "ok"), [("4.0.14", False), ("3.2.0", False), ("5.0.0", True),
                                              ("7.2.4", True), ("10.0", True), ("8", True), ("valkey", True)])
 def test_the_redis_version_floor(version: str, ok: bool) -> None:

@@ -245,7 +245,9 @@ elseif old ~= nil or count < @MAX_LEASES@ then
   end
   -- a holder given nothing now stays (reserving nothing) so that its demand counts at the others'
   -- renewals, and it gets its part at its own next one
-  leases[id] = {share, b, now + seconds, ps, pb, pu, demand, 0}
+  -- kept aside a little longer than its holder may spend it: the holder counts the lease on its
+  -- own clock, which may run up to 1000 ppm (twice NTP's slew limit) slower than this one
+  leases[id] = {share, b, now + seconds * 1.001 + 0.01, ps, pb, pu, demand, 0}
   put(id, leases[id])
 end
 -- who should renew now (leases.py `_rebalance`): the holders under what they could have now, and

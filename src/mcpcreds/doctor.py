@@ -435,6 +435,7 @@ class Doctor:
                 self.add(False, "redis", f"{shown} runs Redis {version}; the bucket script needs "
                          f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later", "upgrade Redis (or use Valkey)")
             await self._redis_script(client)
+            await self._redis_eviction(client)
             await self._redis_state_key(client, config)
         finally:
             await client.aclose()
@@ -456,6 +457,25 @@ class Doctor:
                      "+evalsha), on a server with Lua scripting")
             return
         self.add(True, "redis script", f"the bucket script loads ({sha[:12]}; no sidecar had used it yet)")
+
+    async def _redis_eviction(self, client: Any) -> None:
+        """Redis must not evict the sidecars' keys: buckets, logins and grants carry TTLs (so
+        volatile-* policies may pick them too) and the salt none. A bucket dropped while leases of
+        it live would start full beside what its holders still spend (over the limit)."""
+        try:
+            got = await asyncio.wait_for(client.config_get("maxmemory*"), self.timeout)
+        except Exception as exc:  # CONFIG is often disabled on managed Redis: say what to check
+            self.add(True, "redis eviction", f"the eviction settings cannot be read ({_redis_msg(exc)}): "
+                     "with a maxmemory, maxmemory-policy must be noeviction")
+            return
+        policy, limit = str(got.get("maxmemory-policy", "?")), str(got.get("maxmemory", "0"))
+        if limit == "0" or policy == "noeviction":
+            self.add(True, "redis eviction", f"nothing is evicted (maxmemory {limit}, {policy})")
+        else:
+            self.add(False, "redis eviction",
+                     f"maxmemory {limit} with {policy}: Redis may drop a bucket while leases of it live "
+                     "(then over the limit), logins, grants or the key salt",
+                     "set maxmemory-policy to noeviction on this Redis (or no maxmemory)")
 
     async def _redis_state_key(self, client: Any, config: Config) -> None:
         """Our state_key opens the logins other sidecars stored (the same salt, the same key): with
