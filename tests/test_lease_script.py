@@ -167,3 +167,12 @@ async def test_a_grant_names_the_holders_of_any_sidecar_to_tell_to_renew_now(sta
     assert a.told == ()  # told once until it renews
     b = await lease(state, LeaseAsk("b", 1e9, 60.0))
     assert math.isclose(b.share, 49.5, rel_tol=1e-9)
+
+
+async def test_a_grant_is_kept_aside_a_little_longer_than_its_holder_may_spend_it(state: RedisState) -> None:
+    """The holder stops `seconds` after it sent its request, on its own clock; Redis keeps the
+    share aside 1000 ppm + 10 ms longer, so a holder's clock that runs slow never spends past it."""
+    seconds, before = 60.0, await state.redis.time()
+    await lease(state, LeaseAsk("a", 1e9, seconds))
+    until = float((await state.redis.hget("mcpcreds:{svc:api}:leases", "a")).split()[2])
+    assert until - (before[0] + before[1] / 1e6) >= seconds * 1.001 + 0.01
