@@ -129,3 +129,22 @@ def test_a_reload_that_changes_the_rate_tells_the_lease_holders_to_renew_now(tmp
             sidecar.signal(signal.SIGHUP)
             event = json.loads(next(lines))  # the read times out (BOUND) if it never comes
             assert event == {"kind": "lease", "key": "service:api"}
+
+
+def test_a_sidecar_that_stops_gives_its_holders_shares_back_in_redis(tmp_path: Path, redis: RedisPeer) -> None:
+    """Its holders stop spending when their event stream ends; the shares kept aside for them in
+    Redis go back to the other sidecars then, not when the leases would have ended."""
+    import redis as redis_client
+
+    with ExitStack() as stack:
+        sidecar = start_on_state(stack, tmp_path / "sidecar", redis.url,
+                                 BODY.format(url="http://127.0.0.1:9", leases=""), {"TOKEN": TOKEN})
+        with Client(sidecar.socket) as client:
+            client.request("POST", "/v1/servers/b/lease", {})
+        raw = redis_client.Redis(unix_socket_path=str(redis.socket))
+        try:
+            assert raw.hlen("mcpcreds:{service:api}:leases") == 1
+            assert sidecar.stop() == 0
+            assert raw.hlen("mcpcreds:{service:api}:leases") == 0
+        finally:
+            raw.close()

@@ -166,8 +166,8 @@ class Broker:
         the shared state (`publish`)."""
         subscribers, elsewhere = [], []
         for lease in leases:
-            if self.leases.key_of(lease) is not None:
-                if (sub := self.leases.subscriber_of(lease)) is not None:
+            if (held_key := self.leases.key_of(lease)) is not None:
+                if held_key == key and (sub := self.leases.subscriber_of(lease)) is not None:
                     subscribers.append(sub)
             elif not (isinstance(self.limiter, SharedLimiter) and self.limiter.reserves.nudge(lease)):
                 elsewhere.append(lease)
@@ -292,9 +292,13 @@ class Broker:
         return target
 
     async def aclose(self) -> None:
+        if isinstance(self.limiter, SharedLimiter):  # our holders' shares, back to the others now
+            await self._release_shared(self.leases.all_leases())
         self.events.close()
         self.logins.close()
         self.limiter.close()
+        for task in list(self._background):
+            task.cancel()
         if isinstance(self.limiter, SharedLimiter):
             await self.limiter.aclose()
         await self.sharing.aclose()

@@ -256,6 +256,10 @@ class LeaseBook:
         holder = self._keys[key].holders.get(lease) if key is not None else None
         return holder.subscriber if holder is not None else None
 
+    def all_leases(self) -> list[tuple[str, str]]:
+        """(key, lease) of every lease held."""
+        return [(key, lease) for key, entry in self._keys.items() for lease in entry.holders]
+
     def leases_of(self, subscriber: str) -> list[tuple[str, str]]:
         """(key, lease) of the leases held through this event stream."""
         return [(key, lease) for key, entry in self._keys.items() for lease, h in entry.holders.items()

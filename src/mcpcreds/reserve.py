@@ -140,11 +140,12 @@ class Reserves:
     async def aclose(self) -> None:
         """Give every lease back (the sidecar stops), so the others need not wait for their end."""
         held, self._reserves = self._reserves, {}
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for key, reserve in held.items():
-            if reserve.terms is not None:
-                await self._release(key, reserve)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for key, reserve in held.items():  # a first lease cancelled may have been granted already
+            await self._release(key, reserve)
 
     def _count(self, key: str, rate: Rate, now: float) -> None:
         start, calls = self._calls.get(key, (now, 0))
