@@ -255,6 +255,8 @@ async def test_two_sidecars_leasing_for_their_callers_grant_exactly_the_burst(re
         for _ in range(RESERVE_AFTER):
             await first.acquire(KEY, HOUR, 1, 0.0)
         await until_leased(first)
+        (row,) = await first.astatus({KEY: HOUR})
+        assert row["own_lease"] == {"share": 99.0, "burst": 49}  # what the status shows
         before = await evalsha_calls(redis)
         served = 0
         while first.try_acquire(KEY, HOUR, 1):

@@ -317,7 +317,7 @@ class SharedLimiter:
                          "waiting": len(queue.pending) if (queue := self._queues.get(key)) else 0,
                          "granted": granted, "refused": refused,
                          "paused_until": time.time() + paused if paused > 0 else None,
-                         "shared": True})
+                         "shared": True, "own_lease": _own_lease(self.reserves.held(key))})
         return rows
 
     def reconfigure(self, rates: dict[str, Rate]) -> None:
@@ -332,6 +332,10 @@ class SharedLimiter:
     async def aclose(self) -> None:
         """Give this sidecar's own leases back before the state closes."""
         await self.reserves.aclose()
+
+
+def _own_lease(held: tuple[float, int] | None) -> dict[str, Any] | None:
+    return {"share": round(held[0], 3), "burst": held[1]} if held is not None else None
 
 
 class LocalLogins:
