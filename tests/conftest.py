@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import secretstorage
@@ -255,7 +255,7 @@ def oidc_session(request: pytest.FixtureRequest) -> Iterator[OidcPeer]:
     client a collected test module declares in its OIDC_CLIENTS; a client id declared twice must
     be declared alike. Use it through `module_peer` (a module's token lifetime, fresh counters)."""
     clients: dict[str, dict[str, Any]] = {}
-    modules = {item.module for item in request.session.items if getattr(item, "module", None) is not None}
+    modules = {cast(Any, item).module for item in request.session.items if getattr(item, "module", None) is not None}
     for module in sorted(modules, key=lambda m: m.__name__):
         for client in getattr(module, "OIDC_CLIENTS", ()):
             known = clients.setdefault(client["client_id"], client)

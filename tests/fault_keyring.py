@@ -12,15 +12,15 @@ from keyring.backends.SecretService import Keyring as SecretService
 
 
 class RealKeyring(KeyringBackend):
-    priority = 1  # type: ignore[assignment]
+    priority = 1
     viable = False  # out of keyring's detection and chain: named by path only
 
     def __init__(self) -> None:
-        super().__init__()
-        self.real = SecretService()
+        super().__init__()  # type: ignore[no-untyped-call]  # keyring leaves __init__ unannotated
+        self.real: KeyringBackend = SecretService()  # type: ignore[no-untyped-call]
 
     def get_password(self, service: str, username: str) -> str | None:
-        return self.real.get_password(service, username)  # type: ignore[no-any-return]
+        return self.real.get_password(service, username)
 
     def set_password(self, service: str, username: str, password: str) -> None:
         self.real.set_password(service, username, password)

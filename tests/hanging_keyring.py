@@ -16,7 +16,7 @@ RELEASE = threading.Event()
 
 
 class HangingKeyring(KeyringBackend):
-    priority = 1  # type: ignore[assignment]
+    priority = 1
     viable = False  # out of keyring's detection and chain
 
     def get_password(self, service: str, username: str) -> str | None:
@@ -31,7 +31,7 @@ class HangingKeyring(KeyringBackend):
 
 
 class PlaintextKeyring(KeyringBackend):
-    priority = 1  # type: ignore[assignment]
+    priority = 1
     viable = False  # out of keyring's detection and chain
     store: dict[tuple[str, str], str] = {}
 

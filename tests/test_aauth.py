@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -901,7 +901,7 @@ def provider(issuer: str = ISSUER, register: Any = None) -> tuple[list[httpx.Req
                                              "registration_endpoint": f"{ISSUER}/register"})
         if request.url.path == "/jwks":
             return httpx.Response(200, json={"keys": [PROVIDER_KEY.as_dict(private=False)]})
-        return register(request)
+        return cast(httpx.Response, register(request))
 
     return seen, handler
 

@@ -309,7 +309,11 @@ async def test_a_crowd_is_served_in_order_within_each_max_wait(limiter: Limiter,
     for i in range(200):
         max_wait = rng.choice([0.0, 1.0, 5.0, 30.0])
         task = asyncio.create_task(limiter.acquire(KEY, rate, rng.randint(1, 10), max_wait))
-        task.add_done_callback(lambda t, i=i: done_order.append(i))
+
+        def done(t: asyncio.Task[float], i: int = i) -> None:
+            done_order.append(i)
+
+        task.add_done_callback(done)
         await settle()
         if task.done() and task.exception() is not None:
             refused += 1

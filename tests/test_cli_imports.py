@@ -433,7 +433,7 @@ def test_a_kept_connection_with_bytes_nobody_asked_for_is_not_used_again() -> No
     try:
         stray_peer.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
         closed_peer.close()
-        assert [_idle_and_open(s) for s in (quiet, stray, closed)] == [True, False, False]  # type: ignore[arg-type]
+        assert [_idle_and_open(s) for s in (quiet, stray, closed)] == [True, False, False]
         assert stray.recv(64).startswith(b"HTTP/1.1 200")  # peeked, not consumed
     finally:
         for s in (quiet, peer, stray, stray_peer, closed):

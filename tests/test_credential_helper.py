@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -204,9 +205,9 @@ def test_read_git_request_stops_at_the_blank_line() -> None:
 
 
 def test_match_server_rules() -> None:
-    servers = [{"name": "a", "endpoint": "https://h.example.com/mcp"},
-               {"name": "b", "endpoint": "http://h.example.com:8080/"},
-               {"name": "c", "endpoint": None}]
+    servers: list[dict[str, Any]] = [{"name": "a", "endpoint": "https://h.example.com/mcp"},
+                                     {"name": "b", "endpoint": "http://h.example.com:8080/"},
+                                     {"name": "c", "endpoint": None}]
     assert match_server(servers, "https", "H.example.com:443", None) == "a"
     assert match_server(servers, "https", "h.example.com", "mcp/x") == "a"
     assert match_server(servers, None, "h.example.com:8080", None) == "b"  # docker: no scheme

@@ -38,9 +38,8 @@ from mcpcreds.egress_proxy import (
     TUNNEL_IDLE_TIMEOUT,
     EgressProxy,
     EgressSocketInUse,
-    ExecSessionsFull,
 )
-from mcpcreds.errors import RateLimited
+from mcpcreds.errors import ExecSessionsFull, RateLimited
 from mcpcreds.socket_check import UntrustedSidecar
 
 NOBODY = 65534

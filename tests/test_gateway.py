@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import httpx2
@@ -27,6 +27,7 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp.types import TextContent
 
 from mcpcreds import AsyncClient, Forbidden
 from mcpcreds.errors import ProxyOnly
@@ -314,7 +315,7 @@ async def test_canary_with_expose_proxy_no_byte_the_client_receives_holds_a_cred
     recording = Recording(httpx2.AsyncHTTPTransport())
     async with mcp_session(sidecar, "tools", recording=recording) as session:
         assert {t.name for t in (await session.list_tools()).tools} == ALL_TOOLS
-        leaked = json.loads((await session.call_tool("leak", {})).content[0].text)
+        leaked = json.loads(cast(TextContent, (await session.call_tool("leak", {})).content[0]).text)
         assert leaked["authorization"] == "***"  # the server echoed the token: masked on the way back
         assert value(await session.call_tool("add", {"a": 1, "b": 1})) == 2
     received = bytes(recording.received)
@@ -387,7 +388,8 @@ async def test_what_no_header_can_carry_is_an_error_never_a_500(peer: GatewayPee
         assert refused.status_code == 502 and refused.json()["error"]["data"]["code"] == "upstream_error"
         assert "caf" not in refused.text and CANARY not in refused.text
         assert peer.stats()["requests"] == before  # nothing was sent
-        sent = await http.post("/mcp/tools", json=INIT, headers={**RPC_HEADERS, "User-Agent": "caf\u00e9".encode("latin-1")})
+        sent = await http.post("/mcp/tools", json=INIT,  # httpx takes str and bytes values mixed; its hint does not
+                               headers={**RPC_HEADERS, "User-Agent": "caf\u00e9".encode("latin-1")})  # type: ignore[arg-type]
     assert sent.status_code == 200  # a caller's header is passed on as it came, never re-encoded
     assert dict(peer.stats()["headers"])["user-agent"] == "caf\u00e9"
     await healthy(sidecar)
@@ -460,6 +462,7 @@ async def test_a_sub_grant_can_only_narrow_its_grants_tools(sidecar: SidecarProc
 
 async def test_grant_tools_are_bounded_and_never_echoed(sidecar: SidecarProcess) -> None:
     made_up = "echo-" + CANARY[:6] + "-server"
+    tools: Any
     for tools in ({made_up: ["echo"]}, {"allow": ["x" * 129]}, {"allow": [f"t{i}" for i in range(257)]},
                   {"allow": "echo"}, {"allow": [""]}, {"allow": [7]}, ["allow"], {"allow": [], "mcp:allow": []},
                   {"tools": ["echo"]}):

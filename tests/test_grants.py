@@ -9,6 +9,7 @@ import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,13 +121,13 @@ def test_an_expired_or_made_up_grant_is_refused(sidecar: SidecarProcess) -> None
             child.headers("web")
 
 
-def subprocess_curl(sidecar: SidecarProcess, path: str, authorization: str) -> dict[str, object]:
+def subprocess_curl(sidecar: SidecarProcess, path: str, authorization: str) -> dict[str, Any]:
     import subprocess
 
     out = subprocess.run(["curl", "-s", "--unix-socket", str(sidecar.socket), "-H",
                           f"Authorization: {authorization}", f"http://x{path}"],
                          capture_output=True, text=True, check=True).stdout
-    result: dict[str, object] = json.loads(out)
+    result: dict[str, Any] = json.loads(out)
     return result
 
 

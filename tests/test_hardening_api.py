@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -63,7 +63,7 @@ class Harness:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else b"")
         request = Request(method, path, "", data, f"Bearer {grant}" if grant else None, os.getuid(), PID)
         result = self.api.handle(request)
-        response = result if isinstance(result, Response) else await result
+        response = result if isinstance(result, Response) else await cast(Awaitable[Response], result)
         answer: dict[str, Any] = json.loads(response.body)  # every answer is valid JSON
         return response.status, answer
 

@@ -92,6 +92,7 @@ def test_every_key_the_parser_accepts_is_on_the_page(monkeypatch: pytest.MonkeyP
     shown = page()
     assert seen.pop("") == {"sidecar", "secrets", "services", "servers", "gateway", "exec", "aauth"}
     reached = set()
+    heading: str | None
     for path, allowed in seen.items():
         if path.endswith(("<aws>", "<spiffe>")):
             heading = f'auth = {{ kind = "{path.rsplit("<", 1)[1][:-1]}", ... }}'

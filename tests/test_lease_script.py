@@ -12,6 +12,7 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator
+from typing import cast
 
 import pytest
 
@@ -174,5 +175,5 @@ async def test_a_grant_is_kept_aside_a_little_longer_than_its_holder_may_spend_i
     share aside 1000 ppm + 10 ms longer, so a holder's clock that runs slow never spends past it."""
     seconds, before = 60.0, await state.redis.time()
     await lease(state, LeaseAsk("a", 1e9, seconds))
-    until = float((await state.redis.hget("mcpcreds:{svc:api}:leases", "a")).split()[2])
+    until = float(cast(bytes, await state.redis.hget("mcpcreds:{svc:api}:leases", "a")).split()[2])
     assert until - (before[0] + before[1] / 1e6) >= seconds * 1.001 + 0.01

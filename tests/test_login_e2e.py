@@ -393,7 +393,7 @@ def test_a_rotated_refresh_token_the_keyring_refused_is_written_by_the_next_rene
         assert rotated not in (None, first)
         assert client.secret_rotated("login.mcp.dev") == ["mcp:dev"]  # the stored one renews
         assert client.headers_info("dev")["fingerprint"] != info["fingerprint"]
-        no_refresh_token_anywhere(setup, sidecar, {first, rotated})  # type: ignore[arg-type]
+        no_refresh_token_anywhere(setup, sidecar, {first, rotated})
         assert sidecar.wait_for("rotated refresh token not stored")["level"] == "error"
     assert setup.peer.stats()["by_grant"]["refresh_token"] == 2
     assert setup.stored("mcp:dev") not in (None, first, rotated)

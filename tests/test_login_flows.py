@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -298,7 +299,8 @@ MCP = "https://mcp.example.com/tools/mcp"
 
 
 def test_the_scope_comes_from_config_then_challenge_then_resource_metadata() -> None:
-    from mcpcreds.discovery import challenge_scope, choose_scope
+    from mcpcreds.discovery import choose_scope
+    from mcpcreds.scopes import challenge_scope
 
     doc = {"resource": MCP, "scopes_supported": ["files:read", "files:write", "files:read"]}
     assert choose_scope("mine", "theirs", doc) == "mine"
@@ -441,7 +443,7 @@ async def test_an_endless_answer_of_the_server_is_cut_off() -> None:
     from mcpcreds.login_flow import _post_form
 
     async def endless(request: httpx.Request) -> httpx.Response:
-        async def body():  # type: ignore[no-untyped-def]
+        async def body() -> AsyncIterator[bytes]:
             while True:
                 yield b"x" * 65536
 

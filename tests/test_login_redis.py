@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import keyring
@@ -98,7 +98,7 @@ auth = {{ kind = "oauth2", grant = "device", issuer = "{peer.issuer}", client_id
         finally:
             client.close()
         assert salt is not None and blob is not None
-        data = json.loads(derive_keys(STATE_KEY, salt).fernet.decrypt(blob))
+        data = json.loads(derive_keys(STATE_KEY, cast(bytes, salt)).fernet.decrypt(blob))
         return str(json.loads(data["login"])["refresh_token"])
 
     def refresh_grants(self) -> int:
@@ -107,7 +107,7 @@ auth = {{ kind = "oauth2", grant = "device", issuer = "{peer.issuer}", client_id
     def redis_values(self) -> str:
         client = redis_sync.Redis.from_url(self.redis.url)
         try:
-            out = []
+            out: list[Any] = []  # bytes (no decode_responses), which redis-py hints as bytes | str
             for name in client.keys("*"):
                 kind = client.type(name)
                 if kind == b"string":

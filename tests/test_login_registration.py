@@ -295,8 +295,8 @@ class _Store:
 def _server(methods: list[str], registration: dict[str, Any], token: dict[str, Any],
             seen: list[tuple[str, Any]], registers: bool = True, cimd: bool = False) -> httpx.AsyncClient:
     """The authorization server (and the MCP server's metadata); run_login opens and closes it."""
-    meta = {"issuer": AS, "authorization_endpoint": f"{AS}/authorize", "token_endpoint": f"{AS}/token",
-            "registration_endpoint": f"{AS}/register", "token_endpoint_auth_methods_supported": methods}
+    meta: dict[str, Any] = {"issuer": AS, "authorization_endpoint": f"{AS}/authorize", "token_endpoint": f"{AS}/token",
+                            "registration_endpoint": f"{AS}/register", "token_endpoint_auth_methods_supported": methods}
 
     def handler(request: httpx.Request) -> httpx.Response:
         url = str(request.url)

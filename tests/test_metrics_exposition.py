@@ -11,9 +11,9 @@ import os
 import re
 import time
 import tomllib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mcpcreds.api import Api
 from mcpcreds.audit import AuditLog
 from mcpcreds.broker import Actor, Broker
+from mcpcreds.buckets import Limiter
 from mcpcreds.clock import FakeClock
 from mcpcreds.config import parse_config
 from mcpcreds.errors import RateLimited
@@ -70,7 +71,7 @@ async def scrape(idp: FaultIdp) -> AsyncIterator[Scraped]:
     async def call(method: str, path: str, body: Any = None) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else b""
         result = api.handle(Request(method, path, "", data, None, os.getuid(), 4242))
-        response = result if isinstance(result, Response) else await result
+        response = result if isinstance(result, Response) else await cast(Awaitable[Response], result)
         assert response.status == 200, response.body
         answer: dict[str, Any] = json.loads(response.body)
         return answer
@@ -85,7 +86,7 @@ async def scrape(idp: FaultIdp) -> AsyncIterator[Scraped]:
         api.gateway._observe(target, "POST", 200, time.perf_counter())
         status = await call("GET", "/v1/status")
         result = api.handle(Request("GET", "/metrics", "", b"", None, os.getuid(), 4242))
-        response = result if isinstance(result, Response) else await result
+        response = result if isinstance(result, Response) else await cast(Awaitable[Response], result)
         assert response.status == 200
         yield Scraped(response.body.decode(), status)
     finally:
@@ -204,6 +205,7 @@ async def test_no_counter_goes_down_across_reloads(idp: FaultIdp) -> None:
         with pytest.raises(RateLimited):
             await broker.limiter.acquire(mail.key, mail.rate, 1)
         clock.advance(0.2)
+        assert isinstance(broker.limiter, Limiter)  # a local bucket: no shared state in CONFIG
         broker.limiter.wake(mail.key)  # granted; its caller goes before it runs
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):

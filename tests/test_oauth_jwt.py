@@ -13,6 +13,7 @@ from urllib.parse import parse_qs
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from joserfc import jwt
 from joserfc.jwk import ECKey, OKPKey, RSAKey
 
@@ -29,7 +30,7 @@ TOKEN_URL = "https://auth.example.com/oauth/token"
 ISSUER = "https://auth.example.com"
 
 
-def pem_of(key: Any) -> str:
+def pem_of(key: PrivateKeyTypes) -> str:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption()).decode()
 
@@ -42,7 +43,7 @@ def public_jwk(key: Any, kid: str, alg: str) -> dict[str, Any]:
     return {**jwk, "kid": kid, "alg": alg, "use": "sig"}
 
 
-KEYS = {
+KEYS: dict[str, PrivateKeyTypes] = {
     "RS256": rsa.generate_private_key(public_exponent=65537, key_size=2048),
     "ES256": ec.generate_private_key(ec.SECP256R1()),
     "ES384": ec.generate_private_key(ec.SECP384R1()),

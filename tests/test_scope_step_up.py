@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import tomllib
+from collections.abc import Awaitable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -265,7 +266,7 @@ async def test_the_route_refuses_a_bad_scope_without_echoing_it() -> None:
         request = Request("POST", f"/v1/servers/{name}/step-up", "", json.dumps(body).encode(), None,
                           os.getuid(), 1)
         result = api.handle(request)
-        response = result if isinstance(result, Response) else await result
+        response = result if isinstance(result, Response) else await cast(Awaitable[Response], result)
         return response.status, json.loads(response.body)
 
     try:

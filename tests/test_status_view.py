@@ -185,7 +185,7 @@ class Script:
         self.fetches += 1
         if isinstance(answer, Exception):
             raise answer
-        return copy.deepcopy(answer)  # type: ignore[no-any-return]
+        return copy.deepcopy(answer)
 
     def sleep(self, seconds: float) -> None:
         if self.interrupt_after is not None and len(self.sleeps) >= self.interrupt_after:
@@ -303,6 +303,7 @@ def test_the_command_refuses_a_document_that_is_not_a_status() -> None:
     the core rows (an impostor or a broken sidecar), rather than exit 0 over an empty table."""
     check_document(RECORDED)
     check_document({"servers": []})
+    bad: Any
     for bad in ([], {"servers": "x"}, {"servers": [{"name": 1, "key": "k"}]}, {"servers": [{}]},
                 {"servers": [], "logins": "x"}, {"servers": [], "buckets": [{"key": "k", "level": "high",
                                                                             "capacity": 1}]},

@@ -212,7 +212,7 @@ def build_app(state: State) -> ASGIApp:
                 state.enroll_refused += 1
                 await send_json(send, 403, {"error": "enrollment_refused"})
                 return
-            jwk = {k: signed.jwk[k] for k in ("kty", "crv", "x", "y", "alg") if k in signed.jwk}
+            jwk: dict[str, str] = {k: signed.jwk[k] for k in ("kty", "crv", "x", "y", "alg") if k in signed.jwk}
             await send_json(send, 200, {"agent_token": state.issue(jwk)})
             return
         if path == "/_test/check":

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import http_sf
 from cryptography.exceptions import InvalidSignature as BadEd25519
@@ -104,7 +104,7 @@ def verify(method: str, url: str, headers: Sequence[tuple[str, str]], body: byte
     try:
         inputs = handler._parse_signature_dictionary(raw_input)
         signatures = handler._parse_signature_dictionary(raw_sig)
-        keys = http_sf.parse(raw_key.encode("ascii"), tltype="dictionary")
+        keys = cast(dict[str, Any], http_sf.parse(raw_key.encode("ascii"), tltype="dictionary"))
     except Exception as exc:
         raise Rejected("invalid_input", f"malformed signature headers ({type(exc).__name__})") from None
     if "sig" not in inputs or "sig" not in signatures or "sig" not in keys:

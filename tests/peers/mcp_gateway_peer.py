@@ -279,18 +279,19 @@ async def sdk1_client(socket_path: str, name: str) -> None:
         async with streams_cm as streams, ClientSession(streams[0], streams[1]) as session:
             await session.initialize()
             tools = sorted(t.name for t in (await session.list_tools()).tools)
-            added = await session.call_tool("add", {"a": 2, "b": 3})
+            added: Any = await session.call_tool("add", {"a": 2, "b": 3})  # SDK 1.x's result
         print(json.dumps({"via": via, "mcp": importlib.metadata.version("mcp"), "tools": tools,
                           "add": (added.structuredContent or {}).get("result")}), flush=True)
 
+    sdk1: Any = transport  # the 1.x API: mypy sees the 2.x SDK installed here
     async with AsyncClient(socket_path) as creds:
         url = creds.mcp_url(name)
-        if hasattr(transport, "streamable_http_client"):
+        if hasattr(sdk1, "streamable_http_client"):
             async with creds.mcp_http_client(name) as http:
-                await run("http_client", transport.streamable_http_client(url, http_client=http))
+                await run("http_client", sdk1.streamable_http_client(url, http_client=http))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            await run("httpx_client_factory", transport.streamablehttp_client(
+            await run("httpx_client_factory", sdk1.streamablehttp_client(
                 url, httpx_client_factory=lambda **kw: creds.mcp_http_client(name, **kw)))
 
 

@@ -203,16 +203,16 @@ def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) 
         raw = await request.body()
         return cast(dict[str, Any], json.loads(raw)) if raw else {}
 
-    @server.custom_route("/_test/stats", methods=["GET"])
+    @server.custom_route("/_test/stats", methods=["GET"])  # type: ignore[untyped-decorator]  # mcp leaves custom_route unannotated
     async def stats(request: Request) -> Response:
         return JSONResponse(state.snapshot())
 
-    @server.custom_route("/_test/reset_stats", methods=["POST"])
+    @server.custom_route("/_test/reset_stats", methods=["POST"])  # type: ignore[untyped-decorator]  # mcp leaves custom_route unannotated
     async def reset_stats(request: Request) -> Response:
         state.reset()
         return JSONResponse({"ok": True})
 
-    @server.custom_route("/_test/revoke", methods=["POST"])
+    @server.custom_route("/_test/revoke", methods=["POST"])  # type: ignore[untyped-decorator]  # mcp leaves custom_route unannotated
     async def revoke(request: Request) -> Response:
         args = await read_args(request)
         if args.get("all"):
@@ -224,7 +224,7 @@ def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) 
             state.revoked_jtis.add(str(args["jti"]))
         return JSONResponse({"revoked_before": state.revoked_before, "revoked_jtis": len(state.revoked_jtis)})
 
-    @server.custom_route("/_test/fail_429", methods=["POST"])
+    @server.custom_route("/_test/fail_429", methods=["POST"])  # type: ignore[untyped-decorator]  # mcp leaves custom_route unannotated
     async def fail_429(request: Request) -> Response:
         state.fail_429.arm(await read_args(request))
         return JSONResponse({"ok": True})
