@@ -73,9 +73,6 @@ class LeaseCalls(Client):
         self.held = 0  # answers waiting at `hand`
         self.fail: set[int] = set()  # the lease calls (1, 2, ...) that fail, as a lost sidecar would
 
-    def __enter__(self) -> LeaseCalls:  # Client's, typed for this subclass (Client.__enter__ says Client)
-        return self
-
     def run(self, call: Call[Any]) -> Any:
         if not call.path.endswith("/lease"):
             return super().run(call)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from pathlib import Path
     from types import ModuleType
-    from typing import Any, Final, Literal, TypeVar
+    from typing import Any, Final, Literal, Self, TypeVar
 
     import httpx
 
@@ -211,7 +211,7 @@ class AsyncClient(_Base):
         self._http = UdsHttp(self._socket, self._headers, self.sidecar_uid)
         self._leasers: list[Any] = []  # lease_client.AsyncLeaser of each auth() that leased
 
-    async def __aenter__(self) -> AsyncClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -328,7 +328,7 @@ class Client(_Base):
         self._leasers: list[Any] = []  # lease_sync.SyncLeaser of each auth() that leased
         self._leasers_lock = allocate_lock()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
