@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Final
 from . import login_share
 from .authcode_flow import may_register
 from .config import LOGIN_GRANTS, LoginSpec, Target
-from .errors import LoginRequired, McpcredsError, TokenEndpointError
+from .errors import LoginRequired, McpcredsError, StateUnavailable, TokenEndpointError
 from .login_store import LoginStore, StoredLogin, login_store
 from .logs import get_logger
 from .oauth import MIN_LIFETIME, Token, build_token_request, send_token_request, usable_until
@@ -40,6 +40,11 @@ _SERVED: Final[weakref.WeakKeyDictionary[object, dict[str, Token]]] = weakref.We
 # redeeming the spent one (a refusal, or a revoked login at servers that detect reuse).
 _UNSAVED: Final[weakref.WeakKeyDictionary[object, dict[str, tuple[str, StoredLogin, Token]]]] = \
     weakref.WeakKeyDictionary()
+
+
+# seconds between tries of a rotated login's write to an unreachable shared state (each longer
+# than RedisState's fail-fast spell after a failure); all of them well within the login lock's lease
+ROTATED_WRITE_RETRIES: Final = (0.3, 0.6, 1.2)
 
 
 def login_required(target: Target, why: str) -> LoginRequired:
@@ -164,7 +169,7 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
         pending = _UNSAVED.setdefault(broker, {})
         pending[target.key] = (_digest(stored.refresh_token), kept, token)
         try:
-            await keep(kept)
+            await keep_rotated(keep, kept)
         except McpcredsError:
             _log.error("rotated refresh token not stored",
                        extra={"key": target.key, "kept": "in memory, until the next renewal writes it"})
@@ -172,6 +177,23 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
         pending.pop(target.key, None)
         _log.info("refresh token rotated", extra={"key": target.key})
     return token
+
+
+async def keep_rotated(keep: Callable[[StoredLogin], Awaitable[None]], login: StoredLogin,
+                       sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    """Store a rotated login; an unreachable shared state is tried again for about 2 s. The
+    renewal holds the login lock meanwhile, so no other sidecar redeems the spent refresh token
+    from Redis (a refusal that would end the login for all): a blip of Redis loses nothing. A
+    keyring's failure is not retried here (the next renewal writes the login kept in memory)."""
+    for delay in ROTATED_WRITE_RETRIES:
+        try:
+            await keep(login)
+            return
+        except StateUnavailable:
+            _log.warning("rotated refresh token not stored yet: the shared state is unreachable; "
+                         "trying again", extra={"retry_in": delay})
+            await sleep(delay)
+    await keep(login)
 
 
 async def _write_unsaved(broker: Broker, key: str, stored: StoredLogin | None,
