@@ -45,6 +45,7 @@ from .shared import SharedLimiter, build_state
 from .sources import SecretResolver
 from .spiffe import JwtSvidFiles, X509Source
 from .spiffe_config import JwtSvid, SpiffeAuth, jwt_svid_file, spiffe_of
+from .tasks import spawn
 from .upstream import H1Transport
 from .wire import Response
 
@@ -156,9 +157,7 @@ class Broker:
             for key in self.config.rates:
                 self.lease_changed(key)
             if isinstance(self.limiter, SharedLimiter):  # the shared bucket keeps them aside
-                task = asyncio.get_running_loop().create_task(self._release_shared(held))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                spawn(self._background, self._release_shared(held))
 
     def nudge_leases(self, key: str, leases: Iterable[str], publish: bool = True) -> None:
         """Tell these lease holders to renew now (the shared state's split changed their part):
@@ -174,9 +173,7 @@ class Broker:
         if subscribers:
             self.events.send(subscribers, "lease", key)
         if elsewhere and publish and isinstance(self.limiter, SharedLimiter):
-            task = asyncio.get_running_loop().create_task(self._publish_nudge(key, elsewhere))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            spawn(self._background, self._publish_nudge(key, elsewhere))
 
     async def _publish_nudge(self, key: str, leases: list[str]) -> None:
         assert isinstance(self.limiter, SharedLimiter)

@@ -21,7 +21,7 @@ from .aws_config import is_aws
 from .broker import UNLIMITED
 from .buckets import Limiter
 from .errors import InvalidRequest, LeasesRefused, RateLimited
-from .leases import MAX_LEASE_ID, MIN_SHARED_DEMAND, SHARED_BURST_FLOOR, LeaseRefused, Terms, lease_seconds
+from .leases import MAX_LEASE_ID, LeaseRefused, Terms, lease_seconds
 from .redis_state import LeaseAsk
 from .shared import SharedLimiter
 from .wire import Request, Response, StreamingResponse, json_response
@@ -144,8 +144,7 @@ async def _lease_shared(broker: Broker, limiter: SharedLimiter, uid: int, key: s
     except LeaseRefused as exc:
         raise LeasesRefused(str(exc)) from None
     ask = LeaseAsk(lease_id, min(demand, float(rate.burst)), seconds, min(spare, rate.burst),
-                   (float(holding[0]), int(holding[1])) if holding else None,
-                   leasable=1 - SHARED_BURST_FLOOR, least_shared=MIN_SHARED_DEMAND)
+                   (float(holding[0]), int(holding[1])) if holding else None)
     reply = await limiter.lease(key, rate, ask)
     terms = book.note(lease_id, reply.share, reply.burst, rate.per, seconds, broker.clock.monotonic())
     if terms is None:  # released while the shared state answered: give its share back there too
@@ -162,7 +161,7 @@ async def release_shared(limiter: SharedLimiter, rates: Mapping[str, Rate],
     for key, lease_id in leases:
         rate = rates.get(key)
         if rate is not None:
-            await limiter.lease(key, rate, LeaseAsk(lease_id, 0.0, 0.001, release=True))
+            await limiter.lease(key, rate, LeaseAsk.release_of(lease_id))
 
 
 def _nudge(events: EventHub, key: str, subscribers: list[str]) -> None:

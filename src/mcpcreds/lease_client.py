@@ -62,6 +62,13 @@ def event_effect(event: dict[str, Any], key: str | None, answer: dict[str, Any] 
     return kind in DROP_KINDS or changed, 0.0
 
 
+def called_often(recent: deque[float], now: float) -> bool:
+    """Note a call at `now` in `recent` (the last TRIGGER_CALLS calls): whether they all came within
+    TRIGGER_SECONDS, when a lease is worth asking for. Shared by the async and the sync holders."""
+    recent.append(now)
+    return len(recent) == TRIGGER_CALLS and now - recent[0] <= TRIGGER_SECONDS
+
+
 def renew_now(event: dict[str, Any], key: str | None, lease: str | None, disabled: bool) -> bool:
     """A `lease` event for the key of the lease we hold: renew it now."""
     return event.get("kind") == "lease" and key is not None and event.get("key") == key \
@@ -191,9 +198,7 @@ class AsyncLeaser:
             return await self._wait(limiter, cost, now)
         if self.disabled or now < self.retry_at or (answer is not None and now < self.deadline):
             return None  # (a live lease whose burst is less than `cost`: per request)
-        self.recent.append(now)
-        often = len(self.recent) == TRIGGER_CALLS and now - self.recent[0] <= TRIGGER_SECONDS
-        if self.lease is None and not often:
+        if self.lease is None and not called_often(self.recent, now):
             return None
         if self.obtaining is None:
             self._start_obtaining()

@@ -28,7 +28,7 @@ from .lease_client import (
     MAX_EVENT_LINE,
     RETRY_AFTER_FAILURE,
     TRIGGER_CALLS,
-    TRIGGER_SECONDS,
+    called_often,
     event_effect,
     lease_demand,
     renew_now,
@@ -158,9 +158,7 @@ class SyncLeaser:
                 self.changed.wait(min(wait, self.deadline - now))
             if self.disabled or now < self.retry_at or live:
                 return None  # (a live lease whose burst is less than `cost`: per request)
-            self.recent.append(now)
-            often = len(self.recent) == TRIGGER_CALLS and now - self.recent[0] <= TRIGGER_SECONDS
-            if self.lease is None and not often:
+            if self.lease is None and not called_often(self.recent, now):
                 return None
             if self.obtaining is None:
                 self._start_obtaining()

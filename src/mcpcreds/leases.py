@@ -320,9 +320,8 @@ class LeaseBook:
 
     def release_subscriber(self, subscriber: str) -> int:
         """The holder's event stream closed (its process is gone): take its shares back now."""
-        leases = [lease for entry in self._keys.values() for lease, h in entry.holders.items()
-                  if h.subscriber == subscriber]
-        for lease in leases:
+        leases = self.leases_of(subscriber)
+        for _, lease in leases:
             self.release(lease)
         return len(leases)
 

@@ -29,6 +29,7 @@ from redis.retry import Retry
 
 from .bucket_scripts import BUCKET_SCRIPT, LEASE_SCRIPT
 from .errors import StateUnavailable
+from .leases import MIN_SHARED_DEMAND, SHARED_BURST_FLOOR
 from .logs import get_logger
 from .oauth import Token
 from .rates import Rate
@@ -75,8 +76,13 @@ class LeaseAsk:
     spare: int = 0
     holding: tuple[float, int] | None = None
     release: bool = False
-    leasable: float = 0.5
-    least_shared: float = 1.0
+    leasable: float = 1 - SHARED_BURST_FLOOR
+    least_shared: float = MIN_SHARED_DEMAND
+
+    @classmethod
+    def release_of(cls, lease: str) -> LeaseAsk:
+        """Give `lease` back (its holder stopped spending it)."""
+        return cls(lease, 0.0, 0.001, release=True)
 
 
 @dataclass(frozen=True, slots=True)

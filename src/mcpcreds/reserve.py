@@ -26,10 +26,11 @@ from typing import Final
 from .buckets import TokenBucket
 from .clock import Clock
 from .errors import McpcredsError
-from .leases import MIN_SHARED_DEMAND, SHARED_BURST_FLOOR, lease_seconds
+from .leases import lease_seconds
 from .logs import get_logger
 from .rates import MAX_SECONDS, Rate
 from .redis_state import LeaseAsk, LeaseReply
+from .tasks import spawn
 
 RESERVE_AFTER: Final = 16  # calls of a key within RESERVE_WINDOW before the sidecar leases for them
 RESERVE_WINDOW: Final = 1.0
@@ -135,7 +136,7 @@ class Reserves:
         """Stop spending the lease of `key` now (a pause, a new rate) and give it back."""
         reserve = self._reserves.pop(key, None)
         if reserve is not None and reserve.terms is not None:
-            self._spawn(self._release(key, reserve))
+            spawn(self._tasks, self._release(key, reserve))
 
     async def aclose(self) -> None:
         """Give every lease back (the sidecar stops), so the others need not wait for their end."""
@@ -167,16 +168,11 @@ class Reserves:
         """Renew now; `due`: at half the lease (not told to, nor found empty), when one not used
         since its last renewal is given back instead."""
         reserve.renewing = True
-        self._spawn(self._obtain(key, reserve, due))
-
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._tasks, self._obtain(key, reserve, due))
 
     async def _release(self, key: str, reserve: _Reserve) -> None:
         with contextlib.suppress(McpcredsError):  # the shared state is away: it lapses there instead
-            await self._lease(key, reserve.rate, LeaseAsk(reserve.lease, 0.0, 0.001, release=True))
+            await self._lease(key, reserve.rate, LeaseAsk.release_of(reserve.lease))
 
     async def _obtain(self, key: str, reserve: _Reserve, due: bool) -> None:
         rate = reserve.rate
@@ -196,9 +192,7 @@ class Reserves:
             live = reserve.bucket is not None and sent < reserve.until
             spare = int(reserve.bucket.level(sent)) if live and reserve.bucket is not None else 0
             seconds = min(lease_seconds(rate), RESERVE_SECONDS)
-            ask = LeaseAsk(reserve.lease, min(demand, float(rate.burst)), seconds, spare,
-                           reserve.terms if live else None, leasable=1 - SHARED_BURST_FLOOR,
-                           least_shared=MIN_SHARED_DEMAND)
+            ask = LeaseAsk(reserve.lease, reserve.asked, seconds, spare, reserve.terms if live else None)
             reply = await self._lease(key, rate, ask)
         except McpcredsError as exc:  # kept until its end; asked again a moment later
             reserve.renew_at = self.clock.monotonic() + RETRY_AFTER_FAILURE

@@ -23,6 +23,7 @@ from .rates import Rate
 from .redis_state import MAX_BATCH, LeaseAsk, LeaseReply, RedisState
 from .reserve import Reserves
 from .sources import SecretResolver
+from .tasks import spawn
 
 LOCK_LEASE_EXTRA: Final = 5.0
 _log = get_logger("shared")
@@ -86,11 +87,15 @@ class SharedLimiter:
         if not self.reserves.take(key, rate, cost, queue is not None and (queue.busy or bool(queue.pending)),
                                   count=False):
             return False
+        self._counts_of(key)[0] += cost
+        return True
+
+    def _counts_of(self, key: str) -> list[int]:
+        """[granted permits, refused requests] of `key` (a dict hit on the hot path)."""
         counts = self._counts.get(key)
         if counts is None:
             counts = self._counts[key] = [0, 0]
-        counts[0] += cost
-        return True
+        return counts
 
     def _local_rate(self, rate: Rate) -> Rate:
         return Rate(max(1, int(rate.burst * self.local_share)), rate.per)
@@ -99,9 +104,7 @@ class SharedLimiter:
         check_cost(cost, rate)
         max_wait = _check_wait(max_wait)
         start = self.clock.monotonic()
-        counts = self._counts.get(key)
-        if counts is None:
-            counts = self._counts[key] = [0, 0]
+        counts = self._counts_of(key)
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = _Queue()
@@ -168,9 +171,7 @@ class SharedLimiter:
         """Serve the queue in a task of its own, if it has callers and nobody serves it."""
         if queue.pending and not queue.busy:
             queue.busy = True
-            task = asyncio.get_running_loop().create_task(self._pump(key, queue, delay))
-            self._pumps.add(task)
-            task.add_done_callback(self._pumps.discard)
+            spawn(self._pumps, self._pump(key, queue, delay))
 
     def _expire(self, key: str, queue: _Queue, waiter: _Waiter) -> None:
         """max_wait passed while the caller was still queued (not in a batch under way)."""

@@ -37,6 +37,7 @@ import httpx
 
 from .client import gateway_http_client, gateway_url
 from .errors import McpcredsError
+from .tasks import spawn
 from .wire import MAX_GATEWAY_BODY_BYTES
 
 MAX_LINE: Final = MAX_GATEWAY_BODY_BYTES  # what the gateway takes in one POST
@@ -264,9 +265,7 @@ class Relay:
         if "initialize" in methods or not ids:  # in order: the session id first, or a notification
             await self.post(line, ids, initialize="initialize" in methods)
         else:
-            task = asyncio.ensure_future(self.post(line, ids))
-            self.inflight.add(task)
-            task.add_done_callback(self.inflight.discard)
+            spawn(self.inflight, self.post(line, ids))
         if "notifications/initialized" in methods and self.listener is None:
             self.listener = asyncio.ensure_future(self.listen())
 

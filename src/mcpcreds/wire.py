@@ -24,6 +24,7 @@ import httptools
 
 from .clock import SYSTEM_CLOCK, Clock
 from .logs import get_logger
+from .tasks import spawn
 
 MAX_HEAD_BYTES: Final = 16 * 1024
 MAX_BODY_BYTES: Final = 64 * 1024
@@ -496,9 +497,7 @@ _releasing: set[asyncio.Task[None]] = set()
 
 def _release(body: ResponseBody) -> None:
     """Close a body that will never be streamed, in a task kept until it is done."""
-    task = asyncio.ensure_future(body.aclose())
-    _releasing.add(task)
-    task.add_done_callback(_releasing.discard)
+    spawn(_releasing, body.aclose())
 
 
 def bind_unix_socket(path: str) -> socket.socket:
