@@ -63,9 +63,23 @@ rate = "600/1m"
 endpoint = "{url}/mcp"
 headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
 rate = "600/1m"
+[services.slow5]
+endpoint = "{url}/mcp"
+headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
+rate = "600/1m"
+[services.slow6]
+endpoint = "{url}/mcp"
+headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
+rate = "600/1m"
 [[servers]]
 name = "slow3"
 service = "slow3"
+[[servers]]
+name = "slow5"
+service = "slow5"
+[[servers]]
+name = "slow6"
+service = "slow6"
 [[servers]]
 name = "slow4"
 service = "slow4"
@@ -173,6 +187,65 @@ async def test_an_invalidation_stops_a_leased_client_from_sending_the_old_token(
     assert set(arrivals[:10]) == {T1}
     assert set(arrivals[delivered_at:]) == {T2}, arrivals  # never the old token after the event
     assert T1 not in arrivals[invalidated_at + 1:][delivered_at - invalidated_at:]
+
+
+async def test_a_leased_client_whose_headers_were_dropped_waits_for_the_renewal_not_the_shared_bucket(
+        env: Env) -> None:
+    """A new login drops the leased headers while the share is still the holder's: its next
+    request is served from that share once the renewal brings the new headers, not per request
+    from the shared bucket, which refills at the rate less every share (here 1 permit a minute,
+    drained by the test) while the holder's share goes unspent. 10 s: a bound, not a timing."""
+    env.set_token(T1)
+    async with AsyncClient(env.sidecar.socket) as creds, AsyncClient(env.sidecar.socket) as admin:
+        await admin.invalidate("slow5")
+        auth = creds.auth("slow5")
+        async with httpx.AsyncClient(base_url=env.upstream.url, auth=auth) as http:
+            for _ in range(5):
+                assert (await http.get("/mcp")).status_code == 200
+            leaser = auth._leaser
+            assert leaser is not None
+            await until(lambda: leaser.answer is not None, "the lease")
+            [bucket] = [b for b in (await admin.status())["buckets"] if b["key"] == "service:slow5"]
+            assert bucket["per_second"] < 0.1, bucket  # the shared bucket: what the lease left
+            if int(bucket["level"]) >= 1:
+                await admin.acquire("slow5", cost=int(bucket["level"]))  # drained
+            served, generation = leaser.served, leaser.generation
+            env.set_token(T2)
+            await admin.invalidate("slow5")
+            await until(lambda: leaser.generation != generation, "the invalidation's event at the client")
+            first = len(env.upstream.arrivals())
+            response = await asyncio.wait_for(http.get("/mcp"), 10.0)
+            assert response.status_code == 200
+            assert env.upstream.arrivals()[first:] == [T2] and leaser.served == served + 1
+
+
+def test_a_sync_client_whose_headers_were_dropped_waits_for_the_renewal_not_the_shared_bucket(
+        env: Env) -> None:
+    """The same with the sync `Client`: the next request after a new login is served from the
+    holder's share once the renewal brings the new headers."""
+    env.set_token(T1)
+    with Client(env.sidecar.socket) as creds, Client(env.sidecar.socket) as admin:
+        admin.invalidate("slow6")
+        auth = creds.auth("slow6")
+        with httpx.Client(base_url=env.upstream.url, auth=auth, timeout=10.0) as http:
+            deadline = time.monotonic() + 20  # per request while the lease is obtained in the background
+            while auth._sync_leaser is None or auth._sync_leaser.answer is None:
+                assert time.monotonic() < deadline, "never saw the lease"
+                assert http.get("/mcp").status_code == 200
+            leaser = auth._sync_leaser
+            [bucket] = [b for b in admin.status()["buckets"] if b["key"] == "service:slow6"]
+            assert bucket["per_second"] < 0.1, bucket  # the shared bucket: what the lease left
+            if int(bucket["level"]) >= 1:
+                admin.acquire("slow6", cost=int(bucket["level"]))  # drained
+            served, generation = leaser.served, leaser.generation
+            env.set_token(T2)
+            admin.invalidate("slow6")
+            while leaser.generation == generation:  # the invalidation's event at the client
+                assert time.monotonic() < deadline + 20, "never saw the invalidation's event"
+                time.sleep(0.002)
+            first = len(env.upstream.arrivals())
+            assert http.get("/mcp").status_code == 200
+            assert env.upstream.arrivals()[first:] == [T2] and leaser.served == served + 1
 
 
 WORKER = """

@@ -200,8 +200,15 @@ class AsyncLeaser:
             return None  # (a live lease whose burst is less than `cost`: per request)
         if self.lease is None and not called_often(self.recent, now):
             return None
-        if self.obtaining is None:
-            self._start_obtaining()
+        obtaining = self.obtaining or self._start_obtaining()
+        if answer is None and limiter is not None and now < self.lease_end and cost <= self.burst:
+            # the headers were dropped (a new login, an invalidation) while the share is still
+            # ours: wait for the renewal that brings the new ones, rather than ask per request
+            # from the shared bucket, which refills at the rate less every share (a wait there
+            # while this share goes unspent)
+            await asyncio.wait((obtaining,), timeout=self.lease_end - now)
+            if self.answer is not None:
+                return await self.take(cost)
         return None  # per request until the lease is there (buying it may wait for permits)
 
     async def _wait(self, limiter: AsyncLimiter, cost: int, now: float) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from collections import deque
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .buckets import TokenBucket
@@ -135,12 +136,26 @@ class SyncLeaser:
     def take(self, cost: int) -> dict[str, Any] | None:
         """Leased headers with `cost` permits spent in-process, or None: ask per request."""
         with self.lock:
+            renewal_awaited = False
             while True:
                 now = self.clock()
                 bucket, answer = self.bucket, self.answer
                 live = answer is not None and now < self.deadline
                 if not (live and bucket is not None and cost <= self.terms[1]):
-                    break
+                    if self.disabled or now < self.retry_at or live:
+                        return None  # (a live lease whose burst is less than `cost`: per request)
+                    if self.lease is None and not called_often(self.recent, now):
+                        return None
+                    obtaining = self.obtaining or self._start_obtaining()
+                    if renewal_awaited or answer is not None or bucket is None or now >= self.lease_end \
+                            or cost > self.terms[1]:
+                        return None  # per request until the lease is there (buying it may wait for permits)
+                    # the headers were dropped (a new login, an invalidation) while the share is
+                    # still ours: wait for the renewal that brings the new ones, rather than ask
+                    # per request from the shared bucket, which refills at the rate less every share
+                    renewal_awaited = True
+                    self.changed.wait_for(partial(self._renewed, obtaining), self.lease_end - now)
+                    continue
                 if now >= self.renew_at and self.obtaining is None:
                     self._start_obtaining()
                 wait = bucket.wait_time(cost, now)
@@ -156,13 +171,10 @@ class SyncLeaser:
                 if not self.asked_all and self.obtaining is None:
                     self._start_obtaining()
                 self.changed.wait(min(wait, self.deadline - now))
-            if self.disabled or now < self.retry_at or live:
-                return None  # (a live lease whose burst is less than `cost`: per request)
-            if self.lease is None and not called_often(self.recent, now):
-                return None
-            if self.obtaining is None:
-                self._start_obtaining()
-            return None  # per request until the lease is there (buying it may wait for permits)
+
+    def _renewed(self, renewal: threading.Event) -> bool:
+        """New headers came, or `renewal` ended without them (the lock is held)."""
+        return self.answer is not None or self.obtaining is not renewal
 
     def _changed(self) -> None:
         """Wake the requests waiting for the old terms or headers (the lock is held)."""
@@ -192,6 +204,7 @@ class SyncLeaser:
             with self.lock:
                 if self.obtaining is done:
                     self.obtaining = None
+                self._changed()  # (requests waiting for this renewal: it has ended)
             done.set()
 
     def _obtain_once(self) -> bool:
@@ -259,6 +272,7 @@ class SyncLeaser:
         if self.subscriber is None:  # the stream ended meanwhile: nothing leased is usable
             return False
         self.answer = {"headers": got["headers"], "fingerprint": got.get("fingerprint")}
+        self._changed()  # (requests waiting for new headers: here they are)
         # a smaller share: say so at once (the next renewal holds it), so the sidecar stops keeping
         # the larger one aside for us
         self.lease_end = sent + seconds
