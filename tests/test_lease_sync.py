@@ -25,7 +25,7 @@ from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 BOUND = 20.0  # seconds; a share of 1 a minute refills in 60: a waiter that is not woken crosses it
 GATE = 10.0  # seconds a held lease call waits for its gate before it fails (a test that forgot it)
-SERVERS = ("first", "renew", "grow", "closed", "nudged", "failed")
+SERVERS = ("first", "renew", "grow", "closed", "nudged", "failed", "stale")
 
 CONFIG = """
 [sidecar]
@@ -268,4 +268,33 @@ def test_a_failed_renewal_after_a_shrink_is_not_repeated_at_once(socket: Path) -
         done = leaser.obtaining
         assert done is not None and done.wait(BOUND)
         assert len(client.bodies) == 4 and client.bodies[3]["holding"] == [1.0, 1]
+        leaser.close()
+
+
+def test_an_answer_that_comes_after_its_headers_were_dropped_is_not_used_for_them(socket: Path) -> None:
+    """A renewal is under way when the token changes and an invalidation drops the leased headers:
+    its answer carries the old token, so its share is applied but its headers are not, and the
+    holder asks again at once; the next request waits for that and is served the new token."""
+    clock = FakeClock()
+    token = socket.parent.parent / "secrets" / "TOKEN"
+    with LeaseCalls(socket, clock) as client, Client(socket) as admin:
+        leaser = SyncLeaser(client, "stale", clock=clock)
+        leased(leaser, client)
+        clock.advance(30.0)  # half of the 60 s lease: the next take renews
+        client.hand.clear()
+        assert leaser.take(1) is not None  # served from the lease; the renewal's answer is held
+        with client.answered:
+            assert client.answered.wait_for(lambda: client.held == 1, BOUND)
+        try:
+            token.write_text("sync-lease-token-new-0123456789")
+            admin.invalidate("stale")
+            leaser.on_event({"kind": "invalidate", "key": leaser.key})  # (as its event stream would)
+            assert leaser.answer is None
+            client.hand.set()
+            answer = leaser.take(1)  # waits for the renewal asked again, not the held answer
+            assert answer is not None
+            assert answer["headers"] == {"Authorization": "Bearer sync-lease-token-new-0123456789"}
+        finally:
+            token.write_text("sync-lease-token-0123456789")
+            admin.invalidate("stale")
         leaser.close()

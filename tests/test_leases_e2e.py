@@ -193,8 +193,8 @@ async def test_a_leased_client_whose_headers_were_dropped_waits_for_the_renewal_
         env: Env) -> None:
     """A new login drops the leased headers while the share is still the holder's: its next
     request is served from that share once the renewal brings the new headers, not per request
-    from the shared bucket, which refills at the rate less every share (here 1 permit a minute,
-    drained by the test) while the holder's share goes unspent. 10 s: a bound, not a timing."""
+    from the shared bucket, which refills at the rate less every share (drained by the test)
+    while the holder's share goes unspent. 10 s: a bound, not a timing."""
     env.set_token(T1)
     async with AsyncClient(env.sidecar.socket) as creds, AsyncClient(env.sidecar.socket) as admin:
         await admin.invalidate("slow5")
@@ -205,8 +205,9 @@ async def test_a_leased_client_whose_headers_were_dropped_waits_for_the_renewal_
             leaser = auth._leaser
             assert leaser is not None
             await until(lambda: leaser.answer is not None, "the lease")
+            # the shared bucket, drained: what the lease left (how much depends on the demand its
+            # per-request calls showed before the lease; a permit there is never at once)
             [bucket] = [b for b in (await admin.status())["buckets"] if b["key"] == "service:slow5"]
-            assert bucket["per_second"] < 0.1, bucket  # the shared bucket: what the lease left
             if int(bucket["level"]) >= 1:
                 await admin.acquire("slow5", cost=int(bucket["level"]))  # drained
             served, generation = leaser.served, leaser.generation
@@ -233,8 +234,7 @@ def test_a_sync_client_whose_headers_were_dropped_waits_for_the_renewal_not_the_
                 assert time.monotonic() < deadline, "never saw the lease"
                 assert http.get("/mcp").status_code == 200
             leaser = auth._sync_leaser
-            [bucket] = [b for b in admin.status()["buckets"] if b["key"] == "service:slow6"]
-            assert bucket["per_second"] < 0.1, bucket  # the shared bucket: what the lease left
+            [bucket] = [b for b in admin.status()["buckets"] if b["key"] == "service:slow6"]  # drained
             if int(bucket["level"]) >= 1:
                 admin.acquire("slow6", cost=int(bucket["level"]))  # drained
             served, generation = leaser.served, leaser.generation

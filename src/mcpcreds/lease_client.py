@@ -206,9 +206,13 @@ class AsyncLeaser:
             # ours: wait for the renewal that brings the new ones, rather than ask per request
             # from the shared bucket, which refills at the rate less every share (a wait there
             # while this share goes unspent)
-            await asyncio.wait((obtaining,), timeout=self.lease_end - now)
-            if self.answer is not None:
-                return await self.take(cost)
+            for _ in range(2):  # (one more when the first answer came as the headers were dropped)
+                await asyncio.wait((obtaining,), timeout=max(0.0, self.lease_end - self.clock()))
+                if self.answer is not None:
+                    return await self.take(cost)
+                if self.obtaining is None:
+                    break
+                obtaining = self.obtaining
         return None  # per request until the lease is there (buying it may wait for permits)
 
     async def _wait(self, limiter: AsyncLimiter, cost: int, now: float) -> dict[str, Any] | None:
@@ -270,7 +274,7 @@ class AsyncLeaser:
         try:
             if self.subscriber is None:
                 await self._listen()
-            sent = self.clock()
+            sent, generation = self.clock(), self.generation
             demand = self._demand(sent, self.terms_per)
             holding = self.terms if self.limiter is not None else None
             self.asked_all, self.asked = demand is None, demand
@@ -315,6 +319,9 @@ class AsyncLeaser:
             self.limiter, self.terms, self.burst = limiter, (share, burst), burst
             self._changed()
         if self.subscriber is None:  # the stream ended meanwhile: nothing leased is usable
+            return False
+        if self.generation != generation:  # dropped while this answer came: its headers may be
+            self.lease_end, self.nudged = sent + seconds, True  # the dropped ones; ask again
             return False
         self.answer = {"headers": got["headers"], "fingerprint": got.get("fingerprint")}
         # a smaller share: say so at once (the next renewal holds it), so the sidecar stops keeping

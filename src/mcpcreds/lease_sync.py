@@ -215,7 +215,7 @@ class SyncLeaser:
             with self.lock:
                 if self.disabled:
                     return False
-                sent = self.clock()
+                sent, generation = self.clock(), self.generation
                 demand = lease_demand(self.bucket is not None, self.saturated, sent, self.since,
                                       self.min_window, self.asked, self.used, self.terms_per)
                 self.asked_all, self.asked = demand is None, demand
@@ -240,9 +240,9 @@ class SyncLeaser:
                 self.retry_at = self.renew_at = self.clock() + RETRY_AFTER_FAILURE
             return False
         with self.lock:
-            return self._apply(got, sent)
+            return self._apply(got, sent, generation)
 
-    def _apply(self, got: dict[str, Any], sent: float) -> bool:
+    def _apply(self, got: dict[str, Any], sent: float, generation: int) -> bool:
         if self.disabled:  # closed while the answer was on its way: nothing of it is used
             return False
         share, burst, per = float(got["share"]), int(got["burst"]), float(got["per"])
@@ -270,6 +270,9 @@ class SyncLeaser:
             self.bucket, self.terms = bucket, (share, burst)
             self._changed()
         if self.subscriber is None:  # the stream ended meanwhile: nothing leased is usable
+            return False
+        if self.generation != generation:  # dropped while this answer came: its headers may be
+            self.lease_end, self.nudged = sent + seconds, True  # the dropped ones; ask again
             return False
         self.answer = {"headers": got["headers"], "fingerprint": got.get("fingerprint")}
         self._changed()  # (requests waiting for new headers: here they are)
