@@ -39,8 +39,8 @@ def in_process(n: int) -> dict[str, Any]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from mcpcreds import httpsig
-    from mcpcreds.aauth import AgentKey
+    from mcpcreds.signers import httpsig
+    from mcpcreds.signers.aauth import AgentKey
 
     raw = Ed25519PrivateKey.generate()
     key = AgentKey(raw, Path("/nonexistent"))

@@ -9,7 +9,7 @@ Run from the repository root:
 What it measures: the wall time of whole processes, from `subprocess.run` to its return, against a
 real sidecar (`mcpcreds serve`, a static `Bearer {{secret:...}}` header): `mcpcreds headers NAME`
 and `mcpcreds token NAME` as the console script of `[project.scripts]` runs them (the `mcpcreds`
-next to this interpreter; `python -c "from mcpcreds.cli import main; ..."` when there is none),
+next to this interpreter; `python -c "from mcpcreds.cli.main import main; ..."` when there is none),
 `python -m mcpcreds headers NAME`, and the baseline `python -c pass` of the same interpreter. The
 config is found as a user's is ($MCPCREDS_CONFIG), and every process gets this checkout's `src` on
 PYTHONPATH, the baseline too. The commands take turns, run after run, so a busy machine slows them
@@ -50,8 +50,8 @@ SERVER = "bench"
 TOKEN = "cli-bench-token-0123456789abcdef"
 TARGET = 2.0
 HEAVY = ("httpx", "httpcore", "authlib", "asyncio", "cryptography", "redis", "keyring", "ssl",
-         "mcpcreds.config", "mcpcreds.auth", "tomllib", "pathlib", "socket", "threading")
-CONSOLE_SCRIPT = "import sys; from mcpcreds.cli import main; sys.exit(main())"
+         "mcpcreds.config.load", "mcpcreds.client.auth", "tomllib", "pathlib", "socket", "threading")
+CONSOLE_SCRIPT = "import sys; from mcpcreds.cli.main import main; sys.exit(main())"
 
 
 @dataclasses.dataclass

@@ -59,7 +59,7 @@ from tests.peers.upstream import start_upstream_process
 from bench import harness
 from bench.harness import Latency
 from mcpcreds import AsyncClient
-from mcpcreds.calls import Calls
+from mcpcreds.client.calls import Calls
 
 SERVER = "bench"
 TOKEN = "bench-token-0123456789abcdef0123456789abcdef"
@@ -173,8 +173,8 @@ async def decompose(upstream: str, sock: Path, seconds: float) -> list[Latency]:
 
 PROFILE_GROUPS = (
     ("whole request: httpx AsyncClient.send (flow + upstream)", "httpx/_client.py", ("send",)),
-    ("sidecar round trip: mcpcreds AsyncClient.run (httpx, UDS)", "mcpcreds/client.py", ("run",)),
-    ("the flow itself: credential_flow + _apply", "mcpcreds/auth.py", ("credential_flow", "_apply")),
+    ("sidecar round trip: mcpcreds AsyncClient.run (httpx, UDS)", "mcpcreds/client/client.py", ("run",)),
+    ("the flow itself: credential_flow + _apply", "mcpcreds/client/auth.py", ("credential_flow", "_apply")),
 )
 
 

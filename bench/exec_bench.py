@@ -139,11 +139,11 @@ allow_private = ["localhost"]
 """)
         with run_sidecar(config, sock, env={"BENCH_TOKEN": "bench-secret"}):
             env = {**os.environ, "MCPCREDS_CONFIG": str(config)}
-            exe = [sys.executable, "-m", "mcpcreds.cli", "exec"]
+            exe = [sys.executable, "-m", "mcpcreds.cli.main", "exec"]
             direct = _wall(["/bin/true"], env, args.runs)
             plain = _wall([*exe, "plain", "--", "/bin/true"], env, args.runs)
             restricted = _wall([*exe, "restricted", "--", "/bin/true"], env, args.runs)
-            cli = _wall([sys.executable, "-m", "mcpcreds.cli", "--version"], env, args.runs)
+            cli = _wall([sys.executable, "-m", "mcpcreds.cli.main", "--version"], env, args.runs)
             rows = (("/bin/true directly", direct), ("mcpcreds --version (interpreter + CLI import)", cli),
                     ("mcpcreds exec (net = inherit)", plain),
                     ("mcpcreds exec (net = restricted, enforced)", restricted))

@@ -46,7 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
 
 from bench import harness
-from mcpcreds.rates import Rate, parse_rate
+from mcpcreds.core.rates import Rate, parse_rate
 
 SERVER_NAME = "bench"
 FLOOR = 0.98  # the sidecar must grant at least this share of the bound

@@ -73,12 +73,12 @@ from tests.peers.redis_peer import start_redis
 from bench import harness
 from bench.harness import Latency
 from mcpcreds import AsyncClient
-from mcpcreds.bucket_scripts import BUCKET_SCRIPT
-from mcpcreds.clock import SystemClock
-from mcpcreds.rates import parse_rate
-from mcpcreds.redis_pipe import pack, parse_reply
-from mcpcreds.redis_state import MAX_PAUSE, RedisState
-from mcpcreds.shared import SharedLimiter
+from mcpcreds.core.clock import SystemClock
+from mcpcreds.core.rates import parse_rate
+from mcpcreds.state.bucket_scripts import BUCKET_SCRIPT
+from mcpcreds.state.redis_pipe import pack, parse_reply
+from mcpcreds.state.redis_state import MAX_PAUSE, RedisState
+from mcpcreds.state.shared import SharedLimiter
 
 SERVER = "bench"
 RATE = "1000000/1s"

@@ -410,7 +410,7 @@ def first_calls(out: list[dict[str, Any]]) -> dict[str, Any]:
 
 def summarize(side: str, out: list[dict[str, Any]], oidc_stats: dict[str, Any], mcp_stats: dict[str, Any],
               args: argparse.Namespace) -> dict[str, Any]:
-    from mcpcreds.rates import parse_rate
+    from mcpcreds.core.rates import parse_rate
 
     rate = parse_rate(args.rate)
     seconds: float = args.seconds
@@ -488,7 +488,7 @@ def warm_up(oidc: OidcPeer, mcp: McpServerPeer) -> None:
 
 def run_side(side: str, oidc: OidcPeer, mcp: McpServerPeer, tmp: Path,
              args: argparse.Namespace) -> dict[str, Any]:
-    from mcpcreds.rates import parse_rate
+    from mcpcreds.core.rates import parse_rate
 
     params: dict[str, Any] = {
         "url": mcp.url, "issuer": oidc.issuer, "token_url": oidc.token_url, "seconds": args.seconds,
@@ -641,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-prm-fix", action="store_true",
                    help="do not correct the MCP server's PRM document in the status-quo processes")
     args = harness.parse(p, argv, quick={"processes": 2, "tasks": 1, "seconds": 2.0, "ttl": 2})
-    from mcpcreds.rates import parse_rate
+    from mcpcreds.core.rates import parse_rate
 
     try:
         parse_rate(args.rate)

@@ -62,7 +62,7 @@ def run_cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = N
             timeout: float = 30) -> CliResult:
     merged = {**os.environ, **(env or {})}
     proc = subprocess.run(
-        [sys.executable, "-m", "mcpcreds.cli", *args],
+        [sys.executable, "-m", "mcpcreds.cli.main", *args],
         input=stdin if stdin is not None else "",
         capture_output=True, text=True, env=merged, timeout=timeout,
     )

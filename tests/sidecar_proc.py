@@ -28,7 +28,7 @@ class SidecarProcess:
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mcpcreds.cli", "serve", "--config", str(config)],
+            [sys.executable, "-m", "mcpcreds.cli.main", "serve", "--config", str(config)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             text=True, env={**os.environ, **(env or {})},
         )

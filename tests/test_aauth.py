@@ -33,10 +33,11 @@ from joserfc.jwk import ECKey, KeySet, OKPKey
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from mcpcreds import AsyncClient, httpsig
-from mcpcreds.aauth import AAuthSigner, AgentTokenError, check_agent_token, load_key, load_or_create
-from mcpcreds.config import parse_config
+from mcpcreds import AsyncClient
+from mcpcreds.config.load import parse_config
 from mcpcreds.errors import ConfigError
+from mcpcreds.signers import httpsig
+from mcpcreds.signers.aauth import AAuthSigner, AgentTokenError, check_agent_token, load_key, load_or_create
 from tests.conftest import CANARY, module_peer, run_cli
 from tests.peers.aauth_peer import AAuthPeer, start_aauth_peer
 from tests.peers.aauth_verify import Rejected, verify
@@ -509,7 +510,7 @@ async def test_creds_auth_keeps_the_session_token_and_names_a_requirement(sideca
                                                                           peer: AAuthPeer) -> None:
     import httpx2
 
-    from mcpcreds.aauth_requirement import AAuthRequirementError
+    from mcpcreds.core.aauth_requirement import AAuthRequirementError
 
     before = peer.stats()
     async with AsyncClient(sidecar.socket) as creds, httpx2.AsyncClient(auth=creds.auth("access")) as http, \

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpcreds.config import Config, McpServerSpec, parse_config
+from mcpcreds.config.load import Config, McpServerSpec, parse_config
 from mcpcreds.errors import ConfigError
 from tests.conftest import run_cli
 

@@ -21,9 +21,17 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from mcpcreds import httpsig
-from mcpcreds.aauth_requirement import AAuthRequirementError, access_token, describe, refusal, requirement
-from mcpcreds.aauth_resource import (
+from mcpcreds.client.auth import Sidecar, Upstream, credential_flow
+from mcpcreds.config.load import parse_config
+from mcpcreds.core.aauth_requirement import (
+    AAuthRequirementError,
+    access_token,
+    describe,
+    refusal,
+    requirement,
+)
+from mcpcreds.signers import httpsig
+from mcpcreds.signers.aauth_resource import (
     FRESH,
     MAX_METADATA,
     RETRY,
@@ -31,8 +39,6 @@ from mcpcreds.aauth_resource import (
     parse_components,
     required_input,
 )
-from mcpcreds.auth import Sidecar, Upstream, credential_flow
-from mcpcreds.config import parse_config
 from tests.peers.aauth_verify import Rejected, verify
 
 CONFIG = parse_config({"sidecar": {"socket": "/tmp/x/s.sock"}, "aauth": {"default": True},

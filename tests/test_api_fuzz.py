@@ -52,7 +52,7 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]  # n
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from mcpcreds.wire import MAX_BODY_BYTES, MAX_HEAD_BYTES
+from mcpcreds.sidecar.wire import MAX_BODY_BYTES, MAX_HEAD_BYTES
 from tests.peers.fault_idp import FaultIdp, fault_idp
 from tests.peers.mcp_gateway_peer import start_gateway_peer
 from tests.sidecar_proc import SidecarProcess, run_sidecar

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mcpcreds.auth import Sidecar, Step, Upstream, credential_flow, parse_retry_after
+from mcpcreds.client.auth import Sidecar, Step, Upstream, credential_flow, parse_retry_after
 from mcpcreds.errors import RateLimited
 
 
@@ -88,7 +88,7 @@ def test_a_401_within_the_invalidation_cooldown_is_returned_without_resending() 
 
 
 def test_refused_reads_renewed_and_falls_back_to_dropped() -> None:
-    from mcpcreds.calls import Calls
+    from mcpcreds.client.calls import Calls
 
     extract = Calls.refused("crm-ro", "f1").extract
     assert extract({"dropped": False, "renewed": True}) is True

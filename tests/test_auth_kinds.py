@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mcpcreds.config import parse_config
+from mcpcreds.config.load import parse_config
 from mcpcreds.errors import ConfigError
 
 SECRET = "{{secret:S}}"

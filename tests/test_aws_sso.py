@@ -36,11 +36,11 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from mcpcreds import AsyncClient
-from mcpcreds.aws_config import AwsAuth
-from mcpcreds.aws_sso import SsoLogin, from_sso
-from mcpcreds.config import SecretsConfig, parse_config
+from mcpcreds.config.aws import AwsAuth
+from mcpcreds.config.load import SecretsConfig, parse_config
+from mcpcreds.credentials.sources import KeyringSource
 from mcpcreds.errors import ConfigError, LoginRequired
-from mcpcreds.sources import KeyringSource
+from mcpcreds.signers.aws_sso import SsoLogin, from_sso
 from tests.conftest import CANARY, KeyringSession
 from tests.peers.sigv4_peer import SigV4Peer, start_sigv4_peer
 from tests.sidecar_proc import SidecarProcess, run_sidecar
@@ -267,7 +267,7 @@ auth = {{ {auth} }}
 
 
 def login(config: Path, fake: FakeSso) -> str:
-    proc = subprocess.Popen([sys.executable, "-m", "mcpcreds.cli", "login", "aws-sso", "--config", str(config)],
+    proc = subprocess.Popen([sys.executable, "-m", "mcpcreds.cli.main", "login", "aws-sso", "--config", str(config)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     lines = []
@@ -319,7 +319,7 @@ async def test_sso_login_then_the_mcp_sdk_reaches_the_sigv4_server_through_the_g
         assert CANARY not in text
 
     # logout: signed out at the portal, the keyring entry deleted, the sidecar's role credentials dropped
-    result = subprocess.run([sys.executable, "-m", "mcpcreds.cli", "logout", "aws-sso", "--config",
+    result = subprocess.run([sys.executable, "-m", "mcpcreds.cli.main", "logout", "aws-sso", "--config",
                              str(sidecar.config)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "POST /logout" in fake.calls and fake.access is None

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcpcreds.buckets import Limiter, TokenBucket
-from mcpcreds.clock import FakeClock, SystemClock
+from mcpcreds.core.clock import FakeClock, SystemClock
+from mcpcreds.core.rates import Rate, parse_rate
 from mcpcreds.errors import InvalidRequest, RateLimited
-from mcpcreds.rates import Rate, parse_rate
+from mcpcreds.limits.buckets import Limiter, TokenBucket
 
 T0 = 1000.0
 PER_MINUTE = parse_rate("60/1m")  # 1 permit a second

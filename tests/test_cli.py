@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from mcpcreds.config import McpServerSpec, load_config
+from mcpcreds.config.load import McpServerSpec, load_config
 from tests.conftest import CANARY, KeyringSession, run_cli
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -89,8 +89,8 @@ headers = {{ "X-Api-Key" = "{{{{secret:DOCS_KEY}}}}" }}
     listed = run_cli("secret", "list", *cfg)
     assert listed.stdout.split() == ["DOCS_KEY", "OTHER"]
     assert CANARY not in listed.output
-    from mcpcreds.config import SecretsConfig
-    from mcpcreds.sources import KeyringSource
+    from mcpcreds.config.load import SecretsConfig
+    from mcpcreds.credentials.sources import KeyringSource
     assert KeyringSource(SecretsConfig(keyring_service=service)).get("DOCS_KEY") == CANARY
 
     refused = run_cli("secret", "rm", "DOCS_KEY", *cfg)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from mcpcreds import uds
+from mcpcreds.client import uds
 from tests.conftest import run_cli
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
@@ -33,10 +33,12 @@ HEAVY = ("httpx", "httpx2", "httpcore", "anyio", "authlib", "asyncio", "cryptogr
          "httptools")  # uds.Answer reads the one answer; httptools imports typing
 # the package's modules these commands need; any other (the config parser, exec, login, units...)
 # is a cost they should not pay
-LEAN_MODULES = {"mcpcreds", "mcpcreds.__main__", "mcpcreds.cli", "mcpcreds.errors", "mcpcreds.address",
-                "mcpcreds.calls", "mcpcreds.client", "mcpcreds.socket_check", "mcpcreds.uds",
-                "mcpcreds.credential_helper", "mcpcreds.lean_toml"}
-CONSOLE_SCRIPT = "import sys; from mcpcreds.cli import main; sys.exit(main())"  # what [project.scripts] runs
+LEAN_MODULES = {"mcpcreds", "mcpcreds.__main__", "mcpcreds.cli.main", "mcpcreds.errors", "mcpcreds.client.address",
+                "mcpcreds.client.calls", "mcpcreds.client.client", "mcpcreds.core.socket_check", "mcpcreds.client.uds",
+                "mcpcreds.cli.credential_helper", "mcpcreds.core.lean_toml",
+                # the package faces on the way, which import nothing themselves
+                "mcpcreds.cli", "mcpcreds.client", "mcpcreds.core"}
+CONSOLE_SCRIPT = "import sys; from mcpcreds.cli.main import main; sys.exit(main())"  # what [project.scripts] runs
 
 CONFIG = """
 [sidecar]
@@ -106,7 +108,7 @@ def test_command_imports_no_heavy_module(sidecar: SidecarProcess, command: str, 
     proc, modules = run_timed(how, *args, "--config", str(sidecar.config), stdin=stdin)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert expected in proc.stdout
-    assert "mcpcreds.cli" in modules and "mcpcreds.client" in modules  # the report is read right
+    assert "mcpcreds.cli.main" in modules and "mcpcreds.client.client" in modules  # the report is read right
     allowed = {"struct"} if command.startswith("credential-helper") else set()  # base64's, for Basic
     assert sorted(m for m in modules - allowed if m in HEAVY or m.split(".")[0] in HEAVY) == []
     assert sorted(m for m in modules if m.split(".")[0] == "mcpcreds" and m not in LEAN_MODULES) == []
@@ -132,7 +134,7 @@ SIMPLE_FORMS = [
 def test_the_simple_form_parses_as_argparse_does(argv: list[str]) -> None:
     """`token NAME` / `headers NAME [--json]` skip argparse: what they accept, argparse accepts
     alike; anything else is left to argparse (None)."""
-    from mcpcreds.cli import _simple_form, build_parser
+    from mcpcreds.cli.main import _simple_form, build_parser
 
     simple = _simple_form(argv)
     try:
@@ -151,12 +153,12 @@ def test_the_simple_form_parses_as_argparse_does(argv: list[str]) -> None:
 def test_import_mcpcreds_is_light_and_public_names_still_work() -> None:
     code = ("import sys, mcpcreds\n"
             "heavy = [m for m in sys.modules if m.split('.')[0] in ('httpx', 'asyncio', 'authlib', 'cryptography')"
-            " or m in ('mcpcreds.config', 'mcpcreds.client')]\n"
+            " or m in ('mcpcreds.config.load', 'mcpcreds.client.client')]\n"
             "assert not heavy, heavy\n"
             "from mcpcreds import AsyncClient, Client, Config, Forbidden, MalformedAnswer, McpServerSpec, Secret\n"
             "from mcpcreds import UntrustedSidecar, load_config, __version__\n"
-            "import mcpcreds.client\n"
-            "assert AsyncClient is mcpcreds.client.AsyncClient and Client is mcpcreds.client.Client\n"
+            "import mcpcreds.client.client\n"
+            "assert AsyncClient is mcpcreds.client.client.AsyncClient and Client is mcpcreds.client.client.Client\n"
             "assert set(mcpcreds.__all__) <= set(dir(mcpcreds))\n"
             "try:\n    mcpcreds.NoSuchName\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(3)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -196,7 +198,8 @@ def test_the_socket_comes_from_the_config_it_names(sidecar: SidecarProcess, tmp_
     {"XDG_RUNTIME_DIR": "", "XDG_CONFIG_HOME": ""},
 ])
 def test_address_locates_as_config_does(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from mcpcreds import address, config
+    from mcpcreds.client import address
+    from mcpcreds.config import load as config
 
     for key in ("MCPCREDS_CONFIG", "MCPCREDS_SOCKET", "XDG_CONFIG_HOME", "XDG_RUNTIME_DIR"):
         monkeypatch.delenv(key, raising=False)
@@ -236,7 +239,7 @@ def tomllib_or_none(text: str) -> Any:
 
 
 def test_the_lean_reader_reads_the_examples_as_tomllib_does() -> None:
-    from mcpcreds.lean_toml import loads
+    from mcpcreds.core.lean_toml import loads
 
     assert EXAMPLES
     for path in EXAMPLES:
@@ -247,7 +250,7 @@ def test_the_lean_reader_reads_the_examples_as_tomllib_does() -> None:
 @pytest.mark.parametrize("text", TRICKY)
 def test_the_lean_reader_reads_as_tomllib_or_not_at_all(text: str) -> None:
     """None (tomllib decides) or tomllib's own answer; None for whatever tomllib refuses."""
-    from mcpcreds.lean_toml import loads
+    from mcpcreds.core.lean_toml import loads
 
     got = loads(text)
     assert got is None or got == tomllib_or_none(text)
@@ -259,7 +262,7 @@ def test_the_lean_reader_agrees_with_tomllib_on_mutated_and_generated_documents(
     twice and keys given twice: whatever the lean reader reads, it reads as tomllib does."""
     import random
 
-    from mcpcreds.lean_toml import loads
+    from mcpcreds.core.lean_toml import loads
 
     rng = random.Random(18)
     texts = [path.read_text(encoding="utf-8") for path in EXAMPLES]
@@ -298,7 +301,7 @@ def test_the_lean_reader_agrees_with_tomllib_on_mutated_and_generated_documents(
 ])
 def test_the_socket_is_read_with_or_without_the_lean_reader(tmp_path: Path, sidecar: str,
                                                             expected: tuple[str, int | None]) -> None:
-    from mcpcreds.address import sidecar_address
+    from mcpcreds.client.address import sidecar_address
 
     config = tmp_path / "c.toml"
     config.write_text(f"[sidecar]\n{sidecar}\n[[servers]]\nname = 'docs'\n", encoding="utf-8")
@@ -311,7 +314,7 @@ def test_paths_are_spelled_as_pathlib_spells_them() -> None:
     import itertools
     from pathlib import PurePosixPath
 
-    from mcpcreds.address import path_text
+    from mcpcreds.client.address import path_text
 
     for count in range(6):
         for parts in itertools.product(["/", "a", ".", "..", "b/", ""], repeat=count):
@@ -392,7 +395,7 @@ class Parsed:
 def test_the_blocking_client_reads_answers_as_httptools_does(answer: str) -> None:
     """`uds.Answer` (the CLI's, without httptools) and httptools (the async client's parser):
     the same status, body and keep-alive, or both refuse, fed whole or a byte or three at a time."""
-    from mcpcreds.uds import Answer
+    from mcpcreds.client.uds import Answer
 
     for step in (1, 3, 1 << 16):
         ours = Answer()
@@ -402,7 +405,7 @@ def test_the_blocking_client_reads_answers_as_httptools_does(answer: str) -> Non
 
 
 def test_the_blocking_client_bounds_what_it_reads() -> None:
-    from mcpcreds.uds import MAX_HEAD, MAX_RESPONSE, Answer
+    from mcpcreds.client.uds import MAX_HEAD, MAX_RESPONSE, Answer
 
     for answer in (b"HTTP/1.1 200 OK\r\nX: " + b"x" * MAX_HEAD,
                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (MAX_RESPONSE + 1),
@@ -425,7 +428,7 @@ def test_a_kept_connection_with_bytes_nobody_asked_for_is_not_used_again() -> No
     are dropped before reuse, and a fresh connection is made."""
     import socket as socket_module
 
-    from mcpcreds.uds import _idle_and_open
+    from mcpcreds.client.uds import _idle_and_open
 
     quiet, peer = socket_module.socketpair()
     stray, stray_peer = socket_module.socketpair()
@@ -455,7 +458,7 @@ def test_answers_are_decoded_as_json_loads_decodes_them(raw: bytes) -> None:
     where json.loads refuses."""
     import json
 
-    from mcpcreds.uds import decode_json
+    from mcpcreds.client.uds import decode_json
 
     try:
         expected = json.loads(raw) if raw else None

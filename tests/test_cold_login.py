@@ -12,8 +12,8 @@ import sys
 FIRST_LOGIN = r"""
 import asyncio, json, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from mcpcreds import oauth
-from mcpcreds.egress import EgressPolicy, egress_client
+from mcpcreds.credentials import oauth
+from mcpcreds.net.egress import EgressPolicy, egress_client
 
 class TokenEndpoint(BaseHTTPRequestHandler):
     def do_POST(self):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpcreds.config import (
+from mcpcreds.config.load import (
     Config,
     McpServerSpec,
     default_socket_path,
@@ -13,8 +13,8 @@ from mcpcreds.config import (
     load_config,
     parse_config,
 )
+from mcpcreds.core.rates import Rate
 from mcpcreds.errors import ConfigError
-from mcpcreds.rates import Rate
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

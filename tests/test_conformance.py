@@ -254,7 +254,7 @@ def scripted(routes: dict[str, tuple[int, dict[str, str], object]]) -> httpx.Asy
 async def test_resource_metadata_only_at_the_root_names_the_authorization_server() -> None:
     """metadata-var2: no path-based document, a 401 without resource_metadata, the root document
     (its resource is the origin, above the endpoint) names the authorization server."""
-    from mcpcreds.discovery import Discovery
+    from mcpcreds.credentials.discovery import Discovery
 
     routes: dict[str, tuple[int, dict[str, str], object]] = {
         f"POST {MCP_URL}": (401, {"www-authenticate": 'Bearer error="invalid_token"'}, {}),
@@ -272,7 +272,7 @@ async def test_resource_metadata_only_at_the_root_names_the_authorization_server
 async def test_the_path_based_document_comes_first_and_the_root_is_not_asked() -> None:
     """metadata-var1: the suite fails a client that asks for the root document when the
     path-based one exists (the 401 names no document: the well-known URIs, path-based first)."""
-    from mcpcreds.discovery import Discovery
+    from mcpcreds.credentials.discovery import Discovery
 
     routes: dict[str, tuple[int, dict[str, str], object]] = {
         f"POST {MCP_URL}": (401, {"www-authenticate": 'Bearer error="invalid_token"'}, {}),
@@ -287,7 +287,7 @@ async def test_the_path_based_document_comes_first_and_the_root_is_not_asked() -
 async def test_the_document_the_401_names_is_the_only_one_asked() -> None:
     """metadata-var3: the 401 names a document at a custom location; the well-known URIs (whose
     root the suite traps in metadata-default) are not asked at all."""
-    from mcpcreds.discovery import Discovery
+    from mcpcreds.credentials.discovery import Discovery
 
     custom = "http://localhost:4001/custom/metadata/location.json"
     routes: dict[str, tuple[int, dict[str, str], object]] = {

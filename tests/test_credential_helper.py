@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from mcpcreds.credential_helper import NoMatch, credential_of, match_server, read_git_request
+from mcpcreds.cli.credential_helper import NoMatch, credential_of, match_server, read_git_request
 from mcpcreds.errors import InvalidRequest
 from tests.conftest import CliResult, run_cli
 from tests.sidecar_proc import SidecarProcess, run_sidecar

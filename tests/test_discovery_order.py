@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from mcpcreds import discovery
-from mcpcreds.config import LoginSpec
-from mcpcreds.discovery import Discovery, metadata_urls
-from mcpcreds.egress import EgressPolicy, egress_client
+from mcpcreds.config.load import LoginSpec
+from mcpcreds.credentials import discovery
+from mcpcreds.credentials.discovery import Discovery, metadata_urls
 from mcpcreds.errors import Forbidden, McpcredsError, TokenEndpointError
+from mcpcreds.net.egress import EgressPolicy, egress_client
 
 MCP = "https://mcp.example.com/mcp"
 PATH_BASED = "https://mcp.example.com/.well-known/oauth-protected-resource/mcp"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from mcpcreds.config import Config, parse_config
-from mcpcreds.doctor import FAIL, PASS, Doctor, report
+from mcpcreds.cli.doctor import FAIL, PASS, Doctor, report
+from mcpcreds.config.load import Config, parse_config
 from tests.conftest import CANARY, run_cli
 from tests.peers.redis_peer import RedisPeer
 from tests.sidecar_proc import run_sidecar
@@ -286,8 +286,8 @@ def redis_lines(config: Config) -> tuple[bool, str]:
 def test_redis_script_and_state_key_are_checked(redis: RedisPeer, monkeypatch: pytest.MonkeyPatch) -> None:
     from redis import Redis
 
-    from mcpcreds.oauth import Token
-    from mcpcreds.redis_state import RedisState
+    from mcpcreds.credentials.oauth import Token
+    from mcpcreds.state.redis_state import RedisState
 
     ours, theirs = CANARY + "-ours", CANARY + "-theirs"
     config = parse_config({"sidecar": {"state": redis.url, "state_key": "{{secret:STATE_KEY}}"},
@@ -367,14 +367,14 @@ def test_a_redis_that_may_evict_the_sidecars_keys_is_a_failure(redis: RedisPeer,
 @pytest.mark.parametrize(("version", "ok"), [("4.0.14", False), ("3.2.0", False), ("5.0.0", True),
                                              ("7.2.4", True), ("10.0", True), ("8", True), ("valkey", True)])
 def test_the_redis_version_floor(version: str, ok: bool) -> None:
-    from mcpcreds.doctor import redis_version_ok
+    from mcpcreds.cli.doctor import redis_version_ok
 
     assert redis_version_ok(version) is ok
 
 
 def test_installed_units_listen_on_the_socket_and_run_a_program_that_is_there(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mcpcreds.units import install
+    from mcpcreds.cli.units import install
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))

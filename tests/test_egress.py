@@ -19,7 +19,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from mcpcreds.egress import (
+from mcpcreds.errors import Forbidden
+from mcpcreds.net.egress import (
     EgressPolicy,
     EgressTransport,
     Resolver,
@@ -32,7 +33,6 @@ from mcpcreds.egress import (
     parse_host_pattern,
     system_resolver,
 )
-from mcpcreds.errors import Forbidden
 
 # ---------------------------------------------------------------------------- host names
 

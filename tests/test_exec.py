@@ -23,7 +23,7 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from mcpcreds.exec_cli import BASE_VARS
+from mcpcreds.cli.exec import BASE_VARS
 from tests.conftest import run_cli
 from tests.peers.upstream import Upstream, start_upstream
 from tests.sidecar_proc import SidecarProcess, run_sidecar
@@ -98,7 +98,7 @@ def _launcher_env(sidecar: SidecarProcess, **extra: str) -> dict[str, str]:
 
 
 def _exec_args(name: str, *command: str) -> list[str]:
-    return ["-m", "mcpcreds.cli", "exec", name, "--", *command]
+    return ["-m", "mcpcreds.cli.main", "exec", name, "--", *command]
 
 
 @asynccontextmanager
@@ -374,7 +374,7 @@ def test_without_namespaces_off_and_restricted_refuse_unless_advisory(
     port = _port(upstream)
     script = ("import httpx, socket, sys; r = httpx.get(sys.argv[1]); "
               "socket.create_connection(('127.0.0.1', int(sys.argv[2]))).close(); print(r.status_code)")
-    done = subprocess.run([sys.executable, "-m", "mcpcreds.cli", "exec", "restricted", "--advisory", "--",
+    done = subprocess.run([sys.executable, "-m", "mcpcreds.cli.main", "exec", "restricted", "--advisory", "--",
                            sys.executable, "-c", script, f"http://localhost:{port}/advisory", str(port)],
                           capture_output=True, env=_launcher_env(sidecar, **no_ns), timeout=30)
     assert done.returncode == 0, done.stderr
@@ -383,7 +383,7 @@ def test_without_namespaces_off_and_restricted_refuse_unless_advisory(
 
 def test_unprivileged_user_and_network_namespace() -> None:
     script = ("import encodings.idna, os, socket\n"
-              "from mcpcreds.netns import enter_network_namespace\n"  # before: /root is closed to uid 65534
+              "from mcpcreds.exec.netns import enter_network_namespace\n"  # before: /root is closed to uid 65534
               "os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)\n"
               # a uid change clears `dumpable` (/proc/self/uid_map turns root's); a user's own process has it
               "import ctypes; ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)\n"

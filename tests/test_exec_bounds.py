@@ -25,11 +25,12 @@ from typing import Any
 
 import pytest
 
-from mcpcreds import egress_proxy as ep
-from mcpcreds.audit import AuditLog
-from mcpcreds.clock import FakeClock
-from mcpcreds.egress import EgressPolicy
-from mcpcreds.egress_proxy import (
+from mcpcreds.core.audit import AuditLog
+from mcpcreds.core.clock import FakeClock
+from mcpcreds.core.socket_check import UntrustedSidecar
+from mcpcreds.errors import ExecSessionsFull, RateLimited
+from mcpcreds.exec import egress_proxy as ep
+from mcpcreds.exec.egress_proxy import (
     HEAD_TIMEOUT,
     HOLD_TIMEOUT,
     MAX_HEAD,
@@ -39,8 +40,7 @@ from mcpcreds.egress_proxy import (
     EgressProxy,
     EgressSocketInUse,
 )
-from mcpcreds.errors import ExecSessionsFull, RateLimited
-from mcpcreds.socket_check import UntrustedSidecar
+from mcpcreds.net.egress import EgressPolicy
 
 NOBODY = 65534
 POLICY = EgressPolicy("broad_audited", allow_private=("127.0.0.1",))
@@ -434,7 +434,7 @@ async def test_another_uid_gets_nothing(open_folder: Path, allowed: bool) -> Non
 def test_the_hold_sends_no_credential_to_a_socket_that_is_not_the_sidecars(tmp_path: Path) -> None:
     """`mcpcreds exec` checks the proxy socket as the sidecar's own before sending the session's
     credential: the folder (the sidecar uid's, closed to others) and the listener's uid."""
-    from mcpcreds.exec_cli import _hold
+    from mcpcreds.cli.exec import _hold
 
     folder = tmp_path / "theirs"
     folder.mkdir(mode=0o700)
@@ -462,7 +462,7 @@ def test_the_hold_sends_no_credential_to_a_socket_that_is_not_the_sidecars(tmp_p
 
 
 def test_a_full_proxy_reaches_the_cli_as_unavailable_exit_69() -> None:
-    from mcpcreds.cli import EXIT_UNAVAILABLE, exit_code_for
+    from mcpcreds.cli.main import EXIT_UNAVAILABLE, exit_code_for
     from mcpcreds.errors import error_from_wire
 
     wire = ExecSessionsFull("the egress proxy holds as many exec sessions as it may").to_wire()

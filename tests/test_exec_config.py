@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from mcpcreds.config import Config, parse_config
+from mcpcreds.config.load import Config, parse_config
 from mcpcreds.errors import ConfigError
 
 SENSITIVE_SERVER = """

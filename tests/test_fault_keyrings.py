@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from keyring.backend import KeyringBackend
 
-from mcpcreds.config import SecretsConfig
-from mcpcreds.sources import KeyringSource
+from mcpcreds.config.load import SecretsConfig
+from mcpcreds.credentials.sources import KeyringSource
 from tests.hanging_keyring import HangingKeyring, PlaintextKeyring
 
 

@@ -8,11 +8,11 @@ import json
 import time
 from typing import Any
 
-from mcpcreds import jsonrpc
-from mcpcreds.gateway import LiveSessions
-from mcpcreds.grants import Grant
-from mcpcreds.jsonrpc import Inspector, parse_body
-from mcpcreds.policy import TrustPolicy
+from mcpcreds.core.policy import TrustPolicy
+from mcpcreds.gateway import jsonrpc
+from mcpcreds.gateway.jsonrpc import Inspector, parse_body
+from mcpcreds.gateway.relay import LiveSessions
+from mcpcreds.state.grants import Grant
 from tests.peers.redis_peer import start_redis
 
 TOOLS = [{"name": n, "inputSchema": {"type": "object"}} for n in ("echo", "add", "delete_all")]
@@ -52,9 +52,9 @@ def test_a_grant_record_keeps_its_tools_and_an_old_record_reads_as_narrowing_non
 
 
 async def test_redis_keeps_a_grants_tools_and_reads_a_record_written_without_them() -> None:
-    from mcpcreds.clock import SystemClock
-    from mcpcreds.grants import RedisGrants
-    from mcpcreds.redis_state import RedisState
+    from mcpcreds.core.clock import SystemClock
+    from mcpcreds.state.grants import RedisGrants
+    from mcpcreds.state.redis_state import RedisState
 
     with start_redis() as redis:
         state = RedisState(redis.url, "state-key-for-tests-0123456789")

@@ -1,4 +1,4 @@
-"""The gateway's protocol logic (mcpcreds.jsonrpc), with no I/O: parsing what a client POSTs,
+"""The gateway's protocol logic (mcpcreds.gateway.jsonrpc), with no I/O: parsing what a client POSTs,
 counting permits, refusing tool calls, filtering tools/list results in JSON and SSE, splitting
 SSE streams, and masking the credentials the gateway sent."""
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from mcpcreds import jsonrpc
-from mcpcreds.jsonrpc import Inspector, JsonRpcError, SseSplitter, parse_body
-from mcpcreds.policy import TrustPolicy
+from mcpcreds.core.policy import TrustPolicy
+from mcpcreds.gateway import jsonrpc
+from mcpcreds.gateway.jsonrpc import Inspector, JsonRpcError, SseSplitter, parse_body
 
 TOOLS = [{"name": n, "inputSchema": {"type": "object"}} for n in ("echo", "add", "delete_all")]
 ALLOW_ECHO = TrustPolicy("untrusted", ("echo",))

@@ -24,7 +24,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from mcpcreds import AsyncClient
-from mcpcreds.stdio_relay import EventTooLarge, LineSplitter, LineTooLong, SseEvent, SseParser
+from mcpcreds.client.stdio_bridge import EventTooLarge, LineSplitter, LineTooLong, SseEvent, SseParser
 from tests.conftest import CANARY
 from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
 from tests.sidecar_proc import SidecarProcess, run_sidecar

@@ -27,11 +27,11 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from mcpcreds import AsyncClient
-from mcpcreds.config import ListenConfig, parse_config
+from mcpcreds.config.load import ListenConfig, parse_config
 from mcpcreds.errors import ConfigError
-from mcpcreds.tcp_listener import LoopbackApp, TcpConnection
-from mcpcreds.tcp_peer import find_peer_uid, lookup_uid, parse_endpoint, parse_line, parse_table
-from mcpcreds.wire import Connections, Request, Response
+from mcpcreds.sidecar.tcp_listener import LoopbackApp, TcpConnection
+from mcpcreds.sidecar.tcp_peer import find_peer_uid, lookup_uid, parse_endpoint, parse_line, parse_table
+from mcpcreds.sidecar.wire import Connections, Request, Response
 from tests.conftest import CANARY, run_cli
 from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
 from tests.sidecar_proc import SidecarProcess, run_sidecar
@@ -428,7 +428,7 @@ def test_a_port_in_use_fails_the_start_clearly(peer: GatewayPeer, tmp_path: Path
         port = taken.getsockname()[1]
         config = tmp_path / "config.toml"
         config.write_text(config_text(tmp_path, peer, listen=f"127.0.0.1:{port}"))
-        proc = subprocess.run([sys.executable, "-m", "mcpcreds.cli", "serve", "--config", str(config)],
+        proc = subprocess.run([sys.executable, "-m", "mcpcreds.cli.main", "serve", "--config", str(config)],
                               capture_output=True, text=True, timeout=60, env={**os.environ, "STATIC_KEY": STATIC_KEY})
     assert proc.returncode == 1
     assert f"listen_failed: cannot listen on 127.0.0.1:{port} (gateway.listen)" in proc.stderr

@@ -1,4 +1,4 @@
-"""The gateway's upstream transport (mcpcreds.upstream.H1Transport) against a scripted raw HTTP/1.1
+"""The gateway's upstream transport (mcpcreds.net.upstream.H1Transport) against a scripted raw HTTP/1.1
 server on loopback: one write per request, keep-alive reuse, every way an answer's body can end
 (Content-Length, chunked, the connection's end, a drop), bounds (the head, buffered body bytes,
 open connections) and checked request headers. The gateway's own tests run it end to end."""
@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mcpcreds.egress import EgressPolicy, egress_client
-from mcpcreds.upstream import HIGH_WATER, MAX_HEAD_BYTES, H1Transport
+from mcpcreds.net.egress import EgressPolicy, egress_client
+from mcpcreds.net.upstream import HIGH_WATER, MAX_HEAD_BYTES, H1Transport
 from tests.test_egress import _cert, fixed_resolver, open_listener
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

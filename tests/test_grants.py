@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from mcpcreds import Client, Forbidden, UnknownServer
-from mcpcreds.broker import Broker
-from mcpcreds.clock import SystemClock
-from mcpcreds.config import parse_config
-from mcpcreds.metrics import Metrics
-from mcpcreds.sources import EnvSource, SecretResolver
+from mcpcreds.broker.broker import Broker
+from mcpcreds.config.load import parse_config
+from mcpcreds.core.clock import SystemClock
+from mcpcreds.core.metrics import Metrics
+from mcpcreds.credentials.sources import EnvSource, SecretResolver
 from tests.conftest import CANARY, run_cli
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 

@@ -13,15 +13,15 @@ from typing import Any, cast
 
 import pytest
 
-from mcpcreds.api import Api
-from mcpcreds.audit import AuditLog
-from mcpcreds.broker import Broker
-from mcpcreds.clock import FakeClock
-from mcpcreds.config import parse_config
-from mcpcreds.metrics import Metrics
-from mcpcreds.secret import REDACTOR
-from mcpcreds.sources import EnvSource, SecretResolver
-from mcpcreds.wire import Request, Response
+from mcpcreds.broker.broker import Broker
+from mcpcreds.config.load import parse_config
+from mcpcreds.core.audit import AuditLog
+from mcpcreds.core.clock import FakeClock
+from mcpcreds.core.metrics import Metrics
+from mcpcreds.core.secret import REDACTOR
+from mcpcreds.credentials.sources import EnvSource, SecretResolver
+from mcpcreds.sidecar.api import Api
+from mcpcreds.sidecar.wire import Request, Response
 from tests.conftest import CANARY
 from tests.peers.fault_idp import FaultIdp, fault_idp
 

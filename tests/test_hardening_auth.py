@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from mcpcreds import AsyncClient, RateLimited
-from mcpcreds.auth import DEFAULT_RETRY_AFTER, MAX_RETRY_AFTER, credential_flow, parse_retry_after
+from mcpcreds.client.auth import DEFAULT_RETRY_AFTER, MAX_RETRY_AFTER, credential_flow, parse_retry_after
 from tests.peers.upstream import Upstream, start_upstream
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 from tests.test_auth_flow import answer, request, run

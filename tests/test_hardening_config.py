@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mcpcreds import Client, Forbidden
-from mcpcreds.config import parse_config
+from mcpcreds.config.load import parse_config
 from mcpcreds.errors import ConfigError
 from tests.conftest import CANARY, run_cli
 from tests.sidecar_proc import run_sidecar

@@ -7,7 +7,8 @@ from ipaddress import ip_address
 
 import pytest
 
-from mcpcreds.egress import (
+from mcpcreds.errors import Forbidden
+from mcpcreds.net.egress import (
     EgressPolicy,
     address_problem,
     check_address,
@@ -15,7 +16,6 @@ from mcpcreds.egress import (
     normalize_host,
     parse_host_pattern,
 )
-from mcpcreds.errors import Forbidden
 from tests.test_egress import Listener, fixed_resolver, listener
 
 __all__ = ["listener"]  # the fixture, imported to be used here

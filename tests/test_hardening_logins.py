@@ -19,14 +19,14 @@ from typing import Any
 import httpx
 import pytest
 
-from mcpcreds.broker import Broker
-from mcpcreds.clock import FakeClock, SystemClock
-from mcpcreds.config import Target, parse_config
-from mcpcreds.discovery import Discovery, token_endpoint_from
-from mcpcreds.errors import TokenEndpointError
-from mcpcreds.logins import LoginCache
-from mcpcreds.metrics import Metrics
-from mcpcreds.oauth import (
+from mcpcreds.broker.broker import Broker
+from mcpcreds.config.load import Target, parse_config
+from mcpcreds.core.clock import FakeClock, SystemClock
+from mcpcreds.core.metrics import Metrics
+from mcpcreds.core.secret import REDACTOR
+from mcpcreds.credentials.discovery import Discovery, token_endpoint_from
+from mcpcreds.credentials.logins import LoginCache
+from mcpcreds.credentials.oauth import (
     Token,
     TokenRequest,
     backoff_delay,
@@ -34,8 +34,8 @@ from mcpcreds.oauth import (
     parse_token_response,
     send_token_request,
 )
-from mcpcreds.secret import REDACTOR
-from mcpcreds.sources import EnvSource, SecretResolver
+from mcpcreds.credentials.sources import EnvSource, SecretResolver
+from mcpcreds.errors import TokenEndpointError
 from tests.conftest import CANARY
 from tests.peers.fault_idp import FaultIdp, fault_idp
 from tests.sidecar_proc import run_sidecar

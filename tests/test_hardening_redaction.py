@@ -12,10 +12,10 @@ from urllib.parse import quote
 
 import pytest
 
-from mcpcreds.audit import AuditLog
-from mcpcreds.clock import FakeClock
-from mcpcreds.logs import JsonFormatter
-from mcpcreds.secret import REDACTED, REDACTOR, Redactor
+from mcpcreds.core.audit import AuditLog
+from mcpcreds.core.clock import FakeClock
+from mcpcreds.core.logs import JsonFormatter
+from mcpcreds.core.secret import REDACTED, REDACTOR, Redactor
 from tests.conftest import CANARY
 from tests.peers.fault_idp import FaultIdp, fault_idp
 from tests.test_hardening_api import Harness
@@ -93,7 +93,7 @@ def test_masking_among_thousands_of_values_finds_each_and_masks_the_longest_whol
 
 
 def test_redact_json_masks_inside_strings_only() -> None:
-    from mcpcreds.secret import redact_json
+    from mcpcreds.core.secret import redact_json
 
     data = {"error": {"code": "x", "message": 'it said ":{" and left', '":{"': [1, None, True, '":{"']}}
     REDACTOR.add('":{"', owner="test:redact_json")

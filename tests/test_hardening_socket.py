@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 
 from mcpcreds import AsyncClient, Client, SecretUnavailable, SidecarUnavailable
-from mcpcreds.calls import MalformedAnswer
-from mcpcreds.cli import main
-from mcpcreds.socket_check import UntrustedSidecar
+from mcpcreds.cli.main import main
+from mcpcreds.client.calls import MalformedAnswer
+from mcpcreds.core.socket_check import UntrustedSidecar
 from tests.conftest import CANARY, run_cli
 from tests.sidecar_proc import SidecarProcess
 
@@ -241,7 +241,7 @@ def sidecar_config(tmp_path: Path, socket_path: Path, extra: str = "") -> Path:
 def serve_once(tmp_path: Path, socket_path: Path, extra: str = "") -> subprocess.CompletedProcess[str]:
     """`mcpcreds serve` expected to refuse to start (a sidecar that starts runs into the timeout)."""
     config = sidecar_config(tmp_path, socket_path, extra)
-    return subprocess.run([sys.executable, "-m", "mcpcreds.cli", "serve", "--config", str(config)],
+    return subprocess.run([sys.executable, "-m", "mcpcreds.cli.main", "serve", "--config", str(config)],
                           capture_output=True, text=True, timeout=30)
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from mcpcreds.credentials.sources import DirSource, SecretResolver
 from mcpcreds.errors import SecretUnavailable
-from mcpcreds.sources import DirSource, SecretResolver
 from tests.conftest import CANARY
 
 NOBODY = 65534

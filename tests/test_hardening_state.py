@@ -15,12 +15,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from mcpcreds import Client, Forbidden
-from mcpcreds.clock import FakeClock
+from mcpcreds.core.clock import FakeClock
+from mcpcreds.core.rates import Rate
+from mcpcreds.credentials.oauth import Token
 from mcpcreds.errors import TooManyGrants
-from mcpcreds.grants import Grant, GrantLimits, MemoryGrants, RedisGrants
-from mcpcreds.oauth import Token
-from mcpcreds.rates import Rate
-from mcpcreds.redis_state import EVENTS, RedisState
+from mcpcreds.state.grants import Grant, GrantLimits, MemoryGrants, RedisGrants
+from mcpcreds.state.redis_state import EVENTS, RedisState
 from tests.conftest import module_peer
 from tests.grant_config import MAIL, WEB
 from tests.peers.oidc_peer import OidcPeer

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from mcpcreds.clock import FakeClock
-from mcpcreds.config import load_config
-from mcpcreds.sidecar import Sidecar
-from mcpcreds.wire import MAX_HEAD_BYTES, Connections, HttpConnection
+from mcpcreds.config.load import load_config
+from mcpcreds.core.clock import FakeClock
+from mcpcreds.sidecar.serve import Sidecar
+from mcpcreds.sidecar.wire import MAX_HEAD_BYTES, Connections, HttpConnection
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 CONFIG = """

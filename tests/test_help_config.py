@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from mcpcreds import config as cfg
-from mcpcreds.aws_config import AWS_KEYS
+from mcpcreds.cli.help_config import UNDESCRIBED, _toml, entries
+from mcpcreds.config import load as cfg
+from mcpcreds.config.aws import AWS_KEYS
+from mcpcreds.config.spiffe import SPIFFE_KEYS
 from mcpcreds.errors import ConfigError
-from mcpcreds.help_config import UNDESCRIBED, _toml, entries
-from mcpcreds.spiffe_config import SPIFFE_KEYS
 from tests.conftest import run_cli
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -145,7 +145,7 @@ def test_a_reader_that_leaves_early_gets_no_traceback(monkeypatch: pytest.Monkey
     import io
     import os
 
-    from mcpcreds.cli import main
+    from mcpcreds.cli.main import main
 
     read, write = os.pipe()
     os.close(read)

@@ -16,11 +16,11 @@ from typing import cast
 
 import pytest
 
-from mcpcreds.clock import SystemClock
+from mcpcreds.core.clock import SystemClock
+from mcpcreds.core.rates import Rate
 from mcpcreds.errors import RateLimited
-from mcpcreds.rates import Rate
-from mcpcreds.redis_state import LeaseAsk, LeaseReply, RedisState
-from mcpcreds.shared import SharedLimiter
+from mcpcreds.state.redis_state import LeaseAsk, LeaseReply, RedisState
+from mcpcreds.state.shared import SharedLimiter
 from tests.peers.redis_peer import RedisPeer
 
 HOUR = Rate(100, 3600.0)

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from mcpcreds import Client
-from mcpcreds.calls import Call
-from mcpcreds.lease_sync import SyncLeaser
+from mcpcreds.client.calls import Call
+from mcpcreds.client.leaser_sync import SyncLeaser
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 BOUND = 20.0  # seconds; a share of 1 a minute refills in 60: a waiter that is not woken crosses it

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from mcpcreds.buckets import Limiter
-from mcpcreds.clock import FakeClock
-from mcpcreds.leases import SHARED, LeaseBook, LeaseRefused, lease_seconds, max_min_fair
-from mcpcreds.rates import Rate
+from mcpcreds.core.clock import FakeClock
+from mcpcreds.core.rates import Rate
+from mcpcreds.limits.buckets import Limiter
+from mcpcreds.limits.leases import SHARED, LeaseBook, LeaseRefused, lease_seconds, max_min_fair
 
 RATE = Rate(100, 1.0)
 KEY = "mcp:a"

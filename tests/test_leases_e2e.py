@@ -360,7 +360,7 @@ async def test_a_server_with_leases_false_is_asked_per_request(env: Env) -> None
     env.set_token(T1)
     async with AsyncClient(env.sidecar.socket) as creds:
         with pytest.raises(LeasesRefused):
-            await creds.run(__import__("mcpcreds.calls", fromlist=["Calls"]).Calls.lease("off", None, None, None))
+            await creds.run(__import__("mcpcreds.client.calls", fromlist=["Calls"]).Calls.lease("off", None, None, None))
         auth = creds.auth("off")
         before = len(env.upstream.arrivals())
         async with httpx.AsyncClient(base_url=env.upstream.url, auth=auth) as http:
@@ -533,7 +533,7 @@ def test_callers_queued_on_the_shared_bucket_get_a_released_share_at_once(env: E
 LEASE_ONLY = """
 import asyncio, sys
 from mcpcreds import AsyncClient
-from mcpcreds.lease_client import AsyncLeaser
+from mcpcreds.client.leaser import AsyncLeaser
 
 async def main() -> None:
     async with AsyncClient(sys.argv[1]) as creds:
@@ -576,7 +576,7 @@ async def test_a_process_that_joins_gets_its_fair_share_before_a_renewal_period(
     "not now" (the first holder's lease keeps it aside), but the first holder is told to renew,
     gives up half, and the newcomer is told to ask again: it gets about half the rate within a
     bound a lease period (60 s, renewals at 30 s) would cross."""
-    from mcpcreds.lease_client import AsyncLeaser
+    from mcpcreds.client.leaser import AsyncLeaser
 
     proc = subprocess.Popen([sys.executable, "-c", LEASE_ONLY, str(env.sidecar.socket), "slow4"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -105,7 +105,7 @@ auth = {{ kind = "oauth2", grant = "authorization_code", issuer = "{peer.issuer}
 
     def login(self, name: str, *extra: str, browse: bool = True) -> tuple[int, str, str]:
         """Run `mcpcreds login`, open the URL it prints in the 'browser', return (exit, output, url)."""
-        proc = subprocess.Popen([sys.executable, "-m", "mcpcreds.cli", "login", name, "--config",
+        proc = subprocess.Popen([sys.executable, "-m", "mcpcreds.cli.main", "login", name, "--config",
                                  str(self.config), *extra], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env={**_environ(), **self.env})
         assert proc.stderr is not None
@@ -235,7 +235,7 @@ def test_authorization_code_login_with_pkce_and_no_browser(setup: Setup, sidecar
 
 
 def test_a_redirect_with_another_state_is_refused_and_nothing_is_redeemed(setup: Setup) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "mcpcreds.cli", "login", "web", "--no-browser", "--config",
+    proc = subprocess.Popen([sys.executable, "-m", "mcpcreds.cli.main", "login", "web", "--no-browser", "--config",
                              str(setup.config)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**_environ(), **setup.env})
     assert proc.stderr is not None

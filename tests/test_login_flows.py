@@ -13,17 +13,17 @@ from urllib.parse import parse_qs
 import httpx
 import pytest
 
-from mcpcreds.authcode_flow import (
+from mcpcreds.cli.login import LoopbackListener
+from mcpcreds.config.load import parse_config
+from mcpcreds.credentials.authcode_flow import (
     authorization_request,
     challenge_of,
     code_from_redirect,
     redirect_uri_for,
 )
-from mcpcreds.config import parse_config
-from mcpcreds.device_flow import DeviceAuthorization, PollSchedule, parse_device_authorization
+from mcpcreds.credentials.device_flow import DeviceAuthorization, PollSchedule, parse_device_authorization
+from mcpcreds.credentials.login_store import StoredLogin, entry_name
 from mcpcreds.errors import ConfigError, TokenEndpointError
-from mcpcreds.login_flow import LoopbackListener
-from mcpcreds.login_store import StoredLogin, entry_name
 from tests.conftest import run_cli
 
 
@@ -226,8 +226,8 @@ def test_signing_alg_is_checked() -> None:
 
 
 def test_a_stored_login_cannot_be_read_through_a_template() -> None:
+    from mcpcreds.credentials.sources import EnvSource, SecretResolver
     from mcpcreds.errors import SecretUnavailable
-    from mcpcreds.sources import EnvSource, SecretResolver
 
     resolver = SecretResolver([EnvSource({"login.mcp.dev": "rt-value-123456", "OTHER": "x"})])
     assert resolver.secret("OTHER").reveal() == "x"
@@ -253,8 +253,8 @@ async def test_the_device_login_polls_on_the_schedule_the_server_sets() -> None:
     import io
     import tomllib
 
-    from mcpcreds.discovery import ServerEndpoints
-    from mcpcreds.login_flow import device_login
+    from mcpcreds.cli.login import device_login
+    from mcpcreds.credentials.discovery import ServerEndpoints
 
     config = parse_config(tomllib.loads(BASE + 'auth = { kind = "oauth2", grant = "device", client_id = "c", '
                                                'issuer = "https://as.example", scopes = ["a"] }\n'))
@@ -299,8 +299,8 @@ MCP = "https://mcp.example.com/tools/mcp"
 
 
 def test_the_scope_comes_from_config_then_challenge_then_resource_metadata() -> None:
-    from mcpcreds.discovery import choose_scope
-    from mcpcreds.scopes import challenge_scope
+    from mcpcreds.core.scopes import challenge_scope
+    from mcpcreds.credentials.discovery import choose_scope
 
     doc = {"resource": MCP, "scopes_supported": ["files:read", "files:write", "files:read"]}
     assert choose_scope("mine", "theirs", doc) == "mine"
@@ -354,7 +354,7 @@ def scripted(routes: dict[str, tuple[int, dict[str, str], object]]) -> httpx.Asy
 ])
 async def test_the_login_scope_is_discovered(routes: dict[str, tuple[int, dict[str, str], object]],
                                             scope: str | None) -> None:
-    from mcpcreds.discovery import Discovery
+    from mcpcreds.credentials.discovery import Discovery
 
     async with scripted(routes) as http:
         assert await Discovery().login_scope(MCP, http) == scope
@@ -364,7 +364,7 @@ async def test_a_login_without_a_configured_scope_asks_for_the_one_the_resource_
     import io
     import tomllib
 
-    from mcpcreds.login_flow import run_login
+    from mcpcreds.cli.login import run_login
 
     config = parse_config(tomllib.loads(f'[[servers]]\nname = "s"\nendpoint = "{MCP}"\n'
                                         'auth = { kind = "oauth2", grant = "device", client_id = "c", '
@@ -412,7 +412,7 @@ def test_a_login_with_no_sidecar_running_says_it_will_be_used_at_start(
     import argparse
     import tomllib
 
-    from mcpcreds.login_flow import _tell_sidecar
+    from mcpcreds.cli.login import _tell_sidecar
 
     config = tmp_path / "c.toml"
     config.write_text(BASE + 'auth = { kind = "oauth2", grant = "device", issuer = "https://as.example", '
@@ -440,7 +440,7 @@ async def test_the_listener_drops_an_oversized_head_and_keeps_waiting() -> None:
 
 
 async def test_an_endless_answer_of_the_server_is_cut_off() -> None:
-    from mcpcreds.login_flow import _post_form
+    from mcpcreds.cli.login import _post_form
 
     async def endless(request: httpx.Request) -> httpx.Response:
         async def body() -> AsyncIterator[bytes]:
@@ -463,7 +463,7 @@ ORIGIN_META = {"issuer": "https://mcp.example.com", "token_endpoint": "https://m
 
 
 def person(grant: str = "device", **kw: object) -> object:
-    from mcpcreds.config import LoginSpec
+    from mcpcreds.config.load import LoginSpec
 
     base: dict[str, object] = dict(grant=grant, client_id="c", client_secret=None, private_key=None,
                                    auth_method="none", token_url=None, issuer=None, scope=None,
@@ -473,7 +473,7 @@ def person(grant: str = "device", **kw: object) -> object:
 
 
 async def test_without_resource_metadata_a_person_login_uses_the_servers_origin() -> None:
-    from mcpcreds.discovery import Discovery, ServerEndpoints
+    from mcpcreds.credentials.discovery import Discovery, ServerEndpoints
 
     routes: dict[str, tuple[int, dict[str, str], object]] = {
         "GET https://mcp.example.com/.well-known/oauth-authorization-server": (200, {}, ORIGIN_META)}
@@ -493,7 +493,7 @@ async def test_without_resource_metadata_a_person_login_uses_the_servers_origin(
 
 
 async def test_the_fallback_is_for_person_logins_and_missing_metadata_only() -> None:
-    from mcpcreds.discovery import Discovery
+    from mcpcreds.credentials.discovery import Discovery
 
     routes: dict[str, tuple[int, dict[str, str], object]] = {
         "GET https://mcp.example.com/.well-known/oauth-authorization-server": (200, {}, ORIGIN_META)}

@@ -26,7 +26,7 @@ import redis as redis_sync
 
 from mcpcreds import AsyncClient, Client
 from mcpcreds.errors import LoginRequired
-from mcpcreds.redis_state import SALT_KEY, derive_keys
+from mcpcreds.state.redis_state import SALT_KEY, derive_keys
 from tests.conftest import CANARY, KeyringSession, module_peer
 from tests.peers.oidc_peer import OidcPeer, approve_in_browser
 from tests.peers.redis_peer import RedisPeer, start_redis
@@ -67,7 +67,7 @@ auth = {{ kind = "oauth2", grant = "device", issuer = "{peer.issuer}", client_id
         """`mcpcreds login dev` on `host`, approved in the 'browser'; its output. The command
         returns once the sidecar it told has redeemed the new login: one refresh_token grant."""
         before = self.refresh_grants()
-        proc = subprocess.Popen([sys.executable, "-m", "mcpcreds.cli", "login", "dev", "--config",
+        proc = subprocess.Popen([sys.executable, "-m", "mcpcreds.cli.main", "login", "dev", "--config",
                                  str(self.configs[host])], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
@@ -185,7 +185,7 @@ async def test_a_logout_on_one_host_ends_the_login_for_both(hosts: Hosts) -> Non
     hosts.login("a")
     await fingerprints(hosts)
     grants = hosts.refresh_grants()
-    result = subprocess.run([sys.executable, "-m", "mcpcreds.cli", "logout", "dev", "--config",
+    result = subprocess.run([sys.executable, "-m", "mcpcreds.cli.main", "logout", "dev", "--config",
                              str(hosts.configs["a"])], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert hosts.keyring_entry("a") is None

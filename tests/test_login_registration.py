@@ -15,20 +15,20 @@ from urllib.parse import parse_qs
 import httpx
 import pytest
 
-from mcpcreds.authcode_flow import (
+from mcpcreds.broker.refresh import _access_only, access_only_token, client_of
+from mcpcreds.config.load import parse_config
+from mcpcreds.core.clock import FakeClock
+from mcpcreds.core.secret import REDACTOR, fingerprint
+from mcpcreds.credentials.authcode_flow import (
     loopback_port,
     parse_registration,
     registration_body,
     registration_method,
 )
-from mcpcreds.clock import FakeClock
-from mcpcreds.config import parse_config
+from mcpcreds.credentials.login_store import Registration, StoredLogin
+from mcpcreds.credentials.logins import LoginCache
+from mcpcreds.credentials.oauth import Token
 from mcpcreds.errors import ConfigError, LoginRequired, TokenEndpointError
-from mcpcreds.login_store import Registration, StoredLogin
-from mcpcreds.logins import LoginCache
-from mcpcreds.oauth import Token
-from mcpcreds.refresh import _access_only, access_only_token, client_of
-from mcpcreds.secret import REDACTOR, fingerprint
 
 MCP = "https://mcp.example.com/mcp"
 AS = "https://as.example.com"
@@ -326,7 +326,7 @@ def _config(client_id: str | None = None) -> Any:
 
 
 async def test_a_login_registers_a_client_and_keeps_the_access_token_when_no_refresh_token_comes() -> None:
-    from mcpcreds.login_flow import run_login
+    from mcpcreds.cli.login import run_login
 
     config = _config()
     seen: list[tuple[str, Any]] = []
@@ -366,7 +366,7 @@ async def test_a_login_registers_a_client_and_keeps_the_access_token_when_no_ref
 
 
 async def test_a_public_registration_sends_no_secret_and_basic_sends_it_in_the_header() -> None:
-    from mcpcreds.login_flow import run_login
+    from mcpcreds.cli.login import run_login
 
     config = _config()
     for methods, answer, header in (
@@ -389,7 +389,7 @@ async def test_a_public_registration_sends_no_secret_and_basic_sends_it_in_the_h
 
 
 async def test_without_a_registration_endpoint_the_login_says_to_configure_a_client_id() -> None:
-    from mcpcreds.login_flow import run_login
+    from mcpcreds.cli.login import run_login
 
     config = _config()
     seen: list[tuple[str, Any]] = []
@@ -408,7 +408,11 @@ CIMD_URL = "https://client.example.com/mcpcreds/client.json"
 
 
 def test_a_metadata_document_url_is_https_with_a_path_and_nothing_else() -> None:
-    from mcpcreds.authcode_flow import is_metadata_document_url, may_register, uses_metadata_document
+    from mcpcreds.credentials.authcode_flow import (
+        is_metadata_document_url,
+        may_register,
+        uses_metadata_document,
+    )
 
     assert is_metadata_document_url(CIMD_URL)
     for bad in ("http://client.example.com/c.json", "https://client.example.com", "https://client.example.com/",
@@ -425,7 +429,7 @@ def test_a_metadata_document_url_is_https_with_a_path_and_nothing_else() -> None
 
 
 async def test_where_the_server_takes_metadata_documents_the_url_is_the_client_and_nothing_registers() -> None:
-    from mcpcreds.login_flow import run_login
+    from mcpcreds.cli.login import run_login
 
     config = _config(CIMD_URL)
     seen: list[tuple[str, Any]] = []
@@ -443,7 +447,7 @@ async def test_where_the_server_takes_metadata_documents_the_url_is_the_client_a
 
 
 async def test_where_the_server_does_not_take_them_the_login_registers_and_refreshes_as_registered() -> None:
-    from mcpcreds.login_flow import run_login
+    from mcpcreds.cli.login import run_login
 
     config = _config(CIMD_URL)
     seen: list[tuple[str, Any]] = []
@@ -466,7 +470,7 @@ async def test_where_the_server_does_not_take_them_the_login_registers_and_refre
 
 
 async def test_a_recorded_step_up_widens_the_next_login_and_counts_it() -> None:
-    from mcpcreds.login_flow import run_login
+    from mcpcreds.cli.login import run_login
 
     config = _config()
     store = _Store()

@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from mcpcreds.clock import FakeClock
-from mcpcreds.config import Target, parse_config
+from mcpcreds.config.load import Target, parse_config
+from mcpcreds.core.clock import FakeClock
+from mcpcreds.core.secret import fingerprint
+from mcpcreds.credentials.logins import LoginCache
+from mcpcreds.credentials.oauth import Token
 from mcpcreds.errors import TokenEndpointError
-from mcpcreds.logins import LoginCache
-from mcpcreds.oauth import Token
-from mcpcreds.secret import fingerprint
 
 TARGET: Target = parse_config(tomllib.loads("""
 [[servers]]

@@ -213,9 +213,9 @@ def _venv_works(python: Path) -> bool:
     if not python.exists():
         return False
     # mcp 1.x, and mcpcreds from this checkout (a venv copied from another checkout would not be)
-    # (mcpcreds.lease_client: its dependencies too, aiolimiter among them, so a venv made before a
+    # (mcpcreds.client.leaser: its dependencies too, aiolimiter among them, so a venv made before a
     # dependency was added is made again)
-    probe = ("import importlib.metadata as m, mcp.client.streamable_http, mcpcreds, mcpcreds.lease_client, sys; "
+    probe = ("import importlib.metadata as m, mcp.client.streamable_http, mcpcreds, mcpcreds.client.leaser, sys; "
              "sys.exit(m.version('mcp').split('.')[0] != '1' or not mcpcreds.__file__.startswith(sys.argv[1]))")
     return subprocess.run([str(python), "-c", probe, str(ROOT / "src")], capture_output=True,
                           timeout=120).returncode == 0

@@ -18,16 +18,16 @@ from typing import Any, cast
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mcpcreds.api import Api
-from mcpcreds.audit import AuditLog
-from mcpcreds.broker import Actor, Broker
-from mcpcreds.buckets import Limiter
-from mcpcreds.clock import FakeClock
-from mcpcreds.config import parse_config
+from mcpcreds.broker.broker import Actor, Broker
+from mcpcreds.config.load import parse_config
+from mcpcreds.core.audit import AuditLog
+from mcpcreds.core.clock import FakeClock
+from mcpcreds.core.metrics import Metrics
+from mcpcreds.credentials.sources import EnvSource, SecretResolver
 from mcpcreds.errors import RateLimited
-from mcpcreds.metrics import Metrics
-from mcpcreds.sources import EnvSource, SecretResolver
-from mcpcreds.wire import Request, Response
+from mcpcreds.limits.buckets import Limiter
+from mcpcreds.sidecar.api import Api
+from mcpcreds.sidecar.wire import Request, Response
 from tests.conftest import CANARY
 from tests.peers.fault_idp import FaultIdp, fault_idp
 
@@ -160,7 +160,7 @@ def test_large_and_odd_values_are_exact() -> None:
 
 def source_metric_names() -> set[str]:
     names: set[str] = set()
-    for path in (ROOT / "src" / "mcpcreds").glob("*.py"):
+    for path in (ROOT / "src" / "mcpcreds").rglob("*.py"):
         # a name in quotes, or one an f-string renders with its labels
         names |= set(re.findall(r"[\"'](mcpcreds_[a-z0-9_]+)[\"'{]", path.read_text()))
     return names

@@ -11,9 +11,10 @@ import pytest
 from joserfc import jwt
 from joserfc.jwk import RSAKey
 
-from mcpcreds.config import LoginSpec
-from mcpcreds.errors import TokenEndpointError
-from mcpcreds.oauth import (
+from mcpcreds.config.load import LoginSpec
+from mcpcreds.core.secret import REDACTOR
+from mcpcreds.core.templates import parse_template
+from mcpcreds.credentials.oauth import (
     Token,
     backoff_delay,
     build_token_request,
@@ -21,8 +22,7 @@ from mcpcreds.oauth import (
     refresh_at,
     usable_until,
 )
-from mcpcreds.secret import REDACTOR
-from mcpcreds.templates import parse_template
+from mcpcreds.errors import TokenEndpointError
 from tests.peers.oidc_peer import make_rsa_keypair
 
 URL = "https://auth.example.com/token"

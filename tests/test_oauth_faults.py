@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from mcpcreds.broker import Broker
-from mcpcreds.clock import FakeClock, SystemClock
-from mcpcreds.config import parse_config
+from mcpcreds.broker.broker import Broker
+from mcpcreds.config.load import parse_config
+from mcpcreds.core.clock import FakeClock, SystemClock
+from mcpcreds.core.metrics import Metrics
+from mcpcreds.credentials.sources import EnvSource, SecretResolver
 from mcpcreds.errors import TokenEndpointError, TokenEndpointTimeout
-from mcpcreds.metrics import Metrics
-from mcpcreds.sources import EnvSource, SecretResolver
 from tests.conftest import CANARY
 from tests.peers.fault_idp import FaultIdp, fault_idp
 from tests.peers.oidc_peer import OidcPeer

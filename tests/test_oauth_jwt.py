@@ -18,10 +18,15 @@ from joserfc import jwt
 from joserfc.jwk import ECKey, OKPKey, RSAKey
 
 from mcpcreds import Client
-from mcpcreds.client_assertion import ASSERTION_TYPE, algorithm_for, client_assertion, load_private_key
-from mcpcreds.config import LoginSpec
+from mcpcreds.config.load import LoginSpec
+from mcpcreds.credentials.client_assertion import (
+    ASSERTION_TYPE,
+    algorithm_for,
+    client_assertion,
+    load_private_key,
+)
+from mcpcreds.credentials.oauth import build_token_request
 from mcpcreds.errors import TokenEndpointError
-from mcpcreds.oauth import build_token_request
 from tests.conftest import module_peer
 from tests.peers.oidc_peer import OidcPeer
 from tests.sidecar_proc import SidecarProcess, run_sidecar

@@ -74,7 +74,7 @@ async def _ask(api: Any, method: str, path: str) -> tuple[int, str]:
     """The status and error code the API answers a bodiless request with (Api.handle, its seam)."""
     import os
 
-    from mcpcreds.wire import Request, Response, StreamingResponse
+    from mcpcreds.sidecar.wire import Request, Response, StreamingResponse
 
     result = api.handle(Request(method, path, "", b"", None, os.getuid(), os.getpid()))
     response = result if isinstance(result, Response | StreamingResponse) else await result
@@ -91,12 +91,12 @@ async def test_the_document_matches_the_routes_the_sidecar_serves(doc: dict[str,
     the prefixes it is not documented for."""
     import tomllib
 
-    from mcpcreds.api import Api
-    from mcpcreds.broker import Broker
-    from mcpcreds.clock import FakeClock
-    from mcpcreds.config import parse_config
-    from mcpcreds.metrics import Metrics
-    from mcpcreds.sources import SecretResolver
+    from mcpcreds.broker.broker import Broker
+    from mcpcreds.config.load import parse_config
+    from mcpcreds.core.clock import FakeClock
+    from mcpcreds.core.metrics import Metrics
+    from mcpcreds.credentials.sources import SecretResolver
+    from mcpcreds.sidecar.api import Api
 
     broker = Broker(parse_config(tomllib.loads("")), SecretResolver([]), FakeClock(), Metrics())
     api = Api(broker, Metrics())

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_version_comes_from_the_package_metadata() -> None:
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert version("mcpcreds") == declared
-    for head in (["-m", "mcpcreds"], ["-c", "import sys; from mcpcreds.cli import main; sys.exit(main())"]):
+    for head in (["-m", "mcpcreds"], ["-c", "import sys; from mcpcreds.cli.main import main; sys.exit(main())"]):
         proc = subprocess.run([sys.executable, *head, "--version"], capture_output=True, text=True, timeout=60)
         assert (proc.returncode, proc.stdout) == (0, f"mcpcreds {declared}\n"), proc.stderr
     code = "import mcpcreds, sys; assert 'importlib.metadata' not in sys.modules; print(mcpcreds.__version__)"

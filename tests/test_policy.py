@@ -21,8 +21,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server
 
-from mcpcreds.errors import Forbidden
-from mcpcreds.policy import (
+from mcpcreds.core.policy import (
     MAX_TOOL_PAGES,
     TrustPolicy,
     check_rule_of_two,
@@ -32,6 +31,7 @@ from mcpcreds.policy import (
     trifecta_message,
     visible_tools,
 )
+from mcpcreds.errors import Forbidden
 from tests.conftest import CANARY, module_peer
 from tests.peers.mcp_server import McpServerPeer
 from tests.peers.oidc_peer import OidcPeer
@@ -310,7 +310,7 @@ import asyncio, json
 import mcp.types as types
 from mcp.server.lowlevel import Server
 from mcp.shared.memory import create_connected_server_and_client_session
-from mcpcreds.policy import TrustPolicy, list_allowed_tools
+from mcpcreds.core.policy import TrustPolicy, list_allowed_tools
 
 PAGES = [["read"], ["write", "admin"], ["delete"]]
 cursors = []

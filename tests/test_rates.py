@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcpcreds.rates import Rate, parse_duration, parse_rate
+from mcpcreds.core.rates import Rate, parse_duration, parse_rate
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from mcpcreds import RateLimited
-from mcpcreds.clock import SystemClock
-from mcpcreds.rates import Rate
-from mcpcreds.redis_state import RedisState
-from mcpcreds.shared import SharedLimiter
+from mcpcreds.core.clock import SystemClock
+from mcpcreds.core.rates import Rate
+from mcpcreds.state.redis_state import RedisState
+from mcpcreds.state.shared import SharedLimiter
 from tests.peers.redis_peer import RedisPeer, start_redis
 from tests.redis_sidecar import STATE_KEY
 from tests.test_rates_e2e import overfull_windows

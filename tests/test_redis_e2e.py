@@ -212,9 +212,9 @@ rate = "5/1s"
 
 
 async def test_revoking_a_parent_ends_every_child_whatever_its_ttl(redis: RedisPeer) -> None:
-    from mcpcreds.clock import SystemClock
-    from mcpcreds.grants import Grant, RedisGrants
-    from mcpcreds.redis_state import RedisState
+    from mcpcreds.core.clock import SystemClock
+    from mcpcreds.state.grants import Grant, RedisGrants
+    from mcpcreds.state.redis_state import RedisState
 
     state = RedisState(redis.url, STATE_KEY)
     grants = RedisGrants(state, SystemClock())

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from redis.exceptions import NoScriptError
 
-from mcpcreds.redis_pipe import ProtocolError, ReplyError, _Replies, pack, parse_reply
+from mcpcreds.state.redis_pipe import ProtocolError, ReplyError, _Replies, pack, parse_reply
 
 BUCKET_REPLY = b"*4\r\n:1\r\n$1\r\n0\r\n$6\r\n999999\r\n$1\r\n0\r\n"
 

@@ -12,11 +12,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from mcpcreds import RateLimited, StateUnavailable
-from mcpcreds.clock import FakeClock, SystemClock
-from mcpcreds.rates import Rate
-from mcpcreds.redis_state import LeaseAsk, LeaseReply, RedisState
-from mcpcreds.reserve import RESERVE_AFTER, Reserves
-from mcpcreds.shared import SharedLimiter
+from mcpcreds.core.clock import FakeClock, SystemClock
+from mcpcreds.core.rates import Rate
+from mcpcreds.state.redis_state import LeaseAsk, LeaseReply, RedisState
+from mcpcreds.state.reserve import RESERVE_AFTER, Reserves
+from mcpcreds.state.shared import SharedLimiter
 from tests.peers.redis_peer import RedisPeer
 from tests.redis_sidecar import STATE_KEY
 

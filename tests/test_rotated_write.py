@@ -9,12 +9,12 @@ import asyncio
 
 import pytest
 
-from mcpcreds import login_share
+from mcpcreds.broker.refresh import ROTATED_WRITE_RETRIES, keep_rotated
+from mcpcreds.credentials.login_store import StoredLogin
 from mcpcreds.errors import SecretUnavailable, StateUnavailable
-from mcpcreds.login_store import StoredLogin
-from mcpcreds.redis_state import RedisState
-from mcpcreds.refresh import ROTATED_WRITE_RETRIES, keep_rotated
-from mcpcreds.shared import LOCK_LEASE_EXTRA
+from mcpcreds.state import login_share
+from mcpcreds.state.redis_state import RedisState
+from mcpcreds.state.shared import LOCK_LEASE_EXTRA
 from tests.peers.redis_peer import RedisPeer
 from tests.redis_sidecar import STATE_KEY
 

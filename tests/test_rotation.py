@@ -18,8 +18,8 @@ import pytest
 import secretstorage
 
 from mcpcreds import Client, McpcredsError
-from mcpcreds.config import SecretsConfig
-from mcpcreds.sources import KeyringSource
+from mcpcreds.config.load import SecretsConfig
+from mcpcreds.credentials.sources import KeyringSource
 from tests.conftest import CANARY, KeyringSession, module_peer, run_cli
 from tests.peers.oidc_peer import OidcPeer
 from tests.sidecar_proc import SidecarProcess, run_sidecar

@@ -15,12 +15,9 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from mcpcreds.auth import Sidecar, Upstream, credential_flow
-from mcpcreds.config import parse_config
-from mcpcreds.errors import LoginRequired
-from mcpcreds.login_store import Registration, StoredLogin
-from mcpcreds.oauth import Token
-from mcpcreds.scopes import (
+from mcpcreds.client.auth import Sidecar, Upstream, credential_flow
+from mcpcreds.config.load import parse_config
+from mcpcreds.core.scopes import (
     MAX_SCOPES,
     MAX_STEP_UPS,
     Challenge,
@@ -30,6 +27,9 @@ from mcpcreds.scopes import (
     step_up,
     union,
 )
+from mcpcreds.credentials.login_store import Registration, StoredLogin
+from mcpcreds.credentials.oauth import Token
+from mcpcreds.errors import LoginRequired
 
 RM = "http://localhost:4001/.well-known/oauth-protected-resource/mcp"
 # the headers the suite's servers send (auth/scope-step-up, auth/scope-retry-limit)
@@ -135,7 +135,7 @@ REG = Registration("https://as.example.com", "dyn-1", "none", None, "http://127.
 
 async def _report(monkeypatch: pytest.MonkeyPatch, store: _Store, scope: str, fingerprint: str | None = FP,
                   auth: str = PERSON) -> dict[str, Any]:
-    from mcpcreds import step_up as module
+    from mcpcreds.broker import step_up as module
 
     monkeypatch.setattr(module, "login_store", lambda *_: store)
     token = Token("at-current", "Bearer", 0.0, 3600.0, None, FP)
@@ -176,7 +176,7 @@ async def test_no_login_is_due_when_it_would_not_help(monkeypatch: pytest.Monkey
 
 
 async def test_a_login_that_replaced_the_entry_meanwhile_is_not_overwritten() -> None:
-    from mcpcreds.step_up import _record
+    from mcpcreds.broker.step_up import _record
 
     old = StoredLogin(None, "dyn-1", "at-old-1", 3600.0, REG, scope="a")
     newer = StoredLogin(None, "dyn-1", "at-new-1", 7200.0, REG, scope="a b")
@@ -246,13 +246,13 @@ def test_the_flow_hands_back_a_403_no_login_would_help_and_retries_once_after_a_
 async def test_the_route_refuses_a_bad_scope_without_echoing_it() -> None:
     import os
 
-    from mcpcreds.api import Api
-    from mcpcreds.audit import AuditLog
-    from mcpcreds.broker import Broker
-    from mcpcreds.clock import FakeClock
-    from mcpcreds.metrics import Metrics
-    from mcpcreds.sources import EnvSource, SecretResolver
-    from mcpcreds.wire import Request, Response
+    from mcpcreds.broker.broker import Broker
+    from mcpcreds.core.audit import AuditLog
+    from mcpcreds.core.clock import FakeClock
+    from mcpcreds.core.metrics import Metrics
+    from mcpcreds.credentials.sources import EnvSource, SecretResolver
+    from mcpcreds.sidecar.api import Api
+    from mcpcreds.sidecar.wire import Request, Response
 
     config = parse_config(tomllib.loads(
         f'[[servers]]\nname = "docs"\nendpoint = "{MCP}"\nheaders = {{ "X-Api-Key" = "{{{{secret:KEY}}}}" }}\n'

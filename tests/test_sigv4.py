@@ -39,8 +39,12 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from mcpcreds import AsyncClient, aws_config
-from mcpcreds.aws_credentials import (
+from mcpcreds import AsyncClient
+from mcpcreds.config import aws as aws_config
+from mcpcreds.config.load import parse_config
+from mcpcreds.errors import ConfigError, Forbidden
+from mcpcreds.net.egress import EgressPolicy, egress_client
+from mcpcreds.signers.aws_credentials import (
     AwsCredentials,
     AwsCredentialsError,
     CredentialCache,
@@ -48,11 +52,8 @@ from mcpcreds.aws_credentials import (
     from_imds,
     from_web_identity,
 )
-from mcpcreds.aws_refusal import stale_credentials_code
-from mcpcreds.config import parse_config
-from mcpcreds.egress import EgressPolicy, egress_client
-from mcpcreds.errors import ConfigError, Forbidden
-from mcpcreds.sigv4 import EMPTY_SHA256, sign
+from mcpcreds.signers.aws_refusal import stale_credentials_code
+from mcpcreds.signers.sigv4 import EMPTY_SHA256, sign
 from tests.conftest import CANARY, run_cli
 from tests.peers.sigv4_peer import Rejected, SigV4Peer, start_sigv4_peer, verify
 from tests.sidecar_proc import SidecarProcess, run_sidecar

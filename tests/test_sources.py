@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from mcpcreds.config import SecretsConfig
+from mcpcreds.config.load import SecretsConfig
+from mcpcreds.core.secret import REDACTOR, Secret
+from mcpcreds.core.templates import parse_template
+from mcpcreds.credentials.sources import DirSource, EnvSource, KeyringSource, SecretResolver
 from mcpcreds.errors import InvalidRequest, SecretUnavailable
-from mcpcreds.secret import REDACTOR, Secret
-from mcpcreds.sources import DirSource, EnvSource, KeyringSource, SecretResolver
-from mcpcreds.templates import parse_template
 from tests import hanging_keyring
 from tests.conftest import CANARY, KeyringSession
 
@@ -160,10 +160,10 @@ async def test_static_headers_are_reread_in_the_background_once_warm() -> None:
     import threading
     import tomllib
 
-    from mcpcreds.broker import Broker
-    from mcpcreds.clock import FakeClock
-    from mcpcreds.config import parse_config
-    from mcpcreds.metrics import Metrics
+    from mcpcreds.broker.broker import Broker
+    from mcpcreds.config.load import parse_config
+    from mcpcreds.core.clock import FakeClock
+    from mcpcreds.core.metrics import Metrics
 
     gate, entered = threading.Event(), threading.Event()
 

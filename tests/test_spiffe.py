@@ -41,10 +41,10 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from mcpcreds import AsyncClient
-from mcpcreds.config import parse_config
+from mcpcreds.config.load import parse_config
+from mcpcreds.config.spiffe import SpiffeAuth, SvidError, parse_jwt_svid
+from mcpcreds.credentials.spiffe import JwtSvidFiles, X509Source
 from mcpcreds.errors import ConfigError, SecretUnavailable
-from mcpcreds.spiffe import JwtSvidFiles, X509Source
-from mcpcreds.spiffe_config import SpiffeAuth, SvidError, parse_jwt_svid
 from tests.conftest import CANARY, run_cli
 from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
 from tests.sidecar_proc import SidecarProcess, run_sidecar

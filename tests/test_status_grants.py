@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from mcpcreds.broker import Broker
-from mcpcreds.clock import FakeClock
-from mcpcreds.config import parse_config
+from mcpcreds.broker.broker import Broker
+from mcpcreds.cli.status_view import show
+from mcpcreds.config.load import parse_config
+from mcpcreds.core.clock import FakeClock
+from mcpcreds.core.metrics import Metrics
+from mcpcreds.credentials.sources import EnvSource, SecretResolver
 from mcpcreds.errors import StateUnavailable
-from mcpcreds.grants import Grant, GrantStore, MemoryGrants, RedisGrants
-from mcpcreds.metrics import Metrics
-from mcpcreds.redis_state import RedisState
-from mcpcreds.sources import EnvSource, SecretResolver
-from mcpcreds.status_view import show
+from mcpcreds.state.grants import Grant, GrantStore, MemoryGrants, RedisGrants
+from mcpcreds.state.redis_state import RedisState
 from tests.peers.redis_peer import RedisPeer
 
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from mcpcreds.cli.status_view import MAX_ROWS, bar, check_document, duration, per_minute, show, view, watch
 from mcpcreds.errors import SidecarUnavailable
-from mcpcreds.status_view import MAX_ROWS, bar, check_document, duration, per_minute, show, view, watch
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 NOW = 1_800_000_000.0

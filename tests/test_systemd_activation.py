@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpcreds.activation import ActivationRefused, PassedFd, take_unix_socket
+from mcpcreds.sidecar.activation import ActivationRefused, PassedFd, take_unix_socket
 
 ACTIVATE = shutil.which("systemd-socket-activate")
 pytestmark = pytest.mark.skipif(ACTIVATE is None, reason="systemd-socket-activate (Debian: systemd) missing")
@@ -43,7 +43,7 @@ def activate(tmp_path: Path, listen: Path, configured: Path, *flags: str,
            "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen(
         [str(ACTIVATE), *flags, "-l", str(listen), "--fdname=mcpcreds", "-E", "DOCS_KEY", "-E", "PYTHONPATH",
-         sys.executable, "-m", "mcpcreds.cli", "serve", "--config", str(config)],
+         sys.executable, "-m", "mcpcreds.cli.main", "serve", "--config", str(config)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stderr is not None

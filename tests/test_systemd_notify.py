@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpcreds.sdnotify import Notifier, status_text
+from mcpcreds.sidecar.sdnotify import Notifier, status_text
 from tests.sidecar_proc import SidecarProcess
 
 CONFIG = """

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mcpcreds.config import parse_config
-from mcpcreds.sources import DirSource, SecretResolver
-from mcpcreds.units import SYSTEM_EXEC, USER_EXEC, install, render
+from mcpcreds.cli.units import SYSTEM_EXEC, USER_EXEC, install, render
+from mcpcreds.config.load import parse_config
+from mcpcreds.credentials.sources import DirSource, SecretResolver
 from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcpcreds.templates import FileRef, SecretRef, TemplateError, is_credential_header, parse_template
+from mcpcreds.core.templates import FileRef, SecretRef, TemplateError, is_credential_header, parse_template
 
 
 def test_secret_and_file_refs_with_whitespace_trimmed() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mcpcreds import AsyncClient, SidecarUnavailable
-from mcpcreds.uds import MAX_HEAD, MAX_RESPONSE
+from mcpcreds.client.uds import MAX_HEAD, MAX_RESPONSE
 
 BOUND = 20.0  # what no correct run comes near
 

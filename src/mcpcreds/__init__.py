@@ -27,21 +27,21 @@ TYPE_CHECKING = False  # not `typing`'s: importing typing costs each command ~2 
 if TYPE_CHECKING:
     from typing import Any
 
-    from .calls import MalformedAnswer
-    from .client import AsyncClient, Client
-    from .config import Config, McpServerSpec, load_config
-    from .secret import Secret
-    from .socket_check import UntrustedSidecar
+    from .client.calls import MalformedAnswer
+    from .client.client import AsyncClient, Client
+    from .config.load import Config, McpServerSpec, load_config
+    from .core.secret import Secret
+    from .core.socket_check import UntrustedSidecar
 
 _LAZY: dict[str, str] = {
-    "AsyncClient": ".client",
-    "Client": ".client",
-    "Config": ".config",
-    "MalformedAnswer": ".calls",
-    "McpServerSpec": ".config",
-    "Secret": ".secret",
-    "UntrustedSidecar": ".socket_check",
-    "load_config": ".config",
+    "AsyncClient": ".client.client",
+    "Client": ".client.client",
+    "Config": ".config.load",
+    "MalformedAnswer": ".client.calls",
+    "McpServerSpec": ".config.load",
+    "Secret": ".core.secret",
+    "UntrustedSidecar": ".core.socket_check",
+    "load_config": ".config.load",
 }
 
 

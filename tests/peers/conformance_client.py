@@ -105,7 +105,7 @@ auth = {auth}
 def login(config: Path, env: dict[str, str]) -> None:
     """`mcpcreds login NAME --no-browser`, its URL followed as a browser would."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mcpcreds.cli", "login", NAME, "--no-browser", "--config", str(config),
+        [sys.executable, "-m", "mcpcreds.cli.main", "login", NAME, "--no-browser", "--config", str(config),
          "--timeout", str(LOGIN_TIMEOUT)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, **env})

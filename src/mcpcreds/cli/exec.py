@@ -1,0 +1,251 @@
+"""`mcpcreds exec NAME -- CMD ARGS...`: run a stdio MCP server with the environment and the
+network of `[exec.NAME]`.
+
+The sidecar resolves the entry's environment (peer-checked, grant-aware); this builds the
+child's environment from it and `execve`s the command: the process *becomes* the child, so its
+stdin/stdout (the MCP channel: nothing here writes to stdout), its signals and its exit status
+are the child's own. Secret values travel from the sidecar's socket into `execve`'s environment
+only: never argv, never this process's `os.environ`, never a log line.
+
+Network: `inherit` changes nothing. `off`: a network namespace with loopback only.
+`restricted` / `broad_audited`: a namespace whose only way out is the sidecar's egress proxy,
+through a forwarder on 127.0.0.1 inside it (`netns.py`); the child gets the proxy URL, with the
+session's credential, in `HTTPS_PROXY`/`HTTP_PROXY`/`ALL_PROXY` (both cases) and an empty
+`NO_PROXY`. Without namespaces, `off` and `restricted` refuse unless `--advisory`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import os
+import re
+import shutil
+import socket
+import sys
+from collections.abc import Mapping
+from typing import Any, Final
+from urllib.parse import quote
+
+from ..client.calls import MalformedAnswer
+from ..core.socket_check import check_folder, check_peer, expected_sidecar_uid
+from ..errors import InvalidRequest, McpcredsError
+from ..exec.egress_proxy import HOLD_METHOD, USER, proxy_url
+from ..exec.netns import NamespaceUnavailable, enter_network_namespace, start_forwarder
+
+BASE_VARS: Final = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "TERM", "TZ", "TMPDIR",
+                              "XDG_RUNTIME_DIR"})
+PROXY_VARS: Final = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
+NAMESPACES_ENV: Final = "MCPCREDS_EXEC_NAMESPACES"  # "0": behave as if namespaces were unavailable
+DEAD_PROXY: Final = "http://127.0.0.1:9"  # advisory `off`: well-behaved clients fail at once
+_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\Z")
+EXIT_NOT_FOUND: Final = 127
+EXIT_NOT_EXECUTABLE: Final = 126
+
+
+class ExecError(McpcredsError):
+    """`mcpcreds exec` cannot start the child as configured (nothing was started)."""
+
+    code = "exec_error"
+    status = 500
+
+
+def base_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables an isolated child keeps: PATH HOME USER LOGNAME LANG LC_* TERM TZ TMPDIR
+    XDG_RUNTIME_DIR (those that are set)."""
+    return {k: v for k, v in environ.items() if k in BASE_VARS or k.startswith("LC_")}
+
+
+def env_digests(environ: Mapping[str, str]) -> dict[str, str]:
+    """SHA-256 of each value (surrounding whitespace stripped): the sidecar names the ones that are
+    secrets without seeing any."""
+    return {k: hashlib.sha256(v.strip().encode("utf-8", "surrogateescape")).hexdigest()
+            for k, v in list(environ.items())[:4096] if 0 < len(k) <= 256}
+
+
+def child_env(environ: Mapping[str, str], answer: Mapping[str, Any]) -> dict[str, str]:
+    """The child's environment from the caller's and the sidecar's answer (proxy variables aside)."""
+    if answer["env_isolation"]:
+        env = base_env(environ)
+    else:
+        drop = set(answer["drop"]) | {"MCPCREDS_GRANT"}
+        env = {k: v for k, v in environ.items() if k not in drop}
+    env.update(answer["env"])
+    return env
+
+
+def proxy_env(url: str) -> dict[str, str]:
+    env = {}
+    for name in PROXY_VARS:
+        env[name] = env[name.lower()] = url
+    env["NO_PROXY"] = env["no_proxy"] = ""
+    return env
+
+
+def _checked(answer: Any) -> dict[str, Any]:
+    ok = (isinstance(answer, dict) and isinstance(answer.get("env"), dict)
+          and all(isinstance(k, str) and isinstance(v, str) for k, v in answer["env"].items())
+          and isinstance(answer.get("drop"), list) and all(isinstance(d, str) for d in answer["drop"])
+          and isinstance(answer.get("env_isolation"), bool) and isinstance(answer.get("net"), str)
+          and (answer.get("proxy") is None or (isinstance(answer["proxy"], dict)
+                                               and isinstance(answer["proxy"].get("socket"), str)
+                                               and isinstance(answer["proxy"].get("token"), str))))
+    if not ok:
+        raise MalformedAnswer("the sidecar's exec answer is malformed")
+    return answer  # type: ignore[no-any-return]
+
+
+def _warn(text: str) -> None:
+    print(f"mcpcreds exec: warning: {text}", file=sys.stderr)
+
+
+def _hold(proxy_socket: str, token: str, sidecar_uid: int) -> socket.socket:
+    """Open the session's hold connection: the session lives as long as it stays open. Before a
+    byte is sent (the credential), the socket is checked as the sidecar's own: its folder the
+    sidecar uid's and closed to others, the listener running as that uid."""
+    check_folder(proxy_socket, sidecar_uid)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(10)
+        sock.connect(proxy_socket)
+        check_peer(sock, proxy_socket, sidecar_uid)
+        credential = base64.b64encode(f"{USER}:{token}".encode()).decode()
+        sock.sendall(HOLD_METHOD + f" * HTTP/1.1\r\nProxy-Authorization: Basic {credential}\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 4096:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            head += chunk
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise ExecError("the sidecar's egress proxy refused the session")
+        sock.settimeout(None)
+        return sock
+    except OSError as exc:
+        sock.close()
+        raise ExecError(f"cannot reach the sidecar's egress proxy ({exc.strerror or exc})") from None
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _namespaces_allowed() -> bool:
+    return os.environ.get(NAMESPACES_ENV, "1") != "0"
+
+
+def _network(answer: Mapping[str, Any], advisory: bool, sidecar_uid: int) -> dict[str, str]:
+    """Set up the child's network (this process enters the namespace); its proxy variables."""
+    net = answer["net"]
+    if net == "inherit":
+        return {}
+    hold = None
+    if net != "off":
+        proxy = answer["proxy"]
+        if proxy is None:
+            raise MalformedAnswer("the sidecar's exec answer has no proxy session")
+        # before the namespace: in a user namespace the sidecar's uid may read as the overflow uid
+        hold = _hold(proxy["socket"], proxy["token"], sidecar_uid)
+    try:
+        return _enter(answer, advisory, hold)
+    finally:
+        if hold is not None:
+            hold.close()
+
+
+def _enter(answer: Mapping[str, Any], advisory: bool, hold: socket.socket | None) -> dict[str, str]:
+    net = answer["net"]
+    why = "disabled by MCPCREDS_EXEC_NAMESPACES=0"
+    enforced = False
+    if _namespaces_allowed():
+        try:
+            enter_network_namespace()
+            enforced = True
+        except NamespaceUnavailable as exc:
+            why = exc.strerror or "refused by the kernel"
+    if not enforced:
+        if net in ("off", "restricted") and not advisory:
+            raise ExecError(f"net = {net!r} needs a network namespace, and none is available ({why}); "
+                            "--advisory runs the child with proxy variables only (not enforced)")
+        _warn(f"no network namespace ({why}): net = {net!r} is advisory, a child that ignores "
+              "the proxy variables is not stopped")
+    if net == "off" or hold is None:
+        return {} if enforced else proxy_env(DEAD_PROXY)
+    proxy = answer["proxy"]
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        port = listener.getsockname()[1]
+        start_forwarder(listener, proxy["socket"], hold)
+    finally:
+        listener.close()
+    return proxy_env(proxy_url(proxy["token"], port))
+
+
+def print_env(env: Mapping[str, str], declared: Mapping[str, str], net: str) -> None:
+    for name in sorted(env):
+        origin = "declared" if name in declared else "inherited"
+        print(f"{name}=***  ({origin})")
+    if net in ("restricted", "broad_audited"):
+        for name in (*PROXY_VARS, *(n.lower() for n in PROXY_VARS)):
+            print(f"{name}=***  (the session's proxy)")
+        print("NO_PROXY=  (the session's proxy)\nno_proxy=  (the session's proxy)")
+
+
+def _options_before_dash(args: argparse.Namespace, rest: list[str]) -> list[str]:
+    """`exec NAME --advisory -- CMD`: the options written after NAME, before `--`."""
+    if "--" not in rest:
+        return rest
+    cut = rest.index("--")
+    for option in rest[:cut]:
+        if option not in ("--advisory", "--print-env"):
+            raise InvalidRequest("before `--` only --advisory and --print-env are understood: "
+                                 "mcpcreds exec NAME [--advisory] -- CMD [ARGS...]")
+        setattr(args, option[2:].replace("-", "_"), True)
+    return rest[cut + 1:]
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    from .main import _client, _sidecar_address
+
+    command = _options_before_dash(args, list(args.command))
+    if not command and not args.print_env:
+        raise InvalidRequest("no command: mcpcreds exec NAME -- CMD [ARGS...]")
+    if not _NAME.match(args.name):  # never echoed: it may be a pasted secret
+        raise InvalidRequest("invalid exec name: letters, digits, '_', '.', '-' (at most 128)")
+    environ = dict(os.environ)
+    with _client(args) as client:
+        answer = _checked(client.request("POST", f"/v1/exec/{quote(args.name)}/session",
+                                         {"env_hashes": env_digests(environ),
+                                          "proxy": not args.print_env}))
+    env = child_env(environ, answer)
+    if args.print_env:
+        print_env(env, answer["env"], answer["net"])
+        return 0
+    program = shutil.which(command[0], path=env.get("PATH", os.defpath))
+    if program is None:
+        print("mcpcreds exec: command not found (on the child's PATH)", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    sidecar_uid = expected_sidecar_uid(_sidecar_address(args)[1])
+    env.update(_network(answer, args.advisory, sidecar_uid))
+    try:
+        os.execve(program, command, env)
+    except OSError as exc:
+        print(f"mcpcreds exec: cannot run the command ({exc.strerror})", file=sys.stderr)
+        return EXIT_NOT_EXECUTABLE if isinstance(exc, PermissionError) else EXIT_NOT_FOUND
+    return EXIT_NOT_FOUND  # not reached: execve does not return
+
+
+def add_parser(add_client: Any) -> None:
+    """`mcpcreds exec`, added with cli.py's `add_client`."""
+    p = add_client("exec", cmd_exec, "run a stdio MCP server with the environment and network of "
+                                     "[exec.NAME] (secrets from the sidecar)")
+    p.add_argument("name", metavar="NAME", help="the [exec.NAME] entry")
+    p.add_argument("--print-env", action="store_true",
+                   help="print the child's variable names (values masked) instead of running it")
+    p.add_argument("--advisory", action="store_true",
+                   help="where network namespaces are unavailable, run net = off/restricted with "
+                        "proxy variables only (not enforced)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...")

@@ -1,0 +1,230 @@
+"""`mcpcreds help config`: every config key with its default and meaning, man-page style.
+
+The keys come from the parser's own definitions, so the page cannot drift from what `check`
+accepts: the [sidecar] and [secrets] keys are the fields of SidecarConfig and SecretsConfig (their
+defaults too), a server's keys are config._ENTRY_KEYS and _TRUST_KEYS, the auth tables' are
+_OAUTH_KEYS, _AUTH_KEYS, aws_config.AWS_KEYS and spiffe_config.SPIFFE_KEYS, [aauth]'s and
+[exec.NAME]'s their modules' tuples. Only the one-line meanings (and defaults no dataclass
+holds) are written here; a key the parser accepts without a line here prints as "(not described
+yet)", which tests/test_help_config.py refuses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any, Final, TextIO
+
+from ..config import load as cfg
+from ..config.aauth import AAUTH_KEYS, ENROLL_KEYS, AAuthConfig
+from ..config.aws import AWS_KEYS, AwsAuth
+from ..config.exec import EXEC_KEYS, ExecEntry
+from ..config.spiffe import SPIFFE_KEYS
+
+UNDESCRIBED: Final = "(not described yet)"
+_NO_DEFAULT: Final = object()
+
+# (table, key) -> (default shown, meaning); the default is read from the dataclass when absent
+TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
+    "sidecar": {
+        "socket": ("$MCPCREDS_SOCKET, else $XDG_RUNTIME_DIR/mcpcreds/mcpcreds.sock, else "
+                   "/tmp/mcpcreds-$UID/mcpcreds.sock",
+                   "the Unix socket; its folder is created 0700 and checked, the socket bound 0600"),
+        "sidecar_uid": ("the uid of whoever reads the config",
+                        "the uid the sidecar runs as; clients refuse a socket of another uid"),
+        "allow_uids": ("the sidecar's own uid", "peer uids (SO_PEERCRED) allowed to talk to the socket"),
+        "grant_only_uids": ("none", "peer uids that must present a grant for everything but health"),
+        "state": (_NO_DEFAULT, "\"memory\", or \"redis://...\", \"rediss://...\", \"unix:///path\" to "
+                  "share logins, buckets and grants between sidecars"),
+        "state_key": ("none (required with a shared state)",
+                      "secret template: logins kept in a shared state are encrypted with it"),
+        "state_password": ("none", "secret template: the Redis password (never in the URL)"),
+        "state_ca": ("the system's CAs", "CA file to verify a rediss:// server with"),
+        "on_state_loss": (_NO_DEFAULT, "\"local\": degrade to local buckets and logins while Redis "
+                          "is unreachable; \"closed\": refuse"),
+        "local_share": (_NO_DEFAULT, "share of each rate a sidecar allows itself in degraded mode"),
+        "refresh_ahead": (_NO_DEFAULT, "seconds before expiry a login is renewed (at most half its life)"),
+        "audit_log": ("none", "JSON lines: rotations, invalidations, reloads, grants, audited egress"),
+        "allow_trifecta": (_NO_DEFAULT, "allow (with a warning) a grant completing the Rule-of-Two trifecta"),
+        "request_timeout": (_NO_DEFAULT, "seconds for a request head to arrive"),
+        "idle_timeout": (_NO_DEFAULT, "seconds before an idle keep-alive connection is closed"),
+        "token_timeout": (_NO_DEFAULT, "seconds bounding each token and discovery request"),
+        "drain_timeout": (_NO_DEFAULT, "seconds in-flight requests get on SIGTERM (at most 300)"),
+        "invalidate_cooldown": (_NO_DEFAULT, "a login is dropped by invalidate at most once per this"),
+        "max_grants": (_NO_DEFAULT, "live grants in the whole sidecar"),
+        "max_subgrants": (_NO_DEFAULT, "live sub-grants one grant holder may have minted"),
+        "grant_pause_budget": (_NO_DEFAULT, "seconds of 429 pause grant holders may set per key ..."),
+        "grant_pause_window": (_NO_DEFAULT, "... within this many seconds"),
+    },
+    "gateway": {
+        "listen": ("off", "\"127.0.0.1:PORT\" or \"[::1]:PORT\": the gateway's loopback TCP listener"),
+    },
+    "secrets": {
+        "sources": (_NO_DEFAULT, "where secrets are looked up, in order: \"env\", \"keyring\", "
+                    "\"dir:/abs/path\", \"dir:$CREDENTIALS_DIRECTORY\""),
+        "keyring_service": (_NO_DEFAULT, "the keyring service name entries are stored under"),
+        "keyring_backend": ("SecretService on Linux", "pin a keyring backend (\"module.Class\")"),
+        "allow_plaintext_keyring": (_NO_DEFAULT, "accept a keyring backend that stores plain text"),
+        "keyring_timeout": (_NO_DEFAULT, "seconds bounding each keyring call"),
+        "cache_ttl": (_NO_DEFAULT, "seconds resolved header values are reused before sources are re-read"),
+    },
+    "server": {
+        "name": ("(required)", "the server's name ([[servers]] only)"),
+        "service": ("none", "a [services.NAME] catalog entry to inherit endpoint, auth, rate, tags from"),
+        "endpoint": ("(required unless service)", "https://host[:port][/path]; http:// for loopback only"),
+        "headers": ("{}", "header templates, e.g. { \"X-Api-Key\" = \"{{secret:KEY}}\" }"),
+        "literal_headers": ("[]", "headers whose literal value is public though credential-like"),
+        "tags": ("[] (counts as untrusted_input)", "untrusted_input, sensitive, egress (the trifecta)"),
+        "rate": ("none (unlimited)", "\"<burst>/<per>\", e.g. \"60/1m\": a shared token bucket"),
+        "oauth": ("none", "OAuth client credentials table (keys below)"),
+        "auth": ("none", "the unified auth table: kind static, oauth2, aws, spiffe (keys below)"),
+        "aauth": ("[aauth] default", "sign requests to this server with the AAuth agent key"),
+        "net": ("\"inherit\"", "egress of the sidecar's own calls: inherit, restricted, broad_audited, off"),
+        "allow_hosts": ("[]", "hosts the sidecar's own calls may reach (*.example.com matches subdomains)"),
+        "deny_hosts": ("[]", "hosts they may not reach"),
+        "allow_private": ("[]", "private or metadata addresses allowed all the same"),
+        "expose": (_NO_DEFAULT, "\"proxy\": the credential stays in the sidecar (gateway only); "
+                   "\"headers\": no gateway; \"both\""),
+        "rate_methods": ("every request", "JSON-RPC methods through the gateway that take a permit"),
+        "max_wait": (_NO_DEFAULT, "seconds a gateway request waits for a permit before a 429"),
+        "leases": ("true", "clients may lease a share of the bucket (with a shared state, of the "
+                   "bucket in Redis); false: per request only"),
+        "trust": ("\"untrusted\"", "trusted, untrusted or sandboxed (for clients that filter tools)"),
+        "tool_allowlist": ("none", "the tools the gateway lets through"),
+        "expected_tools": ("none", "the tools the server is expected to list"),
+        "allow_untrusted_without_allowlist": ("false", "serve an untrusted server without a tool_allowlist"),
+    },
+    "auth": {
+        "kind": ("(required)", "\"static\", \"oauth2\", \"aws\" or \"spiffe\""),
+        "token": ("none", "static: secret template sent as Authorization: Bearer"),
+        "header": ("none", "static: the header name carrying value"),
+        "value": ("none", "static: secret template of that header"),
+        "grant": ("\"client_credentials\"", "oauth2: client_credentials, device, authorization_code"),
+        "scopes": ("none", "oauth2: the scopes as a list"),
+        "token_url": ("discovered", "the token endpoint"),
+        "issuer": ("none", "the authorization server (RFC 8414 / OpenID discovery)"),
+        "client_id": ("(required; person logins may register)", "the OAuth client id"),
+        "client_secret": ("none", "secret template of the client secret"),
+        "private_key": ("none", "secret template of a PEM key (auth_method = \"private_key_jwt\")"),
+        "auth_method": ("\"client_secret_basic\"", "or client_secret_post, private_key_jwt"),
+        "scope": ("none", "the scope string"),
+        "resource": ("the endpoint", "RFC 8707 resource indicator"),
+        "audience": ("none", "audience parameter some servers want"),
+        "expires_in_default": (f"{cfg.DEFAULT_EXPIRES_IN:g}", "seconds a token lives without expires_in"),
+        "signing_alg": ("from the key", "private_key_jwt: the JWS algorithm"),
+    },
+    "aws": {
+        "kind": ("(required)", "\"aws\": sign with SigV4"),
+        "region": ("(required)", "the AWS region, e.g. \"us-east-1\""),
+        "service": ("(required)", "the SigV4 service name"),
+        "source": ("\"env\"", "where credentials come from: env, static, imds, web_identity, sso"),
+        "access_key_id": ("none", "static: secret template"),
+        "secret_access_key": ("none", "static: secret template"),
+        "session_token": ("none", "static: secret template (temporary credentials)"),
+        "imds_endpoint": (_NO_DEFAULT, "imds: the instance metadata endpoint"),
+        "role_arn": ("none", "web_identity: the role to assume"),
+        "web_identity_token_file": ("none", "web_identity: absolute path of the OIDC token file"),
+        "role_session_name": (_NO_DEFAULT, "web_identity: the session name"),
+        "sts_endpoint": ("https://sts.{region}.amazonaws.com/", "web_identity: the STS endpoint"),
+        "sso_start_url": ("(required with sso)", "sso: the IAM Identity Center start URL"),
+        "sso_region": ("(required with sso)", "sso: the IAM Identity Center region"),
+        "sso_account_id": ("(required with sso)", "sso: the 12-digit account id"),
+        "sso_role_name": ("(required with sso)", "sso: the role (permission set) to take"),
+        "sso_oidc_endpoint": ("https://oidc.{sso_region}.amazonaws.com", "sso: the SSO OIDC endpoint"),
+        "sso_portal_endpoint": ("https://portal.sso.{sso_region}.amazonaws.com", "sso: the portal"),
+    },
+    "spiffe": {
+        "kind": ("(required)", "\"spiffe\": present a SPIFFE SVID read from files"),
+        "svid": ("(required)", "\"jwt\" (a bearer JWT-SVID) or \"x509\" (an mTLS client identity)"),
+        "jwt_svid_file": ("none", "jwt: absolute path of the JWT-SVID (re-read when it changes)"),
+        "audience": ("none", "jwt: the audience the JWT-SVID must carry"),
+        "svid_file": ("none", "x509: absolute path of the certificate chain (PEM)"),
+        "key_file": ("none", "x509: absolute path of its private key (PEM)"),
+        "bundle_file": ("none", "x509: absolute path of the trust bundle (PEM)"),
+    },
+    "aauth": {
+        "provider": ("none", "the AAuth agent provider URL"),
+        "key_file": ("aauth-agent.key in the state folder", "the agent's private key file (absolute)"),
+        "enroll": ("none", "enrollment table: token or assertion_file"),
+        "default": ("on when a provider is set", "sign servers without auth/oauth that say nothing"),
+        "alg": (_NO_DEFAULT, "the agent key's algorithm: \"Ed25519\" or \"ES256\" (ECDSA P-256)"),
+    },
+    "aauth.enroll": {
+        "token": ("none", "secret template of an enrollment token"),
+        "assertion_file": ("none", "absolute path of an enrollment assertion"),
+    },
+    "exec": {
+        "env": ("{}", "environment variables of the child: templates, literal values"),
+        "env_isolation": (_NO_DEFAULT, "true: the child gets PATH, HOME, LANG... and env, nothing else; "
+                          "false: the caller's environment less the secrets the sidecar knows, and env"),
+        "net": ("\"inherit\"", "the child's network: inherit, restricted, broad_audited, off"),
+        "allow_hosts": ("[]", "hosts the child may reach (restricted)"),
+        "deny_hosts": ("[]", "hosts it may not reach"),
+        "allow_private": ("[]", "private addresses allowed all the same"),
+        "tags": (_NO_DEFAULT, "the child's tags (the trifecta check)"),
+    },
+}
+
+
+def _fields(cls: Any) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
+def sections() -> list[tuple[str, str, list[str], dict[str, Any]]]:
+    """(heading, TEXT table, keys the parser accepts, dataclass defaults) per config table."""
+    server = [*cfg._ENTRY_KEYS, "name", "service", *cfg._TRUST_KEYS]
+    return [
+        ("[sidecar]", "sidecar", list(_fields(cfg.SidecarConfig)), _fields(cfg.SidecarConfig)),
+        ("[gateway]", "gateway", ["listen"], {}),
+        ("[secrets]", "secrets", list(_fields(cfg.SecretsConfig)), _fields(cfg.SecretsConfig)),
+        ("[[servers]] and [services.NAME]", "server", list(dict.fromkeys(server)), _fields(cfg.GatewaySpec)),
+        ("oauth = {...} (a server's OAuth client)", "auth", list(cfg._OAUTH_KEYS), {}),
+        ("auth = {...} (kind static, oauth2)", "auth", list(cfg._AUTH_KEYS), {}),
+        ("auth = { kind = \"aws\", ... }", "aws", list(AWS_KEYS), _fields(AwsAuth)),
+        ("auth = { kind = \"spiffe\", ... }", "spiffe", list(SPIFFE_KEYS), {}),
+        ("[aauth]", "aauth", list(AAUTH_KEYS), _fields(AAuthConfig)),
+        ("[aauth.enroll]", "aauth.enroll", list(ENROLL_KEYS), {}),
+        ("[exec.NAME]", "exec", list(EXEC_KEYS), _fields(ExecEntry)),
+    ]
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, tuple | list | frozenset):
+        items = sorted(value) if isinstance(value, frozenset) else value
+        return "[" + ", ".join(_toml(v) for v in items) + "]"
+    if value is None:
+        return "none"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def entries() -> Iterable[tuple[str, str, str, str]]:
+    """(heading, key, default, meaning) for every key, in the parser's order."""
+    for heading, table, keys, defaults in sections():
+        for key in keys:
+            shown, meaning = TEXT.get(table, {}).get(key, (_NO_DEFAULT, UNDESCRIBED))
+            if shown is _NO_DEFAULT:
+                shown = _toml(defaults[key]) if key in defaults else "none"
+            yield heading, key, str(shown), meaning
+
+
+def render(out: TextIO, width: int = 100) -> None:
+    import textwrap
+
+    out.write("MCPCREDS CONFIG\n\n"
+              "  TOML, read from --config PATH, else $MCPCREDS_CONFIG, else\n"
+              "  $XDG_CONFIG_HOME/mcpcreds/config.toml. `mcpcreds check` validates it. Durations are\n"
+              "  seconds or \"500ms\", \"60s\", \"5m\"...; a secret is written {{secret:NAME}}, never\n"
+              "  its value.\n")
+    heading = None
+    for section, key, default, meaning in entries():
+        if section != heading:
+            heading = section
+            out.write(f"\n{section}\n")
+        out.write(f"  {key} = {default}\n")
+        out.write(textwrap.fill(meaning, width, initial_indent="      ", subsequent_indent="      ") + "\n")

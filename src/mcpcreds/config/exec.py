@@ -1,0 +1,142 @@
+"""`[exec.NAME]`: how `mcpcreds exec NAME -- CMD` runs a stdio MCP server (parsed, pure).
+
+The config never holds a command: an entry says which environment the child gets (templates
+resolved by the sidecar), whether the caller's environment is passed on, and what network the
+child may use. The command comes only from the command line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from ..core.credshape import credential_name
+from ..core.templates import Template
+from ..net.egress import EgressPolicy
+
+if TYPE_CHECKING:
+    from .load import _Collector
+
+EXEC_KEYS: Final = ("env", "env_isolation", "net", "allow_hosts", "deny_hosts", "allow_private", "tags")
+ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+PROXY_VARS: Final = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY")
+MAX_ENV: Final = 256  # declared variables per entry
+EXEC_PREFIX: Final = "exec:"  # how grants name an exec entry
+NEEDS_HOSTS: Final = "the hosts the child may reach through the session's egress proxy"
+NO_LITERAL: Final = ("or {{secret-file:PATH}} (a literal in env is refused when it looks like a "
+                     "credential)")
+
+
+@dataclass(frozen=True, slots=True)
+class ExecEntry:
+    """One `[exec.NAME]` table, validated. `tags` are the effective tags (see `effective_tags`)."""
+
+    name: str
+    env: Mapping[str, Template] = field(default_factory=dict)
+    env_isolation: bool = True
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
+    tags: frozenset[str] = frozenset({"untrusted_input", "egress"})
+
+    @property
+    def grant_name(self) -> str:
+        return f"{EXEC_PREFIX}{self.name}"
+
+    @property
+    def net(self) -> str:
+        return self.egress.mode
+
+    @property
+    def secret_names(self) -> frozenset[str]:
+        names: set[str] = set()
+        for template in self.env.values():
+            names |= template.secret_names
+        return frozenset(names)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The secret-free spec (templates intact), as grants and specs show it."""
+        return {"name": self.grant_name, "env": {k: t.source for k, t in self.env.items()},
+                "env_isolation": self.env_isolation, "net": self.net,
+                "allow_hosts": list(self.egress.allow_hosts), "deny_hosts": list(self.egress.deny_hosts),
+                "tags": sorted(self.tags)}
+
+
+def effective_tags(declared: tuple[str, ...], net: str) -> frozenset[str]:
+    """Untagged counts as `untrusted_input` (like a server); any `net` but `off` lets the child
+    send data out, so it also carries `egress` for the Rule of Two."""
+    tags = set(declared) if declared else {"untrusted_input"}
+    if net != "off":
+        tags.add("egress")
+    return frozenset(tags)
+
+
+def exec_trifecta_warnings(targets: Mapping[str, frozenset[str]], execs: Mapping[str, ExecEntry],
+                           servers_trio: tuple[str, str, str] | None) -> list[str]:
+    """The config-level Rule-of-Two warnings that involve exec entries (named `exec:NAME`): an
+    entry that completes the trifecta by itself (refused at every start unless allow_trifecta),
+    and servers and entries that complete it together (grants combining them are refused).
+    Nothing when the servers alone already complete it (that warning is the servers')."""
+    from ..core.policy import find_trifecta, trifecta_message
+
+    warnings = []
+    for entry in execs.values():
+        alone = find_trifecta({entry.grant_name: entry.tags})
+        if alone is not None:
+            warnings.append(f"exec.{entry.name}: its tags complete the trifecta by themselves "
+                            f"({', '.join(sorted(entry.tags))}): `mcpcreds exec {entry.name}` is refused "
+                            "unless sidecar.allow_trifecta")
+    if servers_trio is None:
+        trio = find_trifecta({**targets, **{e.grant_name: e.tags for e in execs.values()}})
+        if trio is not None and len(set(trio)) > 1 and any(n.startswith(EXEC_PREFIX) for n in trio):
+            warnings.append(f"exec: servers and exec entries together complete the trifecta: "
+                            f"{trifecta_message(trio)}; grants that combine them are refused")
+    return warnings
+
+
+def parse_execs(c: _Collector, raw: Any) -> dict[str, ExecEntry]:
+    """Every `[exec.NAME]` table; errors go to the collector with their TOML path."""
+    from .load import _NAME, _join, _key_path, _parse_egress, _parse_tags
+
+    entries: dict[str, ExecEntry] = {}
+    for i, (name, value) in enumerate(c.table("exec", raw).items()):
+        if not _NAME.match(name):
+            c.error(_key_path("exec", name, i), "exec names use letters, digits, '_', '.', '-'")
+            continue
+        path = f"exec.{name}"
+        t = c.table(path, value)
+        c.keys(path, t, EXEC_KEYS)
+        if "command" in t or "args" in t:  # spelled out: the rule is the point, not a typo
+            c.error(path, "an exec entry never holds a command: it comes from the command line "
+                          "(mcpcreds exec NAME -- CMD ARGS...)")
+        egress = _parse_egress(c, path, t, [], needs=NEEDS_HOSTS)
+        env = _parse_env(c, _join(path, "env"), t.get("env"), egress.mode)
+        isolation = c.typed(_join(path, "env_isolation"), t.get("env_isolation"), bool, True)
+        tags = _parse_tags(c, _join(path, "tags"), t.get("tags"))
+        entries[name] = ExecEntry(name, env, isolation, egress, effective_tags(tags, egress.mode))
+    return entries
+
+
+def _parse_env(c: _Collector, path: str, raw: Any, net: str) -> dict[str, Template]:
+    from .load import _key_path
+
+    out: dict[str, Template] = {}
+    table = c.table(path, raw)
+    if len(table) > MAX_ENV:
+        c.error(path, f"at most {MAX_ENV} variables")
+        return out
+    for i, (name, value) in enumerate(table.items()):
+        vpath = _key_path(path, name, i)
+        if not ENV_NAME.match(name):
+            c.error(vpath, "not a valid environment variable name (letters, digits, '_'; at most 128)")
+            continue
+        if net != "inherit" and name.upper() in PROXY_VARS:
+            c.error(vpath, f"set by mcpcreds for net = {net!r}: the session's proxy")
+            continue
+        if isinstance(value, str) and "\0" in value:
+            c.error(vpath, "must not contain a NUL character")
+            continue
+        template = c.template(vpath, value, credential=credential_name(name), public=NO_LITERAL)
+        if template is not None:
+            out[name] = template
+    return out

@@ -1,0 +1,191 @@
+"""Least privilege for agents: the Rule of Two, and which tools of a server an agent may see.
+
+Rule of Two: no single agent may hold untrusted input, sensitive data and egress at once. Each
+server carries tags among `untrusted_input`, `sensitive`, `egress`; an untagged server counts as
+`untrusted_input` (config.py already resolves that into `Target.tags`).
+
+Trust policy (the semantics of the seed's `ServerEntry`):
+
+| trust       | no `tool_allowlist`                     | with `tool_allowlist`         |
+|-------------|-----------------------------------------|-------------------------------|
+| `trusted`   | every tool                              | every tool (list ignored)     |
+| `untrusted` | none, unless `allow_untrusted_without_allowlist` (then all, with a warning) | those listed |
+| `sandboxed` | none (the escape hatch is never honoured) | those listed                |
+
+`untrusted` is the default. A non-empty `expected_tools` is an attestation list: a tool the
+server offers outside it is dropped for `untrusted`/`sandboxed` and kept with a warning for
+`trusted`; an expected tool the server does not offer is warned about. An empty list means
+"no attestation".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ..errors import Forbidden
+
+TRUST_LEVELS: Final = ("trusted", "untrusted", "sandboxed")
+DEFAULT_TRUST: Final = "untrusted"
+TRIFECTA: Final = ("untrusted_input", "sensitive", "egress")
+_UNTAGGED: Final = frozenset({"untrusted_input"})
+_WHAT: Final = {"untrusted_input": "untrusted input", "sensitive": "sensitive data", "egress": "egress"}
+
+
+# ---------------------------------------------------------------------------- Rule of Two
+
+
+def find_trifecta(servers: Mapping[str, frozenset[str]]) -> tuple[str, str, str] | None:
+    """The servers giving untrusted input, sensitive data and egress, or None if some is missing.
+
+    For each tag, the first server by name that carries it; one server may fill several places.
+    """
+    chosen: list[str] = []
+    for tag in TRIFECTA:
+        name = next((n for n in sorted(servers) if tag in (servers[n] or _UNTAGGED)), None)
+        if name is None:
+            return None
+        chosen.append(name)
+    return chosen[0], chosen[1], chosen[2]
+
+
+def trifecta_message(trio: tuple[str, str, str]) -> str:
+    a, b, c = trio
+    return (f"grant would give one agent untrusted input ({a}), sensitive data ({b}) and egress ({c}): "
+            "the Rule of Two forbids all three")
+
+
+def check_rule_of_two(servers: Mapping[str, frozenset[str]], *, allow_trifecta: bool = False) -> str | None:
+    """Raise Forbidden if the servers complete the trifecta; with `allow_trifecta`, return the
+    message as a warning instead. None when the Rule of Two holds."""
+    trio = find_trifecta(servers)
+    if trio is None:
+        return None
+    message = trifecta_message(trio)
+    if not allow_trifecta:
+        raise Forbidden(message, servers=list(dict.fromkeys(trio)))
+    return message
+
+
+# ---------------------------------------------------------------------------- trust policy
+
+
+@dataclass(slots=True)
+class ToolDecision:
+    tools: list[str] = field(default_factory=list)      # exposed, in the server's order
+    hidden: list[str] = field(default_factory=list)     # offered by the server, not exposed
+    warnings: list[str] = field(default_factory=list)
+
+
+def visible_tools(trust: str, tools: Iterable[str], *, tool_allowlist: Sequence[str] | None = None,
+                  expected_tools: Sequence[str] | None = None,
+                  allow_untrusted_without_allowlist: bool = False) -> ToolDecision:
+    """Which of a server's `tools` an agent may see under this trust policy (see the module doc)."""
+    if trust not in TRUST_LEVELS:
+        raise ValueError(f"unknown trust {trust!r}: expected one of {', '.join(TRUST_LEVELS)}")
+    offered = list(dict.fromkeys(tools))
+    decision = ToolDecision()
+    if expected_tools:
+        expected = set(expected_tools)
+        unexpected = [t for t in offered if t not in expected]
+        if unexpected:
+            verdict = "exposed anyway (trusted)" if trust == "trusted" else "hidden"
+            decision.warnings.append(f"tools not in expected_tools, {verdict}: {', '.join(unexpected)}")
+        if missing := [t for t in dict.fromkeys(expected_tools) if t not in offered]:
+            decision.warnings.append(f"expected tools the server does not offer: {', '.join(missing)}")
+    if trust == "untrusted" and tool_allowlist is None:
+        if allow_untrusted_without_allowlist:
+            decision.warnings.append(
+                "untrusted server without tool_allowlist: every tool exposed because "
+                "allow_untrusted_without_allowlist = true; consider an explicit tool_allowlist")
+        else:
+            decision.warnings.append(
+                "untrusted server without tool_allowlist: no tool exposed (fail closed); declare a "
+                "tool_allowlist or set allow_untrusted_without_allowlist = true")
+    elif trust != "trusted" and not tool_allowlist:
+        how = "without" if tool_allowlist is None else "with an empty"
+        decision.warnings.append(f"{trust} server {how} tool_allowlist: no tool exposed")
+    if trust == "sandboxed" and allow_untrusted_without_allowlist:
+        decision.warnings.append("allow_untrusted_without_allowlist is ignored for a sandboxed server")
+    for tool in offered:
+        allowed = _allows(trust, tool, tool_allowlist, expected_tools, allow_untrusted_without_allowlist)
+        (decision.tools if allowed else decision.hidden).append(tool)
+    return decision
+
+
+def _allows(trust: str, tool: str, allowlist: Sequence[str] | None, expected: Sequence[str] | None,
+            escape_hatch: bool) -> bool:
+    if trust == "trusted":
+        return True
+    if expected and tool not in expected:
+        return False
+    if trust == "untrusted" and allowlist is None:
+        return escape_hatch
+    return allowlist is not None and tool in allowlist
+
+
+@dataclass(frozen=True, slots=True)
+class TrustPolicy:
+    """The trust fields of one server. The default is the safe one: `untrusted`, no tools."""
+
+    trust: str = DEFAULT_TRUST
+    tool_allowlist: tuple[str, ...] | None = None
+    expected_tools: tuple[str, ...] = ()
+    allow_untrusted_without_allowlist: bool = False
+
+    def __post_init__(self) -> None:
+        if self.trust not in TRUST_LEVELS:
+            raise ValueError(f"unknown trust {self.trust!r}: expected one of {', '.join(TRUST_LEVELS)}")
+        if self.tool_allowlist is not None:
+            object.__setattr__(self, "tool_allowlist", tuple(self.tool_allowlist))
+        object.__setattr__(self, "expected_tools", tuple(self.expected_tools))
+
+    def filter(self, tools: Iterable[str]) -> ToolDecision:
+        return visible_tools(self.trust, tools, tool_allowlist=self.tool_allowlist,
+                             expected_tools=self.expected_tools,
+                             allow_untrusted_without_allowlist=self.allow_untrusted_without_allowlist)
+
+    def allows(self, tool: str) -> bool:
+        """Whether a call to `tool` is within the policy (the same rule as `filter`)."""
+        return _allows(self.trust, tool, self.tool_allowlist, self.expected_tools,
+                       self.allow_untrusted_without_allowlist)
+
+
+# ---------------------------------------------------------------------------- MCP sessions
+
+MAX_TOOL_PAGES: Final = 100
+
+
+async def list_allowed_tools(session: Any, policy: TrustPolicy) -> list[Any]:
+    """The tools of an MCP `ClientSession` that `policy` exposes (every page of `tools/list`).
+
+    Duck-typed: `session.list_tools()` returns an object with `.tools` (each with `.name`) and
+    `.next_cursor`; the MCP SDK is imported only when a second page is needed.
+    """
+    result = await session.list_tools()
+    tools = list(result.tools)
+    cursor = _next_cursor(result)
+    pages = 1
+    while cursor is not None and pages < MAX_TOOL_PAGES:
+        from mcp.types import PaginatedRequestParams
+
+        result = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
+        tools.extend(result.tools)
+        cursor, pages = _next_cursor(result), pages + 1
+    allowed = set(policy.filter(t.name for t in tools).tools)
+    return [t for t in tools if t.name in allowed]
+
+
+def _next_cursor(result: Any) -> str | None:
+    """The cursor of the next page: `next_cursor` in MCP SDK 2.x, `nextCursor` in 1.x."""
+    cursor = getattr(result, "next_cursor", None)
+    return cursor if cursor is not None else getattr(result, "nextCursor", None)
+
+
+def check_tool_call(policy: TrustPolicy, tool_name: str, *, server: str | None = None) -> None:
+    """Raise Forbidden for a call to a tool the policy hides."""
+    if not policy.allows(tool_name):
+        where = f" of server {server!r}" if server else ""
+        raise Forbidden(f"tool {tool_name!r}{where} is not exposed by its trust policy ({policy.trust})",
+                        tool=tool_name)

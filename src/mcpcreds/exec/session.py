@@ -1,0 +1,180 @@
+"""`POST /v1/exec/{name}/session`: what `mcpcreds exec NAME -- CMD` needs to start a child.
+
+The answer holds the resolved environment of the `[exec.NAME]` entry (secret values: built as
+bytes here, never passed through the redactor, never logged), the names of the caller's
+variables to drop (with `env_isolation = false`: every variable whose value is a secret the
+sidecar knows, judged by the SHA-256 the caller sent, so the caller's values never travel), and
+for `restricted` / `broad_audited` a session of the egress proxy (`egress_proxy.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from ..config.exec import EXEC_PREFIX, ExecEntry
+from ..config.load import Config, default_socket_path
+from ..core.logs import get_logger
+from ..core.policy import check_rule_of_two
+from ..core.templates import FileRef, SecretRef, Template
+from ..credentials.sources import SecretResolver
+from ..errors import Forbidden, InvalidRequest, McpcredsError, UnknownServer
+from ..sidecar.wire import Request, Response
+from .egress_proxy import EgressProxy
+
+if TYPE_CHECKING:
+    from ..sidecar.api import Api
+
+PROXIED: Final = ("restricted", "broad_audited")
+MAX_ENV_HASHES: Final = 4096
+_HEX64: Final = re.compile(r"[0-9a-f]{64}\Z")
+_VAR: Final = re.compile(r"[^=\0]{1,256}\Z")
+_EXEC_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\Z")
+_log = get_logger("exec")
+
+
+def exec_entry(config: Config, name: str) -> ExecEntry:
+    """The entry `name` names; an unconfigured name is never echoed."""
+    entry = config.execs.get(name)
+    if entry is None:
+        if not _EXEC_NAME.match(name):
+            raise InvalidRequest("invalid exec name: letters, digits, '_', '.', '-' (at most 128)")
+        raise UnknownServer("unknown exec entry: no [exec.NAME] table has that name")
+    return entry
+
+
+def grant_entries(config: Config, names: Iterable[str], request: Request) -> list[ExecEntry]:
+    """The `exec:NAME` entries a new grant names, within the caller's grant (if any)."""
+    entries = []
+    for name in names:
+        if not name.startswith(EXEC_PREFIX):
+            continue
+        entry = exec_entry(config, name[len(EXEC_PREFIX):])
+        if request.grant is not None and entry.grant_name not in request.grant.servers:
+            raise Forbidden(f"exec entry {entry.name!r} is not in this grant")
+        entries.append(entry)
+    return entries
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _env_hashes(body: dict[str, Any]) -> dict[str, str]:
+    raw = body.get("env_hashes", {})
+    if not isinstance(raw, dict) or len(raw) > MAX_ENV_HASHES or not all(
+            isinstance(k, str) and _VAR.match(k) and isinstance(v, str) and _HEX64.match(v)
+            for k, v in raw.items()):
+        raise InvalidRequest(f"env_hashes must map at most {MAX_ENV_HASHES} variable names to "
+                             "SHA-256 hex digests")
+    return raw
+
+
+def _all_templates(config: Config) -> list[Template]:
+    found: list[Template] = []
+    for target in (*config.services.values(), *config.servers.values()):
+        found.extend(target.templates)
+    for entry in config.execs.values():
+        found.extend(entry.env.values())
+    return found
+
+
+def known_secret_digests(config: Config, resolver: SecretResolver, tokens: Iterable[str]) -> set[str]:
+    """SHA-256 of every secret value the sidecar can name now: each `{{secret:}}` and
+    `{{secret-file:}}` the config refers to (alone and as its templates render), the access
+    tokens it holds. Best effort: a secret that cannot be read now is skipped. Blocking."""
+    values: set[str] = set(tokens)
+    refs: set[SecretRef | FileRef] = set()
+    for template in _all_templates(config):
+        if template.is_literal:
+            continue
+        refs.update(template.refs)
+        with contextlib.suppress(McpcredsError):
+            values.add(resolver.render(template))
+    for ref in refs:
+        with contextlib.suppress(McpcredsError):
+            values.add(resolver.lookup(ref))
+    digests = set()
+    for value in values:
+        if value:
+            digests.add(_digest(value))
+            digests.add(_digest(value.strip()))
+    return digests
+
+
+class ExecRoutes:
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.proxy: EgressProxy | None = None
+
+    def _proxy_path(self) -> Path:
+        return default_socket_path(self.api.broker.config.sidecar.socket).with_name("egress.sock")
+
+    def _allow_uids(self) -> frozenset[int]:
+        return frozenset(self.api.broker.config.sidecar.allow_uids or (os.getuid(),))
+
+    async def _started_proxy(self) -> EgressProxy:
+        if self.proxy is None:
+            path = self._proxy_path()
+            proxy = EgressProxy(str(path), self._allow_uids, lambda: self.api.audit,
+                                clock=self.api.broker.clock)
+            try:  # as open as the sidecar's own socket
+                mode = os.stat(default_socket_path(self.api.broker.config.sidecar.socket)).st_mode & 0o777
+            except OSError:
+                mode = 0o600
+            await proxy.start(mode)
+            self.proxy = proxy
+        return self.proxy
+
+    def close(self) -> None:
+        """At the sidecar's shutdown: end every proxy connection, unlink `egress.sock` (if it
+        is still the socket the proxy bound)."""
+        if self.proxy is not None:
+            self.proxy.close()
+            self.proxy = None
+
+    async def session(self, request: Request) -> Response:
+        from ..sidecar.api import parse_json_body
+
+        broker = self.api.broker
+        config = broker.config
+        entry = exec_entry(config, request.name)
+        if request.grant is not None and entry.grant_name not in request.grant.servers:
+            raise Forbidden(f"exec entry {entry.name!r} is not in this grant")
+        check_rule_of_two({entry.grant_name: entry.tags}, allow_trifecta=config.sidecar.allow_trifecta)
+        body = parse_json_body(request)
+        hashes = _env_hashes(body)
+        want_proxy = body.get("proxy", True)
+        if not isinstance(want_proxy, bool):
+            raise InvalidRequest("proxy must be true or false")
+        resolver = broker.resolver
+        env = await asyncio.to_thread(resolver.render_all, list(entry.env.items()))
+        drop: list[str] = []
+        if not entry.env_isolation and hashes:
+            tokens = [t.access_token for key in config.targets_by_key
+                      if (t := broker.logins.peek(key)) is not None]
+            known = await asyncio.to_thread(known_secret_digests, config, resolver, tokens)
+            drop = sorted(name for name, digest in hashes.items() if digest in known)
+        proxy: dict[str, str] | None = None
+        session_id = None
+        if entry.net in PROXIED and want_proxy:
+            egress = await self._started_proxy()
+            token, session = egress.new_session(entry.name, entry.egress, request.peer_uid, request.peer_pid)
+            proxy, session_id = {"socket": egress.path, "token": token}, session.id
+        grant = request.grant.id if request.grant is not None else None
+        self.api.audit.write("exec", name=entry.name, net=entry.net, env_isolation=entry.env_isolation,
+                             env=sorted(env), dropped=drop, session=session_id, grant=grant,
+                             uid=request.peer_uid, pid=request.peer_pid)
+        _log.info("exec session", extra={"exec": entry.name, "net": entry.net, "session": session_id,
+                                         "uid": request.peer_uid, "pid": request.peer_pid})
+        # secret values: encoded here, not through `answer` (whose redactor would mask them)
+        data = {"name": entry.name, "env": env, "drop": drop, "env_isolation": entry.env_isolation,
+                "net": entry.net, "proxy": proxy}
+        return Response(200, json.dumps(data, separators=(",", ":")).encode())

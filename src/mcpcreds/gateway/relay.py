@@ -1,0 +1,606 @@
+"""The gateway: `/mcp/{server}` relays the MCP Streamable HTTP transport to the server's endpoint,
+so that the credential never leaves the sidecar and its bucket, tool policy and egress policy are
+enforced on the traffic itself.
+
+- `POST` (a JSON-RPC message or batch), `GET` (the server-initiated SSE stream) and `DELETE` (end
+  the session) are forwarded. Only the MCP transport's own headers pass (`Accept`,
+  `Content-Type`, `Mcp-Session-Id`, `MCP-Protocol-Version`, `Last-Event-ID`, `Mcp-Method`,
+  `Mcp-Name`, `Mcp-Param-*` that are not credential-shaped, `traceparent`, `tracestate`,
+  `User-Agent`); anything else the caller sent (`Authorization`, `Cookie`, API keys) stays here,
+  and the server's credential headers are added.
+- Every upstream request goes through the server's egress policy (`Broker.gateway_transport`: the
+  egress transport of the gateway's own pool, over `upstream.H1Transport`), sent to it directly
+  with no client layer (no cookie jar shared between callers, no redirects followed).
+- A POST takes one permit per counted JSON-RPC request from the server's shared bucket, waiting
+  up to `max_wait`; a 401 to the login sent is invalidated (by fingerprint) and retried once
+  with the renewed login; a 429 (or a 503 with Retry-After) pauses the shared bucket and is
+  retried once after the pause if that fits in `max_wait`.
+- The trust policy applies: see `jsonrpc` (refused calls never reach the upstream; `tools/list`
+  results are filtered, in JSON answers and SSE events alike).
+- SSE answers are relayed event by event as they arrive (never a partial event, never held back);
+  the head of a POST's SSE answer goes out with its first event, in one write (a GET's listening
+  stream gets its head at once); a JSON answer is read whole (bounded) to be filtered.
+  Credential values the gateway sent are masked in whatever comes back. A client that goes away
+  cancels the upstream request; an upstream that drops mid-stream ends the client's stream cleanly
+  after the last whole event (the MCP client then resumes with `Last-Event-ID` or fails that
+  request).
+- One audit line per `tools/call` (server, tool, caller, status, duration; never arguments or
+  results) and Prometheus counters and histograms per server and tool.
+- A grant that narrows a server's tools (`Grant.tools`) narrows them here, on top of the policy.
+- Live state for `status`: requests in flight and SSE streams open per server, and the MCP
+  sessions seen (`LiveSessions`: an `Mcp-Session-Id` an answer carried, until its DELETE, a 404
+  for it, or `SESSION_IDLE` without traffic; a bounded table keyed by a digest of the id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import weakref
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import httpx
+
+from ..broker.broker import Actor, Broker, HeadersResult
+from ..client.auth import parse_retry_after
+from ..config.aws import is_aws
+from ..config.load import Target
+from ..core.credshape import credential_name
+from ..core.logs import get_logger
+from ..core.metrics import Metrics
+from ..core.secret import redact_json
+from ..errors import ERRORS_BY_CODE, McpcredsError, MethodNotAllowed, UpstreamError, UpstreamTimeout
+from ..sidecar.wire import MAX_GATEWAY_BODY_BYTES, Answer, Request, Response, StreamingResponse
+from . import jsonrpc
+
+_log = get_logger("gateway")
+
+MAX_JSON_ANSWER: Final = 16 * 1024 * 1024  # a JSON (or other non-SSE) answer is read whole, up to this
+MAX_SSE_EVENT: Final = MAX_GATEWAY_BODY_BYTES  # one SSE event (the MCP SDK client takes 1 MiB)
+MAX_AUDITED_NAME: Final = 128
+# connect and write are bounded; reading is not (a tool may run long, an SSE stream may idle):
+# a client that gives up closes its connection, and that cancels the upstream request
+UPSTREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
+_UPSTREAM_TIMEOUTS: Final = UPSTREAM_TIMEOUT.as_dict()
+_USER_AGENT: Final = f"python-httpx/{httpx.__version__}".encode()  # what an httpx client sends
+_FORWARDED: Final = frozenset({
+    b"accept", b"content-type", b"mcp-session-id", b"mcp-protocol-version", b"last-event-id", b"mcp-method",
+    b"mcp-name", b"traceparent", b"tracestate", b"user-agent",
+})
+_PARAM_PREFIX: Final = b"mcp-param-"
+_RETURNED: Final = ("mcp-session-id", "mcp-protocol-version", "retry-after", "cache-control")
+_METHODS: Final = ("POST", "GET", "DELETE")
+SESSION_LIMIT: Final = 10_000  # MCP sessions tracked for status (past it, the least recently seen go)
+SENT_CACHE: Final = 1024  # servers whose credential headers (and endpoint URLs) are kept prepared
+SESSION_IDLE: Final = 3600.0  # seconds without traffic after which a session is no longer counted
+_STATUS_GROUPS: Final = frozenset({"ok", "tool_error", "error", "refused", "rate_limited", "upstream_error",
+                                   "no_response", "dropped", "cancelled"})
+
+
+def forwarded_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
+    """The caller's headers that go upstream (see the module doc), names lower-cased, values as
+    sent (a value that is not ASCII goes on as it came, never re-encoded)."""
+    kept = []
+    for name_b, value_b in raw:
+        name = name_b.strip().lower()
+        if name in _FORWARDED or (name.startswith(_PARAM_PREFIX)
+                                  and not credential_name(name[len(_PARAM_PREFIX):].decode("latin-1"))):
+            kept.append((name, value_b))
+    return kept
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """The credential headers of one `HeadersResult` as the gateway sends them."""
+
+    names: frozenset[bytes]  # lower-cased: a caller's header of the same name is dropped
+    headers: list[tuple[bytes, bytes]]
+    forms: tuple[bytes, ...]  # what `jsonrpc.mask` hides in the answers
+
+
+def _rpc_response(status: int, body: Any, extra: tuple[tuple[bytes, bytes], ...] = ()) -> Response:
+    return Response(status, jsonrpc.dumps(body), extra_headers=extra)
+
+
+def _metric_status(status: str) -> str:
+    head = status.split(":", 1)[0]
+    if head in _STATUS_GROUPS or head in ERRORS_BY_CODE:
+        return head
+    if head.startswith("http_") and head[5:].isdigit():
+        return f"http_{head[5]}xx"
+    return "other"
+
+
+class _ToolCalls:
+    """The `tools/call` requests of one POST, each audited once when its fate is known."""
+
+    def __init__(self, gateway: Gateway, target: Target, request: Request,
+                 calls: dict[jsonrpc.IdKey, str]) -> None:
+        self.gateway = gateway
+        self.target = target
+        self.actor = Actor(request.peer_uid, request.peer_pid, request.grant.id if request.grant else None)
+        self.started = time.perf_counter()
+        self.calls = calls
+
+    def answered(self, key: jsonrpc.IdKey, method: str, status: str) -> None:
+        tool = self.calls.pop(key, None)
+        if tool is not None:
+            seconds = time.perf_counter() - self.started
+            self.gateway.tool_call_done(self.target, tool, self.actor, status, seconds)
+
+    def finish_all(self, status: str) -> None:
+        for key in list(self.calls):
+            self.answered(key, jsonrpc.TOOLS_CALL, status)
+
+
+class LiveSessions:
+    """The MCP sessions seen through the gateway, per server: bounded (`limit` entries, the least
+    recently seen dropped first) and expiring (`idle` seconds without traffic). An id is bearer-ish:
+    only a digest of it is kept, and only counts and ages are shown."""
+
+    def __init__(self, clock: Callable[[], float], limit: int = SESSION_LIMIT,
+                 idle: float = SESSION_IDLE) -> None:
+        self.clock = clock
+        self.limit = limit
+        self.idle = idle
+        # (server, digest) -> (first seen, last seen), least recently seen first
+        self._seen: OrderedDict[tuple[str, bytes], tuple[float, float]] = OrderedDict()
+
+    @staticmethod
+    def _key(server: str, session_id: bytes) -> tuple[str, bytes]:
+        return server, hashlib.blake2b(session_id, digest_size=16).digest()
+
+    def seen(self, server: str, session_id: bytes) -> None:
+        """An answer carried this id: the session is live."""
+        now = self.clock()
+        key = self._key(server, session_id)
+        first = self._seen.pop(key, (now, now))[0]
+        self._seen[key] = (first, now)
+        self._expire(now)
+        while len(self._seen) > self.limit:
+            self._seen.popitem(last=False)
+
+    def used(self, server: str, session_id: bytes) -> None:
+        """A request of a known session was answered: it is still live (an unknown id adds nothing)."""
+        key = self._key(server, session_id)
+        found = self._seen.pop(key, None)
+        if found is not None:
+            self._seen[key] = (found[0], self.clock())
+
+    def ended(self, server: str, session_id: bytes) -> None:
+        self._seen.pop(self._key(server, session_id), None)
+
+    def _expire(self, now: float) -> None:
+        while self._seen:
+            key, (_, last) = next(iter(self._seen.items()))
+            if now - last < self.idle:
+                return
+            del self._seen[key]
+
+    def by_server(self) -> dict[str, tuple[int, float]]:
+        """server -> (sessions, age in seconds of the oldest)."""
+        now = self.clock()
+        self._expire(now)
+        out: dict[str, tuple[int, float]] = {}
+        for (server, _), (first, _) in self._seen.items():
+            count, oldest = out.get(server, (0, 0.0))
+            out[server] = (count + 1, max(oldest, now - first))
+        return out
+
+
+class _SseBody:
+    """An upstream SSE answer, relayed event by event (see `wire.ResponseBody`)."""
+
+    def __init__(self, response: httpx.Response, inspector: jsonrpc.Inspector, calls: _ToolCalls | None,
+                 target: Target) -> None:
+        self.response = response
+        self.inspector = inspector
+        self.calls = calls
+        self.target = target
+        self.gen: AsyncIterator[bytes] | None = None
+        self.end = "cancelled"  # what befalls the calls still unanswered when the body is closed
+        self.closed = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.gen is None:
+            self.gen = self._events()
+        return self.gen
+
+    async def first(self) -> bytes:
+        """The first events, once the upstream sent them (b"" if it ended first): they go out with
+        the head of the answer. Later events are relayed as they come (see `__aiter__`)."""
+        return await anext(aiter(self), b"")
+
+    async def _events(self) -> AsyncIterator[bytes]:
+        splitter = jsonrpc.SseSplitter(MAX_SSE_EVENT)
+        try:
+            async for chunk in self.response.aiter_bytes():
+                events = splitter.feed(chunk)
+                if events:
+                    yield b"".join([self.inspector.event(event) for event in events])
+            self.end = "no_response"
+        except httpx.HTTPError as exc:  # the upstream dropped mid-stream
+            self.end = "dropped"
+            _log.warning("upstream stream dropped", extra={"server": self.target.name,
+                                                            "error": type(exc).__name__})
+        except jsonrpc.EventTooLarge:
+            self.end = "dropped"
+            _log.warning("upstream SSE event too large: stream ended",
+                         extra={"server": self.target.name, "limit": MAX_SSE_EVENT})
+        if self.calls is not None:  # before the client sees the end of the stream
+            self.calls.finish_all(self.end)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        try:
+            if self.gen is not None:
+                await self.gen.aclose()  # type: ignore[attr-defined]
+        finally:
+            await self.response.aclose()
+            if self.calls is not None:
+                self.calls.finish_all(self.end)
+
+
+class Gateway:
+    def __init__(self, broker: Broker, metrics: Metrics) -> None:
+        self.broker = broker
+        self.metrics = metrics
+        self._warned: set[tuple[str, str]] = set()
+        self.sessions = LiveSessions(broker.clock.monotonic)
+        self._in_flight: Counter[str] = Counter()  # server -> requests waiting for the upstream's answer
+        self._streams: weakref.WeakSet[_SseBody] = weakref.WeakSet()  # SSE answers being relayed
+        self._sent: dict[str, tuple[HeadersResult, _Sent]] = {}  # server -> its current credentials, prepared
+        self._urls: dict[str, httpx.URL] = {}
+        # AAuth (aauth.py): (target, method, url, headers, body) -> the headers that sign the request
+        self.sign: Callable[[Target, str, str, list[tuple[Any, bytes]], bytes | None],
+                            Awaitable[list[tuple[Any, bytes]]]] | None = None
+        # ... and (target, status, headers) -> the headers of a signed server's answer to pass on
+        self.aauth_answer: Callable[[Target, int, list[tuple[str, str]]],
+                                    tuple[tuple[bytes, bytes], ...]] | None = None
+        # ... and (target, status, headers) -> the body replacing a 401's that names an AAuth requirement
+        self.aauth_refusal: Callable[[Target, int, list[tuple[str, str]]], bytes | None] | None = None
+        # ... and (target, headers of a 401) -> whether to retry (after dropping its session token)
+        self.aauth_refused: Callable[[Target, list[tuple[str, str]]], bool] | None = None
+        # SigV4 (sigv4.py), for servers with auth kind "aws": the same signature as `sign`
+        self.sigv4: Callable[[Target, str, str, list[tuple[Any, bytes]], bytes | None],
+                             Awaitable[list[tuple[Any, bytes]]]] | None = None
+        # ... and (target, a 400/403 answer) -> whether its credentials were stale (retry once)
+        self.sigv4_refused: Callable[[Target, httpx.Response], Awaitable[bool]] | None = None
+
+    # -- entry points
+
+    def handle(self, request: Request, target: Target) -> Awaitable[Answer]:
+        if request.method not in _METHODS:
+            raise MethodNotAllowed(f"{request.method} is not allowed on /mcp/{{server}}: POST, GET or DELETE")
+        return self._counted(request, target)
+
+    async def _counted(self, request: Request, target: Target) -> Answer:
+        self._in_flight[target.name] += 1
+        try:
+            if request.method == "POST":
+                return await self._post(request, target)
+            return await self._relay(request, target)
+        finally:
+            self._in_flight[target.name] -= 1
+            if not self._in_flight[target.name]:
+                del self._in_flight[target.name]
+
+    def status(self) -> dict[str, Any]:
+        """Live state per server, for `GET /v1/status` (counts and ages only, never a session id)."""
+        streams = Counter(body.target.name for body in list(self._streams) if not body.closed)
+        sessions = self.sessions.by_server()
+        rows = []
+        for name in sorted(set(streams) | set(sessions) | set(self._in_flight)):
+            count, oldest = sessions.get(name, (0, 0.0))
+            rows.append({"name": name, "sessions": count,
+                         "oldest_session_age": round(oldest, 3) if count else None,
+                         "streams": streams[name], "in_flight": self._in_flight[name]})
+        return {"sessions": sum(r["sessions"] for r in rows), "streams": sum(streams.values()),
+                "in_flight": sum(self._in_flight.values()), "session_limit": self.sessions.limit,
+                "session_idle": self.sessions.idle, "servers": rows}
+
+    def gauges(self) -> list[tuple[str, str, tuple[tuple[str, str], ...], float]]:
+        out: list[tuple[str, str, tuple[tuple[str, str], ...], float]] = []
+        for row in self.status()["servers"]:
+            labels = (("server", row["name"]),)
+            out += [("mcpcreds_gateway_sessions", "MCP sessions live through the gateway.", labels,
+                     row["sessions"]),
+                    ("mcpcreds_gateway_streams", "SSE answers being relayed by the gateway.", labels,
+                     row["streams"]),
+                    ("mcpcreds_gateway_in_flight", "Gateway requests waiting for the upstream's answer.",
+                     labels, row["in_flight"])]
+        return out
+
+    def error(self, exc: McpcredsError, request: Request) -> Response:
+        """A gateway failure as an MCP client reads one: the HTTP status, and a JSON-RPC error
+        (with the id of the request if one was POSTed) whose `data` holds the wire code."""
+        wire = redact_json(exc.to_wire())["error"]
+        data = {k: v for k, v in wire.items() if k != "message"}
+        body = jsonrpc.error(_single_id(request), jsonrpc.GATEWAY_ERROR, str(wire["message"]), data)
+        extra: tuple[tuple[bytes, bytes], ...] = ()
+        retry_after = exc.details.get("retry_after")
+        if isinstance(retry_after, int | float):
+            extra = ((b"Retry-After", str(max(1, int(-(-float(retry_after) // 1)))).encode()),)
+        return _rpc_response(exc.status, body, extra)
+
+    # -- POST
+
+    async def _post(self, request: Request, target: Target) -> Answer:
+        started = time.perf_counter()
+        try:
+            out = jsonrpc.parse_body(request.body)
+        except jsonrpc.JsonRpcError as exc:
+            self._observe(target, request.method, 400, started)
+            return _rpc_response(400, jsonrpc.error(None, exc.code, exc.message))
+        calls = _ToolCalls(self, target, request, out.tool_calls())
+        granted = request.grant.tools_of(target.name) if request.grant is not None else None
+        refused = jsonrpc.refusals(out, target.trust, target.name, granted)
+        if refused:
+            calls.finish_all("refused")
+            self._observe(target, request.method, 200, started)
+            return _rpc_response(200, refused if out.batch else refused[0])
+        cost = jsonrpc.permits(out, target.gateway.rate_methods)
+        try:
+            response, sent = await self._exchange(request, target, cost)
+        except BaseException as exc:
+            calls.finish_all("cancelled" if isinstance(exc, asyncio.CancelledError) else _failure(exc))
+            raise
+        return await self._answer(request, target, response, sent, calls, out.methods(), started)
+
+    # -- GET and DELETE
+
+    async def _relay(self, request: Request, target: Target) -> Answer:
+        started = time.perf_counter()
+        response, sent = await self._exchange(request, target, 0)
+        return await self._answer(request, target, response, sent, None, {}, started)
+
+    # -- the upstream exchange
+
+    async def _exchange(self, request: Request, target: Target,
+                        cost: int) -> tuple[httpx.Response, HeadersResult]:
+        """The upstream's answer (its body not read yet) and the credentials it was sent with."""
+        broker = self.broker
+        max_wait = target.gateway.max_wait
+        deadline = broker.clock.monotonic() + max_wait
+        rate = broker.rate_of(target)
+        result = await broker.headers(target)  # first: a failing login costs no permit
+        if cost and await broker.limiter.acquire(target.key, rate, cost, max_wait) > 0:
+            result = await broker.headers(target)  # renewed while we waited, maybe
+        forwarded = forwarded_headers(request.headers)
+        renewed_once = paused_once = False
+        while True:
+            response = await self._send(target, request, forwarded, result)
+            status = response.status_code
+            try:
+                retry = False
+                if status == 401 and not renewed_once:
+                    renewed_once = True
+                    # AAuth: the session token refused is dropped first; a requirement: no retry
+                    retry = (not target.aauth or self.aauth_refused is None
+                             or self.aauth_refused(target, response.headers.multi_items())) \
+                        and await self._refused_login(request, target, result)
+                elif status in (400, 403) and not renewed_once and self.sigv4_refused is not None \
+                        and is_aws(target):  # an AWS refusal of stale credentials: fetched again, once
+                    renewed_once = True
+                    retry = await self.sigv4_refused(target, response)
+                elif _backoff(response) and not paused_once:
+                    paused_once = True
+                    seconds = parse_retry_after(response.headers.get("retry-after"))
+                    await broker.pause(target, seconds, Actor(request.peer_uid, request.peer_pid, None))
+                    left = deadline - broker.clock.monotonic()
+                    retry = seconds <= left
+                    _log.info("gateway backoff", extra={"server": target.name, "key": target.key,
+                                                        "status": status, "retry_after": seconds,
+                                                        "retry": retry})
+                    if retry:
+                        await response.aclose()
+                        if cost:
+                            await broker.limiter.acquire(target.key, rate, cost, max(0.0, left))
+                        else:
+                            await asyncio.sleep(seconds)
+                if not retry:
+                    return response, result
+                await response.aclose()
+                result = await broker.headers(target)
+            except BaseException:
+                await response.aclose()
+                raise
+
+    async def _refused_login(self, request: Request, target: Target, sent: HeadersResult) -> bool:
+        """The upstream refused the credentials sent: drop them (by fingerprint); True when the
+        next attempt will carry others."""
+        dropped, renewed = await self.broker.invalidate(target, sent.fingerprint)
+        fields = {"key": target.key, "dropped": dropped, "renewed": renewed, "fingerprint": sent.fingerprint,
+                  "reason": "gateway: upstream 401", "uid": request.peer_uid, "pid": request.peer_pid}
+        _log.info("invalidate", extra=fields)
+        self.broker.audit.write("invalidation", **fields)
+        return renewed
+
+    async def _send(self, target: Target, request: Request, forwarded: list[tuple[bytes, bytes]],
+                    creds: HeadersResult) -> httpx.Response:
+        """One request upstream, straight to the egress transport of the server's gateway pool: no
+        client layer (its cookie jar would carry one caller's cookies to every other caller; the
+        gateway follows no redirect and adds no auth of its own)."""
+        sent = self._credentials(target, creds)
+        headers = [(k, v) for k, v in forwarded if k not in sent.names]
+        headers += sent.headers
+        if not any(k == b"accept" for k, _ in forwarded):
+            headers.append((b"accept", b"text/event-stream" if request.method == "GET"
+                            else b"application/json, text/event-stream"))
+        if request.method == "POST" and not any(k == b"content-type" for k, _ in forwarded):
+            headers.append((b"content-type", b"application/json"))
+        if not any(k == b"user-agent" for k, _ in headers):
+            headers.append((b"user-agent", _USER_AGENT))
+        headers.append((b"accept-encoding", b"identity"))  # answers are inspected: not compressed
+        if target.aauth and self.sign is not None:  # signed here: the agent key never leaves the sidecar
+            headers += await self.sign(target, request.method, target.endpoint, headers,
+                                       request.body if request.method == "POST" else None)
+        elif self.sigv4 is not None and is_aws(target):  # SigV4: the AWS secret key stays here too
+            signed = await self.sigv4(target, request.method, target.endpoint, headers,
+                                      request.body if request.method == "POST" else None)
+            headers = [(k, v) for k, v in headers if k != b"host"] + signed
+        upstream = httpx.Request(request.method, self._url(target.endpoint), headers=headers,
+                                 content=request.body if request.method == "POST" else None,
+                                 extensions={"timeout": _UPSTREAM_TIMEOUTS})
+        transport = self.broker.gateway_transport(target)
+        try:
+            response = await transport.handle_async_request(upstream)
+        except httpx.TimeoutException:
+            raise UpstreamTimeout("the MCP server did not answer in time") from None
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"the MCP server could not be reached ({type(exc).__name__})") from None
+        response.request = upstream
+        return response
+
+    def _credentials(self, target: Target, creds: HeadersResult) -> _Sent:
+        """The credential headers as sent and their masked forms, worked out once per login (the
+        broker serves the same `HeadersResult` while it is fresh)."""
+        cached = self._sent.get(target.name)
+        if cached is not None and cached[0] is creds:
+            return cached[1]
+        try:
+            encoded = [(k.encode("ascii"), v.encode("ascii")) for k, v in creds.headers.items()]
+        except UnicodeEncodeError:
+            raise UpstreamError(f"a credential of server {target.name!r} is not a valid HTTP header value "
+                                "(not ASCII): nothing was sent") from None
+        forms = jsonrpc.mask_forms(creds.headers.values())
+        sent = _Sent(frozenset(k.lower() for k, _ in encoded), encoded, forms)
+        if len(self._sent) >= SENT_CACHE:
+            self._sent.clear()
+        self._sent[target.name] = (creds, sent)
+        return sent
+
+    def _url(self, endpoint: str) -> httpx.URL:
+        url = self._urls.get(endpoint)
+        if url is None:
+            if len(self._urls) >= SENT_CACHE:
+                self._urls.clear()
+            url = self._urls[endpoint] = httpx.URL(endpoint)
+        return url
+
+    # -- the answer
+
+    async def _answer(self, request: Request, target: Target, response: httpx.Response, sent: HeadersResult,
+                      calls: _ToolCalls | None, pending: dict[jsonrpc.IdKey, str], started: float) -> Answer:
+        try:
+            status = response.status_code
+            ctype = response.headers.get("content-type", "")
+            extra = tuple((name.title().encode(), response.headers[name].encode("latin-1"))
+                          for name in _RETURNED if name in response.headers)
+            if target.aauth and self.aauth_answer is not None:  # AAuth-Access kept, a 401's challenge on
+                extra += self.aauth_answer(target, status, response.headers.multi_items())
+            granted = request.grant.tools_of(target.name) if request.grant is not None else None
+            inspector = jsonrpc.Inspector(target.trust, self._credentials(target, sent).forms, pending,
+                                          calls.answered if calls is not None else None,
+                                          lambda warnings: self._policy_warnings(target, warnings),
+                                          granted=granted)
+            self._observe(target, request.method, status, started)
+            self._follow_session(request, target, response)
+            kind = ctype.partition(";")[0].strip().lower()
+            if kind == "text/event-stream" and 200 <= status < 300:
+                stream = _SseBody(response, inspector, calls, target)
+                listening = request.method == "GET"  # may stay silent for long: its head goes at once
+                first = b"" if listening else await stream.first()
+                self._streams.add(stream)
+                return StreamingResponse(status, stream, content_type=ctype.encode("latin-1"),
+                                         extra_headers=extra, long_lived=listening, first=first)
+            body = await _read(response, MAX_JSON_ANSWER)
+        except BaseException as exc:
+            await response.aclose()
+            if calls is not None:
+                calls.finish_all("cancelled" if isinstance(exc, asyncio.CancelledError) else _failure(exc))
+            raise
+        await response.aclose()
+        if kind == "application/json":
+            body = inspector.json_body(body)
+        else:
+            body = jsonrpc.mask(body, inspector.forms)
+        if calls is not None:
+            calls.finish_all(f"http_{status}" if status >= 300 else "no_response")
+        if status == 401 and target.aauth and self.aauth_refusal is not None:  # names what is missing
+            refused = self.aauth_refusal(target, status, response.headers.multi_items())
+            if refused is not None:
+                body, ctype = refused, "application/json"
+        return Response(status, body, content_type=ctype.encode("latin-1") or b"application/json",
+                        extra_headers=extra)
+
+    def _follow_session(self, request: Request, target: Target, response: httpx.Response) -> None:
+        asked = next((v for k, v in request.headers if k.lower() == b"mcp-session-id"), None)
+        status = response.status_code
+        if 200 <= status < 300:
+            if request.method == "DELETE":
+                if asked:
+                    self.sessions.ended(target.name, asked)
+            elif (given := response.headers.get("mcp-session-id")):
+                self.sessions.seen(target.name, given.encode("latin-1"))
+            elif asked:
+                self.sessions.used(target.name, asked)
+        elif status == 404 and asked:  # the server no longer knows the session
+            self.sessions.ended(target.name, asked)
+
+    # -- audit, metrics, logs
+
+    def tool_call_done(self, target: Target, tool: str, actor: Actor, status: str, seconds: float) -> None:
+        self.broker.audit.write("tool_call", server=target.name, key=target.key, tool=tool[:MAX_AUDITED_NAME],
+                                status=status, duration=round(seconds, 6), **actor.to_dict())
+        shown = "_refused" if status == "refused" else tool[:MAX_AUDITED_NAME]
+        labels = self.metrics.bounded("mcpcreds_tool_calls_total",
+                                      (("server", target.name), ("tool", shown)), "tool")
+        self.metrics.inc("mcpcreds_tool_calls_total", (*labels, ("status", _metric_status(status))),
+                         help_text="tools/call requests through the gateway, by server, tool and outcome.")
+        self.metrics.observe("mcpcreds_tool_call_seconds", labels, seconds,
+                             help_text="Time from a tools/call request to its answer, by server and tool.")
+
+    def _observe(self, target: Target, method: str, status: int, started: float) -> None:
+        labels = (("server", target.name),)
+        self.metrics.inc("mcpcreds_gateway_requests_total",
+                         (*labels, ("method", method), ("status", str(status))),
+                         help_text="Requests relayed by the gateway, by server, HTTP method and status.")
+        self.metrics.observe("mcpcreds_gateway_request_seconds", labels, time.perf_counter() - started,
+                             help_text="Time from a gateway request to the head of its answer, by server.")
+
+    def _policy_warnings(self, target: Target, warnings: list[str]) -> None:
+        for warning in warnings:
+            if (target.name, warning) not in self._warned and len(self._warned) < 4096:
+                self._warned.add((target.name, warning))
+                _log.warning("tool policy", extra={"server": target.name, "warning": warning})
+
+
+async def _read(response: httpx.Response, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise UpstreamError(f"the MCP server's answer exceeds {limit} bytes")
+            parts.append(chunk)
+    except httpx.TimeoutException:
+        raise UpstreamTimeout("the MCP server did not finish its answer in time") from None
+    except httpx.HTTPError as exc:
+        raise UpstreamError(f"the MCP server's answer was cut ({type(exc).__name__})") from None
+    return b"".join(parts)
+
+
+def _backoff(response: httpx.Response) -> bool:
+    """An upstream asking to be left alone: a 429, or a 503 that says for how long."""
+    return response.status_code == 429 or (response.status_code == 503 and "retry-after" in response.headers)
+
+
+def _single_id(request: Request) -> Any:
+    if request.method != "POST" or not request.body:
+        return None
+    try:
+        return jsonrpc.parse_body(request.body).single_id
+    except jsonrpc.JsonRpcError:
+        return None
+
+
+def _failure(exc: BaseException) -> str:
+    """An audit status for a request that failed before any answer: the wire code of the error."""
+    return exc.code if isinstance(exc, McpcredsError) else "upstream_error"
+

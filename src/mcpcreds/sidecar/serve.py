@@ -1,0 +1,272 @@
+"""The sidecar process: socket set-up, the serve loop, signals (SIGTERM drains, SIGHUP reloads)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from ..broker.broker import Broker
+from ..config.load import Config, default_socket_path, load_config
+from ..core.audit import AuditLog
+from ..core.clock import SYSTEM_CLOCK, Clock
+from ..core.logs import get_logger
+from ..core.metrics import Metrics
+from ..credentials import oauth
+from ..credentials.sources import SecretResolver
+from ..errors import ConfigError, McpcredsError
+from ..net.egress import shared_ssl_context
+from .activation import listen_fds, take_sockets
+from .api import Api
+from .sdnotify import Notifier, keepalive, status_text
+from .tcp_listener import start_listener
+from .wire import Connections, HttpConnection, bind_unix_socket
+
+_log = get_logger("sidecar")
+
+
+class SocketInUse(McpcredsError):
+    code = "socket_in_use"
+
+
+class UnsafeSocketPath(McpcredsError):
+    code = "unsafe_socket_path"
+
+
+def prepare_socket_dir(path: Path) -> None:
+    """Create the socket's folder 0700, or check the existing one, never following a symlink: a
+    folder planted by someone else (e.g. at the predictable /tmp/mcpcreds-$UID) is refused, and so
+    is a parent that others could swap the folder in."""
+    folder = path.parent
+    uid = os.getuid()
+    old = os.umask(0o077)
+    try:
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+    finally:
+        os.umask(old)
+    parent = folder.parent.stat()
+    if parent.st_uid not in (0, uid):
+        raise UnsafeSocketPath(f"socket folder {folder} is inside {folder.parent}, which belongs to uid "
+                               f"{parent.st_uid}; move the socket (sidecar.socket)")
+    if parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX:
+        raise UnsafeSocketPath(f"socket folder {folder} is inside {folder.parent}, which others can write "
+                               f"to (mode {stat.S_IMODE(parent.st_mode):04o}, no sticky bit); "
+                               "move the socket (sidecar.socket)")
+    info = folder.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafeSocketPath(f"socket folder {folder} is a symlink; refusing it (remove it, or set "
+                               "sidecar.socket to a folder of your own)")
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeSocketPath(f"socket folder {folder} is not a folder")
+    if info.st_uid != uid:
+        raise UnsafeSocketPath(f"socket folder {folder} belongs to uid {info.st_uid}, not to us (uid {uid})")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        raise UnsafeSocketPath(
+            f"socket folder {folder} has mode {stat.S_IMODE(info.st_mode):04o}; it must be 0700 "
+            f"(chmod 700 {folder})"
+        )
+
+
+def check_sidecar_uid(config: Config) -> None:
+    """Clients refuse a sidecar that does not run as sidecar.sidecar_uid: say so at start."""
+    expected = config.sidecar.sidecar_uid
+    if expected is not None and expected != os.getuid():
+        raise UnsafeSocketPath(f"sidecar.sidecar_uid is {expected}, but this sidecar runs as uid "
+                               f"{os.getuid()}: every client would refuse it")
+
+
+def claim_socket_path(path: Path) -> None:
+    """Remove a stale socket left by a dead sidecar; refuse to steal a live one's."""
+    if not path.exists() and not path.is_symlink():
+        return
+    if not stat.S_ISSOCK(path.lstat().st_mode):
+        raise SocketInUse(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)
+        _log.info("removed stale socket", extra={"socket": str(path)})
+        return
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    raise SocketInUse(f"another sidecar is already listening on {path}")
+
+
+class Sidecar:
+    def __init__(self, config: Config, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.config = config
+        self.clock = clock
+        self.metrics = Metrics()
+        self.audit = AuditLog(config.sidecar.audit_log, clock)
+        self.broker = Broker(config, SecretResolver.from_config(config.secrets), clock, self.metrics,
+                             audit=self.audit)
+        self.api = Api(self.broker, self.metrics, self.audit)
+        self.connections = Connections(config.sidecar.request_timeout, config.sidecar.idle_timeout,
+                                       clock=clock)
+        self.socket_path = default_socket_path(config.sidecar.socket)
+        self._allow_uids = self._uids(config)
+        self._listen = config.gateway  # the TCP listener's config, fixed at start
+        self._stop = asyncio.Event()
+        self.notify = Notifier()  # sd_notify READY/RELOADING/STOPPING/STATUS/WATCHDOG; no-op without systemd
+
+    @staticmethod
+    def _uids(config: Config) -> frozenset[int]:
+        return frozenset(config.sidecar.allow_uids or (os.getuid(),))
+
+    def allow_uids(self) -> frozenset[int]:
+        return self._allow_uids
+
+    def reload(self) -> bool:
+        """Re-read the config; keep the old one if the new one is invalid."""
+        try:
+            config = load_config(self.config.path)
+        except ConfigError as exc:
+            _log.error("reload rejected: config invalid; keeping the old one",
+                       extra={"errors": exc.errors})
+            self.audit.write("reload", outcome="rejected", errors=exc.errors)
+            return False
+        if default_socket_path(config.sidecar.socket) != self.socket_path:
+            _log.warning("sidecar.socket changed: takes effect at the next restart")
+        if config.sidecar.state != self.config.sidecar.state:
+            _log.warning("sidecar.state changed: takes effect at the next restart")
+        if config.gateway != self._listen:
+            _log.warning("gateway.listen changed: takes effect at the next restart")
+        self.broker.reload(config, SecretResolver.from_config(config.secrets))
+        self.api.reload()
+        if config.sidecar.audit_log != self.audit.path:
+            self.audit.close()
+            self.audit = self.api.audit = self.broker.audit = AuditLog(config.sidecar.audit_log, self.clock)
+        self.audit.write("reload", outcome="ok", servers=len(config.servers))
+        self.connections.request_timeout = config.sidecar.request_timeout
+        self.connections.idle_timeout = config.sidecar.idle_timeout
+        self.config = config
+        self._allow_uids = self._uids(config)
+        for conn in list(self.connections.open):  # a uid no longer allowed loses its connections
+            if conn.peer_uid not in self._allow_uids and conn.transport is not None:
+                conn.transport.close()
+        _log.info("config reloaded", extra={"servers": len(config.servers)})
+        return True
+
+    def _sighup(self) -> None:
+        self.notify.reloading()
+        self.reload()
+        self.notify.ready()
+
+    async def _status(self) -> str:
+        try:  # shared buckets live in Redis: a STATUS= line must never stop the sidecar serving
+            buckets = await asyncio.wait_for(self.broker.buckets(), 2.0)
+        except (McpcredsError, OSError, TimeoutError):
+            buckets = []
+        return status_text(len(self.config.servers) + len(self.config.services), self.broker.logins.status(),
+                           buckets)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        shared_ssl_context()  # built before the first login needs it, not on the event loop then
+        check_sidecar_uid(self.config)
+        prepare_socket_dir(self.socket_path)
+        self.api.aauth.start()  # AAuth: the agent key loaded (or created); a refused key file fails the start
+        activated, activated_tcp = take_sockets(listen_fds(), self.socket_path,  # systemd's, never unlinked
+                                                self._listen.host, self._listen.port)
+        if activated is None:
+            claim_socket_path(self.socket_path)
+        servers: list[asyncio.Server] = []
+        listening: dict[str, str] = {}
+        if self._listen.host is not None:  # first: a port taken fails the start before the socket exists
+            tcp, listening["gateway_listen"] = await start_listener(self._listen, self.api, self.allow_uids,
+                                                                    self.connections, activated_tcp)
+            servers.append(tcp)
+        try:
+            sock = activated or bind_unix_socket(str(self.socket_path))
+            bound = None if activated else os.stat(self.socket_path)  # unlinked at stop only if still ours
+            servers.append(await loop.create_unix_server(
+                lambda: HttpConnection(self.api, self.allow_uids, self.connections), sock=sock, backlog=1024))
+        except BaseException:
+            for server in servers:
+                server.close()
+            raise
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._sighup)
+        sweeper = asyncio.create_task(self._sweep())
+        await self.broker.start()
+        for warning in self.config.warnings:
+            _log.warning(warning)
+        _log.info("ready", extra={"socket": str(self.socket_path), "pid": os.getpid(),
+                                  "servers": len(self.config.servers), **listening,
+                                  **({"activated": "systemd"} if activated else {})})
+        self.notify.ready(await self._status() if self.notify.enabled else "")
+        if any(t.login is not None for t in self.config.targets_by_key.values()):
+            loop.run_in_executor(None, oauth.prepare)  # off the loop: the first login does not wait for it
+        notifier = asyncio.create_task(keepalive(self.notify, self._status)) if self.notify.enabled else None
+        try:
+            await self._stop.wait()
+        finally:
+            _log.info("stopping: draining requests")
+            self.notify.stopping()
+            if notifier is not None:
+                notifier.cancel()
+            for server in servers:
+                server.close()
+            await self._drain()
+            sweeper.cancel()
+            for conn in list(self.connections.open):
+                if conn.transport is not None:
+                    conn.transport.close()
+            self.api.exec_routes.close()  # egress.sock: its connections end, the socket is unlinked
+            with contextlib.suppress(FileNotFoundError):
+                if bound is not None and os.path.samestat(bound, self.socket_path.lstat()):
+                    self.socket_path.unlink()
+            await self.broker.aclose()
+            self.audit.close()
+            _log.info("stopped")
+
+    async def _drain(self) -> None:
+        deadline = self.clock.monotonic() + self.config.sidecar.drain_timeout
+        while self.connections.busy() and self.clock.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def _sweep(self) -> None:
+        interval = min(1.0, self.connections.request_timeout / 4)
+        while True:
+            await asyncio.sleep(interval)
+            self.connections.sweep(self.clock.monotonic())
+
+
+def serve(config_path: str | None) -> int:
+    config = load_config(config_path)
+    sidecar = Sidecar(config)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(sidecar.run())
+    finally:
+        # what asyncio.run does, bounded, and without waiting for the default executor's threads
+        if tasks := asyncio.all_tasks(loop):
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.wait(tasks, timeout=1.0))
+        loop.close()
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit without joining worker threads: the interpreter joins every pool thread at exit, and one
+    hung in a keyring call or a blocking read would keep a stopped sidecar alive forever. Everything
+    is closed and drained by now; only the logs need flushing."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,520 @@
+"""HTTP/1.1 over a Unix socket: peer check, parsing with limits, keep-alive, cached replies.
+
+This module knows bytes and connections, not routes: each parsed request is handed to an
+`App`, which answers with a `Response` at once or with an awaitable of one (or of a
+`StreamingResponse`, written with chunked transfer-encoding as its body yields, paused while the
+client does not read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any, Final, Protocol
+
+import httptools
+
+from ..core.clock import SYSTEM_CLOCK, Clock
+from ..core.logs import get_logger
+from ..core.tasks import spawn
+
+MAX_HEAD_BYTES: Final = 16 * 1024
+MAX_BODY_BYTES: Final = 64 * 1024
+# The gateway (`/mcp/{server}`) relays JSON-RPC bodies, bigger than the API's but bounded: a body
+# is held whole, so it can be replayed when a request is retried (a renewed login, a 429).
+GATEWAY_PREFIX: Final = b"/mcp/"
+MAX_GATEWAY_BODY_BYTES: Final = 4 * 1024 * 1024
+MAX_PIPELINED: Final = 32
+# Bytes handed to the parser at once while a head is awaited (or a chunked body, whose end is
+# not known in advance). A head that begins inside one of these feeds, after a complete request,
+# is counted from the next feed, so it may exceed MAX_HEAD_BYTES by at most this much before its
+# 431. A Content-Length body is fed up to its end, so the next head is counted from its first byte.
+HEAD_FEED_BYTES: Final = 1024
+_PEERCRED: Final = struct.Struct("3i")
+_log = get_logger("wire")
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str
+    query: str
+    body: bytes
+    authorization: str | None
+    peer_uid: int
+    peer_pid: int
+    name: str = ""  # the {name} of the path, set by the router
+    grant: Any = None  # the grants.Grant the caller presented, if any
+    headers: tuple[tuple[bytes, bytes], ...] = ()  # every header as sent: for /mcp/ requests only
+
+
+@dataclass(slots=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: bytes = b"application/json"
+    extra_headers: tuple[tuple[bytes, bytes], ...] = ()
+    close: bool = False
+    route: str = field(default="")
+
+    def encode(self, keep_alive: bool, head_only: bool = False) -> bytes:
+        """The answer on the wire; `head_only` for a HEAD request (RFC 9110 9.3.2: no content)."""
+        head = _STATUS_LINES.get(self.status) or _status_line(self.status)
+        parts = [head, b"Content-Type: ", self.content_type, b"\r\nContent-Length: ",
+                 str(len(self.body)).encode()]
+        for name, value in self.extra_headers:
+            parts += [b"\r\n", name, b": ", value]
+        parts.append(b"\r\n\r\n" if keep_alive else b"\r\nConnection: close\r\n\r\n")
+        if not head_only:
+            parts.append(self.body)
+        return b"".join(parts)
+
+
+class ResponseBody(Protocol):
+    """What a StreamingResponse streams: chunks as they come; `aclose` releases what feeds it
+    (called once the body is done, or never iterated because the client went away)."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(slots=True)
+class StreamingResponse:
+    """An answer whose body is written as it is produced (chunked transfer-encoding), chunk by
+    chunk, with no buffering; the producer is paused while the client's transport is. A body
+    that raises after the head was sent aborts the connection (the client sees a truncated
+    answer, never a complete-looking one); one that ends is terminated cleanly.
+    `long_lived` marks a listening stream (an SSE GET) that may never end: draining on stop does
+    not wait for it. `first`: the body's first chunk, when the producer already has it: written
+    with the head, in one write (the client reads both at once)."""
+
+    status: int
+    body: ResponseBody
+    content_type: bytes = b"text/event-stream"
+    extra_headers: tuple[tuple[bytes, bytes], ...] = ()
+    close: bool = False
+    route: str = field(default="")
+    long_lived: bool = False
+    first: bytes = b""
+
+    def head(self, keep_alive: bool) -> bytes:
+        head = _STATUS_LINES.get(self.status) or _status_line(self.status)
+        parts = [head, b"Content-Type: ", self.content_type, b"\r\nTransfer-Encoding: chunked"]
+        for name, value in self.extra_headers:
+            parts += [b"\r\n", name, b": ", value]
+        parts.append(b"\r\n\r\n" if keep_alive else b"\r\nConnection: close\r\n\r\n")
+        return b"".join(parts)
+
+
+Answer = Response | StreamingResponse
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Unknown"
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
+
+
+_STATUS_LINES: Final = {s: _status_line(s) for s in (200, 400, 403, 404, 405, 408, 413, 429, 431,
+                                                       500, 502, 503, 504)}
+
+
+def error_response(status: int, code: str, message: str, close: bool = False) -> Response:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    return Response(status, body, close=close)
+
+
+class App(Protocol):
+    def handle(self, request: Request) -> Answer | Awaitable[Answer]: ...
+
+    def fast_get(self, url: bytes, started: float, peer_uid: int) -> bytes | None:
+        """A complete keep-alive answer to a bodiless GET, if one is ready without work."""
+        ...
+
+    def observe(self, route: str, status: int, seconds: float) -> None: ...
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end, from the kernel (SO_PEERCRED)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid, uid, gid = _PEERCRED.unpack(raw)
+    return pid, uid, gid
+
+
+class Connections:
+    """Every open connection, swept regularly for idle and slow ones."""
+
+    def __init__(self, request_timeout: float = 10.0, idle_timeout: float = 120.0,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.open: set[HttpConnection] = set()
+        self.request_timeout = request_timeout
+        self.idle_timeout = idle_timeout
+        self.clock = clock
+
+    def sweep(self, now: float) -> None:
+        for conn in list(self.open):
+            conn.check_timeouts(now)
+
+    def busy(self) -> int:
+        """Connections with an answer under way (a listening stream that may never end aside)."""
+        return sum(1 for c in self.open if c.in_flight is not None and not c.long_lived)
+
+
+class HttpConnection(asyncio.Protocol):
+    def __init__(self, app: App, allow_uids: Callable[[], frozenset[int]],
+                 connections: Connections) -> None:
+        self.app = app
+        self.allow_uids = allow_uids
+        self.connections = connections
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.peer_uid = -1
+        self.peer_pid = -1
+        self.queue: deque[tuple[Request, bool, float]] = deque()
+        self.in_flight: asyncio.Task[Any] | None = None
+        self.long_lived = False  # in_flight is a listening stream
+        self.write_paused = False  # the client's transport is full: a streaming body waits
+        self._writable: asyncio.Future[None] | None = None
+        self.closing = False
+        self.rejected = False  # for good: a rejected request closes its connection
+        self.last_active = connections.clock.monotonic()
+        self.head_started: float | None = None  # when the pending head's first byte came
+        self.head_pending = True  # no head is complete: what comes is (part of) one
+        self.head_bytes = 0  # raw bytes fed while head_pending
+        self._reset()
+
+    def _reset(self) -> None:
+        self.url = b""
+        self.body_parts: list[bytes] = []
+        self.body_bytes = 0
+        self.content_length: int | None = None
+        self.authorization: bytes | None = None
+        self.body_limit = MAX_BODY_BYTES
+        self.collect = False  # a gateway request: its headers are kept
+        self.head_only = False  # the answer being sent is to a HEAD request: head without content
+        self.headers: list[tuple[bytes, bytes]] = []
+
+    # -- connection events
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        try:
+            self.peer_pid, self.peer_uid, _ = peer_credentials(sock)
+        except OSError:
+            self.peer_uid = -1
+        if self.peer_uid not in self.allow_uids():
+            _log.warning("peer refused", extra={"uid": self.peer_uid, "pid": self.peer_pid})
+            transport.abort()
+            return
+        self.connections.open.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.connections.open.discard(self)
+        self.closing = True
+        if self.in_flight is not None:
+            self.in_flight.cancel()  # a client gone while waiting gives its place up
+        self.queue.clear()
+        self._wake_writer()
+
+    def pause_writing(self) -> None:
+        """The client does not read its answers: stop reading its requests until it does (and
+        stop producing a streaming body)."""
+        self.write_paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._wake_writer()
+        if self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+
+    def _wake_writer(self) -> None:
+        waiter, self._writable = self._writable, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def eof_received(self) -> bool | None:
+        """EOF means the client is gone (HTTP clients do not half-close): whatever it waits for
+        is cancelled by connection_lost, so a waiter gives up its place in a bucket queue."""
+        return None
+
+    def data_received(self, data: bytes) -> None:
+        """Feed the parser, counting the raw bytes of a pending head: httptools buffers a partial
+        header line itself, so its callbacks come too late to bound a head that never ends."""
+        self.last_active = self.connections.clock.monotonic()
+        view = memoryview(data)
+        while view and not self.rejected:
+            if self.head_pending:
+                if self.head_bytes >= MAX_HEAD_BYTES:
+                    self._reject(431, "headers_too_large",
+                                 f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
+                    return
+                size = min(HEAD_FEED_BYTES, MAX_HEAD_BYTES - self.head_bytes, len(view))
+                self.head_bytes += size
+            elif self.content_length is not None:  # up to the end of this body, not into the next head
+                size = max(1, min(self.content_length, self.body_limit) - self.body_bytes)
+            else:
+                size = HEAD_FEED_BYTES  # a chunked body
+            chunk, view = view[:size], view[size:]
+            try:
+                self.parser.feed_data(chunk)
+            except httptools.HttpParserUpgrade:
+                self._reject(400, "invalid_request", "protocol upgrades are not supported")
+            except httptools.HttpParserError:
+                self._reject(400, "invalid_request", "malformed HTTP request")
+
+    def check_timeouts(self, now: float) -> None:
+        if self.transport is None or self.in_flight is not None or self.queue:
+            return
+        if self.head_started is not None and now - self.head_started > self.connections.request_timeout:
+            self._fail(408, "request_timeout", "request not received in time")
+        elif now - self.last_active > self.connections.idle_timeout:
+            self.transport.close()
+
+    # -- parser callbacks
+
+    def on_message_begin(self) -> None:
+        self._reset()
+        self.head_started = self.last_active  # request_timeout runs from the head's first byte
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url  # the whole target comes before the first header
+        if self.url.startswith(GATEWAY_PREFIX):
+            self.collect = True
+            self.body_limit = MAX_GATEWAY_BODY_BYTES
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.collect:
+            self.headers.append((name, value))
+        if len(name) == 13 and name.lower() == b"authorization":
+            self.authorization = value
+        elif len(name) == 14 and name.lower() == b"content-length":
+            try:
+                self.content_length = int(value)
+            except ValueError:
+                self.content_length = None  # the parser refuses it
+            if self.content_length is not None and self.content_length > self.body_limit:
+                self._reject(413, "payload_too_large", f"request body exceeds {self.body_limit} bytes")
+
+    def on_headers_complete(self) -> None:
+        self.head_pending = False
+        self.head_bytes = 0
+        if self.parser.should_upgrade():  # answered here, before on_message_complete dispatches it
+            self._reject(400, "invalid_request", "protocol upgrades are not supported")
+
+    def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
+        if self.body_bytes > self.body_limit:
+            self._reject(413, "payload_too_large", f"request body exceeds {self.body_limit} bytes")
+        else:
+            self.body_parts.append(body)
+
+    def on_message_complete(self) -> None:
+        self.head_started = None
+        self.head_pending = True
+        if self.rejected or self.closing:  # after a close nothing more is answered: nor run
+            return
+        if (self.in_flight is None and not self.queue and not self.body_parts
+                and self.authorization is None and self.transport is not None
+                and self.parser.should_keep_alive() and self.parser.get_method() == b"GET"):
+            answer = self.app.fast_get(self.url, time.perf_counter(), self.peer_uid)
+            if answer is not None:
+                self.transport.write(answer)
+                return
+        parsed = httptools.parse_url(self.url)
+        try:
+            path = parsed.path.decode("utf-8")
+            query = parsed.query.decode("utf-8") if parsed.query else ""
+            auth = self.authorization.decode("latin-1") if self.authorization else None
+        except UnicodeDecodeError:
+            self._fail(400, "invalid_request", "request target is not UTF-8")
+            return
+        request = Request(
+            method=self.parser.get_method().decode("ascii", "replace"),
+            path=path,
+            query=query,
+            body=b"".join(self.body_parts),
+            authorization=auth,
+            peer_uid=self.peer_uid,
+            peer_pid=self.peer_pid,
+        )
+        if self.collect:
+            request.headers = tuple(self.headers)
+        keep_alive = self.parser.should_keep_alive()
+        if self.in_flight is not None or self.queue:
+            self.queue.append((request, keep_alive, time.perf_counter()))
+            if len(self.queue) >= MAX_PIPELINED and self.transport is not None:
+                self.transport.pause_reading()  # back-pressure on a client that floods us
+            return
+        self._dispatch(request, keep_alive, time.perf_counter())
+
+    # -- answering
+
+    def _dispatch(self, request: Request, keep_alive: bool, started: float) -> None:
+        self.head_only = request.method == "HEAD"
+        try:
+            result = self.app.handle(request)
+        except Exception:
+            _log.exception("unhandled error in handler")
+            result = error_response(500, "internal_error", "internal error")
+        if isinstance(result, Response):
+            self._send(result, keep_alive, started)
+            return
+        if isinstance(result, StreamingResponse):
+            self._start_stream(result, keep_alive, started)
+            return
+        # reading goes on while the answer is pending, so a disconnect is seen (and cancels it)
+        task = asyncio.ensure_future(result)
+        self.in_flight = task
+        task.add_done_callback(lambda t: self._finished(t, keep_alive, started))
+
+    def _finished(self, task: asyncio.Task[Answer], keep_alive: bool, started: float) -> None:
+        self.in_flight = None
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            _log.error("unhandled error in handler", exc_info=exc)
+            response: Answer = error_response(500, "internal_error", "internal error")
+        else:
+            response = task.result()
+        if isinstance(response, StreamingResponse):
+            if self.closing:  # nobody to stream to: release what feeds the body
+                _release(response.body)
+                return
+            self._start_stream(response, keep_alive, started)
+            return
+        if self.closing:
+            return
+        self._send(response, keep_alive, started)
+        self._next()
+
+    def _next(self) -> None:
+        """The answer is out: serve what was pipelined behind it, then read again."""
+        while self.queue and self.in_flight is None and not self.closing:
+            self._dispatch(*self.queue.popleft())
+        if self.in_flight is None and self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+
+    # -- streaming
+
+    def _start_stream(self, response: StreamingResponse, keep_alive: bool, started: float) -> None:
+        transport = self.transport
+        if transport is None or self.closing:
+            _release(response.body)
+            return
+        keep = keep_alive and not response.close
+        head = response.head(keep)
+        if response.first:
+            head += b"%x\r\n%b\r\n" % (len(response.first), response.first)
+        transport.write(head)
+        self.app.observe(response.route, response.status, time.perf_counter() - started)
+        task = asyncio.ensure_future(self._pump(response.body))
+        self.in_flight = task
+        self.long_lived = response.long_lived
+        task.add_done_callback(lambda t: self._streamed(t, keep))
+
+    async def _pump(self, body: ResponseBody) -> None:
+        """Each chunk out as it comes; while the client's transport is full, the body is not
+        read (so neither is whatever feeds it)."""
+        try:
+            async for chunk in body:
+                transport = self.transport
+                if transport is None or self.closing:
+                    return
+                if chunk:
+                    transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                    if self.write_paused:
+                        self._writable = self._writable or asyncio.get_running_loop().create_future()
+                        await self._writable
+            if self.transport is not None and not self.closing:
+                self.transport.write(b"0\r\n\r\n")
+        finally:
+            await body.aclose()
+
+    def _streamed(self, task: asyncio.Task[None], keep: bool) -> None:
+        self.in_flight = None
+        self.long_lived = False
+        if task.cancelled() or self.transport is None or self.closing:
+            return
+        exc = task.exception()
+        if exc is not None:  # the head is out: the only honest end is a cut connection
+            _log.warning("streaming answer failed; connection aborted",
+                         extra={"error": type(exc).__name__})
+            self.closing = True
+            self.transport.abort()
+            return
+        if not keep:
+            self.closing = True
+            self.transport.close()
+            return
+        self._next()
+
+    def _send(self, response: Response, keep_alive: bool, started: float) -> None:
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        keep = keep_alive and not response.close
+        transport.write(response.encode(keep, self.head_only))
+        self.app.observe(response.route, response.status, time.perf_counter() - started)
+        if not keep:
+            self.closing = True
+            transport.close()
+
+    def _reject(self, status: int, code: str, message: str) -> None:
+        if not self.rejected:
+            self._fail(status, code, message)
+
+    def _fail(self, status: int, code: str, message: str) -> None:
+        """Answer an unusable request and close: the stream can no longer be trusted."""
+        self.rejected = True
+        response = error_response(status, code, message, close=True)
+        response.route = "invalid"
+        self.queue.clear()
+        if self.in_flight is None:
+            self._send(response, False, time.perf_counter())
+        elif self.transport is not None:
+            self.closing = True
+            self.transport.close()
+
+
+_releasing: set[asyncio.Task[None]] = set()
+
+
+def _release(body: ResponseBody) -> None:
+    """Close a body that will never be streamed, in a task kept until it is done."""
+    spawn(_releasing, body.aclose())
+
+
+def bind_unix_socket(path: str) -> socket.socket:
+    """Bind `path` with mode 0600 (made so by the umask, never chmod'ed after)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.umask(old)
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def json_response(data: Any, status: int = 200, route: str = "") -> Response:
+    return Response(status, json.dumps(data, separators=(",", ":")).encode(), route=route)
