@@ -17,8 +17,8 @@ PACKAGE = "mcpcreds"
 SRC = Path(__file__).resolve().parent.parent / "src" / PACKAGE
 
 # what runs inside an agent's process, and what runs only in the sidecar: neither imports the other
-CLIENT_SIDE = ("mcpcreds.client.client",)
-SIDECAR_SIDE = ("mcpcreds.sidecar.serve", "mcpcreds.broker.broker", "mcpcreds.gateway.relay", "mcpcreds.exec")
+CLIENT_SIDE = ("mcpcreds.client",)
+SIDECAR_SIDE = ("mcpcreds.sidecar", "mcpcreds.broker", "mcpcreds.gateway", "mcpcreds.exec")
 
 
 @dataclass(frozen=True)
