@@ -15,14 +15,14 @@ Handler = Callable[[argparse.Namespace], int]
 
 def cmd_aauth(args: argparse.Namespace) -> int:
     from ..client.calls import Call, _whole
-    from .main import _client
+    from .common import client_of
 
     if args.action == "rotate-key":
-        with _client(args) as client:
+        with client_of(args) as client:
             rotated = client.run(Call("POST", "/v1/aauth/rotate-key", _whole, {}))
         print(f"rotated: thumbprint {rotated.get('thumbprint')} (was {rotated.get('previous')})")
         return 0
-    with _client(args) as client:
+    with client_of(args) as client:
         status = client.status()
     agent = status.get("aauth") if isinstance(status, dict) else None
     if not isinstance(agent, dict):

@@ -208,7 +208,7 @@ def _options_before_dash(args: argparse.Namespace, rest: list[str]) -> list[str]
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    from .main import _client, _sidecar_address
+    from .common import client_of, sidecar_address_of
 
     command = _options_before_dash(args, list(args.command))
     if not command and not args.print_env:
@@ -216,7 +216,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not _NAME.match(args.name):  # never echoed: it may be a pasted secret
         raise InvalidRequest("invalid exec name: letters, digits, '_', '.', '-' (at most 128)")
     environ = dict(os.environ)
-    with _client(args) as client:
+    with client_of(args) as client:
         answer = _checked(client.request("POST", f"/v1/exec/{quote(args.name)}/session",
                                          {"env_hashes": env_digests(environ),
                                           "proxy": not args.print_env}))
@@ -228,7 +228,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if program is None:
         print("mcpcreds exec: command not found (on the child's PATH)", file=sys.stderr)
         return EXIT_NOT_FOUND
-    sidecar_uid = expected_sidecar_uid(_sidecar_address(args)[1])
+    sidecar_uid = expected_sidecar_uid(sidecar_address_of(args)[1])
     env.update(_network(answer, args.advisory, sidecar_uid))
     try:
         os.execve(program, command, env)

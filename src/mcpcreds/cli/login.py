@@ -56,7 +56,8 @@ from ..credentials.oauth import (
 from ..credentials.sources import SecretResolver
 from ..errors import InvalidRequest, McpcredsError, TokenEndpointError, TokenEndpointTimeout
 from ..net.egress import egress_client
-from ..signers.aws_sso import cmd_sso_login, cmd_sso_logout, sso_target
+from .common import tell_sidecar
+from .sso import cmd_sso_login, cmd_sso_logout, sso_target
 
 MAX_WAIT: Final = 3600.0  # --timeout: at most an hour
 DEFAULT_WAIT: Final = 300.0
@@ -394,34 +395,10 @@ async def run_logout(config: Config, target: Target, out: TextIO) -> bool:
 # ---------------------------------------------------------------------------- command line
 
 
-def _tell_sidecar(args: argparse.Namespace, target: Target, logout: bool) -> None:
-    from ..errors import SidecarUnavailable, UnknownSecret
-    from .main import _client
-
-    try:
-        with _client(args, connect_retry=0, timeout=30) as client:
-            if logout:
-                client.request("POST", f"/v1/servers/{target.name}/invalidate", json={"reason": "logout"})
-            else:
-                client.secret_rotated(entry_name(target.key))
-    except SidecarUnavailable as exc:
-        if exc.code == "sidecar_unavailable" and type(exc) is SidecarUnavailable:
-            print("no sidecar is running: it will use the login when it starts", file=sys.stderr)
-        else:  # a socket that is not the sidecar's: nothing was sent
-            print(f"mcpcreds: the sidecar was not told: {exc.message}", file=sys.stderr)
-        return
-    except UnknownSecret:
-        return
-    except McpcredsError as exc:
-        print(f"mcpcreds: the sidecar was told, and answered {exc.code}", file=sys.stderr)
-        return
-    print("the sidecar was told", file=sys.stderr)
-
-
 def cmd_login(args: argparse.Namespace) -> int:
-    from .main import _config
+    from .common import config_of
 
-    config = _config(args)
+    config = config_of(args)
     if (sso := sso_target(config, args.name)) is not None:  # auth kind "aws", source "sso" (aws_sso.py)
         return cmd_sso_login(args, config, sso)
     target = login_target(config, args.name)
@@ -438,14 +415,14 @@ def cmd_login(args: argparse.Namespace) -> int:
               f"token, so the login lasts as long as its access token ({left}s; then run "
               f"`mcpcreds login {target.name}` again); it is in the keyring as {entry_name(target.key)}",
               file=sys.stderr)
-    _tell_sidecar(args, target, logout=False)
+    tell_sidecar(args, target, logout=False)
     return 0
 
 
 def cmd_logout(args: argparse.Namespace) -> int:
-    from .main import _config
+    from .common import config_of
 
-    config = _config(args)
+    config = config_of(args)
     if (sso := sso_target(config, args.name)) is not None:
         return cmd_sso_logout(args, config, sso)
     target = login_target(config, args.name)
@@ -453,7 +430,7 @@ def cmd_logout(args: argparse.Namespace) -> int:
         print(f"{target.name}: no login stored", file=sys.stderr)
         return 1
     print(f"logged out: {target.name} ({target.key})", file=sys.stderr)
-    _tell_sidecar(args, target, logout=True)
+    tell_sidecar(args, target, logout=True)
     return 0
 
 

@@ -13,78 +13,40 @@ import os
 import sys
 from types import SimpleNamespace
 
-from ..client.address import sidecar_address
 from ..client.calls import MalformedAnswer
-from ..client.client import Client
 from ..core.socket_check import UntrustedSidecar
 from ..errors import (
     ConfigError,
-    ExecSessionsFull,
-    Forbidden,
     InvalidRequest,
-    LoginRequired,
     McpcredsError,
-    RateLimited,
     SidecarUnavailable,
     UnknownSecret,
     UnknownServer,
+)
+from .common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    MAX_NAME,
+    client_of,
+    config_of,
+    exit_code_for,
+    keyring_of,
+    print_json,
+    sidecar_address_of,
 )
 
 TYPE_CHECKING = False  # not `typing`'s: importing typing costs each command ~2 ms
 if TYPE_CHECKING:
     import argparse  # imported by build_parser: `token NAME` and `headers NAME` run without it
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
     from typing import Any, TextIO
 
-    from ..config.load import Config, SecretsConfig
-    from ..credentials.sources import KeyringSource
-
-    Handler = Callable[["argparse.Namespace"], int]
-
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 69
-EXIT_RATE_LIMITED = 75
-EXIT_FORBIDDEN = 77
-MAX_NAME = 256  # a server name or cache key on the command line
-
-
-def exit_code_for(exc: McpcredsError) -> int:
-    if isinstance(exc, ConfigError | InvalidRequest | UnknownServer):
-        return EXIT_USAGE
-    if isinstance(exc, SidecarUnavailable | ExecSessionsFull):
-        return EXIT_UNAVAILABLE
-    if isinstance(exc, RateLimited):
-        return EXIT_RATE_LIMITED
-    if isinstance(exc, Forbidden | LoginRequired):  # login_required: run `mcpcreds login NAME`
-        return EXIT_FORBIDDEN
-    return EXIT_FAILURE
+    from .common import Handler
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def _config(args: argparse.Namespace) -> Config:
-    from ..config.load import load_config
-
-    return load_config(getattr(args, "config", None))
-
-
-def _secrets_config(args: argparse.Namespace) -> SecretsConfig:
-    """The [secrets] table if a config exists; defaults otherwise (so `secret set` works first)."""
-    from ..config.load import SecretsConfig, find_config_path
-
-    explicit = getattr(args, "config", None)
-    if explicit or find_config_path().exists():
-        return _config(args).secrets
-    return SecretsConfig()
-
-
-def _keyring(args: argparse.Namespace) -> KeyringSource:
-    from ..credentials.sources import KeyringSource
-
-    return KeyringSource(_secrets_config(args))
 
 
 def read_secret_value(stdin: TextIO, prompt: str) -> str:
@@ -104,25 +66,6 @@ def read_secret_value(stdin: TextIO, prompt: str) -> str:
     return value
 
 
-def _print_json(data: Any) -> None:
-    import json  # not for `token` and `headers`: json (its `re`) costs a command ~2 ms
-
-    json.dump(data, sys.stdout, indent=2, sort_keys=False)
-    sys.stdout.write("\n")
-
-
-def _sidecar_address(args: argparse.Namespace) -> tuple[str, int | None]:
-    """The socket (--socket, else the config's sidecar.socket if a config exists, else the
-    defaults) and the uid the sidecar must run as (sidecar.sidecar_uid, else the client's defaults).
-    Only those two keys of the config are read (`address`): the sidecar validates the rest."""
-    return sidecar_address(getattr(args, "config", None), getattr(args, "socket", None))
-
-
-def _client(args: argparse.Namespace, **options: Any) -> Client:
-    socket, sidecar_uid = _sidecar_address(args)
-    return Client(socket, sidecar_uid=sidecar_uid, **options)
-
-
 # ---------------------------------------------------------------------------- commands
 
 
@@ -135,10 +78,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_headers(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_of(args) as client:
         info = client.headers_info(args.name)
     if args.json:
-        _print_json(info)
+        print_json(info)
     else:
         for name, value in info["headers"].items():
             print(f"{name}: {value}")
@@ -146,7 +89,7 @@ def cmd_headers(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_of(args) as client:
         headers = client.headers(args.name)
     auth = next((v for k, v in headers.items() if k.lower() == "authorization"), None)
     if auth is None or not auth.lower().startswith("bearer "):
@@ -158,7 +101,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_acquire(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_of(args) as client:
         result = client.acquire(args.name, cost=args.cost, max_wait=args.max_wait)
     print(f"granted {result['granted']} after {result['waited']:.3f}s", file=sys.stderr)
     return EXIT_OK
@@ -175,12 +118,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         from .status_view import check_interval, watch
 
         interval = check_interval(args.interval)
-        with _client(args, connect_retry=0) as client:
+        with client_of(args, connect_retry=0) as client:
             return watch(client.status, interval=interval, count=args.count)
-    with _client(args) as client:
+    with client_of(args) as client:
         status = client.status()
     if args.json or (not tty and args.json is None):
-        _print_json(status)
+        print_json(status)
         return EXIT_OK
     from .status_view import check_document, show
 
@@ -202,7 +145,7 @@ def cmd_help(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    config = _config(args)
+    config = config_of(args)
     for warning in config.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     both = [t.name for t in config.servers.values() if t.gateway.expose == "both"]
@@ -245,7 +188,7 @@ def cmd_stdio(args: argparse.Namespace) -> int:
     if not 0 < len(name) <= MAX_NAME or not name.isprintable():
         raise InvalidRequest(f"SERVER must be a server name or cache key of 1 to {MAX_NAME} printable "
                              "characters")
-    socket, configured = _sidecar_address(args)
+    socket, configured = sidecar_address_of(args)
     sidecar_uid = expected_sidecar_uid(configured)
     # a planted socket is refused now (exit 69); with no sidecar yet, each request gets an error
     with contextlib.suppress(FileNotFoundError):
@@ -256,7 +199,7 @@ def cmd_stdio(args: argparse.Namespace) -> int:
 def cmd_credential_helper(args: argparse.Namespace) -> int:
     from .credential_helper import run
 
-    return run(args, lambda: _client(args))
+    return run(args, lambda: client_of(args))
 
 
 def _grant_tools(pairs: list[str]) -> dict[str, list[str]] | None:
@@ -275,17 +218,17 @@ def cmd_spawn_payload(args: argparse.Namespace) -> int:
         raise InvalidRequest("--tool narrows a grant: give --grant too")
     if args.grant:
         tools = _grant_tools(args.tool)
-        with _client(args) as client:
-            _print_json(client.grant(list(args.names), ttl=args.ttl, tools=tools))
+        with client_of(args) as client:
+            print_json(client.grant(list(args.names), ttl=args.ttl, tools=tools))
         return EXIT_OK
-    config = _config(args)
+    config = config_of(args)
     specs = []
     for name in args.names:
         target = config.target(name)
         if target is None:
             raise UnknownServer(f"unknown server {name!r}")
         specs.append(target.spec.to_dict())
-    _print_json(specs)
+    print_json(specs)
     return EXIT_OK
 
 
@@ -293,7 +236,7 @@ def _notify_sidecar(args: argparse.Namespace, name: str) -> int:
     """Tell a running sidecar that `name` changed; fine if none runs or nothing uses it, but a
     socket that is not the sidecar's is reported (exit 69)."""
     try:
-        with _client(args, connect_retry=0) as client:
+        with client_of(args, connect_retry=0) as client:
             renewed = client.secret_rotated(name)
     except UntrustedSidecar as exc:
         print(f"mcpcreds: the sidecar was not told: {exc.message}", file=sys.stderr)
@@ -314,7 +257,7 @@ def _secret_name(name: str) -> str:
 def cmd_secret_set(args: argparse.Namespace) -> int:
     name = _secret_name(args.name)
     value = read_secret_value(sys.stdin, f"value for {name}: ")
-    _keyring(args).set(name, value)
+    keyring_of(args).set(name, value)
     print(f"stored {name} in the keyring", file=sys.stderr)
     return _notify_sidecar(args, name)
 
@@ -324,7 +267,7 @@ def cmd_secret_rotate(args: argparse.Namespace) -> int:
     name = _secret_name(args.name)
     value = read_secret_value(sys.stdin, f"new value for {name}: ")
     try:
-        with _client(args, connect_retry=0, timeout=60) as client:
+        with client_of(args, connect_retry=0, timeout=60) as client:
             result = client.secret_rotate(name, value, force=args.force)
     except SidecarUnavailable as exc:
         if isinstance(exc, UntrustedSidecar):  # someone else's socket: say so, store nothing
@@ -333,7 +276,7 @@ def cmd_secret_rotate(args: argparse.Namespace) -> int:
             print("mcpcreds: no sidecar is running to try the new value; "
                   "use --force to store it untested", file=sys.stderr)
             return EXIT_UNAVAILABLE
-        _keyring(args).set(name, value)
+        keyring_of(args).set(name, value)
         print(f"stored {name} in the keyring (no sidecar running)", file=sys.stderr)
         return EXIT_OK
     renewed = ", ".join(result["renewed"]) or "nothing"
@@ -355,7 +298,7 @@ def cmd_secret_rm(args: argparse.Namespace) -> int:
         if users:
             raise InvalidRequest(f"secret {name!r} is still used by {', '.join(users)}; "
                                  "use --force to remove it anyway")
-    if not _keyring(args).delete(name):
+    if not keyring_of(args).delete(name):
         print(f"{name}: not in the keyring", file=sys.stderr)
         return EXIT_FAILURE
     print(f"removed {name}", file=sys.stderr)
@@ -363,7 +306,7 @@ def cmd_secret_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_secret_list(args: argparse.Namespace) -> int:
-    for name in _keyring(args).names():
+    for name in keyring_of(args).names():
         print(name)
     return EXIT_OK
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..errors import TokenEndpointError
-from .oauth import _oauth_error as oauth_error
+from .oauth import oauth_error as oauth_error
 
 DEFAULT_INTERVAL: Final = 5.0  # RFC 8628 §3.2: when the server names none
 MIN_INTERVAL: Final = 1.0

@@ -116,7 +116,7 @@ def _client_secret_basic(auth: Any, method: str, uri: str, headers: dict[str, st
     return uri, headers, body
 
 
-def _oauth_error(status: int, data: Any) -> TokenEndpointError:
+def oauth_error(status: int, data: Any) -> TokenEndpointError:
     code = data.get("error") if isinstance(data, dict) else None
     if isinstance(code, str) and code.isascii() and 0 < len(code) <= 64 and code.replace("_", "").isalnum():
         return TokenEndpointError(f"token endpoint refused the login (HTTP {status}, {code})", code)
@@ -136,11 +136,11 @@ def parse_token_response(status: int, content_type: str, body: bytes, now: float
         data = json.loads(body)
     except (ValueError, RecursionError):  # RecursionError: nested too deep
         if status >= 400:
-            raise _oauth_error(status, None) from None
+            raise oauth_error(status, None) from None
         raise TokenEndpointError(f"token endpoint answered HTTP {status} with a body that is not "
                                  "JSON", "invalid_response") from None
     if status != 200:
-        raise _oauth_error(status, data)
+        raise oauth_error(status, data)
     if not isinstance(data, dict):
         raise TokenEndpointError("token response is not a JSON object", "invalid_response")
     token = data.get("access_token")

@@ -59,11 +59,11 @@ def _refused(what: str, why: str, secret: str | None) -> SecretUnavailable:
     return SecretUnavailable(f"{what}: refused: {why}", **({"secret": secret} if secret else {}))
 
 
-def _trusted_owner(uid: int) -> bool:
+def trusted_owner(uid: int) -> bool:
     return uid in (0, os.geteuid())
 
 
-def _open_folder(folder: Path, what: str, secret: str | None) -> int | None:
+def open_folder(folder: Path, what: str, secret: str | None) -> int | None:
     """Open a secret's folder and check that no other user can change what is in it; None if absent.
     Files are then opened relative to this descriptor, so the folder checked is the folder used."""
     try:
@@ -74,7 +74,7 @@ def _open_folder(folder: Path, what: str, secret: str | None) -> int | None:
         raise _refused(what, f"cannot open folder {folder} ({exc.strerror})", secret) from None
     try:
         info = os.fstat(fd)
-        if not _trusted_owner(info.st_uid):
+        if not trusted_owner(info.st_uid):
             raise _refused(what, f"folder {folder} is owned by uid {info.st_uid}, not by uid "
                                  f"{os.geteuid()} or root", secret)
         if info.st_mode & 0o022:
@@ -86,7 +86,7 @@ def _open_folder(folder: Path, what: str, secret: str | None) -> int | None:
     return fd
 
 
-def _file_kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     kinds = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket",
              stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
     return next((kind for test, kind in kinds.items() if test(mode)), "a special file")
@@ -95,7 +95,7 @@ def _file_kind(mode: int) -> str:
 def read_private_file(path: Path, what: str, secret: str | None = None) -> str | None:
     """Read a secret file: None if absent. Refused unless its folder and the file are ours (or root's),
     the folder is writable by no one else, the file is regular, private and at most 64 KiB."""
-    folder_fd = _open_folder(path.parent, what, secret)
+    folder_fd = open_folder(path.parent, what, secret)
     if folder_fd is None:
         return None
     try:
@@ -111,14 +111,14 @@ def read_private_file(path: Path, what: str, secret: str | None = None) -> str |
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise _refused(what, f"is {_file_kind(info.st_mode)}, not a regular file", secret)
-            if not _trusted_owner(info.st_uid):
+                raise _refused(what, f"is {file_kind(info.st_mode)}, not a regular file", secret)
+            if not trusted_owner(info.st_uid):
                 raise _refused(what, f"owned by uid {info.st_uid}, not by uid {os.geteuid()} or root",
                                secret)
             if info.st_mode & 0o077:
                 raise _refused(what, f"readable by group or others (mode {stat.S_IMODE(info.st_mode):04o}, "
                                      "expected 0600 or 0400)", secret)
-            data = _read_at_most(fd, _MAX_SECRET_BYTES + 1)  # a huge planted file costs 64 KiB
+            data = read_at_most(fd, _MAX_SECRET_BYTES + 1)  # a huge planted file costs 64 KiB
         finally:
             os.close(fd)
     finally:
@@ -132,7 +132,7 @@ def read_private_file(path: Path, what: str, secret: str | None = None) -> str |
     return text[:-1] if text.endswith("\n") else text
 
 
-def _read_at_most(fd: int, limit: int) -> bytes:
+def read_at_most(fd: int, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while size < limit and (chunk := os.read(fd, limit - size)):
@@ -152,7 +152,7 @@ def write_private_file(folder: Path, name: str, value: str, what: str,
     new, never half. Only a file this call created receives the value: a link planted at the temp
     or the target name is replaced, never written through. `temp_name` draws the temporary names
     (a test passes names it planted links at)."""
-    folder_fd = _open_folder(folder, what, name)
+    folder_fd = open_folder(folder, what, name)
     if folder_fd is None:
         raise SecretUnavailable(f"{what}: cannot store: folder {folder} does not exist", secret=name)
     try:

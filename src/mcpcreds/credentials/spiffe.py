@@ -33,7 +33,7 @@ from ..config.spiffe import (
 from ..core.logs import get_logger
 from ..core.secret import Secret
 from ..errors import SecretUnavailable
-from .sources import _file_kind, _open_folder, _read_at_most, _trusted_owner
+from .sources import file_kind, open_folder, read_at_most, trusted_owner
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -54,7 +54,7 @@ def file_key(path: str) -> FileKey | None:
 
 def open_checked(path: str, what: str, *, private: bool) -> tuple[int, FileKey]:
     """Open `path` read-only with the `dir:` source's checks; the descriptor and its key."""
-    folder_fd = _open_folder(Path(path).parent, what, None)
+    folder_fd = open_folder(Path(path).parent, what, None)
     if folder_fd is None:
         raise SecretUnavailable(f"{what}: {path} does not exist")
     try:
@@ -71,9 +71,9 @@ def open_checked(path: str, what: str, *, private: bool) -> tuple[int, FileKey]:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise SecretUnavailable(f"{what}: {path}: refused: is {_file_kind(info.st_mode)}, "
+            raise SecretUnavailable(f"{what}: {path}: refused: is {file_kind(info.st_mode)}, "
                                     "not a regular file")
-        if not _trusted_owner(info.st_uid):
+        if not trusted_owner(info.st_uid):
             raise SecretUnavailable(f"{what}: {path}: refused: owned by uid {info.st_uid}, not by uid "
                                     f"{os.geteuid()} or root")
         if private and info.st_mode & 0o077:
@@ -87,7 +87,7 @@ def open_checked(path: str, what: str, *, private: bool) -> tuple[int, FileKey]:
 
 def read_checked(fd: int, path: str, what: str, limit: int) -> str:
     """The text behind an `open_checked` descriptor: at most `limit` bytes of UTF-8."""
-    data = _read_at_most(fd, limit + 1)
+    data = read_at_most(fd, limit + 1)
     if len(data) > limit:
         raise SecretUnavailable(f"{what}: {path}: refused: larger than {limit} bytes")
     try:

@@ -72,7 +72,7 @@ def botocore_required() -> None:
         raise AwsCredentialsError(f"SigV4 signing needs botocore, an optional extra: {EXTRA_HINT}") from None
 
 
-def _checked(source: str, key_id: str, secret: str, token: str | None,
+def checked_credentials(source: str, key_id: str, secret: str, token: str | None,
              expires_at: float | None) -> AwsCredentials:
     if not _KEY_ID.match(key_id) or not secret or len(secret) > 256 or not secret.isprintable() \
             or (token is not None and (len(token) > 8192 or not token.isprintable())):
@@ -97,7 +97,7 @@ def from_env(environ: os._Environ[str] | dict[str, str] | None = None) -> AwsCre
         raise AwsCredentialsError("aws: source = \"env\" but AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                                   "are not set in the sidecar's environment")
     frozen = loaded.get_frozen_credentials()
-    return _checked("env", frozen.access_key, frozen.secret_key, frozen.token, None)
+    return checked_credentials("env", frozen.access_key, frozen.secret_key, frozen.token, None)
 
 
 def from_static(auth: AwsAuth, render: Callable[[Template], str]) -> AwsCredentials:
@@ -110,7 +110,8 @@ def from_static(auth: AwsAuth, render: Callable[[Template], str]) -> AwsCredenti
         raise
     except McpcredsError as exc:
         raise AwsCredentialsError(f"aws: the static credentials cannot be resolved ({exc.code})") from None
-    return _checked("static", key_id.strip(), secret.strip(), token.strip() if token else None, None)
+    return checked_credentials("static", key_id.strip(), secret.strip(),
+                               token.strip() if token else None, None)
 
 
 def _parse_expiration(text: object) -> float:
@@ -171,7 +172,7 @@ async def from_imds(auth: AwsAuth, http: httpx.AsyncClient) -> AwsCredentials:
     except (ValueError, KeyError, TypeError):
         raise AwsCredentialsError("aws: the instance metadata service's credentials are not usable "
                                   "(not the expected JSON document)") from None
-    return _checked("imds", key_id, secret, session, expires)
+    return checked_credentials("imds", key_id, secret, session, expires)
 
 
 MAX_TOKEN_FILE: Final = 16384
@@ -239,7 +240,7 @@ async def from_web_identity(auth: AwsAuth, http: httpx.AsyncClient) -> AwsCreden
         key_id, secret, session, expires = _sts_credentials(raw)
     except (ValueError, KeyError, SyntaxError):  # ParseError is a SyntaxError
         raise AwsCredentialsError("aws: the STS answer holds no usable credentials") from None
-    return _checked("web_identity", key_id, secret, session, expires)
+    return checked_credentials("web_identity", key_id, secret, session, expires)
 
 
 class CredentialCache:
