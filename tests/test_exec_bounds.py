@@ -462,7 +462,7 @@ def test_the_hold_sends_no_credential_to_a_socket_that_is_not_the_sidecars(tmp_p
 
 
 def test_a_full_proxy_reaches_the_cli_as_unavailable_exit_69() -> None:
-    from mcpcreds.cli.main import EXIT_UNAVAILABLE, exit_code_for
+    from mcpcreds.cli.common import EXIT_UNAVAILABLE, exit_code_for
     from mcpcreds.errors import error_from_wire
 
     wire = ExecSessionsFull("the egress proxy holds as many exec sessions as it may").to_wire()

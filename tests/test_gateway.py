@@ -30,9 +30,9 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import TextContent
 
 from mcpcreds import AsyncClient, Forbidden
+from mcpcreds.core.http import MAX_GATEWAY_BODY_BYTES
 from mcpcreds.core.socket_check import UntrustedSidecar
 from mcpcreds.errors import ProxyOnly
-from mcpcreds.sidecar.wire import MAX_GATEWAY_BODY_BYTES
 from tests.conftest import CANARY, run_cli
 from tests.peers.fault_idp import FaultIdp, fault_idp
 from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
@@ -850,7 +850,8 @@ class _Body:
 
 
 def _connection(body: _Body, first: bytes = b"") -> tuple[Any, _Transport]:
-    from mcpcreds.sidecar.wire import Connections, HttpConnection, StreamingResponse
+    from mcpcreds.core.http import StreamingResponse
+    from mcpcreds.sidecar.wire import Connections, HttpConnection
 
     class App:
         def handle(self, request: Any) -> Any:

@@ -28,10 +28,11 @@ from mcp.client.streamable_http import streamable_http_client
 
 from mcpcreds import AsyncClient
 from mcpcreds.config.load import ListenConfig, parse_config
+from mcpcreds.core.http import Request, Response
 from mcpcreds.errors import ConfigError
 from mcpcreds.sidecar.tcp_listener import LoopbackApp, TcpConnection
 from mcpcreds.sidecar.tcp_peer import find_peer_uid, lookup_uid, parse_endpoint, parse_line, parse_table
-from mcpcreds.sidecar.wire import Connections, Request, Response
+from mcpcreds.sidecar.wire import Connections
 from tests.conftest import CANARY, run_cli
 from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
 from tests.sidecar_proc import SidecarProcess, run_sidecar

@@ -17,11 +17,11 @@ from mcpcreds.broker.broker import Broker
 from mcpcreds.config.load import parse_config
 from mcpcreds.core.audit import AuditLog
 from mcpcreds.core.clock import FakeClock
+from mcpcreds.core.http import Request, Response
 from mcpcreds.core.metrics import Metrics
 from mcpcreds.core.secret import REDACTOR
 from mcpcreds.credentials.sources import EnvSource, SecretResolver
 from mcpcreds.sidecar.api import Api
-from mcpcreds.sidecar.wire import Request, Response
 from tests.conftest import CANARY
 from tests.peers.fault_idp import FaultIdp, fault_idp
 

@@ -412,15 +412,15 @@ def test_a_login_with_no_sidecar_running_says_it_will_be_used_at_start(
     import argparse
     import tomllib
 
-    from mcpcreds.cli.login import _tell_sidecar
+    from mcpcreds.cli.common import tell_sidecar
 
     config = tmp_path / "c.toml"
     config.write_text(BASE + 'auth = { kind = "oauth2", grant = "device", issuer = "https://as.example", '
                              'client_id = "c" }\n')
     target = parse_config(tomllib.loads(config.read_text())).servers["s"]
     (tmp_path / "run").mkdir(mode=0o700)
-    _tell_sidecar(argparse.Namespace(config=str(config), socket=str(tmp_path / "run" / "none.sock")), target,
-                  logout=False)
+    tell_sidecar(argparse.Namespace(config=str(config), socket=str(tmp_path / "run" / "none.sock")), target,
+                 logout=False)
     assert capsys.readouterr().err == "no sidecar is running: it will use the login when it starts\n"
 
 

@@ -22,12 +22,12 @@ from mcpcreds.broker.broker import Actor, Broker
 from mcpcreds.config.load import parse_config
 from mcpcreds.core.audit import AuditLog
 from mcpcreds.core.clock import FakeClock
+from mcpcreds.core.http import Request, Response
 from mcpcreds.core.metrics import Metrics
 from mcpcreds.credentials.sources import EnvSource, SecretResolver
 from mcpcreds.errors import RateLimited
 from mcpcreds.limits.buckets import Limiter
 from mcpcreds.sidecar.api import Api
-from mcpcreds.sidecar.wire import Request, Response
 from tests.conftest import CANARY
 from tests.peers.fault_idp import FaultIdp, fault_idp
 

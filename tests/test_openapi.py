@@ -74,7 +74,7 @@ async def _ask(api: Any, method: str, path: str) -> tuple[int, str]:
     """The status and error code the API answers a bodiless request with (Api.handle, its seam)."""
     import os
 
-    from mcpcreds.sidecar.wire import Request, Response, StreamingResponse
+    from mcpcreds.core.http import Request, Response, StreamingResponse
 
     result = api.handle(Request(method, path, "", b"", None, os.getuid(), os.getpid()))
     response = result if isinstance(result, Response | StreamingResponse) else await result

@@ -137,11 +137,10 @@ async def _report(monkeypatch: pytest.MonkeyPatch, store: _Store, scope: str, fi
                   auth: str = PERSON) -> dict[str, Any]:
     from mcpcreds.broker import step_up as module
 
-    monkeypatch.setattr(module, "login_store", lambda *_: store)
     token = Token("at-current", "Bearer", 0.0, 3600.0, None, FP)
-    broker = SimpleNamespace(logins=SimpleNamespace(peek=lambda key: token),
-                             config=SimpleNamespace(secrets=None), resolver=None)
-    return await module.report_insufficient_scope(broker, _target(auth), fingerprint, scope)  # type: ignore[arg-type]
+    logins = SimpleNamespace(peek=lambda key: token)
+    return await module.report_insufficient_scope(logins, store, _target(auth), fingerprint,  # type: ignore[arg-type]
+                                                  scope)
 
 
 async def test_a_wider_scope_is_recorded_and_the_answer_names_the_login_command(
@@ -249,10 +248,10 @@ async def test_the_route_refuses_a_bad_scope_without_echoing_it() -> None:
     from mcpcreds.broker.broker import Broker
     from mcpcreds.core.audit import AuditLog
     from mcpcreds.core.clock import FakeClock
+    from mcpcreds.core.http import Request, Response
     from mcpcreds.core.metrics import Metrics
     from mcpcreds.credentials.sources import EnvSource, SecretResolver
     from mcpcreds.sidecar.api import Api
-    from mcpcreds.sidecar.wire import Request, Response
 
     config = parse_config(tomllib.loads(
         f'[[servers]]\nname = "docs"\nendpoint = "{MCP}"\nheaders = {{ "X-Api-Key" = "{{{{secret:KEY}}}}" }}\n'

@@ -45,21 +45,11 @@ _LAZY: dict[str, str] = {
 }
 
 
-def _version() -> str:
-    """The installed distribution's version (pyproject.toml's, read from the package metadata):
-    one place to bump. importlib.metadata costs ~10 ms of imports, so only `--version`, the
-    sidecar's status and health, and `mcpcreds.__version__` pay it, not every command."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("mcpcreds")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "0+unknown"
-
-
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        globals()[name] = value = _version()
+        from .core.version import installed_version
+
+        globals()[name] = value = installed_version()
         return value
     module = _LAZY.get(name)
     if module is None:

@@ -13,7 +13,6 @@ from typing import Any, Final
 
 import httpx
 
-from .. import __version__
 from ..config.load import LOGIN_GRANTS, Config, Target
 from ..config.spiffe import JwtSvid, SpiffeAuth, jwt_svid_file, spiffe_of
 from ..core.audit import AuditLog
@@ -23,6 +22,7 @@ from ..core.metrics import Labels, Metrics
 from ..core.rates import Rate
 from ..core.secret import REDACTOR
 from ..core.tasks import spawn
+from ..core.version import installed_version
 from ..credentials.discovery import Discovery
 from ..credentials.login_store import entry_name
 from ..credentials.logins import LoginCache
@@ -38,19 +38,18 @@ from ..errors import (
     UnknownSecret,
     UnknownServer,
 )
-from ..limits.buckets import Limiter
+from ..limits.buckets import UNLIMITED, Limiter
 from ..limits.leases import MAX_LEASE_ID, LeaseBook
 from ..net.egress import EgressPolicy, egress_client
 from ..net.upstream import H1Transport
-from ..sidecar.wire import Response
 from ..state.bucket_scripts import MAX_LEASES_PER_KEY
 from ..state.redis_state import MAX_PAUSE
 from ..state.shared import SharedLimiter, build_state
 from .events import EventHub, Subscription
+from .headers import CachedHeaders, HeadersResult
+from .leasing import LeaseService, release_shared
 from .refresh import refresh_login
 
-# a server without `rate` still gets a bucket, so that an upstream 429 can pause it
-UNLIMITED: Final = Rate(1_000_000_000, 1.0)
 # Connections of the gateway's pool per upstream (host, port): SSE streams hold theirs for long,
 # so the gateway has its own pool, and logins are never queued behind open streams.
 GATEWAY_CONNECTIONS: Final = 1000
@@ -85,29 +84,6 @@ class _PauseBudget:
     until: float = 0.0  # the end of the last pause they set
 
 
-@dataclass(frozen=True, slots=True)
-class HeadersResult:
-    headers: Mapping[str, str]
-    key: str
-    expires_at: float | None
-    fingerprint: str | None
-    body: bytes  # the JSON answer, encoded once
-    wire: bytes  # the whole keep-alive HTTP answer, for the hot path
-
-    @classmethod
-    def build(cls, headers: Mapping[str, str], key: str, expires_at: float | None,
-              fp: str | None) -> HeadersResult:
-        body = json.dumps({"headers": headers, "key": key, "expires_at": expires_at,
-                           "fingerprint": fp}, separators=(",", ":")).encode()
-        return cls(headers, key, expires_at, fp, body, Response(200, body).encode(keep_alive=True))
-
-
-@dataclass(slots=True)
-class _Cached:
-    result: HeadersResult
-    fresh_until: float  # clock.time()
-
-
 class Broker:
     """Serves headers for a server name or cache key. Static templates are resolved at request
     time and kept for `secrets.cache_ttl` seconds (or until a rotation notice drops them); logins
@@ -130,16 +106,19 @@ class Broker:
         self.grants = parts.grants
         self.sharing = parts.logins
         self.logins = LoginCache(self.sharing.fetch, clock, config.sidecar.refresh_ahead)
-        self._cache: dict[str, _Cached] = {}
+        self._cache: dict[str, CachedHeaders] = {}
         self._resolving: dict[str, asyncio.Task[HeadersResult]] = {}
         self.server_specs = self._specs()
         self.proxy_only_keys = _proxy_only_keys(config)
         self._forced_at: dict[str, float] = {}  # key -> when an invalidation last dropped its login
         self._pause_budgets: dict[str, _PauseBudget] = {}
         self._paused_by: dict[str, tuple[float, Actor]] = {}  # key -> (paused until, who set it)
-        self.health_body = json.dumps({"status": "ok", "version": __version__}).encode()
-        self.leases = LeaseBook()  # capacity leases (leases.py; the lease route is lease_api.py)
+        self.version = installed_version()
+        self.health_body = json.dumps({"status": "ok", "version": self.version}).encode()
+        self.leases = LeaseBook()  # capacity leases (leases.py; granted by leasing.py)
         self.events = EventHub(on_close=self._events_closed)  # GET /v1/events (events.py)
+        self.lease_service = LeaseService(self.limiter, self.leases, self.events, clock,
+                                          lambda: self.config.rates, self.headers)
         self._background: set[asyncio.Task[None]] = set()
         if isinstance(self.limiter, SharedLimiter):
             self.limiter.on_told = self.nudge_leases
@@ -181,8 +160,6 @@ class Broker:
             await self.limiter.state.publish("nudge", key, leases=leases)
 
     async def _release_shared(self, held: list[tuple[str, str]]) -> None:
-        from .leasing import release_shared
-
         assert isinstance(self.limiter, SharedLimiter)
         try:
             await release_shared(self.limiter, self.config.rates, held)
@@ -358,7 +335,7 @@ class Broker:
             task.exception()  # retrieved: the waiters re-raise it, nobody else must log it
 
     async def _resolve(self, target: Target) -> HeadersResult:
-        static = await self._render(target.key, target.headers.items()) if target.headers else {}
+        static = await self.render_templates(target.key, target.headers.items()) if target.headers else {}
         expires_at = None
         if (spiffe := spiffe_of(target)) is not None and spiffe.jwt_svid_file is not None:
             svid = await self._jwt_svid(target.key, spiffe.jwt_svid_file, spiffe.audience)
@@ -380,10 +357,10 @@ class Broker:
                 self._served_fp[target.key] = token.fingerprint
             fresh_until = min(fresh_until, self.logins.refresh_time(target.key, token))
         if self.secret_cache_ttl > 0:
-            self._cache[target.name] = _Cached(result, fresh_until)
+            self._cache[target.name] = CachedHeaders(result, fresh_until)
         return result
 
-    async def _render(self, key: str, templates: Iterable[tuple[str, Any]]) -> dict[str, str]:
+    async def render_templates(self, key: str, templates: Iterable[tuple[str, Any]]) -> dict[str, str]:
         try:
             return await asyncio.to_thread(self.resolver.render_all, list(templates))
         except SecretUnavailable as exc:
@@ -413,7 +390,8 @@ class Broker:
         if overrides:
             credential = await asyncio.to_thread(self.resolver.render, credential_template, overrides)
         else:
-            credential = (await self._render(target.key, [("credential", credential_template)]))["credential"]
+            rendered = await self.render_templates(target.key, [("credential", credential_template)])
+            credential = rendered["credential"]
         request = build_token_request(login, token_url, credential,
                                       issuer=login.issuer or self.discovery.issuers.get(target.endpoint))
         self.metrics.inc("mcpcreds_token_requests_total", (("key", target.key),),
@@ -454,8 +432,6 @@ class Broker:
         """The egress transport under `http_for(target, gateway=True)`: the gateway sends to it
         directly, with no client layer (no cookie jar shared between its callers)."""
         return self.http_for(target, gateway=True)._transport
-
-    _http_for = http_for
 
     # -- invalidation
 
@@ -624,7 +600,7 @@ class Broker:
                 "secrets": sorted(target.secret_names),
                 "tags": sorted(target.tags),
             })
-        return {"version": __version__, "config": self.config.path, "servers": servers,
+        return {"version": self.version, "config": self.config.path, "servers": servers,
                 "logins": self.logins.status(), "buckets": await self.buckets(),
                 "secrets": self.dependency_map(),
                 "state": self.sharing.kind,

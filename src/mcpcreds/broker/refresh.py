@@ -14,8 +14,8 @@ import asyncio
 import dataclasses
 import hashlib
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Final
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ..config.load import LOGIN_GRANTS, LoginSpec, Target
 from ..core.logs import get_logger
@@ -27,8 +27,32 @@ from ..errors import LoginRequired, McpcredsError, StateUnavailable, TokenEndpoi
 from ..state import login_share
 
 if TYPE_CHECKING:
+    import httpx
+
+    from ..config.load import Config
+    from ..core.clock import Clock
+    from ..core.metrics import Metrics
+    from ..credentials.discovery import Discovery
+    from ..credentials.logins import LoginCache
+    from ..credentials.sources import SecretResolver
     from ..state.redis_state import RedisState
-    from .broker import Broker
+    from ..state.shared import LoginSharing
+
+
+class LoginParts(Protocol):
+    """What the renewal of a person's login uses of the broker (which it is)."""
+
+    config: Config
+    resolver: SecretResolver
+    clock: Clock
+    metrics: Metrics
+    discovery: Discovery
+    logins: LoginCache
+    sharing: LoginSharing
+
+    def http_for(self, target: Target, gateway: bool = False) -> httpx.AsyncClient: ...
+
+    async def render_templates(self, key: str, templates: Iterable[tuple[str, Any]]) -> dict[str, str]: ...
 
 _log = get_logger("refresh")
 # per broker: the access-only login (key -> token) this sidecar served last; asked for again
@@ -81,16 +105,16 @@ def client_of(login: LoginSpec, stored: StoredLogin) -> LoginSpec | None:
     return login
 
 
-def shared_state(broker: Broker) -> RedisState | None:
+def shared_state(sharing: LoginSharing) -> RedisState | None:
     """The Redis state when the sidecar shares it with others, else None."""
     from ..state.shared import SharedLogins
 
-    return broker.sharing.state if isinstance(broker.sharing, SharedLogins) else None
+    return sharing.state if isinstance(sharing, SharedLogins) else None
 
 
-async def forget_shared_login(broker: Broker, target: Target) -> None:
+async def forget_shared_login(sharing: LoginSharing, target: Target) -> None:
     """A logout: the login in Redis is cleared too (its seeds kept), for every sidecar."""
-    state = shared_state(broker)
+    state = shared_state(sharing)
     if state is None or target.login is None or target.login.grant not in LOGIN_GRANTS:
         return
     shared = await login_share.read(state, target.key)
@@ -98,14 +122,15 @@ async def forget_shared_login(broker: Broker, target: Target) -> None:
         await login_share.write(state, target.key, login_share.SharedLogin(None, shared.seeds))
 
 
-async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, str] | None = None) -> Token:
+async def refresh_login(broker: LoginParts, target: Target,
+                        overrides: Mapping[str, str] | None = None) -> Token:
     """A new access token from the stored refresh token; `overrides` are secret values to use
     instead of the stored ones (a rotation's trial of a new client secret or key)."""
     login = target.login
     assert login is not None
     store = login_store(broker.config.secrets, broker.resolver)
     stored = await asyncio.to_thread(store.get, target.key)
-    state, shared = shared_state(broker), None
+    state, shared = shared_state(broker.sharing), None
     if state is not None:  # the login all the sidecars renew from (login_share.py); a new one adopted
         shared, adopt = login_share.choose(stored, await login_share.read(state, target.key))
         if adopt and shared is not None:
@@ -141,7 +166,7 @@ async def refresh_login(broker: Broker, target: Target, overrides: Mapping[str, 
         if overrides:
             credential = await asyncio.to_thread(broker.resolver.render, template, overrides)
         else:
-            credential = (await broker._render(target.key, [("credential", template)]))["credential"]
+            credential = (await broker.render_templates(target.key, [("credential", template)]))["credential"]
     request = build_token_request(login, token_url, credential,
                                   issuer=login.issuer or broker.discovery.issuers.get(target.endpoint),
                                   grant_type="refresh_token", params={"refresh_token": stored.refresh_token})
@@ -196,7 +221,7 @@ async def keep_rotated(keep: Callable[[StoredLogin], Awaitable[None]], login: St
     await keep(login)
 
 
-async def _write_unsaved(broker: Broker, key: str, stored: StoredLogin | None,
+async def _write_unsaved(broker: LoginParts, key: str, stored: StoredLogin | None,
                          keep: Callable[[StoredLogin], Awaitable[None]]
                          ) -> tuple[StoredLogin | None, Token | None]:
     """Store (`keep`) the rotated login a failed write left in memory, if the store still holds
@@ -217,7 +242,7 @@ async def _write_unsaved(broker: Broker, key: str, stored: StoredLogin | None,
     return kept, token if fresh else None
 
 
-def forget_unsaved(broker: Broker, key: str) -> None:
+def forget_unsaved(broker: LoginParts, key: str) -> None:
     """A logout: a rotated login still waiting for its keyring write is not written any more."""
     _UNSAVED.get(broker, {}).pop(key, None)
 
@@ -226,7 +251,7 @@ def _digest(refresh_token: str) -> str:
     return hashlib.sha256(refresh_token.encode()).hexdigest()
 
 
-async def _access_only(broker: Broker, target: Target, stored: StoredLogin, store: LoginStore) -> Token:
+async def _access_only(broker: LoginParts, target: Target, stored: StoredLogin, store: LoginStore) -> Token:
     """The stored access token while it lasts; a refused one is marked expired in the keyring
     too, so a restarted sidecar does not serve it again."""
     served = _SERVED.setdefault(broker, {})

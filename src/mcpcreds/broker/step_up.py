@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Any
 from ..config.load import LOGIN_GRANTS, Target
 from ..core.logs import get_logger
 from ..core.scopes import step_up
-from ..credentials.login_store import LoginStore, StoredLogin, login_store
+from ..credentials.login_store import LoginStore, StoredLogin
 from ..errors import LoginRequired
 
 if TYPE_CHECKING:
-    from .broker import Broker
+    from ..credentials.logins import LoginCache
 
 _log = get_logger("step_up")
 
 
-async def report_insufficient_scope(broker: Broker, target: Target, fingerprint: str | None,
-                                    scope: str) -> dict[str, Any]:
+async def report_insufficient_scope(logins: LoginCache, store: LoginStore, target: Target,
+                                    fingerprint: str | None, scope: str) -> dict[str, Any]:
     """The answer to a step-up report: `{"step_up": false, "renewed": bool, "why": ...}` when no
     login is due (`renewed`: the login named is no longer the one served, so a retry may pass);
     raises LoginRequired when the person must log in again with the wider scope."""
@@ -34,10 +34,9 @@ async def report_insufficient_scope(broker: Broker, target: Target, fingerprint:
     if login is None or login.grant not in LOGIN_GRANTS:
         # client credentials (the spec lets them abort) and static headers: nothing to widen
         return _no(target, "not_a_person_login")
-    current = broker.logins.peek(target.key)
+    current = logins.peek(target.key)
     if fingerprint is not None and current is not None and current.fingerprint != fingerprint:
         return _no(target, "renewed", renewed=True)
-    store = login_store(broker.config.secrets, broker.resolver)
     stored = await asyncio.to_thread(store.get, target.key)
     if stored is None:
         return _no(target, "no_login")

@@ -383,9 +383,9 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
     )
     class Version(argparse.Action):  # the version is read from the package metadata on use only
         def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-            from .. import __version__
+            from ..core.version import installed_version
 
-            print(f"mcpcreds {__version__}")  # on stdout, as argparse's own version action
+            print(f"mcpcreds {installed_version()}")  # on stdout, as argparse's own version action
             parser.exit()
 
     parser.add_argument("--version", action=Version, nargs=0, default=argparse.SUPPRESS,

@@ -35,9 +35,9 @@ from typing import IO, Any, Final
 
 import httpx
 
+from ..core.http import MAX_GATEWAY_BODY_BYTES
 from ..core.tasks import spawn
 from ..errors import McpcredsError
-from ..sidecar.wire import MAX_GATEWAY_BODY_BYTES
 from .client import gateway_http_client, gateway_url
 
 MAX_LINE: Final = MAX_GATEWAY_BODY_BYTES  # what the gateway takes in one POST

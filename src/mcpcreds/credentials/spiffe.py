@@ -15,7 +15,7 @@ import errno
 import os
 import ssl
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -36,7 +36,7 @@ from ..errors import SecretUnavailable
 from .sources import file_kind, open_folder, read_at_most, trusted_owner
 
 if TYPE_CHECKING:
-    from ..broker.broker import Broker
+    from ..config.load import Target
 
 FileKey = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
 _log = get_logger("spiffe")
@@ -217,18 +217,19 @@ def _identity(pem: str) -> tuple[str | None, float] | None:
     return (uris[0] if uris else None), cert.not_valid_after_utc.timestamp()
 
 
-def spiffe_status(broker: Broker) -> list[dict[str, Any]] | None:
+def spiffe_status(targets: Iterable[Target], jwt_svids: JwtSvidFiles,
+                  x509_sources: Mapping[SpiffeAuth, X509Source]) -> list[dict[str, Any]] | None:
     """Per cache key with a SPIFFE SVID read or loaded: the kind, the SPIFFE ID and when the
     SVID expires (never a token or a key)."""
     rows: dict[str, dict[str, Any]] = {}
-    for target in broker.config.targets_by_key.values():
+    for target in targets:
         auth = spiffe_of(target)
         if auth is None:
             continue
         held: tuple[str | None, float] | None = None
         if auth.jwt_svid_file is not None:
-            held = broker.jwt_svids.held.get(auth.jwt_svid_file)
-        elif (source := broker.x509_sources.get(auth)) is not None:
+            held = jwt_svids.held.get(auth.jwt_svid_file)
+        elif (source := x509_sources.get(auth)) is not None:
             held = source.identity
         if held is not None:
             rows[target.key] = {"key": target.key, "svid": auth.svid, "spiffe_id": held[0],

@@ -21,16 +21,19 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..config.exec import EXEC_PREFIX, ExecEntry
 from ..config.load import Config, default_socket_path
+from ..core.http import Request, Response
 from ..core.logs import get_logger
 from ..core.policy import check_rule_of_two
 from ..core.templates import FileRef, SecretRef, Template
 from ..credentials.sources import SecretResolver
 from ..errors import Forbidden, InvalidRequest, McpcredsError, UnknownServer
-from ..sidecar.wire import Request, Response
 from .egress_proxy import EgressProxy
 
 if TYPE_CHECKING:
-    from ..sidecar.api import Api
+    from collections.abc import Callable
+
+    from ..broker.broker import Broker
+    from ..core.audit import AuditLog
 
 PROXIED: Final = ("restricted", "broad_audited")
 MAX_ENV_HASHES: Final = 4096
@@ -110,23 +113,27 @@ def known_secret_digests(config: Config, resolver: SecretResolver, tokens: Itera
 
 
 class ExecRoutes:
-    def __init__(self, api: Api) -> None:
-        self.api = api
+    """`POST /v1/exec/{name}/session` and the egress proxy it starts. `audit` gives the audit log
+    in force (a reload may replace it)."""
+
+    def __init__(self, broker: Broker, audit: Callable[[], AuditLog]) -> None:
+        self.broker = broker
+        self.audit = audit
         self.proxy: EgressProxy | None = None
 
     def _proxy_path(self) -> Path:
-        return default_socket_path(self.api.broker.config.sidecar.socket).with_name("egress.sock")
+        return default_socket_path(self.broker.config.sidecar.socket).with_name("egress.sock")
 
     def _allow_uids(self) -> frozenset[int]:
-        return frozenset(self.api.broker.config.sidecar.allow_uids or (os.getuid(),))
+        return frozenset(self.broker.config.sidecar.allow_uids or (os.getuid(),))
 
     async def _started_proxy(self) -> EgressProxy:
         if self.proxy is None:
             path = self._proxy_path()
-            proxy = EgressProxy(str(path), self._allow_uids, lambda: self.api.audit,
-                                clock=self.api.broker.clock)
+            proxy = EgressProxy(str(path), self._allow_uids, self.audit,
+                                clock=self.broker.clock)
             try:  # as open as the sidecar's own socket
-                mode = os.stat(default_socket_path(self.api.broker.config.sidecar.socket)).st_mode & 0o777
+                mode = os.stat(default_socket_path(self.broker.config.sidecar.socket)).st_mode & 0o777
             except OSError:
                 mode = 0o600
             await proxy.start(mode)
@@ -141,9 +148,9 @@ class ExecRoutes:
             self.proxy = None
 
     async def session(self, request: Request) -> Response:
-        from ..sidecar.api import parse_json_body
+        from ..core.http import parse_json_body
 
-        broker = self.api.broker
+        broker = self.broker
         config = broker.config
         entry = exec_entry(config, request.name)
         if request.grant is not None and entry.grant_name not in request.grant.servers:
@@ -169,7 +176,7 @@ class ExecRoutes:
             token, session = egress.new_session(entry.name, entry.egress, request.peer_uid, request.peer_pid)
             proxy, session_id = {"socket": egress.path, "token": token}, session.id
         grant = request.grant.id if request.grant is not None else None
-        self.api.audit.write("exec", name=entry.name, net=entry.net, env_isolation=entry.env_isolation,
+        self.audit().write("exec", name=entry.name, net=entry.net, env_isolation=entry.env_isolation,
                              env=sorted(env), dropped=drop, session=session_id, grant=grant,
                              uid=request.peer_uid, pid=request.peer_pid)
         _log.info("exec session", extra={"exec": entry.name, "net": entry.net, "session": session_id,

@@ -45,16 +45,19 @@ from typing import Any, Final
 
 import httpx
 
-from ..broker.broker import Actor, Broker, HeadersResult
+from ..broker.broker import Actor, Broker
+from ..broker.headers import HeadersResult
 from ..client.auth import parse_retry_after
 from ..config.aws import is_aws
 from ..config.load import Target
 from ..core.credshape import credential_name
+from ..core.http import MAX_GATEWAY_BODY_BYTES, Answer, Request, Response, StreamingResponse
 from ..core.logs import get_logger
 from ..core.metrics import Metrics
 from ..core.secret import redact_json
 from ..errors import ERRORS_BY_CODE, McpcredsError, MethodNotAllowed, UpstreamError, UpstreamTimeout
-from ..sidecar.wire import MAX_GATEWAY_BODY_BYTES, Answer, Request, Response, StreamingResponse
+from ..signers.aauth import AAuthSigner
+from ..signers.sigv4 import SigV4Signer
 from . import jsonrpc
 
 _log = get_logger("gateway")
@@ -246,7 +249,7 @@ class _SseBody:
 
 
 class Gateway:
-    def __init__(self, broker: Broker, metrics: Metrics) -> None:
+    def __init__(self, broker: Broker, metrics: Metrics, aauth: AAuthSigner, sigv4: SigV4Signer) -> None:
         self.broker = broker
         self.metrics = metrics
         self._warned: set[tuple[str, str]] = set()
@@ -255,21 +258,8 @@ class Gateway:
         self._streams: weakref.WeakSet[_SseBody] = weakref.WeakSet()  # SSE answers being relayed
         self._sent: dict[str, tuple[HeadersResult, _Sent]] = {}  # server -> its current credentials, prepared
         self._urls: dict[str, httpx.URL] = {}
-        # AAuth (aauth.py): (target, method, url, headers, body) -> the headers that sign the request
-        self.sign: Callable[[Target, str, str, list[tuple[Any, bytes]], bytes | None],
-                            Awaitable[list[tuple[Any, bytes]]]] | None = None
-        # ... and (target, status, headers) -> the headers of a signed server's answer to pass on
-        self.aauth_answer: Callable[[Target, int, list[tuple[str, str]]],
-                                    tuple[tuple[bytes, bytes], ...]] | None = None
-        # ... and (target, status, headers) -> the body replacing a 401's that names an AAuth requirement
-        self.aauth_refusal: Callable[[Target, int, list[tuple[str, str]]], bytes | None] | None = None
-        # ... and (target, headers of a 401) -> whether to retry (after dropping its session token)
-        self.aauth_refused: Callable[[Target, list[tuple[str, str]]], bool] | None = None
-        # SigV4 (sigv4.py), for servers with auth kind "aws": the same signature as `sign`
-        self.sigv4: Callable[[Target, str, str, list[tuple[Any, bytes]], bytes | None],
-                             Awaitable[list[tuple[Any, bytes]]]] | None = None
-        # ... and (target, a 400/403 answer) -> whether its credentials were stale (retry once)
-        self.sigv4_refused: Callable[[Target, httpx.Response], Awaitable[bool]] | None = None
+        self.aauth = aauth  # signs for servers with `aauth`: the agent key stays in the sidecar
+        self.sigv4 = sigv4  # signs for servers with auth kind "aws": so does the AWS secret key
 
     # -- entry points
 
@@ -380,13 +370,13 @@ class Gateway:
                 if status == 401 and not renewed_once:
                     renewed_once = True
                     # AAuth: the session token refused is dropped first; a requirement: no retry
-                    retry = (not target.aauth or self.aauth_refused is None
-                             or self.aauth_refused(target, response.headers.multi_items())) \
+                    retry = (not target.aauth
+                             or self.aauth.retry_after_401(target, response.headers.multi_items())) \
                         and await self._refused_login(request, target, result)
-                elif status in (400, 403) and not renewed_once and self.sigv4_refused is not None \
+                elif status in (400, 403) and not renewed_once \
                         and is_aws(target):  # an AWS refusal of stale credentials: fetched again, once
                     renewed_once = True
-                    retry = await self.sigv4_refused(target, response)
+                    retry = await self.sigv4.refused(target, response)
                 elif _backoff(response) and not paused_once:
                     paused_once = True
                     seconds = parse_retry_after(response.headers.get("retry-after"))
@@ -436,12 +426,12 @@ class Gateway:
         if not any(k == b"user-agent" for k, _ in headers):
             headers.append((b"user-agent", _USER_AGENT))
         headers.append((b"accept-encoding", b"identity"))  # answers are inspected: not compressed
-        if target.aauth and self.sign is not None:  # signed here: the agent key never leaves the sidecar
-            headers += await self.sign(target, request.method, target.endpoint, headers,
-                                       request.body if request.method == "POST" else None)
-        elif self.sigv4 is not None and is_aws(target):  # SigV4: the AWS secret key stays here too
-            signed = await self.sigv4(target, request.method, target.endpoint, headers,
-                                      request.body if request.method == "POST" else None)
+        if target.aauth:  # signed here: the agent key never leaves the sidecar
+            headers += await self.aauth.gateway_headers(target, request.method, target.endpoint, headers,
+                                                        request.body if request.method == "POST" else None)
+        elif is_aws(target):  # SigV4: the AWS secret key stays here too
+            signed = await self.sigv4.gateway_headers(target, request.method, target.endpoint, headers,
+                                                      request.body if request.method == "POST" else None)
             headers = [(k, v) for k, v in headers if k != b"host"] + signed
         upstream = httpx.Request(request.method, self._url(target.endpoint), headers=headers,
                                  content=request.body if request.method == "POST" else None,
@@ -491,8 +481,8 @@ class Gateway:
             ctype = response.headers.get("content-type", "")
             extra = tuple((name.title().encode(), response.headers[name].encode("latin-1"))
                           for name in _RETURNED if name in response.headers)
-            if target.aauth and self.aauth_answer is not None:  # AAuth-Access kept, a 401's challenge on
-                extra += self.aauth_answer(target, status, response.headers.multi_items())
+            if target.aauth:  # AAuth-Access kept, a 401's challenge on
+                extra += self.aauth.answered(target, status, response.headers.multi_items())
             granted = request.grant.tools_of(target.name) if request.grant is not None else None
             inspector = jsonrpc.Inspector(target.trust, self._credentials(target, sent).forms, pending,
                                           calls.answered if calls is not None else None,
@@ -521,8 +511,8 @@ class Gateway:
             body = jsonrpc.mask(body, inspector.forms)
         if calls is not None:
             calls.finish_all(f"http_{status}" if status >= 300 else "no_response")
-        if status == 401 and target.aauth and self.aauth_refusal is not None:  # names what is missing
-            refused = self.aauth_refusal(target, status, response.headers.multi_items())
+        if status == 401 and target.aauth:  # names what is missing
+            refused = self.aauth.refused_body(target, status, response.headers.multi_items())
             if refused is not None:
                 body, ctype = refused, "application/json"
         return Response(status, body, content_type=ctype.encode("latin-1") or b"application/json",

@@ -19,6 +19,9 @@ from ..core.clock import Clock
 from ..core.rates import Rate
 from ..errors import InvalidRequest, RateLimited
 
+# a server without `rate` still gets a bucket, so that an upstream 429 can pause it
+UNLIMITED = Rate(1_000_000_000, 1.0)
+
 EPSILON = 1e-9
 """Slack, in permits and in seconds, so that a grant due exactly at `t` is made at `t`."""
 

@@ -12,19 +12,30 @@ from importlib import resources
 from typing import Any, Final
 from urllib.parse import unquote
 
-from ..broker import leasing as lease_api
-from ..broker.broker import Actor, Broker, HeadersResult
+from ..broker.broker import Actor, Broker
+from ..broker.headers import HeadersResult
 from ..broker.refresh import forget_shared_login, forget_unsaved
 from ..broker.step_up import report_insufficient_scope
 from ..config.aws import is_aws
 from ..config.exec import EXEC_PREFIX
 from ..config.load import Target
 from ..core.audit import AuditLog
+from ..core.http import (
+    Answer,
+    Request,
+    Response,
+    StreamingResponse,
+    json_response,
+    parse_json_body,
+    seconds_field,
+    text_field,
+)
 from ..core.logs import get_logger
 from ..core.metrics import Metrics
 from ..core.policy import check_rule_of_two
 from ..core.scopes import MAX_SCOPE_CHARS, MAX_SCOPES, parse_scope
 from ..core.secret import redact_json
+from ..credentials.login_store import login_store
 from ..credentials.sources import check_secret_name
 from ..credentials.spiffe import spiffe_status
 from ..errors import (
@@ -41,7 +52,6 @@ from ..gateway.relay import Gateway
 from ..signers.aauth import AAuthSigner
 from ..signers.sigv4 import SigV4Signer
 from ..state.grants import MAX_TTL, Grant, GrantLimits, new_token, token_hash
-from .wire import Answer, Request, Response, StreamingResponse, json_response
 
 _log = get_logger("api")
 _PROMETHEUS: Final = b"text/plain; version=0.0.4; charset=utf-8"
@@ -76,46 +86,6 @@ def answer(data: Any) -> Response:
 
 def _actor(request: Request) -> dict[str, int]:
     return {"uid": request.peer_uid, "pid": request.peer_pid}
-
-
-def _not_json(text: str) -> float:
-    raise ValueError(f"{text} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999
-        raise ValueError("a number out of range")
-    return value
-
-
-def parse_json_body(request: Request) -> dict[str, Any]:
-    """The request's JSON object (NaN, Infinity and numbers beyond a float refused)."""
-    if not request.body.strip():
-        return {}
-    try:
-        data = json.loads(request.body, parse_constant=_not_json, parse_float=_finite)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting too deep
-        raise InvalidRequest("request body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    return data
-
-
-def seconds_field(body: dict[str, Any], field: str, default: float, low: float, high: float) -> float:
-    """A finite number of seconds from `low` to `high` (never echoes what was sent)."""
-    value = body.get(field, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise InvalidRequest(f"{field} must be a number of seconds from {low:g} to {high:g}")
-    return float(value)
-
-
-def text_field(body: dict[str, Any], field: str, limit: int) -> str | None:
-    """An optional printable string of at most `limit` characters (never echoes what was sent)."""
-    value = body.get(field)
-    if value is not None and (not isinstance(value, str) or len(value) > limit or not value.isprintable()):
-        raise InvalidRequest(f"{field} must be a printable string of at most {limit} characters")
-    return value
 
 
 def _tool_names(value: Any) -> frozenset[str]:
@@ -165,17 +135,11 @@ class Api:
         self.metrics = metrics
         self.audit = audit or AuditLog(None, broker.clock)
         self.openapi = (resources.files("mcpcreds") / "openapi.json").read_bytes()
-        self.gateway = Gateway(broker, metrics)
         self.aauth = AAuthSigner(broker.config, broker.clock.time,  # the agent key (aauth.py)
                                  lambda template: self.broker.resolver.render(template), broker.http_for)
-        self.gateway.sign = self.aauth.gateway_headers
-        self.gateway.aauth_answer = self.aauth.answered
-        self.gateway.aauth_refusal = self.aauth.refused_body
-        self.gateway.aauth_refused = self.aauth.retry_after_401
         self.sigv4 = SigV4Signer(broker.config, broker.clock.time,  # AWS SigV4 (sigv4.py)
                                  lambda template: self.broker.resolver.render(template), broker.http_for)
-        self.gateway.sigv4 = self.sigv4.gateway_headers
-        self.gateway.sigv4_refused = self.sigv4.refused
+        self.gateway = Gateway(broker, metrics, self.aauth, self.sigv4)
         self._fixed: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "/v1/health"): ("health", self.health),
             ("GET", "/v1/servers"): ("servers", self.servers),
@@ -200,7 +164,7 @@ class Api:
             ("POST", "rotated"): ("rotated", self.secret_rotated),
             ("POST", "rotate"): ("rotate", self.secret_rotate),
         }
-        self.exec_routes = ExecRoutes(self)  # mcpcreds exec (exec_api.py)
+        self.exec_routes = ExecRoutes(broker, lambda: self.audit)  # mcpcreds exec
         self._exec_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("POST", "session"): ("exec", self.exec_routes.session),
         }
@@ -417,7 +381,8 @@ class Api:
     async def status(self, request: Request) -> Response:
         return answer({**await self.broker.status(), "gateway": self.gateway.status(),
                        "aauth": self.aauth.status(), "aws": self.sigv4.status(),
-                       "spiffe": spiffe_status(self.broker)})
+                       "spiffe": spiffe_status(self.broker.config.targets_by_key.values(),
+                                               self.broker.jwt_svids, self.broker.x509_sources)})
 
     def openapi_doc(self, request: Request) -> Response:
         return Response(200, self.openapi)
@@ -539,7 +504,7 @@ class Api:
         if fp is None and request.grant is not None and target.login is not None:
             raise InvalidRequest("a grant holder must name the fingerprint of the login it was refused with")
         if reason == "logout":  # `mcpcreds logout`: the login other sidecars share goes too (login_share.py)
-            await forget_shared_login(self.broker, target)
+            await forget_shared_login(self.broker.sharing, target)
             forget_unsaved(self.broker, target.key)
             if is_aws(target):  # an SSO logout: the role credentials held go too
                 self.sigv4.cache.drop(target.key)
@@ -562,7 +527,9 @@ class Api:
                                  f"spaces, at most {MAX_SCOPE_CHARS} characters")
         if fp is None and request.grant is not None:
             raise InvalidRequest("a grant holder must name the fingerprint of the login it was refused with")
-        return answer(await report_insufficient_scope(self.broker, target, fp, scope))
+        broker = self.broker
+        store = login_store(broker.config.secrets, broker.resolver)
+        return answer(await report_insufficient_scope(broker.logins, store, target, fp, scope))
 
     async def secret_rotated(self, request: Request) -> Response:
         name = check_secret_name(request.name)
@@ -601,12 +568,17 @@ class Api:
         return answer({"renewed": renewed, "stored_in": where})
 
     async def lease(self, request: Request) -> Response:
-        """A capacity lease: a share of the bucket spent in the caller's process (lease_api.py)."""
-        return await lease_api.lease(self, request)
+        """A capacity lease: a share of the bucket spent in the caller's process (leasing.py)."""
+        target = self._credential_target(request)
+        self.broker.lease_service.check_leasable(target)
+        return await self.broker.lease_service.lease(target, parse_json_body(request), request.peer_uid)
 
     def events(self, request: Request) -> StreamingResponse:
         """The event stream leased clients listen to (events.py)."""
-        return lease_api.events(self, request)
+        sub = self.broker.events.subscribe(request.peer_uid)
+        return StreamingResponse(200, sub, content_type=b"application/x-ndjson",
+                                 extra_headers=((b"Cache-Control", b"no-store"),), long_lived=True,
+                                 first=sub.hello())
 
     async def _headers_async(self, target: Target) -> Response:
         result: HeadersResult = await self.broker.headers(target)

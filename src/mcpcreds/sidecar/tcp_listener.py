@@ -19,11 +19,12 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from ..config.load import ListenConfig
+from ..core.http import Answer, Request, Response
 from ..core.logs import get_logger
 from ..errors import Forbidden, McpcredsError, NotFound
 from .api import Api, error_to_response
 from .tcp_peer import lookup_uid
-from .wire import Answer, Connections, HttpConnection, Request, Response
+from .wire import Connections, HttpConnection
 
 _log = get_logger("gateway.tcp")
 

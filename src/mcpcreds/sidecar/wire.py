@@ -9,29 +9,32 @@ client does not read).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 import struct
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from http import HTTPStatus
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
 import httptools
 
 from ..core.clock import SYSTEM_CLOCK, Clock
+from ..core.http import (
+    GATEWAY_PREFIX,
+    MAX_GATEWAY_BODY_BYTES,
+    Answer,
+    Request,
+    Response,
+    ResponseBody,
+    StreamingResponse,
+    error_response,
+)
 from ..core.logs import get_logger
 from ..core.tasks import spawn
 
 MAX_HEAD_BYTES: Final = 16 * 1024
 MAX_BODY_BYTES: Final = 64 * 1024
-# The gateway (`/mcp/{server}`) relays JSON-RPC bodies, bigger than the API's but bounded: a body
-# is held whole, so it can be replayed when a request is retried (a renewed login, a 429).
-GATEWAY_PREFIX: Final = b"/mcp/"
-MAX_GATEWAY_BODY_BYTES: Final = 4 * 1024 * 1024
 MAX_PIPELINED: Final = 32
 # Bytes handed to the parser at once while a head is awaited (or a chunked body, whose end is
 # not known in advance). A head that begins inside one of these feeds, after a complete request,
@@ -40,99 +43,6 @@ MAX_PIPELINED: Final = 32
 HEAD_FEED_BYTES: Final = 1024
 _PEERCRED: Final = struct.Struct("3i")
 _log = get_logger("wire")
-
-
-@dataclass(slots=True)
-class Request:
-    method: str
-    path: str
-    query: str
-    body: bytes
-    authorization: str | None
-    peer_uid: int
-    peer_pid: int
-    name: str = ""  # the {name} of the path, set by the router
-    grant: Any = None  # the grants.Grant the caller presented, if any
-    headers: tuple[tuple[bytes, bytes], ...] = ()  # every header as sent: for /mcp/ requests only
-
-
-@dataclass(slots=True)
-class Response:
-    status: int
-    body: bytes
-    content_type: bytes = b"application/json"
-    extra_headers: tuple[tuple[bytes, bytes], ...] = ()
-    close: bool = False
-    route: str = field(default="")
-
-    def encode(self, keep_alive: bool, head_only: bool = False) -> bytes:
-        """The answer on the wire; `head_only` for a HEAD request (RFC 9110 9.3.2: no content)."""
-        head = _STATUS_LINES.get(self.status) or _status_line(self.status)
-        parts = [head, b"Content-Type: ", self.content_type, b"\r\nContent-Length: ",
-                 str(len(self.body)).encode()]
-        for name, value in self.extra_headers:
-            parts += [b"\r\n", name, b": ", value]
-        parts.append(b"\r\n\r\n" if keep_alive else b"\r\nConnection: close\r\n\r\n")
-        if not head_only:
-            parts.append(self.body)
-        return b"".join(parts)
-
-
-class ResponseBody(Protocol):
-    """What a StreamingResponse streams: chunks as they come; `aclose` releases what feeds it
-    (called once the body is done, or never iterated because the client went away)."""
-
-    def __aiter__(self) -> AsyncIterator[bytes]: ...
-
-    async def aclose(self) -> None: ...
-
-
-@dataclass(slots=True)
-class StreamingResponse:
-    """An answer whose body is written as it is produced (chunked transfer-encoding), chunk by
-    chunk, with no buffering; the producer is paused while the client's transport is. A body
-    that raises after the head was sent aborts the connection (the client sees a truncated
-    answer, never a complete-looking one); one that ends is terminated cleanly.
-    `long_lived` marks a listening stream (an SSE GET) that may never end: draining on stop does
-    not wait for it. `first`: the body's first chunk, when the producer already has it: written
-    with the head, in one write (the client reads both at once)."""
-
-    status: int
-    body: ResponseBody
-    content_type: bytes = b"text/event-stream"
-    extra_headers: tuple[tuple[bytes, bytes], ...] = ()
-    close: bool = False
-    route: str = field(default="")
-    long_lived: bool = False
-    first: bytes = b""
-
-    def head(self, keep_alive: bool) -> bytes:
-        head = _STATUS_LINES.get(self.status) or _status_line(self.status)
-        parts = [head, b"Content-Type: ", self.content_type, b"\r\nTransfer-Encoding: chunked"]
-        for name, value in self.extra_headers:
-            parts += [b"\r\n", name, b": ", value]
-        parts.append(b"\r\n\r\n" if keep_alive else b"\r\nConnection: close\r\n\r\n")
-        return b"".join(parts)
-
-
-Answer = Response | StreamingResponse
-
-
-def _status_line(status: int) -> bytes:
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        phrase = "Unknown"
-    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
-
-
-_STATUS_LINES: Final = {s: _status_line(s) for s in (200, 400, 403, 404, 405, 408, 413, 429, 431,
-                                                       500, 502, 503, 504)}
-
-
-def error_response(status: int, code: str, message: str, close: bool = False) -> Response:
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
-    return Response(status, body, close=close)
 
 
 class App(Protocol):
@@ -516,5 +426,3 @@ def bind_unix_socket(path: str) -> socket.socket:
     return sock
 
 
-def json_response(data: Any, status: int = 200, route: str = "") -> Response:
-    return Response(status, json.dumps(data, separators=(",", ":")).encode(), route=route)

@@ -1,0 +1,158 @@
+"""HTTP as both sides speak it: a parsed request, an answer (whole or streamed) and how it is
+written, and the JSON body of a request read with limits. No I/O: the sidecar's wire and the
+gateway build on it, and the stdio bridge (a client) takes its body limit from here."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any, Final, Protocol
+
+from ..errors import InvalidRequest
+
+# The gateway (`/mcp/{server}`) relays JSON-RPC bodies, bigger than the API's but bounded: a body
+# is held whole, so it can be replayed when a request is retried (a renewed login, a 429).
+GATEWAY_PREFIX: Final = b"/mcp/"
+
+
+MAX_GATEWAY_BODY_BYTES: Final = 4 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class Request:
+    method: str
+    path: str
+    query: str
+    body: bytes
+    authorization: str | None
+    peer_uid: int
+    peer_pid: int
+    name: str = ""  # the {name} of the path, set by the router
+    grant: Any = None  # the grants.Grant the caller presented, if any
+    headers: tuple[tuple[bytes, bytes], ...] = ()  # every header as sent: for /mcp/ requests only
+
+
+@dataclass(slots=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: bytes = b"application/json"
+    extra_headers: tuple[tuple[bytes, bytes], ...] = ()
+    close: bool = False
+    route: str = field(default="")
+
+    def encode(self, keep_alive: bool, head_only: bool = False) -> bytes:
+        """The answer on the wire; `head_only` for a HEAD request (RFC 9110 9.3.2: no content)."""
+        head = _STATUS_LINES.get(self.status) or _status_line(self.status)
+        parts = [head, b"Content-Type: ", self.content_type, b"\r\nContent-Length: ",
+                 str(len(self.body)).encode()]
+        for name, value in self.extra_headers:
+            parts += [b"\r\n", name, b": ", value]
+        parts.append(b"\r\n\r\n" if keep_alive else b"\r\nConnection: close\r\n\r\n")
+        if not head_only:
+            parts.append(self.body)
+        return b"".join(parts)
+
+
+class ResponseBody(Protocol):
+    """What a StreamingResponse streams: chunks as they come; `aclose` releases what feeds it
+    (called once the body is done, or never iterated because the client went away)."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(slots=True)
+class StreamingResponse:
+    """An answer whose body is written as it is produced (chunked transfer-encoding), chunk by
+    chunk, with no buffering; the producer is paused while the client's transport is. A body
+    that raises after the head was sent aborts the connection (the client sees a truncated
+    answer, never a complete-looking one); one that ends is terminated cleanly.
+    `long_lived` marks a listening stream (an SSE GET) that may never end: draining on stop does
+    not wait for it. `first`: the body's first chunk, when the producer already has it: written
+    with the head, in one write (the client reads both at once)."""
+
+    status: int
+    body: ResponseBody
+    content_type: bytes = b"text/event-stream"
+    extra_headers: tuple[tuple[bytes, bytes], ...] = ()
+    close: bool = False
+    route: str = field(default="")
+    long_lived: bool = False
+    first: bytes = b""
+
+    def head(self, keep_alive: bool) -> bytes:
+        head = _STATUS_LINES.get(self.status) or _status_line(self.status)
+        parts = [head, b"Content-Type: ", self.content_type, b"\r\nTransfer-Encoding: chunked"]
+        for name, value in self.extra_headers:
+            parts += [b"\r\n", name, b": ", value]
+        parts.append(b"\r\n\r\n" if keep_alive else b"\r\nConnection: close\r\n\r\n")
+        return b"".join(parts)
+
+
+Answer = Response | StreamingResponse
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Unknown"
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
+
+
+_STATUS_LINES: Final = {s: _status_line(s) for s in (200, 400, 403, 404, 405, 408, 413, 429, 431,
+                                                       500, 502, 503, 504)}
+
+
+def error_response(status: int, code: str, message: str, close: bool = False) -> Response:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    return Response(status, body, close=close)
+
+
+def json_response(data: Any, status: int = 200, route: str = "") -> Response:
+    return Response(status, json.dumps(data, separators=(",", ":")).encode(), route=route)
+
+
+def _not_json(text: str) -> float:
+    raise ValueError(f"{text} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999
+        raise ValueError("a number out of range")
+    return value
+
+
+def parse_json_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object (NaN, Infinity and numbers beyond a float refused)."""
+    if not request.body.strip():
+        return {}
+    try:
+        data = json.loads(request.body, parse_constant=_not_json, parse_float=_finite)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting too deep
+        raise InvalidRequest("request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    return data
+
+
+def seconds_field(body: dict[str, Any], field: str, default: float, low: float, high: float) -> float:
+    """A finite number of seconds from `low` to `high` (never echoes what was sent)."""
+    value = body.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise InvalidRequest(f"{field} must be a number of seconds from {low:g} to {high:g}")
+    return float(value)
+
+
+def text_field(body: dict[str, Any], field: str, limit: int) -> str | None:
+    """An optional printable string of at most `limit` characters (never echoes what was sent)."""
+    value = body.get(field)
+    if value is not None and (not isinstance(value, str) or len(value) > limit or not value.isprintable()):
+        raise InvalidRequest(f"{field} must be a printable string of at most {limit} characters")
+    return value
