@@ -3,7 +3,8 @@
 Run from the repository root (the package installed, e.g. `pip install -e .`):
 
     python bench/aauth_bench.py              # 5,000 signatures, 2,000 requests per route
-    python bench/aauth_bench.py --quick      # a smoke run
+    python bench/aauth_bench.py --signatures 5000 --requests 2000 --json
+    python bench/aauth_bench.py --quick      # a smoke run: 500 signatures, 200 requests per route
 
 1. In the sidecar's process: `AgentKey.sign` of a typical MCP POST (1 KiB JSON body: the RFC 9530
    digest, the signature base, Ed25519, the three headers), p50/p99 in µs; baseline in the same run,
@@ -17,22 +18,23 @@ Run from the repository root (the package installed, e.g. `pip install -e .`):
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
 
-from bench import harness
+from bench import harness, wire
+
+SIGNED_AT = 1_800_000_000  # a fixed `created`: every signature of the run has the same base size
 
 
-def _percentiles(samples_ns: list[int]) -> tuple[float, float]:
-    ordered = sorted(samples_ns)
-    return harness.percentile(ordered, 0.5) / 1e3, harness.percentile(ordered, 0.99) / 1e3
+def _p50_p99_us(samples_ns: list[int]) -> tuple[float, float]:
+    p50, p99 = harness.percentiles(samples_ns, 0.5, 0.99)
+    return p50 / 1e3, p99 / 1e3
 
 
 def in_process(n: int) -> dict[str, Any]:
@@ -50,46 +52,18 @@ def in_process(n: int) -> dict[str, Any]:
     headers = [("accept", "application/json, text/event-stream"), ("content-type", "application/json"),
                ("mcp-session-id", "0" * 32), ("mcp-protocol-version", "2025-06-18")]
     url = "https://tools.example.com/mcp"
-    sample = key.sign("POST", url, headers, body, 1_800_000_000)
+    sample = key.sign("POST", url, headers, body, SIGNED_AT)
     components = [("@method", "POST"), ("@authority", "tools.example.com"), ("@path", "/mcp"),
                   ("signature-key", sample.signature_key), ("content-digest", sample.content_digest or "")]
     base = httpsig.signature_base(components, sample.signature_input.partition("=")[2])  # the same size
-    glue, bare, es = [], [], []
-    for _ in range(n // 10):  # warm-up
-        key.sign("POST", url, headers, body, 1_800_000_000)
-        es_key.sign("POST", url, headers, body, 1_800_000_000)
-        raw.sign(base)
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        key.sign("POST", url, headers, body, 1_800_000_000)
-        glue.append(time.perf_counter_ns() - t0)
-        t0 = time.perf_counter_ns()
-        raw.sign(base)
-        bare.append(time.perf_counter_ns() - t0)
-        t0 = time.perf_counter_ns()
-        es_key.sign("POST", url, headers, body, 1_800_000_000)
-        es.append(time.perf_counter_ns() - t0)
-    (g50, g99), (b50, b99), (e50, e99) = _percentiles(glue), _percentiles(bare), _percentiles(es)
+    samples = harness.in_turns({"glue": functools.partial(key.sign, "POST", url, headers, body, SIGNED_AT),
+                                "bare": functools.partial(raw.sign, base),
+                                "es": functools.partial(es_key.sign, "POST", url, headers, body, SIGNED_AT)},
+                               calls=n, warmup=n // 10)
+    (g50, g99), (b50, b99), (e50, e99) = (_p50_p99_us(samples[k]) for k in ("glue", "bare", "es"))
     return {"n": n, "sign_p50_us": round(g50, 1), "sign_p99_us": round(g99, 1),
             "ed25519_p50_us": round(b50, 1), "ed25519_p99_us": round(b99, 1),
             "es256_sign_p50_us": round(e50, 1), "es256_sign_p99_us": round(e99, 1)}
-
-
-def _exchange(sock: socket.socket, request: bytes) -> None:
-    sock.sendall(request)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise harness.BenchError("the sidecar closed the connection")
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.1 200"):
-        raise harness.BenchError(f"unexpected answer: {head.splitlines()[0]!r}")
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
-    while len(rest) < length:
-        rest += sock.recv(65536)
 
 
 def over_socket(n: int) -> dict[str, Any]:
@@ -97,24 +71,18 @@ def over_socket(n: int) -> dict[str, Any]:
     ask = {"method": "POST", "url": "https://tools.example.com/mcp", "content_digest": digest,
            "headers": {"content-type": "application/json"}}
     sign_body = json.dumps(ask).encode()
-    sign = harness.request_bytes("POST", "/v1/servers/signed/sign", sign_body)
-    headers = harness.request_bytes("GET", "/v1/servers/plain/headers")
+    sign = wire.request_bytes("POST", "/v1/servers/signed/sign", sign_body)
+    headers = wire.request_bytes("GET", "/v1/servers/plain/headers")
     signed_server = '[[servers]]\nname = "signed"\nendpoint = "https://tools.example.com/mcp"\naauth = true\n'
     plain = harness.static_server("plain", {"Authorization": "Bearer {{secret:BENCH_TOKEN}}"})
-    results: dict[str, list[int]] = {"sign": [], "headers": []}
     env = {"BENCH_TOKEN": "bench-token-0123456789abcdef"}
     with harness.workdir("aauth") as folder, harness.sidecar(folder, signed_server, plain, env=env) as proc, \
             socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(str(proc.socket))
-        for _ in range(max(20, n // 10)):  # warm-up: the key, the cache
-            _exchange(sock, sign)
-            _exchange(sock, headers)
-        for _ in range(n):  # interleaved: both see the same machine
-            for name, request in (("sign", sign), ("headers", headers)):
-                t0 = time.perf_counter_ns()
-                _exchange(sock, request)
-                results[name].append(time.perf_counter_ns() - t0)
-    (s50, s99), (h50, h99) = _percentiles(results["sign"]), _percentiles(results["headers"])
+        results = harness.in_turns({"sign": functools.partial(wire.roundtrip_ok, sock, sign),
+                                    "headers": functools.partial(wire.roundtrip_ok, sock, headers)},
+                                   calls=n, warmup=max(20, n // 10))  # the warm-up: the key, the cache
+    (s50, s99), (h50, h99) = _p50_p99_us(results["sign"]), _p50_p99_us(results["headers"])
     return {"n": n, "sign_route_p50_us": round(s50, 1), "sign_route_p99_us": round(s99, 1),
             "headers_p50_us": round(h50, 1), "headers_p99_us": round(h99, 1)}
 
@@ -139,16 +107,17 @@ def render(report: dict[str, Any]) -> str:
     ])
 
 
-def run(argv: list[str] | None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a smoke run")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    args = p.parse_args(argv)
-    n_sign, n_route = (500, 200) if args.quick else (5000, 2000)
-    report = {"machine": harness.machine(), "in_process": in_process(n_sign), "socket": over_socket(n_route)}
-    print(json.dumps(report, indent=2) if args.json else render(report))
+def main(argv: list[str] | None = None) -> int:
+    p = harness.arguments(__doc__)
+    p.add_argument("--signatures", type=harness.count, default=5000,
+                   help="signatures of each kind (default 5000)")
+    p.add_argument("--requests", type=harness.count, default=2000, help="requests per route (default 2000)")
+    args = harness.parse(p, argv, quick={"signatures": 500, "requests": 200})
+    report = {"machine": harness.machine(), "in_process": in_process(args.signatures),
+              "socket": over_socket(args.requests)}
+    harness.emit(args, report, render)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run(None))
+    harness.main(main)

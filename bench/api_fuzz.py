@@ -27,15 +27,11 @@ caused it). Exit status: 1 when there is any failure, else 0.
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing
 import os
 import random
 import sys
-import tempfile
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,10 +92,11 @@ class Tally:
         self.failures += other.failures
 
 
-def fuzz_round(socket: Path, cases: int, round_seed: int, batch: int) -> Tally:
+def fuzz_round(params: tuple[Path, int, int, int], release: harness.Release) -> Tally:
     """About `cases` cases against the sidecar on `socket`, in batches of `batch` (Hypothesis may
-    skip an example whose draw it rejects: the caller tops up with another round). Runs in a
-    worker process of its own."""
+    skip an example whose draw it rejects: the caller tops up with another round). A load phase."""
+    socket, cases, round_seed, batch = params
+    release.wait()
     tally = Tally()
 
     @settings(max_examples=max(1, -(-cases // batch)), deadline=None, database=None, phases=[Phase.generate],
@@ -119,19 +116,16 @@ def fuzz_round(socket: Path, cases: int, round_seed: int, batch: int) -> Tally:
 def run(args: argparse.Namespace) -> tuple[Tally, float]:
     tally = Tally()
     started = time.perf_counter()
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(args.workers, mp_context=spawn) as pool:
+    with harness.Workers(args.workers) as workers:
         while tally.cases < args.cases:
-            with tempfile.TemporaryDirectory(prefix="mcpcreds-fuzz-") as tmp, \
-                    fuzz_sidecar(Path(tmp)) as target:
+            with harness.workdir("fuzz") as tmp, fuzz_sidecar(tmp) as target:
                 tally.sidecars += 1
                 size = min(args.round, args.cases - tally.cases)
-                print(f"sidecar {tally.sidecars}: {size:,} cases from {args.workers} worker(s)...",
-                      file=sys.stderr, flush=True)
+                harness.progress(f"sidecar {tally.sidecars}: {size:,} cases from {args.workers} worker(s)...")
                 shares = harness.split(size, args.workers)
-                seeds = [args.seed + 1000 * tally.sidecars + w for w in range(len(shares))]
-                for part in pool.map(fuzz_round, [target.socket] * len(shares), shares, seeds,
-                                     [args.batch] * len(shares)):
+                params = [(target.socket, share, args.seed + 1000 * tally.sidecars + w, args.batch)
+                          for w, share in enumerate(shares)]
+                for part in workers.run(fuzz_round, params, timeout=None):
                     tally.merge(part)
                 tally.failures += [f"sidecar {tally.sidecars}: {leak}" for leak in leaks_in_logs(target)]
     return tally, time.perf_counter() - started
@@ -174,19 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is None:
         args.seed = random.randrange(2**32)
     tally, seconds = run(args)
-    if args.json:
-        print(json.dumps({
-            "cases": tally.cases, "batches": tally.batches, "sidecars": tally.sidecars,
-            "seconds": round(seconds, 2),
-            "cases_per_second": round(tally.cases / seconds, 1), "seed": args.seed,
-            "workers": args.workers,
-            "socket_share": round(tally.wire_seconds / (seconds * args.workers), 3),
-            "statuses": dict(tally.statuses),
-            "by_operation": {op: dict(c) for op, c in tally.by_operation.items()},
-            "health_ok": tally.health_ok, "failures": tally.failures,
-        }, indent=2))
-    else:
-        print(render(tally, seconds, args))
+    report = {
+        "cases": tally.cases, "batches": tally.batches, "sidecars": tally.sidecars,
+        "seconds": round(seconds, 2),
+        "cases_per_second": round(tally.cases / seconds, 1), "seed": args.seed,
+        "workers": args.workers,
+        "socket_share": round(tally.wire_seconds / (seconds * args.workers), 3),
+        "statuses": dict(tally.statuses),
+        "by_operation": {op: dict(c) for op, c in tally.by_operation.items()},
+        "health_ok": tally.health_ok, "failures": tally.failures,
+    }
+    harness.emit(args, report, lambda _: render(tally, seconds, args))
     return 1 if tally.failures else 0
 
 

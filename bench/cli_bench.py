@@ -37,14 +37,12 @@ import site
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
 
 from bench import harness
-from bench.harness import BenchError
 
 SERVER = "bench"
 TOKEN = "cli-bench-token-0123456789abcdef"
@@ -67,17 +65,6 @@ class Figures:
 def console_script() -> list[str]:
     script = Path(sys.executable).with_name("mcpcreds")
     return [str(script)] if script.exists() else [sys.executable, "-c", CONSOLE_SCRIPT]
-
-
-def run_once(argv: list[str], env: dict[str, str], expected: str | None) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
-                          timeout=60)
-    elapsed = time.perf_counter() - t0
-    if proc.returncode != 0 or (expected is not None and expected not in proc.stdout):
-        raise BenchError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stdout[:200]!r} "
-                         f"{proc.stderr.strip()[-300:]}")
-    return elapsed
 
 
 def heavy_imports(argv: list[str], env: dict[str, str]) -> list[str]:
@@ -109,23 +96,21 @@ def render(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = harness.arguments(__doc__)
-    p.add_argument("--runs", type=int, default=30, help="recorded runs of each command (default 30)")
+    p.add_argument("--runs", type=harness.count, default=30,
+                   help="recorded runs of each command (default 30)")
     p.add_argument("--warmup", type=int, default=3, help="unrecorded runs of each command first (default 3)")
     p.add_argument("--no-site", action="store_true",
                    help="also measure python -S -c pass and python -S -m mcpcreds headers (no .pth files)")
     args = harness.parse(p, argv, quick={"runs": 5, "warmup": 1})
-    if args.runs < 1 or args.warmup < 0:
-        p.error("--runs must be >= 1, --warmup >= 0")
+    if args.warmup < 0:
+        p.error("--warmup must be >= 0")
 
     script = console_script()
     python = Path(sys.executable).name
     block = harness.static_server(SERVER, {"Authorization": "Bearer {{secret:CLI_BENCH_TOKEN}}"})
     with harness.workdir("cli-bench") as tmp, \
             harness.sidecar(tmp / "sidecar", block, env={"CLI_BENCH_TOKEN": TOKEN}) as proc:
-        pythonpath = os.pathsep.join(x for x in (str(harness.SRC), os.environ.get("PYTHONPATH")) if x)
-        env = {**os.environ, "PYTHONPATH": pythonpath, "MCPCREDS_CONFIG": str(proc.config)}
-        env.pop("MCPCREDS_SOCKET", None)
-        env.pop("MCPCREDS_GRANT", None)
+        env = harness.client_env(proc.config)
         # as installed: compiled once (the warm-up writes __pycache__), not compiled again each run
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         commands: list[tuple[str, list[str], str | None]] = [
@@ -135,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             (f"{python} -m mcpcreds headers {SERVER}", [sys.executable, "-m", "mcpcreds", "headers", SERVER],
              f"Bearer {TOKEN}"),
         ]
-        env_s = {**env, "PYTHONPATH": os.pathsep.join([pythonpath, *site.getsitepackages()])}
+        env_s = {**env, "PYTHONPATH": os.pathsep.join([env["PYTHONPATH"], *site.getsitepackages()])}
         if args.no_site:
             commands += [
                 (f"{python} -S -c pass", [sys.executable, "-S", "-c", "pass"], None),
@@ -146,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         harness.progress(f"{args.warmup} + {args.runs} runs of {len(commands)} commands, in turns...")
         for n in range(args.warmup + args.runs):
             for name, cmd, expected in commands:
-                elapsed = run_once(cmd, env_s if "-S" in cmd else env, expected)
+                elapsed = harness.timed_run(cmd, env_s if "-S" in cmd else env, expected)
                 if n >= args.warmup:
                     samples[name].append(elapsed * 1000)
         heavy = heavy_imports(["-m", "mcpcreds", "headers", SERVER], env_s)

@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from tests.peers.upstream import start_upstream_process
 
-from bench import harness
+from bench import harness, wire
 from bench.harness import Latency
 from mcpcreds import AsyncClient
 from mcpcreds.client.calls import Calls
@@ -65,7 +65,7 @@ SERVER = "bench"
 TOKEN = "bench-token-0123456789abcdef0123456789abcdef"
 CONCURRENCY = (1, 16)
 CHUNK = 1000  # in-process permits between two yields to the event loop
-CALL_REQUEST = harness.request_bytes("POST", f"/v1/servers/{SERVER}/call", b'{"cost": 1, "max_wait": 30.0}')
+CALL_REQUEST = wire.request_bytes("POST", f"/v1/servers/{SERVER}/call", b'{"cost": 1, "max_wait": 30.0}')
 
 
 def upstream_send(http: httpx.AsyncClient) -> harness.Send:
@@ -151,9 +151,7 @@ def raw_call_latency(sock: Path, seconds: float) -> Latency:
         started = time.monotonic()
         while time.monotonic() < started + seconds:
             t0 = time.perf_counter_ns()
-            status, body = harness.roundtrip(conn, CALL_REQUEST)
-            if status != 200:
-                raise RuntimeError(f"sidecar answered {status}: {body[:200]!r}")
+            wire.roundtrip_ok(conn, CALL_REQUEST)
             samples.append(time.perf_counter_ns() - t0)
         return harness.summarize("sidecar call, raw socket", 1, samples, time.monotonic() - started)
 

@@ -1,6 +1,7 @@
 """`mcpcreds exec`: start-up overhead, and the egress proxy's cost per CONNECT and in throughput.
 
-    python bench/exec_bench.py [--runs 40] [--connects 300] [--megabytes 64]
+    python bench/exec_bench.py [--runs 40] [--connects 300] [--megabytes 64] [--json]
+    python bench/exec_bench.py --quick      # a smoke run: --runs 5 --connects 50 --megabytes 8
 
 1. Start-up: the whole process, `mcpcreds exec NAME -- /bin/true` vs `/bin/true`, p50 and p90
    (net = inherit; and net = restricted, which adds the namespace, the proxy session and the
@@ -22,16 +23,15 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
 
-from tests.sidecar_proc import run_sidecar  # noqa: E402
+from bench import harness
 
 
 def _echo_server() -> int:
@@ -50,11 +50,6 @@ def _echo_server() -> int:
 
     threading.Thread(target=accept, daemon=True).start()
     return int(listener.getsockname()[1])
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 # ---------------------------------------------------------------------------- the child side
@@ -93,7 +88,8 @@ def child(port: int, connects: int, megabytes: int) -> None:
                 sock.recv(1)
             seconds = time.perf_counter() - start
         out["proxied" if proxied else "direct"] = {
-            "p50_ms": statistics.median(times) * 1000, "p99_ms": _pct(times, 0.99) * 1000,
+            "p50_ms": statistics.median(times) * 1000,
+            "p99_ms": harness.upper_percentile(sorted(times), 0.99) * 1000,
             "mb_per_s": megabytes / seconds}
     print(json.dumps(out))
 
@@ -101,69 +97,65 @@ def child(port: int, connects: int, megabytes: int) -> None:
 # ---------------------------------------------------------------------------- the parent side
 
 
-def _wall(command: list[str], env: dict[str, str], runs: int) -> list[float]:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(command, env=env, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=40)
-    parser.add_argument("--connects", type=int, default=300)
-    parser.add_argument("--megabytes", type=int, default=64)
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args.child, args.connects, args.megabytes)
-        return
-    with tempfile.TemporaryDirectory(prefix="exec-bench-") as tmp:
-        work = Path(tmp)
-        sock = work / "run" / "mcpcreds.sock"
-        config = work / "config.toml"
-        config.write_text(f"""
-[sidecar]
-socket = "{sock}"
-[secrets]
-sources = ["env"]
-[exec.plain]
-env = {{ TOKEN = "{{{{secret:BENCH_TOKEN}}}}" }}
+EXEC_BLOCKS = """[exec.plain]
+env = { TOKEN = "{{secret:BENCH_TOKEN}}" }
 [exec.restricted]
-env = {{ TOKEN = "{{{{secret:BENCH_TOKEN}}}}" }}
+env = { TOKEN = "{{secret:BENCH_TOKEN}}" }
 net = "restricted"
 allow_hosts = ["localhost"]
 allow_private = ["localhost"]
-""")
-        with run_sidecar(config, sock, env={"BENCH_TOKEN": "bench-secret"}):
-            env = {**os.environ, "MCPCREDS_CONFIG": str(config)}
-            exe = [sys.executable, "-m", "mcpcreds.cli.main", "exec"]
-            direct = _wall(["/bin/true"], env, args.runs)
-            plain = _wall([*exe, "plain", "--", "/bin/true"], env, args.runs)
-            restricted = _wall([*exe, "restricted", "--", "/bin/true"], env, args.runs)
-            cli = _wall([sys.executable, "-m", "mcpcreds.cli.main", "--version"], env, args.runs)
-            rows = (("/bin/true directly", direct), ("mcpcreds --version (interpreter + CLI import)", cli),
-                    ("mcpcreds exec (net = inherit)", plain),
-                    ("mcpcreds exec (net = restricted, enforced)", restricted))
-            for label, times in rows:
-                print(f"{label:48s} p50 {statistics.median(times) * 1000:7.1f} ms   "
-                      f"p90 {_pct(times, 0.9) * 1000:7.1f} ms")
-            port = _echo_server()
-            done = subprocess.run([*exe, "restricted", "--advisory", "--", sys.executable, __file__,
-                                   "--child", str(port), "--connects", str(args.connects),
-                                   "--megabytes", str(args.megabytes)],
-                                  env={**env, "MCPCREDS_EXEC_NAMESPACES": "0"}, capture_output=True,
-                                  text=True, check=True)
-            result = json.loads(done.stdout)
-            for label in ("direct", "proxied"):
-                r = result[label]
-                print(f"{label:8s} connect+1-byte round trip p50 {r['p50_ms']:.3f} ms  "
-                      f"p99 {r['p99_ms']:.3f} ms  throughput {r['mb_per_s']:.0f} MB/s")
-            added = result["proxied"]["p50_ms"] - result["direct"]["p50_ms"]
-            print(f"added per CONNECT, p50: {added:.3f} ms")
+"""
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [f"{label:48s} p50 {r['p50_ms']:7.1f} ms   p90 {r['p90_ms']:7.1f} ms"
+             for label, r in report["startup"].items()]
+    for label in ("direct", "proxied"):
+        r = report["proxy"][label]
+        lines.append(f"{label:8s} connect+1-byte round trip p50 {r['p50_ms']:.3f} ms  "
+                     f"p99 {r['p99_ms']:.3f} ms  throughput {r['mb_per_s']:.0f} MB/s")
+    lines.append(f"added per CONNECT, p50: {report['added_per_connect_p50_ms']:.3f} ms")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = harness.arguments(__doc__)
+    p.add_argument("--runs", type=harness.count, default=40,
+                   help="whole processes of each command (default 40)")
+    p.add_argument("--connects", type=harness.count, default=300, help="connections each way (default 300)")
+    p.add_argument("--megabytes", type=harness.count, default=64,
+                   help="through one connection each way (default 64)")
+    p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = harness.parse(p, argv, quick={"runs": 5, "connects": 50, "megabytes": 8})
+    if args.child:
+        child(args.child, args.connects, args.megabytes)
+        return 0
+    with harness.workdir("exec-bench") as tmp, \
+            harness.sidecar(tmp, EXEC_BLOCKS, env={"BENCH_TOKEN": "bench-secret"}) as proc:
+        env = harness.client_env(proc.config)
+        exe = [sys.executable, "-m", "mcpcreds.cli.main", "exec"]
+        true, version = "/bin/true directly", "mcpcreds --version (interpreter + CLI import)"
+        inherit, restricted = "mcpcreds exec (net = inherit)", "mcpcreds exec (net = restricted, enforced)"
+        commands = {true: ["/bin/true"], inherit: [*exe, "plain", "--", "/bin/true"],  # run in this order
+                    restricted: [*exe, "restricted", "--", "/bin/true"],
+                    version: [sys.executable, "-m", "mcpcreds.cli.main", "--version"]}
+        times = {label: sorted(harness.timed_run(argv, env) for _ in range(args.runs))
+                 for label, argv in commands.items()}
+        startup = {label: {"p50_ms": statistics.median(times[label]) * 1000,
+                           "p90_ms": harness.upper_percentile(times[label], 0.9) * 1000}
+                   for label in (true, version, inherit, restricted)}  # printed in this order
+        port = _echo_server()
+        done = subprocess.run([*exe, "restricted", "--advisory", "--", sys.executable, __file__,
+                               "--child", str(port), "--connects", str(args.connects),
+                               "--megabytes", str(args.megabytes)],
+                              env={**env, "MCPCREDS_EXEC_NAMESPACES": "0"}, capture_output=True,
+                              text=True, check=True)
+    proxy = json.loads(done.stdout)
+    report = {"startup": startup, "proxy": proxy, **harness.machine(),
+              "added_per_connect_p50_ms": proxy["proxied"]["p50_ms"] - proxy["direct"]["p50_ms"]}
+    harness.emit(args, report, render)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(main)

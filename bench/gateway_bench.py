@@ -57,6 +57,7 @@ INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 RPC = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
        "MCP-Protocol-Version": "2025-06-18"}
+WAYS = ("direct", "gateway")  # taking turns, `--rounds` times
 
 
 def ms(seconds: float) -> str:
@@ -64,8 +65,7 @@ def ms(seconds: float) -> str:
 
 
 def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return harness.upper_percentile(sorted(values), q)
 
 
 def rss(pid: int) -> int:
@@ -195,10 +195,9 @@ async def measure(sidecar: SidecarProcess, peer: GatewayPeer, args: argparse.Nam
     async with AsyncClient(sidecar.socket) as creds:
         print(f"(a) tools/call latency at concurrency 1, {args.calls} calls per way per round, "
               f"{args.rounds} rounds")
-        lat: dict[str, list[float]] = {"direct": [], "gateway": []}
-        for _ in range(args.rounds):
-            for way in lat:
-                lat[way] += await latency(creds, peer, way, args.calls)
+        lat: dict[str, list[float]] = {way: [] for way in WAYS}
+        for way in WAYS * args.rounds:
+            lat[way] += await latency(creds, peer, way, args.calls)
         for way, values in lat.items():
             print(f"    {way:8} p50 {ms(pct(values, 0.5))}  p99 {ms(pct(values, 0.99))}  "
                   f"mean {ms(statistics.fmean(values))}")
@@ -208,10 +207,9 @@ async def measure(sidecar: SidecarProcess, peer: GatewayPeer, args: argparse.Nam
         results["latency"] = {w: {"p50": pct(v, 0.5), "p99": pct(v, 0.99)} for w, v in lat.items()}
 
         print(f"(a) throughput, 16 sessions at once, {args.calls * 4} calls per way per round")
-        tput: dict[str, list[float]] = {"direct": [], "gateway": []}
-        for _ in range(args.rounds):
-            for way in tput:
-                tput[way].append(await throughput(creds, peer, way, args.calls * 4))
+        tput: dict[str, list[float]] = {way: [] for way in WAYS}
+        for way in WAYS * args.rounds:
+            tput[way].append(await throughput(creds, peer, way, args.calls * 4))
         best = {way: statistics.median(v) for way, v in tput.items()}
         for way, value in best.items():
             print(f"    {way:8} {value:8.0f} calls/s (median of {args.rounds})")
@@ -219,10 +217,9 @@ async def measure(sidecar: SidecarProcess, peer: GatewayPeer, args: argparse.Nam
         results["throughput"] = best
 
         print(f"(b) time to the first SSE event of a tools/call answer, {args.calls} per way per round")
-        first: dict[str, list[float]] = {"direct": [], "gateway": []}
-        for _ in range(args.rounds):
-            for way in first:
-                first[way] += await first_event(creds, peer, way, args.calls)
+        first: dict[str, list[float]] = {way: [] for way in WAYS}
+        for way in WAYS * args.rounds:
+            first[way] += await first_event(creds, peer, way, args.calls)
         for way, values in first.items():
             print(f"    {way:8} p50 {ms(pct(values, 0.5))}  p99 {ms(pct(values, 0.99))}")
         print(f"    gateway - direct p50: {ms(pct(first['gateway'], 0.5) - pct(first['direct'], 0.5))} "
@@ -248,11 +245,12 @@ def client_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> N
 def main(argv: list[str] | None = None) -> int:
     p = harness.arguments(__doc__)
     p.add_argument("--calls", type=int, default=300, help="tools/call per way per round (default 300)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds, the ways alternating (default 3)")
-    p.add_argument("--sessions", type=int, default=500, help="MCP sessions held open for (c) (default 500)")
+    p.add_argument("--rounds", type=harness.count, default=3, help="rounds, the ways alternating (default 3)")
+    p.add_argument("--sessions", type=harness.count, default=500,
+                   help="MCP sessions held open for (c) (default 500)")
     args = harness.parse(p, argv, quick={"calls": 40, "rounds": 1, "sessions": 50})
-    if args.calls < 16 or args.rounds < 1 or args.sessions < 1:
-        p.error("--calls must be >= 16, --rounds and --sessions >= 1")
+    if args.calls < 16:
+        p.error("--calls must be >= 16")
     with harness.workdir("gwbench") as tmp, \
             harness.started(start_gateway_peer("unused-", KEY), "the MCP peer") as peer, \
             harness.sidecar(tmp / "sidecar", server_block(peer), env={"BENCH_KEY": KEY}) as sidecar:

@@ -1,13 +1,14 @@
 """What every bench needs besides what it measures: the command line, a real sidecar on a fresh
-config, the peers, load processes released together, closed-loop asyncio load, latency figures,
-ratios against the baseline measured in the same run, and text tables.
+config, the peers, load processes released together, closed-loop asyncio load, whole processes
+timed, latency figures, ratios against the baseline measured in the same run, and text tables.
 
 A bench starts with
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
     from bench import harness
 
-and ends with `if __name__ == "__main__": harness.main(main)`. Its `main(argv)` builds its options
+(and `from bench import wire` for HTTP/1.1 by hand on the sidecar's socket), and ends with
+`if __name__ == "__main__": harness.main(main)`. Its `main(argv)` builds its options
 with `harness.arguments(__doc__)`, parses them with `harness.parse(parser, argv, quick={...})`
 (`--quick` sets the given options for a smoke run of a few seconds; what is given on the command
 line still wins) and prints with `harness.emit`. Anything that keeps the bench from measuring (a
@@ -32,10 +33,11 @@ import os
 import shlex
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -67,6 +69,23 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+@dataclasses.dataclass
+class Errors:
+    """The failures of a load: how many, and what the first one was."""
+
+    count: int = 0
+    first: str = ""
+
+    def add(self, error: BaseException | str) -> None:
+        self.count += 1
+        self.first = self.first or (error if isinstance(error, str) else describe(error))
+
+
+def first_error(errors: Iterable[str]) -> str:
+    """The first of the load processes' first errors ("" where none failed)."""
+    return next((e for e in errors if e), "")
+
+
 # ------------------------------------------------------------------------------ the command line
 
 
@@ -75,6 +94,39 @@ def arguments(doc: str | None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc.strip().splitlines()[0] if doc else None)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     return p
+
+
+def count(text: str) -> int:
+    """An option's whole number >= 1: an argparse type."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a whole number >= 1: {text!r}")
+    return value
+
+
+def positive(text: str) -> float:
+    """An option's number > 0 (seconds, an interval): an argparse type."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"not a number > 0: {text!r}")
+    return value
+
+
+def rate(text: str) -> str:
+    """An option's rate as a config writes it ("100/1s"), checked: an argparse type."""
+    from mcpcreds.core.rates import parse_rate
+
+    try:
+        parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def levels(text: str) -> list[int]:
@@ -162,20 +214,6 @@ def static_server(name: str, headers: Mapping[str, str], rate: str | None = None
     return "\n".join(lines) + "\n"
 
 
-def oauth_service(service: str, server: str, endpoint: str, token_url: str, client_id: str,
-                  secret: str, scope: str, rate: str | None = None) -> str:
-    """`[services.<service>]` with a client-credentials login (the client secret from the secret
-    `secret`), and a `[[servers]]` entry `server` that uses it."""
-    lines = [f"[services.{service}]", f"endpoint = {_toml(endpoint)}"]
-    if rate is not None:
-        lines.append(f"rate = {_toml(rate)}")
-    lines += [f"[services.{service}.oauth]", f"token_url = {_toml(token_url)}",
-              f"client_id = {_toml(client_id)}", f"client_secret = {_toml('{{secret:' + secret + '}}')}",
-              f"scope = {_toml(scope)}", "",
-              "[[servers]]", f"name = {_toml(server)}", f"service = {_toml(service)}"]
-    return "\n".join(lines) + "\n"
-
-
 @contextlib.contextmanager
 def started(cm: contextlib.AbstractContextManager[T], what: str) -> Iterator[T]:
     """Enter `cm` (a peer's or the sidecar's context manager); a failure to start is a BenchError."""
@@ -187,12 +225,17 @@ def started(cm: contextlib.AbstractContextManager[T], what: str) -> Iterator[T]:
         yield value
 
 
+def pythonpath() -> str:
+    """PYTHONPATH for a process of this checkout: its `src` first, then the one we were given."""
+    return os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p)
+
+
 @contextlib.contextmanager
 def sidecar(folder: Path, *blocks: str, env: Mapping[str, str] | None = None,
             settings: str = "") -> Iterator[SidecarProcess]:
     """A real `mcpcreds serve` (this checkout's) on `folder/s.sock`: its config is `[sidecar]` with
     the socket and `settings` (TOML lines), secrets from its environment (`env` added to ours), and
-    `blocks` (`static_server`, `oauth_service`). Stopped at the end of the block."""
+    `blocks` (`static_server`, TOML text). Stopped at the end of the block."""
     from tests.sidecar_proc import run_sidecar
 
     folder.mkdir(mode=0o700, exist_ok=True)
@@ -201,10 +244,34 @@ def sidecar(folder: Path, *blocks: str, env: Mapping[str, str] | None = None,
     config = folder / "config.toml"
     head = f'[sidecar]\nsocket = {_toml(str(sock))}\n{settings}\n\n[secrets]\nsources = ["env"]\n\n'
     config.write_text(head + "\n".join(blocks), encoding="utf-8")
-    pythonpath = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p)
-    with started(run_sidecar(config, sock, {**(env or {}), "PYTHONPATH": pythonpath}),
+    with started(run_sidecar(config, sock, {**(env or {}), "PYTHONPATH": pythonpath()}),
                  f"the sidecar ({folder.name})") as proc:
         yield proc
+
+
+def oauth_sidecar(folder: Path, *, service: str, server: str, endpoint: str, token_url: str,
+                  client_id: str, client_secret: str, scope: str, rate: str | None = None,
+                  settings: str = "") -> contextlib.AbstractContextManager[SidecarProcess]:
+    """`sidecar` with `[services.<service>]` (a client-credentials login at `token_url`, the client
+    secret from the sidecar's environment) and a `[[servers]]` entry `server` that uses it."""
+    lines = [f"[services.{service}]", f"endpoint = {_toml(endpoint)}"]
+    if rate is not None:
+        lines.append(f"rate = {_toml(rate)}")
+    lines += [f"[services.{service}.oauth]", f"token_url = {_toml(token_url)}",
+              f"client_id = {_toml(client_id)}", 'client_secret = "{{secret:BENCH_SECRET}}"',
+              f"scope = {_toml(scope)}", "",
+              "[[servers]]", f"name = {_toml(server)}", f"service = {_toml(service)}"]
+    return sidecar(folder, "\n".join(lines) + "\n", env={"BENCH_SECRET": client_secret}, settings=settings)
+
+
+def client_env(config: Path) -> dict[str, str]:
+    """The environment of a user's process of the sidecar with `config`: ours, with this
+    checkout's `src` on PYTHONPATH and the config found as a user's is ($MCPCREDS_CONFIG); a socket
+    or grant of ours would point it elsewhere."""
+    env = {**os.environ, "PYTHONPATH": pythonpath(), "MCPCREDS_CONFIG": str(config)}
+    env.pop("MCPCREDS_SOCKET", None)
+    env.pop("MCPCREDS_GRANT", None)
+    return env
 
 
 def log_warnings(proc: SidecarProcess) -> list[str]:
@@ -239,6 +306,14 @@ def status(sock: Path | str) -> dict[str, Any]:
         return client.status()
 
 
+def status_entry(sock: Path | str, section: str, key: str) -> dict[str, Any]:
+    """The entry of `GET /v1/status`'s `section` ("logins", "buckets") with this `key`, or {}."""
+    for entry in status(sock).get(section, []):
+        if entry.get("key") == key:
+            return dict(entry)
+    return {}
+
+
 @contextlib.contextmanager
 def oidc_peer(client_id: str, client_secret: str, scope: str, ttl: int) -> Iterator[OidcPeer]:
     """The oidc-provider peer (Node) with one client-credentials client; tokens live `ttl` s."""
@@ -248,6 +323,42 @@ def oidc_peer(client_id: str, client_secret: str, scope: str, ttl: int) -> Itera
                 "token_endpoint_auth_method": "client_secret_basic", "scope": scope}]
     with started(start_oidc_peer(clients, access_token_ttl=ttl), "the oidc peer") as peer:
         yield peer
+
+
+def _serve_forever(serve: Callable[..., Coroutine[Any, Any, None]], args: tuple[Any, ...]) -> None:
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(*args))
+
+
+@contextlib.contextmanager
+def server_process(serve: Callable[..., Coroutine[Any, Any, None]], *args: Any, socket_path: Path | str,
+                   what: str) -> Iterator[None]:
+    """`asyncio.run(serve(*args))` in a spawned process of its own (`serve`: a module-level async
+    function that listens on the Unix socket `socket_path` until the process ends), ready once that
+    socket takes a connection; terminated at the end of the block."""
+    spawn = multiprocessing.get_context("spawn")
+    proc = spawn.Process(target=_serve_forever, args=(serve, args), daemon=True)
+    proc.start()
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            if not proc.is_alive():
+                raise BenchError(f"{what} exited before it was ready")
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                    probe.connect(str(socket_path))
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"{what} was not ready after {READY_TIMEOUT:.0f} s ({exc})") from None
+            time.sleep(0.02)
+        yield
+    finally:
+        proc.terminate()
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 # --------------------------------------------------------------------------- load processes
@@ -323,7 +434,7 @@ class Workers:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _recv(self, pipe: Connection, timeout: float, what: str, expect: str) -> Any:
+    def _recv(self, pipe: Connection, timeout: float | None, what: str, expect: str) -> Any:
         if not pipe.poll(timeout):
             raise BenchError(f"{what}: a load process did not answer within {timeout:.0f} s")
         try:
@@ -336,12 +447,13 @@ class Workers:
             raise BenchError(f"{what}: a load process sent {kind!r}, expected {expect!r}")
         return payload
 
-    def run(self, phase: Phase, params: Sequence[Any], *, timeout: float, start_delay: float = 0.0,
+    def run(self, phase: Phase, params: Sequence[Any], *, timeout: float | None, start_delay: float = 0.0,
             before_release: Callable[[], None] | None = None,
             while_running: Callable[[float], None] | None = None) -> list[Any]:
         """Run `phase` in the first `len(params)` workers, one params each: wait until each is set
         up, call `before_release`, release them together with a start time `start_delay` s ahead,
-        call `while_running(start)`, and return their results (each within `timeout` s)."""
+        call `while_running(start)`, and return their results (each within `timeout` s; None:
+        however long it takes)."""
         if len(params) > len(self.procs):
             raise ValueError(f"{len(params)} params for {len(self.procs)} workers")
         pipes = [pipe for _, pipe in self.procs[: len(params)]]
@@ -384,6 +496,39 @@ def sleep_until(when: float) -> None:
     time.sleep(max(0.0, when - time.monotonic()))
 
 
+# ---------------------------------------------------------- whole processes, calls taking turns
+
+
+def timed_run(argv: Sequence[str], env: Mapping[str, str], expect: str | None = None) -> float:
+    """Wall seconds of the whole process `argv`, from start to exit (a fresh interpreter when it
+    is Python); a failure, or `expect` not in its stdout, is a BenchError."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
+                          timeout=60)
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != 0 or (expect is not None and expect not in proc.stdout):
+        raise BenchError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stdout[:200]!r} "
+                         f"{proc.stderr.strip()[-300:]}")
+    return elapsed
+
+
+def in_turns(steps: Mapping[str, Callable[[], object]], calls: int, warmup: int) -> dict[str, list[int]]:
+    """`warmup` unrecorded rounds, then `calls` recorded, each calling every step once in turn, so
+    that all see the same machine: each step's latencies in ns."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    samples: dict[str, list[int]] = {name: [] for name in steps}
+    perf = time.perf_counter_ns
+    for _ in range(calls):
+        for name, step in steps.items():
+            t0 = perf()
+            step()
+            done = perf()
+            samples[name].append(done - t0)
+    return samples
+
+
 # ------------------------------------------------------------------- closed-loop load, latency
 
 Send = Callable[[], Awaitable[object]]
@@ -415,6 +560,20 @@ def percentile(ordered: Sequence[T], q: float) -> T:
     return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
 
 
+def percentiles(values: Iterable[float], *qs: float) -> list[float]:
+    """`percentile` of `values` (sorted here) at each of `qs`."""
+    ordered = sorted(values)
+    return [percentile(ordered, q) for q in qs]
+
+
+def upper_percentile(ordered: Sequence[T], q: float) -> T:
+    """`ordered[int(q * n)]`: at or above the nearest rank (the upper median for q = 0.5). The
+    gateway, exec, rate and status-quo benches' figures were taken with it: kept for those."""
+    if not ordered:
+        raise ValueError("no values")
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 @dataclasses.dataclass
 class Latency:
     """Requests of one mode at one concurrency: throughput and latency."""
@@ -432,13 +591,12 @@ class Latency:
 
 def summarize(mode: str, concurrency: int, samples_ns: Sequence[int], seconds: float,
               clients: int = 1) -> Latency:
-    ordered = sorted(samples_ns)
-    if not ordered:
+    if not samples_ns:
         raise BenchError(f"{mode}: no request completed in {seconds:.2f} s")
-    n = len(ordered)
-    return Latency(mode, concurrency, n, round(seconds, 3), round(n / seconds, 1),
-                   round(percentile(ordered, 0.50) / 1e6, 4), round(percentile(ordered, 0.99) / 1e6, 4),
-                   round(sum(ordered) / n / 1e6, 4), clients)
+    n = len(samples_ns)
+    p50, p99 = percentiles(samples_ns, 0.50, 0.99)
+    return Latency(mode, concurrency, n, round(seconds, 3), round(n / seconds, 1), round(p50 / 1e6, 4),
+                   round(p99 / 1e6, 4), round(sum(samples_ns) / n / 1e6, 4), clients)
 
 
 async def measure(mode: str, send: Send, tasks: int, seconds: float, warmup: float = 0.0) -> Latency:
@@ -478,72 +636,3 @@ def table(rows: Sequence[Sequence[str]]) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-# --------------------------------------------------------------- HTTP/1.1 over a Unix socket
-
-
-class ResponseError(Exception):
-    pass
-
-
-def request_bytes(method: str, target: str, body: bytes | None = None) -> bytes:
-    """One HTTP/1.1 request to the sidecar, as the bytes on the wire (a JSON body if given)."""
-    head = f"{method} {target} HTTP/1.1\r\nHost: mcpcreds\r\nAccept: application/json\r\n"
-    if body is None:
-        return (head + "\r\n").encode()
-    return (head + f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
-
-
-def parse_response(buf: bytearray | bytes) -> tuple[int, int] | None:
-    """`(length, status)` of the first complete response in `buf`, or None if it is incomplete."""
-    head_end = buf.find(b"\r\n\r\n")
-    if head_end < 0:
-        return None
-    head = bytes(buf[:head_end]).lower()
-    if not head.startswith(b"http/1.1 "):
-        raise ResponseError(f"not an HTTP/1.1 response: {bytes(buf[:40])!r}")
-    length = 0
-    start = head.find(b"\r\ncontent-length:")
-    if start >= 0:
-        stop = head.find(b"\r\n", start + 2)
-        length = int(head[start + 17 : stop if stop >= 0 else None])
-    elif b"\r\ntransfer-encoding:" in head:
-        raise ResponseError("chunked responses are not supported here")
-    total = head_end + 4 + length
-    if len(buf) < total:
-        return None
-    return total, int(head[9:12])
-
-
-def roundtrip(conn: socket.socket, request: bytes) -> tuple[int, bytes]:
-    """Send `request` on a blocking keep-alive connection; `(status, body)` of the answer."""
-    conn.sendall(request)
-    buf = bytearray()
-    while (parsed := parse_response(buf)) is None:
-        chunk = conn.recv(65536)
-        if not chunk:
-            raise ResponseError(f"connection closed after {len(buf)} bytes")
-        buf += chunk
-    total, code = parsed
-    return code, bytes(buf[buf.find(b"\r\n\r\n") + 4 : total])
-
-
-def http_get(path: str, target: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    """One GET on a new connection to the Unix socket at `path`: `(status, body)`."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(timeout)
-        conn.connect(path)
-        return roundtrip(conn, request_bytes("GET", target))
-
-
-async def aroundtrip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     request: bytes) -> tuple[int, bytes]:
-    """`roundtrip` on an asyncio keep-alive connection."""
-    writer.write(request)
-    head = await reader.readuntil(b"\r\n\r\n")
-    parsed = parse_response(head)
-    if parsed is None:  # a body follows
-        length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
-        return int(head[9:12]), await reader.readexactly(length)
-    return parsed[1], b""

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
 
-from bench import harness
+from bench import harness, wire
 
 if TYPE_CHECKING:
     from tests.peers.oidc_peer import OidcPeer
@@ -93,12 +93,11 @@ def jwt_claims(authorization: str) -> dict[str, Any]:
 
 
 def latency_ms(values: list[float]) -> dict[str, float | None]:
-    ordered = sorted(values)
-    if not ordered:
+    if not values:
         return {"p50_ms": None, "p99_ms": None, "max_ms": None}
-    return {"p50_ms": round(harness.percentile(ordered, 0.50) * 1e3, 3),
-            "p99_ms": round(harness.percentile(ordered, 0.99) * 1e3, 3),
-            "max_ms": round(ordered[-1] * 1e3, 3)}
+    p50, p99 = harness.percentiles(values, 0.50, 0.99)
+    return {"p50_ms": round(p50 * 1e3, 3), "p99_ms": round(p99 * 1e3, 3),
+            "max_ms": round(max(values) * 1e3, 3)}
 
 
 def ms(value: float | None, digits: int = 1) -> str:
@@ -157,8 +156,8 @@ async def steady(params: dict[str, Any], release: harness.Release) -> dict[str, 
     from mcpcreds import AsyncClient
 
     interval: float = params["interval"]
-    calls = expired_exp = expired_expires_at = errors = 0
-    first_error = ""
+    calls = expired_exp = expired_expires_at = 0
+    errors = harness.Errors()
     latencies: list[float] = []
     tokens: dict[str, tuple[float, float]] = {}  # fingerprint -> (JWT exp, first receipt)
     min_left: float | None = None  # the least time left on a received token (by JWT exp), s
@@ -178,8 +177,7 @@ async def steady(params: dict[str, Any], release: harness.Release) -> dict[str, 
                 latencies.append(time.perf_counter() - sent)
                 claims = jwt_claims(info["headers"]["Authorization"])
             except Exception as exc:
-                errors += 1
-                first_error = first_error or harness.describe(exc)
+                errors.add(exc)
             else:
                 calls += 1
                 exp = float(claims["exp"])
@@ -197,7 +195,7 @@ async def steady(params: dict[str, Any], release: harness.Release) -> dict[str, 
             tick = max(tick + 1, int((time.perf_counter() - loop_start) / interval))
             await asyncio.sleep(max(0.0, loop_start + tick * interval - time.perf_counter()))
     return {"calls": calls, "expired_exp": expired_exp, "expired_expires_at": expired_expires_at,
-            "errors": errors, "first_error": first_error, "latencies": latencies, "tokens": tokens,
+            "errors": errors.count, "first_error": errors.first, "latencies": latencies, "tokens": tokens,
             "min_left": min_left, "max_skew": max_skew}
 
 
@@ -207,28 +205,18 @@ async def steady(params: dict[str, Any], release: harness.Release) -> dict[str, 
 @contextlib.contextmanager
 def sidecar(peer: OidcPeer, tmp: Path, name: str, refresh_ahead: str) -> Iterator[Path]:
     """A fresh `mcpcreds serve` on its own socket and config; yields the socket path."""
-    block = harness.oauth_service("crm", SERVER, ENDPOINT, peer.token_url, CLIENT_ID, "BENCH_SECRET", SCOPE)
-    with harness.sidecar(tmp / name, block, env={"BENCH_SECRET": CLIENT_SECRET},
-                         settings=f'refresh_ahead = "{refresh_ahead}"') as proc:
+    with harness.oauth_sidecar(tmp / name, service="crm", server=SERVER, endpoint=ENDPOINT,
+                               token_url=peer.token_url, client_id=CLIENT_ID, client_secret=CLIENT_SECRET,
+                               scope=SCOPE, settings=f'refresh_ahead = "{refresh_ahead}"') as proc:
         yield proc.socket
-
-
-def login_status(socket: Path) -> dict[str, Any]:
-    for login in harness.status(socket).get("logins", []):
-        if login.get("key") == SERVICE_KEY:
-            return dict(login)
-    return {}
 
 
 def headers_route_seconds(socket: Path) -> dict[str, float | None]:
     """The sidecar's own view of the headers route (GET /metrics: from its request parsed to its
     answer written), to tell time spent in the sidecar from time queued in the clients or the kernel."""
-    import httpx
-
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://mcpcreds") as http:
-        text = http.get("/metrics").text
+    _, text = wire.http_get(str(socket), "/metrics")
     count = total = 0.0
-    for line in text.splitlines():
+    for line in text.decode().splitlines():
         name, _, value = line.rpartition(" ")
         if "headers" not in name:
             continue
@@ -240,7 +228,7 @@ def headers_route_seconds(socket: Path) -> dict[str, float | None]:
 
 
 def first_error(out: list[dict[str, Any]]) -> str:
-    return next((r["first_error"] for r in out if r["first_error"]), "")
+    return harness.first_error(r["first_error"] for r in out)
 
 
 # ----------------------------------------------------------------------------------------- phases
@@ -259,7 +247,7 @@ def run_cold(pool: harness.Workers, peer: OidcPeer, tmp: Path, args: argparse.Na
         out = pool.run(cold, [{"socket": str(socket), "calls": args.calls}] * args.processes, timeout=120.0,
                        before_release=count)
         stats = peer.stats()
-        status = login_status(socket)
+        status = harness.status_entry(socket, "logins", SERVICE_KEY)
         inside = headers_route_seconds(socket)
     latencies = [lat for r in out for lat in r["latencies"]]
     fingerprints = sorted({f for r in out for f in r["fingerprints"]})
@@ -305,7 +293,7 @@ def run_steady(pool: harness.Workers, peer: OidcPeer, tmp: Path, args: argparse.
             harness.sleep_until(start + duration)
             stats = peer.stats()  # at the end of the run, before any later renewal
             stats_lag = time.monotonic() - (start + duration)
-            status = login_status(socket)
+            status = harness.status_entry(socket, "logins", SERVICE_KEY)
 
         params = {"socket": str(socket), "interval": args.interval, "duration": duration}
         out = pool.run(steady, [params] * args.processes, timeout=duration + 60.0, start_delay=0.2,
@@ -433,17 +421,19 @@ def render(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = harness.arguments(__doc__)
-    p.add_argument("--ttl", type=int, default=15, help="token lifetime in the steady run, s (default 15)")
-    p.add_argument("--lifetimes", type=int, default=10, help="length of the steady run in lifetimes (10)")
-    p.add_argument("--processes", type=int, default=8, help="client processes (default 8)")
-    p.add_argument("--calls", type=int, default=125, help="concurrent cold calls per process (default 125)")
-    p.add_argument("--interval", type=float, default=0.02, help="steady: s between calls per process (0.02)")
+    p.add_argument("--ttl", type=harness.count, default=15,
+                   help="token lifetime in the steady run, s (default 15)")
+    p.add_argument("--lifetimes", type=harness.count, default=10,
+                   help="length of the steady run in lifetimes (10)")
+    p.add_argument("--processes", type=harness.count, default=8, help="client processes (default 8)")
+    p.add_argument("--calls", type=harness.count, default=125,
+                   help="concurrent cold calls per process (default 125)")
+    p.add_argument("--interval", type=harness.positive, default=0.02,
+                   help="steady: s between calls per process (0.02)")
     p.add_argument("--refresh-ahead", default="0.25s",
                    help="the sidecar's refresh_ahead (default 0.25s: 11 logins in 10 lifetimes "
                         "needs a renewal in the last 1/11 of each)")
     args = harness.parse(p, argv, quick={"ttl": 2, "lifetimes": 1, "processes": 2, "calls": 10})
-    if args.ttl < 1 or args.lifetimes < 1 or args.processes < 1 or args.calls < 1 or args.interval <= 0:
-        p.error("--ttl, --lifetimes, --processes, --calls must be >= 1 and --interval > 0")
 
     started = time.monotonic()
     load = os.getloadavg()[0]  # latencies depend on what else the machine runs; the counts do not
@@ -457,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         harness.progress(f"steady run ({args.ttl * args.lifetimes} s)...")
         steady_run = run_steady(pool, peer, tmp, args)
     report: dict[str, Any] = {
-        "cpus": os.cpu_count(), "load_average_1m_at_start": round(load, 2), "python": sys.version.split()[0],
+        **harness.machine(), "load_average_1m_at_start": round(load, 2),
         "wall_s": round(time.monotonic() - started, 1),
         "cold_burst": cold_burst, "baseline": base, "steady": steady_run,
     }

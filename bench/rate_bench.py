@@ -237,6 +237,7 @@ def summarize(name: str, t0: float, seconds: float, results: list[WorkerResult],
         per_second.append(counts)
     waited = sorted(w for res in results for w in res.waited)
     overhead = [o for res in results for o in res.overhead]
+    overhead_p50, overhead_p99 = harness.percentiles(overhead, 0.5, 0.99) if overhead else (None, None)
     late = [t for res in results for t in res.late_grants]
     every = [t for res in results for t in res.grants] + late
     return RunSummary(
@@ -249,10 +250,10 @@ def summarize(name: str, t0: float, seconds: float, results: list[WorkerResult],
         refused=sum(res.refused for res in results),
         errors=[err for res in results for err in res.errors],
         worker_cpu_seconds=sum(res.cpu_seconds for res in results),
-        waited_p50=waited[len(waited) // 2] if waited else None,
+        waited_p50=harness.upper_percentile(waited, 0.5) if waited else None,
         waited_max=waited[-1] if waited else None,
-        overhead_p50=harness.percentile(sorted(overhead), 0.5) if overhead else None,
-        overhead_p99=harness.percentile(sorted(overhead), 0.99) if overhead else None,
+        overhead_p50=overhead_p50,
+        overhead_p99=overhead_p99,
         first_grant_after_t0=min(every) - t0 if every else None,
         woke_after_t0=max(res.woke for res in results) - t0,
         last_answer_after_end=max(late) - t0 - seconds if late else None,
@@ -269,25 +270,18 @@ def _proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _bucket(status: dict[str, Any]) -> dict[str, Any]:
-    for bucket in status.get("buckets", []):
-        if bucket.get("key") == f"mcp:{SERVER_NAME}":
-            return dict(bucket)
-    return {}
-
-
 def run_sidecar_phase(workers: harness.Workers, rate: Rate, seconds: float, processes: int,
                       tasks: int) -> dict[str, Any]:
     block = harness.static_server(SERVER_NAME, {"X-Api-Key": "{{secret:BENCH_KEY}}"}, rate=str(rate))
     with harness.workdir("rate-bench") as tmp, \
             harness.sidecar(tmp, block, env={"BENCH_KEY": "bench-key-0123456789"}) as sidecar:
         socket = str(sidecar.socket)
-        before = _bucket(harness.status(socket))
+        before = harness.status_entry(socket, "buckets", f"mcp:{SERVER_NAME}")
         pid = sidecar.proc.pid
         specs = [WorkerSpec(i, SIDECAR, socket, str(rate), seconds, tasks) for i in range(processes)]
         t0, results, window_cpu = run_phase(workers, sidecar_worker, specs, seconds,
                                             lambda: _proc_cpu_seconds(pid))
-        after = _bucket(harness.status(socket))
+        after = harness.status_entry(socket, "buckets", f"mcp:{SERVER_NAME}")
         stray = harness.log_warnings(sidecar)
     summary = summarize(SIDECAR, t0, seconds, results, rate)
     return {
@@ -409,19 +403,16 @@ def _table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = harness.arguments(__doc__)
-    p.add_argument("--seconds", type=float, default=10.0, help="length of the window (default 10)")
-    p.add_argument("--processes", type=int, default=8, help="worker processes (default 8)")
-    p.add_argument("--tasks", type=int, default=4, help="concurrent coroutines per process (default 4)")
-    p.add_argument("--rate", default="100/1s", help='the bucket, "<burst>/<per>" (default "100/1s")')
+    p.add_argument("--seconds", type=harness.positive, default=10.0, help="length of the window (default 10)")
+    p.add_argument("--processes", type=harness.count, default=8, help="worker processes (default 8)")
+    p.add_argument("--tasks", type=harness.count, default=4,
+                   help="concurrent coroutines per process (default 4)")
+    p.add_argument("--rate", type=harness.rate, default="100/1s",
+                   help='the bucket, "<burst>/<per>" (default "100/1s")')
     p.add_argument("--png", default=str(harness.ROOT / "bench" / "rate_bench.png"),
                    help="where to draw the figure (default bench/rate_bench.png; '' draws none)")
     args = harness.parse(p, argv, quick={"seconds": 1.0, "processes": 2, "tasks": 2, "png": ""})
-    try:
-        rate = parse_rate(args.rate)
-    except ValueError as exc:
-        p.error(str(exc))
-    if args.seconds <= 0 or args.processes < 1 or args.tasks < 1:
-        p.error("--seconds, --processes and --tasks must be positive")
+    rate = parse_rate(args.rate)
 
     bound = rate.burst + rate.per_second * args.seconds
     floor = FLOOR * bound

@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
 import time
 from collections import deque
@@ -70,7 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from tests.peers.redis_peer import start_redis
 
-from bench import harness
+from bench import harness, wire
 from bench.harness import Latency
 from mcpcreds import AsyncClient
 from mcpcreds.core.clock import SystemClock
@@ -86,7 +85,7 @@ STATE_KEY = "bench-state-key-0123456789abcdef"
 FLOOR_KEY = "mcpcreds:{bench-evalsha}:bucket"
 RELAY_KEY = "mcpcreds:{bench-relay}:bucket"
 DECOMPOSE_KEY = "bench-decompose"
-ACQUIRE_REQUEST = harness.request_bytes("POST", f"/v1/servers/{SERVER}/acquire",
+ACQUIRE_REQUEST = wire.request_bytes("POST", f"/v1/servers/{SERVER}/acquire",
                                         b'{"cost": 1, "max_wait": 1}')
 MODES = ("memory", "redis", "evalsha")
 DECOMPOSITION = ("memory.raw", "redis.raw", "relay.raw", "state.bucket", "limiter.acquire")
@@ -121,48 +120,42 @@ def bucket_args(rate: str) -> tuple[Any, ...]:
     return (parsed.burst, parsed.per_second, 1, "take", 0.0, MAX_PAUSE)
 
 
-def relay(listen: str, redis_socket: str, command_hex: str) -> None:
-    """`redis_bench.py --relay LISTEN REDIS COMMAND`: the least a process between the client and
-    Redis does per acquire, a floor for any sidecar that asks Redis once per grant. Each acquire
-    request read (the bench's fixed bytes) becomes the same pre-packed EVALSHA on one pipelined
-    Redis connection, and each reply a fixed answer: no HTTP parsing, routing, tasks or futures."""
-    command = bytes.fromhex(command_hex)
+async def relay(listen: str, redis_socket: str, command: bytes) -> None:
+    """The least a process between the client and Redis does per acquire, a floor for any sidecar
+    that asks Redis once per grant. Each acquire request read (the bench's fixed bytes) becomes
+    `command` (the same pre-packed EVALSHA) on one pipelined Redis connection, and each reply a
+    fixed answer: no HTTP parsing, routing, tasks or futures. Serves `listen` until its process ends."""
+    waiting: deque[asyncio.Transport] = deque()
 
-    async def serve() -> None:
-        waiting: deque[asyncio.Transport] = deque()
+    class Replies(asyncio.Protocol):
+        buf = b""
 
-        class Replies(asyncio.Protocol):
-            buf = b""
+        def data_received(self, data: bytes) -> None:
+            buf, pos = self.buf + data, 0
+            while (parsed := parse_reply(buf, pos)) is not None:
+                reply, pos = parsed
+                waiting.popleft().write(RELAY_ANSWERS[reply[0] == 1])
+            self.buf = buf[pos:]
 
-            def data_received(self, data: bytes) -> None:
-                buf, pos = self.buf + data, 0
-                while (parsed := parse_reply(buf, pos)) is not None:
-                    reply, pos = parsed
-                    waiting.popleft().write(RELAY_ANSWERS[reply[0] == 1])
-                self.buf = buf[pos:]
+    class Requests(asyncio.Protocol):
+        buf = b""
+        transport: asyncio.Transport
 
-        class Requests(asyncio.Protocol):
-            buf = b""
-            transport: asyncio.Transport
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            self.transport = transport
 
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                assert isinstance(transport, asyncio.Transport)
-                self.transport = transport
+        def data_received(self, data: bytes) -> None:
+            self.buf += data
+            while len(self.buf) >= len(ACQUIRE_REQUEST):
+                self.buf = self.buf[len(ACQUIRE_REQUEST):]
+                waiting.append(self.transport)
+                to_redis.write(command)
 
-            def data_received(self, data: bytes) -> None:
-                self.buf += data
-                while len(self.buf) >= len(ACQUIRE_REQUEST):
-                    self.buf = self.buf[len(ACQUIRE_REQUEST):]
-                    waiting.append(self.transport)
-                    to_redis.write(command)
-
-        loop = asyncio.get_running_loop()
-        to_redis, _ = await loop.create_unix_connection(Replies, redis_socket)
-        await loop.create_unix_server(Requests, listen)
-        print("ready", flush=True)
-        await loop.create_future()  # until the bench ends this process
-
-    asyncio.run(serve())
+    loop = asyncio.get_running_loop()
+    to_redis, _ = await loop.create_unix_connection(Replies, redis_socket)
+    await loop.create_unix_server(Requests, listen)
+    await loop.create_future()  # until the bench ends this process
 
 
 def start_relay(stack: ExitStack, folder: Path, redis_socket: str, rate: str) -> str:
@@ -172,13 +165,8 @@ def start_relay(stack: ExitStack, folder: Path, redis_socket: str, rate: str) ->
     admin.close()
     listen = str(folder / "relay.sock")
     command = pack(("EVALSHA", sha, 2, RELAY_KEY, RELAY_KEY + "-leases", *bucket_args(rate)))
-    proc = subprocess.Popen([sys.executable, __file__, "--relay", listen, redis_socket, command.hex()],
-                            stdout=subprocess.PIPE, text=True)
-    stack.callback(proc.wait, 10)
-    stack.callback(proc.terminate)
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":
-        raise harness.BenchError("the relay did not start")
+    stack.enter_context(harness.server_process(relay, listen, redis_socket, command, socket_path=listen,
+                                               what="the relay"))
     return listen
 
 
@@ -208,7 +196,7 @@ async def _sender(mode: str, targets: Targets, tasks: int, stack: AsyncExitStack
 
         async def raw() -> None:
             reader, writer = idle.pop()
-            status, body = await harness.aroundtrip(reader, writer, ACQUIRE_REQUEST)
+            status, body = await wire.aroundtrip(reader, writer, ACQUIRE_REQUEST)
             idle.append((reader, writer))
             if status != 200 or not body.startswith(b'{"granted":1,'):
                 raise RuntimeError(f"{mode}: unexpected answer {status} {body!r}")
@@ -429,7 +417,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--relay"]:
-        relay(*sys.argv[2:5])
-    else:
-        harness.main(main)
+    harness.main(main)

@@ -39,7 +39,6 @@ import contextlib
 import gc
 import json
 import math
-import multiprocessing
 import selectors
 import socket
 import sys
@@ -52,14 +51,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
 
-from bench import harness
-from bench.harness import BenchError, ResponseError
+from bench import harness, wire
+from bench.harness import BenchError
+from bench.wire import ResponseError
 from mcpcreds import AsyncClient
 
 SERVER_NAME = "bench"
 BENCH_TOKEN = "bench-token-0123456789abcdef0123456789abcdef"
 TARGET = f"/v1/servers/{SERVER_NAME}/headers"
-REQUEST = harness.request_bytes("GET", TARGET)
+REQUEST = wire.request_bytes("GET", TARGET)
 # What the sidecar answers for the bench server (a static header: no login, no expiry).
 ECHO_BODY = json.dumps(
     {"headers": {"Authorization": f"Bearer {BENCH_TOKEN}"}, "key": f"mcp:{SERVER_NAME}",
@@ -72,7 +72,6 @@ ECHO_RESPONSE = (
     b"Content-Length: " + str(len(ECHO_BODY)).encode() + b"\r\n"
     b"\r\n" + ECHO_BODY
 )
-READY_TIMEOUT = 10.0
 
 
 # ------------------------------------------------------------------------------- the echo baseline
@@ -98,41 +97,17 @@ class EchoProtocol(asyncio.Protocol):
         self.buf = buf
 
 
-async def _serve_echo(path: str) -> None:
+async def serve_echo(path: str) -> None:
+    """The echo server on `path` (in a process of its own: `harness.server_process`)."""
     server = await asyncio.get_running_loop().create_unix_server(EchoProtocol, path)
     async with server:
         await server.serve_forever()
 
 
-def run_echo_server(path: str) -> None:
-    """Process target: the echo server on `path`, until terminated."""
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve_echo(path))
-
-
 @contextlib.contextmanager
 def echo_server(path: str, what: str = "the echo server") -> Iterator[str]:
-    proc = multiprocessing.get_context("spawn").Process(target=run_echo_server, args=(path,), daemon=True)
-    proc.start()
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while True:
-            if not proc.is_alive():
-                raise BenchError(f"{what} exited before it was ready")
-            try:
-                if harness.http_get(path, "/v1/health", timeout=2.0)[0] == 200:
-                    break
-            except (OSError, ResponseError) as exc:
-                if time.monotonic() > deadline:
-                    raise BenchError(f"{what} was not ready after {READY_TIMEOUT:.0f} s ({exc})") from None
-            time.sleep(0.02)
+    with harness.server_process(serve_echo, path, socket_path=path, what=what):
         yield path
-    finally:
-        proc.terminate()
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
 
 
 @contextlib.contextmanager
@@ -141,7 +116,7 @@ def sidecar(tmp: Path) -> Iterator[str]:
     block = harness.static_server(SERVER_NAME, {"Authorization": "Bearer {{secret:BENCH_TOKEN}}"})
     with harness.sidecar(tmp / "sidecar", block, env={"BENCH_TOKEN": BENCH_TOKEN}) as proc:
         path = str(proc.socket)
-        status, body = harness.http_get(path, TARGET)
+        status, body = wire.http_get(path, TARGET)
         try:
             headers = json.loads(body)["headers"] if status == 200 else None
         except (ValueError, KeyError, TypeError):
@@ -188,8 +163,7 @@ def _drive(sel: selectors.BaseSelector, socks: list[socket.socket], warmup: floa
     latencies = array("q")
     record = latencies.append
     perf = time.perf_counter_ns
-    errors = 0
-    first_error = ""
+    errors = harness.Errors()
     now = perf()
     window_start = now + int(warmup * 1e9)
     window_end = window_start + int(seconds * 1e9)
@@ -226,17 +200,15 @@ def _drive(sel: selectors.BaseSelector, socks: list[socket.socket], warmup: floa
                 continue
             done = perf()
             if not chunk:
-                errors += 1
-                first_error = first_error or "the server closed a keep-alive connection"
+                errors.add("the server closed a keep-alive connection")
                 sel.unregister(conn)
                 live -= 1
                 continue
             buf += chunk
             try:
-                parsed = harness.parse_response(buf)
+                parsed = wire.parse_response(buf)
             except ResponseError as exc:
-                errors += 1
-                first_error = first_error or str(exc)
+                errors.add(str(exc))
                 sel.unregister(conn)
                 live -= 1
                 continue
@@ -244,18 +216,16 @@ def _drive(sel: selectors.BaseSelector, socks: list[socket.socket], warmup: floa
                 continue
             total, status = parsed
             if len(buf) > total:
-                errors += 1
-                first_error = first_error or "more bytes than one response (pipelining is not used)"
+                errors.add("more bytes than one response (pipelining is not used)")
             del buf[:]
             if done >= window_start:
                 if status == 200:
                     record(done - sent_at[fd])
                 else:
-                    errors += 1
-                    first_error = first_error or f"HTTP {status}"
+                    errors.add(f"HTTP {status}")
             if done < window_end:
                 send(conn)
-    return WorkerResult(latencies.tobytes(), errors, first_error)
+    return WorkerResult(latencies.tobytes(), errors.count, errors.first)
 
 
 # ------------------------------------------------------------------------------------ measurement
@@ -281,13 +251,12 @@ def measure(workers: harness.Workers, label: str, path: str, connections: int,
     latencies = array("q")
     for part in parts:
         latencies.frombytes(part.latencies)
-    ordered = sorted(latencies)
-    p50, p99 = ((harness.percentile(ordered, 0.5) / 1e6, harness.percentile(ordered, 0.99) / 1e6)
-                if ordered else (math.nan, math.nan))
-    return Figures(server=label, connections=connections, requests=len(ordered),
-                   rps=len(ordered) / args.seconds, p50_ms=p50, p99_ms=p99,
+    p50, p99 = ([ns / 1e6 for ns in harness.percentiles(latencies, 0.5, 0.99)] if latencies
+                else (math.nan, math.nan))
+    return Figures(server=label, connections=connections, requests=len(latencies),
+                   rps=len(latencies) / args.seconds, p50_ms=p50, p99_ms=p99,
                    errors=sum(p.errors for p in parts),
-                   first_error=next((p.first_error for p in parts if p.first_error), ""))
+                   first_error=harness.first_error(p.first_error for p in parts))
 
 
 # ------------------------------------------------------------------------ the client against raw
@@ -302,11 +271,11 @@ async def client_against_raw(path: str, calls: int) -> dict[str, Any]:
         conn.connect(path)
         async with AsyncClient(path) as creds:
             for _ in range(min(calls, 1000)):  # warm-up: the sidecar's cache, both connections
-                harness.roundtrip(conn, REQUEST)
+                wire.roundtrip(conn, REQUEST)
                 await creds.headers(SERVER_NAME)
             for _ in range(calls):
                 t0 = perf()
-                status, _ = harness.roundtrip(conn, REQUEST)
+                status, _ = wire.roundtrip(conn, REQUEST)
                 t1 = perf()
                 await creds.headers(SERVER_NAME)
                 t2 = perf()
@@ -316,9 +285,8 @@ async def client_against_raw(path: str, calls: int) -> dict[str, Any]:
                 client_times.append(t2 - t1)
     out: dict[str, Any] = {"calls": calls}
     for name, times in samples.items():
-        ordered = sorted(times)
-        out[name] = {"p50_us": round(harness.percentile(ordered, 0.5) / 1e3, 2),
-                     "mean_us": round(sum(ordered) / len(ordered) / 1e3, 2)}
+        out[name] = {"p50_us": round(harness.percentile(sorted(times), 0.5) / 1e3, 2),
+                     "mean_us": round(sum(times) / len(times) / 1e3, 2)}
     raw, client = out["raw socket"], out["AsyncClient.headers"]
     out["added_p50_us"] = round(client["p50_us"] - raw["p50_us"], 2)
     out["ratio_p50"] = round(client["p50_us"] / raw["p50_us"], 3)
@@ -349,31 +317,27 @@ def render(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = harness.arguments(__doc__)
-    p.add_argument("--seconds", type=float, default=5.0, help="recorded duration of each measurement")
+    p.add_argument("--seconds", type=harness.positive, default=5.0,
+                   help="recorded duration of each measurement")
     p.add_argument("--warmup", type=float, default=1.0, help="unrecorded warm-up before each measurement")
-    p.add_argument("--connections", default="1,32", help="comma-separated connection counts (default 1,32)")
-    p.add_argument("--workers", type=int, default=2, help="load generator processes (default 2)")
+    p.add_argument("--connections", type=harness.levels, default=[1, 32],
+                   help="comma-separated connection counts (default 1,32)")
+    p.add_argument("--workers", type=harness.count, default=2, help="load generator processes (default 2)")
     p.add_argument("--sidecar-is-echo", action="store_true",
                    help="benchmark a second echo server in place of the sidecar (harness check)")
     p.add_argument("--client", action="store_true",
                    help="AsyncClient.headers against a raw socket round trip, c=1 (the library's cost)")
-    p.add_argument("--calls", type=int, default=20000, help="with --client: calls of each (default 20000)")
-    args = harness.parse(p, argv, quick={"seconds": 0.3, "warmup": 0.1, "connections": "1,8", "calls": 2000})
+    p.add_argument("--calls", type=harness.count, default=20000,
+                   help="with --client: calls of each (default 20000)")
+    args = harness.parse(p, argv, quick={"seconds": 0.3, "warmup": 0.1, "connections": [1, 8], "calls": 2000})
     if args.client:
-        if args.calls < 1:
-            p.error("--calls must be >= 1")
         with harness.workdir("socket-bench") as tmp, sidecar(tmp) as path:
             report = asyncio.run(client_against_raw(path, args.calls))
         harness.emit(args, {**harness.machine(), **report}, render_client)
         return 0
-    try:
-        counts = [int(c) for c in args.connections.split(",") if c.strip()]
-    except ValueError:
-        p.error(f"--connections: not a list of integers: {args.connections!r}")
-    if not counts or min(counts) < 1:
-        p.error("--connections: each count must be >= 1")
-    if args.seconds <= 0 or args.warmup < 0 or args.workers < 1:
-        p.error("--seconds must be > 0, --warmup >= 0, --workers >= 1")
+    counts: list[int] = args.connections
+    if args.warmup < 0:
+        p.error("--warmup must be >= 0")
 
     label = "echo-copy" if args.sidecar_is_echo else "sidecar"
     results: list[Figures] = []

@@ -91,7 +91,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -297,8 +297,7 @@ async def session_calls(params: dict[str, Any], release: harness.Release) -> dic
     traffic.t0 = await release.wait_async()
     done: list[float] = []  # completion times of `add` results, from the release
     latencies: list[float] = []
-    errors = 0
-    first_error = ""
+    errors = harness.Errors()
     opened: float | None = None
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -312,7 +311,6 @@ async def session_calls(params: dict[str, Any], release: harness.Release) -> dic
             opened = traffic.now()
 
             async def loop(task: int) -> None:
-                nonlocal errors, first_error
                 n = 0
                 while traffic.now() < seconds or (params["one_call"] and n == 0):
                     sent = traffic.now()
@@ -322,8 +320,7 @@ async def session_calls(params: dict[str, Any], release: harness.Release) -> dic
                         if result.is_error or value != task + n:
                             raise BenchError(f"add({task}, {n}) answered {result!r}")
                     except Exception as exc:
-                        errors += 1
-                        first_error = first_error or harness.describe(exc)
+                        errors.add(exc)
                     else:
                         done.append(traffic.now())
                         latencies.append(traffic.now() - sent)
@@ -331,10 +328,9 @@ async def session_calls(params: dict[str, Any], release: harness.Release) -> dic
 
             await asyncio.gather(*(loop(task) for task in range(params["tasks"])))
     except Exception as exc:
-        errors += 1
-        first_error = first_error or harness.describe(exc)
+        errors.add(exc)
     return {"requests": traffic.requests, "done": done, "latencies": latencies, "opened": opened,
-            "errors": errors, "first_error": first_error, "max_heads": traffic.max_heads,
+            "errors": errors.count, "first_error": errors.first, "max_heads": traffic.max_heads,
             "max_bodies": traffic.max_bodies, "posts": traffic.posts,
             "sent_during_head": traffic.sent_during_head, "sent_during_body": traffic.sent_during_body,
             "head_time": traffic.head_time, "body_time": traffic.body_time, "prm_fixes": traffic.prm_fixes,
@@ -350,15 +346,6 @@ def run_processes(side: str, params: dict[str, Any], processes: int, seconds: fl
     with harness.Workers(processes) as workers:
         return workers.run(session_calls, [{**params, "side": side}] * processes, timeout=seconds + 120.0,
                            before_release=before_release)
-
-
-@contextlib.contextmanager
-def sidecar(oidc: OidcPeer, mcp: McpServerPeer, tmp: Path, rate: str) -> Iterator[Path]:
-    """`mcpcreds serve` on its own socket and config; yields the socket path."""
-    block = harness.oauth_service("mcp", SERVER, mcp.url, oidc.token_url, CLIENT_ID, "BENCH_SECRET", SCOPE,
-                                  rate=rate)
-    with harness.sidecar(tmp / "sidecar", block, env={"BENCH_SECRET": CLIENT_SECRET}) as proc:
-        yield proc.socket
 
 
 def _ms(seconds: float) -> float:
@@ -405,7 +392,7 @@ def first_calls(out: list[dict[str, Any]]) -> dict[str, Any]:
             "first_result_ms": _p50_max([min(proc["done"]) for proc in out if proc["done"]]),
             "processes_without_result": sum(1 for proc in out if not proc["done"]),
             "errors": sum(p["errors"] for p in out),
-            "first_error": next((p["first_error"] for p in out if p["first_error"]), "")}
+            "first_error": harness.first_error(p["first_error"] for p in out)}
 
 
 def summarize(side: str, out: list[dict[str, Any]], oidc_stats: dict[str, Any], mcp_stats: dict[str, Any],
@@ -454,7 +441,7 @@ def summarize(side: str, out: list[dict[str, Any]], oidc_stats: dict[str, Any], 
         "per_process_calls_per_second": {"min": round(per_process[0], 1),
                                          "median": round(statistics.median(per_process), 1),
                                          "max": round(per_process[-1], 1)} if per_process else None,
-        "call_latency_ms": {"p50": _ms(latencies[len(latencies) // 2]) if latencies else None,
+        "call_latency_ms": {"p50": _ms(harness.upper_percentile(latencies, 0.5)) if latencies else None,
                             "max": _ms(latencies[-1]) if latencies else None},
         "max_posts_in_flight_until_headers": max(p["max_heads"] for p in out),
         "max_posts_in_flight_until_body_end": max(p["max_bodies"] for p in out),
@@ -464,7 +451,7 @@ def summarize(side: str, out: list[dict[str, Any]], oidc_stats: dict[str, Any], 
         "post_mean_ms_until_headers": _ms(sum(p["head_time"] for p in out) / posts),
         "post_mean_ms_headers_to_body_end": _ms(sum(p["body_time"] for p in out) / posts),
         "errors": sum(p["errors"] for p in out),
-        "first_error": next((p["first_error"] for p in out if p["first_error"]), ""),
+        "first_error": harness.first_error(p["first_error"] for p in out),
         "prm_fixes": sorted({fix for p in out for fix in p["prm_fixes"]}),
         "mcpcreds_modules": sorted({p["mcpcreds_module"] for p in out if p["mcpcreds_module"]}),
     }
@@ -498,7 +485,10 @@ def run_side(side: str, oidc: OidcPeer, mcp: McpServerPeer, tmp: Path,
     mcp.reset_stats()
     with contextlib.ExitStack() as stack:
         if side == "mcpcreds":
-            params["socket"] = str(stack.enter_context(sidecar(oidc, mcp, tmp, args.rate)))
+            proc = stack.enter_context(harness.oauth_sidecar(
+                tmp / "sidecar", service="mcp", server=SERVER, endpoint=mcp.url, token_url=oidc.token_url,
+                client_id=CLIENT_ID, client_secret=CLIENT_SECRET, scope=SCOPE, rate=args.rate))
+            params["socket"] = str(proc.socket)
         else:
             params["client_secret"] = CLIENT_SECRET  # the status quo: the secret in every process
         out = run_processes(side, params, args.processes, args.seconds)
@@ -633,23 +623,18 @@ def render(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = harness.arguments(__doc__)
-    p.add_argument("--processes", type=int, default=8, help="client processes per side (default 8)")
-    p.add_argument("--tasks", type=int, default=2, help="concurrent call loops per process (default 2)")
-    p.add_argument("--seconds", type=float, default=15.0, help="how long each process calls (default 15)")
-    p.add_argument("--ttl", type=int, default=5, help="access token lifetime at the IdP, s (default 5)")
-    p.add_argument("--rate", default="20/1s", help="the service's rate, for mcpcreds (default 20/1s)")
+    p.add_argument("--processes", type=harness.count, default=8, help="client processes per side (default 8)")
+    p.add_argument("--tasks", type=harness.count, default=2,
+                   help="concurrent call loops per process (default 2)")
+    p.add_argument("--seconds", type=harness.positive, default=15.0,
+                   help="how long each process calls (default 15)")
+    p.add_argument("--ttl", type=harness.count, default=5,
+                   help="access token lifetime at the IdP, s (default 5)")
+    p.add_argument("--rate", type=harness.rate, default="20/1s",
+                   help="the service's rate, for mcpcreds (default 20/1s)")
     p.add_argument("--no-prm-fix", action="store_true",
                    help="do not correct the MCP server's PRM document in the status-quo processes")
     args = harness.parse(p, argv, quick={"processes": 2, "tasks": 1, "seconds": 2.0, "ttl": 2})
-    from mcpcreds.core.rates import parse_rate
-
-    try:
-        parse_rate(args.rate)
-    except ValueError as exc:
-        p.error(str(exc))
-    if args.processes < 1 or args.tasks < 1 or args.seconds <= 0 or args.ttl < 1:
-        p.error("--processes, --tasks, --ttl must be at least 1 and --seconds positive")
-
     from tests.peers.mcp_server import start_mcp_server
 
     report: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k not in ("json", "quick")}}
