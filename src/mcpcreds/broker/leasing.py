@@ -17,7 +17,7 @@ import secrets
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
-from ..config.aws import is_aws
+from ..config.model import is_aws
 from ..errors import InvalidRequest, LeasesRefused, RateLimited
 from ..limits.buckets import Limiter
 from ..limits.leases import MAX_LEASE_ID, LeaseRefused, Terms, lease_seconds

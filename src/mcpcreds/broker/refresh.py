@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
-from ..config.load import LOGIN_GRANTS, LoginSpec, Target
+from ..config.model import LOGIN_GRANTS, LoginSpec, Target
 from ..core.logs import get_logger
 from ..core.secret import fingerprint
 from ..credentials.authcode_flow import may_register

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any, TextIO
 
-    from ..config.load import Config, SecretsConfig
+    from ..config.model import Config, SecretsConfig
     from ..credentials.sources import KeyringSource
 
     Handler = Callable[["argparse.Namespace"], int]
@@ -73,7 +73,8 @@ def _config(args: argparse.Namespace) -> Config:
 
 def _secrets_config(args: argparse.Namespace) -> SecretsConfig:
     """The [secrets] table if a config exists; defaults otherwise (so `secret set` works first)."""
-    from ..config.load import SecretsConfig, find_config_path
+    from ..config.load import find_config_path
+    from ..config.model import SecretsConfig
 
     explicit = getattr(args, "config", None)
     if explicit or find_config_path().exists():
@@ -210,7 +211,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"hint: expose = \"both\" (the default) on {', '.join(both)}: with expose = \"proxy\" "
               "the credential never leaves the sidecar (only the gateway, /mcp/{server}, uses it)",
               file=sys.stderr)
-    from ..config.load import LOGIN_GRANTS
+    from ..config.model import LOGIN_GRANTS
 
     persons = [t.name for t in config.servers.values()
                if t.login is not None and t.login.grant in LOGIN_GRANTS]

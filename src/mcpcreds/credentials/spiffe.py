@@ -21,15 +21,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from cryptography import x509
 
-from ..config.spiffe import (
-    MAX_JWT_BYTES,
-    MAX_PEM_BYTES,
-    JwtSvid,
-    SpiffeAuth,
-    SvidError,
-    parse_jwt_svid,
-    spiffe_of,
-)
+from ..config.model import spiffe_of
+from ..config.spiffe import MAX_JWT_BYTES, MAX_PEM_BYTES, JwtSvid, SpiffeAuth, SvidError, parse_jwt_svid
 from ..core.logs import get_logger
 from ..core.secret import Secret
 from ..errors import SecretUnavailable

@@ -47,8 +47,7 @@ import httpx
 
 from ..broker.broker import Actor, Broker, HeadersResult
 from ..client.auth import parse_retry_after
-from ..config.aws import is_aws
-from ..config.load import Target
+from ..config.model import Target, is_aws
 from ..core.credshape import credential_name
 from ..core.logs import get_logger
 from ..core.metrics import Metrics

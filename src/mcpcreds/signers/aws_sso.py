@@ -39,7 +39,7 @@ from .aws_credentials import AwsCredentials, AwsCredentialsError, _checked
 if TYPE_CHECKING:
     import argparse
 
-    from ..config.load import Config, Target
+    from ..config.model import Config, Target
 
 DEVICE_GRANT: Final = "urn:ietf:params:oauth:grant-type:device_code"
 MAX_ANSWER: Final = 64 * 1024
@@ -257,7 +257,7 @@ async def from_sso(auth: AwsAuth, name: str, key: str, http: httpx.AsyncClient, 
 
 def sso_target(config: Config, name: str) -> Target | None:
     """The server (or cache key) `name` if its auth is kind "aws" with source "sso", else None."""
-    from ..config.aws import aws_auth_of, is_aws
+    from ..config.model import aws_auth_of, is_aws
 
     target = config.target(name)
     if target is None or not is_aws(target):
@@ -269,7 +269,7 @@ def cmd_sso_login(args: argparse.Namespace, config: Config, target: Target) -> i
     """`mcpcreds login NAME` for an SSO server: the device authorization, then the keyring."""
     import sys
 
-    from ..config.aws import aws_auth_of
+    from ..config.model import aws_auth_of
     from ..credentials.login_store import login_store
     from ..net.egress import egress_client
 
@@ -294,7 +294,7 @@ def cmd_sso_logout(args: argparse.Namespace, config: Config, target: Target) -> 
     import sys
 
     from ..cli.login import _tell_sidecar
-    from ..config.aws import aws_auth_of
+    from ..config.model import aws_auth_of
     from ..credentials.login_store import login_store
     from ..net.egress import egress_client
 
