@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mcpcreds.config.load import Config, McpServerSpec, parse_config
+from mcpcreds.config.load import parse_config
+from mcpcreds.config.model import Config, McpServerSpec
 from mcpcreds.errors import ConfigError
 from tests.conftest import run_cli
 

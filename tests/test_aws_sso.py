@@ -37,7 +37,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from mcpcreds import AsyncClient
 from mcpcreds.config.aws import AwsAuth
-from mcpcreds.config.load import SecretsConfig, parse_config
+from mcpcreds.config.load import parse_config
+from mcpcreds.config.model import SecretsConfig
 from mcpcreds.credentials.sources import KeyringSource
 from mcpcreds.errors import ConfigError, LoginRequired
 from mcpcreds.signers.aws_sso import SsoLogin, from_sso

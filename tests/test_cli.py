@@ -6,7 +6,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from mcpcreds.config.load import McpServerSpec, load_config
+from mcpcreds.config.load import load_config
+from mcpcreds.config.model import McpServerSpec
 from tests.conftest import CANARY, KeyringSession, run_cli
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -89,7 +90,7 @@ headers = {{ "X-Api-Key" = "{{{{secret:DOCS_KEY}}}}" }}
     listed = run_cli("secret", "list", *cfg)
     assert listed.stdout.split() == ["DOCS_KEY", "OTHER"]
     assert CANARY not in listed.output
-    from mcpcreds.config.load import SecretsConfig
+    from mcpcreds.config.model import SecretsConfig
     from mcpcreds.credentials.sources import KeyringSource
     assert KeyringSource(SecretsConfig(keyring_service=service)).get("DOCS_KEY") == CANARY
 

@@ -5,14 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from mcpcreds.config.load import (
-    Config,
-    McpServerSpec,
-    default_socket_path,
-    find_config_path,
-    load_config,
-    parse_config,
-)
+from mcpcreds.config.load import default_socket_path, find_config_path, load_config, parse_config
+from mcpcreds.config.model import Config, McpServerSpec
 from mcpcreds.core.rates import Rate
 from mcpcreds.errors import ConfigError
 

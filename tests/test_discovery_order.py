@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mcpcreds.config.load import LoginSpec
+from mcpcreds.config.model import LoginSpec
 from mcpcreds.credentials import discovery
 from mcpcreds.credentials.discovery import Discovery, metadata_urls
 from mcpcreds.errors import Forbidden, McpcredsError, TokenEndpointError

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from mcpcreds.cli.doctor import FAIL, PASS, Doctor, report
-from mcpcreds.config.load import Config, parse_config
+from mcpcreds.config.load import parse_config
+from mcpcreds.config.model import Config
 from tests.conftest import CANARY, run_cli
 from tests.peers.redis_peer import RedisPeer
 from tests.sidecar_proc import run_sidecar

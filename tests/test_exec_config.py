@@ -7,7 +7,8 @@ import tomllib
 
 import pytest
 
-from mcpcreds.config.load import Config, parse_config
+from mcpcreds.config.load import parse_config
+from mcpcreds.config.model import Config
 from mcpcreds.errors import ConfigError
 
 SENSITIVE_SERVER = """

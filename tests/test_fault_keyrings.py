@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from keyring.backend import KeyringBackend
 
-from mcpcreds.config.load import SecretsConfig
+from mcpcreds.config.model import SecretsConfig
 from mcpcreds.credentials.sources import KeyringSource
 from tests.hanging_keyring import HangingKeyring, PlaintextKeyring
 

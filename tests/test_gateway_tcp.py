@@ -27,7 +27,8 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from mcpcreds import AsyncClient
-from mcpcreds.config.load import ListenConfig, parse_config
+from mcpcreds.config.load import parse_config
+from mcpcreds.config.model import ListenConfig
 from mcpcreds.core.http import Request, Response
 from mcpcreds.errors import ConfigError
 from mcpcreds.sidecar.tcp_listener import LoopbackApp, TcpConnection

@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from mcpcreds.broker.broker import Broker
-from mcpcreds.config.load import Target, parse_config
+from mcpcreds.config.load import parse_config
+from mcpcreds.config.model import Target
 from mcpcreds.core.clock import FakeClock, SystemClock
 from mcpcreds.core.metrics import Metrics
 from mcpcreds.core.secret import REDACTOR

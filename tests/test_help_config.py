@@ -16,6 +16,7 @@ import pytest
 from mcpcreds.cli.help_config import UNDESCRIBED, _toml, entries
 from mcpcreds.config import load as cfg
 from mcpcreds.config.aws import AWS_KEYS
+from mcpcreds.config.reader import Collector
 from mcpcreds.config.spiffe import SPIFFE_KEYS
 from mcpcreds.errors import ConfigError
 from tests.conftest import run_cli
@@ -65,7 +66,7 @@ PATHS = [
 
 def recorded(monkeypatch: pytest.MonkeyPatch) -> dict[str, set[str]]:
     seen: dict[str, set[str]] = {}
-    original = cfg._Collector.keys
+    original = Collector.keys
 
     def keys(self: Any, path: str, table: Any, allowed: tuple[str, ...]) -> None:
         if allowed in (AWS_KEYS, SPIFFE_KEYS):
@@ -73,7 +74,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> dict[str, set[str]]:
         seen.setdefault(path, set()).update(allowed)
         original(self, path, table, allowed)
 
-    monkeypatch.setattr(cfg._Collector, "keys", keys)
+    monkeypatch.setattr(Collector, "keys", keys)
     for text in [*(p.read_text() for p in sorted(EXAMPLES.glob("*.toml"))), MORE]:
         with contextlib.suppress(ConfigError):  # the keys are recorded all the same
             cfg.parse_config(tomllib.loads(text))

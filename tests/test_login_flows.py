@@ -463,7 +463,7 @@ ORIGIN_META = {"issuer": "https://mcp.example.com", "token_endpoint": "https://m
 
 
 def person(grant: str = "device", **kw: object) -> object:
-    from mcpcreds.config.load import LoginSpec
+    from mcpcreds.config.model import LoginSpec
 
     base: dict[str, object] = dict(grant=grant, client_id="c", client_secret=None, private_key=None,
                                    auth_method="none", token_url=None, issuer=None, scope=None,

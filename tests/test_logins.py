@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from mcpcreds.config.load import Target, parse_config
+from mcpcreds.config.load import parse_config
+from mcpcreds.config.model import Target
 from mcpcreds.core.clock import FakeClock
 from mcpcreds.core.secret import fingerprint
 from mcpcreds.credentials.logins import LoginCache

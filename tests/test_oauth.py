@@ -11,7 +11,7 @@ import pytest
 from joserfc import jwt
 from joserfc.jwk import RSAKey
 
-from mcpcreds.config.load import LoginSpec
+from mcpcreds.config.model import LoginSpec
 from mcpcreds.core.secret import REDACTOR
 from mcpcreds.core.templates import parse_template
 from mcpcreds.credentials.oauth import (

@@ -18,7 +18,7 @@ from joserfc import jwt
 from joserfc.jwk import ECKey, OKPKey, RSAKey
 
 from mcpcreds import Client
-from mcpcreds.config.load import LoginSpec
+from mcpcreds.config.model import LoginSpec
 from mcpcreds.credentials.client_assertion import (
     ASSERTION_TYPE,
     algorithm_for,

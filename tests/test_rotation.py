@@ -18,7 +18,7 @@ import pytest
 import secretstorage
 
 from mcpcreds import Client, McpcredsError
-from mcpcreds.config.load import SecretsConfig
+from mcpcreds.config.model import SecretsConfig
 from mcpcreds.credentials.sources import KeyringSource
 from tests.conftest import CANARY, KeyringSession, module_peer, run_cli
 from tests.peers.oidc_peer import OidcPeer

@@ -42,6 +42,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcpcreds import AsyncClient
 from mcpcreds.config import aws as aws_config
 from mcpcreds.config.load import parse_config
+from mcpcreds.config.model import aws_auth_of, is_aws
 from mcpcreds.errors import ConfigError, Forbidden
 from mcpcreds.net.egress import EgressPolicy, egress_client
 from mcpcreds.signers.aws_credentials import (
@@ -417,8 +418,8 @@ def test_check_accepts_each_source_built() -> None:
                         (web, {})]:
         config = parse_config(server(auth, **extra))
         target = config.servers["s"]
-        assert aws_config.is_aws(target) and not target.aauth and target.login is None
-        assert aws_config.aws_auth_of(target).source == auth.get("source", "env")
+        assert is_aws(target) and not target.aauth and target.login is None
+        assert aws_auth_of(target).source == auth.get("source", "env")
 
 
 def test_check_names_the_extra_when_botocore_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpcreds.config.load import SecretsConfig
+from mcpcreds.config.model import SecretsConfig
 from mcpcreds.core.secret import REDACTOR, Secret
 from mcpcreds.core.templates import parse_template
 from mcpcreds.credentials.sources import DirSource, EnvSource, KeyringSource, SecretResolver

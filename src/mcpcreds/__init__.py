@@ -29,16 +29,17 @@ if TYPE_CHECKING:
 
     from .client.calls import MalformedAnswer
     from .client.client import AsyncClient, Client
-    from .config.load import Config, McpServerSpec, load_config
+    from .config.load import load_config
+    from .config.model import Config, McpServerSpec
     from .core.secret import Secret
     from .core.socket_check import UntrustedSidecar
 
 _LAZY: dict[str, str] = {
     "AsyncClient": ".client.client",
     "Client": ".client.client",
-    "Config": ".config.load",
+    "Config": ".config.model",
     "MalformedAnswer": ".client.calls",
-    "McpServerSpec": ".config.load",
+    "McpServerSpec": ".config.model",
     "Secret": ".core.secret",
     "UntrustedSidecar": ".core.socket_check",
     "load_config": ".config.load",

@@ -13,8 +13,8 @@ from typing import Any, Final
 
 import httpx
 
-from ..config.load import LOGIN_GRANTS, Config, Target
-from ..config.spiffe import JwtSvid, SpiffeAuth, jwt_svid_file, spiffe_of
+from ..config.model import LOGIN_GRANTS, Config, Target, jwt_svid_file, spiffe_of
+from ..config.spiffe import JwtSvid, SpiffeAuth
 from ..core.audit import AuditLog
 from ..core.clock import Clock
 from ..core.logs import get_logger

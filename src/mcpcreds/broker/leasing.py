@@ -19,7 +19,7 @@ import secrets
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
-from ..config.aws import is_aws
+from ..config.model import is_aws
 from ..core.http import Response, json_response
 from ..errors import InvalidRequest, LeasesRefused, RateLimited
 from ..limits.buckets import UNLIMITED, Limiter
@@ -30,7 +30,7 @@ from ..state.shared import SharedLimiter
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
 
-    from ..config.load import Target
+    from ..config.model import Target
     from ..core.clock import Clock
     from ..core.rates import Rate
     from ..limits.leases import LeaseBook

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from ..config.load import LOGIN_GRANTS, LoginSpec, Target
+from ..config.model import LOGIN_GRANTS, LoginSpec, Target
 from ..core.logs import get_logger
 from ..core.secret import fingerprint
 from ..credentials.authcode_flow import may_register
@@ -29,7 +29,7 @@ from ..state import login_share
 if TYPE_CHECKING:
     import httpx
 
-    from ..config.load import Config
+    from ..config.model import Config
     from ..core.clock import Clock
     from ..core.metrics import Metrics
     from ..credentials.discovery import Discovery

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from ..config.load import LOGIN_GRANTS, Target
+from ..config.model import LOGIN_GRANTS, Target
 from ..core.logs import get_logger
 from ..core.scopes import step_up
 from ..credentials.login_store import LoginStore, StoredLogin

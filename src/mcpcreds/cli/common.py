@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from ..config.load import Config, SecretsConfig, Target
+    from ..config.model import Config, SecretsConfig, Target
     from ..credentials.sources import KeyringSource
 
     Handler = Callable[["argparse.Namespace"], int]
@@ -59,7 +59,8 @@ def config_of(args: argparse.Namespace) -> Config:
 
 def secrets_config_of(args: argparse.Namespace) -> SecretsConfig:
     """The [secrets] table if a config exists; defaults otherwise (so `secret set` works first)."""
-    from ..config.load import SecretsConfig, find_config_path
+    from ..config.load import find_config_path
+    from ..config.model import SecretsConfig
 
     explicit = getattr(args, "config", None)
     if explicit or find_config_path().exists():

@@ -38,7 +38,7 @@ from ..core.socket_check import UntrustedSidecar, check_peer, expected_sidecar_u
 from ..errors import ConfigError, McpcredsError
 
 if TYPE_CHECKING:  # the parser of every command imports this module: the config parser comes later
-    from ..config.load import Config, Target
+    from ..config.model import Config, Target
 
 PASS: Final = "✓"
 FAIL: Final = "✗"
@@ -249,7 +249,7 @@ class Doctor:
     # -- secrets
 
     def check_sources(self, config: Config) -> list[Any]:
-        from ..config.load import CREDENTIALS_SOURCE
+        from ..config.model import CREDENTIALS_SOURCE
         from ..credentials.sources import DirSource, EnvSource, KeyringSource
 
         usable: list[Any] = []
@@ -635,7 +635,7 @@ def _unit_values(path: Path, key: str) -> list[str]:
 def _load_credentials(config: Config) -> set[str]:
     """The credential names the installed service unit loads (LoadCredential[Encrypted]=NAME:...),
     when the config reads them: outside the service, $CREDENTIALS_DIRECTORY is not there to look in."""
-    from ..config.load import CREDENTIALS_SOURCE
+    from ..config.model import CREDENTIALS_SOURCE
     from .units import default_dest
 
     if CREDENTIALS_SOURCE not in config.secrets.sources or os.environ.get("CREDENTIALS_DIRECTORY"):

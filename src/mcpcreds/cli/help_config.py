@@ -2,8 +2,8 @@
 
 The keys come from the parser's own definitions, so the page cannot drift from what `check`
 accepts: the [sidecar] and [secrets] keys are the fields of SidecarConfig and SecretsConfig (their
-defaults too), a server's keys are config._ENTRY_KEYS and _TRUST_KEYS, the auth tables' are
-_OAUTH_KEYS, _AUTH_KEYS, aws_config.AWS_KEYS and spiffe_config.SPIFFE_KEYS, [aauth]'s and
+defaults too), a server's keys are config.servers.ENTRY_KEYS and TRUST_KEYS, the auth tables' are
+OAUTH_KEYS, AUTH_KEYS, config.aws.AWS_KEYS and config.spiffe.SPIFFE_KEYS, [aauth]'s and
 [exec.NAME]'s their modules' tuples. Only the one-line meanings (and defaults no dataclass
 holds) are written here; a key the parser accepts without a line here prints as "(not described
 yet)", which tests/test_help_config.py refuses.
@@ -15,10 +15,11 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any, Final, TextIO
 
-from ..config import load as cfg
+from ..config import model as cfg
 from ..config.aauth import AAUTH_KEYS, ENROLL_KEYS, AAuthConfig
 from ..config.aws import AWS_KEYS, AwsAuth
 from ..config.exec import EXEC_KEYS, ExecEntry
+from ..config.servers import AUTH_KEYS, ENTRY_KEYS, OAUTH_KEYS, TRUST_KEYS
 from ..config.spiffe import SPIFFE_KEYS
 
 UNDESCRIBED: Final = "(not described yet)"
@@ -172,14 +173,14 @@ def _fields(cls: Any) -> dict[str, Any]:
 
 def sections() -> list[tuple[str, str, list[str], dict[str, Any]]]:
     """(heading, TEXT table, keys the parser accepts, dataclass defaults) per config table."""
-    server = [*cfg._ENTRY_KEYS, "name", "service", *cfg._TRUST_KEYS]
+    server = [*ENTRY_KEYS, "name", "service", *TRUST_KEYS]
     return [
         ("[sidecar]", "sidecar", list(_fields(cfg.SidecarConfig)), _fields(cfg.SidecarConfig)),
         ("[gateway]", "gateway", ["listen"], {}),
         ("[secrets]", "secrets", list(_fields(cfg.SecretsConfig)), _fields(cfg.SecretsConfig)),
         ("[[servers]] and [services.NAME]", "server", list(dict.fromkeys(server)), _fields(cfg.GatewaySpec)),
-        ("oauth = {...} (a server's OAuth client)", "auth", list(cfg._OAUTH_KEYS), {}),
-        ("auth = {...} (kind static, oauth2)", "auth", list(cfg._AUTH_KEYS), {}),
+        ("oauth = {...} (a server's OAuth client)", "auth", list(OAUTH_KEYS), {}),
+        ("auth = {...} (kind static, oauth2)", "auth", list(AUTH_KEYS), {}),
         ("auth = { kind = \"aws\", ... }", "aws", list(AWS_KEYS), _fields(AwsAuth)),
         ("auth = { kind = \"spiffe\", ... }", "spiffe", list(SPIFFE_KEYS), {}),
         ("[aauth]", "aauth", list(AAUTH_KEYS), _fields(AAuthConfig)),

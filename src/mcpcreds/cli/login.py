@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ..config.load import LOGIN_GRANTS, Config, LoginSpec, Target
+from ..config.model import LOGIN_GRANTS, Config, LoginSpec, Target
 from ..core.logs import get_logger
 from ..core.scopes import MAX_STEP_UPS, union
 from ..credentials.authcode_flow import (

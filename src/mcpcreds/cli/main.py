@@ -153,7 +153,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"hint: expose = \"both\" (the default) on {', '.join(both)}: with expose = \"proxy\" "
               "the credential never leaves the sidecar (only the gateway, /mcp/{server}, uses it)",
               file=sys.stderr)
-    from ..config.load import LOGIN_GRANTS
+    from ..config.model import LOGIN_GRANTS
 
     persons = [t.name for t in config.servers.values()
                if t.login is not None and t.login.grant in LOGIN_GRANTS]

@@ -15,12 +15,12 @@ from .common import tell_sidecar
 if TYPE_CHECKING:
     import argparse
 
-    from ..config.load import Config, Target
+    from ..config.model import Config, Target
 
 
 def sso_target(config: Config, name: str) -> Target | None:
     """The server (or cache key) `name` if its auth is kind "aws" with source "sso", else None."""
-    from ..config.aws import aws_auth_of, is_aws
+    from ..config.model import aws_auth_of, is_aws
 
     target = config.target(name)
     if target is None or not is_aws(target):
@@ -32,7 +32,7 @@ def cmd_sso_login(args: argparse.Namespace, config: Config, target: Target) -> i
     """`mcpcreds login NAME` for an SSO server: the device authorization, then the keyring."""
     import sys
 
-    from ..config.aws import aws_auth_of
+    from ..config.model import aws_auth_of
     from ..credentials.login_store import login_store
     from ..net.egress import egress_client
 
@@ -56,7 +56,7 @@ def cmd_sso_logout(args: argparse.Namespace, config: Config, target: Target) -> 
     entry deleted, and the sidecar told (it drops the role credentials it holds)."""
     import sys
 
-    from ..config.aws import aws_auth_of
+    from ..config.model import aws_auth_of
     from ..credentials.login_store import login_store
     from ..net.egress import egress_client
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ..core.templates import Template
+from .reader import url
 
 if TYPE_CHECKING:
-    from .load import Target, _Collector
+    from .reader import Collector
 
 AAUTH_KEYS: Final = ("provider", "key_file", "enroll", "default", "alg")
 ALGS: Final = ("Ed25519", "ES256")
@@ -54,7 +55,7 @@ class AAuthConfig:
         return Path(self.key_file) if self.key_file else state_folder / KEY_FILE_NAME
 
 
-def entry_aauth(c: _Collector, path: str, t: dict[str, Any], auth_kind: str | None) -> bool | None:
+def entry_aauth(c: Collector, path: str, t: dict[str, Any], auth_kind: str | None) -> bool | None:
     """A server's or a service's `aauth` flag, as written (None: absent). With `auth` or `oauth`
     present it is not used (a warning says so when it asks to sign)."""
     if "aauth" not in t:
@@ -70,13 +71,11 @@ def entry_aauth(c: _Collector, path: str, t: dict[str, Any], auth_kind: str | No
     return raw
 
 
-def parse_aauth(c: _Collector, raw: Any) -> AAuthConfig:
-    from .load import _url  # config imports this module: the parsers are shared, not copied
-
+def parse_aauth(c: Collector, raw: Any) -> AAuthConfig:
     path = "aauth"
     t = c.table(path, raw)
     c.keys(path, t, AAUTH_KEYS)
-    provider = _url(c, f"{path}.provider", t.get("provider"))
+    provider = url(c, f"{path}.provider", t.get("provider"))
     key_file = t.get("key_file")
     if key_file is not None and (not isinstance(key_file, str) or not key_file.startswith("/")
                                  or "\x00" in key_file or len(key_file) > 4096):
@@ -95,7 +94,7 @@ def parse_aauth(c: _Collector, raw: Any) -> AAuthConfig:
     return AAuthConfig(provider, key_file, enroll, default, alg)
 
 
-def _parse_enroll(c: _Collector, path: str, raw: Any) -> Enroll | None:
+def _parse_enroll(c: Collector, path: str, raw: Any) -> Enroll | None:
     if raw is None:
         return None
     if raw == "open":
@@ -116,12 +115,3 @@ def _parse_enroll(c: _Collector, path: str, raw: Any) -> Enroll | None:
         c.error(f"{path}.assertion_file", "expected an absolute path")
         return None
     return Enroll("assertion_file", assertion_file=value)
-
-
-def signs(target: Target, aauth: AAuthConfig) -> bool:
-    """Whether requests to `target` are signed: never with `auth`/`oauth`; else its own flag, else
-    the global default."""
-    if target.auth_kind in ("auth", "oauth"):
-        return False
-    own = target.spec.aauth
-    return own if own is not None else aauth.signs_by_default

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 from ..core.templates import Template
+from .reader import check_url
 
 if TYPE_CHECKING:
-    from .load import Target, _Collector
+    from .reader import Collector
 
 AWS_KEYS: Final = ("kind", "region", "service", "source", "access_key_id", "secret_access_key",
                    "session_token", "imds_endpoint", "role_arn", "web_identity_token_file",
@@ -92,13 +93,7 @@ def botocore_installed() -> bool:
     return importlib.util.find_spec("botocore") is not None
 
 
-def is_aws(target: Target) -> bool:
-    """Whether requests to `target` are SigV4-signed (its `auth` is `kind = "aws"`)."""
-    auth = target.spec.auth
-    return auth is not None and auth.get("kind") == "aws" and target.auth_kind == "auth"
-
-
-def parse_aws_auth(c: _Collector, path: str, t: Mapping[str, Any]) -> AwsAuth | None:
+def parse_aws_auth(c: Collector, path: str, t: Mapping[str, Any]) -> AwsAuth | None:
     """Validate an `auth` table of kind `aws` (errors carry their TOML path, never a value)."""
     c.keys(path, t, AWS_KEYS)
     region, service, source = t.get("region"), t.get("service"), t.get("source", "env")
@@ -147,11 +142,9 @@ def parse_aws_auth(c: _Collector, path: str, t: Mapping[str, Any]) -> AwsAuth | 
                    templates.get("secret_access_key"), templates.get("session_token"), imds, **web, **sso)
 
 
-def _sso(c: _Collector, path: str, t: Mapping[str, Any], source: str) -> dict[str, Any] | None:
+def _sso(c: Collector, path: str, t: Mapping[str, Any], source: str) -> dict[str, Any] | None:
     """`sso_start_url`, `sso_region`, `sso_account_id`, `sso_role_name` (required with source
     "sso"), `sso_oidc_endpoint`, `sso_portal_endpoint` (defaults: AWS's in `sso_region`)."""
-    from .load import check_url
-
     if source != "sso":
         for key in SSO_KEYS:
             if key in t:
@@ -180,10 +173,8 @@ def _sso(c: _Collector, path: str, t: Mapping[str, Any], source: str) -> dict[st
     return out
 
 
-def _web_identity(c: _Collector, path: str, t: Mapping[str, Any], source: str) -> dict[str, Any] | None:
+def _web_identity(c: Collector, path: str, t: Mapping[str, Any], source: str) -> dict[str, Any] | None:
     """`role_arn`, `web_identity_token_file` (required), `role_session_name`, `sts_endpoint`."""
-    from .load import check_url
-
     if source != "web_identity":
         for key in WEB_IDENTITY_KEYS:
             if key in t:
@@ -215,7 +206,7 @@ def _web_identity(c: _Collector, path: str, t: Mapping[str, Any], source: str) -
     return out
 
 
-def _imds_endpoint(c: _Collector, path: str, value: Any) -> str | None:
+def _imds_endpoint(c: Collector, path: str, value: Any) -> str | None:
     if not isinstance(value, str) or len(value) > 256:
         c.error(path, "expected an http:// URL (the instance metadata service)")
         return None
@@ -251,17 +242,7 @@ def imds_egress_problem(imds_endpoint: str, allow_private: tuple[str, ...]) -> s
             f"allow_private = [\"{address}\"] to this server (or its service) to let the sidecar reach it")
 
 
-def aws_auth_of(target: Target) -> AwsAuth:
-    """The parsed settings of a target `is_aws` (the config was validated when it was loaded)."""
-    from .load import _Collector
-
-    assert target.spec.auth is not None
-    parsed = parse_aws_auth(_Collector(), "auth", target.spec.auth)
-    assert parsed is not None
-    return parsed
-
-
-def aws_egress_check(c: _Collector, path: str, t: Mapping[str, Any]) -> None:
+def aws_egress_check(c: Collector, path: str, t: Mapping[str, Any]) -> None:
     """A server's `auth` of kind `aws` with `source = "imds"`: its IMDS address must pass the
     server's egress policy (`allow_private`), said by `check` rather than at the first request."""
     auth = t.get("auth")

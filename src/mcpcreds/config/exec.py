@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, Final
 from ..core.credshape import credential_name
 from ..core.templates import Template
 from ..net.egress import EgressPolicy
+from .reader import NAME, join, key_path, parse_egress, parse_tags
 
 if TYPE_CHECKING:
-    from .load import _Collector
+    from .reader import Collector
 
 EXEC_KEYS: Final = ("env", "env_isolation", "net", "allow_hosts", "deny_hosts", "allow_private", "tags")
 ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
@@ -94,14 +95,12 @@ def exec_trifecta_warnings(targets: Mapping[str, frozenset[str]], execs: Mapping
     return warnings
 
 
-def parse_execs(c: _Collector, raw: Any) -> dict[str, ExecEntry]:
+def parse_execs(c: Collector, raw: Any) -> dict[str, ExecEntry]:
     """Every `[exec.NAME]` table; errors go to the collector with their TOML path."""
-    from .load import _NAME, _join, _key_path, _parse_egress, _parse_tags
-
     entries: dict[str, ExecEntry] = {}
     for i, (name, value) in enumerate(c.table("exec", raw).items()):
-        if not _NAME.match(name):
-            c.error(_key_path("exec", name, i), "exec names use letters, digits, '_', '.', '-'")
+        if not NAME.match(name):
+            c.error(key_path("exec", name, i), "exec names use letters, digits, '_', '.', '-'")
             continue
         path = f"exec.{name}"
         t = c.table(path, value)
@@ -109,24 +108,22 @@ def parse_execs(c: _Collector, raw: Any) -> dict[str, ExecEntry]:
         if "command" in t or "args" in t:  # spelled out: the rule is the point, not a typo
             c.error(path, "an exec entry never holds a command: it comes from the command line "
                           "(mcpcreds exec NAME -- CMD ARGS...)")
-        egress = _parse_egress(c, path, t, [], needs=NEEDS_HOSTS)
-        env = _parse_env(c, _join(path, "env"), t.get("env"), egress.mode)
-        isolation = c.typed(_join(path, "env_isolation"), t.get("env_isolation"), bool, True)
-        tags = _parse_tags(c, _join(path, "tags"), t.get("tags"))
+        egress = parse_egress(c, path, t, [], needs=NEEDS_HOSTS)
+        env = _parse_env(c, join(path, "env"), t.get("env"), egress.mode)
+        isolation = c.typed(join(path, "env_isolation"), t.get("env_isolation"), bool, True)
+        tags = parse_tags(c, join(path, "tags"), t.get("tags"))
         entries[name] = ExecEntry(name, env, isolation, egress, effective_tags(tags, egress.mode))
     return entries
 
 
-def _parse_env(c: _Collector, path: str, raw: Any, net: str) -> dict[str, Template]:
-    from .load import _key_path
-
+def _parse_env(c: Collector, path: str, raw: Any, net: str) -> dict[str, Template]:
     out: dict[str, Template] = {}
     table = c.table(path, raw)
     if len(table) > MAX_ENV:
         c.error(path, f"at most {MAX_ENV} variables")
         return out
     for i, (name, value) in enumerate(table.items()):
-        vpath = _key_path(path, name, i)
+        vpath = key_path(path, name, i)
         if not ENV_NAME.match(name):
             c.error(vpath, "not a valid environment variable name (letters, digits, '_'; at most 128)")
             continue

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from .load import GatewaySpec, Target, _Collector
+    from .reader import Collector
 
 SPIFFE_KEYS: Final = ("kind", "svid", "jwt_svid_file", "audience", "svid_file", "key_file", "bundle_file")
 JWT_KEYS: Final = ("jwt_svid_file", "audience")
@@ -34,9 +34,6 @@ X509_KEYS: Final = ("svid_file", "key_file", "bundle_file")
 MAX_JWT_BYTES: Final = 16 * 1024
 MAX_PEM_BYTES: Final = 256 * 1024
 _MAX_PATH: Final = 4096
-# the parsed settings per auth table (by identity; the table is kept so its id is not reused):
-# the gateway asks for them per request
-_PARSED: dict[int, tuple[Mapping[str, Any], SpiffeAuth | None]] = {}
 
 
 class SvidError(ValueError):
@@ -60,7 +57,7 @@ class JwtSvid:
     expires_at: float
 
 
-def _path(c: _Collector, where: str, value: Any) -> str | None:
+def _path(c: Collector, where: str, value: Any) -> str | None:
     if not isinstance(value, str) or not value.startswith("/") or "\x00" in value or len(value) > _MAX_PATH \
             or value.endswith("/"):
         c.error(where, "required: the absolute path of a file")
@@ -68,7 +65,7 @@ def _path(c: _Collector, where: str, value: Any) -> str | None:
     return value
 
 
-def parse_spiffe_auth(c: _Collector, path: str, t: Mapping[str, Any]) -> SpiffeAuth | None:
+def parse_spiffe_auth(c: Collector, path: str, t: Mapping[str, Any]) -> SpiffeAuth | None:
     """Validate an `auth` table of kind `spiffe` (errors carry their TOML path, never a value)."""
     c.keys(path, t, SPIFFE_KEYS)
     svid = t.get("svid")
@@ -91,48 +88,20 @@ def parse_spiffe_auth(c: _Collector, path: str, t: Mapping[str, Any]) -> SpiffeA
     return SpiffeAuth(str(svid), audience=audience, **files)
 
 
-def spiffe_entry_check(c: _Collector, path: str, t: Mapping[str, Any], endpoint: str | None,
-                       gateway: GatewaySpec) -> None:
+def spiffe_entry_check(c: Collector, path: str, t: Mapping[str, Any], endpoint: str | None,
+                       expose: str) -> None:
     """An x509 SVID is presented only by the gateway's connections: said by `check`, not at the
     first request (a direct client would reach the server without the client certificate)."""
     auth = t.get("auth")
     if not isinstance(auth, dict) or auth.get("kind") != "spiffe" or auth.get("svid") != "x509":
         return
-    if gateway.expose != "proxy":
+    if expose != "proxy":
         c.error(f"{path}.expose", "auth kind \"spiffe\" with svid = \"x509\" is an mTLS identity only the "
                                   "gateway's connections present (a direct client would reach the server "
                                   "without it): set expose = \"proxy\" and use /mcp/NAME")
     if endpoint is not None and urlsplit(endpoint).scheme != "https":
         c.error(f"{path}.endpoint", "auth kind \"spiffe\" with svid = \"x509\" needs an https:// endpoint "
                                     "(the client certificate is presented in the TLS handshake)")
-
-
-def spiffe_of(target: Target) -> SpiffeAuth | None:
-    """The parsed settings of a target whose `auth` is `kind = "spiffe"` (validated at load)."""
-    auth = target.spec.auth
-    if auth is None or auth.get("kind") != "spiffe" or target.auth_kind != "auth":
-        return None
-    held = _PARSED.get(id(auth))
-    if held is not None and held[0] is auth:
-        return held[1]
-    from .load import _Collector
-
-    parsed = parse_spiffe_auth(_Collector(), "auth", auth)
-    if len(_PARSED) >= 1024:
-        _PARSED.clear()
-    _PARSED[id(auth)] = (auth, parsed)
-    return parsed
-
-
-def jwt_svid_file(target: Target) -> str | None:
-    """The JWT-SVID file of a target (cheap: the hot path asks it per request), else None."""
-    auth = target.spec.auth
-    if auth is None or auth.get("kind") != "spiffe" or auth.get("svid") != "jwt":
-        return None
-    if target.auth_kind != "auth":
-        return None
-    found = auth.get("jwt_svid_file")
-    return found if isinstance(found, str) else None
 
 
 def _b64json(part: str) -> Any:

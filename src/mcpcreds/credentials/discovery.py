@@ -12,7 +12,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from ..config.load import LOGIN_GRANTS, LoginSpec, check_url
+from ..config.model import LOGIN_GRANTS, LoginSpec
+from ..config.reader import check_url
 from ..core.logs import get_logger
 from ..core.scopes import challenge_scope, scope_of
 from ..errors import Forbidden, McpcredsError, TokenEndpointError, TokenEndpointTimeout

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Final, TypeGuard
 
-from ..config.load import SecretsConfig
+from ..config.model import SecretsConfig
 from ..core.scopes import MAX_STEP_UPS, parse_scope
 from ..core.secret import REDACTOR
 from ..errors import SecretUnavailable

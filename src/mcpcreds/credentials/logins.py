@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from cachetools import TLRUCache
 
-from ..config.load import Target
+from ..config.model import Target
 from ..core.clock import Clock
 from ..core.logs import get_logger
 from ..errors import McpcredsError, TokenEndpointError

@@ -23,7 +23,7 @@ from urllib.parse import quote_plus, urlencode
 import httpx
 from authlib.oauth2.auth import ClientAuth
 
-from ..config.load import LoginSpec
+from ..config.model import LoginSpec
 from ..core.secret import REDACTOR, fingerprint
 from ..errors import TokenEndpointError, TokenEndpointTimeout
 from .client_assertion import ASSERTION_TYPE, client_assertion

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
 
-from ..config.load import CREDENTIALS_SOURCE, SecretsConfig
+from ..config.model import CREDENTIALS_SOURCE, SecretsConfig
 from ..core.secret import Secret
 from ..core.templates import FileRef, SecretRef, Template
 from ..errors import InvalidRequest, SecretUnavailable

@@ -21,22 +21,15 @@ from typing import TYPE_CHECKING, Any, Final
 
 from cryptography import x509
 
-from ..config.spiffe import (
-    MAX_JWT_BYTES,
-    MAX_PEM_BYTES,
-    JwtSvid,
-    SpiffeAuth,
-    SvidError,
-    parse_jwt_svid,
-    spiffe_of,
-)
+from ..config.model import spiffe_of
+from ..config.spiffe import MAX_JWT_BYTES, MAX_PEM_BYTES, JwtSvid, SpiffeAuth, SvidError, parse_jwt_svid
 from ..core.logs import get_logger
 from ..core.secret import Secret
 from ..errors import SecretUnavailable
 from .sources import file_kind, open_folder, read_at_most, trusted_owner
 
 if TYPE_CHECKING:
-    from ..config.load import Target
+    from ..config.model import Target
 
 FileKey = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
 _log = get_logger("spiffe")

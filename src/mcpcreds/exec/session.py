@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from ..config.exec import EXEC_PREFIX, ExecEntry
-from ..config.load import Config, default_socket_path
+from ..config.load import default_socket_path
+from ..config.model import Config
 from ..core.http import Request, Response
 from ..core.logs import get_logger
 from ..core.policy import check_rule_of_two

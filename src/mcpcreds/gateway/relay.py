@@ -48,8 +48,7 @@ import httpx
 from ..broker.broker import Actor, Broker
 from ..broker.headers import HeadersResult
 from ..client.auth import parse_retry_after
-from ..config.aws import is_aws
-from ..config.load import Target
+from ..config.model import Target, is_aws
 from ..core.credshape import credential_name
 from ..core.http import MAX_GATEWAY_BODY_BYTES, Answer, Request, Response, StreamingResponse
 from ..core.logs import get_logger

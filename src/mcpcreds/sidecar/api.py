@@ -16,9 +16,8 @@ from ..broker.broker import Actor, Broker
 from ..broker.headers import HeadersResult
 from ..broker.refresh import forget_shared_login, forget_unsaved
 from ..broker.step_up import report_insufficient_scope
-from ..config.aws import is_aws
 from ..config.exec import EXEC_PREFIX
-from ..config.load import Target
+from ..config.model import Target, is_aws
 from ..core.audit import AuditLog
 from ..core.http import (
     Answer,

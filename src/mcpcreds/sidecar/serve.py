@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..broker.broker import Broker
-from ..config.load import Config, default_socket_path, load_config
+from ..config.load import default_socket_path, load_config
+from ..config.model import Config
 from ..core.audit import AuditLog
 from ..core.clock import SYSTEM_CLOCK, Clock
 from ..core.logs import get_logger

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Final
 
-from ..config.load import ListenConfig
+from ..config.model import ListenConfig
 from ..core.http import Answer, Request, Response
 from ..core.logs import get_logger
 from ..errors import Forbidden, McpcredsError, NotFound

@@ -34,7 +34,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
-from ..config.load import Config, Target, default_socket_path
+from ..config.load import default_socket_path
+from ..config.model import Config, Target
 from ..core.aauth_requirement import access_token, refusal, requirement
 from ..core.logs import get_logger
 from ..core.secret import REDACTOR

@@ -32,7 +32,7 @@ import httpx
 from ..core.logs import get_logger
 
 if TYPE_CHECKING:
-    from ..config.load import Target
+    from ..config.model import Target
 
 _log = get_logger("aauth")
 RESOURCE_DWK: Final = "aauth-resource.json"

@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TextIO
+from typing import Any, Final, TextIO
 from urllib.parse import urlencode
 
 import httpx
@@ -35,10 +35,6 @@ from ..credentials.login_store import entry_name
 from ..credentials.sources import KeyringSource
 from ..errors import LoginRequired, TokenEndpointError
 from .aws_credentials import AwsCredentials, AwsCredentialsError, checked_credentials
-
-if TYPE_CHECKING:
-
-    pass
 
 DEVICE_GRANT: Final = "urn:ietf:params:oauth:grant-type:device_code"
 MAX_ANSWER: Final = 64 * 1024

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from ..config.load import Target
+from ..config.model import Target
 from ..errors import InvalidRequest
 
 MAX_SIGN_HEADERS: Final = 32

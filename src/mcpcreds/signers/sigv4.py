@@ -30,8 +30,8 @@ from typing import Any, Final
 
 import httpx
 
-from ..config.aws import AwsAuth, aws_auth_of, is_aws
-from ..config.load import Config, Target
+from ..config.aws import AwsAuth
+from ..config.model import Config, Target, aws_auth_of, is_aws
 from ..core.logs import get_logger
 from ..core.templates import Template
 from ..credentials.login_store import login_store

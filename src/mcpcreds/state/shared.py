@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..config.load import Config, Target
+from ..config.model import Config, Target
 from ..core.clock import Clock
 from ..core.logs import get_logger
 from ..core.rates import Rate
