@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime
-import email.utils
 import hashlib
-import re
-import time
 from collections.abc import AsyncGenerator, Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -21,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import httpx
 
 from ..core.aauth_requirement import access_token, refusal
+from ..core.rates import parse_retry_after
 from ..core.scopes import insufficient_scope
 from ..errors import RateLimited
 from .calls import Call, Calls
@@ -31,10 +28,6 @@ if TYPE_CHECKING:
     from .leaser_sync import SyncLeaser
 
 On429 = Literal["raise", "wait", "return"]
-DEFAULT_RETRY_AFTER: Final = 1.0
-MAX_RETRY_AFTER: Final = 3600.0  # within the 0 to 86400 the sidecar's backoff route takes
-# RFC 9110 delay-seconds are digits; a sign and a fraction are tolerated (a negative is 0)
-_DELTA_SECONDS: Final = re.compile(r"[+-]?[0-9]+(\.[0-9]+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,29 +41,6 @@ class Upstream:
 
 
 Step = Sidecar | Upstream
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date), from 0 to
-    MAX_RETRY_AFTER; DEFAULT_RETRY_AFTER if absent or neither form (`nan`, `inf`, `1_0`, a bad date).
-
-    The value comes from an upstream: whatever it is, the answer is a number the sidecar's
-    backoff route accepts, so a 429 is never turned into an error.
-    """
-    if not value:
-        return DEFAULT_RETRY_AFTER
-    value = value.strip()
-    if _DELTA_SECONDS.fullmatch(value):
-        seconds = float(value)  # digits: never nan; too many of them is inf, clamped below
-    else:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-            if when.tzinfo is None:  # "-0000": UTC, not the local time
-                when = when.replace(tzinfo=datetime.UTC)
-            seconds = when.timestamp() - (time.time() if now is None else now)
-        except (TypeError, ValueError, OverflowError, OSError):
-            return DEFAULT_RETRY_AFTER
-    return min(max(0.0, seconds), MAX_RETRY_AFTER)
 
 
 def _apply(request: Any, answer: dict[str, Any]) -> str | None:

@@ -46,12 +46,12 @@ from typing import Any, Final
 import httpx
 
 from ..broker.broker import Actor, Broker, HeadersResult
-from ..client.auth import parse_retry_after
 from ..config.aws import is_aws
 from ..config.load import Target
 from ..core.credshape import credential_name
 from ..core.logs import get_logger
 from ..core.metrics import Metrics
+from ..core.rates import parse_retry_after
 from ..core.secret import redact_json
 from ..errors import ERRORS_BY_CODE, McpcredsError, MethodNotAllowed, UpstreamError, UpstreamTimeout
 from ..sidecar.wire import MAX_GATEWAY_BODY_BYTES, Answer, Request, Response, StreamingResponse
