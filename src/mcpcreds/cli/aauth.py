@@ -14,12 +14,12 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def cmd_aauth(args: argparse.Namespace) -> int:
-    from ..client.calls import Call, _whole
+    from ..client.calls import Call, whole
     from .main import _client
 
     if args.action == "rotate-key":
         with _client(args) as client:
-            rotated = client.run(Call("POST", "/v1/aauth/rotate-key", _whole, {}))
+            rotated = client.run(Call("POST", "/v1/aauth/rotate-key", whole, {}))
         print(f"rotated: thumbprint {rotated.get('thumbprint')} (was {rotated.get('previous')})")
         return 0
     with _client(args) as client:
