@@ -23,7 +23,7 @@ from ..errors import RateLimited
 from .calls import Call, Calls
 
 if TYPE_CHECKING:
-    from .client import AsyncClient, Client
+    from .calls import AsyncSidecarClient, SidecarClient
     from .leaser import AsyncLeaser
     from .leaser_sync import SyncLeaser
 
@@ -163,11 +163,11 @@ class CredentialsAuth(httpx.Auth):
     """An `httpx.Auth` bound to one server of the sidecar."""
 
     requires_request_body = True  # a retry after a 401 sends the body again
-    lease = True  # lease a share when called often (lease_client.py); False: a round trip per request
+    lease = True  # lease a share when called often (leaser.py); False: a round trip per request
     _leaser: AsyncLeaser | None = None
     _sync_leaser: SyncLeaser | None = None
 
-    def __init__(self, client: Client | None, async_client: AsyncClient | None, name: str, *,
+    def __init__(self, client: SidecarClient | None, async_client: AsyncSidecarClient | None, name: str, *,
                  cost: int = 1, max_wait: float = 30.0, on_429: On429 = "wait") -> None:
         self._client = client
         self._async_client = async_client
@@ -234,7 +234,7 @@ class CredentialsAuth(httpx.Auth):
         return await leaser.take(self.cost)
 
     def _leased_sync(self, call: Call[Any]) -> dict[str, Any] | None:
-        """`_leased` for the sync driver (lease_sync.py)."""
+        """`_leased` for the sync driver (leaser_sync.py)."""
         action = call.path.rpartition("/")[2]
         leaser = self._sync_leaser
         if action != "call":

@@ -5,10 +5,15 @@ the shape its caller relies on: a malformed one is a `MalformedAnswer`, never a 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote
 
 from ..errors import McpcredsError
+
+if TYPE_CHECKING:  # the command line imports this module: no Protocol class is made at run time
+    from _thread import LockType
+    from pathlib import Path
+    from typing import Protocol
 
 R = TypeVar("R")
 
@@ -29,6 +34,37 @@ class Call(Generic[R]):
 
     def __repr__(self) -> str:
         return f"Call({self.method} {self.path})"
+
+
+if TYPE_CHECKING:
+    class SidecarClient(Protocol):
+        """What the sync auth (auth.py) and lease holder (leaser_sync.py) use of a `Client`
+        (client.py), which satisfies it structurally: they are typed by it rather than import it.
+        The underscored members are the client's own, shared within this package: the grant's
+        headers (sent on the event stream too) and the lease holders it closes with itself."""
+
+        @property
+        def socket_path(self) -> Path: ...
+        @property
+        def sidecar_uid(self) -> int: ...
+        @property
+        def _headers(self) -> dict[str, str]: ...
+        _leasers: list[Any]
+        @property
+        def _leasers_lock(self) -> LockType: ...
+        def run(self, call: Call[R]) -> R: ...
+
+    class AsyncSidecarClient(Protocol):
+        """The same of an `AsyncClient`, for the async auth and lease holder (leaser.py)."""
+
+        @property
+        def socket_path(self) -> Path: ...
+        @property
+        def sidecar_uid(self) -> int: ...
+        @property
+        def _headers(self) -> dict[str, str]: ...
+        _leasers: list[Any]
+        async def run(self, call: Call[R]) -> R: ...
 
 
 class MalformedAnswer(McpcredsError):
