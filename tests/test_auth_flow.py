@@ -8,7 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from mcpcreds.client.auth import Sidecar, Step, Upstream, credential_flow, parse_retry_after
+from mcpcreds.client.auth import Sidecar, Step, Upstream, credential_flow
+from mcpcreds.core.rates import parse_retry_after
 from mcpcreds.errors import RateLimited
 
 

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from mcpcreds import AsyncClient, RateLimited
-from mcpcreds.client.auth import DEFAULT_RETRY_AFTER, MAX_RETRY_AFTER, credential_flow, parse_retry_after
+from mcpcreds.client.auth import credential_flow
+from mcpcreds.core.rates import DEFAULT_RETRY_AFTER, MAX_RETRY_AFTER, parse_retry_after
 from tests.peers.upstream import Upstream, start_upstream
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 from tests.test_auth_flow import answer, request, run

@@ -14,12 +14,12 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def cmd_aauth(args: argparse.Namespace) -> int:
-    from ..client.calls import Call, _whole
+    from ..client.calls import Call, whole
     from .common import client_of
 
     if args.action == "rotate-key":
         with client_of(args) as client:
-            rotated = client.run(Call("POST", "/v1/aauth/rotate-key", _whole, {}))
+            rotated = client.run(Call("POST", "/v1/aauth/rotate-key", whole, {}))
         print(f"rotated: thumbprint {rotated.get('thumbprint')} (was {rotated.get('previous')})")
         return 0
     with client_of(args) as client:

@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime
-import email.utils
 import hashlib
-import re
-import time
 from collections.abc import AsyncGenerator, Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -21,20 +17,17 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import httpx
 
 from ..core.aauth_requirement import access_token, refusal
+from ..core.rates import parse_retry_after
 from ..core.scopes import insufficient_scope
 from ..errors import RateLimited
 from .calls import Call, Calls
 
 if TYPE_CHECKING:
-    from .client import AsyncClient, Client
+    from .calls import AsyncSidecarClient, SidecarClient
     from .leaser import AsyncLeaser
     from .leaser_sync import SyncLeaser
 
 On429 = Literal["raise", "wait", "return"]
-DEFAULT_RETRY_AFTER: Final = 1.0
-MAX_RETRY_AFTER: Final = 3600.0  # within the 0 to 86400 the sidecar's backoff route takes
-# RFC 9110 delay-seconds are digits; a sign and a fraction are tolerated (a negative is 0)
-_DELTA_SECONDS: Final = re.compile(r"[+-]?[0-9]+(\.[0-9]+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,29 +41,6 @@ class Upstream:
 
 
 Step = Sidecar | Upstream
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date), from 0 to
-    MAX_RETRY_AFTER; DEFAULT_RETRY_AFTER if absent or neither form (`nan`, `inf`, `1_0`, a bad date).
-
-    The value comes from an upstream: whatever it is, the answer is a number the sidecar's
-    backoff route accepts, so a 429 is never turned into an error.
-    """
-    if not value:
-        return DEFAULT_RETRY_AFTER
-    value = value.strip()
-    if _DELTA_SECONDS.fullmatch(value):
-        seconds = float(value)  # digits: never nan; too many of them is inf, clamped below
-    else:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-            if when.tzinfo is None:  # "-0000": UTC, not the local time
-                when = when.replace(tzinfo=datetime.UTC)
-            seconds = when.timestamp() - (time.time() if now is None else now)
-        except (TypeError, ValueError, OverflowError, OSError):
-            return DEFAULT_RETRY_AFTER
-    return min(max(0.0, seconds), MAX_RETRY_AFTER)
 
 
 def _apply(request: Any, answer: dict[str, Any]) -> str | None:
@@ -193,11 +163,11 @@ class CredentialsAuth(httpx.Auth):
     """An `httpx.Auth` bound to one server of the sidecar."""
 
     requires_request_body = True  # a retry after a 401 sends the body again
-    lease = True  # lease a share when called often (lease_client.py); False: a round trip per request
+    lease = True  # lease a share when called often (leaser.py); False: a round trip per request
     _leaser: AsyncLeaser | None = None
     _sync_leaser: SyncLeaser | None = None
 
-    def __init__(self, client: Client | None, async_client: AsyncClient | None, name: str, *,
+    def __init__(self, client: SidecarClient | None, async_client: AsyncSidecarClient | None, name: str, *,
                  cost: int = 1, max_wait: float = 30.0, on_429: On429 = "wait") -> None:
         self._client = client
         self._async_client = async_client
@@ -264,7 +234,7 @@ class CredentialsAuth(httpx.Auth):
         return await leaser.take(self.cost)
 
     def _leased_sync(self, call: Call[Any]) -> dict[str, Any] | None:
-        """`_leased` for the sync driver (lease_sync.py)."""
+        """`_leased` for the sync driver (leaser_sync.py)."""
         action = call.path.rpartition("/")[2]
         leaser = self._sync_leaser
         if action != "call":

@@ -5,10 +5,15 @@ the shape its caller relies on: a malformed one is a `MalformedAnswer`, never a 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote
 
 from ..errors import McpcredsError
+
+if TYPE_CHECKING:  # the command line imports this module: no Protocol class is made at run time
+    from _thread import LockType
+    from pathlib import Path
+    from typing import Protocol
 
 R = TypeVar("R")
 
@@ -31,6 +36,37 @@ class Call(Generic[R]):
         return f"Call({self.method} {self.path})"
 
 
+if TYPE_CHECKING:
+    class SidecarClient(Protocol):
+        """What the sync auth (auth.py) and lease holder (leaser_sync.py) use of a `Client`
+        (client.py), which satisfies it structurally: they are typed by it rather than import it.
+        The underscored members are the client's own, shared within this package: the grant's
+        headers (sent on the event stream too) and the lease holders it closes with itself."""
+
+        @property
+        def socket_path(self) -> Path: ...
+        @property
+        def sidecar_uid(self) -> int: ...
+        @property
+        def _headers(self) -> dict[str, str]: ...
+        _leasers: list[Any]
+        @property
+        def _leasers_lock(self) -> LockType: ...
+        def run(self, call: Call[R]) -> R: ...
+
+    class AsyncSidecarClient(Protocol):
+        """The same of an `AsyncClient`, for the async auth and lease holder (leaser.py)."""
+
+        @property
+        def socket_path(self) -> Path: ...
+        @property
+        def sidecar_uid(self) -> int: ...
+        @property
+        def _headers(self) -> dict[str, str]: ...
+        _leasers: list[Any]
+        async def run(self, call: Call[R]) -> R: ...
+
+
 class MalformedAnswer(McpcredsError):
     """The sidecar answered, but not with the shape this call expects."""
 
@@ -42,7 +78,8 @@ def _server(name: str, action: str) -> str:
     return f"/v1/servers/{quote(name, safe=':')}/{action}"
 
 
-def _whole(body: Any) -> dict[str, Any]:
+def whole(body: Any) -> dict[str, Any]:
+    """The answer, which must be an object."""
     if not isinstance(body, dict):
         raise MalformedAnswer(f"the sidecar answered {type(body).__name__} where an object was expected")
     return body
@@ -50,16 +87,16 @@ def _whole(body: Any) -> dict[str, Any]:
 
 def _field(body: Any, key: str, *types: type) -> Any:
     """`body[key]`, which must be there and be one of `types` (a bool is not a number here)."""
-    whole = _whole(body)
-    value = whole.get(key)
-    if key not in whole or not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+    fields = whole(body)
+    value = fields.get(key)
+    if key not in fields or not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         raise MalformedAnswer(f"the sidecar's answer has no valid {key!r} "
                               f"({' or '.join(t.__name__ for t in types)} expected)")
     return value
 
 
 def _renewed(body: Any) -> bool:
-    if "renewed" in _whole(body):
+    if "renewed" in whole(body):
         return bool(_field(body, "renewed", bool))
     return bool(_field(body, "dropped", bool))  # a sidecar from before the cooldown
 
@@ -75,7 +112,7 @@ def _with_headers(body: Any) -> dict[str, Any]:
     headers: dict[Any, Any] = _field(body, "headers", dict)
     if not all(isinstance(v, str) for v in headers.values()):
         raise MalformedAnswer("the sidecar's answer has a header value that is not a string")
-    return _whole(body)
+    return whole(body)
 
 
 def _servers(body: Any) -> list[dict[str, Any]]:
@@ -88,7 +125,7 @@ def _servers(body: Any) -> list[dict[str, Any]]:
 def _permits(body: Any) -> dict[str, Any]:
     _field(body, "granted", int)
     _field(body, "waited", int, float)
-    return _whole(body)
+    return whole(body)
 
 
 def _permits_and_headers(body: Any) -> dict[str, Any]:
@@ -98,19 +135,19 @@ def _permits_and_headers(body: Any) -> dict[str, Any]:
 def _step_up(body: Any) -> dict[str, Any]:
     _field(body, "step_up", bool)
     _field(body, "renewed", bool)
-    return _whole(body)
+    return whole(body)
 
 
 def _grant(body: Any) -> dict[str, Any]:
     _field(body, "id", str)
     _field(body, "grant", str)
-    return _whole(body)
+    return whole(body)
 
 
 def _rotation(body: Any) -> dict[str, Any]:
     _strings(body, "renewed")
     _field(body, "stored_in", str)
-    return _whole(body)
+    return whole(body)
 
 
 def _lease(body: Any) -> dict[str, Any]:
@@ -121,7 +158,7 @@ def _lease(body: Any) -> dict[str, Any]:
         _field(body, key, int)
     _field(body, "lease", str)
     _field(body, "key", str)
-    return _whole(body)
+    return whole(body)
 
 
 class Calls:
@@ -129,7 +166,7 @@ class Calls:
 
     @staticmethod
     def health() -> Call[dict[str, Any]]:
-        return Call("GET", "/v1/health", _whole)
+        return Call("GET", "/v1/health", whole)
 
     @staticmethod
     def servers() -> Call[list[dict[str, Any]]]:
@@ -215,7 +252,7 @@ class Calls:
 
     @staticmethod
     def status() -> Call[dict[str, Any]]:
-        return Call("GET", "/v1/status", _whole)
+        return Call("GET", "/v1/status", whole)
 
     @staticmethod
     def secret_rotated(name: str) -> Call[list[str]]:

@@ -209,7 +209,7 @@ class AsyncClient(_Base):
         self._malformed = (ValueError, httptools.HttpParserError)
         self._failures = (*_FAILURES, httptools.HttpParserError)
         self._http = UdsHttp(self._socket, self._headers, self.sidecar_uid)
-        self._leasers: list[Any] = []  # lease_client.AsyncLeaser of each auth() that leased
+        self._leasers: list[Any] = []  # leaser.AsyncLeaser of each auth() that leased
 
     async def __aenter__(self) -> Self:
         return self
@@ -289,7 +289,7 @@ class AsyncClient(_Base):
              on_429: Literal["raise", "wait", "return"] = "wait", lease: bool = True) -> HttpxAuth:
         """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled.
         With `lease` (default), an auth that calls often leases a share of the server's bucket and
-        spends it in this process (lease_client.py): no round trip per request."""
+        spends it in this process (leaser.py): no round trip per request."""
         from .auth import AUTH_CLASS
 
         auth = AUTH_CLASS(None, self, name, cost=cost, max_wait=max_wait, on_429=on_429)
@@ -325,7 +325,7 @@ class Client(_Base):
                  sidecar_uid: int | None = None) -> None:
         super().__init__(socket, grant, timeout, connect_retry, sidecar_uid)
         self._http = SyncUdsHttp(self._socket, self._headers, self.sidecar_uid)
-        self._leasers: list[Any] = []  # lease_sync.SyncLeaser of each auth() that leased
+        self._leasers: list[Any] = []  # leaser_sync.SyncLeaser of each auth() that leased
         self._leasers_lock = allocate_lock()
 
     def __enter__(self) -> Self:

@@ -13,11 +13,12 @@ A refusal (`leases = false`, a signed server, a shared state) turns leasing off 
 a share of 0 ("not now") is asked again half a lease later. Every failure falls back to the
 per-request `call`.
 
-The sync `Client` leases through lease_sync.py: `AsyncLimiter` is bound to an event loop (it
+The sync `Client` leases through leaser_sync.py: `AsyncLimiter` is bound to an event loop (it
 reads `loop.time()` and wakes waiters with loop futures) and is not thread-safe, so the sync
 holder spends its share through a `buckets.TokenBucket` under a lock and reads the event stream
 on a thread of its own. The rules both follow (what an event means, when to renew now, what
-demand to ask for) are the pure functions here.
+demand to ask for, what a lease answer makes of the lease held) are the pure functions of
+lease_terms.py.
 """
 
 from __future__ import annotations
@@ -27,75 +28,27 @@ import contextlib
 import json
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from aiolimiter import AsyncLimiter
 
 from ..core.socket_check import check_folder, check_peer
 from ..errors import LeasesRefused, McpcredsError, RateLimited
 from .calls import Calls
+from .lease_terms import (
+    MAX_EVENT_LINE,
+    RETRY_AFTER_FAILURE,
+    TRIGGER_CALLS,
+    available,
+    called_often,
+    event_effect,
+    lease_answer,
+    lease_demand,
+    renew_now,
+)
 
 if TYPE_CHECKING:
-    from .client import AsyncClient
-
-TRIGGER_CALLS: Final = 3
-TRIGGER_SECONDS: Final = 1.0
-RETRY_AFTER_FAILURE: Final = 1.0
-DEMAND_HEADROOM: Final = 2.0  # ask for twice what was used: a growing client can double per renewal
-MAX_EVENT_LINE: Final = 64 * 1024
-DROP_KINDS: Final = frozenset({"invalidate", "rotation", "pause"})
-MAX_EVENT_PAUSE: Final = 3600.0
-
-
-def event_effect(event: dict[str, Any], key: str | None, answer: dict[str, Any] | None) -> tuple[bool, float]:
-    """What an event of the stream means for the leased headers of `key`: (drop them, pause
-    seconds). A pause drops them and holds requests; a login with another fingerprint than the
-    held answer's drops them. Shared by the async and the sync lease holders."""
-    if key is None or event.get("key") != key:
-        return False, 0.0
-    kind = event.get("kind")
-    if kind == "pause":
-        seconds = event.get("seconds")
-        pause = min(float(seconds), MAX_EVENT_PAUSE) if isinstance(seconds, int | float) else 0.0
-        return True, pause
-    changed = kind == "login" and answer is not None and event.get("fingerprint") != answer.get("fingerprint")
-    return kind in DROP_KINDS or changed, 0.0
-
-
-def called_often(recent: deque[float], now: float) -> bool:
-    """Note a call at `now` in `recent` (the last TRIGGER_CALLS calls): whether they all came within
-    TRIGGER_SECONDS, when a lease is worth asking for. Shared by the async and the sync holders."""
-    recent.append(now)
-    return len(recent) == TRIGGER_CALLS and now - recent[0] <= TRIGGER_SECONDS
-
-
-def renew_now(event: dict[str, Any], key: str | None, lease: str | None, disabled: bool) -> bool:
-    """A `lease` event for the key of the lease we hold: renew it now."""
-    return event.get("kind") == "lease" and key is not None and event.get("key") == key \
-        and lease is not None and not disabled
-
-
-def lease_demand(has_share: bool, saturated: bool, now: float, since: float, min_window: float,
-                 asked: float | None, used: int, per: float) -> float | None:
-    """Permits per period a renewal asks for: None (as many as the sidecar gives) without a share
-    or when the share was what held requests back (`saturated`); the last demand (`asked`) again
-    when less than `min_window` has passed since the use was last measured (`since`: an early
-    renewal, a nudge or a shrink, measures nothing); else twice the `used` permits' rate.
-    Shared by the async and the sync lease holders."""
-    if not has_share or saturated or now <= since:
-        return None
-    if now - since < min_window:
-        return asked
-    return max(1.0, used / (now - since) * per * DEMAND_HEADROOM)
-
-
-def available(limiter: AsyncLimiter) -> int:
-    """The whole permits `limiter` could grant now (aiolimiter says only yes or no)."""
-    low, high = 0, int(limiter.max_rate)
-    while low < high:
-        mid = (low + high + 1) // 2
-        low, high = (mid, high) if limiter.has_capacity(mid) else (low, mid - 1)
-    return low
+    from .calls import AsyncSidecarClient
 
 
 class EventStream:
@@ -147,7 +100,7 @@ class EventStream:
 class AsyncLeaser:
     """One `auth`'s lease on one server, on the event loop it was first used on."""
 
-    def __init__(self, client: AsyncClient, name: str, clock: Any = time.monotonic) -> None:
+    def __init__(self, client: AsyncSidecarClient, name: str, clock: Any = time.monotonic) -> None:
         self.client = client
         self.name = name
         self.clock = clock
@@ -294,45 +247,34 @@ class AsyncLeaser:
         except (McpcredsError, OSError, ValueError, asyncio.IncompleteReadError):
             self.retry_at = self.renew_at = self.clock() + RETRY_AFTER_FAILURE
             return False
-        share, burst, per = float(got["share"]), int(got["burst"]), float(got["per"])
-        seconds, initial = float(got["lease_seconds"]), int(got["initial"])
-        self.lease, self.key, self.terms_per = str(got["lease"]), str(got["key"]), per
-        if sent - self.since >= self.min_window:  # the use was measured: a new window from now
+        new = lease_answer(got, sent, self.clock(), since=self.since, min_window=self.min_window,
+                           terms=self.terms, held=self.limiter is not None, lease_end=self.lease_end)
+        self.lease, self.key, self.terms_per = new.lease, new.key, new.per
+        if new.new_window:  # the use was measured: a new window from now
             self.used, self.since = 0, sent
-        self.saturated, self.min_window = False, seconds / 4
-        if burst < 1 or share <= 0.0:  # not now: per request, and ask again half a lease later
-            self.terms, self.limiter, self.answer = (0.0, 0), None, None
+        self.saturated, self.min_window = False, new.min_window
+        if new.not_now:  # not now: per request, and ask again half a lease later
+            self.terms, self.limiter, self.answer = new.terms, None, None
             self._changed()
-            self.retry_at = sent + seconds / 2
+            self.retry_at = new.retry_at
             self.recent.clear()
             return False
-        shrunk = self.shrunk = self.limiter is not None and share < self.terms[0]
-        # a bucket kept past its lease's end refilled meanwhile with nothing bought: not carried
-        live = self.limiter is not None and self.clock() < self.lease_end  # (an answer after its end: not)
-        if (share, burst) != self.terms or not live or initial > 0:
-            limiter = AsyncLimiter(burst, per * burst / share)
-            # it starts with the permits the sidecar moved to it and those the old one had left
-            # (already taken from the shared bucket: spent under the new terms, not lost)
-            start = min(burst, max(0, initial) + (available(self.limiter) if live and self.limiter else 0))
-            if burst - start > 0:
-                await limiter.acquire(burst - start)
-            self.limiter, self.terms, self.burst = limiter, (share, burst), burst
+        self.shrunk = new.shrunk
+        if new.rebuild:
+            limiter = AsyncLimiter(new.burst, new.refill_period)
+            start = new.start(available(self.limiter) if new.carry and self.limiter is not None else 0)
+            if new.burst - start > 0:
+                await limiter.acquire(new.burst - start)
+            self.limiter, self.terms, self.burst = limiter, new.terms, new.burst
             self._changed()
         if self.subscriber is None:  # the stream ended meanwhile: nothing leased is usable
             return False
         if self.generation != generation:  # dropped while this answer came: its headers may be
-            self.lease_end, self.nudged = sent + seconds, True  # the dropped ones; ask again
+            self.lease_end, self.nudged = new.lease_end, True  # the dropped ones; ask again
             return False
-        self.answer = {"headers": got["headers"], "fingerprint": got.get("fingerprint")}
-        # a smaller share: say so at once (the next renewal holds it), so the sidecar stops keeping
-        # the larger one aside for us
-        self.lease_end = sent + seconds
-        self.deadline, self.renew_at = sent + seconds, sent if shrunk else sent + seconds / 2
-        expires_at = got.get("expires_at")
-        if isinstance(expires_at, int | float):  # never past the login's expiry, as without a lease
-            left = expires_at - (float(got["lease_until"]) - seconds)  # from the sidecar's now
-            self.deadline = min(self.deadline, sent + left)
-            self.renew_at = min(self.renew_at, sent + left / 2)
+        self.answer = new.answer
+        self.lease_end = new.lease_end
+        self.deadline, self.renew_at = new.usable_until()
         return True
 
     async def _listen(self) -> None:

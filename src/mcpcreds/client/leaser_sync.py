@@ -1,4 +1,4 @@
-"""Leases for the sync `Client` (see lease_client.py for the async one and what a lease is).
+"""Leases for the sync `Client` (see leaser.py for the async one and what a lease is).
 
 `aiolimiter.AsyncLimiter` cannot serve a sync driver: it belongs to an event loop (it reads
 `loop.time()` and wakes its waiters with that loop's futures) and is not thread-safe, while a sync
@@ -8,7 +8,7 @@ socket, and leases (the first one too) are obtained on a short-lived thread whil
 request, so no request waits for one. A request waiting for its share is woken when the terms or
 the headers change (a `threading.Condition` on the lock), as the async holder's `changed` future
 does. Otherwise the rules are the async holder's, line for line, and the pure ones are shared
-(lease_client.py: `event_effect`, `renew_now`, `lease_demand`).
+(lease_terms.py: `event_effect`, `renew_now`, `lease_demand`, `lease_answer`).
 """
 
 from __future__ import annotations
@@ -27,18 +27,19 @@ from ..core.socket_check import check_folder, check_peer
 from ..errors import LeasesRefused, McpcredsError, RateLimited
 from ..limits.buckets import TokenBucket
 from .calls import Calls
-from .leaser import (
+from .lease_terms import (
     MAX_EVENT_LINE,
     RETRY_AFTER_FAILURE,
     TRIGGER_CALLS,
     called_often,
     event_effect,
+    lease_answer,
     lease_demand,
     renew_now,
 )
 
 if TYPE_CHECKING:
-    from .client import Client
+    from .calls import SidecarClient
 
 OPEN_TIMEOUT = 10.0
 
@@ -99,7 +100,7 @@ class SyncEventStream:
 class SyncLeaser:
     """One sync `auth`'s lease on one server; every method is thread-safe."""
 
-    def __init__(self, client: Client, name: str, clock: Any = time.monotonic) -> None:
+    def __init__(self, client: SidecarClient, name: str, clock: Any = time.monotonic) -> None:
         self.client = client
         self.name = name
         self.clock = clock
@@ -245,46 +246,35 @@ class SyncLeaser:
     def _apply(self, got: dict[str, Any], sent: float, generation: int) -> bool:
         if self.disabled:  # closed while the answer was on its way: nothing of it is used
             return False
-        share, burst, per = float(got["share"]), int(got["burst"]), float(got["per"])
-        seconds, initial = float(got["lease_seconds"]), int(got["initial"])
-        self.lease, self.key, self.terms_per = str(got["lease"]), str(got["key"]), per
-        if sent - self.since >= self.min_window:  # the use was measured: a new window from now
+        new = lease_answer(got, sent, self.clock(), since=self.since, min_window=self.min_window,
+                           terms=self.terms, held=self.bucket is not None, lease_end=self.lease_end)
+        self.lease, self.key, self.terms_per = new.lease, new.key, new.per
+        if new.new_window:  # the use was measured: a new window from now
             self.used, self.since = 0, sent
-        self.saturated, self.min_window = False, seconds / 4
-        if burst < 1 or share <= 0.0:  # not now: per request, and ask again half a lease later
-            self.terms, self.bucket, self.answer = (0.0, 0), None, None
+        self.saturated, self.min_window = False, new.min_window
+        if new.not_now:  # not now: per request, and ask again half a lease later
+            self.terms, self.bucket, self.answer = new.terms, None, None
             self._changed()
-            self.retry_at = sent + seconds / 2
+            self.retry_at = new.retry_at
             self.recent.clear()
             return False
-        shrunk = self.shrunk = self.bucket is not None and share < self.terms[0]
-        # a bucket kept past its lease's end refilled meanwhile with nothing bought: not carried
-        live = self.bucket is not None and self.clock() < self.lease_end  # (an answer after its end: not)
-        if (share, burst) != self.terms or not live or initial > 0:
+        self.shrunk = new.shrunk
+        if new.rebuild:
             now = self.clock()
-            bucket = TokenBucket(Rate(burst, per * burst / share), now)
-            # it starts with the permits the sidecar moved to it and those the old one had left
-            # (already taken from the shared bucket: spent under the new terms, not lost)
-            carried = int(self.bucket.level(now)) if live and self.bucket is not None else 0
-            bucket.take(burst - min(max(0, initial) + carried, burst), now)
-            self.bucket, self.terms = bucket, (share, burst)
+            bucket = TokenBucket(Rate(new.burst, new.refill_period), now)
+            carried = int(self.bucket.level(now)) if new.carry and self.bucket is not None else 0
+            bucket.take(new.burst - new.start(carried), now)
+            self.bucket, self.terms = bucket, new.terms
             self._changed()
         if self.subscriber is None:  # the stream ended meanwhile: nothing leased is usable
             return False
         if self.generation != generation:  # dropped while this answer came: its headers may be
-            self.lease_end, self.nudged = sent + seconds, True  # the dropped ones; ask again
+            self.lease_end, self.nudged = new.lease_end, True  # the dropped ones; ask again
             return False
-        self.answer = {"headers": got["headers"], "fingerprint": got.get("fingerprint")}
+        self.answer = new.answer
         self._changed()  # (requests waiting for new headers: here they are)
-        # a smaller share: say so at once (the next renewal holds it), so the sidecar stops keeping
-        # the larger one aside for us
-        self.lease_end = sent + seconds
-        self.deadline, self.renew_at = sent + seconds, sent if shrunk else sent + seconds / 2
-        expires_at = got.get("expires_at")
-        if isinstance(expires_at, int | float):  # never past the login's expiry, as without a lease
-            left = expires_at - (float(got["lease_until"]) - seconds)  # from the sidecar's now
-            self.deadline = min(self.deadline, sent + left)
-            self.renew_at = min(self.renew_at, sent + left / 2)
+        self.lease_end = new.lease_end
+        self.deadline, self.renew_at = new.usable_until()
         return True
 
     def _listen(self) -> bool:

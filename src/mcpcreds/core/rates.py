@@ -1,9 +1,12 @@
-"""The `rate:` grammar and durations (pure)."""
+"""The `rate:` grammar and durations (pure), and the seconds of a Retry-After header."""
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import math
 import re
+import time
 from dataclasses import dataclass
 from typing import Final
 
@@ -26,6 +29,10 @@ _RATE: Final = re.compile(r"\s*(\d+)\s*/\s*(\S+)\s*\Z")
 MAX_BURST: Final = 1_000_000_000
 MIN_PERIOD: Final = 0.001
 MAX_SECONDS: Final = 366 * 86400.0  # a year: the longest period or duration anything here needs
+DEFAULT_RETRY_AFTER: Final = 1.0
+MAX_RETRY_AFTER: Final = 3600.0  # within the 0 to 86400 the sidecar's backoff route takes
+# RFC 9110 delay-seconds are digits; a sign and a fraction are tolerated (a negative is 0)
+_DELTA_SECONDS: Final = re.compile(r"[+-]?[0-9]+(\.[0-9]+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +104,26 @@ def parse_duration(value: str | int | float) -> float:
     if not math.isfinite(seconds) or not 0 <= seconds <= MAX_SECONDS:
         raise ValueError("invalid duration: must be a finite number of seconds from 0 to 366 days")
     return seconds
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), from 0 to
+    MAX_RETRY_AFTER; DEFAULT_RETRY_AFTER if absent or neither form (`nan`, `inf`, `1_0`, a bad date).
+
+    The value comes from an upstream: whatever it is, the answer is a number the sidecar's
+    backoff route accepts, so a 429 is never turned into an error.
+    """
+    if not value:
+        return DEFAULT_RETRY_AFTER
+    value = value.strip()
+    if _DELTA_SECONDS.fullmatch(value):
+        seconds = float(value)  # digits: never nan; too many of them is inf, clamped below
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+            if when.tzinfo is None:  # "-0000": UTC, not the local time
+                when = when.replace(tzinfo=datetime.UTC)
+            seconds = when.timestamp() - (time.time() if now is None else now)
+        except (TypeError, ValueError, OverflowError, OSError):
+            return DEFAULT_RETRY_AFTER
+    return min(max(0.0, seconds), MAX_RETRY_AFTER)

@@ -47,12 +47,12 @@ import httpx
 
 from ..broker.broker import Actor, Broker
 from ..broker.headers import HeadersResult
-from ..client.auth import parse_retry_after
 from ..config.model import Target, is_aws
 from ..core.credshape import credential_name
 from ..core.http import MAX_GATEWAY_BODY_BYTES, Answer, Request, Response, StreamingResponse
 from ..core.logs import get_logger
 from ..core.metrics import Metrics
+from ..core.rates import parse_retry_after
 from ..core.secret import redact_json
 from ..errors import ERRORS_BY_CODE, McpcredsError, MethodNotAllowed, UpstreamError, UpstreamTimeout
 from ..signers.aauth import AAuthSigner
