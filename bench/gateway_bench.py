@@ -130,6 +130,7 @@ async def first_event(creds: AsyncClient, peer: GatewayPeer, way: str, calls: in
     async with http:
         init = await http.post(url, json=INIT, headers=RPC)
         await init.aread()
+        assert init.status_code == 200, (way, init.status_code, init.text[:300])
         headers = {**RPC, "Mcp-Session-Id": init.headers["mcp-session-id"]}
         await http.post(url, json=INITIALIZED, headers=headers)
         out = []
@@ -163,6 +164,7 @@ async def open_sessions(sidecar: SidecarProcess, count: int) -> tuple[int, int]:
         async def one() -> None:
             async with semaphore:
                 init = await http.post(url, json=INIT, headers=RPC)
+                assert init.status_code == 200, (init.status_code, init.text[:300])  # say why, not KeyError
                 sid = init.headers["mcp-session-id"]
                 headers = {**RPC, "Mcp-Session-Id": sid}
                 await http.post(url, json=INITIALIZED, headers=headers)
