@@ -17,7 +17,7 @@ from mcpcreds.state.redis_state import RedisState
 from mcpcreds.state.shared import SharedLimiter
 from tests.peers.redis_peer import RedisPeer, start_redis
 from tests.redis_sidecar import STATE_KEY
-from tests.test_rates_e2e import overfull_windows
+from tests.windows import overfull_windows
 
 SLOW = Rate(10, 600.0)  # refills one permit a minute: nothing comes back during a test
 
