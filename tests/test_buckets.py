@@ -325,7 +325,8 @@ async def test_a_crowd_is_served_in_order_within_each_max_wait(limiter: Limiter,
         await step()
     for _, max_wait, task in admitted:
         assert task.result() <= max_wait + 0.125  # the clock moves in steps of 0.125
-    served = [i for i in done_order if i in {j for j, _, _ in admitted}]
+    admitted_ids = {j for j, _, _ in admitted}
+    served = [i for i in done_order if i in admitted_ids]
     assert served == sorted(served)
     assert limiter.snapshot(KEY)["refused"] == refused > 0  # type: ignore[index]
 

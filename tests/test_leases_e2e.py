@@ -2,7 +2,7 @@
 `auth=creds.auth(name)` with httpx; workers in their own processes where processes matter.
 
 Nothing here asserts a duration: an invalidation is checked by the order of what reaches the
-upstream, the limit by the windows of tests/test_rates_e2e.py (each request's (sent, answered)
+upstream, the limit by the windows of tests/windows.py (each request's (sent, answered)
 interval brackets its permit, wherever it was taken), the return of a killed holder's share by a
 bound a broken release would cross (half the lease, which is 60 s on that server).
 """
@@ -10,7 +10,6 @@ bound a broken release would cross (half the lease, which is 60 s on that server
 from __future__ import annotations
 
 import asyncio
-import bisect
 import json
 import os
 import signal
@@ -30,7 +29,7 @@ from mcpcreds import AsyncClient, Client
 from mcpcreds.errors import LeasesRefused
 from tests.peers.upstream import Upstream, one_of, start_upstream
 from tests.sidecar_proc import SidecarProcess, run_sidecar
-from tests.test_rates_e2e import overfull_windows
+from tests.windows import overfull_windows
 
 T1 = "lease-token-one-0123456789"
 T2 = "lease-token-two-9876543210"
@@ -427,34 +426,6 @@ def test_a_sync_client_leases_and_drops_the_old_token_on_invalidation(env: Env) 
     assert leaser.served > sent // 2  # most of them leased (a renewal or two may ask per request)
 
 
-def overfull_windows_sorted(grants: list[tuple[float, float]], burst: int, per_second: float
-                            ) -> list[tuple[float, int]]:
-    """`overfull_windows` (tests/test_rates_e2e.py) in O(n² log n), for a thousand grants: for each
-    start (a sent time), the grants sent from it, by answered time; the k-th of them ends a window
-    that holds k + 1 grants."""
-    found = set()
-    ordered = sorted(grants)
-    suffix: list[float] = []  # answered times of the grants sent at or after `start`, sorted
-    for i in range(len(ordered) - 1, -1, -1):  # from the latest start: the suffix grows by one
-        start, answered = ordered[i]
-        bisect.insort(suffix, answered)
-        if i > 0 and ordered[i - 1][0] == start:
-            continue  # a tie: the window from this start is counted with all of them
-        for k, end in enumerate(suffix):
-            if end >= start and k + 1 > burst + per_second * (end - start) + 1e-6:
-                found.add((round(end - start, 3), k + 1))
-    return sorted(found)
-
-
-def test_overfull_windows_sorted_agrees_with_the_cubic_one() -> None:
-    import random
-
-    rng = random.Random(3)
-    for _ in range(50):
-        grants = [(t := rng.uniform(0, 3), t + rng.uniform(0, 0.3)) for _ in range(rng.randrange(1, 40))]
-        assert overfull_windows_sorted(grants, 5, 4.0) == overfull_windows(grants, 5, 4.0)
-
-
 @pytest.mark.soak
 def test_eight_processes_on_100_per_second_for_10_s_stay_within_the_bucket(env: Env, tmp_path: Path) -> None:
     """The issue's accuracy run: eight processes lease shares of one 100/1s bucket for 10 s. Never
@@ -479,7 +450,7 @@ def test_eight_processes_on_100_per_second_for_10_s_stay_within_the_bucket(env: 
         reports = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
         grants = [tuple(g) for r in reports for g in r["grants"]]
         assert len([t for t in env.upstream.arrivals()[first:] if t]) == len(grants)
-        assert overfull_windows_sorted(grants, burst=100, per_second=100.0) == []
+        assert overfull_windows(grants, burst=100, per_second=100.0) == []
         span = max(a for _, a in grants) - min(s for s, _ in grants)
         print(f"\n8 processes, 100/1s: {len(grants)} requests in {span:.2f} s, bound {100 + 100 * span:.0f}: "
               f"use {len(grants) / (100 + 100 * span):.1%}; leased {sum(r['leased'] for r in reports)}; "

@@ -23,7 +23,7 @@ from tests.peers.upstream import one_of, start_upstream
 from tests.redis_sidecar import start_on_state
 from tests.sidecar_proc import SidecarProcess
 from tests.test_leases_e2e import run_workers
-from tests.test_rates_e2e import overfull_windows
+from tests.windows import overfull_windows
 
 TOKEN = "redis-lease-token-0123456789"
 BOUND = 10.0  # seconds: a bound for what comes at once, never reached unless broken

@@ -16,10 +16,13 @@ two is at least the pause whatever the load: a bound only a bug can cross.
 from __future__ import annotations
 
 import base64
+import fcntl
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -221,19 +224,33 @@ def _venv_works(python: Path) -> bool:
                           timeout=120).returncode == 0
 
 
+def make_venv(venv: Path, spec: str) -> Path:
+    """The python of `venv`, with `spec` and mcpcreds (editable) installed, made if it does not
+    work. One maker at a time (a lock beside the system's temp files, keyed by the venv's path):
+    every worker of the suite (-n auto) asks for it at once, and two `venv --clear` of one folder
+    broke each other's install (all of them failed, on a fresh checkout); a worker that waited
+    finds it made."""
+    python = _venv_python(venv)
+    lock = Path(tempfile.gettempdir()) / f"mcpcreds-{hashlib.sha256(str(venv).encode()).hexdigest()[:16]}.lock"
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released when closed, or when the process dies
+        if _venv_works(python):
+            return python
+        started = time.monotonic()
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", spec, "-e", str(ROOT)],
+                       check=True, timeout=600, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+        print(f"made {venv} in {time.monotonic() - started:.1f}s")
+        assert _venv_works(python), f"{venv} was made but does not import mcp 1.x and mcpcreds"
+        return python
+
+
 @pytest.fixture(scope="session")
 def mcp1_python() -> Path:
-    """`.venv-mcp1`: mcp 1.x and mcpcreds (editable), made once and reused while it imports."""
-    python = _venv_python(MCP1_VENV)
-    if _venv_works(python):
-        return python
-    started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(MCP1_VENV)], check=True, timeout=120)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", MCP1_SPEC, "-e", str(ROOT)],
-                   check=True, timeout=600, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
-    print(f"made {MCP1_VENV} in {time.monotonic() - started:.1f}s")
-    assert _venv_works(python), f"{MCP1_VENV} was made but does not import mcp 1.x and mcpcreds"
-    return python
+    """`.venv-mcp1`: mcp 1.x and mcpcreds (editable), made once and reused while it imports.
+    (.ci/run and .ci/under-load make it before the suite: made inside a test, it counts against
+    that test's timeout, which a busy machine's pip install can pass.)"""
+    return make_venv(MCP1_VENV, MCP1_SPEC)
 
 
 # --- both SDKs, one scenario ---------------------------------------------------------------------

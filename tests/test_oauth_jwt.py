@@ -185,5 +185,6 @@ def test_ec_and_ed25519_keys_log_in_at_the_real_authorization_server(peer: OidcP
         client.headers("pinned")
     assert peer.stats()["assertions"]["c-jwt-es256"] == {"alg": "ES256", "aud": peer.token_url,
                                                          "lifetime": 60, "ok": True}
+    log = sidecar.log
     for key in KEYS.values():
-        assert pem_of(key).splitlines()[1] not in sidecar.log
+        assert pem_of(key).splitlines()[1] not in log

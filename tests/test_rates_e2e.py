@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ import pytest
 from mcpcreds import AsyncClient, Client, InvalidRequest, RateLimited
 from tests.conftest import run_cli
 from tests.sidecar_proc import SidecarProcess, run_sidecar
+from tests.windows import SLACK, overfull_windows
 
 CONFIG = """
 [sidecar]
@@ -49,7 +50,6 @@ headers = {{ "X-Client" = "free" }}
 
 SLOW = "10/100s"  # a permit every 10 s
 SLOW_PER_SECOND = 0.1
-SLACK = 1e-6  # float rounding in the sidecar's arithmetic (its own grant slack is 1e-9 s)
 
 
 @pytest.fixture
@@ -76,30 +76,6 @@ def slow_config(tmp_path: Path) -> Path:
 def slow_sidecar(slow_config: Path, tmp_path: Path) -> Iterator[SidecarProcess]:
     with run_sidecar(slow_config, tmp_path / "run" / "s.sock", {"API_KEY": "k-123456"}) as proc:
         yield proc
-
-
-def overfull_windows(grants: Sequence[tuple[float, float]], burst: int, per_second: float
-                     ) -> list[tuple[float, int]]:
-    """Windows that held more grants than a bucket starting full may make: `burst` plus what it
-    refills in the window. Each grant is known by the (sent, answered) times of its request, the
-    sidecar made it in between; a grant counts in a window only if that whole interval is inside
-    it, so the count never exceeds the true one. Returns (window length, grants) of each."""
-    found = set()
-    for start, _ in grants:
-        for _, end in grants:
-            inside = sum(1 for sent, answered in grants if start <= sent and answered <= end)
-            if end >= start and inside > burst + per_second * (end - start) + SLACK:
-                found.add((round(end - start, 3), inside))
-    return sorted(found)
-
-
-def test_overfull_windows_counts_only_grants_certainly_inside() -> None:
-    assert overfull_windows([(0.0, 0.01)] * 3, burst=2, per_second=1.0) == [(0.01, 3)]
-    assert overfull_windows([(0.0, 0.01)] * 2 + [(1.0, 1.01)], burst=2, per_second=1.0) == []
-    # three grants whose requests were in flight from 0 to 0.5 s each: 3 > 2 + 0.5, in that window
-    assert overfull_windows([(0.0, 0.5)] * 3, burst=2, per_second=1.0) == [(0.5, 3)]
-    # the same grants, each in flight for 2 s: they may have been made a second apart
-    assert overfull_windows([(0.0, 2.0)] * 3, burst=2, per_second=1.0) == []
 
 
 WORKER = """

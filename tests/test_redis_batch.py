@@ -17,7 +17,7 @@ from mcpcreds.state.redis_state import RedisState
 from mcpcreds.state.shared import SharedLimiter
 from tests.peers.redis_peer import RedisPeer, start_redis
 from tests.redis_sidecar import STATE_KEY
-from tests.test_rates_e2e import overfull_windows
+from tests.windows import overfull_windows
 
 SLOW = Rate(10, 600.0)  # refills one permit a minute: nothing comes back during a test
 
@@ -103,20 +103,35 @@ async def test_queued_callers_are_served_in_order_as_the_bucket_refills_never_ov
     assert overfull_windows(grants, rate.burst, rate.per_second) == []
 
 
+async def queued(limiter: SharedLimiter, key: str, count: int) -> None:
+    """Until `count` callers of `limiter` wait in its queue for `key` (a bound: 20 s)."""
+    deadline = time.monotonic() + 20.0
+    while (limiter.snapshot(key) or {}).get("waiting") != count:
+        assert time.monotonic() < deadline, f"never saw {count} queued: {limiter.snapshot(key)}"
+        await asyncio.sleep(0.002)
+
+
 async def test_a_caller_that_leaves_the_queue_gives_up_its_place(state: RedisState) -> None:
-    rate = Rate(1, 1.0)
+    """A permit every 3 s: the leaver queues for the next one (3 s after the drain), the stayer
+    behind it for the one after (6 s). The leaver leaves; the stayer's max_wait ends 4.5 s after
+    the drain, between the two: it is served only if the leaver's place went to it, however late
+    it asked (its max_wait is counted from the drain). The queue is observed, not slept on."""
+    rate = Rate(1, 3.0)
     limiter = SharedLimiter(state, SystemClock(), None, 0.5)
+    drained = time.monotonic()  # at or before the drain: no permit comes before drained + 3
     await limiter.acquire("batch-leave", rate, 1, 0.0)  # the bucket is empty now
     leaver = asyncio.create_task(limiter.acquire("batch-leave", rate, 1, 30.0))
-    await asyncio.sleep(0.05)
-    # the next permit comes in 1 s, the one after in 2 s: the stayer gets the next only if the
-    # leaver's place went to it (a bound only that crosses)
-    stayer = asyncio.create_task(limiter.acquire("batch-leave", rate, 1, 1.6))
-    await asyncio.sleep(0.05)
+    await queued(limiter, "batch-leave", 1)
+    asked = time.monotonic()  # at or before the stayer's own clock reading: its deadline >= drained + 4.5
+    stayer = asyncio.create_task(limiter.acquire("batch-leave", rate, 1, drained + 4.5 - asked))
+    await queued(limiter, "batch-leave", 2)
     leaver.cancel()
-    await stayer
+    left = time.monotonic()
     with pytest.raises(asyncio.CancelledError):
         await leaver
+    # (what the test needs of the machine: these few steps within the 3 s before the next permit)
+    assert left < drained + 3.0, f"the leaver left {left - drained:.1f} s after the drain, past its permit"
+    assert await stayer >= 0
     status = (await limiter.astatus({"batch-leave": rate}))[0]
     assert (status["granted"], status["waiting"]) == (2, 0)
 

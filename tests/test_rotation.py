@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import multiprocessing
@@ -148,10 +149,13 @@ def test_rotations_under_load_without_a_failed_call(rotations: int, callers: int
     assert completed == rotations
     assert [error for seen in results for _, _, error in seen if error is not None] == []
     for seen in results:
+        starts = [started for started, _, _ in seen]
+        assert starts == sorted(starts)  # each worker's calls, one after the other
         for i, at in enumerate(rotated_at, start=1):
             # the first request a worker began after rotation i returned has login i or newer
-            first_after = next(fp for started, fp, _ in seen if started > at)
-            assert generation.get(first_after, -1) >= i
+            after = bisect.bisect_right(starts, at)
+            assert after < len(seen), f"no call began after rotation {i}"
+            assert generation.get(seen[after][1], -1) >= i
     assert keyring.get(SECRET) == f"{CANARY}-{rotations}"  # the last rotation is the stored one
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     assert [line["event"] for line in lines] == ["rotation"] * rotations
