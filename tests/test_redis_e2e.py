@@ -192,8 +192,10 @@ sources = ["env"]
 name = "api"
 endpoint = "https://api.example.com/mcp"
 headers = {{ "X-Api-Key" = "{{{{secret:STATE_KEY}}}}" }}
-rate = "5/1s"
+rate = "5/1h"
 """
+        # 5 an hour: on a busy machine the refused take may come long after the five, and a
+        # bucket refilling at 5/1s had a permit again by then (it failed so under load)
         config.write_text(base)
         env = {"STATE_KEY": STATE_KEY, "REDIS_PASSWORD": password}
         with run_sidecar(config, socket, env) as sidecar, Client(sidecar.socket) as client:
