@@ -21,6 +21,13 @@ ALLOW = TrustPolicy("untrusted", ("echo", "add"))
 ONLY_ECHO = frozenset({"echo", "not-offered"})
 
 
+def read(inspector: Inspector, raw: bytes) -> Any:
+    """An answer as the inspector lets it through (it must)."""
+    out = inspector.json_body(raw)
+    assert out is not None
+    return json.loads(out)
+
+
 def listing(id_: Any, cursor: str | None = "page-2") -> dict[str, Any]:
     result: dict[str, Any] = {"tools": TOOLS}
     if cursor:
@@ -77,14 +84,14 @@ async def test_redis_keeps_a_grants_tools_and_reads_a_record_written_without_the
 
 def test_a_grant_narrows_tool_listings_to_what_both_allow_in_json_sse_and_every_page() -> None:
     inspector = Inspector(ALLOW, pending={("n", 1): "tools/list"}, granted=ONLY_ECHO)
-    page = json.loads(inspector.json_body(json.dumps(listing(1)).encode()))
+    page = read(inspector, json.dumps(listing(1)).encode())
     assert names(page) == ["echo"] and page["result"]["nextCursor"] == "page-2"
-    last = json.loads(inspector.json_body(json.dumps([listing(2, None)]).encode()))  # a batch answer
+    last = read(inspector, json.dumps([listing(2, None)]).encode())  # a batch answer
     assert names(last[0]) == ["echo"] and "nextCursor" not in last[0]["result"]
     event = inspector.event(b"id: 3\nevent: message\ndata: " + json.dumps(listing(3)).encode() + b"\n\n")
     assert event.startswith(b"id: 3\n") and names(json.loads(event.split(b"data: ", 1)[1])) == ["echo"]
-    assert names(json.loads(Inspector(TRUSTED, granted=frozenset()).json_body(json.dumps(listing(4)).encode()))) == []
-    assert names(json.loads(Inspector(ALLOW).json_body(json.dumps(listing(5)).encode()))) == ["echo", "add"]
+    assert names(read(Inspector(TRUSTED, granted=frozenset()), json.dumps(listing(4)).encode())) == []
+    assert names(read(Inspector(ALLOW), json.dumps(listing(5)).encode())) == ["echo", "add"]
 
 
 def call(id_: int, tool: str) -> dict[str, Any]:
@@ -110,6 +117,9 @@ def test_a_call_outside_the_grant_is_refused_as_the_policy_refuses_and_never_nam
 # ---------------------------------------------------------------------------- live sessions
 
 
+ME = (1000, None)
+
+
 class Clock:
     now = 1000.0
 
@@ -122,14 +132,14 @@ def test_the_session_table_is_bounded_expires_idle_entries_and_forgets_ended_ses
     sessions = LiveSessions(clock, limit=3, idle=60)
     for i in range(5):
         clock.now += 1
-        sessions.seen("crm", b"s%d" % i)
+        sessions.seen("crm", b"s%d" % i, ME)
     assert sessions.by_server() == {"crm": (3, 2.0)}  # the two least recently seen went
-    sessions.used("crm", b"made-up")  # a request's id no answer carried adds nothing
-    sessions.seen("docs", b"s4")  # one id on two servers: two sessions (and s2 goes: the limit)
+    sessions.used("crm", b"made-up", ME)  # a request's id no answer carried adds nothing
+    sessions.seen("docs", b"s4", ME)  # one id on two servers: two sessions (and s2 goes: the limit)
     sessions.ended("crm", b"s4")
     assert sessions.by_server() == {"crm": (1, 1.0), "docs": (1, 0.0)}
     clock.now += 59
-    sessions.used("crm", b"s3")  # traffic keeps a session
+    sessions.used("crm", b"s3", ME)  # traffic keeps a session
     clock.now += 2
     assert sessions.by_server() == {"crm": (1, 62.0)}  # docs was idle for 61 s
     assert len(sessions._seen) == 1 and all(b"s3" not in key[1] for key in sessions._seen)  # a digest, not the id

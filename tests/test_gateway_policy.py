@@ -1,6 +1,6 @@
-"""The gateway's protocol logic (mcpcreds.gateway.jsonrpc), with no I/O: parsing what a client POSTs,
-counting permits, refusing tool calls, filtering tools/list results in JSON and SSE, splitting
-SSE streams, and masking the credentials the gateway sent."""
+"""The gateway's protocol logic (mcpcreds.gateway.jsonrpc, .sse, .strict_json), with no I/O: parsing
+what a client POSTs, counting permits, refusing tool calls, filtering tools/list results in JSON and
+SSE, splitting SSE streams, and masking the credentials the gateway sent."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 
 from mcpcreds.core.policy import TrustPolicy
 from mcpcreds.gateway import jsonrpc
-from mcpcreds.gateway.jsonrpc import Inspector, JsonRpcError, SseSplitter, parse_body
+from mcpcreds.gateway.jsonrpc import Inspector, JsonRpcError, parse_body
+from mcpcreds.gateway.sse import EventTooLarge, SseSplitter
+from mcpcreds.gateway.strict_json import Masker
 
 TOOLS = [{"name": n, "inputSchema": {"type": "object"}} for n in ("echo", "add", "delete_all")]
 ALLOW_ECHO = TrustPolicy("untrusted", ("echo",))
@@ -122,13 +124,20 @@ def test_a_batch_with_a_refused_call_is_refused_whole() -> None:
 # ---------------------------------------------------------------------------- answers
 
 
+def read(inspector: Inspector, raw: bytes) -> Any:
+    """An answer as the inspector lets it through (it must)."""
+    out = inspector.json_body(raw)
+    assert out is not None
+    return json.loads(out)
+
+
 def names(message: dict[str, Any]) -> list[str]:
     return [t["name"] for t in message["result"]["tools"]]
 
 
 def test_a_tools_list_result_is_filtered_in_a_json_answer() -> None:
     inspector = Inspector(ALLOW_ECHO, pending={("n", 1): "tools/list"})
-    out = json.loads(inspector.json_body(body(listing(1))))
+    out = read(inspector, body(listing(1)))
     assert names(out) == ["echo"]
     assert out["result"]["nextCursor"] == "page-2"  # pagination passes: each page is filtered
     assert inspector.pending == {}
@@ -136,8 +145,8 @@ def test_a_tools_list_result_is_filtered_in_a_json_answer() -> None:
 
 def test_any_result_shaped_like_a_tool_list_is_filtered_whatever_its_stream() -> None:
     """A listing replayed on a resumed GET stream is not known as tools/list by its id: filtered anyway."""
-    assert names(json.loads(Inspector(CLOSED).json_body(body(listing("other"))))) == []
-    assert names(json.loads(Inspector(TRUSTED).json_body(body(listing(1))))) == ["echo", "add", "delete_all"]
+    assert names(read(Inspector(CLOSED), body(listing("other")))) == []
+    assert names(read(Inspector(TRUSTED), body(listing(1)))) == ["echo", "add", "delete_all"]
 
 
 def test_a_batch_answer_is_filtered_and_each_answer_reported() -> None:
@@ -145,7 +154,7 @@ def test_a_batch_answer_is_filtered_and_each_answer_reported() -> None:
     inspector = Inspector(ALLOW_ECHO, pending={("n", 1): "tools/list", ("n", 2): "tools/call"},
                           on_answer=lambda key, method, status: seen.append((key, method, status)))
     answer = [listing(1), {"jsonrpc": "2.0", "id": 2, "result": {"content": [], "isError": True}}]
-    out = json.loads(inspector.json_body(body(answer)))
+    out = read(inspector, body(answer))
     assert names(out[0]) == ["echo"] and out[1]["result"]["isError"] is True
     assert seen == [(("n", 1), "tools/list", "ok"), (("n", 2), "tools/call", "tool_error")]
 
@@ -157,13 +166,13 @@ def test_answer_status() -> None:
     assert jsonrpc.answer_status({"error": {"code": True}}) == "error"
 
 
-def test_an_sse_event_is_rewritten_only_when_its_message_changes() -> None:
+def test_an_sse_event_is_written_anew_from_what_was_read() -> None:
     inspector = Inspector(ALLOW_ECHO)
-    progress = b'id: 7\r\nevent: message\r\ndata: {"jsonrpc":"2.0","method":"notifications/progress"}\r\n\r\n'
-    assert inspector.event(progress) == progress  # byte for byte
+    progress = b'id: 7\r\nevent: message\r\ndata: {"jsonrpc": "2.0", "method": "notifications/progress"}\r\n\r\n'
+    assert inspector.event(progress) == b'id: 7\ndata: {"jsonrpc":"2.0","method":"notifications/progress"}\n\n'
     changed = b"id: 8\nevent: message\ndata: " + body(listing(1)) + b"\n\n"
     out = inspector.event(changed)
-    assert out.startswith(b"id: 8\nevent: message\ndata: ") and out.endswith(b"\n\n")
+    assert out.startswith(b"id: 8\ndata: ") and out.endswith(b"\n\n")
     assert names(json.loads(out.split(b"data: ", 1)[1])) == ["echo"]
 
 
@@ -174,11 +183,18 @@ def test_an_sse_event_split_over_data_lines_is_read_whole() -> None:
     assert names(json.loads(out.split(b"data: ", 1)[1])) == ["echo"]
 
 
-def test_events_that_are_no_message_pass_untouched() -> None:
+def test_what_is_no_message_event_is_dropped_and_keep_alives_stay_empty() -> None:
+    """Fail closed: an event of another type, or data that is not JSON-RPC, never reaches the client
+    (a client reading it otherwise would see hidden tools); comments keep a stream alive, emptied."""
     inspector = Inspector(CLOSED)
-    for raw in (b": a comment\n\n", b"event: ping\ndata: " + body(listing(1)) + b"\n\n", b"data: not json\n\n",
-                b"retry: 100\n\n"):
-        assert inspector.event(raw) == raw
+    for raw in (b"event: ping\ndata: " + body(listing(1)) + b"\n\n", b"data: not json\n\n",
+                b'data: {"not": "json-rpc"}\n\n', b"data: [1, 2]\n\n"):
+        assert inspector.event(raw) == b"", raw
+    assert inspector.dropped == 4
+    assert inspector.event(b": a comment that says anything\n\n") == b":\n\n"
+    assert inspector.event(b"retry: 100\n\n") == b"retry: 100\n\n"
+    assert inspector.event(b"id: prime-1\ndata:\n\n") == b"id: prime-1\ndata:\n\n"  # a priming event
+    assert inspector.dropped == 4
 
 
 # ---------------------------------------------------------------------------- masking
@@ -186,15 +202,28 @@ def test_events_that_are_no_message_pass_untouched() -> None:
 
 def test_the_credentials_sent_are_masked_in_every_spelling() -> None:
     token = "tok/en-" + "z" * 20
-    forms = jsonrpc.mask_forms(["Bearer " + token, "short", "k3y-" + "q" * 10])
-    assert b"short" not in forms  # a short value would mangle ordinary text
-    leaked = body({"a": token, "b": "Bearer " + token, "c": "k3y-" + "q" * 10}) + b' "tok\\/en-' + b"z" * 20 + b'"'
-    masked = jsonrpc.mask(leaked, forms)
-    assert token.encode() not in masked and b"tok\\/en" not in masked and b"qqqqqqqqqq" not in masked
-    json.loads(masked.rsplit(b" ", 1)[0])  # still JSON
-    inspector = Inspector(TRUSTED, forms)
-    assert token.encode() not in inspector.event(b"data: " + body({"jsonrpc": "2.0", "id": 1, "result": token}) + b"\n\n")
-    assert token.encode() not in inspector.json_body(b"not json " + token.encode())
+    masker = Masker(["Bearer " + token, "short", "k3y-" + "q" * 10])
+    assert "short" not in masker.forms  # a short value would mangle ordinary text
+    inspector = Inspector(TRUSTED, masker)
+    escaped = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"a": token, "b": "Bearer " + token,
+                                                                "c": "k3y-" + "q" * 10}}, ensure_ascii=True)
+    escaped = escaped.replace("tok/en", "tok\\/\\u0065n")  # the same string to any JSON reader
+    out = inspector.json_body(escaped.encode())
+    assert out is not None and token.encode() not in out and b"qqqqqqqqqq" not in out
+    assert json.loads(out)["result"] == {"a": "***", "b": "***", "c": "***"}
+    assert token.encode() not in inspector.event(b"data: " + body({"jsonrpc": "2.0", "id": 1, "result": token})
+                                                 + b"\n\n")
+    assert inspector.json_body(b"not json " + token.encode()) is None  # withheld, not passed on masked
+
+
+def test_what_the_client_sent_itself_is_never_masked() -> None:
+    """A mask on a guess the client sent (as an id or an argument echoed back) would confirm it."""
+    secret = "s3cret-value-0123456789"
+    masker = Masker([secret], known='{"arguments":{"text":"' + secret + '"}}')
+    assert masker.forms == ()
+    inspector = Inspector(TRUSTED, Masker([secret]))
+    out = read(inspector, body({"jsonrpc": "2.0", "id": secret, "result": {"echo": secret}}))
+    assert out["id"] == secret and out["result"]["echo"] == "***"  # the id is the client's own
 
 
 # ---------------------------------------------------------------------------- SSE splitting
@@ -232,5 +261,5 @@ def test_an_incomplete_event_is_held_and_an_endless_one_refused() -> None:
     assert events == [b"data: done\n\n"] and rest == b'data: {"partial":'
     splitter = SseSplitter(64)
     splitter.feed(b"data: " + b"x" * 40)
-    with pytest.raises(jsonrpc.EventTooLarge):
+    with pytest.raises(EventTooLarge):
         splitter.feed(b"x" * 40)

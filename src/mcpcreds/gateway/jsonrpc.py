@@ -1,34 +1,47 @@
 """The gateway's protocol logic, apart from any I/O (pure): JSON-RPC messages, permits, the tool
-policy, Server-Sent Events, and masking the credentials the gateway sent.
+policy, and the answers the gateway lets through.
 
-- `parse_body` reads what a client POSTs to `/mcp/{server}`: one JSON-RPC message or a batch.
+Forward only what was checked: every message, both ways, is read once (`strict_json`), judged, and
+written anew from what was read; what cannot be read so is refused, never passed on.
+
+- `parse_body` reads what a client POSTs to `/mcp/{server}`: one JSON-RPC message or a batch, and
+  the body to forward (`Outgoing.body`, re-serialised). A key that a lenient decoder would read as
+  a member the gateway judges (`Name` beside `name`, `PARAMS`, a long s for `s`) is refused, and so is a
+  `tools/call` notification (no id: its answer, and so its audit, would never come).
 - `permits` counts the permits a POST takes: one per request (an object with `method` and
   `id`) whose method is counted (`rate_methods`, or every method); notifications and responses
   take none.
 - `refusals` applies the server's trust policy to the `tools/call` requests. A batch with a
   refused call is refused whole (nothing of it is forwarded): each refused call is answered
   with -32602 naming the policy, each other request with -32600 saying why it was not sent.
-  An answer never repeats the tool name the caller sent (the redactor would make an echo an
-  oracle for guessed secrets); the request `id` is echoed verbatim, as JSON-RPC requires.
+  An answer never repeats the tool name the caller sent; the request `id` is echoed verbatim,
+  as JSON-RPC requires.
 - A grant may narrow a server's tools further (`granted`: the tool names it allows there, or
   None): a call outside it is refused like one outside the policy, and listings show only the
   tools both allow.
-- `Inspector` follows an upstream answer (a JSON body, or SSE events one by one): a result with
-  a `tools` array (a `tools/list` page) is filtered to the tools the policy (and the grant)
-  exposes, whatever stream it comes on; the answers to `tools/call` requests are reported (for
-  the audit); every credential value the gateway sent is masked.
-- `SseSplitter` cuts a byte stream into complete SSE events, without changing a byte of them.
+- `mirrored` checks the `Mcp-Method` and `Mcp-Name` headers a client sent against the body and
+  gives them as derived from it.
+- `Inspector` follows an upstream answer (a JSON body, or SSE events one by one): each message
+  must be JSON-RPC, read strictly; a result with a `tools` array (a `tools/list` page) is filtered
+  to the tools the policy (and the grant) expose, whatever stream it comes on; the answers to
+  `tools/call` requests are reported (for the audit); every credential value the gateway sent is
+  masked; the message is written anew. A JSON body that fails is withheld (`json_body` gives
+  None), an SSE event that fails is dropped (`dropped` counts them).
 """
 
 from __future__ import annotations
 
-import json
+import base64
+import binascii
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..core.policy import TrustPolicy
+from . import strict_json
+from .sse import BadEvent, SseEvent
+from .strict_json import Masker, StrictJsonError, check_members
 
 PARSE_ERROR: Final = -32700
 INVALID_REQUEST: Final = -32600
@@ -36,11 +49,16 @@ METHOD_NOT_FOUND: Final = -32601
 INVALID_PARAMS: Final = -32602
 INTERNAL_ERROR: Final = -32603
 GATEWAY_ERROR: Final = -32000  # a failure of the gateway or of the upstream, not of the request
+HEADER_MISMATCH: Final = -32020  # an Mcp-Method / Mcp-Name header that is not what the body says
 
 TOOLS_CALL: Final = "tools/call"
 TOOLS_LIST: Final = "tools/list"
-MASK: Final = b"***"
-MIN_MASKED: Final = 8  # shorter values are not masked: they would mangle ordinary text
+# the members the gateway judges, at each level: no other key may read as one of them
+MESSAGE_MEMBERS: Final = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
+PARAMS_MEMBERS: Final = frozenset({"name", "arguments", "_meta", "uri"})
+RESULT_MEMBERS: Final = frozenset({"tools", "isError"})
+TOOL_MEMBERS: Final = frozenset({"name"})
+NAMED_METHODS: Final = frozenset({"tools/call", "prompts/get", "resources/read"})  # Mcp-Name mirrors these
 
 IdKey = tuple[str, Any]  # ("s", "abc") or ("n", 7): a JSON-RPC id, with "1" and 1 kept apart
 
@@ -62,20 +80,8 @@ def _valid_id(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def _no_constant(text: str) -> Any:
-    raise ValueError("NaN and Infinity are not JSON")
-
-
-def loads(data: bytes | str) -> Any:
-    """Strict JSON: NaN and Infinity refused, nesting bounded by the interpreter (ValueError)."""
-    try:
-        return json.loads(data, parse_constant=_no_constant)
-    except RecursionError:
-        raise ValueError("nested too deep") from None
-
-
-def dumps(data: Any) -> bytes:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+loads = strict_json.loads
+dumps = strict_json.dumps
 
 
 # ---------------------------------------------------------------------------- what a client sends
@@ -102,13 +108,26 @@ class Message:
         name = params.get("name") if isinstance(params, dict) else None
         return name if isinstance(name, str) else None
 
+    @property
+    def target_name(self) -> str | None:
+        """What `Mcp-Name` mirrors: `params.name`, else `params.uri`, of a named method."""
+        params = self.raw.get("params")
+        if self.method not in NAMED_METHODS or not isinstance(params, dict):
+            return None
+        for member in ("name", "uri"):
+            if isinstance(params.get(member), str):
+                return str(params[member])
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class Outgoing:
-    """One POST body: its messages, and whether they came as a batch (an array)."""
+    """One POST body: its messages, whether they came as a batch (an array), and the body that
+    goes upstream (written anew from the messages)."""
 
     messages: tuple[Message, ...]
     batch: bool
+    body: bytes = b""
 
     @property
     def requests(self) -> list[Message]:
@@ -130,14 +149,24 @@ class Outgoing:
 
 
 def _message(item: Any) -> Message:
+    """One JSON-RPC message, client's or server's; JsonRpcError if it is none."""
     if not isinstance(item, dict) or item.get("jsonrpc") != "2.0":
         raise JsonRpcError(INVALID_REQUEST, "Invalid Request: each message must be a JSON-RPC 2.0 object")
+    try:
+        check_members(item, MESSAGE_MEMBERS)
+        if isinstance(item.get("params"), dict):
+            check_members(item["params"], PARAMS_MEMBERS)
+    except StrictJsonError as exc:
+        raise JsonRpcError(INVALID_REQUEST, f"Invalid Request: {exc}") from None
     if "method" in item:
         if not isinstance(item["method"], str) or not item["method"]:
             raise JsonRpcError(INVALID_REQUEST, "Invalid Request: method must be a non-empty string")
         if "params" in item and not isinstance(item["params"], dict | list):
             raise JsonRpcError(INVALID_REQUEST, "Invalid Request: params must be an object or an array")
         if "id" not in item:
+            if item["method"] == TOOLS_CALL:
+                raise JsonRpcError(INVALID_REQUEST,
+                                   "Invalid Request: a tools/call must be a request (with an id)")
             return Message(item, "notification")
         if not _valid_id(item["id"]):
             raise JsonRpcError(INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
@@ -153,8 +182,10 @@ def parse_body(body: bytes) -> Outgoing:
     """The JSON-RPC message or batch of a POST; JsonRpcError (-32700 / -32600) if it is none."""
     try:
         data = loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise JsonRpcError(PARSE_ERROR, "Parse error: the body is not valid JSON") from None
+        forwarded = dumps(data)
+    except StrictJsonError as exc:
+        raise JsonRpcError(PARSE_ERROR, f"Parse error: the body is not JSON the gateway reads one way only "
+                                        f"({exc})") from None
     if isinstance(data, list):
         if not data:
             raise JsonRpcError(INVALID_REQUEST, "Invalid Request: an empty batch")
@@ -162,8 +193,8 @@ def parse_body(body: bytes) -> Outgoing:
         ids = [id_key(m.id) for m in messages if m.kind == "request"]
         if len(set(ids)) != len(ids):
             raise JsonRpcError(INVALID_REQUEST, "Invalid Request: two requests of the batch share an id")
-        return Outgoing(messages, True)
-    return Outgoing((_message(data),), False)
+        return Outgoing(messages, True, forwarded)
+    return Outgoing((_message(data),), False, forwarded)
 
 
 def permits(out: Outgoing, rate_methods: Sequence[str] | None) -> int:
@@ -221,111 +252,75 @@ def refusals(out: Outgoing, policy: TrustPolicy, server: str,
     return answers
 
 
-# ---------------------------------------------------------------------------- masking
+# ---------------------------------------------------------------------------- mirrored headers
+
+_SENTINEL: Final = re.compile(r"=\?base64\?(.*)\?=", re.DOTALL)
 
 
-def mask_forms(values: Iterable[str]) -> tuple[bytes, ...]:
-    """The byte spellings of credential values to mask: each value, its token after an auth scheme
-    (`Bearer x`: `x` too), and their JSON-escaped forms; longest first, short ones left out."""
-    forms: set[bytes] = set()
-    for value in values:
-        candidates = {value}
-        scheme, _, rest = value.partition(" ")
-        if rest.strip() and scheme.isalpha():
-            candidates.add(rest.strip())
-        for candidate in candidates:
-            if len(candidate) < MIN_MASKED:
-                continue
-            escaped = json.dumps(candidate)[1:-1]
-            for form in (candidate, escaped, escaped.replace("/", "\\/")):
-                forms.add(form.encode("utf-8", "replace"))
-    return tuple(sorted(forms, key=len, reverse=True))
+def encode_header_value(value: str) -> bytes:
+    """A value as an `Mcp-*` header carries it: printable ASCII as it is, anything else (and
+    anything that looks like the sentinel) as `=?base64?...?=` over its UTF-8."""
+    if value.isascii() and value.isprintable() and value == value.strip() and not _SENTINEL.fullmatch(value):
+        return value.encode("ascii")
+    return b"=?base64?" + base64.b64encode(value.encode("utf-8", "surrogatepass")) + b"?="
 
 
-def mask(data: bytes, forms: Sequence[bytes]) -> bytes:
-    for form in forms:
-        if form in data:
-            data = data.replace(form, MASK)
-    return data
+def decode_header_value(raw: bytes) -> str | None:
+    """What an `Mcp-*` header says (None if it says nothing readable)."""
+    try:
+        text = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None
+    sentinel = _SENTINEL.fullmatch(text)
+    if sentinel is None:
+        return text
+    try:
+        return base64.b64decode(sentinel.group(1), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
 
 
-# ---------------------------------------------------------------------------- SSE
-
-
-# a line end, then an empty line: CR LF is one line end, never a CR and an LF
-_BLANK_LINE: Final = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
-_LINE: Final = re.compile(rb"\r\n|\r|\n")
-
-
-class EventTooLarge(ValueError):
-    pass
-
-
-class SseSplitter:
-    """Complete SSE events (each with the blank line that ends it), byte for byte as received.
-
-    An event longer than `limit` raises EventTooLarge: memory stays bounded whatever the
-    upstream sends. What is left when the stream ends (`rest`) is an incomplete event, which a
-    client would discard: it is not forwarded.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.buffer = b""
-        self.scanned = 0  # the buffer up to here holds no event end (minus a possible \r)
-
-    def feed(self, data: bytes) -> list[bytes]:
-        buffer = self.buffer + data if self.buffer else data
-        events = []
-        start = 0
-        pos = max(0, self.scanned - 2)
-        while (found := _BLANK_LINE.search(buffer, pos)) is not None:
-            # a final CR may be the start of a CR LF: the LF then opens the next event, as an empty
-            # line a client ignores (holding the event back instead could delay it indefinitely)
-            events.append(buffer[start:found.end()])
-            start = pos = found.end()
-        self.buffer = buffer[start:]
-        self.scanned = len(self.buffer)
-        if len(self.buffer) > self.limit:
-            raise EventTooLarge(f"an SSE event exceeds {self.limit} bytes")
-        return events
-
-    def rest(self) -> bytes:
-        return self.buffer
-
-
-@dataclass(slots=True)
-class SseEvent:
-    lines: list[bytes]  # the event's lines, without line ends
-    data: str | None  # the joined data lines, None if the event has none
-
-    @classmethod
-    def parse(cls, raw: bytes) -> SseEvent:
-        lines = _LINE.split(raw)
-        data: list[str] = []
-        for line in lines:
-            if line.startswith(b"data"):
-                name, _, value = line.partition(b":")
-                if name == b"data":
-                    data.append(value[1:].decode("utf-8", "replace") if value.startswith(b" ")
-                                else value.decode("utf-8", "replace"))
-        return cls([line for line in lines if line], "\n".join(data) if data else None)
-
-    @property
-    def is_message(self) -> bool:
-        for line in self.lines:
-            name, _, value = line.partition(b":")
-            if name == b"event":
-                return value.strip() in (b"", b"message")
-        return True
-
-    def with_data(self, data: bytes) -> bytes:
-        """The event with its data replaced (its id, event and retry fields kept)."""
-        kept = [line for line in self.lines if not line.startswith(b"data")]
-        return b"\n".join([*kept, b"data: " + data]) + b"\n\n"
+def mirrored(out: Outgoing, sent_method: bytes | None, sent_name: bytes | None) -> list[tuple[bytes, bytes]]:
+    """The `Mcp-Method` / `Mcp-Name` headers to forward, derived from the body; JsonRpcError
+    (HEADER_MISMATCH) if the client sent one that says otherwise. A client that sent neither (an
+    older protocol era) gets none added."""
+    if sent_method is None and sent_name is None:
+        return []
+    one = out.messages[0] if not out.batch else None
+    method = one.method if one is not None else None
+    name = one.target_name if one is not None else None
+    if sent_method is not None and decode_header_value(sent_method) != method:
+        raise JsonRpcError(HEADER_MISMATCH, "the Mcp-Method header does not match the body's method")
+    if sent_name is not None and decode_header_value(sent_name) != name:
+        raise JsonRpcError(HEADER_MISMATCH, "the Mcp-Name header does not match the body")
+    headers = []
+    if method is not None:
+        headers.append((b"mcp-method", encode_header_value(method)))
+    if name is not None:
+        headers.append((b"mcp-name", encode_header_value(name)))
+    return headers
 
 
 # ---------------------------------------------------------------------------- answers
+
+_MEDIA: Final = {"application/json": "json", "text/event-stream": "sse"}
+
+
+def answer_kind(content_type: str) -> str | None:
+    """"json" or "sse" for a Content-Type the gateway reads as exactly one of them (UTF-8), else None."""
+    media, _, params = content_type.partition(";")
+    kind = _MEDIA.get(media.strip().lower())
+    if kind is None or "," in content_type:
+        return None
+    for param in params.split(";"):
+        key, _, value = param.partition("=")
+        if key.strip().lower() == "charset" and value.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            return None
+    return kind
+
+
+class Withheld(ValueError):
+    """An upstream message the gateway will not pass on (not JSON-RPC read one way only)."""
 
 
 @dataclass(slots=True)
@@ -338,68 +333,74 @@ class Inspector:
     """
 
     policy: TrustPolicy
-    forms: tuple[bytes, ...] = ()
+    masker: Masker = field(default_factory=lambda: Masker(()))
     pending: dict[IdKey, str] = field(default_factory=dict)
     on_answer: Callable[[IdKey, str, str], None] | None = None
     on_warnings: Callable[[list[str]], None] | None = None
     limit: int = 16 * 1024 * 1024
     granted: frozenset[str] | None = None  # the tools a grant narrows the server to (None: no narrowing)
+    dropped: int = 0  # SSE events withheld
 
-    def json_body(self, body: bytes) -> bytes:
-        """A whole application/json answer (one message or a batch), filtered and masked."""
+    def json_body(self, body: bytes) -> bytes | None:
+        """A whole application/json answer (one message or a batch), checked, filtered, masked and
+        written anew; None if it is withheld."""
         try:
-            data = loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return mask(body, self.forms)
-        if isinstance(data, list):
-            changed = [self._message(item) for item in data]
-            if any(c for c, _ in changed):
-                return mask(dumps([m for _, m in changed]), self.forms)
-        else:
-            did, message = self._message(data)
-            if did:
-                return mask(dumps(message), self.forms)
-        return mask(body, self.forms)
+            return dumps(self._document(loads(body)))
+        except (StrictJsonError, Withheld):
+            return None
 
     def event(self, raw: bytes) -> bytes:
-        """One complete SSE event, rewritten if its message changed, masked either way."""
-        parsed = SseEvent.parse(raw)
-        if parsed.data is None or not parsed.is_message:
-            return mask(raw, self.forms)
+        """One complete SSE event written anew from what was read (b"" if it is dropped: not a
+        message event, or a message that is not JSON-RPC read one way only)."""
         try:
-            data = loads(parsed.data)
-        except (ValueError, UnicodeDecodeError):
-            return mask(raw, self.forms)
+            parsed = SseEvent.parse(raw)
+            if not parsed.is_message:
+                raise Withheld("an event that is not a message")
+            if not parsed.data:  # a keep-alive, or a priming event (an id, empty data)
+                return parsed.write(None if parsed.data is None else b"")
+            return parsed.write(dumps(self._document(loads(parsed.data))))
+        except (BadEvent, StrictJsonError, Withheld):
+            self.dropped += 1
+            return b""
+
+    def _document(self, data: Any) -> Any:
         if isinstance(data, list):
-            changed = [self._message(item) for item in data]
-            if any(c for c, _ in changed):
-                return mask(parsed.with_data(dumps([m for _, m in changed])), self.forms)
-        else:
-            did, message = self._message(data)
-            if did:
-                return mask(parsed.with_data(dumps(message)), self.forms)
-        return mask(raw, self.forms)
+            if not data:
+                raise Withheld("an empty batch")
+            return [self._message(item) for item in data]
+        return self._message(data)
 
-    def _message(self, message: Any) -> tuple[bool, Any]:
-        """(changed, message): a tools/list result filtered; an answer to a pending request noted."""
-        if not isinstance(message, dict) or "method" in message or "id" not in message:
-            return False, message
-        key = id_key(message.get("id"))
-        method = self.pending.pop(key, None) if _valid_id(message.get("id")) else None
-        result = message.get("result")
-        changed = False
-        if isinstance(result, dict) and isinstance(result.get("tools"), list):
-            filtered = self._filter_tools(result["tools"])
-            if filtered is not None:
-                message = {**message, "result": {**result, "tools": filtered}}
-                changed = True
-        if method is not None and self.on_answer is not None:
-            self.on_answer(key, method, answer_status(message))
-        return changed, message
+    def _message(self, message: Any) -> Any:
+        """The message checked; a tools/list result filtered; an answer to a pending request
+        noted; credentials masked."""
+        try:
+            kind = _message(message).kind
+        except JsonRpcError as exc:
+            raise Withheld(exc.message) from None
+        if kind == "response":
+            key = id_key(message.get("id"))
+            method = self.pending.pop(key, None) if _valid_id(message.get("id")) else None
+            result = message.get("result")
+            if isinstance(result, dict):
+                try:
+                    check_members(result, RESULT_MEMBERS)
+                except StrictJsonError as exc:
+                    raise Withheld(str(exc)) from None
+                if isinstance(result.get("tools"), list):
+                    message = {**message, "result": {**result, "tools": self._filter_tools(result["tools"])}}
+            if method is not None and self.on_answer is not None:
+                self.on_answer(key, method, answer_status(message))
+        # the id is the client's own: never masked (see Masker)
+        return {k: v if k == "id" else self.masker.value(v) for k, v in message.items()}
 
-    def _filter_tools(self, tools: list[Any]) -> list[Any] | None:
-        """The tools the policy (and the grant) expose, in the server's order (None if nothing is
-        removed)."""
+    def _filter_tools(self, tools: list[Any]) -> list[Any]:
+        """The tools the policy (and the grant) expose, in the server's order."""
+        for tool in tools:
+            if isinstance(tool, dict):
+                try:
+                    check_members(tool, TOOL_MEMBERS)
+                except StrictJsonError as exc:
+                    raise Withheld(str(exc)) from None
         names = [str(t["name"]) for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)]
         decision = self.policy.filter(names)
         if decision.warnings and self.on_warnings is not None:
@@ -407,8 +408,17 @@ class Inspector:
         allowed = set(decision.tools)
         if self.granted is not None:
             allowed &= self.granted
-        kept = [t for t in tools if isinstance(t, dict) and t.get("name") in allowed]
-        return None if len(kept) == len(tools) else kept
+        return [t for t in tools if isinstance(t, dict) and t.get("name") in allowed]
+
+
+def withheld_answer(pending: Mapping[IdKey, str], what: str) -> Any:
+    """The JSON-RPC error(s) that stand for an upstream answer the gateway withheld: one per
+    request still waiting (a batch if several), or one with id null."""
+    message = f"the MCP server's answer was withheld by the gateway: {what}"
+    errors = [error(value, GATEWAY_ERROR, message, {"code": "upstream_error"}) for (_, value) in pending]
+    if not errors:
+        return error(None, GATEWAY_ERROR, message, {"code": "upstream_error"})
+    return errors[0] if len(errors) == 1 else errors
 
 
 def answer_status(message: Mapping[str, Any]) -> str:

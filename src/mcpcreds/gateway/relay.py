@@ -54,10 +54,19 @@ from ..core.logs import get_logger
 from ..core.metrics import Metrics
 from ..core.rates import parse_retry_after
 from ..core.secret import redact_json
-from ..errors import ERRORS_BY_CODE, McpcredsError, MethodNotAllowed, UpstreamError, UpstreamTimeout
+from ..errors import (
+    ERRORS_BY_CODE,
+    InvalidRequest,
+    McpcredsError,
+    MethodNotAllowed,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from ..signers.aauth import AAuthSigner
 from ..signers.sigv4 import SigV4Signer
 from . import jsonrpc
+from .sse import EventTooLarge, SseSplitter
+from .strict_json import Masker
 
 _log = get_logger("gateway")
 
@@ -70,17 +79,19 @@ UPSTREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=None, write=30.0, poo
 _UPSTREAM_TIMEOUTS: Final = UPSTREAM_TIMEOUT.as_dict()
 _USER_AGENT: Final = f"python-httpx/{httpx.__version__}".encode()  # what an httpx client sends
 _FORWARDED: Final = frozenset({
-    b"accept", b"content-type", b"mcp-session-id", b"mcp-protocol-version", b"last-event-id", b"mcp-method",
-    b"mcp-name", b"traceparent", b"tracestate", b"user-agent",
+    b"accept", b"content-type", b"mcp-session-id", b"mcp-protocol-version", b"last-event-id",
+    b"traceparent", b"tracestate", b"user-agent",
 })
+_MIRRORED: Final = (b"mcp-method", b"mcp-name")  # checked against the body, then derived from it
 _PARAM_PREFIX: Final = b"mcp-param-"
 _RETURNED: Final = ("mcp-session-id", "mcp-protocol-version", "retry-after", "cache-control")
 _METHODS: Final = ("POST", "GET", "DELETE")
 SESSION_LIMIT: Final = 10_000  # MCP sessions tracked for status (past it, the least recently seen go)
 SENT_CACHE: Final = 1024  # servers whose credential headers (and endpoint URLs) are kept prepared
 SESSION_IDLE: Final = 3600.0  # seconds without traffic after which a session is no longer counted
+SESSION_NOT_FOUND: Final = -32001  # what MCP servers answer for a session they do not know
 _STATUS_GROUPS: Final = frozenset({"ok", "tool_error", "error", "refused", "rate_limited", "upstream_error",
-                                   "no_response", "dropped", "cancelled"})
+                                   "no_response", "dropped", "cancelled", "withheld"})
 
 
 def forwarded_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
@@ -101,7 +112,7 @@ class _Sent:
 
     names: frozenset[bytes]  # lower-cased: a caller's header of the same name is dropped
     headers: list[tuple[bytes, bytes]]
-    forms: tuple[bytes, ...]  # what `jsonrpc.mask` hides in the answers
+    values: tuple[str, ...]  # the credential values: masked in the answers (see `strict_json.Masker`)
 
 
 def _rpc_response(status: int, body: Any, extra: tuple[tuple[bytes, bytes], ...] = ()) -> Response:
@@ -139,46 +150,55 @@ class _ToolCalls:
             self.answered(key, jsonrpc.TOOLS_CALL, status)
 
 
+Owner = tuple[int, "str | None"]  # the uid and the grant id of a caller
+
+
 class LiveSessions:
     """The MCP sessions seen through the gateway, per server: bounded (`limit` entries, the least
     recently seen dropped first) and expiring (`idle` seconds without traffic). An id is bearer-ish:
-    only a digest of it is kept, and only counts and ages are shown."""
+    only a digest of it is kept, and only counts and ages are shown. Each session belongs to the
+    caller whose request opened it (its uid and grant): no other caller may use it."""
 
     def __init__(self, clock: Callable[[], float], limit: int = SESSION_LIMIT,
                  idle: float = SESSION_IDLE) -> None:
         self.clock = clock
         self.limit = limit
         self.idle = idle
-        # (server, digest) -> (first seen, last seen), least recently seen first
-        self._seen: OrderedDict[tuple[str, bytes], tuple[float, float]] = OrderedDict()
+        # (server, digest) -> (first seen, last seen, owner), least recently seen first
+        self._seen: OrderedDict[tuple[str, bytes], tuple[float, float, Owner]] = OrderedDict()
 
     @staticmethod
     def _key(server: str, session_id: bytes) -> tuple[str, bytes]:
         return server, hashlib.blake2b(session_id, digest_size=16).digest()
 
-    def seen(self, server: str, session_id: bytes) -> None:
-        """An answer carried this id: the session is live."""
+    def seen(self, server: str, session_id: bytes, owner: Owner) -> None:
+        """An answer to `owner` carried this id: the session is live, and theirs."""
         now = self.clock()
         key = self._key(server, session_id)
-        first = self._seen.pop(key, (now, now))[0]
-        self._seen[key] = (first, now)
+        first = self._seen.pop(key, (now, now, owner))[0]
+        self._seen[key] = (first, now, owner)
         self._expire(now)
         while len(self._seen) > self.limit:
             self._seen.popitem(last=False)
 
-    def used(self, server: str, session_id: bytes) -> None:
+    def used(self, server: str, session_id: bytes, owner: Owner) -> None:
         """A request of a known session was answered: it is still live (an unknown id adds nothing)."""
         key = self._key(server, session_id)
         found = self._seen.pop(key, None)
         if found is not None:
-            self._seen[key] = (found[0], self.clock())
+            self._seen[key] = (found[0], self.clock(), found[2])
+
+    def belongs(self, server: str, session_id: bytes, owner: Owner) -> bool:
+        """False when the session is known and was opened by another caller."""
+        found = self._seen.get(self._key(server, session_id))
+        return found is None or found[2] == owner
 
     def ended(self, server: str, session_id: bytes) -> None:
         self._seen.pop(self._key(server, session_id), None)
 
     def _expire(self, now: float) -> None:
         while self._seen:
-            key, (_, last) = next(iter(self._seen.items()))
+            key, (_, last, _) = next(iter(self._seen.items()))
             if now - last < self.idle:
                 return
             del self._seen[key]
@@ -188,7 +208,7 @@ class LiveSessions:
         now = self.clock()
         self._expire(now)
         out: dict[str, tuple[int, float]] = {}
-        for (server, _), (first, _) in self._seen.items():
+        for (server, _), (first, _, _) in self._seen.items():
             count, oldest = out.get(server, (0, 0.0))
             out[server] = (count + 1, max(oldest, now - first))
         return out
@@ -218,21 +238,34 @@ class _SseBody:
         return await anext(aiter(self), b"")
 
     async def _events(self) -> AsyncIterator[bytes]:
-        splitter = jsonrpc.SseSplitter(MAX_SSE_EVENT)
+        splitter = SseSplitter(MAX_SSE_EVENT)
+        inspector = self.inspector
         try:
-            async for chunk in self.response.aiter_bytes():
+            async for chunk in self.response.aiter_raw():  # never decoded: see `_answer`
                 events = splitter.feed(chunk)
                 if events:
-                    yield b"".join([self.inspector.event(event) for event in events])
+                    out = b"".join([inspector.event(event) for event in events])
+                    if out:
+                        yield out
             self.end = "no_response"
         except httpx.HTTPError as exc:  # the upstream dropped mid-stream
             self.end = "dropped"
             _log.warning("upstream stream dropped", extra={"server": self.target.name,
                                                             "error": type(exc).__name__})
-        except jsonrpc.EventTooLarge:
+        except EventTooLarge:
             self.end = "dropped"
             _log.warning("upstream SSE event too large: stream ended",
                          extra={"server": self.target.name, "limit": MAX_SSE_EVENT})
+        if inspector.dropped:
+            _log.warning("upstream SSE events withheld: not JSON-RPC read one way only",
+                         extra={"server": self.target.name, "events": inspector.dropped})
+            if inspector.pending:  # what waits for an answer that was withheld gets an error instead
+                answer = jsonrpc.withheld_answer(inspector.pending, "an event not JSON-RPC read one way only")
+                for key, method in list(inspector.pending.items()):
+                    if self.calls is not None:
+                        self.calls.answered(key, method, "withheld")
+                inspector.pending.clear()
+                yield b"data: " + jsonrpc.dumps(answer) + b"\n\n"
         if self.calls is not None:  # before the client sees the end of the stream
             self.calls.finish_all(self.end)
 
@@ -326,6 +359,17 @@ class Gateway:
             self._observe(target, request.method, 400, started)
             return _rpc_response(400, jsonrpc.error(None, exc.code, exc.message))
         calls = _ToolCalls(self, target, request, out.tool_calls())
+        try:
+            mirrors = jsonrpc.mirrored(out, *(_one_header(request, name) for name in _MIRRORED))
+        except jsonrpc.JsonRpcError as exc:
+            calls.finish_all("refused")
+            self._observe(target, request.method, 400, started)
+            return _rpc_response(400, jsonrpc.error(out.single_id, exc.code, exc.message))
+        foreign = self._foreign_session(request, target, out.single_id)
+        if foreign is not None:
+            calls.finish_all("refused")
+            self._observe(target, request.method, foreign.status, started)
+            return foreign
         granted = request.grant.tools_of(target.name) if request.grant is not None else None
         refused = jsonrpc.refusals(out, target.trust, target.name, granted)
         if refused:
@@ -334,24 +378,41 @@ class Gateway:
             return _rpc_response(200, refused if out.batch else refused[0])
         cost = jsonrpc.permits(out, target.gateway.rate_methods)
         try:
-            response, sent = await self._exchange(request, target, cost)
+            response, sent = await self._exchange(request, target, cost, out.body, mirrors)
         except BaseException as exc:
             calls.finish_all("cancelled" if isinstance(exc, asyncio.CancelledError) else _failure(exc))
             raise
-        return await self._answer(request, target, response, sent, calls, out.methods(), started)
+        return await self._answer(request, target, response, sent, calls, out.methods(), started,
+                                  out.body)
 
     # -- GET and DELETE
 
     async def _relay(self, request: Request, target: Target) -> Answer:
         started = time.perf_counter()
-        response, sent = await self._exchange(request, target, 0)
-        return await self._answer(request, target, response, sent, None, {}, started)
+        foreign = self._foreign_session(request, target, None)
+        if foreign is not None:
+            self._observe(target, request.method, foreign.status, started)
+            return foreign
+        response, sent = await self._exchange(request, target, 0, None, [])
+        return await self._answer(request, target, response, sent, None, {}, started, b"")
+
+    def _foreign_session(self, request: Request, target: Target, id_: Any) -> Response | None:
+        """A 404 (as for a session the server does not know) when the request names an MCP session
+        that another caller (another uid, or another grant) opened: a session id is no key to
+        another principal's session."""
+        asked = _one_header(request, b"mcp-session-id")
+        if asked is None or (asked != b"\0" and self.sessions.belongs(target.name, asked, _owner(request))):
+            return None
+        _log.warning("gateway: a session of another caller refused", extra={"server": target.name,
+                                                                             "uid": request.peer_uid})
+        return _rpc_response(404, jsonrpc.error(id_, SESSION_NOT_FOUND, "Session not found"))
 
     # -- the upstream exchange
 
-    async def _exchange(self, request: Request, target: Target,
-                        cost: int) -> tuple[httpx.Response, HeadersResult]:
-        """The upstream's answer (its body not read yet) and the credentials it was sent with."""
+    async def _exchange(self, request: Request, target: Target, cost: int, body: bytes | None,
+                        mirrors: list[tuple[bytes, bytes]]) -> tuple[httpx.Response, HeadersResult]:
+        """The upstream's answer (its body not read yet) and the credentials it was sent with.
+        `body` is what goes upstream: the POST's messages as the gateway read them."""
         broker = self.broker
         max_wait = target.gateway.max_wait
         deadline = broker.clock.monotonic() + max_wait
@@ -359,10 +420,14 @@ class Gateway:
         result = await broker.headers(target)  # first: a failing login costs no permit
         if cost and await broker.limiter.acquire(target.key, rate, cost, max_wait) > 0:
             result = await broker.headers(target)  # renewed while we waited, maybe
-        forwarded = forwarded_headers(request.headers)
+        forwarded = forwarded_headers(request.headers) + mirrors
+        if (target.aauth or is_aws(target)) and not all(value.isascii() for _, value in forwarded):
+            # a signer signs text; the wire would carry other bytes than it signed
+            raise InvalidRequest(f"server {target.name!r} signs its requests: a header value that is not "
+                                 "ASCII cannot be signed as sent (nothing was sent)")
         renewed_once = paused_once = False
         while True:
-            response = await self._send(target, request, forwarded, result)
+            response = await self._send(target, request, forwarded, result, body)
             status = response.status_code
             try:
                 retry = False
@@ -410,7 +475,7 @@ class Gateway:
         return renewed
 
     async def _send(self, target: Target, request: Request, forwarded: list[tuple[bytes, bytes]],
-                    creds: HeadersResult) -> httpx.Response:
+                    creds: HeadersResult, body: bytes | None) -> httpx.Response:
         """One request upstream, straight to the egress transport of the server's gateway pool: no
         client layer (its cookie jar would carry one caller's cookies to every other caller; the
         gateway follows no redirect and adds no auth of its own)."""
@@ -427,13 +492,13 @@ class Gateway:
         headers.append((b"accept-encoding", b"identity"))  # answers are inspected: not compressed
         if target.aauth:  # signed here: the agent key never leaves the sidecar
             headers += await self.aauth.gateway_headers(target, request.method, target.endpoint, headers,
-                                                        request.body if request.method == "POST" else None)
+                                                        body)
         elif is_aws(target):  # SigV4: the AWS secret key stays here too
             signed = await self.sigv4.gateway_headers(target, request.method, target.endpoint, headers,
-                                                      request.body if request.method == "POST" else None)
+                                                      body)
             headers = [(k, v) for k, v in headers if k != b"host"] + signed
         upstream = httpx.Request(request.method, self._url(target.endpoint), headers=headers,
-                                 content=request.body if request.method == "POST" else None,
+                                 content=body,
                                  extensions={"timeout": _UPSTREAM_TIMEOUTS})
         transport = self.broker.gateway_transport(target)
         try:
@@ -456,8 +521,7 @@ class Gateway:
         except UnicodeEncodeError:
             raise UpstreamError(f"a credential of server {target.name!r} is not a valid HTTP header value "
                                 "(not ASCII): nothing was sent") from None
-        forms = jsonrpc.mask_forms(creds.headers.values())
-        sent = _Sent(frozenset(k.lower() for k, _ in encoded), encoded, forms)
+        sent = _Sent(frozenset(k.lower() for k, _ in encoded), encoded, tuple(creds.headers.values()))
         if len(self._sent) >= SENT_CACHE:
             self._sent.clear()
         self._sent[target.name] = (creds, sent)
@@ -474,28 +538,37 @@ class Gateway:
     # -- the answer
 
     async def _answer(self, request: Request, target: Target, response: httpx.Response, sent: HeadersResult,
-                      calls: _ToolCalls | None, pending: dict[jsonrpc.IdKey, str], started: float) -> Answer:
+                      calls: _ToolCalls | None, pending: dict[jsonrpc.IdKey, str], started: float,
+                      body_sent: bytes) -> Answer:
+        waiting = dict(pending)
         try:
             status = response.status_code
-            ctype = response.headers.get("content-type", "")
-            extra = tuple((name.title().encode(), response.headers[name].encode("latin-1"))
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            if encoding != "identity":  # asked for identity: a compressed answer is a bomb or a lie
+                raise UpstreamError("the MCP server sent a compressed answer (Content-Encoding), which the "
+                                    "gateway does not read: withheld")
+            # what the client sent itself is never masked: masking it would confirm a guess
+            known = body_sent.decode("utf-8") + "\n".join(v.decode("latin-1") for _, v in request.headers)
+            masker = Masker(self._credentials(target, sent).values, known)
+            extra = tuple((name.title().encode(), masker.header(response.headers[name].encode("latin-1")))
                           for name in _RETURNED if name in response.headers)
             if target.aauth:  # AAuth-Access kept, a 401's challenge on
-                extra += self.aauth.answered(target, status, response.headers.multi_items())
+                answered = self.aauth.answered(target, status, response.headers.multi_items())
+                extra += tuple((k, masker.header(v)) for k, v in answered)
             granted = request.grant.tools_of(target.name) if request.grant is not None else None
-            inspector = jsonrpc.Inspector(target.trust, self._credentials(target, sent).forms, pending,
+            inspector = jsonrpc.Inspector(target.trust, masker, pending,
                                           calls.answered if calls is not None else None,
                                           lambda warnings: self._policy_warnings(target, warnings),
                                           granted=granted)
             self._observe(target, request.method, status, started)
             self._follow_session(request, target, response)
-            kind = ctype.partition(";")[0].strip().lower()
-            if kind == "text/event-stream" and 200 <= status < 300:
+            kind = jsonrpc.answer_kind(response.headers.get("content-type", ""))
+            if kind == "sse" and 200 <= status < 300:
                 stream = _SseBody(response, inspector, calls, target)
                 listening = request.method == "GET"  # may stay silent for long: its head goes at once
                 first = b"" if listening else await stream.first()
                 self._streams.add(stream)
-                return StreamingResponse(status, stream, content_type=ctype.encode("latin-1"),
+                return StreamingResponse(status, stream, content_type=b"text/event-stream",
                                          extra_headers=extra, long_lived=listening, first=first)
             body = await _read(response, MAX_JSON_ANSWER)
         except BaseException as exc:
@@ -504,30 +577,33 @@ class Gateway:
                 calls.finish_all("cancelled" if isinstance(exc, asyncio.CancelledError) else _failure(exc))
             raise
         await response.aclose()
-        if kind == "application/json":
-            body = inspector.json_body(body)
-        else:
-            body = jsonrpc.mask(body, inspector.forms)
+        checked = inspector.json_body(body) if body and kind == "json" else None
+        if body and checked is None:  # fail closed: what the gateway cannot read is not passed on
+            _log.warning("upstream answer withheld: not JSON-RPC read one way only",
+                         extra={"server": target.name, "status": status})
+            if calls is not None:
+                calls.finish_all("withheld")
+            checked = jsonrpc.dumps(jsonrpc.withheld_answer(waiting, "not JSON-RPC read one way only"))
+            status = 502 if status < 300 else status
         if calls is not None:
             calls.finish_all(f"http_{status}" if status >= 300 else "no_response")
         if status == 401 and target.aauth:  # names what is missing
             refused = self.aauth.refused_body(target, status, response.headers.multi_items())
             if refused is not None:
-                body, ctype = refused, "application/json"
-        return Response(status, body, content_type=ctype.encode("latin-1") or b"application/json",
-                        extra_headers=extra)
+                checked = refused
+        return Response(status, checked or b"", content_type=b"application/json", extra_headers=extra)
 
     def _follow_session(self, request: Request, target: Target, response: httpx.Response) -> None:
-        asked = next((v for k, v in request.headers if k.lower() == b"mcp-session-id"), None)
+        asked = _one_header(request, b"mcp-session-id")
         status = response.status_code
         if 200 <= status < 300:
             if request.method == "DELETE":
                 if asked:
                     self.sessions.ended(target.name, asked)
             elif (given := response.headers.get("mcp-session-id")):
-                self.sessions.seen(target.name, given.encode("latin-1"))
+                self.sessions.seen(target.name, given.encode("latin-1"), _owner(request))
             elif asked:
-                self.sessions.used(target.name, asked)
+                self.sessions.used(target.name, asked, _owner(request))
         elif status == 404 and asked:  # the server no longer knows the session
             self.sessions.ended(target.name, asked)
 
@@ -563,7 +639,7 @@ async def _read(response: httpx.Response, limit: int) -> bytes:
     parts: list[bytes] = []
     size = 0
     try:
-        async for chunk in response.aiter_bytes():
+        async for chunk in response.aiter_raw():  # never decoded: a compressed answer is refused
             size += len(chunk)
             if size > limit:
                 raise UpstreamError(f"the MCP server's answer exceeds {limit} bytes")
@@ -578,6 +654,17 @@ async def _read(response: httpx.Response, limit: int) -> bytes:
 def _backoff(response: httpx.Response) -> bool:
     """An upstream asking to be left alone: a 429, or a 503 that says for how long."""
     return response.status_code == 429 or (response.status_code == 503 and "retry-after" in response.headers)
+
+
+def _one_header(request: Request, name: bytes) -> bytes | None:
+    """The value of a header sent once; two of them are one too many (b"" stands for that: it
+    matches nothing)."""
+    values = [v for k, v in request.headers if k.strip().lower() == name]
+    return None if not values else values[0] if len(values) == 1 else b"\0"
+
+
+def _owner(request: Request) -> Owner:
+    return request.peer_uid, request.grant.id if request.grant is not None else None
 
 
 def _single_id(request: Request) -> Any:

@@ -1,0 +1,163 @@
+"""JSON as the gateway reads and writes it (pure): one reading of the bytes, whatever parser the
+other side runs.
+
+The gateway judges a message and forwards what it judged, re-serialised from the parsed object,
+never the bytes it was sent. The reading is strict where parsers differ:
+
+- UTF-8 only, no byte order mark, no lone surrogate (each parser mends those its own way);
+- no duplicate key (parsers take the first or the last);
+- no key that folds onto a member the gateway judges without being it: Go's `encoding/json` matches
+  keys case-insensitively with Unicode folding (`Name`, `NAME`, the long s for `s`, the Kelvin
+  sign for `k`) and other decoders ignore `_` and `-`, so `{"name": "search", "Name": "delete_all"}`
+  is refused;
+- no NaN or Infinity, no number that overflows a double, nesting at most `MAX_DEPTH` deep.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import unicodedata
+from collections.abc import Iterable
+from functools import lru_cache
+from typing import Any, Final
+
+MAX_DEPTH: Final = 128  # a tools/list of nested JSON Schemas stays far below; Python's own limit is ~1000
+MIN_MASKED: Final = 8  # shorter credential values are not masked: they would mangle ordinary text
+MASK: Final = "***"
+_BOM: Final = b"\xef\xbb\xbf"
+
+
+class StrictJsonError(ValueError):
+    """Bytes the gateway does not read as exactly one JSON document (the message says why)."""
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise StrictJsonError("an object has a duplicate key")
+    return out
+
+
+def _constant(_: str) -> Any:
+    raise StrictJsonError("NaN and Infinity are not JSON")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise StrictJsonError("a number overflows a double")
+    return value
+
+
+def loads(data: bytes | str) -> Any:
+    """The one JSON document in `data`; StrictJsonError for anything read otherwise elsewhere."""
+    if isinstance(data, bytes):
+        if data.startswith(_BOM):
+            raise StrictJsonError("a byte order mark")
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise StrictJsonError("not UTF-8") from None
+    elif data.startswith("\ufeff"):
+        raise StrictJsonError("a byte order mark")
+    try:
+        value = json.loads(data, object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
+    except RecursionError:
+        raise StrictJsonError("nested too deep") from None
+    except StrictJsonError:
+        raise
+    except ValueError:  # JSONDecodeError, and ints past the interpreter's digit limit
+        raise StrictJsonError("not JSON") from None
+    if data.count("[") + data.count("{") > MAX_DEPTH:  # only then can it be too deep
+        check_depth(value)
+    return value
+
+
+def dumps(value: Any) -> bytes:
+    """Compact UTF-8 JSON; StrictJsonError if a string holds a lone surrogate (not UTF-8)."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise StrictJsonError("a lone surrogate in a string") from None
+
+
+def check_depth(value: Any) -> None:
+    """StrictJsonError if `value` nests deeper than MAX_DEPTH (no recursion: any depth is safe)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise StrictJsonError(f"nested deeper than {MAX_DEPTH}")
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values() if isinstance(child, dict | list))
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node if isinstance(child, dict | list))
+
+
+def folded(key: str) -> str:
+    """A key as the most lenient decoder matches it: compatibility-normalised, case-folded, without
+    `_` and `-`."""
+    return unicodedata.normalize("NFKC", key).casefold().replace("_", "").replace("-", "")
+
+
+@lru_cache(maxsize=64)
+def _member_folds(members: frozenset[str]) -> dict[str, str]:
+    return {folded(member): member for member in members}
+
+
+def check_members(obj: dict[str, Any], members: frozenset[str]) -> None:
+    """StrictJsonError if a key of `obj` reads as one of `members` without being it, or two of its
+    keys read as one, to a lenient decoder."""
+    wanted = _member_folds(members)
+    seen: set[str] = set()
+    for key in obj:
+        fold = folded(key)
+        if fold in seen:
+            raise StrictJsonError("two keys that read as one (another case or spelling)")
+        seen.add(fold)
+        member = wanted.get(fold)
+        if member is not None and member != key:
+            raise StrictJsonError("a key that reads as a member it is not (another case or spelling)")
+
+
+class Masker:
+    """Masks credential values in a parsed message: each value, its token after an auth scheme
+    (`Bearer x`: `x` too), in every string (keys included), so an escaped spelling (`\\u0041`)
+    is caught too. What the client itself sent is left alone (`known`): masking it would tell
+    the client which of its guesses is a credential."""
+
+    def __init__(self, values: Iterable[str], known: str = "") -> None:
+        forms: set[str] = set()
+        for value in values:
+            candidates = {value}
+            scheme, _, rest = value.partition(" ")
+            if rest.strip() and scheme.isalpha():
+                candidates.add(rest.strip())
+            forms.update(c for c in candidates if len(c) >= MIN_MASKED and c not in known)
+        self.forms: tuple[str, ...] = tuple(sorted(forms, key=len, reverse=True))
+
+    def text(self, value: str) -> str:
+        for form in self.forms:
+            if form in value:
+                value = value.replace(form, MASK)
+        return value
+
+    def value(self, value: Any) -> Any:
+        """`value` with every credential form masked (the same object when none occurs)."""
+        if not self.forms:
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {self.text(k): self.value(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.value(v) for v in value]
+        return value
+
+    def header(self, value: bytes) -> bytes:
+        if not self.forms:
+            return value
+        text = value.decode("latin-1")
+        masked = self.text(text)
+        return value if masked == text else masked.encode("latin-1", "replace")
