@@ -564,7 +564,7 @@ async def flood(peer: GatewayPeer, sidecar: SidecarProcess, size: int) -> int:
         chunks = answer.aiter_raw()
         first = await chunks.__anext__()
         # the first event arrived while the peer waits for the release: relayed, not held back
-        assert b'"progress": 0' in first and peer.stats()["flood_sent"] == 0
+        assert b'"progress":0' in first and peer.stats()["flood_sent"] == 0
         await asyncio.to_thread(peer.release)
         received = len(first)
         async for chunk in chunks:

@@ -508,6 +508,11 @@ class Gateway:
         except httpx.HTTPError as exc:
             raise UpstreamError(f"the MCP server could not be reached ({type(exc).__name__})") from None
         response.request = upstream
+        if response.headers.get("content-encoding", "identity").strip().lower() != "identity":
+            # asked for identity: a compressed answer is a bomb or a lie, and is never inflated
+            await response.aclose()
+            raise UpstreamError("the MCP server sent a compressed answer (Content-Encoding), which the "
+                                "gateway does not read: withheld")
         return response
 
     def _credentials(self, target: Target, creds: HeadersResult) -> _Sent:
@@ -543,10 +548,6 @@ class Gateway:
         waiting = dict(pending)
         try:
             status = response.status_code
-            encoding = response.headers.get("content-encoding", "identity").strip().lower()
-            if encoding != "identity":  # asked for identity: a compressed answer is a bomb or a lie
-                raise UpstreamError("the MCP server sent a compressed answer (Content-Encoding), which the "
-                                    "gateway does not read: withheld")
             # what the client sent itself is never masked: masking it would confirm a guess
             known = body_sent.decode("utf-8") + "\n".join(v.decode("latin-1") for _, v in request.headers)
             masker = Masker(self._credentials(target, sent).values, known)
@@ -583,7 +584,8 @@ class Gateway:
                          extra={"server": target.name, "status": status})
             if calls is not None:
                 calls.finish_all("withheld")
-            checked = jsonrpc.dumps(jsonrpc.withheld_answer(waiting, "not JSON-RPC read one way only"))
+            what = f"HTTP {status} with a body that is not JSON-RPC read one way only"
+            checked = jsonrpc.dumps(jsonrpc.withheld_answer(waiting, what))
             status = 502 if status < 300 else status
         if calls is not None:
             calls.finish_all(f"http_{status}" if status >= 300 else "no_response")
@@ -636,6 +638,8 @@ class Gateway:
 
 
 async def _read(response: httpx.Response, limit: int) -> bytes:
+    if response.is_stream_consumed:  # a signer read a refusal already (bounded; identity: see `_send`)
+        return response.content
     parts: list[bytes] = []
     size = 0
     try:
