@@ -301,7 +301,7 @@ oauth = {{ token_url = "{token_url}", client_id = "shared", client_secret = "{{{
 name = "crm"
 service = "crm"
 {WEB}{MAIL}"""
-    return start_on_state(stack, tmp_path, state, body, {"CRM_SECRET": SECRET, "KEY": "key-value-0"},
+    return start_on_state(stack, tmp_path, state, body, {"CRM_SECRET": SECRET, "KEY_WEB": "key-value-0", "KEY_MAIL": "key-value-1"},
                           "grant_only_uids = []")
 
 
