@@ -1,5 +1,5 @@
 """The servers grant tests configure: one for each leg of the Rule of Two, each with a static key
-(the secret KEY) and its one tag. Shared by tests/test_grants.py and tests/test_hardening_state.py.
+(the secret KEY_NAME) and its one tag. Shared by tests/test_grants.py and tests/test_hardening_state.py.
 
 The texts are plain TOML; `template()` escapes one for a config that is filled in with
 str.format (as `CONFIG.format(socket=...)`)."""
@@ -10,12 +10,13 @@ UNTRUSTED, SENSITIVE, EGRESS = "web", "crm", "mail"  # the names the tests use f
 
 
 def tagged_server(name: str, tag: str, extra: str = "") -> str:
-    """A [[servers]] entry: `name` at https://NAME.example.com/mcp, sending X-Api-Key = {{secret:KEY}},
-    with the tag `tag` (untrusted_input, sensitive or egress); `extra` is appended as is."""
+    """A [[servers]] entry: `name` at https://NAME.example.com/mcp, sending X-Api-Key =
+    {{secret:KEY_NAME}} (a secret of its own: servers naming one secret share their tags), with
+    the tag `tag` (untrusted_input, sensitive or egress); `extra` is appended as is."""
     return f"""[[servers]]
 name = "{name}"
 endpoint = "https://{name}.example.com/mcp"
-headers = {{ "X-Api-Key" = "{{{{secret:KEY}}}}" }}
+headers = {{ "X-Api-Key" = "{{{{secret:KEY_{name.upper()}}}}}" }}
 tags = ["{tag}"]
 {extra}"""
 

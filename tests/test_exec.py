@@ -310,7 +310,9 @@ def test_forwarder_dies_with_the_child_once_it_is_running(
 
 def test_env_isolation_false_drops_every_variable_holding_a_known_secret(sidecar: SidecarProcess) -> None:
     dump = "import json, os; print(json.dumps(dict(os.environ)))"
-    minted = run_cli("spawn-payload", "--config", str(sidecar.config), "--grant", "exec:open", "--ttl", "60")
+    # the grant names exec:gh too: only a secret the caller could be handed is compared (no oracle)
+    minted = run_cli("spawn-payload", "--config", str(sidecar.config), "--grant", "exec:open", "exec:gh",
+                     "--ttl", "60")
     grant = json.loads(minted.stdout)["grant"]
     done = _run(sidecar, "open", sys.executable, "-c", dump, COPIED=CANARY, PADDED=f" {CANARY}\n",
                 UNRELATED="plain", MCPCREDS_GRANT=grant)

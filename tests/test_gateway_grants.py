@@ -70,9 +70,11 @@ async def test_redis_keeps_a_grants_tools_and_reads_a_record_written_without_the
             narrowed = Grant("n", ("crm",), time.time() + 60, tools={"crm": frozenset({"search"})})
             await grants.put(narrowed, "hash-n")
             assert await grants.get("hash-n") == narrowed
-            name = RedisGrants._record("hash-old")  # a record an older sidecar wrote
+            # a record without "tools", as an older sidecar wrote it (its liveness record is the store's)
+            await grants.put(Grant("o", ("crm",), time.time() + 60), "hash-old")
+            name = RedisGrants._record("hash-old")
             old = {"id": "o", "servers": ["crm"], "expires_at": time.time() + 60, "parent": None, "ancestors": []}
-            await state.redis.set(name, await state.seal("grant", name, json.dumps(old).encode()))
+            await state.redis.set(name, await state.seal("grant", name, json.dumps(old).encode()), keepttl=True)
             found = await grants.get("hash-old")
             assert found is not None and found.id == "o" and found.tools_of("crm") is None
         finally:

@@ -31,7 +31,7 @@ sources = ["env"]
 [[servers]]
 name = "web"
 endpoint = "https://web.example.com/mcp"
-headers = {{ "X-Api-Key" = "{{{{secret:KEY}}}}" }}
+headers = {{ "X-Api-Key" = "{{{{secret:KEY_WEB}}}}" }}
 tags = ["untrusted_input"]
 [[servers]]
 name = "crm"
@@ -41,7 +41,7 @@ tags = ["sensitive"]
 [[servers]]
 name = "mail"
 endpoint = "https://mail.example.com/mcp"
-headers = {{ "X-Api-Key" = "{{{{secret:KEY}}}}" }}
+headers = {{ "X-Api-Key" = "{{{{secret:KEY_MAIL}}}}" }}
 tags = ["egress"]
 rate = "10/1s"
 """
@@ -51,7 +51,7 @@ def grants_sidecar(root: Path) -> Iterator[SidecarProcess]:
     socket_path, audit = root / "run" / "s.sock", root / "audit.jsonl"
     config = root / "config.toml"
     config.write_text(CONFIG.format(socket=socket_path, audit=audit))
-    with run_sidecar(config, socket_path, {"KEY": CANARY}) as proc:
+    with run_sidecar(config, socket_path, {"KEY": CANARY, "KEY_WEB": CANARY, "KEY_MAIL": CANARY}) as proc:
         yield proc
 
 
@@ -163,7 +163,7 @@ def test_config_warns_about_the_trifecta_and_allow_trifecta_downgrades(tmp_path:
     assert result.code == 0 and "trifecta" in result.stderr
     allowed = CONFIG.replace("[secrets]", "allow_trifecta = true\n[secrets]")
     path.write_text(allowed.format(socket=tmp_path / "run" / "s.sock", audit=tmp_path / "a.jsonl"))
-    with run_sidecar(path, tmp_path / "run" / "s.sock", {"KEY": "k"}) as proc, Client(proc.socket) as c:
+    with run_sidecar(path, tmp_path / "run" / "s.sock", {"KEY": "k", "KEY_WEB": "k", "KEY_MAIL": "k"}) as proc, Client(proc.socket) as c:
         assert len(c.grant(["web", "crm", "mail"])["servers"]) == 3
         proc.wait_for("grant completes the trifecta (allowed by allow_trifecta)")
     events = [json.loads(line)["event"] for line in (tmp_path / "a.jsonl").read_text().splitlines()]
@@ -247,7 +247,7 @@ def test_grant_only_uids_must_present_a_grant(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     text = CONFIG.format(socket=socket_path, audit=tmp_path / "a.jsonl")
     config.write_text(text)
-    with run_sidecar(config, socket_path, {"KEY": CANARY}) as proc:
+    with run_sidecar(config, socket_path, {"KEY": CANARY, "KEY_WEB": CANARY, "KEY_MAIL": CANARY}) as proc:
         with Client(proc.socket) as parent:
             parent.headers("crm")  # warms the cached fast path
             minted = parent.grant(["crm"])

@@ -99,10 +99,11 @@ async def test_memory_a_deep_chain_of_sub_grants_is_revoked_whole() -> None:
     store = MemoryGrants(clock)
     now = clock.time()
     parent: Grant | None = None
+    limits = GrantLimits(max_children=3000)  # the whole chain counts against its top grant
     for i in range(3000):  # each a sub-grant of the one before: deeper than Python's stack
         ancestors = (*parent.ancestors, parent.id) if parent else ()
         parent = Grant(f"g{i}", ("crm",), now + 3600, parent.id if parent else None, ancestors)
-        await store.put(parent, f"h{i}")
+        await store.put(parent, f"h{i}", limits)
     assert await store.revoke("g0")
     assert await store.get("h2999") is None
     await store.put(Grant("fresh", ("crm",), now + 3600), "h-fresh")
@@ -300,7 +301,7 @@ oauth = {{ token_url = "{token_url}", client_id = "shared", client_secret = "{{{
 name = "crm"
 service = "crm"
 {WEB}{MAIL}"""
-    return start_on_state(stack, tmp_path, state, body, {"CRM_SECRET": SECRET, "KEY": "key-value-0"},
+    return start_on_state(stack, tmp_path, state, body, {"CRM_SECRET": SECRET, "KEY_WEB": "key-value-0", "KEY_MAIL": "key-value-1"},
                           "grant_only_uids = []")
 
 

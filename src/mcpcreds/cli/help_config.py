@@ -53,7 +53,7 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "drain_timeout": (_NO_DEFAULT, "seconds in-flight requests get on SIGTERM (at most 300)"),
         "invalidate_cooldown": (_NO_DEFAULT, "a login is dropped by invalidate at most once per this"),
         "max_grants": (_NO_DEFAULT, "live grants in the whole sidecar"),
-        "max_subgrants": (_NO_DEFAULT, "live sub-grants one grant holder may have minted"),
+        "max_subgrants": (_NO_DEFAULT, "live sub-grants under one top grant, at any depth"),
         "grant_pause_budget": (_NO_DEFAULT, "seconds of 429 pause grant holders may set per key ..."),
         "grant_pause_window": (_NO_DEFAULT, "... within this many seconds"),
     },

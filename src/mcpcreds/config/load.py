@@ -62,15 +62,14 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     secrets = parse_secrets(c, data.get("secrets"))
     services, tables = parse_services(c, data.get("services"))
     servers = parse_servers(c, data.get("servers"), services, tables)
-    services, servers = share_tags(services, servers)
     aauth = parse_aauth(c, data.get("aauth"))
+    services, servers, execs = share_tags(services, servers, parse_execs(c, data.get("exec")))
     services, servers = ({k: signing(t, aauth) for k, t in services.items()},
                          {k: signing(t, aauth) for k, t in servers.items()})
     trio = find_trifecta({name: t.tags for name, t in (*services.items(), *servers.items())})
     if trio is not None:
         c.warnings.append(f"servers: together the servers complete the trifecta: {trifecta_message(trio)}; "
                           "grants that combine them are refused")
-    execs = parse_execs(c, data.get("exec"))
     c.warnings.extend(exec_trifecta_warnings({n: t.tags for n, t in (*services.items(), *servers.items())},
                                              execs, trio))
     if c.errors:

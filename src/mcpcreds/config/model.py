@@ -55,7 +55,7 @@ class SidecarConfig:
     sidecar_uid: int | None = None  # the uid clients expect the sidecar to run as; default: their own
     invalidate_cooldown: float = 5.0  # a renewal forced by `invalidate` at most once per this, per key
     max_grants: int = 10_000  # live grants in the whole sidecar
-    max_subgrants: int = 64  # live sub-grants one grant holder may have minted
+    max_subgrants: int = 64  # live sub-grants under one top grant, at any depth
     grant_pause_budget: float = 300.0  # seconds of pause grant holders may set per key ...
     grant_pause_window: float = 900.0  # ... within this window
 

@@ -15,6 +15,7 @@ from ..core.templates import Template, is_credential_header, parse_template
 from ..net.egress import EgressPolicy
 from .aauth import AAuthConfig, entry_aauth
 from .aws import aws_egress_check, parse_aws_auth
+from .exec import ExecEntry
 from .model import (
     AUTH_METHODS,
     DEFAULT_EXPIRES_IN,
@@ -431,21 +432,51 @@ def _standalone_server(c: Collector, path: str, name: str, t: dict[str, Any]) ->
     )
 
 
-def share_tags(services: dict[str, Target], servers: dict[str, Target]
-               ) -> tuple[dict[str, Target], dict[str, Target]]:
-    """Every name that reaches a cache key reaches the same credential: each carries the union of
-    the tags of all of them (a read-only name cannot launder a login that another name tags
-    `egress`). The specs show these effective tags, `untrusted_input` of an untagged one included."""
-    union: dict[str, frozenset[str]] = {}
-    for target in (*services.values(), *servers.values()):
-        union[target.key] = union.get(target.key, frozenset()) | target.tags
+def share_tags(services: dict[str, Target], servers: dict[str, Target], execs: dict[str, ExecEntry]
+               ) -> tuple[dict[str, Target], dict[str, Target], dict[str, ExecEntry]]:
+    """Every name that reaches a credential carries the union of the tags of all names that reach
+    it (a read-only name cannot launder a credential that another name tags `sensitive` or
+    `egress`): the names of one cache key, and the servers whose templates name the same
+    `{{secret:NAME}}` or `{{secret-file:PATH}}`, under whatever cache keys. Sharing is transitive:
+    a server that shares one secret with a second and another with a third is grouped with both
+    (it errs on the side of refusing a grant). An exec entry's child holds the secrets of its
+    `env`: the entry also carries the tags of every server that shares one of them (its own tags
+    describe the child, not the credential, so they do not flow back to the servers). The specs
+    show these effective tags, `untrusted_input` of an untagged one included."""
+    group: dict[object, object] = {}  # union-find: a cache key or a secret -> its group
+
+    def find(node: object) -> object:
+        root = group.setdefault(node, node)
+        while root != group[root]:
+            root = group[root]
+        while node != root:  # path compression
+            parent = group[node]
+            group[node] = root
+            node = parent
+        return root
+
+    targets = (*services.values(), *servers.values())
+    for target in targets:
+        for template in target.templates:
+            for ref in template.refs:
+                group[find(ref)] = find(("key", target.key))
+    tags: dict[object, frozenset[str]] = {}
+    for target in targets:
+        root = find(("key", target.key))
+        tags[root] = tags.get(root, frozenset()) | target.tags
 
     def widen(target: Target) -> Target:
-        tags = union[target.key]
-        spec = dataclasses.replace(target.spec, tags=tuple(t for t in TAGS if t in tags))
-        return dataclasses.replace(target, tags=tags, spec=spec)
+        shared = tags[find(("key", target.key))]
+        spec = dataclasses.replace(target.spec, tags=tuple(t for t in TAGS if t in shared))
+        return dataclasses.replace(target, tags=shared, spec=spec)
 
-    return ({k: widen(t) for k, t in services.items()}, {k: widen(t) for k, t in servers.items()})
+    def widen_exec(entry: ExecEntry) -> ExecEntry:
+        shared = entry.tags.union(*(tags.get(find(ref), frozenset())
+                                    for template in entry.env.values() for ref in template.refs))
+        return dataclasses.replace(entry, tags=shared)
+
+    return ({k: widen(t) for k, t in services.items()}, {k: widen(t) for k, t in servers.items()},
+            {k: widen_exec(e) for k, e in execs.items()})
 
 
 def signing(target: Target, aauth: AAuthConfig) -> Target:

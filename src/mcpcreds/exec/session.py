@@ -3,15 +3,14 @@
 The answer holds the resolved environment of the `[exec.NAME]` entry (secret values: built as
 bytes here, never passed through the redactor, never logged), the names of the caller's
 variables to drop (with `env_isolation = false`: every variable whose value is a secret the
-sidecar knows, judged by the SHA-256 the caller sent, so the caller's values never travel), and
+caller could be handed anyway (env_match.py), judged by the SHA-256 the caller sent, so the
+caller's values never travel), and
 for `restricted` / `broad_audited` a session of the egress proxy (`egress_proxy.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import json
 import os
 import re
@@ -25,10 +24,9 @@ from ..config.model import Config
 from ..core.http import Request, Response
 from ..core.logs import get_logger
 from ..core.policy import check_rule_of_two
-from ..core.templates import FileRef, SecretRef, Template
-from ..credentials.sources import SecretResolver
-from ..errors import Forbidden, InvalidRequest, McpcredsError, UnknownServer
+from ..errors import Forbidden, InvalidRequest, UnknownServer
 from .egress_proxy import EgressProxy
+from .env_match import readable_secret_digests
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -67,10 +65,6 @@ def grant_entries(config: Config, names: Iterable[str], request: Request) -> lis
     return entries
 
 
-def _digest(value: str) -> str:
-    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()
-
-
 def _env_hashes(body: dict[str, Any]) -> dict[str, str]:
     raw = body.get("env_hashes", {})
     if not isinstance(raw, dict) or len(raw) > MAX_ENV_HASHES or not all(
@@ -79,38 +73,6 @@ def _env_hashes(body: dict[str, Any]) -> dict[str, str]:
         raise InvalidRequest(f"env_hashes must map at most {MAX_ENV_HASHES} variable names to "
                              "SHA-256 hex digests")
     return raw
-
-
-def _all_templates(config: Config) -> list[Template]:
-    found: list[Template] = []
-    for target in (*config.services.values(), *config.servers.values()):
-        found.extend(target.templates)
-    for entry in config.execs.values():
-        found.extend(entry.env.values())
-    return found
-
-
-def known_secret_digests(config: Config, resolver: SecretResolver, tokens: Iterable[str]) -> set[str]:
-    """SHA-256 of every secret value the sidecar can name now: each `{{secret:}}` and
-    `{{secret-file:}}` the config refers to (alone and as its templates render), the access
-    tokens it holds. Best effort: a secret that cannot be read now is skipped. Blocking."""
-    values: set[str] = set(tokens)
-    refs: set[SecretRef | FileRef] = set()
-    for template in _all_templates(config):
-        if template.is_literal:
-            continue
-        refs.update(template.refs)
-        with contextlib.suppress(McpcredsError):
-            values.add(resolver.render(template))
-    for ref in refs:
-        with contextlib.suppress(McpcredsError):
-            values.add(resolver.lookup(ref))
-    digests = set()
-    for value in values:
-        if value:
-            digests.add(_digest(value))
-            digests.add(_digest(value.strip()))
-    return digests
 
 
 class ExecRoutes:
@@ -166,9 +128,7 @@ class ExecRoutes:
         env = await asyncio.to_thread(resolver.render_all, list(entry.env.items()))
         drop: list[str] = []
         if not entry.env_isolation and hashes:
-            tokens = [t.access_token for key in config.targets_by_key
-                      if (t := broker.logins.peek(key)) is not None]
-            known = await asyncio.to_thread(known_secret_digests, config, resolver, tokens)
+            known = await readable_secret_digests(broker, entry, request.grant)
             drop = sorted(name for name, digest in hashes.items() if digest in known)
         proxy: dict[str, str] | None = None
         session_id = None

@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import json
+import math
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from ..core.clock import Clock
-from ..errors import TooManyGrants
+from ..core.logs import get_logger
+from ..errors import StateUnavailable, TooManyGrants
 from .redis_state import RedisState
 
 TOKEN_PREFIX: Final = "mcg_"
 MAX_TTL: Final = 7 * 86400.0
+MAX_REMEMBERED: Final = 65_536  # revocations a Redis store remembers in memory (see RedisGrants)
+MAX_GRANT_ID: Final = 64
+_log = get_logger("grants")
 
 
 @dataclass(frozen=True, slots=True)
 class GrantLimits:
-    """The most live (unexpired, unrevoked) grants a store holds, and the most live direct
-    sub-grants one grant may have minted (`sidecar.max_grants`, `sidecar.max_subgrants`)."""
+    """The most live (unexpired, unrevoked) grants a store holds, and the most live sub-grants
+    under one top grant, at any depth (`sidecar.max_grants`, `sidecar.max_subgrants`): counted
+    against the top, a holder cannot multiply its place through a tree of sub-grants."""
 
     max_total: int = 10_000
     max_children: int = 64
@@ -36,8 +43,8 @@ def _too_many_total(limits: GrantLimits) -> TooManyGrants:
 
 
 def _too_many_children(limits: GrantLimits) -> TooManyGrants:
-    return TooManyGrants(f"this grant holds its limit of {limits.max_children} live sub-grants "
-                         "(sidecar.max_subgrants); revoke some or let them expire")
+    return TooManyGrants(f"this grant's tree holds its limit of {limits.max_children} live sub-grants, "
+                         "at any depth (sidecar.max_subgrants); revoke some or let them expire")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +57,12 @@ class Grant:
     # server name -> the only tools the grant allows there (through the gateway); a server not
     # named here is narrowed by its trust policy only
     tools: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    @property
+    def top(self) -> str | None:
+        """The grant at the top of this one's tree (minted without a grant), None for a top grant:
+        every grant below it counts against its `max_subgrants`."""
+        return self.ancestors[0] if self.ancestors else self.parent
 
     def tools_of(self, server: str) -> frozenset[str] | None:
         """The tools this grant narrows `server` to, or None if it does not narrow them."""
@@ -89,7 +102,7 @@ def token_hash(token: str) -> str:
 class GrantStore(Protocol):
     async def put(self, grant: Grant, hashed: str, limits: GrantLimits = DEFAULT_LIMITS) -> None:
         """Store `grant` under the hash of its token; TooManyGrants if the store holds
-        `limits.max_total` live grants, or its parent `limits.max_children` live sub-grants."""
+        `limits.max_total` live grants, or its top grant `limits.max_children` live sub-grants."""
         ...
 
     async def get(self, hashed: str) -> Grant | None: ...
@@ -110,18 +123,22 @@ class MemoryGrants:
         self._by_hash: dict[str, Grant] = {}
         self._hash_of: dict[str, str] = {}  # id -> hash, of live grants
         self._children: dict[str, set[str]] = {}  # id -> ids of its live direct sub-grants
+        self._tree: dict[str, set[str]] = {}  # top id -> ids of its live sub-grants at any depth
         self._expiry: list[tuple[float, str]] = []  # (expires_at, id), a heap; may hold revoked ids
 
     async def put(self, grant: Grant, hashed: str, limits: GrantLimits = DEFAULT_LIMITS) -> None:
         self._expire()
         if len(self._hash_of) >= limits.max_total:
             raise _too_many_total(limits)
-        if grant.parent and len(self._children.get(grant.parent, ())) >= limits.max_children:
+        top = grant.top
+        if top and len(self._tree.get(top, ())) >= limits.max_children:
             raise _too_many_children(limits)
         self._by_hash[hashed] = grant
         self._hash_of[grant.id] = hashed
         if grant.parent:
             self._children.setdefault(grant.parent, set()).add(grant.id)
+        if top:
+            self._tree.setdefault(top, set()).add(grant.id)
         heapq.heappush(self._expiry, (grant.expires_at, grant.id))
         if len(self._expiry) > 2 * len(self._hash_of) + 64:  # mostly revoked ids: rebuild (amortised O(1))
             self._expiry = [(self._by_hash[h].expires_at, i) for i, h in self._hash_of.items()]
@@ -154,10 +171,11 @@ class MemoryGrants:
         if hashed is None:
             return
         grant = self._by_hash.pop(hashed)
-        if grant.parent and (siblings := self._children.get(grant.parent)) is not None:
-            siblings.discard(grant_id)
-            if not siblings:
-                del self._children[grant.parent]
+        for index, owner in ((self._children, grant.parent), (self._tree, grant.top)):
+            if owner and (members := index.get(owner)) is not None:
+                members.discard(grant_id)
+                if not members:
+                    del index[owner]
 
     def _expire(self) -> None:
         now = self.clock.time()
@@ -169,41 +187,62 @@ class MemoryGrants:
 
 
 _GRANTS: Final = "mcpcreds:{grants}"  # one hash tag: every grant key on one Redis Cluster slot
+_LIVE_KIND: Final = "grant-live"  # what a liveness record's MAC is bound to (with its key)
 
 # Store a grant if the limits allow, atomically (two sidecars cannot both take the last place).
-# KEYS: record, id, live (a sorted set of every grant id by expiry), and the parent's sorted set of
-# sub-grant ids by expiry (for a sub-grant). ARGV: now, max total, max children, id, expires_at,
-# sealed record, id record (hash and parent), TTL in ms. Returns 0 stored, 1 too many in all,
-# 2 too many sub-grants of that parent.
+# KEYS: record, liveness, live (a sorted set of every grant id by expiry), and for a sub-grant its
+# parent's sorted set of direct sub-grant ids (the cascade of a revoke) and its top grant's sorted
+# set of every sub-grant id below it (the limit), both by expiry. ARGV: now, max total, max
+# children, id, expires_at, sealed record, sealed liveness record, TTL in ms. Returns 0 stored,
+# 1 too many in all, 2 too many sub-grants under that top grant.
 PUT_SCRIPT: Final = """
 local now = ARGV[1]
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[2]) then return 1 end
-if #KEYS == 4 then
+if #KEYS == 5 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+  if redis.call('ZCARD', KEYS[5]) >= tonumber(ARGV[3]) then return 2 end
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-  if redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[3]) then return 2 end
 end
 local ttl = tonumber(ARGV[8])
 redis.call('SET', KEYS[1], ARGV[6], 'PX', ttl)
 redis.call('SET', KEYS[2], ARGV[7], 'PX', ttl)
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4])
-if #KEYS == 4 then
-  redis.call('ZADD', KEYS[4], ARGV[5], ARGV[4])
-  if redis.call('PTTL', KEYS[4]) < ttl then redis.call('PEXPIRE', KEYS[4], ttl) end
+for i = 4, #KEYS do
+  redis.call('ZADD', KEYS[i], ARGV[5], ARGV[4])
+  if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 return 0
 """
 
 
+def _liveness_fields(payload: bytes) -> tuple[str, str, str, float] | None:
+    """(token hash, parent, top, expires_at) of a liveness record's payload, None if malformed."""
+    try:
+        data = json.loads(payload)
+        return str(data["hash"]), str(data["parent"] or ""), str(data["top"] or ""), float(data["expires_at"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class RedisGrants:
     """Grants in the shared state, so a child may use any sidecar that shares it. A grant record
     carries an HMAC bound to its Redis key: one written by hand, or moved from another token's
-    key, is not honoured."""
+    key, is not honoured.
+
+    A grant is live while its own liveness record (`id:`, sealed too, naming the token hash) and
+    those of all its ancestors are: a revoke deletes them, so a grant record written back into
+    Redis afterwards is not honoured, nor is a liveness record made up for a revoked ancestor.
+    Someone who kept copies of both sealed records can write both back: no record in Redis tells
+    that from the original, so each sidecar also remembers (in memory, for the grant's remaining
+    life) the grants revoked through it or announced by the sealed `revoke` event of another."""
 
     def __init__(self, state: RedisState, clock: Clock) -> None:
         self.state = state
         self.clock = clock
         self._put = state.redis.register_script(PUT_SCRIPT)
+        self._revoked: dict[str, float] = {}  # grant id -> its expires_at, insertion ordered
+        state.taps["revoke"] = self._heard
 
     @staticmethod
     def _record(hashed: str) -> str:
@@ -217,17 +256,24 @@ class RedisGrants:
     def _kids(grant_id: str) -> str:
         return f"{_GRANTS}:kids:{grant_id}"
 
+    @staticmethod
+    def _tree(grant_id: str) -> str:
+        return f"{_GRANTS}:tree:{grant_id}"
+
     async def put(self, grant: Grant, hashed: str, limits: GrantLimits = DEFAULT_LIMITS) -> None:
         now = self.clock.time()
         ttl = max(1, int((grant.expires_at - now) * 1000))
-        name = self._record(hashed)
+        name, live_name = self._record(hashed), self._id(grant.id)
         sealed = await self.state.seal("grant", name, grant.to_json().encode())
-        keys = [name, self._id(grant.id), f"{_GRANTS}:live"]
-        if grant.parent:
-            keys.append(self._kids(grant.parent))
+        liveness = json.dumps({"hash": hashed, "parent": grant.parent, "top": grant.top,
+                               "expires_at": grant.expires_at}).encode()
+        sealed_live = await self.state.seal(_LIVE_KIND, live_name, liveness)
+        keys = [name, live_name, f"{_GRANTS}:live"]
+        if grant.parent and grant.top:
+            keys += [self._kids(grant.parent), self._tree(grant.top)]
         verdict = await self.state.call("store grant", self._put(keys=keys, args=[
-            now, limits.max_total, limits.max_children, grant.id, grant.expires_at, sealed,
-            f"{hashed} {grant.parent or ''}", ttl]))
+            now, limits.max_total, limits.max_children, grant.id, grant.expires_at, sealed, sealed_live,
+            ttl]))
         if int(verdict) == 1:
             raise _too_many_total(limits)
         if int(verdict) == 2:
@@ -248,10 +294,20 @@ class RedisGrants:
             return None
         if grant.expires_at <= self.clock.time():
             return None
-        if grant.ancestors:  # a revoked (or lapsed) ancestor ends the grant, whatever its own TTL
-            alive = await self.state.call("read grant", self.state.redis.exists(
-                *(self._id(a) for a in grant.ancestors)))
-            if int(alive) != len(grant.ancestors):
+        chain = (grant.id, *grant.ancestors)
+        if any(gid in self._revoked for gid in chain):
+            return None
+        # the grant's own liveness and its ancestors': a revoked (or lapsed) one ends it
+        names = [self._id(g) for g in chain]
+        lives = await self.state.call("read grant", self.state.redis.mget(names))
+        for gid, live_name, sealed_live in zip(chain, names, lives, strict=True):
+            if sealed_live is None:
+                return None
+            opened = await self.state.unseal(_LIVE_KIND, live_name, sealed_live)
+            fields = _liveness_fields(opened) if opened is not None else None
+            if fields is None or (gid == grant.id and fields[0] != hashed):
+                if opened is not None:
+                    self.state.refuse(_LIVE_KIND, live_name)
                 return None
         return grant
 
@@ -263,20 +319,49 @@ class RedisGrants:
     async def revoke(self, grant_id: str) -> bool:
         """Revoke the grant and every grant below it; each frees its place in the limits."""
         r = self.state.redis
-        todo, found = [grant_id], False
+        todo, expires_at = [grant_id], None
         while todo:
             gid = todo.pop()
             entry = await self.state.call("revoke grant", r.get(self._id(gid)))
             if entry is None:
                 continue
-            found = True
-            hashed, _, parent = entry.decode().partition(" ")
+            # revoking does not need the MAC: deleting what a forger wrote only ends more grants
+            fields = _liveness_fields(bytes(entry).partition(b".")[2])
+            hashed, parent, top, until = fields or ("", "", "", 0.0)
+            if gid == grant_id:
+                expires_at = until
             kids: Any = await self.state.call("revoke grant", r.zrange(self._kids(gid), 0, -1))
             pipe = r.pipeline(transaction=True)
-            pipe.delete(self._record(hashed), self._id(gid), self._kids(gid))
+            pipe.delete(self._id(gid), self._kids(gid), self._tree(gid),
+                        *([self._record(hashed)] if hashed else []))
             pipe.zrem(f"{_GRANTS}:live", gid)
             if parent:
                 pipe.zrem(self._kids(parent), gid)
+            if top:
+                pipe.zrem(self._tree(top), gid)
             await self.state.call("revoke grant", pipe.execute())
             todo.extend(k.decode() if isinstance(k, bytes) else str(k) for k in kids or ())
-        return found
+        if expires_at is None:
+            return False
+        until = expires_at if math.isfinite(expires_at) and expires_at > 0 else self.clock.time() + MAX_TTL
+        self._remember(grant_id, until)
+        with contextlib.suppress(StateUnavailable):  # revoked in Redis already; the event is a second line
+            await self.state.publish("revoke", "grants", grant=grant_id, expires_at=until)
+        return True
+
+    def _heard(self, event: dict[str, Any]) -> None:
+        """Another sidecar revoked a grant (a sealed event): remember it for its remaining life."""
+        gid, until = event.get("grant"), event.get("expires_at")
+        if isinstance(gid, str) and 0 < len(gid) <= MAX_GRANT_ID and isinstance(until, int | float) \
+                and not isinstance(until, bool) and math.isfinite(until):
+            self._remember(gid, min(float(until), self.clock.time() + MAX_TTL))
+
+    def _remember(self, grant_id: str, until: float) -> None:
+        """Every grant below `grant_id` names it among its ancestors, so its id alone is enough."""
+        if len(self._revoked) >= MAX_REMEMBERED:
+            now = self.clock.time()
+            self._revoked = {g: t for g, t in self._revoked.items() if t > now}
+            if len(self._revoked) >= MAX_REMEMBERED:  # all still running: forget the oldest half
+                _log.warning("too many revoked grants to remember; the oldest rely on Redis alone")
+                self._revoked = dict(list(self._revoked.items())[MAX_REMEMBERED // 2:])
+        self._revoked[grant_id] = until

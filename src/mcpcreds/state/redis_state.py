@@ -181,6 +181,8 @@ class RedisState:
         self._drop = self.redis.register_script(DROP_SCRIPT)
         self._unlock = self.redis.register_script(UNLOCK_SCRIPT)
         self._listener: asyncio.Task[None] | None = None
+        # event kind -> the part of the state that takes it (grants.py's "revoke"), not the listener
+        self.taps: dict[str, Callable[[dict[str, Any]], None]] = {}
 
     async def call(self, what: str, coro: Any) -> Any:
         """Run one Redis call; after a failure, fail at once for DOWN_SECONDS before trying again,
@@ -396,7 +398,8 @@ class RedisState:
                         continue
                     event = await self._event(message["data"])
                     if event is not None and event.get("node") != self.node:
-                        handler(event)
+                        tap = self.taps.get(str(event.get("kind")))
+                        (tap or handler)(event)
             except asyncio.CancelledError:
                 raise
             except (TimeoutError, RedisError, OSError):
