@@ -256,12 +256,14 @@ async def from_web_identity(auth: AwsAuth, http: httpx.AsyncClient) -> AwsCreden
 
 class CredentialCache:
     """Credentials per server: held until `cache_ttl` (env, static) or until `REFRESH_AHEAD`
-    before they expire (imds); one fetch at a time per server; stale-if-error while valid."""
+    before they expire (imds); one fetch at a time per server; stale-if-error while valid. A
+    refetch forced by an upstream's refusal (`force_refetch`) at most once per cooldown per name."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self._held: dict[str, tuple[AwsCredentials, float]] = {}  # name -> (credentials, renew at)
         self._fetching: dict[str, asyncio.Task[AwsCredentials]] = {}
+        self._forced_at: dict[str, float] = {}  # name -> when a refusal last dropped its credentials
 
     def forget(self) -> None:
         self._held.clear()
@@ -269,6 +271,19 @@ class CredentialCache:
 
     def drop(self, name: str) -> None:
         self._held.pop(name, None)
+
+    def force_refetch(self, name: str, cooldown: float) -> bool:
+        """Drop the held credentials so the next call fetches them again, unless a refusal did so
+        less than `cooldown` ago (an upstream that refuses every credential would otherwise cost a
+        fetch from STS, IMDS or the SSO portal per request). True when dropped."""
+        now = self.clock()
+        last = self._forced_at.get(name)
+        if last is not None and last <= now < last + cooldown:  # a clock gone back ends the cooldown
+            return False
+        self._forced_at = {k: t for k, t in self._forced_at.items() if t <= now < t + cooldown}  # bounded
+        self._forced_at[name] = now
+        self.drop(name)
+        return True
 
     def held(self) -> dict[str, tuple[AwsCredentials, float]]:
         """name -> (the credentials held, when they are renewed)."""
