@@ -250,3 +250,20 @@ async def test_a_connection_past_the_lookup_bound_is_refused_while_the_loop_keep
         release.set()
         server.close()
 
+
+
+async def test_a_lookup_that_fails_refuses_the_connection_and_frees_its_place() -> None:
+    def broken(peer: Any, ours: Any) -> int | None:
+        raise RuntimeError("not what a lookup raises")
+
+    loopback = LoopbackApp(None, frozenset({b"x"}))  # type: ignore[arg-type]
+    lookups = PeerLookups(broken, limit=1)
+    connections = Connections()
+    server = await asyncio.get_running_loop().create_server(
+        lambda: TcpConnection(loopback, lambda: frozenset({os.getuid()}), connections, lookups), "127.0.0.1", 0)
+    try:
+        for _ in range(3):  # the place is free again each time
+            assert await _request(server.sockets[0].getsockname()[1]) == b""
+        assert lookups.pending == 0 and not connections.open
+    finally:
+        server.close()

@@ -110,7 +110,7 @@ class PeerLookups:
         try:
             return await asyncio.get_running_loop().run_in_executor(
                 self.executor, self.lookup, tuple(peer), tuple(ours))
-        except (OSError, TypeError, ValueError):
+        except Exception:  # whatever went wrong, the uid is unknown: the connection is refused
             return None
         finally:
             self.pending -= 1
