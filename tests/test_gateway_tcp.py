@@ -1,8 +1,9 @@
 """The gateway's loopback TCP listener (issue 14, `[gateway] listen`): the real MCP SDK client
 (2.x here, 1.x in its side venv) through `http://127.0.0.1:PORT/mcp/{server}` of the real sidecar
 to a real MCP server that demands a key only the sidecar holds; the caller's uid from the
-kernel's socket table (a peer running as `nobody` is refused until a reload allows it); nothing
-but the gateway on that port. The /proc/net/tcp(6) parser is tested on canned lines.
+kernel (a peer running as `nobody` is refused until a reload allows it); nothing but the gateway
+on that port. The /proc/net/tcp(6) parser (the fallback where the kernel gives no sock_diag) is
+tested on canned lines.
 """
 
 from __future__ import annotations
@@ -31,8 +32,15 @@ from mcpcreds.config.load import parse_config
 from mcpcreds.config.model import ListenConfig
 from mcpcreds.core.http import Request, Response
 from mcpcreds.errors import ConfigError
-from mcpcreds.sidecar.tcp_listener import LoopbackApp, TcpConnection
-from mcpcreds.sidecar.tcp_peer import find_peer_uid, lookup_uid, parse_endpoint, parse_line, parse_table
+from mcpcreds.sidecar.tcp_listener import LoopbackApp, PeerLookups, TcpConnection
+from mcpcreds.sidecar.tcp_peer import (
+    find_peer_uid,
+    lookup_uid,
+    parse_endpoint,
+    parse_line,
+    parse_table,
+    proc_lookup_uid,
+)
 from mcpcreds.sidecar.wire import Connections
 from tests.conftest import CANARY, run_cli
 from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
@@ -129,7 +137,8 @@ def test_the_real_table_names_the_uid_of_a_real_connection() -> None:
             accepted, _ = server.accept()
             with accepted:
                 assert lookup_uid(accepted.getpeername(), accepted.getsockname()) == os.getuid()
-                assert lookup_uid(accepted.getpeername(), accepted.getsockname(), tables=()) is None
+                assert proc_lookup_uid(accepted.getpeername(), accepted.getsockname()) == os.getuid()
+                assert proc_lookup_uid(accepted.getpeername(), accepted.getsockname(), tables=()) is None
 
 
 # ------------------------------------------------------------------------------------- the config
@@ -471,8 +480,9 @@ async def serve_once(lookup: Any, allow: frozenset[int]) -> tuple[bytes, App, Co
             pass
 
     loopback = LoopbackApp(Api(), hosts)  # type: ignore[arg-type]
+    lookups = PeerLookups(lookup)
     server = await asyncio.get_running_loop().create_server(
-        lambda: TcpConnection(loopback, lambda: allow, connections, lookup=lookup), "127.0.0.1", 0)
+        lambda: TcpConnection(loopback, lambda: allow, connections, lookups), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -482,6 +482,7 @@ def sidecar(peer: SigV4Peer, imds: FakeImds, sts: FakeSts, imds_rotating: FakeIm
 [sidecar]
 socket = "{socket}"
 audit_log = "{workdir / 'audit.jsonl'}"
+invalidate_cooldown = "1h"
 
 [secrets]
 sources = ["env"]
@@ -727,8 +728,9 @@ def test_the_refusals_that_mean_stale_credentials(status: int, headers: dict[str
 async def test_an_aws_refusal_of_stale_credentials_fetches_them_again_and_retries_once(
         sidecar: SidecarProcess, peer: SigV4Peer, imds_rotating: FakeImds) -> None:
     """The instance's role credentials are replaced before the held ones' expiry (the server says
-    ExpiredToken): the gateway fetches them again and retries, once; refused again, the caller
-    gets the server's answer."""
+    ExpiredToken): the gateway fetches them again and retries, once. Refused again within the
+    cooldown (`invalidate_cooldown`, an hour here), the caller gets the server's answer and
+    nothing is fetched: 20 more refused requests cost IMDS nothing."""
     init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
             "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
     creds_gets = sum(1 for _, path, _ in imds_rotating.calls if path.endswith("/mcp-role"))
@@ -742,8 +744,10 @@ async def test_an_aws_refusal_of_stale_credentials_fetches_them_again_and_retrie
         after = peer.stats()
         assert after["rejected"].get("expired_token", 0) == before + 1 and after["keys"][-1] == ROT2[0]
         assert sum(1 for _, path, _ in imds_rotating.calls if path.endswith("/mcp-role")) == creds_gets + 2
-        peer.expire(ROT2[0])  # refused whatever the credentials: one retry, then the server's answer
-        refused = await http.post("/mcp/aws-rotating", json=init)
-    # the AWS error is no JSON-RPC: withheld, the status kept, the gateway's error in its place
-    assert refused.status_code == 403 and "HTTP 403" in refused.text and "withheld" in refused.text
-    assert peer.stats()["rejected"]["expired_token"] == before + 3
+        peer.expire(ROT2[0])  # refused whatever the credentials: within the cooldown, no retry, no fetch
+        for _ in range(20):
+            refused = await http.post("/mcp/aws-rotating", json=init)
+            # the AWS error is no JSON-RPC: withheld, the status kept, the gateway's error in its place
+            assert refused.status_code == 403 and "HTTP 403" in refused.text and "withheld" in refused.text
+    assert peer.stats()["rejected"]["expired_token"] == before + 1 + 20
+    assert sum(1 for _, path, _ in imds_rotating.calls if path.endswith("/mcp-role")) == creds_gets + 2

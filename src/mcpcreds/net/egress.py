@@ -13,10 +13,11 @@ Modes (`net` of a service):
 - `broad_audited`: any host but `deny_hosts`; every request is reported to `on_connect`.
 - `off`: no outbound call at all.
 
-In every mode the resolved address must be public: private, link-local, cloud-metadata,
-CGNAT, loopback, unspecified, multicast and other non-global addresses are refused, unless the
-host is a loopback name or literal and `dev_loopback` is set, or `allow_private` lists the
-address (an IP or CIDR) or the host (a host pattern; a metadata address needs its IP or CIDR).
+In every mode the resolved address must be public: private, link-local, site-local,
+cloud-metadata, CGNAT, loopback, unspecified, multicast, documentation, benchmarking, IPv6 outside
+2000::/3 and other non-global addresses are refused, unless the host is a loopback name or
+literal and `dev_loopback` is set, or `allow_private` lists the address (an IP or CIDR) or the
+host (a host pattern; a metadata address needs its IP or CIDR).
 An IPv6 address carrying an IPv4 one (mapped, NAT64, 6to4, Teredo, ...) is judged by the IPv4.
 
 Host spellings are canonical before any comparison (`167772165` and `0xa.0.0.5` are `10.0.0.5`),
@@ -77,8 +78,26 @@ _RANGES: Final[tuple[tuple[IPNetwork, str], ...]] = tuple(
         ("ff00::/8", "multicast"),
         ("::/96", "reserved"),  # IPv4-compatible IPv6 (deprecated)
         ("64:ff9b:1::/48", "reserved"),  # local-use NAT64: not globally reachable (RFC 8215)
+        ("fec0::/10", "site-local"),  # deprecated (RFC 3879), still routed inside some networks
+        # not globally reachable (IANA special-purpose registries), listed rather than left to
+        # `ipaddress.is_global`, whose lists differ between Python versions and lag the registry
+        ("192.0.0.0/24", "reserved"),  # IETF protocol assignments (DS-Lite, NAT64 discovery, ...)
+        ("192.0.2.0/24", "reserved"),  # documentation
+        ("192.88.99.0/24", "reserved"),  # 6to4 relay anycast (deprecated, RFC 7526)
+        ("198.18.0.0/15", "reserved"),  # benchmarking
+        ("198.51.100.0/24", "reserved"),  # documentation
+        ("203.0.113.0/24", "reserved"),  # documentation
+        ("240.0.0.0/4", "reserved"),  # reserved, and the limited broadcast address
+        ("2001:2::/48", "reserved"),  # benchmarking
+        ("2001:10::/28", "reserved"),  # ORCHID (deprecated)
+        ("2001:db8::/32", "reserved"),  # documentation
+        ("3fff::/20", "reserved"),  # documentation (RFC 9637)
     )
 )
+# Global unicast IPv6 is 2000::/3 only; what is left outside it (::/8 beyond the cases above,
+# 100::/64 discard-only, 5f00::/16 SRv6 segment IDs, unassigned space) is reached only inside
+# some network
+_GLOBAL_UNICAST: Final = ipaddress.ip_network("2000::/3")
 _NAT64: Final = ipaddress.ip_network("64:ff9b::/96")
 _NAT64_LOCAL: Final = ipaddress.ip_network("64:ff9b:1::/48")
 _SIIT: Final = ipaddress.ip_network("::ffff:0:0:0/96")  # IPv4-translated (RFC 2765)
@@ -279,6 +298,8 @@ def _problem(addr: IPAddress) -> str | None:
     for net, label in _RANGES:
         if addr.version == net.version and addr in net:
             return label
+    if isinstance(addr, ipaddress.IPv6Address) and addr not in _GLOBAL_UNICAST:
+        return "reserved"
     if not addr.is_global:
         return "reserved"
     return None

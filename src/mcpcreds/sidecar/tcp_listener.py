@@ -1,10 +1,13 @@
 """The gateway's loopback TCP listener (`[gateway] listen`), for MCP clients that cannot speak to a
 Unix socket: `http://127.0.0.1:PORT/mcp/{server}`, and nothing else of the API.
 
-- The caller's uid comes from the kernel's socket table (`tcp_peer`) when the connection is
-  accepted, and is checked against `allow_uids` before a byte is read; a uid that cannot be found
-  is refused. From there on the connection is the Unix socket's (`wire.HttpConnection`): the same
-  limits, `grant_only_uids`, grants as `Authorization: Bearer <grant>` (never forwarded).
+- The caller's uid comes from the kernel (`tcp_peer`) when the connection is accepted, and is
+  checked against `allow_uids` before a byte is read; a uid that cannot be found is refused. The
+  lookup runs in a worker thread, never on the event loop, at most `MAX_PENDING_LOOKUPS` at once:
+  a connection accepted past that is refused at once (a local user's connect flood costs only
+  TCP connections, not the Unix socket's service). From there on the connection is the Unix
+  socket's (`wire.HttpConnection`): the same limits, `grant_only_uids`, grants as
+  `Authorization: Bearer <grant>` (never forwarded).
 - Only `/mcp/{server}` (and `GET /v1/health`) are routed; every other path is a 404.
 - A request must name this listener in its `Host` and carry no `Origin`: a web page in the
   user's browser (an allowed uid) cannot reach the gateway through DNS rebinding or a cross-site
@@ -16,20 +19,23 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Final
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Final
 
 from ..config.model import ListenConfig
 from ..core.http import Answer, Request, Response
 from ..core.logs import get_logger
+from ..core.tasks import spawn
 from ..errors import Forbidden, McpcredsError, NotFound
 from .api import Api, error_to_response
-from .tcp_peer import lookup_uid
+from .tcp_peer import UidLookup, choose_lookup, proc_lookup_uid
 from .wire import Connections, HttpConnection
 
 _log = get_logger("gateway.tcp")
 
-UidLookup = Callable[[tuple[object, ...], tuple[object, ...]], int | None]
 HEALTH: Final = "/v1/health"
+LOOKUP_THREADS: Final = 2
+MAX_PENDING_LOOKUPS: Final = 32
 
 
 class ListenFailed(McpcredsError):
@@ -75,30 +81,73 @@ class LoopbackApp:
         self.api.observe(route, status, seconds)
 
 
+class PeerLookups:
+    """The uid lookups of the listener's new connections: in `threads` worker threads, at most
+    `limit` admitted and not finished."""
+
+    def __init__(self, lookup: UidLookup, limit: int = MAX_PENDING_LOOKUPS,
+                 threads: int = LOOKUP_THREADS) -> None:
+        self.lookup = lookup
+        self.limit = limit
+        self.pending = 0
+        self.busy = False  # refusing since the last admitted lookup: logged once per streak
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tcp-peer")
+
+    def admit(self) -> bool:
+        if self.pending >= self.limit:
+            if not self.busy:
+                _log.warning("peer refused: too many connections awaiting their uid lookup",
+                             extra={"pending": self.pending, "listener": "tcp"})
+            self.busy = True
+            return False
+        self.pending += 1
+        self.busy = False
+        return True
+
+    async def run(self, peer: Any, ours: Any) -> int | None:
+        """An admitted lookup."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self.executor, self.lookup, tuple(peer), tuple(ours))
+        except Exception:  # whatever went wrong, the uid is unknown: the connection is refused
+            return None
+        finally:
+            self.pending -= 1
+
+
 class TcpConnection(HttpConnection):
-    """A connection to the TCP listener: the peer's uid from the kernel's socket table, every
-    request's headers kept (for the Host and Origin checks)."""
+    """A connection to the TCP listener: the peer's uid from the kernel, every request's headers
+    kept (for the Host and Origin checks)."""
 
     def __init__(self, app: LoopbackApp, allow_uids: Callable[[], frozenset[int]], connections: Connections,
-                 lookup: UidLookup = lookup_uid) -> None:
+                 lookups: PeerLookups) -> None:
         super().__init__(app, allow_uids, connections)
-        self.lookup = lookup
+        self.lookups = lookups
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        peer = transport.get_extra_info("peername")
-        try:
-            uid = self.lookup(tuple(peer), tuple(transport.get_extra_info("sockname")))
-        except (OSError, TypeError, ValueError):
-            uid = None
-        self.peer_uid = -1 if uid is None else uid  # no pid in the socket table: peer_pid stays -1
+        if not self.lookups.admit():
+            transport.abort()
+            return
+        transport.pause_reading()  # not a byte is read before the uid is known and allowed
+        spawn(self.lookups.tasks, self._identify(transport.get_extra_info("peername"),
+                                                 transport.get_extra_info("sockname")))
+
+    async def _identify(self, peer: Any, ours: Any) -> None:
+        uid = await self.lookups.run(peer, ours)
+        if self.closing or self.transport is None:  # the client left while it was looked up
+            return
+        self.peer_uid = -1 if uid is None else uid  # the kernel gives no pid here: peer_pid stays -1
         if uid is None or uid not in self.allow_uids():
             port = peer[1] if isinstance(peer, tuple) and len(peer) > 1 else None
             _log.warning("peer refused", extra={"uid": uid, "port": port, "listener": "tcp"})
-            transport.abort()
+            self.transport.abort()
             return
         self.connections.open.add(self)
+        self.last_active = self.connections.clock.monotonic()
+        self.transport.resume_reading()
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
@@ -129,9 +178,15 @@ async def start_listener(listen: ListenConfig, api: Api, allow_uids: Callable[[]
     sock.setblocking(False)
     port = sock.getsockname()[1]
     app = LoopbackApp(api, _hosts(listen.host, port))
+    lookup = choose_lookup(sock.getsockname())
+    if lookup is None:
+        _log.warning("the kernel answers no socket diagnostics (NETLINK_SOCK_DIAG): the uid of each TCP "
+                     "peer is read from /proc/net/tcp, in time linear in the host's sockets")
+    lookups = PeerLookups(lookup or proc_lookup_uid)
     loop = asyncio.get_running_loop()
     try:
-        server = await loop.create_server(lambda: TcpConnection(app, allow_uids, connections), sock=sock)
+        server = await loop.create_server(lambda: TcpConnection(app, allow_uids, connections, lookups),
+                                          sock=sock)
     except BaseException:
         sock.close()
         raise

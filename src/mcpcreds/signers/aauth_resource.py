@@ -3,7 +3,8 @@ draft-hardt-oauth-aauth-protocol "Resource Metadata"): the `additional_signature
 asks every signature to cover (for example `content-digest`, RFC 9530, for body integrity).
 
 - Fetched through the server's own egress client (its egress policy, the audit of connections),
-  without following redirects, the answer bounded (`MAX_METADATA` bytes), one fetch at a time per
+  without following redirects, the answer bounded (`MAX_METADATA` bytes) and uncompressed
+  (`Accept-Encoding: identity`; a compressed answer is refused, never decoded), one fetch at a time per
   origin (callers wait for it), cached per origin: `FRESH` seconds when it was read, `RETRY`
   seconds when it failed or there is none (then nothing beyond the draft's base components is
   asked). At most `MAX_ORIGINS` origins are held.
@@ -87,6 +88,10 @@ def required_input(headers: Iterable[tuple[str, str]]) -> tuple[str, ...]:
     return ()
 
 
+class _Refused(ValueError):
+    """An answer not read (its message, our own words, says why)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Entry:
     components: tuple[str, ...]
@@ -151,18 +156,24 @@ class ResourceMetadata:
             client = self.http_for(target)
             url = f"{origin}/.well-known/{RESOURCE_DWK}"
             async with client.stream("GET", url, timeout=self.timeout, follow_redirects=False,
-                                     headers={"accept": "application/json"}) as answer:
+                                     headers={"accept": "application/json", "accept-encoding": "identity"}
+                                     ) as answer:
                 if answer.status_code == 200:
+                    # decoding is not bounded per chunk: a few KiB of nested gzip become gigabytes
+                    if answer.headers.get("content-encoding", "identity").strip().lower() != "identity":
+                        raise _Refused("compressed")
                     body = bytearray()
                     async for chunk in answer.aiter_bytes():
                         body += chunk
                         if len(body) > MAX_METADATA:
-                            raise ValueError("too large")
+                            raise _Refused("larger than 64 KiB")
                     data = json.loads(bytes(body))
                 elif answer.status_code != 404:
                     why = f"HTTP {answer.status_code}"
+        except _Refused as exc:
+            why = str(exc)
         except (httpx.HTTPError, ValueError, OSError) as exc:
-            why = "larger than 64 KiB" if str(exc) == "too large" else type(exc).__name__
+            why = type(exc).__name__
         except Exception as exc:  # an egress refusal (McpcredsError) or another failure: no metadata
             why = type(exc).__name__
         components, skipped = parse_components(data)

@@ -16,7 +16,8 @@
   renewal, through the server's egress policy; renewed like `imds`.
 
 Every secret access key and session token obtained is handed to the redactor; errors name the
-source and what failed, never a value.
+source and what failed, never a value. Every fetch asks for `Accept-Encoding: identity` and
+refuses a compressed answer (`read_answer`, shared with aws_sso.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ REFRESH_AHEAD: Final = 300.0  # renew expiring credentials this long before expi
 IMDS_TOKEN_TTL: Final = 21600  # seconds asked for the IMDSv2 session token
 IMDS_TIMEOUT: Final = httpx.Timeout(2.0, connect=1.0)
 MAX_IMDS_ANSWER: Final = 16384
+IDENTITY: Final = {"Accept-Encoding": "identity"}
 _ROLE: Final = re.compile(r"[\w+=,.@-]{1,128}\Z")
 _KEY_ID: Final = re.compile(r"[A-Z0-9]{16,128}\Z")
 
@@ -120,25 +122,36 @@ def _parse_expiration(text: object) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-async def _bounded(response: httpx.Response) -> bytes:
-    body = b""
+class UnreadableAnswer(ValueError):
+    """An answer refused before it is parsed; the message says why (never what it held)."""
+
+
+async def read_answer(response: httpx.Response, limit: int) -> bytes:
+    """The body of an uncompressed answer of at most `limit` bytes. A compressed one is refused,
+    never decoded: httpx decodes each chunk whole, so a few KiB of nested gzip become gigabytes
+    before any size check sees them."""
+    if response.headers.get("content-encoding", "identity").strip().lower() != "identity":
+        raise UnreadableAnswer("compressed (a Content-Encoding other than identity)")
+    body = bytearray()
     async for chunk in response.aiter_bytes():
         body += chunk
-        if len(body) > MAX_IMDS_ANSWER:
-            raise AwsCredentialsError("aws: the instance metadata service's answer exceeds "
-                                      f"{MAX_IMDS_ANSWER} bytes")
-    return body
+        if len(body) > limit:
+            raise UnreadableAnswer(f"larger than {limit} bytes")
+    return bytes(body)
 
 
 async def _imds_call(http: httpx.AsyncClient, method: str, url: str, headers: dict[str, str],
                      what: str) -> bytes:
     try:
-        async with http.stream(method, url, headers=headers, timeout=IMDS_TIMEOUT,
+        async with http.stream(method, url, headers={**headers, **IDENTITY}, timeout=IMDS_TIMEOUT,
                                follow_redirects=False) as response:
             if response.status_code != 200:
                 raise AwsCredentialsError(f"aws: the instance metadata service answered the {what} with "
                                           f"HTTP {response.status_code}")
-            return await _bounded(response)
+            return await read_answer(response, MAX_IMDS_ANSWER)
+    except UnreadableAnswer as exc:
+        raise AwsCredentialsError(f"aws: the instance metadata service's answer to the {what} is {exc}") \
+            from None
     except httpx.HTTPError as exc:
         raise AwsCredentialsError(f"aws: the instance metadata service could not be reached for the {what} "
                                   f"({type(exc).__name__})") from None
@@ -221,14 +234,12 @@ async def from_web_identity(auth: AwsAuth, http: httpx.AsyncClient) -> AwsCreden
     form = {"Action": "AssumeRoleWithWebIdentity", "Version": "2011-06-15", "RoleArn": auth.role_arn,
             "RoleSessionName": auth.role_session_name, "WebIdentityToken": token}
     try:
-        async with http.stream("POST", auth.sts_url, data=form, timeout=STS_TIMEOUT,
+        async with http.stream("POST", auth.sts_url, data=form, headers=IDENTITY, timeout=STS_TIMEOUT,
                                follow_redirects=False) as response:
-            raw = b""
-            async for chunk in response.aiter_bytes():
-                raw += chunk
-                if len(raw) > MAX_STS_ANSWER:
-                    raise AwsCredentialsError(f"aws: the STS answer exceeds {MAX_STS_ANSWER} bytes")
+            raw = await read_answer(response, MAX_STS_ANSWER)
             status = response.status_code
+    except UnreadableAnswer as exc:
+        raise AwsCredentialsError(f"aws: the STS answer is {exc}") from None
     except httpx.HTTPError as exc:
         raise AwsCredentialsError(f"aws: STS could not be reached ({type(exc).__name__})") from None
     if status != 200:
@@ -245,12 +256,14 @@ async def from_web_identity(auth: AwsAuth, http: httpx.AsyncClient) -> AwsCreden
 
 class CredentialCache:
     """Credentials per server: held until `cache_ttl` (env, static) or until `REFRESH_AHEAD`
-    before they expire (imds); one fetch at a time per server; stale-if-error while valid."""
+    before they expire (imds); one fetch at a time per server; stale-if-error while valid. A
+    refetch forced by an upstream's refusal (`force_refetch`) at most once per cooldown per name."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self._held: dict[str, tuple[AwsCredentials, float]] = {}  # name -> (credentials, renew at)
         self._fetching: dict[str, asyncio.Task[AwsCredentials]] = {}
+        self._forced_at: dict[str, float] = {}  # name -> when a refusal last dropped its credentials
 
     def forget(self) -> None:
         self._held.clear()
@@ -258,6 +271,19 @@ class CredentialCache:
 
     def drop(self, name: str) -> None:
         self._held.pop(name, None)
+
+    def force_refetch(self, name: str, cooldown: float) -> bool:
+        """Drop the held credentials so the next call fetches them again, unless a refusal did so
+        less than `cooldown` ago (an upstream that refuses every credential would otherwise cost a
+        fetch from STS, IMDS or the SSO portal per request). True when dropped."""
+        now = self.clock()
+        last = self._forced_at.get(name)
+        if last is not None and last <= now < last + cooldown:  # a clock gone back ends the cooldown
+            return False
+        self._forced_at = {k: t for k, t in self._forced_at.items() if t <= now < t + cooldown}  # bounded
+        self._forced_at[name] = now
+        self.drop(name)
+        return True
 
     def held(self) -> dict[str, tuple[AwsCredentials, float]]:
         """name -> (the credentials held, when they are renewed)."""

@@ -11,7 +11,8 @@ login` does, with the tokens in the keyring.
   in `sso_account_id`; the SSO access token is renewed from the refresh token 5 minutes before it
   expires (a rotated refresh token is stored before the new access token is used). No login, a
   refused refresh token or a refused access token: `login_required` naming the command.
-- Every answer is bounded (64 KiB) and checked; tokens and secrets are given to the redactor and
+- Every answer is bounded (64 KiB), uncompressed (`Accept-Encoding: identity`; a compressed one
+  is refused, never decoded) and checked; tokens and secrets are given to the redactor and
   never appear in an error.
 """
 
@@ -34,7 +35,14 @@ from ..credentials.device_flow import DeviceAuthorization, PollSchedule
 from ..credentials.login_store import entry_name
 from ..credentials.sources import KeyringSource
 from ..errors import LoginRequired, TokenEndpointError
-from .aws_credentials import AwsCredentials, AwsCredentialsError, checked_credentials
+from .aws_credentials import (
+    IDENTITY,
+    AwsCredentials,
+    AwsCredentialsError,
+    UnreadableAnswer,
+    checked_credentials,
+    read_answer,
+)
 
 DEVICE_GRANT: Final = "urn:ietf:params:oauth:grant-type:device_code"
 MAX_ANSWER: Final = 64 * 1024
@@ -93,23 +101,24 @@ def login_required(name: str, why: str) -> LoginRequired:
 async def _post(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """A JSON POST to the SSO OIDC service: the status and the JSON object answered."""
     try:
-        response = await http.post(url, json=body, timeout=TIMEOUT)
+        async with http.stream("POST", url, json=body, headers=IDENTITY, timeout=TIMEOUT,
+                               follow_redirects=False) as response:
+            raw = await read_answer(response, MAX_ANSWER)
+            return response.status_code, _object(response.status_code, raw)
+    except UnreadableAnswer as exc:
+        raise TokenEndpointError(f"aws sso: an answer {exc}", "invalid_response") from None
     except httpx.HTTPError as exc:
         raise TokenEndpointError(f"aws sso: {url} could not be reached ({type(exc).__name__})",
                                  "temporarily_unavailable") from None
-    return response.status_code, _object(response)
 
 
-def _object(response: httpx.Response) -> dict[str, Any]:
-    if len(response.content) > MAX_ANSWER:
-        raise TokenEndpointError("aws sso: an answer larger than 64 KiB", "invalid_response")
+def _object(status: int, raw: bytes) -> dict[str, Any]:
     try:
-        data = response.json()
-    except ValueError:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
         data = None
     if not isinstance(data, dict):
-        raise TokenEndpointError(f"aws sso: HTTP {response.status_code}, not a JSON object",
-                                 "invalid_response")
+        raise TokenEndpointError(f"aws sso: HTTP {status}, not a JSON object", "invalid_response")
     return data
 
 
@@ -208,17 +217,22 @@ async def role_credentials(http: httpx.AsyncClient, auth: AwsAuth, name: str,
     """GetRoleCredentials for the configured account and role."""
     query = urlencode({"role_name": auth.sso_role_name, "account_id": auth.sso_account_id})
     try:
-        response = await http.get(f"{auth.sso_portal_url}/federation/credentials?{query}",
-                                  headers={"x-amz-sso_bearer_token": access_token}, timeout=TIMEOUT)
+        async with http.stream("GET", f"{auth.sso_portal_url}/federation/credentials?{query}",
+                               headers={"x-amz-sso_bearer_token": access_token, **IDENTITY}, timeout=TIMEOUT,
+                               follow_redirects=False) as response:
+            status = response.status_code
+            raw = await read_answer(response, MAX_ANSWER) if status == 200 else b""
+    except UnreadableAnswer as exc:
+        raise AwsCredentialsError(f"aws sso: the portal's answer is {exc}") from None
     except httpx.HTTPError as exc:
         raise AwsCredentialsError(f"aws sso: the portal could not be reached ({type(exc).__name__})"
                                   ) from None
-    if response.status_code in (401, 403):
-        raise login_required(name, f"the portal refused the SSO token (HTTP {response.status_code})")
-    if response.status_code != 200:
-        raise AwsCredentialsError(f"aws sso: GetRoleCredentials failed (HTTP {response.status_code})")
+    if status in (401, 403):
+        raise login_required(name, f"the portal refused the SSO token (HTTP {status})")
+    if status != 200:
+        raise AwsCredentialsError(f"aws sso: GetRoleCredentials failed (HTTP {status})")
     try:
-        creds = _object(response).get("roleCredentials")
+        creds = _object(status, raw).get("roleCredentials")
         if not isinstance(creds, dict):
             raise ValueError("no roleCredentials")
         expiration = creds.get("expiration")

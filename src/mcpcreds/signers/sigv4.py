@@ -15,7 +15,8 @@ credentials of `aws_credentials` (they never leave the sidecar process).
 - A refusal (400/403) whose AWS error says the credentials are stale or not recognised
   (`aws_refusal`: an expired session token, an unknown key, a signature that does not match) drops
   the held credentials, if they are the ones that signed the request; the gateway then retries
-  once, signed with credentials fetched again.
+  once, signed with credentials fetched again. Such a forced refetch happens at most once per
+  `invalidate_cooldown` per cache key: within it, the refusal is the caller's answer (no retry).
 """
 
 from __future__ import annotations
@@ -188,7 +189,8 @@ class SigV4Signer:
         """The server refused a request signed here: True (retry, once: the gateway's rule) when
         its AWS error says the credentials are stale or not recognised; the held ones are dropped
         if they signed the request (a concurrent refusal may have renewed them already), so the
-        retry is signed with credentials fetched again. Reads a refusal's body only when its
+        retry is signed with credentials fetched again. False when they signed it but a refusal
+        forced a refetch less than `invalidate_cooldown` ago. Reads a refusal's body only when its
         Content-Length is at most `MAX_ERROR_BODY`; it stays readable for the caller."""
         if response.status_code not in (400, 403):
             return False
@@ -207,12 +209,13 @@ class SigV4Signer:
             sent = response.request.headers.get("authorization", "")
         except RuntimeError:  # an answer without its request: nothing tells which credentials signed
             sent = ""
-        dropped = held is not None and f"Credential={held[0].access_key_id}/" in sent
-        if dropped:
-            self.cache.drop(target.key)
+        signed_by_held = held is not None and f"Credential={held[0].access_key_id}/" in sent
+        cooldown = self.config.sidecar.invalidate_cooldown
+        dropped = signed_by_held and self.cache.force_refetch(target.key, cooldown)
+        retry = dropped or not signed_by_held  # else refused again within the cooldown: no new fetch
         _log.info("aws credentials refused", extra={"server": target.name, "key": target.key, "error": code,
-                                                    "dropped": dropped, "retry": True})
-        return True
+                                                    "dropped": dropped, "retry": retry})
+        return retry
 
     # -- POST /v1/servers/{name}/sign
 
