@@ -11,7 +11,7 @@ from typing import Any
 from mcpcreds.core.policy import TrustPolicy
 from mcpcreds.gateway import jsonrpc
 from mcpcreds.gateway.jsonrpc import Inspector, parse_body
-from mcpcreds.gateway.relay import LiveSessions
+from mcpcreds.gateway.sessions import LiveSessions
 from mcpcreds.state.grants import Grant
 from tests.peers.redis_peer import start_redis
 

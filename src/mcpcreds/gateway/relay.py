@@ -29,17 +29,16 @@ enforced on the traffic itself.
 - A grant that narrows a server's tools (`Grant.tools`) narrows them here, on top of the policy.
 - Live state for `status`: requests in flight and SSE streams open per server, and the MCP
   sessions seen (`LiveSessions`: an `Mcp-Session-Id` an answer carried, until its DELETE, a 404
-  for it, or `SESSION_IDLE` without traffic; a bounded table keyed by a digest of the id).
+  for it, or an hour without traffic; a bounded table keyed by a digest of the id; see `sessions`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 import weakref
-from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -65,6 +64,7 @@ from ..errors import (
 from ..signers.aauth import AAuthSigner
 from ..signers.sigv4 import SigV4Signer
 from . import jsonrpc
+from .sessions import LiveSessions, Owner
 from .sse import EventTooLarge, SseSplitter
 from .strict_json import Masker
 
@@ -86,9 +86,7 @@ _MIRRORED: Final = (b"mcp-method", b"mcp-name")  # checked against the body, the
 _PARAM_PREFIX: Final = b"mcp-param-"
 _RETURNED: Final = ("mcp-session-id", "mcp-protocol-version", "retry-after", "cache-control")
 _METHODS: Final = ("POST", "GET", "DELETE")
-SESSION_LIMIT: Final = 10_000  # MCP sessions tracked for status (past it, the least recently seen go)
 SENT_CACHE: Final = 1024  # servers whose credential headers (and endpoint URLs) are kept prepared
-SESSION_IDLE: Final = 3600.0  # seconds without traffic after which a session is no longer counted
 SESSION_NOT_FOUND: Final = -32001  # what MCP servers answer for a session they do not know
 _STATUS_GROUPS: Final = frozenset({"ok", "tool_error", "error", "refused", "rate_limited", "upstream_error",
                                    "no_response", "dropped", "cancelled", "withheld"})
@@ -148,70 +146,6 @@ class _ToolCalls:
     def finish_all(self, status: str) -> None:
         for key in list(self.calls):
             self.answered(key, jsonrpc.TOOLS_CALL, status)
-
-
-Owner = tuple[int, "str | None"]  # the uid and the grant id of a caller
-
-
-class LiveSessions:
-    """The MCP sessions seen through the gateway, per server: bounded (`limit` entries, the least
-    recently seen dropped first) and expiring (`idle` seconds without traffic). An id is bearer-ish:
-    only a digest of it is kept, and only counts and ages are shown. Each session belongs to the
-    caller whose request opened it (its uid and grant): no other caller may use it."""
-
-    def __init__(self, clock: Callable[[], float], limit: int = SESSION_LIMIT,
-                 idle: float = SESSION_IDLE) -> None:
-        self.clock = clock
-        self.limit = limit
-        self.idle = idle
-        # (server, digest) -> (first seen, last seen, owner), least recently seen first
-        self._seen: OrderedDict[tuple[str, bytes], tuple[float, float, Owner]] = OrderedDict()
-
-    @staticmethod
-    def _key(server: str, session_id: bytes) -> tuple[str, bytes]:
-        return server, hashlib.blake2b(session_id, digest_size=16).digest()
-
-    def seen(self, server: str, session_id: bytes, owner: Owner) -> None:
-        """An answer to `owner` carried this id: the session is live, and theirs."""
-        now = self.clock()
-        key = self._key(server, session_id)
-        first = self._seen.pop(key, (now, now, owner))[0]
-        self._seen[key] = (first, now, owner)
-        self._expire(now)
-        while len(self._seen) > self.limit:
-            self._seen.popitem(last=False)
-
-    def used(self, server: str, session_id: bytes, owner: Owner) -> None:
-        """A request of a known session was answered: it is still live (an unknown id adds nothing)."""
-        key = self._key(server, session_id)
-        found = self._seen.pop(key, None)
-        if found is not None:
-            self._seen[key] = (found[0], self.clock(), found[2])
-
-    def belongs(self, server: str, session_id: bytes, owner: Owner) -> bool:
-        """False when the session is known and was opened by another caller."""
-        found = self._seen.get(self._key(server, session_id))
-        return found is None or found[2] == owner
-
-    def ended(self, server: str, session_id: bytes) -> None:
-        self._seen.pop(self._key(server, session_id), None)
-
-    def _expire(self, now: float) -> None:
-        while self._seen:
-            key, (_, last, _) = next(iter(self._seen.items()))
-            if now - last < self.idle:
-                return
-            del self._seen[key]
-
-    def by_server(self) -> dict[str, tuple[int, float]]:
-        """server -> (sessions, age in seconds of the oldest)."""
-        now = self.clock()
-        self._expire(now)
-        out: dict[str, tuple[int, float]] = {}
-        for (server, _), (first, _, _) in self._seen.items():
-            count, oldest = out.get(server, (0, 0.0))
-            out[server] = (count + 1, max(oldest, now - first))
-        return out
 
 
 class _SseBody:
