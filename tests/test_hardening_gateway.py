@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -34,6 +35,9 @@ from tests.conftest import CANARY
 from tests.peers.hostile_mcp import HIDDEN, SESSION, HostileUpstream, hostile_upstream
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 from tests.test_gateway import RPC_HEADERS, raw_client, vm
+from tests.test_gateway_tcp import listening
+
+TS_CLIENT = Path(__file__).parent / "peers" / "ts_client"
 
 KEY = "HOSTILE-KEY-" + CANARY
 FORMS = ("two-events", "sse-latin1", "utf16", "bom", "json-seq", "comma", "deep", "gzip")
@@ -73,6 +77,9 @@ def sidecar(upstream: HostileUpstream, workdir: Path) -> Iterator[SidecarProcess
 [sidecar]
 socket = "{socket}"
 audit_log = "{workdir / 'audit.jsonl'}"
+
+[gateway]
+listen = "127.0.0.1:0"
 
 [secrets]
 sources = ["env"]
@@ -191,6 +198,19 @@ async def test_the_mcp_sdk_client_never_sees_a_hidden_tool(sidecar: SidecarProce
     assert HIDDEN not in listed
     if form == "json":
         assert listed == ["search"]
+
+
+@pytest.mark.parametrize("form", ["two-events", "sse-latin1", "bom", "comma", "json-seq", "deep", "json"])
+def test_the_mcp_typescript_sdk_client_never_sees_a_hidden_tool(sidecar: SidecarProcess, form: str) -> None:
+    """The TypeScript SDK (from npm) through the loopback listener, as an HTTP-configured client."""
+    if not (TS_CLIENT / "node_modules").is_dir():
+        raise RuntimeError(f"{TS_CLIENT}/node_modules missing: run .ci/run (npm ci in tests/peers/ts_client)")
+    name = "go" if form == "json" else f"lie-{form}"
+    run = subprocess.run(["node", str(TS_CLIENT / "list_tools.mjs"), f"http://{listening(sidecar)}/mcp/{name}"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert HIDDEN not in run.stdout and "IGNORE PREVIOUS" not in run.stdout
+    assert seen == {"tools": ["search"]} if form in ("json", "two-events") else "error" in seen, seen
 
 
 async def test_the_credential_is_masked_in_escaped_json_and_in_returned_headers(upstream: HostileUpstream,
