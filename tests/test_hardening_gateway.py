@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -27,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
@@ -211,6 +213,27 @@ def test_the_mcp_typescript_sdk_client_never_sees_a_hidden_tool(sidecar: Sidecar
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert HIDDEN not in run.stdout and "IGNORE PREVIOUS" not in run.stdout
     assert seen == {"tools": ["search"]} if form in ("json", "two-events") else "error" in seen, seen
+
+
+@pytest.mark.parametrize("form", ["bom", "comma", "json"])
+async def test_mcpcreds_stdio_never_hands_a_hidden_tool_to_its_client(sidecar: SidecarProcess, workdir: Path,
+                                                                      tmp_path: Path, form: str) -> None:
+    """The MCP SDK's stdio client launches `mcpcreds stdio`, as a desktop client does."""
+    name = "go" if form == "json" else f"lie-{form}"
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "MCPCREDS_SOCKET": str(sidecar.socket),
+           "XDG_CONFIG_HOME": str(workdir / "no-config")}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "mcpcreds", "stdio", name], env=env,
+                                   cwd=str(tmp_path))
+    with (tmp_path / "stderr").open("w+") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            try:
+                listed = [tool.name for tool in (await session.list_tools()).tools]
+            except MCPError:
+                listed = []
+        errlog.seek(0)
+        assert HIDDEN not in errlog.read()
+    assert listed == (["search"] if form == "json" else [])
 
 
 async def test_the_credential_is_masked_in_escaped_json_and_in_returned_headers(upstream: HostileUpstream,
