@@ -18,6 +18,7 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -59,17 +60,18 @@ answers = {
 print(json.dumps(answers))
 """
 
-# the hostile child reads its forwarder's (its only child's) environment
+# the hostile child reads its forwarder's (its only child's) environment, then waits for its stdin
 SNOOP = r"""
-import os
+import os, sys
 kids = open(f"/proc/self/task/{os.getpid()}/children").read().split()
 assert len(kids) == 1, kids
 try:
     data = open(f"/proc/{kids[0]}/environ", "rb").read()
-    print("read", len(data), "%s" in data.decode(errors="replace"))
+    print(kids[0], "read", len(data), sys.argv[1] in data.decode(errors="replace"), flush=True)
 except OSError as exc:
-    print(type(exc).__name__)
-""" % CALLER_CANARY
+    print(kids[0], type(exc).__name__, flush=True)
+sys.stdin.read()
+"""
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +196,20 @@ def test_without_namespaces_the_child_is_its_caller_and_stderr_says_so(sidecar: 
 
 
 def test_forwarder_holds_nothing_of_the_caller_and_is_unreadable(sidecar: SidecarProcess) -> None:
-    done = _exec(sidecar, "restricted", sys.executable, "-c", SNOOP, CALLER_SECRET=CALLER_CANARY)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "PermissionError", done.stdout
-    assert CALLER_CANARY not in done.stdout + done.stderr
+    environ = {k: v for k, v in os.environ.items() if k not in ("MCPCREDS_GRANT", "MCPCREDS_SOCKET")}
+    proc = subprocess.Popen([sys.executable, "-m", "mcpcreds.cli.main", "exec", "restricted", "--",
+                             sys.executable, "-c", SNOOP, CALLER_CANARY[:12]],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**environ, "MCPCREDS_CONFIG": str(sidecar.config), "CALLER_SECRET": CALLER_CANARY})
+    try:
+        assert proc.stdout is not None
+        forwarder, *seen = proc.stdout.readline().split()  # the child is up, its forwarder too
+        assert seen == ["PermissionError"], seen
+        # from outside (root may look): the forwarder's environment is empty, whatever the caller's
+        assert Path(f"/proc/{forwarder}/environ").read_bytes() == b""
+        _out, err = proc.communicate("", timeout=60)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
