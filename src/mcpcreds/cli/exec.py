@@ -12,6 +12,11 @@ Network: `inherit` changes nothing. `off`: a network namespace with loopback onl
 through a forwarder on 127.0.0.1 inside it (`netns.py`); the child gets the proxy URL, with the
 session's credential, in `HTTPS_PROXY`/`HTTP_PROXY`/`ALL_PROXY` (both cases) and an empty
 `NO_PROXY`. Without namespaces, `off` and `restricted` refuse unless `--advisory`.
+
+Whatever the network, the child gets a user namespace of its own (entered last, after the
+forwarder is started): the sidecar lets a peer in another user namespace act only within a grant,
+so the child is not its caller to the sidecar. Without one, stderr says the child can reach every
+credential its caller can.
 """
 
 from __future__ import annotations
