@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -213,3 +214,38 @@ def test_forwarder_holds_nothing_of_the_caller_and_is_unreadable(sidecar: Sideca
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+SYSTEM_PYTHON = "/usr/bin/python3.11"  # one uid 65534 may run (this one lives under /root)
+# as 65534: the CLI's steps (namespaces, forwarder), then the child (by execve) snoops
+AS_USER_CLI = r"""
+import os, socket, sys
+from mcpcreds.exec.netns import enter_network_namespace, start_forwarder
+assert enter_network_namespace() == "userns+netns"
+listener = socket.socket(); listener.bind(("127.0.0.1", 0)); listener.listen()
+hold, _sidecar_end = socket.socketpair()
+forwarder = start_forwarder(listener, "/nonexistent/egress.sock", hold)
+listener.close(); hold.close()
+os.execve(sys.executable, [sys.executable, "-c", sys.argv[1], str(forwarder)], {"PATH": "/usr/bin"})
+"""
+SNOOP_PID = r"""
+import sys
+try:
+    data = open(f"/proc/{sys.argv[1]}/environ", "rb").read()
+    print("read", b"caller-canary" in data)
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK) or shutil.which("setpriv") is None,
+                    reason="needs root, setpriv and a system python 3.11")
+def test_an_ordinary_users_forwarder_is_unreadable_to_the_child() -> None:
+    """As an ordinary user the child and the forwarder share a uid and a user namespace: only the
+    forwarder's clean environment and PR_SET_DUMPABLE 0 keep the caller's variables from it."""
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON,
+                           "-c", AS_USER_CLI, SNOOP_PID], capture_output=True, text=True, timeout=60, cwd="/",
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": src, "CALLER_SECRET": CALLER_CANARY})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "PermissionError", done.stdout

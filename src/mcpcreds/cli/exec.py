@@ -37,7 +37,13 @@ from ..client.calls import MalformedAnswer
 from ..core.socket_check import check_folder, check_peer, expected_sidecar_uid
 from ..errors import InvalidRequest, McpcredsError
 from ..exec.egress_proxy import HOLD_METHOD, USER, proxy_url
-from ..exec.netns import NamespaceUnavailable, enter_network_namespace, enter_user_namespace, start_forwarder
+from ..exec.netns import (
+    ForwarderFailed,
+    NamespaceUnavailable,
+    enter_network_namespace,
+    enter_user_namespace,
+    start_forwarder,
+)
 
 BASE_VARS: Final = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "TERM", "TZ", "TMPDIR",
                               "XDG_RUNTIME_DIR"})
@@ -203,6 +209,8 @@ def _proxy(answer: Mapping[str, Any], hold: socket.socket | None, in_netns: bool
         listener.listen(128)
         port = listener.getsockname()[1]
         start_forwarder(listener, proxy["socket"], hold)
+    except ForwarderFailed:
+        raise ExecError("the egress forwarder did not start; nothing was started") from None
     finally:
         listener.close()
     return proxy_env(proxy_url(proxy["token"], port))

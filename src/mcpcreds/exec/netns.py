@@ -138,12 +138,25 @@ def enter_user_namespace() -> None:
         raise NamespaceUnavailable(0, "cannot map the ids in the user namespace")
 
 
+class ForwarderFailed(OSError):
+    """The forwarder could not be started (nothing was started for the child)."""
+
+
 def start_forwarder(listener: socket.socket, proxy_path: str, hold: socket.socket) -> int:
-    """Fork the forwarder and re-execute it clean; returns its pid. The caller closes its copies
-    of both sockets."""
+    """Fork the forwarder and re-execute it clean; returns its pid once it runs undumpable (until
+    then, the child is not started: it never sees the fork, which holds what this process holds).
+    The caller closes its copies of both sockets. ForwarderFailed if it could not start."""
     parent = os.getpid()
+    ready_read, ready_write = os.pipe()
     pid = os.fork()
     if pid:
+        os.close(ready_write)
+        try:
+            ready = os.read(ready_read, 1) == b"1"  # or EOF: it exited
+        finally:
+            os.close(ready_read)
+        if not ready:
+            raise ForwarderFailed(0, "the egress forwarder did not start")
         return pid
     try:  # the forwarder: never returns
         _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # kept across the execve
@@ -154,7 +167,7 @@ def start_forwarder(listener: socket.socket, proxy_path: str, hold: socket.socke
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # the MCP channel is the child's alone: its EOF must be its own
             os.dup2(null, fd)
-        keep = sorted({listener.fileno(), hold.fileno()})
+        keep = sorted({listener.fileno(), hold.fileno(), ready_write})
         os.closerange(3, keep[0])
         for low, high in zip(keep, [*keep[1:], 65536], strict=True):
             os.closerange(low + 1, high)
@@ -162,15 +175,18 @@ def start_forwarder(listener: socket.socket, proxy_path: str, hold: socket.socke
             os.set_inheritable(fd, True)
         # nothing of this process survives: not its environment (the caller's), not its memory
         os.execve(sys.executable, [sys.executable, "-I", "-S", os.path.abspath(__file__), FORWARD,
-                                   proxy_path, str(listener.fileno()), str(hold.fileno())], {})
+                                   proxy_path, str(listener.fileno()), str(hold.fileno()), str(ready_write)],
+                  {})
     finally:
         os._exit(1)
 
 
 def forwarder_main(args: list[str]) -> None:
-    """The re-executed forwarder: `FORWARD PROXY_PATH LISTENER_FD HOLD_FD`."""
+    """The re-executed forwarder: `FORWARD PROXY_PATH LISTENER_FD HOLD_FD READY_FD`."""
     _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    proxy_path, listener_fd, hold_fd = args
+    proxy_path, listener_fd, hold_fd, ready_fd = args
+    os.write(int(ready_fd), b"1")  # the child may start now
+    os.close(int(ready_fd))
     listener = socket.socket(fileno=int(listener_fd))
     hold = socket.socket(fileno=int(hold_fd))
     asyncio.run(_forward(listener, proxy_path, hold))
