@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..core.credshape import credential_name
-from ..core.policy import TrustPolicy
+from ..core.policy import TRUST_LEVELS, TrustPolicy
 from ..core.rates import Rate, parse_duration, parse_rate
 from ..core.templates import Template, is_credential_header, parse_template
 from ..net.egress import EgressPolicy
@@ -243,16 +243,16 @@ def _parse_gateway(c: Collector, path: str, t: dict[str, Any], base: GatewaySpec
 def _parse_trust(c: Collector, path: str, t: dict[str, Any]) -> TrustPolicy:
     allow_hatch = c.typed(join(path, "allow_untrusted_without_allowlist"),
                           t.get("allow_untrusted_without_allowlist"), bool, False)
-    try:
-        return TrustPolicy(
-            trust=c.typed(join(path, "trust"), t.get("trust"), str, "untrusted"),
-            tool_allowlist=strings(c, join(path, "tool_allowlist"), t.get("tool_allowlist")),
-            expected_tools=strings(c, join(path, "expected_tools"), t.get("expected_tools")) or (),
-            allow_untrusted_without_allowlist=allow_hatch,
-        )
-    except ValueError as exc:
-        c.error(join(path, "trust"), str(exc))
-        return TrustPolicy()
+    trust = c.typed(join(path, "trust"), t.get("trust"), str, "untrusted")
+    if trust not in TRUST_LEVELS:  # checked here: TrustPolicy's own error quotes the value
+        c.error(join(path, "trust"), f"expected one of {', '.join(TRUST_LEVELS)}")
+        trust = "untrusted"
+    return TrustPolicy(
+        trust=trust,
+        tool_allowlist=strings(c, join(path, "tool_allowlist"), t.get("tool_allowlist")),
+        expected_tools=strings(c, join(path, "expected_tools"), t.get("expected_tools")) or (),
+        allow_untrusted_without_allowlist=allow_hatch,
+    )
 
 
 def _parse_entry(c: Collector, path: str, t: dict[str, Any]) -> _Entry:
@@ -317,8 +317,8 @@ def _spec_from_table(name: str, t: dict[str, Any], service: str | None) -> McpSe
 def parse_services(c: Collector, raw: Any) -> tuple[dict[str, Target], dict[str, dict[str, Any]]]:
     services: dict[str, Target] = {}
     tables: dict[str, dict[str, Any]] = {}
-    for name, value in c.table("services", raw).items():
-        path = f"services.{name}"
+    for i, (name, value) in enumerate(c.table("services", raw).items()):
+        path = key_path("services", name, i)
         if not NAME.match(name):
             c.error(path, "service names use letters, digits, '_', '.', '-'")
             continue
@@ -368,7 +368,8 @@ def parse_servers(c: Collector, raw: Any, services: dict[str, Target],
             c.error(join(path, "name"), "required: letters, digits, '_', '.', '-'")
             continue
         if name in servers:
-            c.error(join(path, "name"), f"duplicate server name {name!r}")
+            first = next(j for j, v in enumerate(raw) if isinstance(v, dict) and v.get("name") == name)
+            c.error(join(path, "name"), f"duplicate server name (servers[{first}] has it)")
             continue
         service = t.get("service")
         if service is not None:
