@@ -5,6 +5,7 @@ its endpoint, credentials and rate (it may add tags and narrow `expose`)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -433,6 +434,30 @@ def _standalone_server(c: Collector, path: str, name: str, t: dict[str, Any]) ->
     )
 
 
+class CredentialGroups:
+    """The credentials behind names: cache keys whose templates name a common `{{secret:NAME}}` or
+    `{{secret-file:PATH}}` (transitively) are one credential (a union-find over keys and secrets)."""
+
+    def __init__(self, targets: Iterable[Target]) -> None:
+        self._parent: dict[object, object] = {}
+        for target in targets:
+            for template in target.templates:
+                for ref in template.refs:
+                    self._parent[self.find(ref)] = self.find(("key", target.key))
+
+    def find(self, node: object) -> object:
+        parent = self._parent
+        root = parent.setdefault(node, node)
+        while root != parent[root]:
+            root = parent[root]
+        while node != root:  # path compression
+            parent[node], node = root, parent[node]
+        return root
+
+    def of_key(self, key: str) -> object:
+        return self.find(("key", key))
+
+
 def share_tags(services: dict[str, Target], servers: dict[str, Target], execs: dict[str, ExecEntry]
                ) -> tuple[dict[str, Target], dict[str, Target], dict[str, ExecEntry]]:
     """Every name that reaches a credential carries the union of the tags of all names that reach
@@ -444,23 +469,9 @@ def share_tags(services: dict[str, Target], servers: dict[str, Target], execs: d
     `env`: the entry also carries the tags of every server that shares one of them (its own tags
     describe the child, not the credential, so they do not flow back to the servers). The specs
     show these effective tags, `untrusted_input` of an untagged one included."""
-    group: dict[object, object] = {}  # union-find: a cache key or a secret -> its group
-
-    def find(node: object) -> object:
-        root = group.setdefault(node, node)
-        while root != group[root]:
-            root = group[root]
-        while node != root:  # path compression
-            parent = group[node]
-            group[node] = root
-            node = parent
-        return root
-
     targets = (*services.values(), *servers.values())
-    for target in targets:
-        for template in target.templates:
-            for ref in template.refs:
-                group[find(ref)] = find(("key", target.key))
+    groups = CredentialGroups(targets)
+    find = groups.find
     tags: dict[object, frozenset[str]] = {}
     for target in targets:
         root = find(("key", target.key))
