@@ -99,6 +99,15 @@ _BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Confi
     <allow eavesdrop="true"/>
     <allow own="*"/>
   </policy>
+  <!-- a session bus's limits (Debian's session.conf), not the low built-in ones a config without
+       them gets: a test bus is to behave as a user's session bus does -->
+  <limit name="auth_timeout">240000</limit>
+  <limit name="pending_fd_timeout">150000</limit>
+  <limit name="max_completed_connections">100000</limit>
+  <limit name="max_incomplete_connections">10000</limit>
+  <limit name="max_connections_per_user">100000</limit>
+  <limit name="max_replies_per_connection">50000</limit>
+  <limit name="max_match_rules_per_connection">50000</limit>
 </busconfig>
 """
 

@@ -234,7 +234,7 @@ colour = "blue"
 def test_duplicate_server_names() -> None:
     errs = errors_of('[[servers]]\nname = "a"\nendpoint = "https://a.example"\n'
                      '[[servers]]\nname = "a"\nendpoint = "https://b.example"\n')
-    assert errs == ["servers[1].name: duplicate server name 'a'"]
+    assert errs == ["servers[1].name: duplicate server name (servers[0] has it)"]
 
 
 def test_sidecar_and_secrets_sections() -> None:

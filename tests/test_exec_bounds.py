@@ -1,8 +1,9 @@
 """The egress proxy of `mcpcreds exec` under attack: its bounds, who may talk to it, its socket.
 
-In process: a real `EgressProxy` on a Unix socket in a temp folder, a local echo upstream, and a
-fake clock (every time bound is enforced by `sweep()` reading the clock, so the tests move time
-instead of waiting). The attacker holds a session credential (a prompt-injected child), is
+In process: a real `EgressProxy` on a Unix socket in a temp folder, a local echo upstream (in
+another process: the proxy never connects to its own process's listeners), and a fake clock
+(every time bound is enforced by `sweep()` reading the clock, so the tests move time instead of
+waiting). The attacker holds a session credential (a prompt-injected child), is
 another local uid (run as nobody through setpriv), or opens sessions in a loop.
 """
 
@@ -46,6 +47,24 @@ NOBODY = 65534
 POLICY = EgressPolicy("broad_audited", allow_private=("127.0.0.1",))
 WORST = ep.MAX_HEADS + 2 * ep.MAX_TUNNELS + ep.MAX_SESSIONS  # descriptors, every bound reached
 WAIT = 20.0  # only ever reached when a bound is broken (then the test fails instead of hanging)
+
+
+ECHO = """
+import asyncio
+
+async def echo(reader, writer):
+    while data := await reader.read(65536):
+        writer.write(data)
+        await writer.drain()
+    writer.close()
+
+async def main():
+    server = await asyncio.start_server(echo, "127.0.0.1", 0, backlog=1024)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+
+asyncio.run(main())
+"""
 
 
 @dataclass
@@ -108,13 +127,10 @@ async def closed(reader: asyncio.StreamReader) -> bytes:
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        writer.close()
-
-    upstream = await asyncio.start_server(echo, "127.0.0.1", 0)
+    # another process: the proxy never connects to a listener of its own (the sidecar's)
+    upstream = subprocess.Popen([sys.executable, "-c", ECHO], stdout=subprocess.PIPE, text=True)
+    assert upstream.stdout is not None
+    port = int(upstream.stdout.readline())
     clock = FakeClock()
     audit = AuditLog(str(tmp_path / "audit.jsonl"), clock)
     folder = tmp_path / "run"
@@ -122,10 +138,11 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     proxy = EgressProxy(str(folder / "egress.sock"), lambda: frozenset({os.getuid()}), audit, clock=clock)
     await proxy.start()
     try:
-        yield Rig(proxy, clock, tmp_path / "audit.jsonl", upstream.sockets[0].getsockname()[1])
+        yield Rig(proxy, clock, tmp_path / "audit.jsonl", port)
     finally:
         proxy.close()
-        upstream.close()
+        upstream.kill()
+        upstream.wait()
         audit.close()
 
 

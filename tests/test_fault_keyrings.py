@@ -26,3 +26,28 @@ def test_the_fault_backends_still_load_when_named() -> None:
                                        allow_plaintext_keyring=True, keyring_service="fault-unit"))
     ring.set("x", "value")
     assert ring.get("x") == "value" and PlaintextKeyring.store[("fault-unit", "x")] == "value"
+
+
+def test_a_keyring_failure_names_the_d_bus_error_under_it_never_its_text() -> None:
+    """`InitError` alone does not tell a keyring daemon that is gone from one that did not answer."""
+    from mcpcreds.credentials.sources import failure_name
+
+    class DBusErrorResponse(Exception):
+        name = "org.freedesktop.DBus.Error.NoReply"
+
+    class InitError(Exception):
+        pass
+
+    def failed(dbus_name: str) -> str:
+        DBusErrorResponse.name = dbus_name
+        try:
+            try:
+                raise DBusErrorResponse("the daemon's text, never shown")
+            except DBusErrorResponse as exc:
+                raise InitError("Failed to create the collection") from exc
+        except InitError as exc:
+            return failure_name(exc)
+
+    assert failed("org.freedesktop.DBus.Error.NoReply") == "InitError (org.freedesktop.DBus.Error.NoReply)"
+    assert failed("org.freedesktop.DBus.Error.NoReply; rm -rf /") == "InitError"  # no D-Bus name: left out
+    assert failure_name(InitError()) == "InitError"

@@ -101,3 +101,17 @@ def test_a_grant_cannot_launder_sensitive_through_another_name_for_the_secret(tm
         with pytest.raises(Forbidden, match="Rule of Two"):
             client.grant(names, ttl=60)
         assert client.grant(["crm-mirror"], ttl=60)["servers"][0]["tags"] == ["sensitive", "egress"]
+
+
+def test_a_proxy_only_secret_is_not_handed_out_through_another_name_for_it(tmp_path: Path) -> None:
+    """`expose = "proxy"` is judged per credential too: a second server (another cache key) that
+    names the same secret with `expose = "both"` does not hand it out in its headers."""
+    socket_path, config = tmp_path / "run" / "s.sock", tmp_path / "config.toml"
+    config.write_text(f'[sidecar]\nsocket = "{socket_path}"\n' + TWO_NAMES.replace(
+        'tags = ["sensitive"]\n', 'tags = ["sensitive"]\nexpose = "proxy"\n'))
+    with run_sidecar(config, socket_path, {"KEY": CANARY}) as proc, Client(proc.socket) as client:
+        for name in ("crm", "crm-mirror"):
+            with pytest.raises(Forbidden) as refused:
+                client.headers(name)
+            assert refused.value.code == "proxy_only" and CANARY not in str(refused.value)
+        assert client.headers("web") == {}

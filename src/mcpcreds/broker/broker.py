@@ -14,6 +14,7 @@ from typing import Any, Final
 import httpx
 
 from ..config.model import LOGIN_GRANTS, Config, Target, jwt_svid_file, spiffe_of
+from ..config.servers import CredentialGroups
 from ..config.spiffe import JwtSvid, SpiffeAuth
 from ..core.audit import AuditLog
 from ..core.clock import Clock
@@ -59,8 +60,13 @@ _log = get_logger("broker")
 
 
 def _proxy_only_keys(config: Config) -> frozenset[str]:
-    return frozenset(t.key for t in (*config.services.values(), *config.servers.values())
-                     if t.gateway.expose == "proxy")
+    """The keys whose credential only the gateway may use: judged per credential, so a key that
+    names a secret a proxy-only server names too is proxy-only as well (else its headers would
+    hand that secret out)."""
+    targets = (*config.services.values(), *config.servers.values())
+    groups = CredentialGroups(targets)
+    proxied = {groups.of_key(t.key) for t in targets if t.gateway.expose == "proxy"}
+    return frozenset(t.key for t in targets if groups.of_key(t.key) in proxied)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,11 @@ Network: `inherit` changes nothing. `off`: a network namespace with loopback onl
 through a forwarder on 127.0.0.1 inside it (`netns.py`); the child gets the proxy URL, with the
 session's credential, in `HTTPS_PROXY`/`HTTP_PROXY`/`ALL_PROXY` (both cases) and an empty
 `NO_PROXY`. Without namespaces, `off` and `restricted` refuse unless `--advisory`.
+
+Whatever the network, the child gets a user namespace of its own (entered last, after the
+forwarder is started): the sidecar lets a peer in another user namespace act only within a grant,
+so the child is not its caller to the sidecar. Without one, stderr says the child can reach every
+credential its caller can.
 """
 
 from __future__ import annotations
@@ -32,7 +37,13 @@ from ..client.calls import MalformedAnswer
 from ..core.socket_check import check_folder, check_peer, expected_sidecar_uid
 from ..errors import InvalidRequest, McpcredsError
 from ..exec.egress_proxy import HOLD_METHOD, USER, proxy_url
-from ..exec.netns import NamespaceUnavailable, enter_network_namespace, start_forwarder
+from ..exec.netns import (
+    ForwarderFailed,
+    NamespaceUnavailable,
+    enter_network_namespace,
+    enter_user_namespace,
+    start_forwarder,
+)
 
 BASE_VARS: Final = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "TERM", "TZ", "TMPDIR",
                               "XDG_RUNTIME_DIR"})
@@ -135,42 +146,61 @@ def _namespaces_allowed() -> bool:
 
 
 def _network(answer: Mapping[str, Any], advisory: bool, sidecar_uid: int) -> dict[str, str]:
-    """Set up the child's network (this process enters the namespace); its proxy variables."""
+    """Set up the child's namespaces (this process enters them); its proxy variables."""
     net = answer["net"]
-    if net == "inherit":
-        return {}
     hold = None
-    if net != "off":
+    if net not in ("inherit", "off"):
         proxy = answer["proxy"]
         if proxy is None:
             raise MalformedAnswer("the sidecar's exec answer has no proxy session")
         # before the namespace: in a user namespace the sidecar's uid may read as the overflow uid
         hold = _hold(proxy["socket"], proxy["token"], sidecar_uid)
     try:
-        return _enter(answer, advisory, hold)
+        return _isolate(answer, advisory, hold)
     finally:
         if hold is not None:
             hold.close()
 
 
-def _enter(answer: Mapping[str, Any], advisory: bool, hold: socket.socket | None) -> dict[str, str]:
+def _isolate(answer: Mapping[str, Any], advisory: bool, hold: socket.socket | None) -> dict[str, str]:
+    """The network namespace (unless `inherit`), the forwarder in it, then the child's own user
+    namespace: entered last, so that root's forwarder stays out of the child's reach."""
     net = answer["net"]
     why = "disabled by MCPCREDS_EXEC_NAMESPACES=0"
-    enforced = False
-    if _namespaces_allowed():
+    in_netns = in_userns = False
+    if _namespaces_allowed() and net != "inherit":
         try:
-            enter_network_namespace()
-            enforced = True
+            in_userns = enter_network_namespace() == "userns+netns"
+            in_netns = True
         except NamespaceUnavailable as exc:
             why = exc.strerror or "refused by the kernel"
-    if not enforced:
+    if net != "inherit" and not in_netns:
         if net in ("off", "restricted") and not advisory:
             raise ExecError(f"net = {net!r} needs a network namespace, and none is available ({why}); "
-                            "--advisory runs the child with proxy variables only (not enforced)")
+                            "--advisory runs the child with proxy variables only (not enforced), and "
+                            "able to reach every credential you can")
         _warn(f"no network namespace ({why}): net = {net!r} is advisory, a child that ignores "
               "the proxy variables is not stopped")
+    env = _proxy(answer, hold, in_netns)
+    if _namespaces_allowed() and not in_userns:
+        try:
+            enter_user_namespace()
+            in_userns = True
+        except NamespaceUnavailable as exc:
+            why = exc.strerror or "refused by the kernel"
+    if not in_userns:
+        _warn(f"no user namespace ({why}): the child can reach every credential you can (the "
+              "sidecar's socket and API: every server's headers, other exec entries' secrets, grants)")
+    return env
+
+
+def _proxy(answer: Mapping[str, Any], hold: socket.socket | None, in_netns: bool) -> dict[str, str]:
+    """The child's proxy variables; for a proxy session, the forwarder started."""
+    net = answer["net"]
+    if net == "inherit":
+        return {}
     if net == "off" or hold is None:
-        return {} if enforced else proxy_env(DEAD_PROXY)
+        return {} if in_netns else proxy_env(DEAD_PROXY)
     proxy = answer["proxy"]
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -179,6 +209,8 @@ def _enter(answer: Mapping[str, Any], advisory: bool, hold: socket.socket | None
         listener.listen(128)
         port = listener.getsockname()[1]
         start_forwarder(listener, proxy["socket"], hold)
+    except ForwarderFailed:
+        raise ExecError("the egress forwarder did not start; nothing was started") from None
     finally:
         listener.close()
     return proxy_env(proxy_url(proxy["token"], port))

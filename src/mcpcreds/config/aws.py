@@ -238,8 +238,10 @@ def imds_egress_problem(imds_endpoint: str, allow_private: tuple[str, ...]) -> s
                 return None
         except ValueError:
             continue
-    return (f"the instance metadata service at {address} is refused by the egress policy: add "
-            f"allow_private = [\"{address}\"] to this server (or its service) to let the sidecar reach it")
+    # the default address is named; one from the config is not quoted back (no config value is)
+    listed = f'allow_private = ["{address}"]' if imds_endpoint == DEFAULT_IMDS else "imds_endpoint's address"
+    return (f"the instance metadata service is refused by the egress policy: add {listed} to this "
+            "server (or its service) to let the sidecar reach it")
 
 
 def aws_egress_check(c: Collector, path: str, t: Mapping[str, Any]) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..core.credshape import credential_name
 from ..core.templates import Template
-from ..net.egress import EgressPolicy
+from ..net.egress import EgressPolicy, parse_host_pattern
 from .reader import NAME, join, key_path, parse_egress, parse_tags
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 EXEC_KEYS: Final = ("env", "env_isolation", "net", "allow_hosts", "deny_hosts", "allow_private", "tags")
 ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 PROXY_VARS: Final = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY")
+MAX_PORT: Final = 65535
 MAX_ENV: Final = 256  # declared variables per entry
 EXEC_PREFIX: Final = "exec:"  # how grants name an exec entry
 NEEDS_HOSTS: Final = "the hosts the child may reach through the session's egress proxy"
@@ -39,6 +40,9 @@ class ExecEntry:
     env_isolation: bool = True
     egress: EgressPolicy = field(default_factory=EgressPolicy)
     tags: frozenset[str] = frozenset({"untrusted_input", "egress"})
+    # (host pattern or allow_private entry, port): a `host:port` entry opens that port only
+    host_ports: tuple[tuple[str, int | None], ...] = ()
+    private_ports: tuple[tuple[str, int | None], ...] = ()
 
     @property
     def grant_name(self) -> str:
@@ -108,12 +112,60 @@ def parse_execs(c: Collector, raw: Any) -> dict[str, ExecEntry]:
         if "command" in t or "args" in t:  # spelled out: the rule is the point, not a typo
             c.error(path, "an exec entry never holds a command: it comes from the command line "
                           "(mcpcreds exec NAME -- CMD ARGS...)")
-        egress = parse_egress(c, path, t, [], needs=NEEDS_HOSTS)
+        hosts, allow_hosts = _split_ports(c, join(path, "allow_hosts"), t.get("allow_hosts"))
+        private, allow_private = _split_ports(c, join(path, "allow_private"), t.get("allow_private"))
+        egress = parse_egress(c, path, {**t, "allow_hosts": allow_hosts, "allow_private": allow_private}, [],
+                              needs=NEEDS_HOSTS)
         env = _parse_env(c, join(path, "env"), t.get("env"), egress.mode)
         isolation = c.typed(join(path, "env_isolation"), t.get("env_isolation"), bool, True)
         tags = parse_tags(c, join(path, "tags"), t.get("tags"))
-        entries[name] = ExecEntry(name, env, isolation, egress, effective_tags(tags, egress.mode))
+        host_ports = tuple((p, port) for p, port in hosts if p in egress.allow_hosts)
+        private_ports = tuple((p, port) for p, port in private if p in egress.allow_private)
+        entries[name] = ExecEntry(name, env, isolation, egress, effective_tags(tags, egress.mode),
+                                  host_ports, private_ports)
     return entries
+
+
+def split_port(entry: str) -> tuple[str, int | None]:
+    """`host:port`, `[v6]:port`, `cidr:port` -> (host, port); an entry without a port is kept
+    whole. ValueError if the port is not a number from 1 to 65535."""
+    if entry.startswith("["):
+        host, closed, rest = entry[1:].partition("]")
+        if not closed or not rest:
+            return entry, None
+        if not rest.startswith(":"):
+            raise ValueError("expected [address]:port")
+        return host, _port(rest[1:])
+    if entry.count(":") == 1:
+        host, _, port = entry.partition(":")
+        return host, _port(port)
+    return entry, None
+
+
+def _port(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and 0 < len(text) <= 5 and 0 < int(text) <= MAX_PORT):
+        raise ValueError("the port must be a number from 1 to 65535")
+    return int(text)
+
+
+def _split_ports(c: Collector, path: str, raw: Any) -> tuple[list[tuple[str, int | None]], Any]:
+    """`host:port` entries of a host list: (host, port) pairs, and the list without the ports (as
+    `parse_egress` reads it; anything but a list of strings is left for it to refuse)."""
+    if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
+        return [], raw
+    pairs: list[tuple[str, int | None]] = []
+    for i, entry in enumerate(raw):
+        try:
+            host, port = split_port(entry)
+        except ValueError as exc:
+            c.error(f"{path}[{i}]", str(exc))  # never the entry itself
+            continue
+        try:
+            pattern = parse_host_pattern(host) if path.endswith("allow_hosts") else host
+        except ValueError:
+            pattern = host  # parse_egress says why
+        pairs.append((pattern, port))
+    return pairs, [host for host, _ in pairs]
 
 
 def _parse_env(c: Collector, path: str, raw: Any, net: str) -> dict[str, Template]:

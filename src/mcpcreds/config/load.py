@@ -6,17 +6,18 @@ aauth.py, exec.py) with one Collector, so that every problem is raised at once."
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from ..core.policy import find_trifecta, trifecta_message
 from ..errors import ConfigError
 from .aauth import parse_aauth
 from .exec import exec_trifecta_warnings, parse_execs
 from .model import Config
-from .reader import Collector
+from .reader import Collector, key_path
 from .servers import parse_servers, parse_services, share_tags, signing
 from .sidecar import parse_gateway_table, parse_secrets, parse_sidecar
 
@@ -48,13 +49,77 @@ def load_config(path: str | Path | None = None) -> Config:
     except OSError as exc:
         raise ConfigError([f"{resolved}: cannot read config: {exc.strerror or exc}"]) from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"{resolved}: not valid TOML: {exc}"]) from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{resolved}: not UTF-8 text (at byte {exc.start})"]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{resolved}: not valid TOML: {toml_problem(str(exc))}"]) from None
+    except ValueError:  # int(): Python's limit on the digits of an integer
+        raise ConfigError([f"{resolved}: not valid TOML: an integer out of range "
+                           "(TOML integers are 64-bit)"]) from None
+    except RecursionError:
+        raise ConfigError([f"{resolved}: not valid TOML: arrays or tables nested more than "
+                           f"{MAX_DEPTH} deep"]) from None
     return parse_config(data, path=str(resolved))
 
 
+MAX_DEPTH: Final = 16  # tables and arrays within one another; the deepest key is 4 levels down
+_INT64: Final = range(-(2**63), 2**63)
+_AT: Final = re.compile(r" \(at (line \d+, column \d+|end of document)\)\Z")
+# tomllib's messages that quote nothing of the text, and ours for those that do (a key, a character)
+_TOML_SAYS: Final = frozenset({
+    "Invalid statement", "Expected newline or end of document after a statement", "Cannot overwrite a value",
+    "Expected ']' at the end of a table declaration", "Expected ']]' at the end of an array declaration",
+    "Expected '=' after a key in a key/value pair", "Invalid initial character for a key part",
+    "Unclosed array", "Unclosed inline table", "Unescaped '\\' in a string", "Invalid hex value",
+    "Escaped character is not a Unicode scalar value", "Unterminated string", "Invalid date or datetime",
+    "Invalid value"})
+_TOML_QUOTES: Final = (
+    ("Found invalid character", "a character not allowed here"),
+    ("Illegal character", "a character not allowed here"),
+    ("Expected ", "an unterminated string or comment"),
+    ("Cannot declare", "a table or key defined twice"),
+    ("Cannot mutate immutable namespace", "a table or array changed after it was defined"),
+    ("Cannot redefine namespace", "a table or array changed after it was defined"),
+    ("Duplicate inline table key", "a key given twice in an inline table"),
+)
+
+
+def toml_problem(message: str) -> str:
+    """tomllib's error without what it quotes of the text (a key, a character), which may be a
+    pasted secret: its own words where they quote nothing, else ours; and where it is."""
+    at = _AT.search(message)
+    said = message[:at.start()] if at else message
+    if said not in _TOML_SAYS:
+        said = next((ours for prefix, ours in _TOML_QUOTES if said.startswith(prefix)), "invalid TOML")
+    return f"{said} (at {at.group(1)})" if at else said
+
+
+def bound_data(data: Mapping[str, Any]) -> list[str]:
+    """What TOML allows but no config needs, found before a parser reads it: nesting past
+    MAX_DEPTH, and integers past 64 bits (which TOML itself refuses), each with its path."""
+    errors: list[str] = []
+    stack: list[tuple[str, Any, int]] = [("", data, 0)]
+    while stack:
+        path, value, depth = stack.pop()
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) and value not in _INT64:
+            errors.append(f"{path}: integer out of range (TOML integers are 64-bit)")
+        elif isinstance(value, dict | list) and depth >= MAX_DEPTH:
+            errors.append(f"{path}: arrays and tables nest at most {MAX_DEPTH} deep")
+        elif isinstance(value, dict):
+            stack.extend((key_path(path, k, i), v, depth + 1) for i, (k, v) in enumerate(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v, depth + 1) for i, v in enumerate(value))
+    return sorted(errors)
+
+
 def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
+    if bounds := bound_data(data):  # refused before any parser reads a number or recurses
+        raise ConfigError(bounds, path)
     c = Collector()
     c.keys("", data, ("sidecar", "secrets", "services", "servers", "gateway", "exec", "aauth"))
     sidecar = parse_sidecar(c, data.get("sidecar"))

@@ -164,7 +164,7 @@ def uid_list(c: Collector, path: str, key: str, raw: Any) -> list[int]:
         c.error(join(path, key), f"expected an array of integers, got {kind_of(raw)}")
         return uids
     for i, uid in enumerate(raw):
-        if isinstance(uid, int) and not isinstance(uid, bool) and uid >= 0:
+        if isinstance(uid, int) and not isinstance(uid, bool) and 0 <= uid < 2**32:
             uids.append(uid)
         else:
             c.error(f"{path}.{key}[{i}]", "expected a non-negative integer uid")

@@ -5,11 +5,12 @@ its endpoint, credentials and rate (it may add tags and narrow `expose`)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from ..core.credshape import credential_name
-from ..core.policy import TrustPolicy
+from ..core.policy import TRUST_LEVELS, TrustPolicy
 from ..core.rates import Rate, parse_duration, parse_rate
 from ..core.templates import Template, is_credential_header, parse_template
 from ..net.egress import EgressPolicy
@@ -243,16 +244,16 @@ def _parse_gateway(c: Collector, path: str, t: dict[str, Any], base: GatewaySpec
 def _parse_trust(c: Collector, path: str, t: dict[str, Any]) -> TrustPolicy:
     allow_hatch = c.typed(join(path, "allow_untrusted_without_allowlist"),
                           t.get("allow_untrusted_without_allowlist"), bool, False)
-    try:
-        return TrustPolicy(
-            trust=c.typed(join(path, "trust"), t.get("trust"), str, "untrusted"),
-            tool_allowlist=strings(c, join(path, "tool_allowlist"), t.get("tool_allowlist")),
-            expected_tools=strings(c, join(path, "expected_tools"), t.get("expected_tools")) or (),
-            allow_untrusted_without_allowlist=allow_hatch,
-        )
-    except ValueError as exc:
-        c.error(join(path, "trust"), str(exc))
-        return TrustPolicy()
+    trust = c.typed(join(path, "trust"), t.get("trust"), str, "untrusted")
+    if trust not in TRUST_LEVELS:  # checked here: TrustPolicy's own error quotes the value
+        c.error(join(path, "trust"), f"expected one of {', '.join(TRUST_LEVELS)}")
+        trust = "untrusted"
+    return TrustPolicy(
+        trust=trust,
+        tool_allowlist=strings(c, join(path, "tool_allowlist"), t.get("tool_allowlist")),
+        expected_tools=strings(c, join(path, "expected_tools"), t.get("expected_tools")) or (),
+        allow_untrusted_without_allowlist=allow_hatch,
+    )
 
 
 def _parse_entry(c: Collector, path: str, t: dict[str, Any]) -> _Entry:
@@ -317,8 +318,8 @@ def _spec_from_table(name: str, t: dict[str, Any], service: str | None) -> McpSe
 def parse_services(c: Collector, raw: Any) -> tuple[dict[str, Target], dict[str, dict[str, Any]]]:
     services: dict[str, Target] = {}
     tables: dict[str, dict[str, Any]] = {}
-    for name, value in c.table("services", raw).items():
-        path = f"services.{name}"
+    for i, (name, value) in enumerate(c.table("services", raw).items()):
+        path = key_path("services", name, i)
         if not NAME.match(name):
             c.error(path, "service names use letters, digits, '_', '.', '-'")
             continue
@@ -368,7 +369,8 @@ def parse_servers(c: Collector, raw: Any, services: dict[str, Target],
             c.error(join(path, "name"), "required: letters, digits, '_', '.', '-'")
             continue
         if name in servers:
-            c.error(join(path, "name"), f"duplicate server name {name!r}")
+            first = next(j for j, v in enumerate(raw) if isinstance(v, dict) and v.get("name") == name)
+            c.error(join(path, "name"), f"duplicate server name (servers[{first}] has it)")
             continue
         service = t.get("service")
         if service is not None:
@@ -432,6 +434,30 @@ def _standalone_server(c: Collector, path: str, name: str, t: dict[str, Any]) ->
     )
 
 
+class CredentialGroups:
+    """The credentials behind names: cache keys whose templates name a common `{{secret:NAME}}` or
+    `{{secret-file:PATH}}` (transitively) are one credential (a union-find over keys and secrets)."""
+
+    def __init__(self, targets: Iterable[Target]) -> None:
+        self._parent: dict[object, object] = {}
+        for target in targets:
+            for template in target.templates:
+                for ref in template.refs:
+                    self._parent[self.find(ref)] = self.find(("key", target.key))
+
+    def find(self, node: object) -> object:
+        parent = self._parent
+        root = parent.setdefault(node, node)
+        while root != parent[root]:
+            root = parent[root]
+        while node != root:  # path compression
+            parent[node], node = root, parent[node]
+        return root
+
+    def of_key(self, key: str) -> object:
+        return self.find(("key", key))
+
+
 def share_tags(services: dict[str, Target], servers: dict[str, Target], execs: dict[str, ExecEntry]
                ) -> tuple[dict[str, Target], dict[str, Target], dict[str, ExecEntry]]:
     """Every name that reaches a credential carries the union of the tags of all names that reach
@@ -443,23 +469,9 @@ def share_tags(services: dict[str, Target], servers: dict[str, Target], execs: d
     `env`: the entry also carries the tags of every server that shares one of them (its own tags
     describe the child, not the credential, so they do not flow back to the servers). The specs
     show these effective tags, `untrusted_input` of an untagged one included."""
-    group: dict[object, object] = {}  # union-find: a cache key or a secret -> its group
-
-    def find(node: object) -> object:
-        root = group.setdefault(node, node)
-        while root != group[root]:
-            root = group[root]
-        while node != root:  # path compression
-            parent = group[node]
-            group[node] = root
-            node = parent
-        return root
-
     targets = (*services.values(), *servers.values())
-    for target in targets:
-        for template in target.templates:
-            for ref in template.refs:
-                group[find(ref)] = find(("key", target.key))
+    groups = CredentialGroups(targets)
+    find = groups.find
     tags: dict[object, frozenset[str]] = {}
     for target in targets:
         root = find(("key", target.key))

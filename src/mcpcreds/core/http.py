@@ -30,6 +30,7 @@ class Request:
     authorization: str | None
     peer_uid: int
     peer_pid: int
+    grant_only: bool = False  # the peer is in other namespaces than the sidecar's (an exec child)
     name: str = ""  # the {name} of the path, set by the router
     grant: Any = None  # the grants.Grant the caller presented, if any
     headers: tuple[tuple[bytes, bytes], ...] = ()  # every header as sent: for /mcp/ requests only

@@ -83,7 +83,7 @@ def visible_tools(trust: str, tools: Iterable[str], *, tool_allowlist: Sequence[
                   allow_untrusted_without_allowlist: bool = False) -> ToolDecision:
     """Which of a server's `tools` an agent may see under this trust policy (see the module doc)."""
     if trust not in TRUST_LEVELS:
-        raise ValueError(f"unknown trust {trust!r}: expected one of {', '.join(TRUST_LEVELS)}")
+        raise ValueError(f"unknown trust: expected one of {', '.join(TRUST_LEVELS)}")
     offered = list(dict.fromkeys(tools))
     decision = ToolDecision()
     if expected_tools:
@@ -136,7 +136,7 @@ class TrustPolicy:
 
     def __post_init__(self) -> None:
         if self.trust not in TRUST_LEVELS:
-            raise ValueError(f"unknown trust {self.trust!r}: expected one of {', '.join(TRUST_LEVELS)}")
+            raise ValueError(f"unknown trust: expected one of {', '.join(TRUST_LEVELS)}")
         if self.tool_allowlist is not None:
             object.__setattr__(self, "tool_allowlist", tuple(self.tool_allowlist))
         object.__setattr__(self, "expected_tools", tuple(self.expected_tools))

@@ -23,6 +23,7 @@ from ..errors import InvalidRequest, SecretUnavailable
 _SECRET_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}\Z")
 _MAX_SECRET_BYTES: Final = 64 * 1024
 _INDEX_ENTRY: Final = "__mcpcreds_index__"
+_DBUS_ERROR: Final = re.compile(r"org\.freedesktop\.[A-Za-z0-9.]{1,96}")  # a D-Bus error name, bounded
 _DEFAULT_BACKENDS: Final = {
     "linux": "keyring.backends.SecretService.Keyring",
     "darwin": "keyring.backends.macOS.Keyring",
@@ -203,6 +204,22 @@ class DirSource:
         write_private_file(self.path, name, value, f"{self.label}/{name}", self.temp_name)
 
 
+def failure_name(exc: BaseException) -> str:
+    """The exception's class, and the D-Bus error under it if there is one (`InitError` alone does
+    not tell a keyring daemon that is gone from one that did not answer); names only, never the
+    error's text."""
+    name = type(exc).__name__
+    cause: BaseException | None = exc
+    for _ in range(8):
+        cause = cause.__cause__ or cause.__context__ if cause is not None else None
+        if cause is None:
+            break
+        dbus = getattr(cause, "name", None)  # jeepney's DBusErrorResponse
+        if isinstance(dbus, str) and _DBUS_ERROR.fullmatch(dbus):
+            return f"{name} ({dbus})"
+    return name
+
+
 class KeyringSource:
     """The OS keyring through `keyring`, with the backend pinned and every call time-boxed."""
 
@@ -256,7 +273,7 @@ class KeyringSource:
         except SecretUnavailable:
             raise
         except Exception as exc:
-            raise SecretUnavailable(f"keyring: {what} failed: {type(exc).__name__}") from None
+            raise SecretUnavailable(f"keyring: {what} failed: {failure_name(exc)}") from None
 
     def get(self, name: str) -> str | None:
         check_secret_name(name)

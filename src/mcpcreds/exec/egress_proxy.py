@@ -9,10 +9,16 @@ stored only as its hash). Per connection: the peer's uid is checked (SO_PEERCRED
   every address is checked (SSRF guard) and the checked address is the one connected to (pinned
   DNS); then bytes are relayed both ways.
 - `GET http://host[:port]/path` (any method, absolute form): the same checks, the request sent
-  on in origin form with `Connection: close`, then relayed.
+  on in origin form with `Connection: close` and the `Host` of the URL (the child's own is
+  dropped), then relayed.
 - `MCPCREDS-HOLD *`: the session's holder (the forwarder `mcpcreds exec` starts beside the
   child) keeps this connection open; when it closes (the child is gone), the session ends. A
   session nobody holds within `HOLD_TIMEOUT` ends too.
+
+Beyond the policy (`egress_rules.py`): a `host:port` entry of allow_hosts or allow_private
+opens that port only, and the sidecar's own listeners are never connected to. A request head
+with a bare CR or LF, a line that is not `name: value`, or an ambiguous body length is refused
+(400): the upstream must read the head the proxy judged.
 
 One audit line per connection (`exec_egress`: entry, session, method, host, port, address,
 allowed, reason, bytes each way, duration), whatever the mode. Refusals answer 403 (policy) or
@@ -39,6 +45,7 @@ import base64
 import contextlib
 import hashlib
 import os
+import re
 import resource
 import secrets
 import socket
@@ -55,6 +62,7 @@ from ..core.logs import get_logger
 from ..core.socket_check import check_folder
 from ..errors import ExecSessionsFull, Forbidden, McpcredsError, RateLimited
 from ..net.egress import EgressPolicy, Resolver, normalize_host, system_resolver
+from .egress_rules import PortRules, reaches_own_listener
 
 HOLD_METHOD: Final = b"MCPCREDS-HOLD"
 HOLD_TIMEOUT: Final = 30.0  # a session nobody holds by then ends
@@ -72,7 +80,9 @@ SWEEP_INTERVAL: Final = 1.0
 FD_SHARE: Final = 2  # the proxy's connections may use at most 1/FD_SHARE of the sidecar's fd limit
 USER: Final = "mcpcreds"
 _PEERCRED: Final = struct.Struct("3i")
-_HOP_HEADERS: Final = (b"proxy-authorization", b"proxy-connection", b"connection", b"keep-alive")
+_HOP_HEADERS: Final = (b"proxy-authorization", b"proxy-connection", b"connection", b"keep-alive", b"host")
+_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_VALUE: Final = re.compile(rb"[^\x00-\x08\x0a-\x1f\x7f]*\Z")  # no control character but HTAB
 _log = get_logger("egress_proxy")
 PROXY_AUTH_REQUIRED: Final = (b"HTTP/1.1 407 Proxy Authentication Required\r\n"
                               b"Proxy-Authenticate: Basic realm=\"mcpcreds\"\r\nContent-Length: 0\r\n"
@@ -91,6 +101,7 @@ class ProxySession:
     uid: int
     pid: int
     created: float = 0.0  # clock.monotonic()
+    ports: PortRules = field(default_factory=PortRules)
     held: bool = False
     tunnels: int = 0
 
@@ -189,7 +200,8 @@ class EgressProxy:
                 if (info.st_dev, info.st_ino) == self._created and stat.S_ISSOCK(info.st_mode):
                     os.unlink(self.path)
 
-    def new_session(self, name: str, policy: EgressPolicy, uid: int, pid: int) -> tuple[str, ProxySession]:
+    def new_session(self, name: str, policy: EgressPolicy, uid: int, pid: int,
+                    ports: PortRules | None = None) -> tuple[str, ProxySession]:
         """A session for one child; returns its token (given to the caller, never logged)."""
         self.sweep()
         if len(self._sessions) >= MAX_SESSIONS:
@@ -200,7 +212,8 @@ class EgressProxy:
                               f"{MAX_PENDING_SESSIONS}; one not taken ends after {HOLD_TIMEOUT:g} s)",
                               HOLD_TIMEOUT)
         token = secrets.token_urlsafe(32)
-        session = ProxySession(secrets.token_hex(8), name, policy, uid, pid, self.clock.monotonic())
+        session = ProxySession(secrets.token_hex(8), name, policy, uid, pid, self.clock.monotonic(),
+                               ports or PortRules())
         self._sessions[_hash(token)] = session
         return token, session
 
@@ -296,6 +309,9 @@ class EgressProxy:
             return
         method, target, _version = parts
         headers = [line.partition(b":") for line in lines[1:]]
+        if problem := _head_problem(lines, headers):
+            writer.write(_status(b"400 Bad Request", problem))
+            return
         hashed = _credential(headers)
         # looked up by the SHA-256 of what was sent: the time taken depends on that digest, never
         # on a stored token; unknown, ended, expired and another uid's sessions answer alike
@@ -359,10 +375,8 @@ class EgressProxy:
             return
         path = (url.path or "/") + (f"?{url.query}" if url.query else "")
         head = [method + b" " + path.encode("ascii") + b" HTTP/1.1"]
-        head += [name + b":" + value for name, _, value in headers
-                 if name.strip().lower() not in _HOP_HEADERS]
-        if not any(name.strip().lower() == b"host" for name, _, _ in headers):
-            head.append(b"Host: " + url.netloc.rpartition("@")[2].encode("ascii"))
+        head += [name + b":" + value for name, _, value in headers if name.lower() not in _HOP_HEADERS]
+        head.append(b"Host: " + url.netloc.rpartition("@")[2].encode("ascii"))  # the host judged
         head.append(b"Connection: close")
         request = b"\r\n".join(head) + b"\r\n\r\n"
         await self._relay(conn, session, method.decode("ascii", "replace")[:16], host, str(port), reader,
@@ -378,7 +392,7 @@ class EgressProxy:
         counts = [0, 0]
         try:
             try:
-                name, _port, upstream = await self._open(session.policy, host, port_text, fields)
+                name, _port, upstream = await self._open(session, host, port_text, fields)
             except _Refused as exc:
                 fields.update(allowed=False, reason=exc.reason)
                 writer.write(_status(exc.status, exc.reason))
@@ -422,8 +436,9 @@ class EgressProxy:
                 if writer.can_write_eof():
                     writer.write_eof()
 
-    async def _open(self, policy: EgressPolicy, host: str, port_text: str, fields: dict[str, object]
+    async def _open(self, session: ProxySession, host: str, port_text: str, fields: dict[str, object]
                     ) -> tuple[str, int, tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+        policy = session.policy
         if not port_text.isdigit() or not 0 < int(port_text) < 65536 or not host:
             raise _Refused(b"400 Bad Request", "expected host:port")
         port = int(port_text)
@@ -435,12 +450,13 @@ class EgressProxy:
         fields["host"] = name
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
-                return await self._open_checked(policy, name, port, fields)
+                return await self._open_checked(session, name, port, fields)
         except TimeoutError:
             raise _Refused(b"504 Gateway Timeout", "cannot reach the host in time") from None
 
-    async def _open_checked(self, policy: EgressPolicy, name: str, port: int, fields: dict[str, object]
+    async def _open_checked(self, session: ProxySession, name: str, port: int, fields: dict[str, object]
                             ) -> tuple[str, int, tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+        policy = session.policy
         try:
             if _is_ip(name):
                 addresses = [normalize_host(name)]
@@ -457,6 +473,12 @@ class EgressProxy:
         except Forbidden as exc:
             fields["address"] = exc.details.get("address")
             raise _Refused(b"403 Forbidden", _why(exc, policy)) from None
+        if refusal := session.ports.refusal(policy, name, addresses, port):
+            raise _Refused(b"403 Forbidden", refusal)
+        async with self._resolving:  # reads our descriptors: off the event loop
+            own = await asyncio.to_thread(reaches_own_listener, addresses, port)
+        if own:
+            raise _Refused(b"403 Forbidden", "refused: the sidecar's own listener")
         for address in addresses:  # the addresses checked are the ones connected to
             fields["address"] = address
             try:
@@ -489,6 +511,22 @@ def _why(exc: Forbidden, policy: EgressPolicy) -> str:
     if "address" in text or "resolves" in text:
         return "refused: a private, loopback, link-local or metadata address (allow_private)"
     return "refused by the egress policy"
+
+
+def _head_problem(lines: list[bytes], headers: list[tuple[bytes, bytes, bytes]]) -> str | None:
+    """What makes a request head one an upstream might read otherwise than the proxy; None if
+    nothing does."""
+    if any(b"\r" in line or b"\n" in line for line in lines):
+        return "a bare CR or LF in the request head"
+    lengths = 0
+    for name, colon, value in headers:
+        if not colon or not _TOKEN.match(name) or not _VALUE.match(value):
+            return "a header line that is not 'name: value'"
+        lowered = name.lower()
+        lengths += lowered == b"content-length" or lowered == b"transfer-encoding"
+    if lengths > 1:
+        return "more than one Content-Length or Transfer-Encoding"
+    return None
 
 
 def _credential(headers: list[tuple[bytes, bytes, bytes]]) -> str | None:

@@ -1,14 +1,23 @@
-"""A network namespace for `mcpcreds exec`'s child, and the forwarder that is its only way out.
+"""The namespaces of `mcpcreds exec`'s child, and the forwarder that is its only way out.
 
 `enter_network_namespace()` moves the calling process (single-threaded: the CLI before it
 execs) into a new network namespace with only `lo`, brought up. As root: `unshare(CLONE_NEWNET)`;
 otherwise an unprivileged user namespace with it (the caller's uid and gid mapped to themselves,
 so the child runs as who it was, and loses the namespace's capabilities at `execve`).
+`enter_user_namespace()` gives the child a user namespace of its own where it has none yet (root,
+or net = "inherit"): the sidecar tells a peer in another user namespace apart and lets it act
+only within a grant (`sidecar/peer_ns.py`), and the kernel never lets the child or anything it
+starts leave that namespace. Root's map is the identity on every id (written from outside by a
+short-lived helper: a process cannot map more than its own uid), so the child keeps root's file
+access but has no capability outside its namespace.
 Python 3.11 has no `os.unshare`: libc's, through ctypes.
 
-`start_forwarder()` forks the forwarder inside that namespace: it accepts on 127.0.0.1 (the
-proxy address the child is given) and relays each connection to the sidecar's egress proxy
-on its Unix socket (a path: reachable from any network namespace). It dies with the child
+`start_forwarder()` starts the forwarder inside the network namespace: it accepts on 127.0.0.1
+(the proxy address the child is given) and relays each connection to the sidecar's egress proxy
+on its Unix socket (a path: reachable from any network namespace). It is forked, then re-executed
+with an empty environment (this file, run by the interpreter in isolated mode), so it holds
+nothing the child may not have: not the caller's environment, not the sidecar's answer. It makes
+itself undumpable (the child cannot ptrace it or read its /proc files), dies with the child
 (`PR_SET_PDEATHSIG`), ignores the terminal's signals, holds none of the child's stdio, and exits
 when the sidecar ends the session.
 """
@@ -23,11 +32,16 @@ import os
 import signal
 import socket
 import struct
+import sys
 from typing import Final
 
 CLONE_NEWUSER: Final = 0x10000000
 CLONE_NEWNET: Final = 0x40000000
 PR_SET_PDEATHSIG: Final = 1
+PR_SET_DUMPABLE: Final = 4
+FORWARD: Final = "--forward"  # argv[1] of the re-executed forwarder
+# root's child: every uid and gid, as outside, in two ranges (a map unlike the initial namespace's one)
+FULL_MAP: Final = "0 0 1\n1 1 4294967294\n"
 SIOCGIFFLAGS: Final = 0x8913
 SIOCSIFFLAGS: Final = 0x8914
 IFF_UP: Final = 0x1
@@ -80,14 +94,72 @@ def loopback_up() -> None:
         fcntl.ioctl(sock, SIOCSIFFLAGS, _IFREQ.pack(b"lo", flags | IFF_UP))
 
 
+def enter_user_namespace() -> None:
+    """Move this process into a new user namespace: as root with every id mapped to itself,
+    otherwise with the caller's uid and gid only. NamespaceUnavailable if the kernel refuses."""
+    libc = _libc()
+    if os.geteuid() != 0:
+        uid, gid = os.geteuid(), os.getegid()
+        if libc.unshare(CLONE_NEWUSER) != 0:
+            err = ctypes.get_errno()
+            raise NamespaceUnavailable(err, f"unprivileged user namespaces refused ({os.strerror(err)})")
+        try:
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
+            _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
+        except OSError as exc:
+            raise NamespaceUnavailable(exc.errno or 0, "cannot map the uid in the user namespace") from None
+        return
+    go_read, go_write = os.pipe()
+    done_read, done_write = os.pipe()
+    helper = os.fork()
+    if helper == 0:  # stays in our user namespace, where it may write a map of every id
+        try:
+            os.close(go_write)
+            os.close(done_read)
+            if os.read(go_read, 1) == b"1":
+                for name in ("uid_map", "gid_map"):
+                    _write(f"/proc/{os.getppid()}/{name}", FULL_MAP)
+                os.write(done_write, b"1")
+        finally:
+            os._exit(0)
+    os.close(go_read)
+    os.close(done_write)
+    unshared = libc.unshare(CLONE_NEWUSER) == 0
+    err = ctypes.get_errno()
+    os.write(go_write, b"1" if unshared else b"0")
+    os.close(go_write)
+    mapped = os.read(done_read, 1) == b"1"
+    os.close(done_read)
+    os.waitpid(helper, 0)
+    if not unshared:
+        raise NamespaceUnavailable(err, f"unshare(CLONE_NEWUSER) refused ({os.strerror(err)})")
+    if not mapped:
+        raise NamespaceUnavailable(0, "cannot map the ids in the user namespace")
+
+
+class ForwarderFailed(OSError):
+    """The forwarder could not be started (nothing was started for the child)."""
+
+
 def start_forwarder(listener: socket.socket, proxy_path: str, hold: socket.socket) -> int:
-    """Fork the forwarder; returns its pid. The caller closes its copies of both sockets."""
+    """Fork the forwarder and re-execute it clean; returns its pid once it runs undumpable (until
+    then, the child is not started: it never sees the fork, which holds what this process holds).
+    The caller closes its copies of both sockets. ForwarderFailed if it could not start."""
     parent = os.getpid()
+    ready_read, ready_write = os.pipe()
     pid = os.fork()
     if pid:
+        os.close(ready_write)
+        try:
+            ready = os.read(ready_read, 1) == b"1"  # or EOF: it exited
+        finally:
+            os.close(ready_read)
+        if not ready:
+            raise ForwarderFailed(0, "the egress forwarder did not start")
         return pid
     try:  # the forwarder: never returns
-        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # kept across the execve
         if os.getppid() != parent:  # the child is already gone
             os._exit(0)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE):
@@ -95,13 +167,29 @@ def start_forwarder(listener: socket.socket, proxy_path: str, hold: socket.socke
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # the MCP channel is the child's alone: its EOF must be its own
             os.dup2(null, fd)
-        keep = sorted({listener.fileno(), hold.fileno()})
+        keep = sorted({listener.fileno(), hold.fileno(), ready_write})
         os.closerange(3, keep[0])
         for low, high in zip(keep, [*keep[1:], 65536], strict=True):
             os.closerange(low + 1, high)
-        asyncio.run(_forward(listener, proxy_path, hold))
+        for fd in keep:
+            os.set_inheritable(fd, True)
+        # nothing of this process survives: not its environment (the caller's), not its memory
+        os.execve(sys.executable, [sys.executable, "-I", "-S", os.path.abspath(__file__), FORWARD,
+                                   proxy_path, str(listener.fileno()), str(hold.fileno()), str(ready_write)],
+                  {})
     finally:
-        os._exit(0)
+        os._exit(1)
+
+
+def forwarder_main(args: list[str]) -> None:
+    """The re-executed forwarder: `FORWARD PROXY_PATH LISTENER_FD HOLD_FD READY_FD`."""
+    _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    proxy_path, listener_fd, hold_fd, ready_fd = args
+    os.write(int(ready_fd), b"1")  # the child may start now
+    os.close(int(ready_fd))
+    listener = socket.socket(fileno=int(listener_fd))
+    hold = socket.socket(fileno=int(hold_fd))
+    asyncio.run(_forward(listener, proxy_path, hold))
 
 
 async def _forward(listener: socket.socket, proxy_path: str, hold: socket.socket) -> None:
@@ -136,3 +224,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         with contextlib.suppress(OSError, RuntimeError):
             if writer.can_write_eof():
                 writer.write_eof()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == [FORWARD]:
+    forwarder_main(sys.argv[2:])

@@ -26,6 +26,7 @@ from ..core.logs import get_logger
 from ..core.policy import check_rule_of_two
 from ..errors import Forbidden, InvalidRequest, UnknownServer
 from .egress_proxy import EgressProxy
+from .egress_rules import PortRules
 from .env_match import readable_secret_digests
 
 if TYPE_CHECKING:
@@ -134,7 +135,9 @@ class ExecRoutes:
         session_id = None
         if entry.net in PROXIED and want_proxy:
             egress = await self._started_proxy()
-            token, session = egress.new_session(entry.name, entry.egress, request.peer_uid, request.peer_pid)
+            ports = PortRules(entry.host_ports, entry.private_ports)
+            token, session = egress.new_session(entry.name, entry.egress, request.peer_uid, request.peer_pid,
+                                                ports)
             proxy, session_id = {"socket": egress.path, "token": token}, session.id
         grant = request.grant.id if request.grant is not None else None
         self.audit().write("exec", name=entry.name, net=entry.net, env_isolation=entry.env_isolation,

@@ -344,7 +344,7 @@ class EgressPolicy:
             raise Forbidden(f"egress to {name} refused: net = \"off\" allows no outbound call", host=name)
         for pattern in self.deny_hosts:
             if host_matches(pattern, name):
-                raise Forbidden(f"egress to {name} refused: deny_hosts has {pattern!r}", host=name)
+                raise Forbidden(f"egress to {name} refused: a deny_hosts entry matches it", host=name)
         if self.mode == "restricted" and not any(host_matches(p, name) for p in self.allow_hosts):
             raise Forbidden(
                 f"egress to {name} refused: net = \"restricted\" and it is not in allow_hosts", host=name)
@@ -369,8 +369,8 @@ def check_address(policy: EgressPolicy, host: str, ip: IPAddress | str) -> None:
     addr = ipaddress.ip_address(ip) if isinstance(ip, str) else ip
     for pattern in policy.deny_hosts:
         if host_matches(pattern, str(addr)):  # an address in deny_hosts, whatever name reaches it
-            raise Forbidden(f"egress to {name} refused: it resolves to {addr}, and deny_hosts has "
-                            f"{pattern!r}", host=name, address=str(addr))
+            raise Forbidden(f"egress to {name} refused: it resolves to {addr}, which a deny_hosts entry "
+                            "matches", host=name, address=str(addr))
     problem = address_problem(addr)
     if problem is None:
         return

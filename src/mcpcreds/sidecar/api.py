@@ -213,6 +213,10 @@ class Api:
             if request.peer_uid in self.broker.config.sidecar.grant_only_uids and route not in _OPEN_ROUTES:
                 raise Forbidden("this uid may only act within a grant (sidecar.grant_only_uids): "
                                 "send Authorization: Bearer <grant>")
+            if request.grant_only and route not in _OPEN_ROUTES:
+                raise Forbidden("a process in another user or network namespace than the sidecar's "
+                                "(an `mcpcreds exec` child, a container) may only act within a grant: "
+                                "send Authorization: Bearer <grant>")
             result = handler(request)
         except McpcredsError as exc:
             return self._error(exc, route, request)

@@ -26,6 +26,7 @@ from ..errors import ConfigError, McpcredsError
 from ..net.egress import shared_ssl_context
 from .activation import listen_fds, take_sockets
 from .api import Api
+from .peer_ns import set_undumpable
 from .sdnotify import Notifier, keepalive, status_text
 from .tcp_listener import start_listener
 from .wire import Connections, HttpConnection, bind_unix_socket
@@ -176,6 +177,7 @@ class Sidecar:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        set_undumpable()  # an exec child (our uid, maybe) cannot read our memory or environment
         shared_ssl_context()  # built before the first login needs it, not on the event loop then
         check_sidecar_uid(self.config)
         prepare_socket_dir(self.socket_path)

@@ -32,6 +32,7 @@ from ..core.http import (
 )
 from ..core.logs import get_logger
 from ..core.tasks import spawn
+from .peer_ns import in_own_namespaces
 
 MAX_HEAD_BYTES: Final = 16 * 1024
 MAX_BODY_BYTES: Final = 64 * 1024
@@ -91,6 +92,7 @@ class HttpConnection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.peer_uid = -1
         self.peer_pid = -1
+        self.grant_only = False  # a peer in other namespaces than ours: within a grant only
         self.queue: deque[tuple[Request, bool, float]] = deque()
         self.in_flight: asyncio.Task[Any] | None = None
         self.long_lived = False  # in_flight is a listening stream
@@ -129,6 +131,7 @@ class HttpConnection(asyncio.Protocol):
             _log.warning("peer refused", extra={"uid": self.peer_uid, "pid": self.peer_pid})
             transport.abort()
             return
+        self.grant_only = not in_own_namespaces(self.peer_pid)
         self.connections.open.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -239,7 +242,7 @@ class HttpConnection(asyncio.Protocol):
         if self.rejected or self.closing:  # after a close nothing more is answered: nor run
             return
         if (self.in_flight is None and not self.queue and not self.body_parts
-                and self.authorization is None and self.transport is not None
+                and self.authorization is None and self.transport is not None and not self.grant_only
                 and self.parser.should_keep_alive() and self.parser.get_method() == b"GET"):
             answer = self.app.fast_get(self.url, time.perf_counter(), self.peer_uid)
             if answer is not None:
@@ -261,6 +264,7 @@ class HttpConnection(asyncio.Protocol):
             authorization=auth,
             peer_uid=self.peer_uid,
             peer_pid=self.peer_pid,
+            grant_only=self.grant_only,
         )
         if self.collect:
             request.headers = tuple(self.headers)
