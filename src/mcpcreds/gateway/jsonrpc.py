@@ -411,13 +411,14 @@ class Inspector:
         return [t for t in tools if isinstance(t, dict) and t.get("name") in allowed]
 
 
-def withheld_answer(pending: Mapping[IdKey, str], what: str) -> Any:
-    """The JSON-RPC error(s) that stand for an upstream answer the gateway withheld: one per
-    request still waiting (a batch if several), or one with id null."""
-    message = f"the MCP server's answer was withheld by the gateway: {what}"
-    errors = [error(value, GATEWAY_ERROR, message, {"code": "upstream_error"}) for (_, value) in pending]
+def withheld_answer(pending: Mapping[IdKey, str], what: str, code: str = "upstream_error") -> Any:
+    """The JSON-RPC error(s) that stand for an upstream answer the gateway withheld (or gave up
+    waiting for): one per request still waiting (a batch if several), or one with id null."""
+    message = (f"the MCP server's answer was withheld by the gateway: {what}" if code == "upstream_error"
+               else f"the gateway gave up waiting for the MCP server: {what}")
+    errors = [error(value, GATEWAY_ERROR, message, {"code": code}) for (_, value) in pending]
     if not errors:
-        return error(None, GATEWAY_ERROR, message, {"code": "upstream_error"})
+        return error(None, GATEWAY_ERROR, message, {"code": code})
     return errors[0] if len(errors) == 1 else errors
 
 

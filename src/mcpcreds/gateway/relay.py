@@ -38,7 +38,7 @@ import asyncio
 import time
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -48,7 +48,7 @@ from ..broker.broker import Actor, Broker
 from ..broker.headers import HeadersResult
 from ..config.model import Target, is_aws
 from ..core.credshape import credential_name
-from ..core.http import MAX_GATEWAY_BODY_BYTES, Answer, Request, Response, StreamingResponse
+from ..core.http import Answer, Request, Response, StreamingResponse
 from ..core.logs import get_logger
 from ..core.metrics import Metrics
 from ..core.rates import parse_retry_after
@@ -65,14 +65,14 @@ from ..signers.aauth import AAuthSigner
 from ..signers.sigv4 import SigV4Signer
 from . import jsonrpc
 from .sessions import LiveSessions, Owner
-from .sse import EventTooLarge, SseSplitter
+from .stream import SseBody, ToolCalls
 from .strict_json import Masker
 
 _log = get_logger("gateway")
 
 MAX_JSON_ANSWER: Final = 16 * 1024 * 1024  # a JSON (or other non-SSE) answer is read whole, up to this
-MAX_SSE_EVENT: Final = MAX_GATEWAY_BODY_BYTES  # one SSE event (the MCP SDK client takes 1 MiB)
 MAX_AUDITED_NAME: Final = 128
+DEFAULT_ANSWER_TIMEOUT: Final = 300.0  # placeholder until the config key lands
 # connect and write are bounded; reading is not (a tool may run long, an SSE stream may idle):
 # a client that gives up closes its connection, and that cancels the upstream request
 UPSTREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
@@ -126,94 +126,6 @@ def _metric_status(status: str) -> str:
     return "other"
 
 
-class _ToolCalls:
-    """The `tools/call` requests of one POST, each audited once when its fate is known."""
-
-    def __init__(self, gateway: Gateway, target: Target, request: Request,
-                 calls: dict[jsonrpc.IdKey, str]) -> None:
-        self.gateway = gateway
-        self.target = target
-        self.actor = Actor(request.peer_uid, request.peer_pid, request.grant.id if request.grant else None)
-        self.started = time.perf_counter()
-        self.calls = calls
-
-    def answered(self, key: jsonrpc.IdKey, method: str, status: str) -> None:
-        tool = self.calls.pop(key, None)
-        if tool is not None:
-            seconds = time.perf_counter() - self.started
-            self.gateway.tool_call_done(self.target, tool, self.actor, status, seconds)
-
-    def finish_all(self, status: str) -> None:
-        for key in list(self.calls):
-            self.answered(key, jsonrpc.TOOLS_CALL, status)
-
-
-class _SseBody:
-    """An upstream SSE answer, relayed event by event (see `wire.ResponseBody`)."""
-
-    def __init__(self, response: httpx.Response, inspector: jsonrpc.Inspector, calls: _ToolCalls | None,
-                 target: Target) -> None:
-        self.response = response
-        self.inspector = inspector
-        self.calls = calls
-        self.target = target
-        self.gen: AsyncIterator[bytes] | None = None
-        self.end = "cancelled"  # what befalls the calls still unanswered when the body is closed
-        self.closed = False
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        if self.gen is None:
-            self.gen = self._events()
-        return self.gen
-
-    async def first(self) -> bytes:
-        """The first events, once the upstream sent them (b"" if it ended first): they go out with
-        the head of the answer. Later events are relayed as they come (see `__aiter__`)."""
-        return await anext(aiter(self), b"")
-
-    async def _events(self) -> AsyncIterator[bytes]:
-        splitter = SseSplitter(MAX_SSE_EVENT)
-        inspector = self.inspector
-        try:
-            async for chunk in self.response.aiter_raw():  # never decoded: see `_answer`
-                events = splitter.feed(chunk)
-                if events:
-                    out = b"".join([inspector.event(event) for event in events])
-                    if out:
-                        yield out
-            self.end = "no_response"
-        except httpx.HTTPError as exc:  # the upstream dropped mid-stream
-            self.end = "dropped"
-            _log.warning("upstream stream dropped", extra={"server": self.target.name,
-                                                            "error": type(exc).__name__})
-        except EventTooLarge:
-            self.end = "dropped"
-            _log.warning("upstream SSE event too large: stream ended",
-                         extra={"server": self.target.name, "limit": MAX_SSE_EVENT})
-        if inspector.dropped:
-            _log.warning("upstream SSE events withheld: not JSON-RPC read one way only",
-                         extra={"server": self.target.name, "events": inspector.dropped})
-            if inspector.pending:  # what waits for an answer that was withheld gets an error instead
-                answer = jsonrpc.withheld_answer(inspector.pending, "an event not JSON-RPC read one way only")
-                for key, method in list(inspector.pending.items()):
-                    if self.calls is not None:
-                        self.calls.answered(key, method, "withheld")
-                inspector.pending.clear()
-                yield b"data: " + jsonrpc.dumps(answer) + b"\n\n"
-        if self.calls is not None:  # before the client sees the end of the stream
-            self.calls.finish_all(self.end)
-
-    async def aclose(self) -> None:
-        self.closed = True
-        try:
-            if self.gen is not None:
-                await self.gen.aclose()  # type: ignore[attr-defined]
-        finally:
-            await self.response.aclose()
-            if self.calls is not None:
-                self.calls.finish_all(self.end)
-
-
 class Gateway:
     def __init__(self, broker: Broker, metrics: Metrics, aauth: AAuthSigner, sigv4: SigV4Signer) -> None:
         self.broker = broker
@@ -221,7 +133,7 @@ class Gateway:
         self._warned: set[tuple[str, str]] = set()
         self.sessions = LiveSessions(broker.clock.monotonic)
         self._in_flight: Counter[str] = Counter()  # server -> requests waiting for the upstream's answer
-        self._streams: weakref.WeakSet[_SseBody] = weakref.WeakSet()  # SSE answers being relayed
+        self._streams: weakref.WeakSet[SseBody] = weakref.WeakSet()  # SSE answers being relayed
         self._sent: dict[str, tuple[HeadersResult, _Sent]] = {}  # server -> its current credentials, prepared
         self._urls: dict[str, httpx.URL] = {}
         self.aauth = aauth  # signs for servers with `aauth`: the agent key stays in the sidecar
@@ -292,7 +204,7 @@ class Gateway:
         except jsonrpc.JsonRpcError as exc:
             self._observe(target, request.method, 400, started)
             return _rpc_response(400, jsonrpc.error(None, exc.code, exc.message))
-        calls = _ToolCalls(self, target, request, out.tool_calls())
+        calls = ToolCalls(self.tool_call_done, target, request, out.tool_calls())
         try:
             mirrors = jsonrpc.mirrored(out, *(_one_header(request, name) for name in _MIRRORED))
         except jsonrpc.JsonRpcError as exc:
@@ -435,10 +347,12 @@ class Gateway:
                                  content=body,
                                  extensions={"timeout": _UPSTREAM_TIMEOUTS})
         transport = self.broker.gateway_transport(target)
+        timeout = answer_timeout(target)
         try:
-            response = await transport.handle_async_request(upstream)
-        except httpx.TimeoutException:
-            raise UpstreamTimeout("the MCP server did not answer in time") from None
+            async with asyncio.timeout(timeout):
+                response = await transport.handle_async_request(upstream)
+        except (httpx.TimeoutException, TimeoutError):
+            raise UpstreamTimeout(f"the MCP server did not answer within {timeout:g} s") from None
         except httpx.HTTPError as exc:
             raise UpstreamError(f"the MCP server could not be reached ({type(exc).__name__})") from None
         response.request = upstream
@@ -477,7 +391,7 @@ class Gateway:
     # -- the answer
 
     async def _answer(self, request: Request, target: Target, response: httpx.Response, sent: HeadersResult,
-                      calls: _ToolCalls | None, pending: dict[jsonrpc.IdKey, str], started: float,
+                      calls: ToolCalls | None, pending: dict[jsonrpc.IdKey, str], started: float,
                       body_sent: bytes) -> Answer:
         waiting = dict(pending)
         try:
@@ -499,13 +413,14 @@ class Gateway:
             self._follow_session(request, target, response)
             kind = jsonrpc.answer_kind(response.headers.get("content-type", ""))
             if kind == "sse" and 200 <= status < 300:
-                stream = _SseBody(response, inspector, calls, target)
                 listening = request.method == "GET"  # may stay silent for long: its head goes at once
+                gap = None if listening else answer_timeout(target)
+                stream = SseBody(response, inspector, calls, target, gap)
                 first = b"" if listening else await stream.first()
                 self._streams.add(stream)
                 return StreamingResponse(status, stream, content_type=b"text/event-stream",
                                          extra_headers=extra, long_lived=listening, first=first)
-            body = await _read(response, MAX_JSON_ANSWER)
+            body = await _read(response, MAX_JSON_ANSWER, answer_timeout(target))
         except BaseException as exc:
             await response.aclose()
             if calls is not None:
@@ -571,22 +486,28 @@ class Gateway:
                 _log.warning("tool policy", extra={"server": target.name, "warning": warning})
 
 
-async def _read(response: httpx.Response, limit: int) -> bytes:
+async def _read(response: httpx.Response, limit: int, timeout: float) -> bytes:
     if response.is_stream_consumed:  # a signer read a refusal already (bounded; identity: see `_send`)
         return response.content
     parts: list[bytes] = []
     size = 0
     try:
-        async for chunk in response.aiter_raw():  # never decoded: a compressed answer is refused
-            size += len(chunk)
-            if size > limit:
-                raise UpstreamError(f"the MCP server's answer exceeds {limit} bytes")
-            parts.append(chunk)
-    except httpx.TimeoutException:
-        raise UpstreamTimeout("the MCP server did not finish its answer in time") from None
+        async with asyncio.timeout(timeout):
+            async for chunk in response.aiter_raw():  # never decoded: a compressed answer is refused
+                size += len(chunk)
+                if size > limit:
+                    raise UpstreamError(f"the MCP server's answer exceeds {limit} bytes")
+                parts.append(chunk)
+    except (httpx.TimeoutException, TimeoutError):
+        raise UpstreamTimeout(f"the MCP server did not finish its answer within {timeout:g} s") from None
     except httpx.HTTPError as exc:
         raise UpstreamError(f"the MCP server's answer was cut ({type(exc).__name__})") from None
     return b"".join(parts)
+
+
+def answer_timeout(target: Target) -> float:
+    """How long the gateway waits for the server's answer, and between the events of an SSE answer."""
+    return DEFAULT_ANSWER_TIMEOUT
 
 
 def _backoff(response: httpx.Response) -> bool:

@@ -1,0 +1,136 @@
+"""What the gateway follows while an answer is relayed: the `tools/call` requests of a POST, each
+audited once when its fate is known (`ToolCalls`), and an upstream SSE answer relayed event by
+event, each event checked and written anew, the wait for the next one bounded (`SseBody`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Final
+
+import httpx
+
+from ..broker.broker import Actor
+from ..config.model import Target
+from ..core.http import MAX_GATEWAY_BODY_BYTES, Request
+from ..core.logs import get_logger
+from . import jsonrpc
+from .sse import EventTooLarge, SseSplitter
+
+_log = get_logger("gateway")
+
+MAX_SSE_EVENT: Final = MAX_GATEWAY_BODY_BYTES  # one SSE event (the MCP SDK client takes 1 MiB)
+ToolCallDone = Callable[[Target, str, Actor, str, float], None]  # target, tool, actor, status, seconds
+
+
+class ToolCalls:
+    """The `tools/call` requests of one POST, each audited once when its fate is known."""
+
+    def __init__(self, done: ToolCallDone, target: Target, request: Request,
+                 calls: dict[jsonrpc.IdKey, str]) -> None:
+        self.done = done
+        self.target = target
+        self.actor = Actor(request.peer_uid, request.peer_pid, request.grant.id if request.grant else None)
+        self.started = time.perf_counter()
+        self.calls = calls
+
+    def answered(self, key: jsonrpc.IdKey, method: str, status: str) -> None:
+        tool = self.calls.pop(key, None)
+        if tool is not None:
+            seconds = time.perf_counter() - self.started
+            self.done(self.target, tool, self.actor, status, seconds)
+
+    def finish_all(self, status: str) -> None:
+        for key in list(self.calls):
+            self.answered(key, jsonrpc.TOOLS_CALL, status)
+
+
+class SseBody:
+    """An upstream SSE answer, relayed event by event (see `wire.ResponseBody`)."""
+
+    def __init__(self, response: httpx.Response, inspector: jsonrpc.Inspector, calls: ToolCalls | None,
+                 target: Target, gap: float | None) -> None:
+        self.response = response
+        self.gap = gap  # the longest wait for the next event (None: a listening stream, never cut)
+        self.inspector = inspector
+        self.calls = calls
+        self.target = target
+        self.gen: AsyncIterator[bytes] | None = None
+        self.end = "cancelled"  # what befalls the calls still unanswered when the body is closed
+        self.closed = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.gen is None:
+            self.gen = self._events()
+        return self.gen
+
+    async def first(self) -> bytes:
+        """The first events, once the upstream sent them (b"" if it ended first): they go out with
+        the head of the answer. Later events are relayed as they come (see `__aiter__`)."""
+        return await anext(aiter(self), b"")
+
+    async def _events(self) -> AsyncIterator[bytes]:
+        splitter = SseSplitter(MAX_SSE_EVENT)
+        inspector = self.inspector
+        chunks = self.response.aiter_raw()  # never decoded: see `_send`
+        loop = asyncio.get_running_loop()
+        deadline = None if self.gap is None else loop.time() + self.gap
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):  # each event (a progress one too) resets it
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                events = splitter.feed(chunk)
+                if events:
+                    if self.gap is not None:
+                        deadline = loop.time() + self.gap
+                    out = b"".join([inspector.event(event) for event in events])
+                    if out:
+                        yield out
+            self.end = "no_response"
+        except TimeoutError:  # the server went quiet for longer than `timeout`: its request is cancelled
+            self.end = "upstream_timeout"
+            _log.warning("upstream timeout: no SSE event in time", extra={"server": self.target.name,
+                                                                          "timeout": self.gap})
+            if inspector.pending:
+                yield self._void(f"no event from the MCP server within {self.gap:g} s (its timeout)",
+                                 "upstream_timeout")
+        except httpx.HTTPError as exc:  # the upstream dropped mid-stream
+            self.end = "dropped"
+            _log.warning("upstream stream dropped", extra={"server": self.target.name,
+                                                            "error": type(exc).__name__})
+        except EventTooLarge:
+            self.end = "dropped"
+            _log.warning("upstream SSE event too large: stream ended",
+                         extra={"server": self.target.name, "limit": MAX_SSE_EVENT})
+        if inspector.dropped:
+            _log.warning("upstream SSE events withheld: not JSON-RPC read one way only",
+                         extra={"server": self.target.name, "events": inspector.dropped})
+            if inspector.pending:  # what waits for an answer that was withheld gets an error instead
+                yield self._void("an event not JSON-RPC read one way only", "withheld")
+        if self.calls is not None:  # before the client sees the end of the stream
+            self.calls.finish_all(self.end)
+
+    def _void(self, what: str, status: str) -> bytes:
+        """An SSE event of errors for the requests still waiting, each audited with `status`."""
+        pending = self.inspector.pending
+        answer = jsonrpc.withheld_answer(pending, what, "upstream_timeout" if status == "upstream_timeout"
+                                         else "upstream_error")
+        for key, method in list(pending.items()):
+            if self.calls is not None:
+                self.calls.answered(key, method, status)
+        pending.clear()
+        return b"data: " + jsonrpc.dumps(answer) + b"\n\n"
+
+    async def aclose(self) -> None:
+        self.closed = True
+        try:
+            if self.gen is not None:
+                await self.gen.aclose()  # type: ignore[attr-defined]
+        finally:
+            await self.response.aclose()
+            if self.calls is not None:
+                self.calls.finish_all(self.end)
