@@ -319,6 +319,10 @@ def answer_kind(content_type: str) -> str | None:
     return kind
 
 
+class Answered(Exception):
+    """A request of the server's that the gateway answers itself: not relayed."""
+
+
 class Withheld(ValueError):
     """An upstream message the gateway will not pass on (not JSON-RPC read one way only)."""
 
@@ -340,6 +344,9 @@ class Inspector:
     limit: int = 16 * 1024 * 1024
     granted: frozenset[str] | None = None  # the tools a grant narrows the server to (None: no narrowing)
     dropped: int = 0  # SSE events withheld
+    # a request of the server's own (elicitation, roots, sampling): the message to relay (as it
+    # is or changed), or None when the gateway answers it itself and the client never sees it
+    on_server_request: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
 
     def json_body(self, body: bytes) -> bytes | None:
         """A whole application/json answer (one message or a batch), checked, filtered, masked and
@@ -359,6 +366,8 @@ class Inspector:
             if not parsed.data:  # a keep-alive, or a priming event (an id, empty data)
                 return parsed.write(None if parsed.data is None else b"")
             return parsed.write(dumps(self._document(loads(parsed.data))))
+        except Answered:
+            return b""
         except (BadEvent, StrictJsonError, Withheld):
             self.dropped += 1
             return b""
@@ -377,6 +386,11 @@ class Inspector:
             kind = _message(message).kind
         except JsonRpcError as exc:
             raise Withheld(exc.message) from None
+        if kind == "request" and self.on_server_request is not None:
+            relayed = self.on_server_request(message)
+            if relayed is None:
+                raise Answered
+            message = relayed
         if kind == "response":
             key = id_key(message.get("id"))
             method = self.pending.pop(key, None) if _valid_id(message.get("id")) else None
@@ -409,6 +423,37 @@ class Inspector:
         if self.granted is not None:
             allowed &= self.granted
         return [t for t in tools if isinstance(t, dict) and t.get("name") in allowed]
+
+
+def rewrite_initialize(out: Outgoing, roots: bool | None, elicitation: bool) -> Outgoing:
+    """`out` with its `initialize` request's client capabilities as the gateway keeps them: `roots`
+    declared when the gateway answers `roots/list` itself (`roots` True; None: as the client said),
+    `elicitation` removed when the server may not elicit. Other messages, and a body without an
+    `initialize`, are returned as they are."""
+    changed = False
+    messages = []
+    for m in out.messages:
+        params = m.raw.get("params")
+        caps = params.get("capabilities") if isinstance(params, dict) else None
+        if m.method != "initialize" or m.kind != "request" or not isinstance(params, dict) \
+                or not isinstance(caps, dict):
+            messages.append(m)
+            continue
+        new_caps = dict(caps)
+        if roots is not None:
+            new_caps.pop("roots", None)
+            if roots:
+                new_caps["roots"] = {"listChanged": False}
+        if not elicitation:
+            new_caps.pop("elicitation", None)
+        if new_caps != caps:
+            changed = True
+            m = Message({**m.raw, "params": {**params, "capabilities": new_caps}}, m.kind)
+        messages.append(m)
+    if not changed:
+        return out
+    raws = [m.raw for m in messages]
+    return Outgoing(tuple(messages), out.batch, dumps(raws if out.batch else raws[0]))
 
 
 def withheld_answer(pending: Mapping[IdKey, str], what: str, code: str = "upstream_error") -> Any:
