@@ -32,6 +32,9 @@ enroll = { token = "{{secret:ENROLL}}" }
 [exec.tool]
 env = { "A" = "b" }
 net = "off"
+[exec.wide]
+net = "broad_audited"
+authorization = { by = "ops", reason = "needs the package index" }
 [[servers]]
 name = "st"
 endpoint = "https://st.example.com/mcp"
@@ -58,6 +61,7 @@ oauth = { client_id = "c", client_secret = "{{secret:S}}", token_url = "https://
 PATHS = [
     (r"sidecar", "[sidecar]"), (r"secrets", "[secrets]"), (r"gateway", "[gateway]"), (r"aauth", "[aauth]"),
     (r"aauth\.enroll", "[aauth.enroll]"), (r"exec\.[^.]+", "[exec.NAME]"),
+    (r"exec\.[^.]+\.authorization", "authorization = { by, reason } (an [exec.NAME]'s consent)"),
     (r"(servers\[\d+\]|services\.[^.]+)", "[[servers]] and [services.NAME]"),
     (r"(servers\[\d+\]|services\.[^.]+)\.oauth", "oauth = {...} (a server's OAuth client)"),
     (r"(servers\[\d+\]|services\.[^.]+)\.auth", "auth = {...} (kind static, oauth2)"),
