@@ -130,6 +130,10 @@ def test_the_defaults_shown_are_the_ones_the_parser_applies() -> None:
     gateway = server.servers["a"].gateway
     for key in ("expose", "max_wait"):
         assert shown["[[servers]] and [services.NAME]"][key][0] == _toml(getattr(gateway, key))
+    for key, (default, _) in shown["[gateway]"].items():
+        value = getattr(empty.content_defaults, key, None)  # listen is not a content key
+        if value is not None:  # pin_tools: described in words
+            assert default == _toml(value), ("[gateway]", key, default, value)
 
 
 def test_the_command_prints_the_page() -> None:

@@ -151,11 +151,13 @@ def _parse_authorization(c: Collector, path: str, raw: Any, net: str) -> Authori
         return None
     if net != CONSENTED:
         c.warnings.append(f'{apath}: not used unless net = "{CONSENTED}"')
-    t = c.table(apath, raw)
-    c.keys(apath, t, AUTHORIZATION_KEYS)
+    if not isinstance(raw, dict):
+        c.error(apath, 'expected a table: { by = "who allowed it", reason = "why" }')
+        return None
+    c.keys(apath, raw, AUTHORIZATION_KEYS)
     said: dict[str, str] = {}
     for key, most in AUTHORIZATION_LIMITS.items():
-        value = t.get(key)
+        value = raw.get(key)
         kpath = join(apath, key)
         if not isinstance(value, str) or not value.strip() or len(value) > most:
             c.error(kpath, f"required: a non-empty string of at most {most} characters")
