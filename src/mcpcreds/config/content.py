@@ -133,7 +133,9 @@ def parse_content(c: Collector, path: str, t: dict[str, Any], base: ContentPolic
     found = {k: t[k] for k in keys if k in t}
 
     def flag(key: str, default: bool) -> bool:
-        if not isinstance(found.get(key), bool):
+        if key not in found:
+            return default
+        if not isinstance(found[key], bool):
             c.error(join(path, key), "expected true or false")
             return default
         return bool(found[key])
@@ -150,26 +152,24 @@ def parse_content(c: Collector, path: str, t: dict[str, Any], base: ContentPolic
     return ContentPolicy(
         timeout=timeout,
         roots=_roots(c, join(path, "roots"), found["roots"]) if "roots" in found else base.roots,
-        elicitation_enabled=flag("elicitation_enabled", base.elicitation_enabled)
-        if "elicitation_enabled" in found else base.elicitation_enabled,
+        elicitation_enabled=flag("elicitation_enabled", base.elicitation_enabled),
         elicitation_timeout_secs=count(c, join(path, "elicitation_timeout_secs"),
                                        found.get("elicitation_timeout_secs"), base.elicitation_timeout_secs,
                                        MAX_ELICITATION_TIMEOUT),
-        media_passthrough=flag("media_passthrough", base.media_passthrough)
-        if "media_passthrough" in found else base.media_passthrough,
+        media_passthrough=flag("media_passthrough", base.media_passthrough),
         on_injection=on_injection,
         pin_tools=flag("pin_tools", True) if "pin_tools" in found else base.pin_tools,
     )
 
 
-def sandbox_warnings(path: str, t: dict[str, Any], content: ContentPolicy, trust: str) -> list[str]:
+def sandbox_warnings(path: str, t: dict[str, Any], trust: str) -> list[str]:
     """A sandboxed server's own keys that its trust overrides (said once, at load)."""
     if trust != SANDBOXED:
         return []
     out = []
-    if t.get("elicitation_enabled") is True and content.elicitation_enabled:
+    if t.get("elicitation_enabled") is True:
         out.append(f"{join(path, 'elicitation_enabled')}: a sandboxed server never elicits: not used")
-    if t.get("media_passthrough") is True and content.media_passthrough:
+    if t.get("media_passthrough") is True:
         out.append(f"{join(path, 'media_passthrough')}: a sandboxed server's media is always withheld: "
                    "not used")
     return out

@@ -387,7 +387,7 @@ def parse_servers(c: Collector, raw: Any, services: dict[str, Target],
             target = _standalone_server(c, path, name, t, content)
         if target is not None:
             servers[name] = target
-            c.warnings.extend(sandbox_warnings(path, t, target.content, target.trust.trust))
+            c.warnings.extend(sandbox_warnings(path, t, target.trust.trust))
     return servers
 
 
