@@ -23,9 +23,10 @@ from mcpcreds.cli.main import cmd_check
 from mcpcreds.config import model as cfg
 from mcpcreds.config.aauth import AAUTH_KEYS, ENROLL_KEYS
 from mcpcreds.config.aws import AWS_KEYS
-from mcpcreds.config.exec import EXEC_KEYS
+from mcpcreds.config.exec import AUTHORIZATION_KEYS, EXEC_KEYS
 from mcpcreds.config.load import parse_config
 from mcpcreds.config.servers import AUTH_KEYS, ENTRY_KEYS, OAUTH_KEYS, TRUST_KEYS
+from mcpcreds.config.sidecar import GATEWAY_KEYS
 from mcpcreds.config.spiffe import SPIFFE_KEYS
 from mcpcreds.errors import ConfigError
 from tests.conftest import CANARY, run_cli
@@ -60,7 +61,7 @@ def fields(kind: Any) -> tuple[str, ...]:
 def places() -> Iterator[Place]:
     """Every key the parsers know (their own key lists), and an unknown one, in each table."""
     for table, keys in (("sidecar", fields(cfg.SidecarConfig)), ("secrets", fields(cfg.SecretsConfig)),
-                        ("gateway", ("listen",))):
+                        ("gateway", GATEWAY_KEYS)):
         for key in (*keys, "colour"):
             yield f"{table}.{key}", {table: {}}, (table, key)
     for key in ("name", "service", *ENTRY_KEYS, *TRUST_KEYS, "colour"):
@@ -82,6 +83,9 @@ def places() -> Iterator[Place]:
     for key in (*EXEC_KEYS, "command", "colour"):
         yield f"exec.{key}", {"exec": {"x": {}}}, ("exec", "x", key)
     yield "exec env value", {"exec": {"x": {"env": {}}}}, ("exec", "x", "env", "A")
+    consent = {"net": "broad_audited", "authorization": {"by": "ops", "reason": "why"}}
+    for key in (*AUTHORIZATION_KEYS, "colour"):
+        yield f"exec.authorization.{key}", {"exec": {"x": consent}}, ("exec", "x", "authorization", key)
     # names that are not names: a service's, an exec entry's (a server's is `servers.name` above)
     yield "a service's name", {"services": {KEY: {"endpoint": SERVER["endpoint"]}}}, ("services", KEY)
     yield "an exec entry's name", {"exec": {KEY: {}}}, ("exec", KEY)
@@ -158,11 +162,12 @@ def everything() -> dict[str, Any]:
     return {
         "sidecar": canaries(fields(cfg.SidecarConfig)),
         "secrets": canaries(fields(cfg.SecretsConfig)),
-        "gateway": canaries(["listen"]),
+        "gateway": canaries(GATEWAY_KEYS),
         "services": {"x": canaries(ENTRY_KEYS + TRUST_KEYS), f"{C} x": {"endpoint": C}},
         "servers": servers,
         "aauth": canaries(AAUTH_KEYS, enroll=canaries(ENROLL_KEYS)),
-        "exec": {"x": canaries(EXEC_KEYS, env={"A": C, "B": [C]}), f"{C}!": {}},
+        "exec": {"x": canaries(EXEC_KEYS, env={"A": C, "B": [C]}), f"{C}!": {},
+                 "y": {"net": "broad_audited", "authorization": canaries(AUTHORIZATION_KEYS)}},
     }
 
 

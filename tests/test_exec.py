@@ -75,6 +75,7 @@ allow_private = ["localhost"]
 
 [exec.broad]
 net = "broad_audited"
+authorization = {{ by = "the tests", reason = "reach the test upstream" }}
 deny_hosts = ["blocked.localhost"]
 allow_private = ["localhost", "127.0.0.1"]
 

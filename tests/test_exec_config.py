@@ -46,7 +46,7 @@ def test_a_credential_shaped_literal_in_env_is_refused_without_mentioning_litera
 
 
 def test_the_trifecta_warning_names_exec_entries() -> None:
-    together = parse(SENSITIVE_SERVER + '[exec.gh]\nnet = "broad_audited"\n')
+    together = parse(SENSITIVE_SERVER + '[exec.gh]\nnet = "broad_audited"\nauthorization = { by = "ops", reason = "r" }\n')
     [warning] = together.warnings
     assert "exec:gh" in warning and "crm" in warning and "refused" in warning
     alone = parse('[exec.trio]\ntags = ["sensitive", "untrusted_input"]\n')

@@ -214,6 +214,7 @@ endpoint = "https://docs.example.com/mcp"
 
 [exec.loopback]
 net = "broad_audited"
+authorization = {{ by = "the tests", reason = "hostile clients of the proxy" }}
 allow_private = ["127.0.0.1"]
 """)
     with run_sidecar(config, sock) as proc:

@@ -32,6 +32,9 @@ enroll = { token = "{{secret:ENROLL}}" }
 [exec.tool]
 env = { "A" = "b" }
 net = "off"
+[exec.wide]
+net = "broad_audited"
+authorization = { by = "ops", reason = "needs the package index" }
 [[servers]]
 name = "st"
 endpoint = "https://st.example.com/mcp"
@@ -58,6 +61,7 @@ oauth = { client_id = "c", client_secret = "{{secret:S}}", token_url = "https://
 PATHS = [
     (r"sidecar", "[sidecar]"), (r"secrets", "[secrets]"), (r"gateway", "[gateway]"), (r"aauth", "[aauth]"),
     (r"aauth\.enroll", "[aauth.enroll]"), (r"exec\.[^.]+", "[exec.NAME]"),
+    (r"exec\.[^.]+\.authorization", "authorization = { by, reason } (an [exec.NAME]'s consent)"),
     (r"(servers\[\d+\]|services\.[^.]+)", "[[servers]] and [services.NAME]"),
     (r"(servers\[\d+\]|services\.[^.]+)\.oauth", "oauth = {...} (a server's OAuth client)"),
     (r"(servers\[\d+\]|services\.[^.]+)\.auth", "auth = {...} (kind static, oauth2)"),
@@ -126,6 +130,10 @@ def test_the_defaults_shown_are_the_ones_the_parser_applies() -> None:
     gateway = server.servers["a"].gateway
     for key in ("expose", "max_wait"):
         assert shown["[[servers]] and [services.NAME]"][key][0] == _toml(getattr(gateway, key))
+    for key, (default, _) in shown["[gateway]"].items():
+        value = getattr(empty.content_defaults, key, None)  # listen is not a content key
+        if value is not None:  # pin_tools: described in words
+            assert default == _toml(value), ("[gateway]", key, default, value)
 
 
 def test_the_command_prints_the_page() -> None:

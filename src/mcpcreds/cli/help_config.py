@@ -2,9 +2,10 @@
 
 The keys come from the parser's own definitions, so the page cannot drift from what `check`
 accepts: the [sidecar] and [secrets] keys are the fields of SidecarConfig and SecretsConfig (their
-defaults too), a server's keys are config.servers.ENTRY_KEYS and TRUST_KEYS, the auth tables' are
-OAUTH_KEYS, AUTH_KEYS, config.aws.AWS_KEYS and config.spiffe.SPIFFE_KEYS, [aauth]'s and
-[exec.NAME]'s their modules' tuples. Only the one-line meanings (and defaults no dataclass
+defaults too), [gateway]'s are config.sidecar.GATEWAY_KEYS (ContentPolicy's defaults), a
+server's keys are config.servers.ENTRY_KEYS and TRUST_KEYS, the auth tables' are OAUTH_KEYS,
+AUTH_KEYS, config.aws.AWS_KEYS and config.spiffe.SPIFFE_KEYS, [aauth]'s and [exec.NAME]'s (and its
+authorization's) their modules' tuples. Only the one-line meanings (and defaults no dataclass
 holds) are written here; a key the parser accepts without a line here prints as "(not described
 yet)", which tests/test_help_config.py refuses.
 """
@@ -18,8 +19,10 @@ from typing import Any, Final, TextIO
 from ..config import model as cfg
 from ..config.aauth import AAUTH_KEYS, ENROLL_KEYS, AAuthConfig
 from ..config.aws import AWS_KEYS, AwsAuth
-from ..config.exec import EXEC_KEYS, ExecEntry
+from ..config.content import DEFAULT_ELICITATION_TIMEOUT, DEFAULT_TIMEOUT, MAX_ROOTS, ContentPolicy
+from ..config.exec import AUTHORIZATION_KEYS, EXEC_KEYS, ExecEntry
 from ..config.servers import AUTH_KEYS, ENTRY_KEYS, OAUTH_KEYS, TRUST_KEYS
+from ..config.sidecar import GATEWAY_KEYS
 from ..config.spiffe import SPIFFE_KEYS
 
 UNDESCRIBED: Final = "(not described yet)"
@@ -59,6 +62,14 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
     },
     "gateway": {
         "listen": ("off", "\"127.0.0.1:PORT\" or \"[::1]:PORT\": the gateway's loopback TCP listener"),
+        "timeout": (_NO_DEFAULT, "every server's timeout unless it sets its own (1s to 1h)"),
+        "elicitation_enabled": (_NO_DEFAULT, "every server's elicitation_enabled unless it sets its own"),
+        "elicitation_timeout_secs": (_NO_DEFAULT, "every server's elicitation_timeout_secs unless it "
+                                     "sets its own"),
+        "media_passthrough": (_NO_DEFAULT, "every server's media_passthrough unless it sets its own"),
+        "on_injection": (_NO_DEFAULT, "every server's on_injection unless it sets its own"),
+        "pin_tools": ("on for untrusted and sandboxed servers, off for trusted",
+                      "every server's pin_tools unless it sets its own"),
     },
     "secrets": {
         "sources": (_NO_DEFAULT, "where secrets are looked up, in order: \"env\", \"keyring\", "
@@ -94,6 +105,27 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "tool_allowlist": ("none", "the tools the gateway lets through"),
         "expected_tools": ("none", "the tools the server is expected to list"),
         "allow_untrusted_without_allowlist": ("false", "serve an untrusted server without a tool_allowlist"),
+        "timeout": (f"[gateway] timeout, else {DEFAULT_TIMEOUT:g}",
+                    "seconds the gateway waits for the server's answer, and between two events of an "
+                    "SSE answer (1s to 1h); past it: upstream_timeout"),
+        "roots": ("none (relayed to the client; [] for a sandboxed server)",
+                  f"file:///absolute/path URIs (at most {MAX_ROOTS}) the gateway answers roots/list with, "
+                  "never relaying it to the client"),
+        "elicitation_enabled": ("[gateway] elicitation_enabled, else true",
+                                "the server's elicitation requests reach the client (never for a "
+                                "sandboxed server); false: the gateway declines them"),
+        "elicitation_timeout_secs": (
+            f"[gateway] elicitation_timeout_secs, else {DEFAULT_ELICITATION_TIMEOUT}",
+            "seconds the client has to answer an elicitation (1 to 3600); then the gateway cancels it"),
+        "media_passthrough": ("[gateway] media_passthrough, else false",
+                              "image and audio content reaches the client (never from a sandboxed "
+                              "server); false: replaced by a text saying what was withheld"),
+        "on_injection": ("[gateway] on_injection, else \"log\"",
+                         "an injection pattern in an untrusted or sandboxed server's result: \"log\" "
+                         "(audit line and metric) or \"block\" (the result becomes an error)"),
+        "pin_tools": ("[gateway] pin_tools, else on for untrusted and sandboxed, off for trusted",
+                      "pin each tool's definition; a changed tool is withheld until approved "
+                      "(mcpcreds tools approve)"),
     },
     "auth": {
         "kind": ("(required)", "\"static\", \"oauth2\", \"aws\" or \"spiffe\""),
@@ -163,6 +195,13 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "deny_hosts": ("[]", "hosts it may not reach"),
         "allow_private": ("[]", "private addresses allowed all the same"),
         "tags": (_NO_DEFAULT, "the child's tags (the trifecta check)"),
+        "authorization": ("none (required with net = \"broad_audited\")",
+                          "the operator's consent to broad_audited: { by, reason }, written to the "
+                          "audit log when the sidecar first applies the mode"),
+    },
+    "exec.authorization": {
+        "by": ("(required)", "who allowed broad_audited (at most 128 characters)"),
+        "reason": ("(required)", "why (at most 1024 characters)"),
     },
 }
 
@@ -176,9 +215,10 @@ def sections() -> list[tuple[str, str, list[str], dict[str, Any]]]:
     server = [*ENTRY_KEYS, "name", "service", *TRUST_KEYS]
     return [
         ("[sidecar]", "sidecar", list(_fields(cfg.SidecarConfig)), _fields(cfg.SidecarConfig)),
-        ("[gateway]", "gateway", ["listen"], {}),
+        ("[gateway]", "gateway", list(GATEWAY_KEYS), _fields(ContentPolicy)),
         ("[secrets]", "secrets", list(_fields(cfg.SecretsConfig)), _fields(cfg.SecretsConfig)),
-        ("[[servers]] and [services.NAME]", "server", list(dict.fromkeys(server)), _fields(cfg.GatewaySpec)),
+        ("[[servers]] and [services.NAME]", "server", list(dict.fromkeys(server)),
+         {**_fields(cfg.GatewaySpec), **_fields(ContentPolicy)}),
         ("oauth = {...} (a server's OAuth client)", "auth", list(OAUTH_KEYS), {}),
         ("auth = {...} (kind static, oauth2)", "auth", list(AUTH_KEYS), {}),
         ("auth = { kind = \"aws\", ... }", "aws", list(AWS_KEYS), _fields(AwsAuth)),
@@ -186,6 +226,8 @@ def sections() -> list[tuple[str, str, list[str], dict[str, Any]]]:
         ("[aauth]", "aauth", list(AAUTH_KEYS), _fields(AAuthConfig)),
         ("[aauth.enroll]", "aauth.enroll", list(ENROLL_KEYS), {}),
         ("[exec.NAME]", "exec", list(EXEC_KEYS), _fields(ExecEntry)),
+        ("authorization = { by, reason } (an [exec.NAME]'s consent)", "exec.authorization",
+         list(AUTHORIZATION_KEYS), {}),
     ]
 
 

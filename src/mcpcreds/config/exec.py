@@ -2,7 +2,9 @@
 
 The config never holds a command: an entry says which environment the child gets (templates
 resolved by the sidecar), whether the caller's environment is passed on, and what network the
-child may use. The command comes only from the command line.
+child may use. The command comes only from the command line. `net = "broad_audited"` (any host,
+every connection audited) is the operator's explicit consent: the entry must say who gave it and
+why (`authorization = { by, reason }`), which the sidecar writes to the audit log.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from ..core.credshape import credential_name
+from ..core.credshape import credential_name, credential_value
 from ..core.templates import Template
 from ..net.egress import EgressPolicy, parse_host_pattern
 from .reader import NAME, join, key_path, parse_egress, parse_tags
@@ -20,7 +22,11 @@ from .reader import NAME, join, key_path, parse_egress, parse_tags
 if TYPE_CHECKING:
     from .reader import Collector
 
-EXEC_KEYS: Final = ("env", "env_isolation", "net", "allow_hosts", "deny_hosts", "allow_private", "tags")
+EXEC_KEYS: Final = ("env", "env_isolation", "net", "allow_hosts", "deny_hosts", "allow_private", "tags",
+                    "authorization")
+AUTHORIZATION_KEYS: Final = ("by", "reason")
+AUTHORIZATION_LIMITS: Final = {"by": 128, "reason": 1024}  # characters
+CONSENTED: Final = "broad_audited"  # the net mode that needs an authorization
 ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 PROXY_VARS: Final = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY")
 MAX_PORT: Final = 65535
@@ -29,6 +35,14 @@ EXEC_PREFIX: Final = "exec:"  # how grants name an exec entry
 NEEDS_HOSTS: Final = "the hosts the child may reach through the session's egress proxy"
 NO_LITERAL: Final = ("or {{secret-file:PATH}} (a literal in env is refused when it looks like a "
                      "credential)")
+
+
+@dataclass(frozen=True, slots=True)
+class Authorization:
+    """Who consented to an entry's `net = "broad_audited"`, and why (free text, for the audit)."""
+
+    by: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +57,7 @@ class ExecEntry:
     # (host pattern or allow_private entry, port): a `host:port` entry opens that port only
     host_ports: tuple[tuple[str, int | None], ...] = ()
     private_ports: tuple[tuple[str, int | None], ...] = ()
+    authorization: Authorization | None = None  # required with net = "broad_audited"
 
     @property
     def grant_name(self) -> str:
@@ -121,9 +136,38 @@ def parse_execs(c: Collector, raw: Any) -> dict[str, ExecEntry]:
         tags = parse_tags(c, join(path, "tags"), t.get("tags"))
         host_ports = tuple((p, port) for p, port in hosts if p in egress.allow_hosts)
         private_ports = tuple((p, port) for p, port in private if p in egress.allow_private)
+        authorization = _parse_authorization(c, path, t.get("authorization"), egress.mode)
         entries[name] = ExecEntry(name, env, isolation, egress, effective_tags(tags, egress.mode),
-                                  host_ports, private_ports)
+                                  host_ports, private_ports, authorization)
     return entries
+
+
+def _parse_authorization(c: Collector, path: str, raw: Any, net: str) -> Authorization | None:
+    apath = join(path, "authorization")
+    if raw is None:
+        if net == CONSENTED:
+            c.error(apath, f"net = \"{CONSENTED}\" needs the operator's consent: add authorization = "
+                           '{ by = "who allowed it", reason = "why" } to this entry')
+        return None
+    if net != CONSENTED:
+        c.warnings.append(f'{apath}: not used unless net = "{CONSENTED}"')
+    if not isinstance(raw, dict):
+        c.error(apath, 'expected a table: { by = "who allowed it", reason = "why" }')
+        return None
+    c.keys(apath, raw, AUTHORIZATION_KEYS)
+    said: dict[str, str] = {}
+    for key, most in AUTHORIZATION_LIMITS.items():
+        value = raw.get(key)
+        kpath = join(apath, key)
+        if not isinstance(value, str) or not value.strip() or len(value) > most:
+            c.error(kpath, f"required: a non-empty string of at most {most} characters")
+        elif not value.isprintable():
+            c.error(kpath, "must not contain control or format characters")
+        elif credential_value(value) is not None:
+            c.error(kpath, "looks like a credential: it is written to the audit log")
+        else:
+            said[key] = value
+    return Authorization(said["by"], said["reason"]) if len(said) == len(AUTHORIZATION_LIMITS) else None
 
 
 def split_port(entry: str) -> tuple[str, int | None]:

@@ -123,10 +123,10 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     c = Collector()
     c.keys("", data, ("sidecar", "secrets", "services", "servers", "gateway", "exec", "aauth"))
     sidecar = parse_sidecar(c, data.get("sidecar"))
-    gateway = parse_gateway_table(c, data.get("gateway"))
+    gateway, content = parse_gateway_table(c, data.get("gateway"))
     secrets = parse_secrets(c, data.get("secrets"))
-    services, tables = parse_services(c, data.get("services"))
-    servers = parse_servers(c, data.get("servers"), services, tables)
+    services, tables = parse_services(c, data.get("services"), content)
+    servers = parse_servers(c, data.get("servers"), services, tables, content)
     aauth = parse_aauth(c, data.get("aauth"))
     services, servers, execs = share_tags(services, servers, parse_execs(c, data.get("exec")))
     services, servers = ({k: signing(t, aauth) for k, t in services.items()},
@@ -140,4 +140,4 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     if c.errors:
         raise ConfigError(c.errors, path)
     return Config(path, sidecar, secrets, services, servers, tuple(c.warnings), gateway, execs=execs,
-                  aauth=aauth)
+                  aauth=aauth, content_defaults=content)

@@ -14,6 +14,7 @@ from ..core.templates import Template
 from ..net.egress import EgressPolicy
 from .aauth import AAuthConfig
 from .aws import AwsAuth, aws_templates, parse_aws_auth
+from .content import ContentPolicy
 from .exec import ExecEntry
 from .reader import Collector
 from .spiffe import SpiffeAuth, parse_spiffe_auth
@@ -179,6 +180,9 @@ class Target:
     trust: TrustPolicy = field(default_factory=TrustPolicy)
     gateway: GatewaySpec = field(default_factory=GatewaySpec)
     aauth: bool = False  # requests to it are signed with the AAuth agent key (see aauth_config)
+    # what the gateway does to what it sends back (config/content.py); ask its effective_* methods
+    # with `trust.trust`
+    content: ContentPolicy = field(default_factory=ContentPolicy)
 
     @property
     def templates(self) -> tuple[Template, ...]:
@@ -220,6 +224,8 @@ class Config:
     gateway: ListenConfig = field(default_factory=ListenConfig)
     execs: Mapping[str, ExecEntry] = field(default_factory=dict)  # [exec.NAME]
     aauth: AAuthConfig = field(default_factory=AAuthConfig)  # [aauth]
+    # [gateway]'s content keys: the defaults of every server's `content` (already applied to them)
+    content_defaults: ContentPolicy = field(default_factory=ContentPolicy)
 
     def target(self, name: str) -> Target | None:
         """A server by name, or a cache key (`service:crm`, `mcp:docs`)."""

@@ -1,6 +1,7 @@
 """`[services.NAME]` and `[[servers]]`: each entry's endpoint, headers, `auth` or `oauth`, tags,
-rate, egress, trust and gateway keys, resolved into Targets. A server that names a service inherits
-its endpoint, credentials and rate (it may add tags and narrow `expose`)."""
+rate, egress, trust, gateway and content keys, resolved into Targets. A server that names a service
+inherits its endpoint, credentials and rate (it may add tags and narrow `expose`); its gateway and
+content keys default to its service's, whose content keys default to `[gateway]`'s."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..core.templates import Template, is_credential_header, parse_template
 from ..net.egress import EgressPolicy
 from .aauth import AAuthConfig, entry_aauth
 from .aws import aws_egress_check, parse_aws_auth
+from .content import CONTENT_KEYS, ContentPolicy, parse_content, sandbox_warnings
 from .exec import ExecEntry
 from .model import (
     AUTH_METHODS,
@@ -208,12 +210,13 @@ class _Entry:
     login: LoginSpec | None
     egress: EgressPolicy
     gateway: GatewaySpec
+    content: ContentPolicy
 
 
 TRUST_KEYS: Final = ("trust", "tool_allowlist", "expected_tools", "allow_untrusted_without_allowlist")
 _GATEWAY_KEYS: Final = ("expose", "rate_methods", "max_wait", "leases")
 ENTRY_KEYS: Final = ("endpoint", "headers", "literal_headers", "tags", "rate", "oauth", "auth", "aauth",
-                     *EGRESS_KEYS, *_GATEWAY_KEYS)
+                     *EGRESS_KEYS, *_GATEWAY_KEYS, *CONTENT_KEYS)
 
 
 def _parse_gateway(c: Collector, path: str, t: dict[str, Any], base: GatewaySpec) -> GatewaySpec:
@@ -256,7 +259,7 @@ def _parse_trust(c: Collector, path: str, t: dict[str, Any]) -> TrustPolicy:
     )
 
 
-def _parse_entry(c: Collector, path: str, t: dict[str, Any]) -> _Entry:
+def _parse_entry(c: Collector, path: str, t: dict[str, Any], content: ContentPolicy) -> _Entry:
     endpoint = url(c, join(path, "endpoint"), t.get("endpoint"))
     literal = _literal_headers(c, join(path, "literal_headers"), t.get("literal_headers"))
     headers = _parse_headers(c, join(path, "headers"), t.get("headers"), literal)
@@ -282,7 +285,8 @@ def _parse_entry(c: Collector, path: str, t: dict[str, Any]) -> _Entry:
     urls = [endpoint, *((login.token_url, login.issuer) if login else ())]
     gateway = _parse_gateway(c, path, t, GatewaySpec())
     spiffe_entry_check(c, path, t, endpoint, gateway.expose)  # an x509 SVID: only the gateway presents it
-    return _Entry(endpoint, headers, tags, rate, auth_kind, login, parse_egress(c, path, t, urls), gateway)
+    return _Entry(endpoint, headers, tags, rate, auth_kind, login, parse_egress(c, path, t, urls), gateway,
+                  parse_content(c, path, t, content))
 
 
 def _effective_tags(tags: tuple[str, ...]) -> frozenset[str]:
@@ -315,7 +319,9 @@ def _spec_from_table(name: str, t: dict[str, Any], service: str | None) -> McpSe
     )
 
 
-def parse_services(c: Collector, raw: Any) -> tuple[dict[str, Target], dict[str, dict[str, Any]]]:
+def parse_services(c: Collector, raw: Any, content: ContentPolicy
+                   ) -> tuple[dict[str, Target], dict[str, dict[str, Any]]]:
+    """The catalog; `content`: `[gateway]`'s content keys, each entry's defaults."""
     services: dict[str, Target] = {}
     tables: dict[str, dict[str, Any]] = {}
     for i, (name, value) in enumerate(c.table("services", raw).items()):
@@ -325,7 +331,7 @@ def parse_services(c: Collector, raw: Any) -> tuple[dict[str, Target], dict[str,
             continue
         t = c.table(path, value)
         c.keys(path, t, ENTRY_KEYS)
-        entry = _parse_entry(c, path, t)
+        entry = _parse_entry(c, path, t, content)
         if entry.endpoint is None:
             if "endpoint" not in t:
                 c.error(join(path, "endpoint"), "required")
@@ -344,6 +350,7 @@ def parse_services(c: Collector, raw: Any) -> tuple[dict[str, Target], dict[str,
             login=_default_resource(entry.login, entry.endpoint),
             egress=entry.egress,
             gateway=entry.gateway,
+            content=entry.content,
         )
     return services, tables
 
@@ -353,7 +360,8 @@ _INHERITED: Final = ("endpoint", "headers", "literal_headers", "auth", "oauth", 
 
 
 def parse_servers(c: Collector, raw: Any, services: dict[str, Target],
-                  service_tables: dict[str, dict[str, Any]]) -> dict[str, Target]:
+                  service_tables: dict[str, dict[str, Any]], content: ContentPolicy) -> dict[str, Target]:
+    """`[[servers]]`; `content`: `[gateway]`'s content keys, a stand-alone server's defaults."""
     servers: dict[str, Target] = {}
     if raw is None:
         return servers
@@ -376,9 +384,10 @@ def parse_servers(c: Collector, raw: Any, services: dict[str, Target],
         if service is not None:
             target = _server_from_service(c, path, name, t, service, services, service_tables)
         else:
-            target = _standalone_server(c, path, name, t)
+            target = _standalone_server(c, path, name, t, content)
         if target is not None:
             servers[name] = target
+            c.warnings.extend(sandbox_warnings(path, t, target.trust.trust))
     return servers
 
 
@@ -409,11 +418,13 @@ def _server_from_service(c: Collector, path: str, name: str, t: dict[str, Any], 
         egress=entry.egress,
         trust=_parse_trust(c, path, t),
         gateway=_parse_gateway(c, path, t, entry.gateway),
+        content=parse_content(c, path, t, entry.content),
     )
 
 
-def _standalone_server(c: Collector, path: str, name: str, t: dict[str, Any]) -> Target | None:
-    entry = _parse_entry(c, path, t)
+def _standalone_server(c: Collector, path: str, name: str, t: dict[str, Any],
+                       content: ContentPolicy) -> Target | None:
+    entry = _parse_entry(c, path, t, content)
     if entry.endpoint is None:
         if "endpoint" not in t:
             c.error(join(path, "endpoint"), "required (or `service` naming a [services] entry)")
@@ -431,6 +442,7 @@ def _standalone_server(c: Collector, path: str, name: str, t: dict[str, Any]) ->
         egress=entry.egress,
         trust=_parse_trust(c, path, t),
         gateway=entry.gateway,
+        content=entry.content,
     )
 
 

@@ -1,4 +1,5 @@
-"""The sidecar's own tables: `[sidecar]`, `[secrets]` and `[gateway]` (its loopback TCP listener)."""
+"""The sidecar's own tables: `[sidecar]`, `[secrets]` and `[gateway]` (its loopback TCP listener,
+and the defaults of every server's content keys, config/content.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 from typing import Any, Final
 
 from ..core.rates import parse_duration
+from .content import GATEWAY_CONTENT_KEYS, ContentPolicy, parse_content
 from .model import CREDENTIALS_SOURCE, SOURCE_KINDS, ListenConfig, SecretsConfig, SidecarConfig
 from .reader import Collector, count, join, kind_of, uid_list
 
@@ -149,11 +151,19 @@ def parse_listen(value: str) -> tuple[str, int]:
     return str(address), port
 
 
-def parse_gateway_table(c: Collector, raw: Any) -> ListenConfig:
+GATEWAY_KEYS: Final = ("listen", *GATEWAY_CONTENT_KEYS)
+
+
+def parse_gateway_table(c: Collector, raw: Any) -> tuple[ListenConfig, ContentPolicy]:
+    """`[gateway]`: its listener, and the content keys every server inherits unless it sets its own."""
     path = "gateway"
     t = c.table(path, raw)
-    c.keys(path, t, ("listen",))
-    listen = t.get("listen")
+    c.keys(path, t, GATEWAY_KEYS)
+    defaults = parse_content(c, path, t, ContentPolicy(), GATEWAY_CONTENT_KEYS)
+    return _listen(c, path, t.get("listen")), defaults
+
+
+def _listen(c: Collector, path: str, listen: Any) -> ListenConfig:
     if listen is None:
         return ListenConfig()
     if not isinstance(listen, str):

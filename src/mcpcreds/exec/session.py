@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from ..config.exec import EXEC_PREFIX, ExecEntry
+from ..config.exec import CONSENTED, EXEC_PREFIX, Authorization, ExecEntry
 from ..config.load import default_socket_path
 from ..config.model import Config
 from ..core.http import Request, Response
@@ -84,6 +84,9 @@ class ExecRoutes:
         self.broker = broker
         self.audit = audit
         self.proxy: EgressProxy | None = None
+        # entry name -> the authorization last written to the audit log (once per entry per run,
+        # again when a reload changes it)
+        self._consents: dict[str, Authorization] = {}
 
     def _proxy_path(self) -> Path:
         return default_socket_path(self.broker.config.sidecar.socket).with_name("egress.sock")
@@ -103,6 +106,14 @@ class ExecRoutes:
             await proxy.start(mode)
             self.proxy = proxy
         return self.proxy
+
+    def _consent(self, entry: ExecEntry) -> None:
+        """The operator's consent to `broad_audited`, audited as the sidecar first applies it."""
+        consent = entry.authorization
+        if entry.net != CONSENTED or consent is None or self._consents.get(entry.name) == consent:
+            return
+        self.audit().write("consent", name=entry.name, net=entry.net, by=consent.by, reason=consent.reason)
+        self._consents[entry.name] = consent
 
     def close(self) -> None:
         """At the sidecar's shutdown: end every proxy connection, unlink `egress.sock` (if it
@@ -135,6 +146,7 @@ class ExecRoutes:
         session_id = None
         if entry.net in PROXIED and want_proxy:
             egress = await self._started_proxy()
+            self._consent(entry)
             ports = PortRules(entry.host_ports, entry.private_ports)
             token, session = egress.new_session(entry.name, entry.egress, request.peer_uid, request.peer_pid,
                                                 ports)
