@@ -72,7 +72,8 @@ _log = get_logger("gateway")
 
 MAX_JSON_ANSWER: Final = 16 * 1024 * 1024  # a JSON (or other non-SSE) answer is read whole, up to this
 MAX_AUDITED_NAME: Final = 128
-DEFAULT_ANSWER_TIMEOUT: Final = 300.0  # placeholder until the config key lands
+# the client's headers an answer the gateway sends the server in its place carries
+_SESSION_HEADERS: Final = (b"mcp-session-id", b"mcp-protocol-version")
 # connect and write are bounded; reading is not (a tool may run long, an SSE stream may idle):
 # a client that gives up closes its connection, and that cancels the upstream request
 UPSTREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
@@ -136,6 +137,7 @@ class Gateway:
         self._streams: weakref.WeakSet[SseBody] = weakref.WeakSet()  # SSE answers being relayed
         self._sent: dict[str, tuple[HeadersResult, _Sent]] = {}  # server -> its current credentials, prepared
         self._urls: dict[str, httpx.URL] = {}
+        self._in_place: set[asyncio.Task[None]] = set()  # answers sent the server in the client's place
         self.aauth = aauth  # signs for servers with `aauth`: the agent key stays in the sidecar
         self.sigv4 = sigv4  # signs for servers with auth kind "aws": so does the AWS secret key
 
@@ -222,6 +224,10 @@ class Gateway:
             calls.finish_all("refused")
             self._observe(target, request.method, 200, started)
             return _rpc_response(200, refused if out.batch else refused[0])
+        trust = target.trust.trust
+        roots = target.content.effective_roots(trust)
+        out = jsonrpc.rewrite_initialize(out, None if roots is None else True,
+                                         target.content.effective_elicitation(trust))
         cost = jsonrpc.permits(out, target.gateway.rate_methods)
         try:
             response, sent = await self._exchange(request, target, cost, out.body, mirrors)
@@ -408,7 +414,8 @@ class Gateway:
             inspector = jsonrpc.Inspector(target.trust, masker, pending,
                                           calls.answered if calls is not None else None,
                                           lambda warnings: self._policy_warnings(target, warnings),
-                                          granted=granted)
+                                          granted=granted,
+                                          on_server_request=lambda m: self._server_asks(request, target, m))
             self._observe(target, request.method, status, started)
             self._follow_session(request, target, response)
             kind = jsonrpc.answer_kind(response.headers.get("content-type", ""))
@@ -443,6 +450,60 @@ class Gateway:
             if refused is not None:
                 checked = refused
         return Response(status, checked or b"", content_type=b"application/json", extra_headers=extra)
+
+    # -- what the server asks of the client
+
+    def _server_asks(self, request: Request, target: Target,
+                     message: dict[str, Any]) -> dict[str, Any] | None:
+        """A request of the server's, seen on a stream: relayed (None: answered here instead).
+        Elicitations the server may not make are declined, and `roots/list` is answered with the
+        configured roots, both in the client's place; a URL-mode elicitation of a server that is
+        not trusted names the server to the user."""
+        method = message.get("method")
+        trust = target.trust.trust
+        params: dict[str, Any] = message["params"] if isinstance(message.get("params"), dict) else {}
+        if method == "elicitation/create":
+            mode = "url" if params.get("mode") == "url" else "form"
+            if not target.content.effective_elicitation(trust):
+                self._answer_in_place(request, target, message, {"action": "decline"})
+                self.broker.audit.write("elicitation", server=target.name, mode=mode, action="declined",
+                                        reason="sandboxed" if trust == "sandboxed" else "elicitation_enabled",
+                                        **_actor(request).to_dict())
+                self.metrics.inc("mcpcreds_gateway_elicitations_total",
+                                 (("server", target.name), ("outcome", "declined")),
+                                 help_text="Elicitations of servers, by server and outcome.")
+                return None
+            if mode == "url" and trust != "trusted":
+                said = params.get("message") if isinstance(params.get("message"), str) else ""
+                shown = {**params, "message": f"[MCP server {target.name!r}, not trusted] {said}"}
+                return {**message, "params": shown}
+        elif method == "roots/list":
+            roots = target.content.effective_roots(trust)
+            if roots is not None:
+                self._answer_in_place(request, target, message,
+                                      {"roots": [{"uri": uri} for uri in roots]})
+                return None
+        return message
+
+    def _answer_in_place(self, request: Request, target: Target, message: dict[str, Any],
+                         result: dict[str, Any]) -> None:
+        """Send the server the answer to its request, as the client would (same session)."""
+        body = jsonrpc.dumps({"jsonrpc": "2.0", "id": message.get("id"), "result": result})
+        headers = tuple((k, v) for k, v in request.headers if k.strip().lower() in _SESSION_HEADERS)
+        answer = Request("POST", request.path, "", body, None, request.peer_uid, request.peer_pid,
+                         grant_only=request.grant_only, name=request.name, grant=request.grant,
+                         headers=headers)
+        task = asyncio.get_running_loop().create_task(self._send_in_place(answer, target, body))
+        self._in_place.add(task)
+        task.add_done_callback(self._in_place.discard)
+
+    async def _send_in_place(self, request: Request, target: Target, body: bytes) -> None:
+        try:
+            response, _ = await self._exchange(request, target, 0, body, [])
+            await response.aclose()
+        except McpcredsError as exc:
+            _log.warning("gateway: an answer in the client's place failed", extra={"server": target.name,
+                                                                                  "error": exc.code})
 
     def _follow_session(self, request: Request, target: Target, response: httpx.Response) -> None:
         asked = _one_header(request, b"mcp-session-id")
@@ -507,7 +568,7 @@ async def _read(response: httpx.Response, limit: int, timeout: float) -> bytes:
 
 def answer_timeout(target: Target) -> float:
     """How long the gateway waits for the server's answer, and between the events of an SSE answer."""
-    return DEFAULT_ANSWER_TIMEOUT
+    return target.content.timeout
 
 
 def _backoff(response: httpx.Response) -> bool:
@@ -520,6 +581,10 @@ def _one_header(request: Request, name: bytes) -> bytes | None:
     matches nothing)."""
     values = [v for k, v in request.headers if k.strip().lower() == name]
     return None if not values else values[0] if len(values) == 1 else b"\0"
+
+
+def _actor(request: Request) -> Actor:
+    return Actor(request.peer_uid, request.peer_pid, request.grant.id if request.grant is not None else None)
 
 
 def _owner(request: Request) -> Owner:

@@ -1,0 +1,166 @@
+"""What a server sends is policed as what the agent asks (the untrusted pipeline), end to end: the
+real MCP SDK 2.x client through `/mcp/...` on the real sidecar, to a real MCP SDK 2.x server that
+elicits, lists roots, returns media, sleeps and carries poisoned descriptions
+(tests/peers/mcp_untrusted_peer.py). What a policy refuses is counted on both sides: at the
+server (what reached it) and at the client (what its callbacks saw)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.types import ElicitResult, ListRootsResult, Root
+
+from mcpcreds import AsyncClient
+from tests.peers.mcp_untrusted_peer import UntrustedPeer, start_untrusted_peer
+from tests.sidecar_proc import SidecarProcess, run_sidecar
+
+EVERY_TOOL = '["ask", "ask_url", "roots", "image", "sleep", "add", "helper", "exfiltrate"]'
+CLIENT_ROOT = "file:///home/agent/client-root"
+
+
+@pytest.fixture(scope="module")
+def peer() -> Iterator[UntrustedPeer]:
+    with start_untrusted_peer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="mcpcreds-untrusted-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def server(name: str, url: str, keys: str) -> str:
+    return f'\n[[servers]]\nname = "{name}"\nendpoint = "{url}"\n{keys}\n'
+
+
+@pytest.fixture(scope="module")
+def sidecar(peer: UntrustedPeer, workdir: Path) -> Iterator[SidecarProcess]:
+    socket = workdir / "run" / "mcpcreds.sock"
+    config = workdir / "config.toml"
+    config.write_text(f"""
+[sidecar]
+socket = "{socket}"
+audit_log = "{workdir / 'audit.jsonl'}"
+{server("trusted", peer.url, 'trust = "trusted"')}
+{server("no-elicit", peer.url, f'trust = "untrusted"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}'
+        'elicitation_enabled = false')}
+{server("untrusted", peer.url, f'trust = "untrusted"{chr(10)}tool_allowlist = {EVERY_TOOL}')}
+{server("sandboxed", peer.url, f'trust = "sandboxed"{chr(10)}tool_allowlist = {EVERY_TOOL}')}
+{server("rooted", peer.url, 'trust = "trusted"' + chr(10) + 'roots = ["file:///srv/project", "file:///srv/data"]')}
+{server("quick", peer.url, 'trust = "trusted"' + chr(10) + 'timeout = "1s"')}
+""")
+    with run_sidecar(config, socket) as proc:
+        yield proc
+
+
+class Seen:
+    """What the client's callbacks were asked."""
+
+    def __init__(self) -> None:
+        self.elicitations: list[Any] = []
+        self.roots = 0
+
+    async def elicit(self, context: Any, params: Any) -> ElicitResult:
+        self.elicitations.append(params)
+        return ElicitResult(action="accept", content={"name": "Ada"} if params.mode != "url" else None)
+
+    async def list_roots(self, context: Any) -> ListRootsResult:
+        self.roots += 1
+        return ListRootsResult(roots=[Root(uri=CLIENT_ROOT)])  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def session(sidecar: SidecarProcess, name: str, seen: Seen) -> AsyncIterator[ClientSession]:
+    async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client(name) as http, \
+            streamable_http_client(creds.mcp_url(name), http_client=http) as (read, write), \
+            ClientSession(read, write, elicitation_callback=seen.elicit,
+                          list_roots_callback=seen.list_roots) as client:
+        await client.initialize()
+        yield client
+
+
+async def text_of(client: ClientSession, tool: str, **arguments: Any) -> str:
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result
+    return str(result.content[0].text)  # type: ignore[union-attr]
+
+
+def audit(workdir: Path, event: str) -> list[dict[str, Any]]:
+    return [e for line in (workdir / "audit.jsonl").read_text().splitlines()
+            if (e := json.loads(line))["event"] == event]
+
+
+# ------------------------------------------------------------------------------------- elicitation
+
+
+@pytest.mark.parametrize(("name", "reason"), [("sandboxed", "sandboxed"), ("no-elicit", "elicitation_enabled")])
+async def test_an_elicitation_the_server_may_not_make_is_declined_and_never_reaches_the_client(
+        peer: UntrustedPeer, sidecar: SidecarProcess, workdir: Path, name: str, reason: str) -> None:
+    seen = Seen()
+    before = len(peer.stats()["elicitations"])
+    async with session(sidecar, name, seen) as client:
+        assert await text_of(client, "ask") == "decline"
+        assert await text_of(client, "ask_url") == "decline"
+    assert seen.elicitations == []  # nothing reached the user
+    assert peer.stats()["elicitations"][before:] == ["decline", "decline"]
+    lines = [e for e in audit(workdir, "elicitation") if e["server"] == name]
+    assert [(e["mode"], e["action"], e["reason"]) for e in lines[-2:]] == [
+        ("form", "declined", reason), ("url", "declined", reason)]
+
+
+async def test_an_allowed_elicitation_reaches_the_client_and_a_url_names_an_untrusted_server(
+        peer: UntrustedPeer, sidecar: SidecarProcess) -> None:
+    seen = Seen()
+    async with session(sidecar, "trusted", seen) as client:
+        assert await text_of(client, "ask") == "accept"
+    async with session(sidecar, "untrusted", seen) as client:
+        assert await text_of(client, "ask_url") == "accept"
+    form, url = seen.elicitations
+    assert form.message == "What is your name?"  # a trusted server's, as it sent it
+    assert url.message.startswith("[MCP server 'untrusted', not trusted] ") and url.url == "https://login.example/start"
+
+
+# ------------------------------------------------------------------------------------- roots
+
+
+async def test_configured_roots_are_the_servers_answer_and_the_client_is_never_asked(
+        sidecar: SidecarProcess) -> None:
+    seen = Seen()
+    async with session(sidecar, "rooted", seen) as client:
+        assert json.loads(await text_of(client, "roots")) == ["file:///srv/project", "file:///srv/data"]
+    async with session(sidecar, "sandboxed", seen) as client:
+        assert json.loads(await text_of(client, "roots")) == []  # sandboxed, no roots: none
+    assert seen.roots == 0
+    async with session(sidecar, "trusted", seen) as client:  # no roots configured: the client's
+        assert json.loads(await text_of(client, "roots")) == [CLIENT_ROOT]
+    assert seen.roots == 1
+
+
+# ------------------------------------------------------------------------------------- timeout
+
+
+async def test_a_server_that_does_not_answer_in_its_timeout_gives_upstream_timeout(
+        peer: UntrustedPeer, sidecar: SidecarProcess, workdir: Path) -> None:
+    seen = Seen()
+    async with session(sidecar, "quick", seen) as client:
+        with pytest.raises(MCPError) as timed_out:
+            await client.call_tool("sleep", {"seconds": 30})
+        assert "upstream_timeout" in json.dumps(timed_out.value.error.data) or \
+            "gave up waiting" in timed_out.value.error.message
+        assert await text_of(client, "sleep", seconds=0) == "slept"  # the session still serves
+    audited = [e for e in audit(workdir, "tool_call") if e["server"] == "quick"]
+    assert [e["status"] for e in audited] == ["upstream_timeout", "ok"]
