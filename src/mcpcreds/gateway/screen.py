@@ -8,9 +8,10 @@ and bounds its work (depth, sizes, counts) whatever the server sent.
   and variation selectors (which can carry hidden bytes), cut to at most `limit` bytes of UTF-8 on
   a character boundary. At most the first `MAX_SCAN_CHARS` characters are read.
 - `INJECTION_PATTERNS`: (name, regex) pairs for prompt-injection phrasing; `scan(text)` gives the
-  names of those that match. A text is read as a model would read it: format and control
-  characters removed (so a zero-width character cannot split a phrase), NFKC-normalised (full-width
-  letters, ligatures), case ignored; at most `MAX_SCAN_CHARS` characters of it.
+  names of those that match. A text is read as a model would read it: tag characters as the ASCII
+  they spell, other format and control characters removed (so a zero-width character cannot split
+  a phrase), NFKC-normalised (full-width letters, ligatures), case ignored; at most
+  `MAX_SCAN_CHARS` characters of it.
 - `sanitize_listing(result) -> (result, hits)`: a `tools/list`, `prompts/list`, `resources/list`
   or `resources/templates/list` result (whichever of `tools`, `prompts`, `resources`,
   `resourceTemplates` it holds: judged by shape, like the tool filter) with each item's
@@ -62,7 +63,7 @@ from .strict_json import StrictJsonError, check_members, folded
 
 MAX_DESCRIPTION_BYTES: Final = 1024
 MAX_SCAN_CHARS: Final = 64 * 1024  # of one text
-MAX_RESULT_SCAN_CHARS: Final = 1024 * 1024  # of all the texts of one result
+MAX_RESULT_SCAN_CHARS: Final = 256 * 1024  # of all the texts of one result (a scan of it takes ~0.1 s)
 MAX_SCHEMA_DEPTH: Final = 64
 MAX_WALK_DEPTH: Final = 64
 MAX_HITS: Final = 256
@@ -135,11 +136,12 @@ INJECTION_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = tuple(
         ("exfiltrate_url",
          r"\b(?:send|post|upload|forward|transmit|exfiltrate|leak|submit|beacon)(?:s|ed|ing)?\b.{0,80}?"
          r"\b(?:to|at|into|via)\W+(?:https?|ftp|wss?)://", 0),
-        # "do not tell the user", "without telling the user", "the user must not know"
+        # "do not tell the user", "without telling the user", "the user must not know", "never say that you"
         ("conceal_from_user",
          rf"\b(?:do\s*not|don'?t|never|avoid)\W+(?:\w+\W+){{0,2}}?{_TOLD}(?:ing)?\W+(?:\w+\W+){{0,3}}?{_USER}"
          rf"|\bwithout\W+(?:\w+\W+)?(?:telling|informing|notifying|alerting|mentioning|letting|showing)"
          rf"\W+(?:(?:it|this|that)\W+to\W+)?{_USER}"
+         r"|\b(?:do\s*not|don'?t|never)\W+(?:mention|reveal|say|disclose)\W+(?:that\W+)?you\b"
          r"|\b(?:user|human)\W+(?:must|should|need)\W*(?:not|never|n't)\W+(?:know|see|notice|be\W+told|find\W+out)"
          r"|\b(?:secret|hidden)\W+from\W+(?:the\W+)?(?:user|human)", 0),
         # credentials and keys on the user's machine; a .env file when it is to be read or sent
@@ -157,10 +159,14 @@ INJECTION_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = tuple(
 )
 
 
+# tag characters spell ASCII that some models read ("ASCII smuggling"): the scan reads it too
+_TAGS: Final = {code: code - 0xE0000 for code in range(0xE0020, 0xE007F)}
+
+
 def _found(text: str) -> list[str]:
-    """The patterns in `text` read as a model reads it: hidden characters removed, compatibility
-    forms folded (full-width letters, ligatures, the long s)."""
-    readable = unicodedata.normalize("NFKC", _shown(text))
+    """The patterns in `text` read as a model reads it: tag characters as the ASCII they spell,
+    other hidden characters removed, compatibility forms folded (full-width letters, the long s)."""
+    readable = unicodedata.normalize("NFKC", _shown(text.translate(_TAGS)))
     return [name for name, pattern in INJECTION_PATTERNS if pattern.search(readable)]
 
 
