@@ -18,7 +18,9 @@ and bounds its work (depth, sizes, counts) whatever the server sent.
   `description` and `title`, a tool's `annotations.title`, a prompt's arguments' `description`
   and `title`, and every `description`, `title` and `$comment` string in a tool's `inputSchema`
   and `outputSchema`, sanitized (`sanitize_text`, `MAX_DESCRIPTION_BYTES`); one that matches an
-  injection pattern becomes `SANITIZED`. A key that a lenient decoder reads as one of those
+  injection pattern becomes `SANITIZED`. Each text is read as far as it can be shown
+  (`MAX_LISTING_TEXT_SCAN` characters), `MAX_LISTING_SCAN_CHARS` in all: past that, every text
+  is `SANITIZED` (a hit named `OVER_BUDGET`). A key that a lenient decoder reads as one of those
   (`Description`, `DESCRIPTION`) is treated as it. A schema nested deeper than `MAX_SCHEMA_DEPTH`
   is cut there (`{}`, a hit named `TOO_DEEP`). `hits` (at most `MAX_HITS`) say where, for the
   audit line and the metric.
@@ -66,10 +68,13 @@ MAX_SCAN_CHARS: Final = 64 * 1024  # of one text
 MAX_RESULT_SCAN_CHARS: Final = 256 * 1024  # of all the texts of one result (a scan of it takes ~0.1 s)
 MAX_SCHEMA_DEPTH: Final = 64
 MAX_WALK_DEPTH: Final = 64
+MAX_LISTING_TEXT_SCAN: Final = 2 * MAX_DESCRIPTION_BYTES  # characters read of a listing text: all it can show
+MAX_LISTING_SCAN_CHARS: Final = 512 * 1024  # of all the texts of one listing; past it, each is SANITIZED
 MAX_HITS: Final = 256
 MAX_LABEL_BYTES: Final = 128  # an item name or a path in a hit
 SANITIZED: Final = "[sanitized]"
 TOO_DEEP: Final = "schema_too_deep"
+OVER_BUDGET: Final = "scan_budget_exceeded"
 
 # ------------------------------------------------------------------------------------ text
 
@@ -130,8 +135,8 @@ INJECTION_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = tuple(
          r"|system[-_ ]?(?:prompt|instructions?|message))\b[^<>]{0,64}>", 0),
         # an HTML comment (hidden where markdown is rendered) that gives orders
         ("comment_instructions",
-         r"<!--(?:(?!-->).){0,512}?\b(?:ignore|instructions?|assistant|must|always|never|do\s+not|don't"
-         r"|you\s+(?:should|will|are)|call|invoke|send|read|tool)\b", re.DOTALL),
+         r"<!--(?:[^<]|<(?!!--)){0,512}?\b(?:ignore|instructions?|assistant|must|always|never|do\s+not|don't"
+         r"|you\s+(?:should|will|are)|call|invoke|send|read|tool)\b", 0),
         # "send the file contents to https://...", "upload ... to http://..."
         ("exfiltrate_url",
          r"\b(?:send|post|upload|forward|transmit|exfiltrate|leak|submit|beacon)(?:s|ed|ing)?\b.{0,80}?"
@@ -163,15 +168,18 @@ INJECTION_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = tuple(
 _TAGS: Final = {code: code - 0xE0000 for code in range(0xE0020, 0xE007F)}
 
 
-def _found(text: str) -> list[str]:
-    """The patterns in `text` read as a model reads it: tag characters as the ASCII they spell,
-    other hidden characters removed, compatibility forms folded (full-width letters, the long s)."""
-    readable = unicodedata.normalize("NFKC", _shown(text.translate(_TAGS)))
+def _readable(text: str) -> str:
+    """`text` as a model reads it: tag characters as the ASCII they spell, other hidden characters
+    removed, compatibility forms folded (full-width letters, the long s)."""
+    return unicodedata.normalize("NFKC", _shown(text.translate(_TAGS)))
+
+
+def _matches(readable: str) -> list[str]:
     return [name for name, pattern in INJECTION_PATTERNS if pattern.search(readable)]
 
 
 def scan(text: str) -> list[str]:
-    return _found(text[:MAX_SCAN_CHARS])
+    return _matches(_readable(text[:MAX_SCAN_CHARS]))
 
 
 # --------------------------------------------------------------------------------- listings
@@ -200,10 +208,11 @@ def _pointer(parts: Sequence[str | int]) -> str:
 
 
 class _Listing:
-    def __init__(self, listing: str) -> None:
+    def __init__(self, listing: str, budget: list[int]) -> None:
         self.listing = listing
         self.item = ""
         self.hits: list[Hit] = []
+        self.budget = budget  # [characters left to scan], shared by the listings of one result
 
     def hit(self, where: Sequence[str | int], patterns: Sequence[str]) -> None:
         if len(self.hits) < MAX_HITS:
@@ -211,7 +220,10 @@ class _Listing:
                                  tuple(patterns)))
 
     def text(self, value: str, where: Sequence[str | int]) -> str:
-        found = scan(value)
+        # only what can be shown is read (hidden characters do not count against the cap)
+        readable = _readable(value[:MAX_SCAN_CHARS])[:MAX_LISTING_TEXT_SCAN]
+        self.budget[0] -= len(readable)
+        found = _matches(readable) if self.budget[0] >= 0 else [OVER_BUDGET]
         if found:
             self.hit(where, found)
             return SANITIZED
@@ -254,9 +266,10 @@ class _Listing:
 def sanitize_listing(result: Mapping[str, Any]) -> tuple[dict[str, Any], list[Hit]]:
     out = dict(result)
     hits: list[Hit] = []
+    budget = [MAX_LISTING_SCAN_CHARS]
     for key, value in result.items():
         if key in LISTINGS and isinstance(value, list):
-            listing = _Listing(key)
+            listing = _Listing(key, budget)
             out[key] = [listing.entry(item) for item in value]
             hits.extend(listing.hits)
     return out, hits[:MAX_HITS]
@@ -281,7 +294,7 @@ def scan_result(result: Any) -> list[str]:
             stack.extend((v, depth + 1) for k, v in reversed(node.items()) if folded(k) not in _BINARY_FOLDS)
         elif depth < MAX_WALK_DEPTH and isinstance(node, list):
             stack.extend((v, depth + 1) for v in reversed(node))
-    return _found("\n\n".join(pieces))  # one pass over all the texts, each on lines of its own
+    return _matches(_readable("\n\n".join(pieces)))  # one pass over all the texts, each on lines of its own
 
 
 _MEDIA_TYPE: Final = re.compile(r"(?:image|audio)/[a-z0-9][a-z0-9!#$&^_.+-]{0,63}", re.ASCII)
