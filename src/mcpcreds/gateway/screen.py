@@ -35,7 +35,7 @@ and bounds its work (depth, sizes, counts) whatever the server sent.
   declares), is replaced by text saying what was withheld (`[image/png withheld by the gateway:
   12,345 bytes]`: the type, when it is a plain media type, and the decoded size reckoned from the
   base64 length; never the data). A block with keys that read as one another to a lenient decoder
-  (`type` and `Type`) is withheld too. `withheld` lists the media types.
+  (`type` and `Type`) is withheld too. `withheld` lists the media types (`MALFORMED` for those).
 - `tool_digest(tool) -> str`: sha256 (hex) of the canonical JSON (sorted keys, compact, ASCII) of a
   tool's `DIGESTED_FIELDS` (name, title, description, inputSchema, outputSchema, annotations): the
   pin of its definition. Key order and other members (`_meta`, `icons`) do not change it.
