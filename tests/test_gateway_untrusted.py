@@ -6,6 +6,7 @@ server (what reached it) and at the client (what its callbacks saw)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import tempfile
@@ -21,11 +22,18 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import ElicitResult, ListRootsResult, Root
 
 from mcpcreds import AsyncClient
-from tests.peers.mcp_untrusted_peer import UntrustedPeer, start_untrusted_peer
+from tests.peers.mcp_untrusted_peer import (
+    INJECTED_DESCRIPTION,
+    INJECTED_RESULT,
+    PNG,
+    UntrustedPeer,
+    start_untrusted_peer,
+)
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 EVERY_TOOL = '["ask", "ask_url", "roots", "image", "sleep", "add", "helper", "exfiltrate"]'
 CLIENT_ROOT = "file:///home/agent/client-root"
+PNG_B64 = base64.b64encode(PNG).decode()
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +70,11 @@ audit_log = "{workdir / 'audit.jsonl'}"
 {server("sandboxed", peer.url, f'trust = "sandboxed"{chr(10)}tool_allowlist = {EVERY_TOOL}')}
 {server("rooted", peer.url, 'trust = "trusted"' + chr(10) + 'roots = ["file:///srv/project", "file:///srv/data"]')}
 {server("quick", peer.url, 'trust = "trusted"' + chr(10) + 'timeout = "1s"')}
+{server("media", peer.url, 'trust = "trusted"' + chr(10) + 'media_passthrough = true')}
+{server("sandboxed-media", peer.url, f'trust = "sandboxed"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}'
+        'media_passthrough = true')}
+{server("blocking", peer.url, f'trust = "untrusted"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}'
+        'on_injection = "block"')}
 """)
     with run_sidecar(config, socket) as proc:
         yield proc
@@ -164,3 +177,51 @@ async def test_a_server_that_does_not_answer_in_its_timeout_gives_upstream_timeo
         assert await text_of(client, "sleep", seconds=0) == "slept"  # the session still serves
     audited = [e for e in audit(workdir, "tool_call") if e["server"] == "quick"]
     assert [e["status"] for e in audited] == ["upstream_timeout", "ok"]
+
+
+# ------------------------------------------------------------------------------------- media
+
+
+@pytest.mark.parametrize(("name", "passes"), [("trusted", False), ("media", True), ("sandboxed-media", False)])
+async def test_media_passes_only_where_media_passthrough_allows_it(sidecar: SidecarProcess, name: str,
+                                                                   passes: bool) -> None:
+    async with session(sidecar, name, Seen()) as client:
+        result = await client.call_tool("image", {})
+    kinds = [block.type for block in result.content]
+    if passes:
+        assert kinds == ["image", "audio", "text"]
+    else:  # said in words, the data never passes
+        assert kinds == ["text", "text", "text"]
+        texts = [block.text for block in result.content]  # type: ignore[union-attr]
+        assert texts[0].startswith("[image/png withheld by the gateway") and "audio" in texts[1]
+        assert PNG_B64 not in json.dumps(result.model_dump(mode="json"))
+
+
+# ------------------------------------------------------------------------------------- sanitization
+
+
+async def test_descriptions_of_a_server_not_trusted_are_sanitized_and_audited(sidecar: SidecarProcess,
+                                                                             workdir: Path) -> None:
+    async with session(sidecar, "untrusted", Seen()) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert tools["helper"].description == "[sanitized]"
+    assert tools["add"].description == "Adds two integers."  # the zero-width and bidi characters gone
+    assert tools["ask"].description == "Ask the user for a name."  # an ordinary one as it was
+    hits = [e for e in audit(workdir, "screened") if e["server"] == "untrusted" and e["kind"] == "sanitized"]
+    assert hits and hits[-1]["items"][0]["item"] == "helper" and "~/.ssh" not in json.dumps(hits)
+    async with session(sidecar, "trusted", Seen()) as client:  # a trusted server's, verbatim
+        trusted = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert trusted["helper"].description == INJECTED_DESCRIPTION
+
+
+async def test_an_injection_in_a_result_is_reported_and_with_block_withheld(sidecar: SidecarProcess,
+                                                                          workdir: Path) -> None:
+    async with session(sidecar, "untrusted", Seen()) as client:
+        assert await text_of(client, "exfiltrate") == INJECTED_RESULT  # on_injection = "log": reported only
+    found = [e for e in audit(workdir, "screened") if e["server"] == "untrusted" and e["kind"] == "injection"]
+    assert found and found[-1]["found"]
+    async with session(sidecar, "blocking", Seen()) as client:
+        with pytest.raises(MCPError) as blocked:
+            await client.call_tool("exfiltrate", {})
+        assert blocked.value.error.data["code"] == "injection"
+        assert "evil.example" not in json.dumps(blocked.value.error.model_dump(mode="json"))

@@ -63,9 +63,10 @@ class PeerState:
 
 def build_server(state: PeerState) -> MCPServer[Any]:
     from mcp.server.mcpserver import Context, MCPServer
-    from mcp.server.mcpserver.utilities.types import Audio, Image
+    from mcp.types import AudioContent, CallToolResult, ImageContent, TextContent
 
-    globals()["Context"] = Context  # the SDK resolves the tools' annotations in this module's globals
+    # the SDK resolves the tools' annotations in this module's globals
+    globals().update(Context=Context, CallToolResult=CallToolResult)
     server: MCPServer[Any] = MCPServer("mcpcreds-untrusted-peer", log_level="WARNING")
 
     @server.tool()
@@ -93,10 +94,13 @@ def build_server(state: PeerState) -> MCPServer[Any]:
         return json.dumps(listed)
 
     @server.tool()
-    def image() -> list[Any]:
+    def image() -> CallToolResult:
         """Return a picture and a sound."""
         state.calls["image"] += 1
-        return [Image(data=PNG, format="png"), Audio(data=WAV, format="wav"), "a picture and a sound"]
+        return CallToolResult(content=[
+            ImageContent(type="image", data=base64.b64encode(PNG).decode(), mime_type="image/png"),
+            AudioContent(type="audio", data=base64.b64encode(WAV).decode(), mime_type="audio/wav"),
+            TextContent(type="text", text="a picture and a sound")])
 
     @server.tool()
     async def sleep(seconds: float) -> str:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..core.policy import TrustPolicy
-from . import strict_json
+from . import screen, strict_json
 from .sse import BadEvent, SseEvent
 from .strict_json import Masker, StrictJsonError, check_members
 
@@ -319,8 +319,25 @@ def answer_kind(content_type: str) -> str | None:
     return kind
 
 
+@dataclass(frozen=True, slots=True)
+class Screening:
+    """What the gateway does to the results of one server (the untrusted pipeline): `sanitize`
+    listings and scan results for injections (servers that are not trusted), `block` a result that
+    reads as one (else it is only reported), pass `media` (else it is withheld)."""
+
+    sanitize: bool = False
+    block: bool = False
+    media: bool = True
+
+
 class Answered(Exception):
     """A request of the server's that the gateway answers itself: not relayed."""
+
+
+class Injection(Exception):
+    def __init__(self, patterns: list[str]) -> None:
+        super().__init__("a result that reads as a prompt injection")
+        self.patterns = patterns
 
 
 class Withheld(ValueError):
@@ -347,6 +364,9 @@ class Inspector:
     # a request of the server's own (elicitation, roots, sampling): the message to relay (as it
     # is or changed), or None when the gateway answers it itself and the client never sees it
     on_server_request: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
+    screening: Screening = field(default_factory=Screening)
+    # what the screening did: ("sanitized", hits), ("injection", pattern names), ("media", types)
+    on_screened: Callable[[str, list[Any]], None] | None = None
 
     def json_body(self, body: bytes) -> bytes | None:
         """A whole application/json answer (one message or a batch), checked, filtered, masked and
@@ -401,11 +421,40 @@ class Inspector:
                 except StrictJsonError as exc:
                     raise Withheld(str(exc)) from None
                 if isinstance(result.get("tools"), list):
-                    message = {**message, "result": {**result, "tools": self._filter_tools(result["tools"])}}
+                    result = {**result, "tools": self._filter_tools(result["tools"])}
+                try:
+                    message = {**message, "result": self._screen(result)}
+                except Injection as found:
+                    message = error(message.get("id"), GATEWAY_ERROR, "the MCP server's result was withheld "
+                                    "by the gateway: it reads as a prompt injection (on_injection = block)",
+                                    {"code": "injection", "patterns": found.patterns})
             if method is not None and self.on_answer is not None:
                 self.on_answer(key, method, answer_status(message))
         # the id is the client's own: never masked (see Masker)
         return {k: v if k == "id" else self.masker.value(v) for k, v in message.items()}
+
+    def _screen(self, result: dict[str, Any]) -> dict[str, Any]:
+        """A result as the screening leaves it: listings sanitized, media withheld, injections
+        reported (or the result replaced by an error, when they block)."""
+        screening = self.screening
+        listing = any(key in result for key in screen.LISTINGS)
+        if screening.sanitize and listing:
+            result, hits = screen.sanitize_listing(result)
+            if hits:
+                self._screened("sanitized", hits)
+        if not screening.media:
+            result, withheld = screen.withhold_media(result)
+            if withheld:
+                self._screened("media", withheld)
+        if screening.sanitize and not listing and (found := screen.scan_result(result)):
+            self._screened("injection", found)
+            if screening.block:
+                raise Injection(found)
+        return result
+
+    def _screened(self, kind: str, what: list[Any]) -> None:
+        if self.on_screened is not None:
+            self.on_screened(kind, what)
 
     def _filter_tools(self, tools: list[Any]) -> list[Any]:
         """The tools the policy (and the grant) expose, in the server's order."""

@@ -415,7 +415,9 @@ class Gateway:
                                           calls.answered if calls is not None else None,
                                           lambda warnings: self._policy_warnings(target, warnings),
                                           granted=granted,
-                                          on_server_request=lambda m: self._server_asks(request, target, m))
+                                          on_server_request=lambda m: self._server_asks(request, target, m),
+                                          screening=screening_of(target),
+                                          on_screened=lambda k, f: self._screened(request, target, k, f))
             self._observe(target, request.method, status, started)
             self._follow_session(request, target, response)
             kind = jsonrpc.answer_kind(response.headers.get("content-type", ""))
@@ -505,6 +507,19 @@ class Gateway:
             _log.warning("gateway: an answer in the client's place failed", extra={"server": target.name,
                                                                                   "error": exc.code})
 
+    def _screened(self, request: Request, target: Target, kind: str, what: list[Any]) -> None:
+        """An audit line and a metric for what the screening did to a result (never its text)."""
+        if kind == "sanitized":
+            fields: dict[str, Any] = {"items": [{"listing": h.listing, "item": h.item, "where": h.where,
+                                                 "patterns": list(h.patterns)} for h in what[:32]]}
+        else:
+            fields = {"found": [str(w)[:64] for w in what[:32]]}
+        self.broker.audit.write("screened", server=target.name, kind=kind, **fields,
+                                **_actor(request).to_dict())
+        self.metrics.inc("mcpcreds_gateway_screened_total", (("server", target.name), ("kind", kind)),
+                         help_text="Results the gateway changed or reported: sanitized descriptions, "
+                                   "injections found, media withheld, by server.")
+
     def _follow_session(self, request: Request, target: Target, response: httpx.Response) -> None:
         asked = _one_header(request, b"mcp-session-id")
         status = response.status_code
@@ -564,6 +579,14 @@ async def _read(response: httpx.Response, limit: int, timeout: float) -> bytes:
     except httpx.HTTPError as exc:
         raise UpstreamError(f"the MCP server's answer was cut ({type(exc).__name__})") from None
     return b"".join(parts)
+
+
+def screening_of(target: Target) -> jsonrpc.Screening:
+    """The untrusted pipeline for a server's results: servers that are not trusted are sanitized
+    and scanned; media passes only where `media_passthrough` allows it."""
+    trust = target.trust.trust
+    return jsonrpc.Screening(sanitize=trust != "trusted", block=target.content.on_injection == "block",
+                             media=target.content.effective_media(trust))
 
 
 def answer_timeout(target: Target) -> float:
