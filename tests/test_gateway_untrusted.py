@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -30,6 +31,7 @@ from tests.peers.mcp_untrusted_peer import (
     start_untrusted_peer,
 )
 from tests.sidecar_proc import SidecarProcess, run_sidecar
+from tests.test_gateway import INIT, RPC_HEADERS, raw_client
 
 EVERY_TOOL = '["ask", "ask_url", "roots", "image", "sleep", "add", "helper", "exfiltrate"]'
 CLIENT_ROOT = "file:///home/agent/client-root"
@@ -73,6 +75,7 @@ audit_log = "{workdir / 'audit.jsonl'}"
 {server("media", peer.url, 'trust = "trusted"' + chr(10) + 'media_passthrough = true')}
 {server("sandboxed-media", peer.url, f'trust = "sandboxed"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}'
         'media_passthrough = true')}
+{server("walled", peer.url, 'trust = "trusted"' + chr(10) + 'net = "off"')}
 {server("blocking", peer.url, f'trust = "untrusted"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}'
         'on_injection = "block"')}
 """)
@@ -225,3 +228,17 @@ async def test_an_injection_in_a_result_is_reported_and_with_block_withheld(side
             await client.call_tool("exfiltrate", {})
         assert blocked.value.error.data["code"] == "injection"
         assert "evil.example" not in json.dumps(blocked.value.error.model_dump(mode="json"))
+
+
+# ------------------------------------------------------------------------------------- egress
+
+
+async def test_a_gateway_request_refused_by_egress_policy_is_audited(peer: UntrustedPeer, sidecar: SidecarProcess,
+                                                                   workdir: Path) -> None:
+    before = peer.stats()["calls"]
+    async with raw_client(sidecar) as http:
+        refused_answer = await http.post("/mcp/walled", json=INIT, headers=RPC_HEADERS)
+    assert refused_answer.status_code == 403 and refused_answer.json()["error"]["data"]["code"] == "forbidden"
+    refused = [e for e in audit(workdir, "egress_refused") if e["server"] == "walled"]
+    assert refused and refused[-1]["host"] == "127.0.0.1" and refused[-1]["uid"] == os.getuid()
+    assert peer.stats()["calls"] == before

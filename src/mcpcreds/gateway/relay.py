@@ -55,6 +55,7 @@ from ..core.rates import parse_retry_after
 from ..core.secret import redact_json
 from ..errors import (
     ERRORS_BY_CODE,
+    Forbidden,
     InvalidRequest,
     McpcredsError,
     MethodNotAllowed,
@@ -359,6 +360,11 @@ class Gateway:
                 response = await transport.handle_async_request(upstream)
         except (httpx.TimeoutException, TimeoutError):
             raise UpstreamTimeout(f"the MCP server did not answer within {timeout:g} s") from None
+        except Forbidden as refused:  # the egress policy (SSRF guard, deny_hosts, net = "off")
+            host = str(refused.details.get("host", ""))[:253]
+            self.broker.audit.write("egress_refused", server=target.name, host=host,
+                                    **_actor(request).to_dict())
+            raise
         except httpx.HTTPError as exc:
             raise UpstreamError(f"the MCP server could not be reached ({type(exc).__name__})") from None
         response.request = upstream
