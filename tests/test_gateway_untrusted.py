@@ -6,6 +6,7 @@ server (what reached it) and at the client (what its callbacks saw)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -75,6 +76,7 @@ audit_log = "{workdir / 'audit.jsonl'}"
 {server("media", peer.url, 'trust = "trusted"' + chr(10) + 'media_passthrough = true')}
 {server("sandboxed-media", peer.url, f'trust = "sandboxed"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}'
         'media_passthrough = true')}
+{server("impatient", peer.url, 'trust = "trusted"' + chr(10) + 'elicitation_timeout_secs = 1')}
 {server("walled", peer.url, 'trust = "trusted"' + chr(10) + 'net = "off"')}
 {server("blocking", peer.url, f'trust = "untrusted"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}'
         'on_injection = "block"')}
@@ -148,6 +150,33 @@ async def test_an_allowed_elicitation_reaches_the_client_and_a_url_names_an_untr
     form, url = seen.elicitations
     assert form.message == "What is your name?"  # a trusted server's, as it sent it
     assert url.message.startswith("[MCP server 'untrusted', not trusted] ") and url.url == "https://login.example/start"
+
+
+async def test_an_elicitation_the_client_leaves_unanswered_is_cancelled_and_void(peer: UntrustedPeer,
+                                                                                 sidecar: SidecarProcess,
+                                                                                 workdir: Path) -> None:
+    """Past `elicitation_timeout_secs` the server is told `cancel`, and the client that the request
+    is void: the MCP SDK client cancels its callback, whose answer then never comes."""
+    asked, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def hesitate(context: Any, params: Any) -> ElicitResult:
+        asked.set()
+        try:
+            await asyncio.sleep(60)  # a user who walked away; the bound a bug would cross
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return ElicitResult(action="accept", content={"name": "too late"})
+
+    seen = Seen()
+    seen.elicit = hesitate  # type: ignore[method-assign]
+    before = len(peer.stats()["elicitations"])
+    async with session(sidecar, "impatient", seen) as client:
+        assert await asyncio.wait_for(text_of(client, "ask"), 30) == "cancel"
+        await asyncio.wait_for(cancelled.wait(), 30)
+    assert asked.is_set() and peer.stats()["elicitations"][before:] == ["cancel"]
+    lines = [e for e in audit(workdir, "elicitation") if e["server"] == "impatient"]
+    assert [(e["action"], e["reason"]) for e in lines] == [("cancelled", "elicitation_timeout_secs")]
 
 
 # ------------------------------------------------------------------------------------- roots

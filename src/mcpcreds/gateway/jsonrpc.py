@@ -474,6 +474,15 @@ class Inspector:
         return [t for t in tools if isinstance(t, dict) and t.get("name") in allowed]
 
 
+def without_responses(out: Outgoing, ids: set[IdKey]) -> Outgoing:
+    """`out` without the responses of these ids (re-serialised)."""
+    messages = tuple(m for m in out.messages if not (m.kind == "response" and id_key(m.id) in ids))
+    if not messages:
+        return Outgoing((), out.batch, b"")
+    raws = [m.raw for m in messages]
+    return Outgoing(messages, out.batch, dumps(raws if out.batch else raws[0]))
+
+
 def rewrite_initialize(out: Outgoing, roots: bool | None, elicitation: bool) -> Outgoing:
     """`out` with its `initialize` request's client capabilities as the gateway keeps them: `roots`
     declared when the gateway answers `roots/list` itself (`roots` True; None: as the client said),

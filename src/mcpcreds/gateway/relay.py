@@ -65,6 +65,7 @@ from ..errors import (
 from ..signers.aauth import AAuthSigner
 from ..signers.sigv4 import SigV4Signer
 from . import jsonrpc
+from .in_place import InPlace, actor_of, one_header
 from .sessions import LiveSessions, Owner
 from .stream import SseBody, ToolCalls
 from .strict_json import Masker
@@ -138,7 +139,8 @@ class Gateway:
         self._streams: weakref.WeakSet[SseBody] = weakref.WeakSet()  # SSE answers being relayed
         self._sent: dict[str, tuple[HeadersResult, _Sent]] = {}  # server -> its current credentials, prepared
         self._urls: dict[str, httpx.URL] = {}
-        self._in_place: set[asyncio.Task[None]] = set()  # answers sent the server in the client's place
+        # what the server asks of the client, answered here or relayed
+        self.in_place = InPlace(lambda: broker.audit, metrics, self._send_in_place)
         self.aauth = aauth  # signs for servers with `aauth`: the agent key stays in the sidecar
         self.sigv4 = sigv4  # signs for servers with auth kind "aws": so does the AWS secret key
 
@@ -209,7 +211,7 @@ class Gateway:
             return _rpc_response(400, jsonrpc.error(None, exc.code, exc.message))
         calls = ToolCalls(self.tool_call_done, target, request, out.tool_calls())
         try:
-            mirrors = jsonrpc.mirrored(out, *(_one_header(request, name) for name in _MIRRORED))
+            mirrors = jsonrpc.mirrored(out, *(one_header(request, name) for name in _MIRRORED))
         except jsonrpc.JsonRpcError as exc:
             calls.finish_all("refused")
             self._observe(target, request.method, 400, started)
@@ -219,6 +221,12 @@ class Gateway:
             calls.finish_all("refused")
             self._observe(target, request.method, foreign.status, started)
             return foreign
+        void = self.in_place.void_answers(request, target, out)
+        if void:  # the client answered an elicitation whose time had run out: the server has its answer
+            out = jsonrpc.without_responses(out, void)
+            if not out.messages:
+                self._observe(target, request.method, 202, started)
+                return Response(202, b"")
         granted = request.grant.tools_of(target.name) if request.grant is not None else None
         refused = jsonrpc.refusals(out, target.trust, target.name, granted)
         if refused:
@@ -253,7 +261,7 @@ class Gateway:
         """A 404 (as for a session the server does not know) when the request names an MCP session
         that another caller (another uid, or another grant) opened: a session id is no key to
         another principal's session."""
-        asked = _one_header(request, b"mcp-session-id")
+        asked = one_header(request, b"mcp-session-id")
         if asked is None or (asked != b"\0" and self.sessions.belongs(target.name, asked, _owner(request))):
             return None
         _log.warning("gateway: a session of another caller refused", extra={"server": target.name,
@@ -363,7 +371,7 @@ class Gateway:
         except Forbidden as refused:  # the egress policy (SSRF guard, deny_hosts, net = "off")
             host = str(refused.details.get("host", ""))[:253]
             self.broker.audit.write("egress_refused", server=target.name, host=host,
-                                    **_actor(request).to_dict())
+                                    **actor_of(request).to_dict())
             raise
         except httpx.HTTPError as exc:
             raise UpstreamError(f"the MCP server could not be reached ({type(exc).__name__})") from None
@@ -417,20 +425,21 @@ class Gateway:
                 answered = self.aauth.answered(target, status, response.headers.multi_items())
                 extra += tuple((k, masker.header(v)) for k, v in answered)
             granted = request.grant.tools_of(target.name) if request.grant is not None else None
-            inspector = jsonrpc.Inspector(target.trust, masker, pending,
-                                          calls.answered if calls is not None else None,
-                                          lambda warnings: self._policy_warnings(target, warnings),
-                                          granted=granted,
-                                          on_server_request=lambda m: self._server_asks(request, target, m),
-                                          screening=screening_of(target),
-                                          on_screened=lambda k, f: self._screened(request, target, k, f))
+            outbox: list[bytes] = []  # events of the gateway's own for this stream (a voided elicitation)
+            in_place = self.in_place
+            inspector = jsonrpc.Inspector(
+                target.trust, masker, pending, calls.answered if calls is not None else None,
+                lambda warnings: self._policy_warnings(target, warnings), granted=granted,
+                on_server_request=lambda m: in_place.asks(request, target, m, outbox),
+                screening=screening_of(target),
+                on_screened=lambda k, f: in_place.screened(request, target, k, f))
             self._observe(target, request.method, status, started)
             self._follow_session(request, target, response)
             kind = jsonrpc.answer_kind(response.headers.get("content-type", ""))
             if kind == "sse" and 200 <= status < 300:
                 listening = request.method == "GET"  # may stay silent for long: its head goes at once
                 gap = None if listening else answer_timeout(target)
-                stream = SseBody(response, inspector, calls, target, gap)
+                stream = SseBody(response, inspector, calls, target, gap, outbox)
                 first = b"" if listening else await stream.first()
                 self._streams.add(stream)
                 return StreamingResponse(status, stream, content_type=b"text/event-stream",
@@ -459,75 +468,13 @@ class Gateway:
                 checked = refused
         return Response(status, checked or b"", content_type=b"application/json", extra_headers=extra)
 
-    # -- what the server asks of the client
-
-    def _server_asks(self, request: Request, target: Target,
-                     message: dict[str, Any]) -> dict[str, Any] | None:
-        """A request of the server's, seen on a stream: relayed (None: answered here instead).
-        Elicitations the server may not make are declined, and `roots/list` is answered with the
-        configured roots, both in the client's place; a URL-mode elicitation of a server that is
-        not trusted names the server to the user."""
-        method = message.get("method")
-        trust = target.trust.trust
-        params: dict[str, Any] = message["params"] if isinstance(message.get("params"), dict) else {}
-        if method == "elicitation/create":
-            mode = "url" if params.get("mode") == "url" else "form"
-            if not target.content.effective_elicitation(trust):
-                self._answer_in_place(request, target, message, {"action": "decline"})
-                self.broker.audit.write("elicitation", server=target.name, mode=mode, action="declined",
-                                        reason="sandboxed" if trust == "sandboxed" else "elicitation_enabled",
-                                        **_actor(request).to_dict())
-                self.metrics.inc("mcpcreds_gateway_elicitations_total",
-                                 (("server", target.name), ("outcome", "declined")),
-                                 help_text="Elicitations of servers, by server and outcome.")
-                return None
-            if mode == "url" and trust != "trusted":
-                said = params.get("message") if isinstance(params.get("message"), str) else ""
-                shown = {**params, "message": f"[MCP server {target.name!r}, not trusted] {said}"}
-                return {**message, "params": shown}
-        elif method == "roots/list":
-            roots = target.content.effective_roots(trust)
-            if roots is not None:
-                self._answer_in_place(request, target, message,
-                                      {"roots": [{"uri": uri} for uri in roots]})
-                return None
-        return message
-
-    def _answer_in_place(self, request: Request, target: Target, message: dict[str, Any],
-                         result: dict[str, Any]) -> None:
-        """Send the server the answer to its request, as the client would (same session)."""
-        body = jsonrpc.dumps({"jsonrpc": "2.0", "id": message.get("id"), "result": result})
-        headers = tuple((k, v) for k, v in request.headers if k.strip().lower() in _SESSION_HEADERS)
-        answer = Request("POST", request.path, "", body, None, request.peer_uid, request.peer_pid,
-                         grant_only=request.grant_only, name=request.name, grant=request.grant,
-                         headers=headers)
-        task = asyncio.get_running_loop().create_task(self._send_in_place(answer, target, body))
-        self._in_place.add(task)
-        task.add_done_callback(self._in_place.discard)
-
     async def _send_in_place(self, request: Request, target: Target, body: bytes) -> None:
-        try:
-            response, _ = await self._exchange(request, target, 0, body, [])
-            await response.aclose()
-        except McpcredsError as exc:
-            _log.warning("gateway: an answer in the client's place failed", extra={"server": target.name,
-                                                                                  "error": exc.code})
-
-    def _screened(self, request: Request, target: Target, kind: str, what: list[Any]) -> None:
-        """An audit line and a metric for what the screening did to a result (never its text)."""
-        if kind == "sanitized":
-            fields: dict[str, Any] = {"items": [{"listing": h.listing, "item": h.item, "where": h.where,
-                                                 "patterns": list(h.patterns)} for h in what[:32]]}
-        else:
-            fields = {"found": [str(w)[:64] for w in what[:32]]}
-        self.broker.audit.write("screened", server=target.name, kind=kind, **fields,
-                                **_actor(request).to_dict())
-        self.metrics.inc("mcpcreds_gateway_screened_total", (("server", target.name), ("kind", kind)),
-                         help_text="Results the gateway changed or reported: sanitized descriptions, "
-                                   "injections found, media withheld, by server.")
+        """An answer to the server's own request, sent as the client would send it."""
+        response, _ = await self._exchange(request, target, 0, body, [])
+        await response.aclose()
 
     def _follow_session(self, request: Request, target: Target, response: httpx.Response) -> None:
-        asked = _one_header(request, b"mcp-session-id")
+        asked = one_header(request, b"mcp-session-id")
         status = response.status_code
         if 200 <= status < 300:
             if request.method == "DELETE":
@@ -603,17 +550,6 @@ def answer_timeout(target: Target) -> float:
 def _backoff(response: httpx.Response) -> bool:
     """An upstream asking to be left alone: a 429, or a 503 that says for how long."""
     return response.status_code == 429 or (response.status_code == 503 and "retry-after" in response.headers)
-
-
-def _one_header(request: Request, name: bytes) -> bytes | None:
-    """The value of a header sent once; two of them are one too many (b"" stands for that: it
-    matches nothing)."""
-    values = [v for k, v in request.headers if k.strip().lower() == name]
-    return None if not values else values[0] if len(values) == 1 else b"\0"
-
-
-def _actor(request: Request) -> Actor:
-    return Actor(request.peer_uid, request.peer_pid, request.grant.id if request.grant is not None else None)
 
 
 def _owner(request: Request) -> Owner:

@@ -50,8 +50,9 @@ class SseBody:
     """An upstream SSE answer, relayed event by event (see `wire.ResponseBody`)."""
 
     def __init__(self, response: httpx.Response, inspector: jsonrpc.Inspector, calls: ToolCalls | None,
-                 target: Target, gap: float | None) -> None:
+                 target: Target, gap: float | None, outbox: list[bytes] | None = None) -> None:
         self.response = response
+        self.outbox = outbox if outbox is not None else []  # the gateway's own events, sent with the next
         self.gap = gap  # the longest wait for the next event (None: a listening stream, never cut)
         self.inspector = inspector
         self.calls = calls
@@ -88,6 +89,9 @@ class SseBody:
                     if self.gap is not None:
                         deadline = loop.time() + self.gap
                     out = b"".join([inspector.event(event) for event in events])
+                    if self.outbox:
+                        out = b"".join(self.outbox) + out
+                        self.outbox.clear()
                     if out:
                         yield out
             self.end = "no_response"

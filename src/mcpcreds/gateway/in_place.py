@@ -1,0 +1,144 @@
+"""What a server asks of the client, and what the gateway does in the client's place (the untrusted
+pipeline's requests half): an elicitation the server may not make is declined, one relayed is given
+`elicitation_timeout_secs` to be answered (then cancelled, and the client's late answer dropped),
+a URL-mode one of a server that is not trusted names the server; `roots/list` is answered with the
+configured roots. Also the audit lines and metrics of what the screening did to results."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from ..broker.broker import Actor
+from ..config.model import Target
+from ..core.audit import AuditLog
+from ..core.http import Request
+from ..core.logs import get_logger
+from ..core.metrics import Metrics
+from ..errors import McpcredsError
+from . import jsonrpc
+from .elicitations import PendingElicitations
+
+_log = get_logger("gateway")
+
+# the client's headers an answer the gateway sends the server in its place carries
+_SESSION_HEADERS: Final = (b"mcp-session-id", b"mcp-protocol-version")
+
+SendInPlace = Callable[[Request, Target, bytes], Awaitable[None]]
+
+
+def one_header(request: Request, name: bytes) -> bytes | None:
+    """The value of a header sent once; two of them are one too many (b"\\0" stands for that: it
+    matches nothing)."""
+    values = [v for k, v in request.headers if k.strip().lower() == name]
+    return None if not values else values[0] if len(values) == 1 else b"\0"
+
+
+def actor_of(request: Request) -> Actor:
+    return Actor(request.peer_uid, request.peer_pid, request.grant.id if request.grant is not None else None)
+
+
+def _call_later(delay: float, fire: Callable[[], None]) -> asyncio.TimerHandle:
+    return asyncio.get_running_loop().call_later(delay, fire)
+
+
+def _valid_key(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+class InPlace:
+    def __init__(self, audit: Callable[[], AuditLog], metrics: Metrics, send: SendInPlace) -> None:
+        self.audit = audit
+        self.metrics = metrics
+        self._send = send
+        self.elicitations = PendingElicitations(_call_later)
+        self._tasks: set[asyncio.Task[None]] = set()  # answers being sent the server in the client's place
+
+    def void_answers(self, request: Request, target: Target, out: jsonrpc.Outgoing) -> set[jsonrpc.IdKey]:
+        """The ids of the client's answers to elicitations whose time ran out (not to be relayed)."""
+        session = one_header(request, b"mcp-session-id")
+        return {jsonrpc.id_key(m.id) for m in out.messages if m.kind == "response" and _valid_key(m.id)
+                and not self.elicitations.answered((target.name, session, jsonrpc.id_key(m.id)))}
+
+    def asks(self, request: Request, target: Target, message: dict[str, Any],
+                     outbox: list[bytes]) -> dict[str, Any] | None:
+        """A request of the server's, seen on a stream: relayed (None: answered here instead).
+        Elicitations the server may not make are declined, and `roots/list` is answered with the
+        configured roots, both in the client's place; a URL-mode elicitation of a server that is
+        not trusted names the server to the user."""
+        method = message.get("method")
+        trust = target.trust.trust
+        params: dict[str, Any] = message["params"] if isinstance(message.get("params"), dict) else {}
+        if method == "elicitation/create":
+            mode = "url" if params.get("mode") == "url" else "form"
+            if not target.content.effective_elicitation(trust):
+                self.answer(request, target, message, {"action": "decline"})
+                self.audit().write("elicitation", server=target.name, mode=mode, action="declined",
+                                        reason="sandboxed" if trust == "sandboxed" else "elicitation_enabled",
+                                        **actor_of(request).to_dict())
+                self.metrics.inc("mcpcreds_gateway_elicitations_total",
+                                 (("server", target.name), ("outcome", "declined")),
+                                 help_text="Elicitations of servers, by server and outcome.")
+                return None
+            key = (target.name, one_header(request, b"mcp-session-id"), jsonrpc.id_key(message.get("id")))
+            self.elicitations.relayed(key, target.content.elicitation_timeout_secs,
+                                      lambda: self._void(request, target, message, mode, outbox))
+            if mode == "url" and trust != "trusted":
+                said = params.get("message") if isinstance(params.get("message"), str) else ""
+                shown = {**params, "message": f"[MCP server {target.name!r}, not trusted] {said}"}
+                return {**message, "params": shown}
+        elif method == "roots/list":
+            roots = target.content.effective_roots(trust)
+            if roots is not None:
+                self.answer(request, target, message,
+                                      {"roots": [{"uri": uri} for uri in roots]})
+                return None
+        return message
+
+    def _void(self, request: Request, target: Target, message: dict[str, Any], mode: str,
+                          outbox: list[bytes]) -> None:
+        """The client did not answer an elicitation in its time: the server is told `cancel`, the
+        client that the request is void (on the stream that carried it)."""
+        self.answer(request, target, message, {"action": "cancel"})
+        reason = "the gateway's elicitation_timeout_secs ran out: the server was told cancel"
+        notice = {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                  "params": {"requestId": message.get("id"), "reason": reason}}
+        outbox.append(b"data: " + jsonrpc.dumps(notice) + b"\n\n")
+        self.audit().write("elicitation", server=target.name, mode=mode, action="cancelled",
+                                reason="elicitation_timeout_secs", **actor_of(request).to_dict())
+        self.metrics.inc("mcpcreds_gateway_elicitations_total",
+                         (("server", target.name), ("outcome", "timed_out")),
+                         help_text="Elicitations of servers, by server and outcome.")
+
+    def answer(self, request: Request, target: Target, message: dict[str, Any],
+                         result: dict[str, Any]) -> None:
+        """Send the server the answer to its request, as the client would (same session)."""
+        body = jsonrpc.dumps({"jsonrpc": "2.0", "id": message.get("id"), "result": result})
+        headers = tuple((k, v) for k, v in request.headers if k.strip().lower() in _SESSION_HEADERS)
+        answer = Request("POST", request.path, "", body, None, request.peer_uid, request.peer_pid,
+                         grant_only=request.grant_only, name=request.name, grant=request.grant,
+                         headers=headers)
+        task = asyncio.get_running_loop().create_task(self._sent(answer, target, body))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _sent(self, request: Request, target: Target, body: bytes) -> None:
+        try:
+            await self._send(request, target, body)
+        except McpcredsError as exc:
+            _log.warning("gateway: an answer in the client's place failed", extra={"server": target.name,
+                                                                                  "error": exc.code})
+
+    def screened(self, request: Request, target: Target, kind: str, what: list[Any]) -> None:
+        """An audit line and a metric for what the screening did to a result (never its text)."""
+        if kind == "sanitized":
+            fields: dict[str, Any] = {"items": [{"listing": h.listing, "item": h.item, "where": h.where,
+                                                 "patterns": list(h.patterns)} for h in what[:32]]}
+        else:
+            fields = {"found": [str(w)[:64] for w in what[:32]]}
+        self.audit().write("screened", server=target.name, kind=kind, **fields,
+                                **actor_of(request).to_dict())
+        self.metrics.inc("mcpcreds_gateway_screened_total", (("server", target.name), ("kind", kind)),
+                         help_text="Results the gateway changed or reported: sanitized descriptions, "
+                                   "injections found, media withheld, by server.")
