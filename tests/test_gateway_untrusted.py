@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -193,6 +194,22 @@ async def test_configured_roots_are_the_servers_answer_and_the_client_is_never_a
     async with session(sidecar, "trusted", seen) as client:  # no roots configured: the client's
         assert json.loads(await text_of(client, "roots")) == [CLIENT_ROOT]
     assert seen.roots == 1
+
+
+async def test_a_reload_that_changes_the_roots_tells_each_session_and_serves_the_new_ones(
+        peer: UntrustedPeer, tmp_path: Path) -> None:
+    socket, config = tmp_path / "run" / "s.sock", tmp_path / "config.toml"
+    text = f'[sidecar]\nsocket = "{socket}"\n' + server("rooted", peer.url, 'trust = "trusted"\nroots = ["file:///a"]')
+    config.write_text(text)
+    with run_sidecar(config, socket) as proc:
+        async with session(proc, "rooted", Seen()) as client:
+            assert json.loads(await text_of(client, "roots")) == ["file:///a"]
+            before = peer.stats()["methods"].get("notifications/roots/list_changed", 0)
+            config.write_text(text.replace("file:///a", "file:///b"))
+            proc.proc.send_signal(signal.SIGHUP)
+            await asyncio.to_thread(proc.wait_for, "config reloaded")
+            assert json.loads(await text_of(client, "roots")) == ["file:///b"]
+        assert peer.stats()["methods"].get("notifications/roots/list_changed", 0) == before + 1
 
 
 # ------------------------------------------------------------------------------------- timeout

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from tests.peers.asgi import send_json, serve_on_loopback
+from tests.peers.asgi import buffered, send_json, serve_on_loopback
 from tests.peers.process import PeerHandle, ready_process
 
 if TYPE_CHECKING:
@@ -55,10 +55,11 @@ class PeerState:
         self.elicitations: list[str] = []
         self.roots: list[list[str]] = []
         self.calls: Counter[str] = Counter()
-        self.listings = 0
+        self.methods: Counter[str] = Counter()  # JSON-RPC methods received, notifications included
 
     def snapshot(self) -> dict[str, Any]:
-        return {"elicitations": self.elicitations, "roots": self.roots, "calls": dict(self.calls)}
+        return {"elicitations": self.elicitations, "roots": self.roots, "calls": dict(self.calls),
+                "methods": dict(self.methods)}
 
 
 def build_server(state: PeerState) -> MCPServer[Any]:
@@ -135,6 +136,13 @@ def build_app(state: PeerState) -> ASGIApp:
         if scope["type"] == "http" and scope.get("path") == "/_test/stats":
             await send_json(send, 200, state.snapshot())
             return
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            body, receive = await buffered(receive)
+            with contextlib.suppress(ValueError):
+                message = json.loads(body)
+                for item in message if isinstance(message, list) else [message]:
+                    if isinstance(item, dict) and isinstance(item.get("method"), str):
+                        state.methods[item["method"]] += 1
         await mcp_app(scope, receive, send)
 
     return app

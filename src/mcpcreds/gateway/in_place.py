@@ -55,6 +55,13 @@ class InPlace:
         self.elicitations = PendingElicitations(_call_later)
         self._tasks: set[asyncio.Task[None]] = set()  # answers being sent the server in the client's place
 
+    @staticmethod
+    def as_client(request: Request, body: bytes) -> Request:
+        """A POST of `body` in the session of `request`, as its client would send it."""
+        headers = tuple((k, v) for k, v in request.headers if k.strip().lower() in _SESSION_HEADERS)
+        return Request("POST", request.path, "", body, None, request.peer_uid, request.peer_pid,
+                       grant_only=request.grant_only, name=request.name, grant=request.grant, headers=headers)
+
     def void_answers(self, request: Request, target: Target, out: jsonrpc.Outgoing) -> set[jsonrpc.IdKey]:
         """The ids of the client's answers to elicitations whose time ran out (not to be relayed)."""
         session = one_header(request, b"mcp-session-id")
@@ -115,11 +122,7 @@ class InPlace:
                          result: dict[str, Any]) -> None:
         """Send the server the answer to its request, as the client would (same session)."""
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": message.get("id"), "result": result})
-        headers = tuple((k, v) for k, v in request.headers if k.strip().lower() in _SESSION_HEADERS)
-        answer = Request("POST", request.path, "", body, None, request.peer_uid, request.peer_pid,
-                         grant_only=request.grant_only, name=request.name, grant=request.grant,
-                         headers=headers)
-        task = asyncio.get_running_loop().create_task(self._sent(answer, target, body))
+        task = asyncio.get_running_loop().create_task(self._sent(self.as_client(request, body), target, body))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

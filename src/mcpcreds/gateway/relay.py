@@ -237,6 +237,7 @@ class Gateway:
         roots = target.content.effective_roots(trust)
         out = jsonrpc.rewrite_initialize(out, None if roots is None else True,
                                          target.content.effective_elicitation(trust))
+        await self._tell_roots(request, target, roots)
         cost = jsonrpc.permits(out, target.gateway.rate_methods)
         try:
             response, sent = await self._exchange(request, target, cost, out.body, mirrors)
@@ -430,7 +431,8 @@ class Gateway:
             inspector = jsonrpc.Inspector(
                 target.trust, masker, pending, calls.answered if calls is not None else None,
                 lambda warnings: self._policy_warnings(target, warnings), granted=granted,
-                on_server_request=lambda m: in_place.asks(request, target, m, outbox),
+                # a GET stream outlives reloads: its server's requests are judged by the config of now
+                on_server_request=lambda m: in_place.asks(request, self._current(target), m, outbox),
                 screening=screening_of(target),
                 on_screened=lambda k, f: in_place.screened(request, target, k, f))
             self._observe(target, request.method, status, started)
@@ -468,6 +470,22 @@ class Gateway:
                 checked = refused
         return Response(status, checked or b"", content_type=b"application/json", extra_headers=extra)
 
+    def _current(self, target: Target) -> Target:
+        return self.broker.config.target(target.name) or target
+
+    async def _tell_roots(self, request: Request, target: Target, roots: tuple[str, ...] | None) -> None:
+        """A session whose server the gateway answered with other roots before a reload hears that
+        they changed (it then asks again, and gets the new ones)."""
+        session = one_header(request, b"mcp-session-id")
+        if session is None or not self.sessions.roots_changed(target.name, session, roots):
+            return
+        notice = jsonrpc.dumps({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"})
+        try:
+            await self._send_in_place(self.in_place.as_client(request, notice), target, notice)
+        except McpcredsError as exc:
+            _log.warning("gateway: roots/list_changed not sent", extra={"server": target.name,
+                                                                        "error": exc.code})
+
     async def _send_in_place(self, request: Request, target: Target, body: bytes) -> None:
         """An answer to the server's own request, sent as the client would send it."""
         response, _ = await self._exchange(request, target, 0, body, [])
@@ -481,7 +499,8 @@ class Gateway:
                 if asked:
                     self.sessions.ended(target.name, asked)
             elif (given := response.headers.get("mcp-session-id")):
-                self.sessions.seen(target.name, given.encode("latin-1"), _owner(request))
+                self.sessions.seen(target.name, given.encode("latin-1"), _owner(request),
+                                   target.content.effective_roots(target.trust.trust))
             elif asked:
                 self.sessions.used(target.name, asked, _owner(request))
         elif status == 404 and asked:  # the server no longer knows the session

@@ -27,20 +27,26 @@ class LiveSessions:
         self.idle = idle
         # (server, digest) -> (first seen, last seen, owner), least recently seen first
         self._seen: OrderedDict[tuple[str, bytes], tuple[float, float, Owner]] = OrderedDict()
+        # (server, digest) -> the roots the gateway last answered that session with (when it answers)
+        self._roots: dict[tuple[str, bytes], tuple[str, ...] | None] = {}
 
     @staticmethod
     def _key(server: str, session_id: bytes) -> tuple[str, bytes]:
         return server, hashlib.blake2b(session_id, digest_size=16).digest()
 
-    def seen(self, server: str, session_id: bytes, owner: Owner) -> None:
-        """An answer to `owner` carried this id: the session is live, and theirs."""
+    def seen(self, server: str, session_id: bytes, owner: Owner,
+             roots: tuple[str, ...] | None = None) -> None:
+        """An answer to `owner` carried this id: the session is live, and theirs (and its server
+        answered with `roots`, when the gateway answers `roots/list`)."""
         now = self.clock()
         key = self._key(server, session_id)
+        if key not in self._seen:
+            self._roots[key] = roots
         first = self._seen.pop(key, (now, now, owner))[0]
         self._seen[key] = (first, now, owner)
         self._expire(now)
         while len(self._seen) > self.limit:
-            self._seen.popitem(last=False)
+            self._roots.pop(self._seen.popitem(last=False)[0], None)
 
     def used(self, server: str, session_id: bytes, owner: Owner) -> None:
         """A request of a known session was answered: it is still live (an unknown id adds nothing)."""
@@ -55,7 +61,19 @@ class LiveSessions:
         return found is None or found[2] == owner
 
     def ended(self, server: str, session_id: bytes) -> None:
-        self._seen.pop(self._key(server, session_id), None)
+        key = self._key(server, session_id)
+        self._seen.pop(key, None)
+        self._roots.pop(key, None)
+
+    def roots_changed(self, server: str, session_id: bytes, roots: tuple[str, ...] | None) -> bool:
+        """True when a known session was last told other roots than `roots` (a reload changed them):
+        the server is to hear `notifications/roots/list_changed`. Notes `roots` as told."""
+        key = self._key(server, session_id)
+        if key not in self._seen:
+            return False
+        told = self._roots.get(key)
+        self._roots[key] = roots
+        return told != roots
 
     def _expire(self, now: float) -> None:
         while self._seen:
@@ -63,6 +81,7 @@ class LiveSessions:
             if now - last < self.idle:
                 return
             del self._seen[key]
+            self._roots.pop(key, None)
 
     def by_server(self) -> dict[str, tuple[int, float]]:
         """server -> (sessions, age in seconds of the oldest)."""
