@@ -13,7 +13,7 @@ import pytest
 
 from mcpcreds.errors import ConfigError
 from mcpcreds.gateway import pins
-from mcpcreds.state.pins import Definition, MemoryPins, PinStore, RedisPins
+from mcpcreds.state.pins import Definition, MemoryPins, PinStore, PinView, RedisPins
 from mcpcreds.state.redis_state import RedisState
 from tests.peers.redis_peer import RedisPeer
 
@@ -41,6 +41,7 @@ async def test_memory_pins_survive_a_restart(tmp_path: Path) -> None:
     view = await restarted.lookup("docs", ["read", "write", "other"])
     assert view.pins == {"read": d(OLD).digest, "write": d({"name": "write"}).digest} and view.total == 2
     assert view.changed == {"read": d(NEW).digest} and view.is_changed("read")
+    assert await restarted.view("docs") == PinView(view.pins, view.changed, 2)
     (read, write) = await restarted.tools("docs")
     assert (read.state, write.state) == ("changed", "pinned")
     assert json.loads(read.pinned.text or "") == OLD and json.loads(read.new.text or "") == NEW  # type: ignore[union-attr]
@@ -94,6 +95,7 @@ async def test_redis_pins_are_shared_and_sealed(redis: RedisPeer) -> None:
         await two.record("docs", {"read": d(NEW)}, {})  # a second sidecar's first listing: too late
         view = await two.lookup("docs", ["read", "write"])
         assert view.pins["read"] == d(OLD).digest and view.changed == {"read": d(NEW).digest}
+        assert await one.view("docs") == view
         (read, _) = await two.tools("docs")
         assert read.state == "changed" and json.loads(read.pinned.text or "") == OLD
         # a pin written by hand (not sealed) is not one

@@ -111,6 +111,10 @@ class PinStore(Protocol):
         """The pins and changed digests of these tools of `server` (the relay, before it decides)."""
         ...
 
+    async def view(self, server: str) -> PinView:
+        """Every pin and changed digest of `server` (before a listing's names are known)."""
+        ...
+
     async def record(self, server: str, pin: Mapping[str, Definition], changed: Mapping[str, Definition],
                      cleared: Sequence[str] = ()) -> None:
         """Pin first definitions (only where none is), record changed ones (the last seen), drop the
@@ -221,6 +225,9 @@ class MemoryPins:
                 if entry.new is not None:
                     changed[name] = entry.new.digest
         return PinView(pins, changed, len(entries))
+
+    async def view(self, server: str) -> PinView:
+        return await self.lookup(server, list(self._servers.get(server, {})))
 
     async def record(self, server: str, pin: Mapping[str, Definition], changed: Mapping[str, Definition],
                      cleared: Sequence[str] = ()) -> None:
@@ -464,6 +471,25 @@ class RedisPins:
             if d is not None:
                 new[name] = (d, sealed)
         return pinned, new
+
+    async def view(self, server: str) -> PinView:
+        pin_key, _, new_key = self._keys(server)
+        pipe = self.state.redis.pipeline(transaction=True)
+        pipe.hgetall(pin_key)
+        pipe.hgetall(new_key)
+        pins_raw, new_raw = await self.state.call("read tool pins", pipe.execute())
+        pins, changed = {}, {}
+        for field_, sealed in list(pins_raw.items())[:MAX_PINNED_TOOLS]:
+            name = _text(field_)
+            digest = await self._digest(pin_key, name, sealed) if valid_name(name) else None
+            if digest is not None:
+                pins[name] = digest
+        for field_, sealed in new_raw.items():
+            name = _text(field_)
+            new = await self._changed(new_key, name, sealed) if name in pins else None
+            if new is not None:
+                changed[name] = new.digest
+        return PinView(pins, changed, len(pins_raw))
 
     async def tools(self, server: str) -> list[ToolPin]:
         pinned, new = await self._read_all(server)
