@@ -110,6 +110,7 @@ class Broker:
                             lambda: self.config.sidecar.refresh_ahead)
         self.limiter = parts.limiter
         self.grants = parts.grants
+        self.pins = parts.pins  # tool pins (state/pins.py): the gateway and /v1/tools read them
         self.sharing = parts.logins
         self.logins = LoginCache(self.sharing.fetch, clock, config.sidecar.refresh_ahead)
         self._cache: dict[str, CachedHeaders] = {}

@@ -478,6 +478,9 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
         from .aauth import add_parser as add_aauth_parser
 
         add_aauth_parser(add_client)  # mcpcreds aauth show-key (aauth_cli.py)
+        from .tools import add_parser as add_tools_parser
+
+        add_tools_parser(add_client)  # mcpcreds tools SERVER / tools approve SERVER [TOOL...] (tools.py)
 
     secret = sub.add_parser("secret", parents=[common], help="manage secrets in the keyring",
                             description="Manage secrets in the keyring; values never on argv.")

@@ -51,6 +51,7 @@ from ..gateway.relay import Gateway
 from ..signers.aauth import AAuthSigner
 from ..signers.sigv4 import SigV4Signer
 from ..state.grants import MAX_TTL, Grant, GrantLimits, new_token, token_hash
+from . import tools_api
 
 _log = get_logger("api")
 _PROMETHEUS: Final = b"text/plain; version=0.0.4; charset=utf-8"
@@ -162,6 +163,9 @@ class Api:
         self._secret_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("POST", "rotated"): ("rotated", self.secret_rotated),
             ("POST", "rotate"): ("rotate", self.secret_rotate),
+        }
+        self._tool_actions: dict[tuple[str, str], tuple[str, Handler]] = {
+            ("POST", "approve"): ("tools_approve", self.tools_approve),  # owner-only: not a grant route
         }
         self.exec_routes = ExecRoutes(broker, lambda: self.audit)  # mcpcreds exec
         self._exec_actions: dict[tuple[str, str], tuple[str, Handler]] = {
@@ -292,10 +296,15 @@ class Api:
                 raise MethodNotAllowed(f"{request.method} is not allowed on /v1/grants/{{id}}")
             request.name = unquote(parts[3])
             return "revoke", self.revoke_grant
+        if len(parts) == 4 and parts[1] == "v1" and parts[2] == "tools" and parts[3]:
+            if request.method != "GET":
+                raise MethodNotAllowed(f"{request.method} is not allowed on /v1/tools/{{server}}")
+            request.name = unquote(parts[3])
+            return "tools", self.tools  # owner-only: not a grant route
         # ["", "v1", "servers", NAME, ACTION]
         if len(parts) == 5 and parts[1] == "v1" and parts[3]:
             table = {"servers": self._server_actions, "secrets": self._secret_actions,
-                     "exec": self._exec_actions}.get(parts[2])
+                     "exec": self._exec_actions, "tools": self._tool_actions}.get(parts[2])
             if table is not None:
                 found = table.get((request.method, parts[4]))
                 if found is not None:
@@ -386,6 +395,20 @@ class Api:
                        "aauth": self.aauth.status(), "aws": self.sigv4.status(),
                        "spiffe": spiffe_status(self.broker.config.targets_by_key.values(),
                                                self.broker.jwt_svids, self.broker.x509_sources)})
+
+    async def tools(self, request: Request) -> Response:
+        """The server's pinned tools and their state (tools_api.py)."""
+        return answer(await tools_api.list_tools(self.broker.pins, self._target(request)))
+
+    async def tools_approve(self, request: Request) -> Response:
+        """Changed tool definitions accepted as the new pins (tools_api.py)."""
+        target = self._target(request)
+        result = await tools_api.approve(self.broker.pins, target, parse_json_body(request))
+        if result["approved"]:
+            fields = {"server": target.name, "tools": result["approved"]}
+            self.audit.write("tools_approved", **fields, **_actor(request))
+            _log.info("tool definitions approved", extra=fields)
+        return answer(result)
 
     def openapi_doc(self, request: Request) -> Response:
         return Response(200, self.openapi)

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ..config.load import default_socket_path
 from ..config.model import Config, Target
 from ..core.clock import Clock
 from ..core.logs import get_logger
@@ -22,6 +23,7 @@ from ..credentials.sources import SecretResolver
 from ..errors import InvalidRequest, RateLimited, StateUnavailable
 from ..limits.buckets import Limiter, check_cost
 from .grants import GrantStore, MemoryGrants, RedisGrants
+from .pins import MemoryPins, PinStore, RedisPins, pins_path
 from .redis_state import MAX_BATCH, LeaseAsk, LeaseReply, RedisState
 from .reserve import Reserves
 
@@ -453,6 +455,7 @@ class StateParts:
     limiter: Limiter | SharedLimiter
     grants: GrantStore
     logins: LoginSharing
+    pins: PinStore  # tool pins (gateway/pins.py): memory's in a file of the state folder
 
 
 def build_state(config: Config, resolver: SecretResolver, clock: Clock,
@@ -461,7 +464,8 @@ def build_state(config: Config, resolver: SecretResolver, clock: Clock,
     """The memory state (one sidecar) or the Redis state (several), behind the same parts."""
     side = config.sidecar
     if side.state == "memory":
-        return StateParts(Limiter(clock, config.rates), MemoryGrants(clock), LocalLogins(fetch))
+        return StateParts(Limiter(clock, config.rates), MemoryGrants(clock), LocalLogins(fetch),
+                          MemoryPins(pins_path(default_socket_path(side.socket).parent)))
     assert side.state_key is not None  # config validation requires it with a shared state
     state = RedisState(side.state, resolver.render(side.state_key),
                        resolver.render(side.state_password) if side.state_password else None,
@@ -471,4 +475,5 @@ def build_state(config: Config, resolver: SecretResolver, clock: Clock,
         SharedLimiter(state, clock, Limiter(clock) if degrade else None, side.local_share),
         RedisGrants(state, clock),
         SharedLogins(state, fetch, refresh_ahead, side.token_timeout, degrade),
+        RedisPins(state),
     )
