@@ -25,6 +25,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import ElicitResult, ListRootsResult, Root
 
 from mcpcreds import AsyncClient
+from tests.conftest import run_cli
 from tests.peers.mcp_untrusted_peer import (
     INJECTED_DESCRIPTION,
     INJECTED_RESULT,
@@ -35,7 +36,7 @@ from tests.peers.mcp_untrusted_peer import (
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 from tests.test_gateway import INIT, RPC_HEADERS, raw_client
 
-EVERY_TOOL = '["ask", "ask_url", "roots", "image", "sleep", "add", "helper", "exfiltrate"]'
+EVERY_TOOL = '["ask", "ask_url", "roots", "image", "sleep", "add", "helper", "exfiltrate", "shifty"]'
 CLIENT_ROOT = "file:///home/agent/client-root"
 PNG_B64 = base64.b64encode(PNG).decode()
 
@@ -288,3 +289,36 @@ async def test_a_gateway_request_refused_by_egress_policy_is_audited(peer: Untru
     refused = [e for e in audit(workdir, "egress_refused") if e["server"] == "walled"]
     assert refused and refused[-1]["host"] == "127.0.0.1" and refused[-1]["uid"] == os.getuid()
     assert peer.stats()["calls"] == before
+
+
+# ------------------------------------------------------------------------------------- pinning
+
+
+async def test_a_tool_that_changes_after_it_was_pinned_is_withheld_until_approved(
+        peer: UntrustedPeer, tmp_path: Path) -> None:
+    """The rug pull: listed (and so pinned) once, then changed. Withheld from the listing and its
+    calls refused until `mcpcreds tools approve`; a trusted server only warns."""
+    socket, config = tmp_path / "run" / "s.sock", tmp_path / "config.toml"
+    config.write_text(f'[sidecar]\nsocket = "{socket}"\n'
+                      + server("pinned", peer.url, f'trust = "untrusted"\ntool_allowlist = {EVERY_TOOL}')
+                      + server("open", peer.url, 'trust = "trusted"'))
+    with run_sidecar(config, socket) as proc:
+        async with session(proc, "pinned", Seen()) as client, session(proc, "open", Seen()) as trusting:
+            assert "shifty" in {t.name for t in (await client.list_tools()).tools}  # pinned now
+            await trusting.list_tools()
+            await asyncio.to_thread(peer.shift)
+            try:
+                assert "shifty" not in {t.name for t in (await client.list_tools()).tools}
+                calls = peer.stats()["calls"].get("shifty", 0)
+                with pytest.raises(MCPError) as refused:
+                    await client.call_tool("shifty", {"text": "x"})
+                assert refused.value.error.data == {"policy": "pinned"}
+                assert peer.stats()["calls"].get("shifty", 0) == calls  # never reached the server
+                assert "shifty" in {t.name for t in (await trusting.list_tools()).tools}  # trusted: a warning
+                approved = await asyncio.to_thread(run_cli, "tools", "approve", "pinned", "--config", str(config))
+                assert approved.code == 0 and "first call exfiltrate" in approved.stdout, approved.output
+                assert "shifty" in {t.name for t in (await client.list_tools()).tools}
+                assert await text_of(client, "shifty", text="back") == "back"
+            finally:
+                await asyncio.to_thread(peer.unshift)
+        assert any("tool pins" in line for line in proc.lines)

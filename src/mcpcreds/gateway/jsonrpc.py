@@ -365,6 +365,8 @@ class Inspector:
     # is or changed), or None when the gateway answers it itself and the client never sees it
     on_server_request: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
     screening: Screening = field(default_factory=Screening)
+    # the pinned definitions' judgement of a listing (after the policy's filter): the tools to pass on
+    on_tools: Callable[[list[Any]], list[Any]] | None = None
     # what the screening did: ("sanitized", hits), ("injection", pattern names), ("media", types)
     on_screened: Callable[[str, list[Any]], None] | None = None
 
@@ -421,7 +423,8 @@ class Inspector:
                 except StrictJsonError as exc:
                     raise Withheld(str(exc)) from None
                 if isinstance(result.get("tools"), list):
-                    result = {**result, "tools": self._filter_tools(result["tools"])}
+                    tools = self._filter_tools(result["tools"])
+                    result = {**result, "tools": self.on_tools(tools) if self.on_tools is not None else tools}
                 try:
                     message = {**message, "result": self._screen(result)}
                 except Injection as found:

@@ -38,7 +38,7 @@ import asyncio
 import time
 import weakref
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -64,7 +64,7 @@ from ..errors import (
 )
 from ..signers.aauth import AAuthSigner
 from ..signers.sigv4 import SigV4Signer
-from . import jsonrpc
+from . import jsonrpc, pins
 from .in_place import InPlace, actor_of, one_header
 from .sessions import LiveSessions, Owner
 from .stream import SseBody, ToolCalls
@@ -141,6 +141,7 @@ class Gateway:
         self._urls: dict[str, httpx.URL] = {}
         # what the server asks of the client, answered here or relayed
         self.in_place = InPlace(lambda: broker.audit, metrics, self._send_in_place)
+        self._writes: set[asyncio.Task[None]] = set()  # pins being written
         self.aauth = aauth  # signs for servers with `aauth`: the agent key stays in the sidecar
         self.sigv4 = sigv4  # signs for servers with auth kind "aws": so does the AWS secret key
 
@@ -228,7 +229,8 @@ class Gateway:
                 self._observe(target, request.method, 202, started)
                 return Response(202, b"")
         granted = request.grant.tools_of(target.name) if request.grant is not None else None
-        refused = jsonrpc.refusals(out, target.trust, target.name, granted)
+        refused = (jsonrpc.refusals(out, target.trust, target.name, granted)
+                   or await self._changed_tools(out, target))
         if refused:
             calls.finish_all("refused")
             self._observe(target, request.method, 200, started)
@@ -428,13 +430,14 @@ class Gateway:
             granted = request.grant.tools_of(target.name) if request.grant is not None else None
             outbox: list[bytes] = []  # events of the gateway's own for this stream (a voided elicitation)
             in_place = self.in_place
+            pinning = await self._pinning(target, pending)
             inspector = jsonrpc.Inspector(
                 target.trust, masker, pending, calls.answered if calls is not None else None,
                 lambda warnings: self._policy_warnings(target, warnings), granted=granted,
                 # a GET stream outlives reloads: its server's requests are judged by the config of now
                 on_server_request=lambda m: in_place.asks(request, self._current(target), m, outbox),
                 screening=screening_of(target),
-                on_screened=lambda k, f: in_place.screened(request, target, k, f))
+                on_screened=lambda k, f: in_place.screened(request, target, k, f), on_tools=pinning)
             self._observe(target, request.method, status, started)
             self._follow_session(request, target, response)
             kind = jsonrpc.answer_kind(response.headers.get("content-type", ""))
@@ -469,6 +472,35 @@ class Gateway:
             if refused is not None:
                 checked = refused
         return Response(status, checked or b"", content_type=b"application/json", extra_headers=extra)
+
+    async def _changed_tools(self, out: jsonrpc.Outgoing, target: Target) -> list[dict[str, Any]]:
+        """The refusals of calls to tools whose definition changed since it was pinned."""
+        names = pins.called_tools(out)
+        if not names or not target.content.effective_pin_tools(target.trust.trust):
+            return []
+        return pins.call_refusals(out, target.name, await self.broker.pins.lookup(target.name, names))
+
+    async def _pinning(self, target: Target, pending: dict[jsonrpc.IdKey, str]
+                       ) -> Callable[[list[Any]], list[Any]] | None:
+        """For an answer to `tools/list`: the pins' judgement of its listing (the pins read now,
+        the first definitions and the changes written as the listing passes)."""
+        if jsonrpc.TOOLS_LIST not in pending.values():
+            return None
+        store = self.broker.pins
+        view = await store.view(target.name)
+        enforce = target.content.effective_pin_tools(target.trust.trust)
+
+        def judge(tools: list[Any]) -> list[Any]:
+            decision = pins.decide(view, tools, enforce)
+            for warning in decision.warnings:
+                _log.warning("tool pins", extra={"server": target.name, "warning": warning})
+            if decision.writes:
+                task = asyncio.get_running_loop().create_task(
+                    store.record(target.name, decision.pin, decision.changed, decision.cleared))
+                self._writes.add(task)
+                task.add_done_callback(self._writes.discard)
+            return decision.tools
+        return judge
 
     def _current(self, target: Target) -> Target:
         return self.broker.config.target(target.name) or target
