@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp.client import Client
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -36,7 +37,8 @@ from tests.peers.mcp_untrusted_peer import (
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 from tests.test_gateway import INIT, RPC_HEADERS, raw_client
 
-EVERY_TOOL = '["ask", "ask_url", "roots", "image", "sleep", "add", "helper", "exfiltrate", "shifty"]'
+EVERY_TOOL = ('["ask", "ask_url", "roots", "image", "sleep", "add", "helper", "exfiltrate", "shifty", '
+              '"ask_any", "roots_any"]')
 CLIENT_ROOT = "file:///home/agent/client-root"
 PNG_B64 = base64.b64encode(PNG).decode()
 
@@ -179,6 +181,39 @@ async def test_an_elicitation_the_client_leaves_unanswered_is_cancelled_and_void
     assert asked.is_set() and peer.stats()["elicitations"][before:] == ["cancel"]
     lines = [e for e in audit(workdir, "elicitation") if e["server"] == "impatient"]
     assert [(e["action"], e["reason"]) for e in lines] == [("cancelled", "elicitation_timeout_secs")]
+
+
+@asynccontextmanager
+async def era_client(sidecar: SidecarProcess, name: str, seen: Seen, mode: str) -> AsyncIterator[Client]:
+    """The MCP SDK's `Client`: `auto` speaks the 2026-07-28 era (input_required results), `legacy`
+    the 2025 handshake (requests of the server's mid-call)."""
+    async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client(name) as http, \
+            Client(streamable_http_client(creds.mcp_url(name), http_client=http), mode=mode,
+                   elicitation_callback=seen.elicit, list_roots_callback=seen.list_roots) as client:
+        yield client
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_both_eras_get_the_same_policy(peer: UntrustedPeer, sidecar: SidecarProcess, mode: str) -> None:
+    """What the 2025 revisions send as a request of the server's mid-call arrives in the 2026-07-28
+    era inside an input_required result: declined, answered with the roots, or relayed alike."""
+    seen = Seen()
+    async with era_client(sidecar, "sandboxed", seen, mode) as client:
+        assert (await client.call_tool("ask_any", {})).content[0].text == "decline"  # type: ignore[union-attr]
+        assert json.loads((await client.call_tool("roots_any", {})).content[0].text) == []  # type: ignore[union-attr]
+    async with era_client(sidecar, "rooted", seen, mode) as client:
+        assert json.loads((await client.call_tool("roots_any", {})).content[0].text) == [  # type: ignore[union-attr]
+            "file:///srv/project", "file:///srv/data"]
+    assert seen.elicitations == [] and seen.roots == 0  # the client was never asked
+    async with era_client(sidecar, "untrusted", seen, mode) as client:  # relayed, and answered
+        assert (await client.call_tool("ask_any", {})).content[0].text == "accept"  # type: ignore[union-attr]
+        assert json.loads((await client.call_tool("roots_any", {})).content[0].text) == [CLIENT_ROOT]  # type: ignore[union-attr]
+    assert len(seen.elicitations) == 1 and seen.roots == 1
+    async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("rooted") as http, \
+            Client(streamable_http_client(creds.mcp_url("rooted"), http_client=http), mode=mode) as bare:
+        # a client without roots: the gateway declares them for it, and answers
+        assert json.loads((await bare.call_tool("roots_any", {})).content[0].text) == [  # type: ignore[union-attr]
+            "file:///srv/project", "file:///srv/data"]
 
 
 # ------------------------------------------------------------------------------------- roots

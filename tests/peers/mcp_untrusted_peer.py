@@ -25,7 +25,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel
 
@@ -63,11 +63,15 @@ class PeerState:
 
 
 def build_server(state: PeerState) -> MCPServer[Any]:
+    from mcp.server.elicitation import ElicitationResult
     from mcp.server.mcpserver import Context, MCPServer
-    from mcp.types import AudioContent, CallToolResult, ImageContent, TextContent
+    from mcp.server.mcpserver.resolve import Elicit, ListRoots, Resolve
+    from mcp.types import AudioContent, CallToolResult, ImageContent, ListRootsResult, TextContent
 
     # the SDK resolves the tools' annotations in this module's globals
-    globals().update(Context=Context, CallToolResult=CallToolResult)
+    globals().update(Context=Context, CallToolResult=CallToolResult, ElicitationResult=ElicitationResult,
+                     Elicit=Elicit, ListRoots=ListRoots, Resolve=Resolve, ListRootsResult=ListRootsResult,
+                     Annotated=Annotated)
     server: MCPServer[Any] = MCPServer("mcpcreds-untrusted-peer", log_level="WARNING")
 
     @server.tool()
@@ -85,6 +89,29 @@ def build_server(state: PeerState) -> MCPServer[Any]:
         answer = await ctx.elicit_url("Sign in to continue", "https://login.example/start", "elicit-1")
         state.elicitations.append(answer.action)
         return answer.action
+
+    def ask_name() -> Elicit[Name]:
+        return Elicit("What is your name?", Name)
+
+    def client_roots() -> ListRoots:
+        return ListRoots()
+
+    globals().update(ask_name=ask_name, client_roots=client_roots)  # the tools' annotations name them
+
+    @server.tool()
+    async def ask_any(answer: Annotated[ElicitationResult[Name], Resolve(ask_name)]) -> str:
+        """Ask the user for a name, in either protocol era (a request mid-call, or input_required)."""
+        state.calls["ask_any"] += 1
+        state.elicitations.append(answer.action)
+        return answer.action
+
+    @server.tool()
+    async def roots_any(listed: Annotated[ListRootsResult, Resolve(client_roots)]) -> str:
+        """List the client's roots, in either protocol era."""
+        state.calls["roots_any"] += 1
+        uris = [str(root.uri) for root in listed.roots]
+        state.roots.append(uris)
+        return json.dumps(uris)
 
     @server.tool()
     async def roots(ctx: Context) -> str:

@@ -19,6 +19,7 @@ from ..core.metrics import Metrics
 from ..errors import McpcredsError
 from . import jsonrpc
 from .elicitations import PendingElicitations
+from .input_rounds import PREFIX, Holder, InputRounds
 
 _log = get_logger("gateway")
 
@@ -39,6 +40,13 @@ def actor_of(request: Request) -> Actor:
     return Actor(request.peer_uid, request.peer_pid, request.grant.id if request.grant is not None else None)
 
 
+MAX_INPUT_REQUESTS: Final = 64  # in one input_required result (past it, left to the client as sent)
+
+
+def _holder(request: Request, target: Target) -> Holder:
+    return target.name, request.peer_uid, request.grant.id if request.grant is not None else None
+
+
 def _call_later(delay: float, fire: Callable[[], None]) -> asyncio.TimerHandle:
     return asyncio.get_running_loop().call_later(delay, fire)
 
@@ -48,12 +56,14 @@ def _valid_key(value: Any) -> bool:
 
 
 class InPlace:
-    def __init__(self, audit: Callable[[], AuditLog], metrics: Metrics, send: SendInPlace) -> None:
+    def __init__(self, audit: Callable[[], AuditLog], metrics: Metrics, send: SendInPlace,
+                 clock: Callable[[], float]) -> None:
         self.audit = audit
         self.metrics = metrics
         self._send = send
         self.elicitations = PendingElicitations(_call_later)
         self._tasks: set[asyncio.Task[None]] = set()  # answers being sent the server in the client's place
+        self.rounds = InputRounds(clock)
 
     @staticmethod
     def as_client(request: Request, body: bytes) -> Request:
@@ -68,43 +78,97 @@ class InPlace:
         return {jsonrpc.id_key(m.id) for m in out.messages if m.kind == "response" and _valid_key(m.id)
                 and not self.elicitations.answered((target.name, session, jsonrpc.id_key(m.id)))}
 
-    def asks(self, request: Request, target: Target, message: dict[str, Any],
-                     outbox: list[bytes]) -> dict[str, Any] | None:
-        """A request of the server's, seen on a stream: relayed (None: answered here instead).
-        Elicitations the server may not make are declined, and `roots/list` is answered with the
-        configured roots, both in the client's place; a URL-mode elicitation of a server that is
-        not trusted names the server to the user."""
-        method = message.get("method")
+    def policy(self, request: Request, target: Target, method: Any,
+               params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """(answer, params) for a request of the server's, in either protocol era: the result the
+        gateway gives in the client's place (None: the client is asked), and the params the client
+        sees. Elicitations the server may not make are declined; `roots/list` is answered with the
+        configured roots; a URL-mode elicitation of a server that is not trusted names the server."""
         trust = target.trust.trust
-        params: dict[str, Any] = message["params"] if isinstance(message.get("params"), dict) else {}
         if method == "elicitation/create":
             mode = "url" if params.get("mode") == "url" else "form"
             if not target.content.effective_elicitation(trust):
-                self.answer(request, target, message, {"action": "decline"})
                 self.audit().write("elicitation", server=target.name, mode=mode, action="declined",
-                                        reason="sandboxed" if trust == "sandboxed" else "elicitation_enabled",
-                                        **actor_of(request).to_dict())
+                                   reason="sandboxed" if trust == "sandboxed" else "elicitation_enabled",
+                                   **actor_of(request).to_dict())
                 self.metrics.inc("mcpcreds_gateway_elicitations_total",
                                  (("server", target.name), ("outcome", "declined")),
                                  help_text="Elicitations of servers, by server and outcome.")
-                return None
-            key = (target.name, one_header(request, b"mcp-session-id"), jsonrpc.id_key(message.get("id")))
-            self.elicitations.relayed(key, target.content.elicitation_timeout_secs,
-                                      lambda: self._void(request, target, message, mode, outbox))
+                return {"action": "decline"}, params
             if mode == "url" and trust != "trusted":
                 said = params.get("message") if isinstance(params.get("message"), str) else ""
-                shown = {**params, "message": f"[MCP server {target.name!r}, not trusted] {said}"}
-                return {**message, "params": shown}
+                return None, {**params, "message": f"[MCP server {target.name!r}, not trusted] {said}"}
         elif method == "roots/list":
             roots = target.content.effective_roots(trust)
             if roots is not None:
-                self.answer(request, target, message,
-                                      {"roots": [{"uri": uri} for uri in roots]})
-                return None
-        return message
+                return {"roots": [{"uri": uri} for uri in roots]}, params
+        return None, params
+
+    def asks(self, request: Request, target: Target, message: dict[str, Any],
+             outbox: list[bytes]) -> dict[str, Any] | None:
+        """A request of the server's, seen on a stream (the 2025 revisions): relayed (None:
+        answered here instead, see `policy`); an elicitation relayed gets its time to be answered."""
+        params: dict[str, Any] = message["params"] if isinstance(message.get("params"), dict) else {}
+        answer, shown = self.policy(request, target, message.get("method"), params)
+        if answer is not None:
+            self.answer(request, target, message, answer)
+            return None
+        if message.get("method") == "elicitation/create":
+            mode = "url" if params.get("mode") == "url" else "form"
+            key = (target.name, one_header(request, b"mcp-session-id"), jsonrpc.id_key(message.get("id")))
+            self.elicitations.relayed(key, target.content.elicitation_timeout_secs,
+                                      lambda: self._void(request, target, message, mode, outbox))
+        return message if shown is params else {**message, "params": shown}
+
+    def input_required(self, request: Request, target: Target, result: dict[str, Any]) -> dict[str, Any]:
+        """An `input_required` result (2026-07-28) as the client sees it: what the gateway answers
+        (see `policy`) is taken out and kept under a `requestState` token of its own, to be put
+        back into the client's retry (`resume`)."""
+        requests = result.get("inputRequests")
+        if not isinstance(requests, dict) or len(requests) > MAX_INPUT_REQUESTS:
+            return result
+        answers: dict[str, Any] = {}
+        shown: dict[str, Any] = {}
+        for key, asked in requests.items():
+            params = asked.get("params", {}) if isinstance(asked, dict) else None
+            if not isinstance(asked, dict) or not isinstance(params, dict):
+                shown[key] = asked
+                continue
+            answer, relayed = self.policy(request, target, asked.get("method"), params)
+            if answer is not None:
+                answers[key] = answer
+            else:
+                shown[key] = asked if relayed is params else {**asked, "params": relayed}
+        if not answers:
+            return {**result, "inputRequests": shown}
+        token = self.rounds.hold(_holder(request, target), result.get("requestState"), answers)
+        out = {k: v for k, v in result.items() if k not in ("inputRequests", "requestState")}
+        if shown:
+            out["inputRequests"] = shown
+        out["requestState"] = token
+        return out
+
+    def resume(self, request: Request, target: Target, out: jsonrpc.Outgoing) -> jsonrpc.Outgoing:
+        """The client's retries with what the gateway answered put back (and the server's own
+        `requestState`); JsonRpcError for a token of the gateway's that is not (or no longer) the
+        caller's."""
+        def resumed(params: dict[str, Any]) -> dict[str, Any]:
+            held = self.rounds.take(_holder(request, target), params["requestState"])
+            if held is None:
+                raise jsonrpc.JsonRpcError(jsonrpc.INVALID_PARAMS, "Invalid params: requestState is unknown, "
+                                           "expired or already used: send the request again without it")
+            state, answers = held
+            given = params.get("inputResponses")
+            merged = {**(given if isinstance(given, dict) else {}), **answers}
+            params = {k: v for k, v in params.items() if k != "requestState"}
+            if state is not None:
+                params["requestState"] = state
+            return {**params, "inputResponses": merged}
+        return jsonrpc.rewrite_params(out, lambda p: isinstance(p.get("requestState"), str)
+                                      and p["requestState"].startswith(PREFIX), resumed)
 
     def _void(self, request: Request, target: Target, message: dict[str, Any], mode: str,
-                          outbox: list[bytes]) -> None:
+              outbox: list[bytes]) -> None:
         """The client did not answer an elicitation in its time: the server is told `cancel`, the
         client that the request is void (on the stream that carried it)."""
         self.answer(request, target, message, {"action": "cancel"})

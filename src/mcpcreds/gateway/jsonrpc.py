@@ -367,6 +367,8 @@ class Inspector:
     screening: Screening = field(default_factory=Screening)
     # the pinned definitions' judgement of a listing (after the policy's filter): the tools to pass on
     on_tools: Callable[[list[Any]], list[Any]] | None = None
+    # an input_required result (2026-07-28) as the client is to see it (see `on_server_request`)
+    on_input_required: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # what the screening did: ("sanitized", hits), ("injection", pattern names), ("media", types)
     on_screened: Callable[[str, list[Any]], None] | None = None
 
@@ -425,6 +427,8 @@ class Inspector:
                 if isinstance(result.get("tools"), list):
                     tools = self._filter_tools(result["tools"])
                     result = {**result, "tools": self.on_tools(tools) if self.on_tools is not None else tools}
+                if result.get("resultType") == "input_required" and self.on_input_required is not None:
+                    result = self.on_input_required(result)
                 try:
                     message = {**message, "result": self._screen(result)}
                 except Injection as found:
@@ -477,6 +481,24 @@ class Inspector:
         return [t for t in tools if isinstance(t, dict) and t.get("name") in allowed]
 
 
+def rewrite_params(out: Outgoing, wanted: Callable[[dict[str, Any]], bool],
+                   rewrite: Callable[[dict[str, Any]], dict[str, Any]]) -> Outgoing:
+    """`out` with the params of each request for which `wanted(params)` holds rewritten (and the
+    body re-serialised); `out` itself when none is."""
+    changed = False
+    messages = []
+    for m in out.messages:
+        params = m.raw.get("params")
+        if m.kind == "request" and isinstance(params, dict) and wanted(params):
+            m = Message({**m.raw, "params": rewrite(params)}, m.kind)
+            changed = True
+        messages.append(m)
+    if not changed:
+        return out
+    raws = [m.raw for m in messages]
+    return Outgoing(tuple(messages), out.batch, dumps(raws if out.batch else raws[0]))
+
+
 def without_responses(out: Outgoing, ids: set[IdKey]) -> Outgoing:
     """`out` without the responses of these ids (re-serialised)."""
     messages = tuple(m for m in out.messages if not (m.kind == "response" and id_key(m.id) in ids))
@@ -486,31 +508,46 @@ def without_responses(out: Outgoing, ids: set[IdKey]) -> Outgoing:
     return Outgoing(messages, out.batch, dumps(raws if out.batch else raws[0]))
 
 
-def rewrite_initialize(out: Outgoing, roots: bool | None, elicitation: bool) -> Outgoing:
-    """`out` with its `initialize` request's client capabilities as the gateway keeps them: `roots`
-    declared when the gateway answers `roots/list` itself (`roots` True; None: as the client said),
-    `elicitation` removed when the server may not elicit. Other messages, and a body without an
-    `initialize`, are returned as they are."""
+CLIENT_CAPABILITIES_META: Final = "io.modelcontextprotocol/clientCapabilities"  # 2026-07-28: per request
+
+
+def declare_roots(out: Outgoing, roots: bool | None) -> Outgoing:
+    """`out` with the client capabilities it declares as the gateway keeps them: `roots` declared
+    when the gateway answers `roots/list` itself (`roots` True), whatever the client said (None:
+    as it said). In an `initialize` (the 2025 revisions) and in each request's
+    `_meta["io.modelcontextprotocol/clientCapabilities"]` (2026-07-28). An elicitation the server
+    may not make is declined, not hidden: a server that requires the capability would fail the
+    call instead."""
+    if roots is None:
+        return out
+
+    def caps_of(m: Message) -> tuple[dict[str, Any], list[str]] | None:
+        params = m.raw.get("params")
+        if m.kind != "request" or not isinstance(params, dict):
+            return None
+        if m.method == "initialize" and isinstance(params.get("capabilities"), dict):
+            return params["capabilities"], ["capabilities"]
+        meta = params.get("_meta")
+        if isinstance(meta, dict) and isinstance(meta.get(CLIENT_CAPABILITIES_META), dict):
+            return meta[CLIENT_CAPABILITIES_META], ["_meta", CLIENT_CAPABILITIES_META]
+        return None
+
     changed = False
     messages = []
     for m in out.messages:
-        params = m.raw.get("params")
-        caps = params.get("capabilities") if isinstance(params, dict) else None
-        if m.method != "initialize" or m.kind != "request" or not isinstance(params, dict) \
-                or not isinstance(caps, dict):
+        found = caps_of(m)
+        if found is None or found[0].get("roots") == {"listChanged": True}:
             messages.append(m)
             continue
-        new_caps = dict(caps)
-        if roots is not None:
-            new_caps.pop("roots", None)
-            if roots:
-                new_caps["roots"] = {"listChanged": False}
-        if not elicitation:
-            new_caps.pop("elicitation", None)
-        if new_caps != caps:
-            changed = True
-            m = Message({**m.raw, "params": {**params, "capabilities": new_caps}}, m.kind)
-        messages.append(m)
+        caps, path = found
+        new_caps = {**caps, "roots": {"listChanged": True}}
+        params = dict(m.raw["params"])
+        if len(path) == 1:
+            params["capabilities"] = new_caps
+        else:
+            params["_meta"] = {**params["_meta"], path[1]: new_caps}
+        messages.append(Message({**m.raw, "params": params}, m.kind))
+        changed = True
     if not changed:
         return out
     raws = [m.raw for m in messages]

@@ -140,7 +140,7 @@ class Gateway:
         self._sent: dict[str, tuple[HeadersResult, _Sent]] = {}  # server -> its current credentials, prepared
         self._urls: dict[str, httpx.URL] = {}
         # what the server asks of the client, answered here or relayed
-        self.in_place = InPlace(lambda: broker.audit, metrics, self._send_in_place)
+        self.in_place = InPlace(lambda: broker.audit, metrics, self._send_in_place, broker.clock.monotonic)
         self._writes: set[asyncio.Task[None]] = set()  # pins being written
         self.aauth = aauth  # signs for servers with `aauth`: the agent key stays in the sidecar
         self.sigv4 = sigv4  # signs for servers with auth kind "aws": so does the AWS secret key
@@ -222,6 +222,12 @@ class Gateway:
             calls.finish_all("refused")
             self._observe(target, request.method, foreign.status, started)
             return foreign
+        try:
+            out = self.in_place.resume(request, target, out)
+        except jsonrpc.JsonRpcError as exc:
+            calls.finish_all("refused")
+            self._observe(target, request.method, 400, started)
+            return _rpc_response(400, jsonrpc.error(out.single_id, exc.code, exc.message))
         void = self.in_place.void_answers(request, target, out)
         if void:  # the client answered an elicitation whose time had run out: the server has its answer
             out = jsonrpc.without_responses(out, void)
@@ -237,8 +243,7 @@ class Gateway:
             return _rpc_response(200, refused if out.batch else refused[0])
         trust = target.trust.trust
         roots = target.content.effective_roots(trust)
-        out = jsonrpc.rewrite_initialize(out, None if roots is None else True,
-                                         target.content.effective_elicitation(trust))
+        out = jsonrpc.declare_roots(out, None if roots is None else True)
         await self._tell_roots(request, target, roots)
         cost = jsonrpc.permits(out, target.gateway.rate_methods)
         try:
@@ -437,7 +442,8 @@ class Gateway:
                 # a GET stream outlives reloads: its server's requests are judged by the config of now
                 on_server_request=lambda m: in_place.asks(request, self._current(target), m, outbox),
                 screening=screening_of(target),
-                on_screened=lambda k, f: in_place.screened(request, target, k, f), on_tools=pinning)
+                on_screened=lambda k, f: in_place.screened(request, target, k, f), on_tools=pinning,
+                on_input_required=lambda r: in_place.input_required(request, target, r))
             self._observe(target, request.method, status, started)
             self._follow_session(request, target, response)
             kind = jsonrpc.answer_kind(response.headers.get("content-type", ""))
