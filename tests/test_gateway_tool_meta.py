@@ -16,6 +16,7 @@ from mcpcreds.gateway.tool_meta import (
     MAX_STRINGS,
     MAX_URLS,
     Decision,
+    check_call,
     data_flow,
     describe,
     flagged,
@@ -300,3 +301,19 @@ def test_adversarial_values_are_read_in_linear_time(pattern: str) -> None:
     for value in ("a" * big + ":/", "' " + " " * big, "or " + "1" * big, ("'" + " " * 64) * (big // 65),
                   "/" * big, "%" * big, "a:" * (big // 2)):
         check(pattern, value)
+
+
+# ---------------------------------------------------------------------------- one decision a call
+
+
+def test_a_call_gets_data_flow_first_then_its_flagged_parameters() -> None:
+    meta = ToolMeta("medium", (), (FlaggedParameter("/path", "path_traversal"),))
+    bad, good = {"path": "../x"}, {"path": "x"}
+    assert check_call(meta, "trusted", good) == Decision("allow")
+    assert check_call(meta, "sandboxed", good).verdict == "warn"
+    refused = check_call(meta, "sandboxed", bad)
+    assert (refused.verdict, refused.policy, refused.parameters) == ("refuse", "flagged_parameter", ("/path",))
+    assert "path_traversal" in refused.reason and "../x" not in refused.reason
+    high = ToolMeta("high", (), meta.flagged_parameters)
+    assert check_call(high, "untrusted", bad) == data_flow(high, "untrusted")
+    assert check_call(meta, "trusted", {"path": "/srv/data/x"}, ROOTS) == Decision("allow")
