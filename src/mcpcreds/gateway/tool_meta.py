@@ -9,6 +9,9 @@
   server is a warning ("warn"); anything else is allowed. An unknown trust is taken as sandboxed.
 - `flagged(meta, arguments, roots=()) -> list[str]`: the pointers of the tool's flagged parameters
   whose value in a `tools/call`'s `arguments` matches its pattern (never the value).
+- `check_call(meta, trust, arguments, roots=()) -> Decision`: both, as a `tools/call` gets them: a
+  data-flow refusal, else a refusal by flagged parameters (policy "flagged_parameter", their
+  pointers in `parameters`), else the data-flow verdict (allow or warn).
 - `describe(meta, source)`: the metadata as JSON, for `mcpcreds tools SERVER`.
 
 Inference, from the tool's name: it is cut into words at `_`, `-`, `.`, `/`, spaces, digits and
@@ -230,12 +233,14 @@ def describe(meta: ToolMeta, source: Source) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What the data-flow check says of a call: `verdict` allow, warn (log `reason`, let it
-    through) or refuse (-32602 with `data.policy` = `policy`). `reason` quotes nothing of the call."""
+    """What the checks say of a call: `verdict` allow, warn (log `reason`, let it through) or
+    refuse (-32602 with `data.policy` = `policy`; `parameters`: the flagged parameters' pointers,
+    as configured). `reason` quotes nothing of the call."""
 
     verdict: Verdict
     reason: str = ""
     policy: str = DATA_FLOW
+    parameters: tuple[str, ...] = ()
 
     @property
     def allowed(self) -> bool:
@@ -254,6 +259,17 @@ def data_flow(meta: ToolMeta, trust: str) -> Decision:
     if rank >= SENSITIVITIES.index("medium") and trust == "sandboxed":
         return Decision("warn", "a tool of data_sensitivity medium on a sandboxed server")
     return Decision("allow")
+
+
+def check_call(meta: ToolMeta, trust: str, arguments: Any, roots: Sequence[str] = ()) -> Decision:
+    """The decision a `tools/call` of a tool with this metadata gets on a server of this trust:
+    data flow first, then its flagged parameters (`roots`: the server's effective roots)."""
+    decision = data_flow(meta, trust)
+    if not decision.allowed:
+        return decision
+    if hits := flagged(meta, arguments, roots):
+        return Decision("refuse", flagged_reason(meta, hits), FLAGGED_PARAMETER, tuple(hits))
+    return decision
 
 
 # ---------------------------------------------------------------------------- flagged parameters
