@@ -27,7 +27,7 @@ singular (`keys` is `key`, `entries` is `entry`). Words are matched whole (`monk
 |   disk, readfile, listdir, readdir, glob, ls, cat, stat)           |   write verb filesystem_write|
 | rm, mkdir, rmdir, unlink, touch, chmod, chown, mv, cp, writefile;  | filesystem_write            |
 |   write, delete, remove, del, erase, overwrite, append, edit,      |                             |
-|   move, rename, copy with no database, memory or API word          |                             |
+|   move, rename, copy with no database, memory, network or API word|                             |
 | query, sql, select, or a database word (db, database, table, row,  | database_read; with a write |
 |   record, collection, schema, sqlite, postgres, postgresql, mysql, |   verb database_write       |
 |   mongo, mongodb, cypher)                                          |                             |
