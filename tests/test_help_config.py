@@ -52,6 +52,10 @@ name = "sp"
 endpoint = "https://sp.example.com/mcp"
 auth = { kind = "spiffe", svid = "jwt", jwt_svid_file = "/run/spire/svid.jwt", audience = "sp" }
 [[servers]]
+name = "tm"
+endpoint = "https://tm.example.com/mcp"
+tool_metadata = { run_query = { data_sensitivity = "medium", flagged_parameters = [{ pointer = "/sql", pattern = "sql_injection" }] } }
+[[servers]]
 name = "oa"
 endpoint = "https://oa.example.com/mcp"
 oauth = { client_id = "c", client_secret = "{{secret:S}}", token_url = "https://oa.example.com/t" }
@@ -63,6 +67,10 @@ PATHS = [
     (r"aauth\.enroll", "[aauth.enroll]"), (r"exec\.[^.]+", "[exec.NAME]"),
     (r"exec\.[^.]+\.authorization", "authorization = { by, reason } (an [exec.NAME]'s consent)"),
     (r"(servers\[\d+\]|services\.[^.]+)", "[[servers]] and [services.NAME]"),
+    (r"(servers\[\d+\]|services\.[^.]+)\.tool_metadata\.[^.]+",
+     "tool_metadata = { TOOL = {...} } (a server's tool metadata)"),
+    (r"(servers\[\d+\]|services\.[^.]+)\.tool_metadata\.[^.]+\.flagged_parameters\[\d+\]",
+     "flagged_parameters = [{ pointer, pattern }] (a tool's)"),
     (r"(servers\[\d+\]|services\.[^.]+)\.oauth", "oauth = {...} (a server's OAuth client)"),
     (r"(servers\[\d+\]|services\.[^.]+)\.auth", "auth = {...} (kind static, oauth2)"),
 ]

@@ -3,7 +3,8 @@
 The keys come from the parser's own definitions, so the page cannot drift from what `check`
 accepts: the [sidecar] and [secrets] keys are the fields of SidecarConfig and SecretsConfig (their
 defaults too), [gateway]'s are config.sidecar.GATEWAY_KEYS (ContentPolicy's defaults), a
-server's keys are config.servers.ENTRY_KEYS and TRUST_KEYS, the auth tables' are OAUTH_KEYS,
+server's keys are config.servers.ENTRY_KEYS and TRUST_KEYS (its tool_metadata's
+config.tool_meta.TOOL_META_KEYS and FLAGGED_KEYS), the auth tables' are OAUTH_KEYS,
 AUTH_KEYS, config.aws.AWS_KEYS and config.spiffe.SPIFFE_KEYS, [aauth]'s and [exec.NAME]'s (and its
 authorization's) their modules' tuples. Only the one-line meanings (and defaults no dataclass
 holds) are written here; a key the parser accepts without a line here prints as "(not described
@@ -24,6 +25,15 @@ from ..config.exec import AUTHORIZATION_KEYS, EXEC_KEYS, ExecEntry
 from ..config.servers import AUTH_KEYS, ENTRY_KEYS, OAUTH_KEYS, TRUST_KEYS
 from ..config.sidecar import GATEWAY_KEYS
 from ..config.spiffe import SPIFFE_KEYS
+from ..config.tool_meta import (
+    CAPABILITIES,
+    FLAGGED_KEYS,
+    MAX_FLAGGED,
+    MAX_TOOLS,
+    PATTERNS,
+    SENSITIVITIES,
+    TOOL_META_KEYS,
+)
 
 UNDESCRIBED: Final = "(not described yet)"
 _NO_DEFAULT: Final = object()
@@ -126,6 +136,22 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "pin_tools": ("[gateway] pin_tools, else on for untrusted and sandboxed, off for trusted",
                       "pin each tool's definition; a changed tool is withheld until approved "
                       "(mcpcreds tools approve)"),
+        "tool_metadata": ("none (inferred from each tool's name)",
+                          f"tool name = {{ data_sensitivity, capabilities, flagged_parameters }} (at most "
+                          f"{MAX_TOOLS} tools; a server's entries over its service's, tool by tool): a "
+                          "high-sensitivity tool on an untrusted or sandboxed server is refused, medium on "
+                          "a sandboxed one warned about; an argument matching a flagged pattern is refused"),
+    },
+    "tool_metadata": {
+        "data_sensitivity": ("(required)", f"one of {', '.join(SENSITIVITIES)}"),
+        "capabilities": ("[]", f"among {', '.join(CAPABILITIES)}"),
+        "flagged_parameters": ("[]", f"at most {MAX_FLAGGED} {{ pointer, pattern }} tables: arguments "
+                               "of a tools/call refused when their value matches the pattern"),
+    },
+    "tool_metadata.flagged": {
+        "pointer": ("(required)", "an RFC 6901 JSON pointer into the call's arguments, e.g. \"/path\" "
+                    "(~1 is '/', ~0 is '~'; \"\" is all of them)"),
+        "pattern": ("(required)", f"one of {', '.join(PATTERNS)} (described in the README)"),
     },
     "auth": {
         "kind": ("(required)", "\"static\", \"oauth2\", \"aws\" or \"spiffe\""),
@@ -219,6 +245,10 @@ def sections() -> list[tuple[str, str, list[str], dict[str, Any]]]:
         ("[secrets]", "secrets", list(_fields(cfg.SecretsConfig)), _fields(cfg.SecretsConfig)),
         ("[[servers]] and [services.NAME]", "server", list(dict.fromkeys(server)),
          {**_fields(cfg.GatewaySpec), **_fields(ContentPolicy)}),
+        ("tool_metadata = { TOOL = {...} } (a server's tool metadata)", "tool_metadata",
+         list(TOOL_META_KEYS), {}),
+        ("flagged_parameters = [{ pointer, pattern }] (a tool's)", "tool_metadata.flagged",
+         list(FLAGGED_KEYS), {}),
         ("oauth = {...} (a server's OAuth client)", "auth", list(OAUTH_KEYS), {}),
         ("auth = {...} (kind static, oauth2)", "auth", list(AUTH_KEYS), {}),
         ("auth = { kind = \"aws\", ... }", "aws", list(AWS_KEYS), _fields(AwsAuth)),

@@ -1,17 +1,20 @@
 """What the gateway does to what a server sends back (the untrusted pipeline's keys): a server's
 or catalog entry's `timeout`, `roots`, `elicitation_enabled`, `elicitation_timeout_secs`,
-`media_passthrough`, `on_injection` and `pin_tools`, over `[gateway]` defaults (every key but
-`roots`). Parsed here into one frozen ContentPolicy (`Target.content`); what a key means for a
-given trust level is asked of its `effective_*` methods, never read off the raw field."""
+`media_passthrough`, `on_injection`, `pin_tools` and `tool_metadata` (config/tool_meta.py), over
+`[gateway]` defaults (every key but `roots` and `tool_metadata`). Parsed here into one frozen
+ContentPolicy (`Target.content`); what a key means for a given trust level is asked of its
+`effective_*` methods, never read off the raw field."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 from urllib.parse import unquote, urlsplit
 
 from ..core.rates import parse_duration
 from .reader import count, join
+from .tool_meta import ToolMeta, merge_tool_metadata, parse_tool_metadata
 
 if TYPE_CHECKING:
     from .reader import Collector
@@ -26,10 +29,11 @@ MAX_ROOT_LENGTH: Final = 2048
 ON_INJECTION: Final = ("log", "block")
 SANDBOXED: Final = "sandboxed"
 
-# the keys a server or catalog entry takes; [gateway] takes them all but `roots` (its defaults)
+# the keys a server or catalog entry takes; [gateway] takes them all but `roots` and
+# `tool_metadata` (its defaults)
 CONTENT_KEYS: Final = ("timeout", "roots", "elicitation_enabled", "elicitation_timeout_secs",
-                       "media_passthrough", "on_injection", "pin_tools")
-GATEWAY_CONTENT_KEYS: Final = tuple(k for k in CONTENT_KEYS if k != "roots")
+                       "media_passthrough", "on_injection", "pin_tools", "tool_metadata")
+GATEWAY_CONTENT_KEYS: Final = tuple(k for k in CONTENT_KEYS if k not in ("roots", "tool_metadata"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +47,11 @@ class ContentPolicy:
     `elicitation/create` reaches the client, and how long the client has to answer.
     `media_passthrough`: image and audio content passes (else withheld). `on_injection`: what an
     injection found in a result does (`log` or `block`). `pin_tools`: tool definitions are pinned
-    (None: on unless the server is trusted). Sandboxed servers never elicit, never pass media and
-    get empty roots when none are set, whatever these say: ask the `effective_*` methods."""
+    (None: on unless the server is trusted). `tool_metadata`: tool name -> ToolMeta, as configured
+    (a server's entries over its catalog entry's, tool by tool; a tool not in it has its metadata
+    inferred from its name: gateway/tool_meta.py). Sandboxed servers never elicit, never pass
+    media and get empty roots when none are set, whatever these say: ask the `effective_*`
+    methods."""
 
     timeout: float = DEFAULT_TIMEOUT
     roots: tuple[str, ...] | None = None
@@ -53,6 +60,7 @@ class ContentPolicy:
     media_passthrough: bool = False
     on_injection: Literal["log", "block"] = "log"
     pin_tools: bool | None = None
+    tool_metadata: Mapping[str, ToolMeta] = field(default_factory=dict)
 
     def effective_roots(self, trust: str) -> tuple[str, ...] | None:
         """The roots the gateway answers `roots/list` with; None: relay it to the client."""
@@ -159,7 +167,16 @@ def parse_content(c: Collector, path: str, t: dict[str, Any], base: ContentPolic
         media_passthrough=flag("media_passthrough", base.media_passthrough),
         on_injection=on_injection,
         pin_tools=flag("pin_tools", True) if "pin_tools" in found else base.pin_tools,
+        tool_metadata=_tool_metadata(c, join(path, "tool_metadata"), found, base.tool_metadata),
     )
+
+
+def _tool_metadata(c: Collector, path: str, found: dict[str, Any], base: Mapping[str, ToolMeta]
+                   ) -> Mapping[str, ToolMeta]:
+    if "tool_metadata" not in found:
+        return base
+    own = parse_tool_metadata(c, path, found["tool_metadata"])
+    return base if own is None else merge_tool_metadata(c, path, dict(base), own)
 
 
 def sandbox_warnings(path: str, t: dict[str, Any], trust: str) -> list[str]:
