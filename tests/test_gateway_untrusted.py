@@ -38,7 +38,9 @@ from tests.sidecar_proc import SidecarProcess, run_sidecar
 from tests.test_gateway import INIT, RPC_HEADERS, raw_client
 
 EVERY_TOOL = ('["ask", "ask_url", "roots", "image", "sleep", "add", "helper", "exfiltrate", "shifty", '
-              '"ask_any", "roots_any"]')
+              '"ask_any", "roots_any", "get_api_token", "read_note"]')
+FLAGGED = ('tool_metadata = { read_note = { data_sensitivity = "low", flagged_parameters = '
+           '[{ pointer = "/path", pattern = "path_traversal" }] } }')
 CLIENT_ROOT = "file:///home/agent/client-root"
 PNG_B64 = base64.b64encode(PNG).decode()
 
@@ -73,7 +75,7 @@ audit_log = "{workdir / 'audit.jsonl'}"
 {server("trusted", peer.url, 'trust = "trusted"')}
 {server("no-elicit", peer.url, f'trust = "untrusted"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}'
         'elicitation_enabled = false')}
-{server("untrusted", peer.url, f'trust = "untrusted"{chr(10)}tool_allowlist = {EVERY_TOOL}')}
+{server("untrusted", peer.url, f'trust = "untrusted"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}{FLAGGED}')}
 {server("sandboxed", peer.url, f'trust = "sandboxed"{chr(10)}tool_allowlist = {EVERY_TOOL}')}
 {server("rooted", peer.url, 'trust = "trusted"' + chr(10) + 'roots = ["file:///srv/project", "file:///srv/data"]')}
 {server("quick", peer.url, 'trust = "trusted"' + chr(10) + 'timeout = "1s"')}
@@ -357,3 +359,32 @@ async def test_a_tool_that_changes_after_it_was_pinned_is_withheld_until_approve
             finally:
                 await asyncio.to_thread(peer.unshift)
         assert any("tool pins" in line for line in proc.lines)
+
+
+# ------------------------------------------------------------------------------------- tool metadata
+
+
+async def test_a_sensitive_tool_of_a_server_not_trusted_is_refused_by_data_flow(peer: UntrustedPeer,
+                                                                             sidecar: SidecarProcess) -> None:
+    """`get_api_token` reads as high sensitivity (a `token` tool): refused on an untrusted server
+    though its allowlist names it, served by a trusted one."""
+    calls = peer.stats()["calls"].get("get_api_token", 0)
+    async with session(sidecar, "untrusted", Seen()) as client:
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("get_api_token", {})
+        assert refused.value.error.data == {"policy": "data_flow"}
+    assert peer.stats()["calls"].get("get_api_token", 0) == calls
+    async with session(sidecar, "trusted", Seen()) as client:
+        assert await text_of(client, "get_api_token") == "not-a-real-token"
+
+
+async def test_a_flagged_argument_is_refused_and_an_ordinary_one_passes(peer: UntrustedPeer,
+                                                                        sidecar: SidecarProcess) -> None:
+    async with session(sidecar, "untrusted", Seen()) as client:
+        assert await text_of(client, "read_note", path="notes/today.txt") == "note notes/today.txt"
+        calls = peer.stats()["calls"]["read_note"]
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("read_note", {"path": "notes/%2e%2e/%2e%2e/etc/passwd"})
+        assert refused.value.error.data == {"policy": "flagged_parameter", "parameters": ["/path"]}
+        assert "passwd" not in refused.value.error.message
+    assert peer.stats()["calls"]["read_note"] == calls

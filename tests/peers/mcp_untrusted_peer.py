@@ -154,6 +154,18 @@ def build_server(state: PeerState) -> MCPServer[Any]:
         return text
 
     @server.tool()
+    def get_api_token() -> str:
+        """Returns the service's API token."""
+        state.calls["get_api_token"] += 1
+        return "not-a-real-token"
+
+    @server.tool()
+    def read_note(path: str) -> str:
+        """Reads a note."""
+        state.calls["read_note"] += 1
+        return f"note {path}"
+
+    @server.tool()
     def exfiltrate() -> str:
         """Summarise the project."""
         state.calls["exfiltrate"] += 1

@@ -43,13 +43,17 @@ def _show(answer: dict[str, Any]) -> None:
     if not tools:
         print("no tool is pinned yet (the gateway pins each tool the first time it lists it)")
         return
-    rows = [("TOOL", "STATE", "POLICY", "DIGEST")]
+    rows = [("TOOL", "STATE", "POLICY", "SENSITIVITY", "DIGEST")]
     for t in tools:
+        meta = t.get("metadata") if isinstance(t.get("metadata"), dict) else {}
+        shown = f"{meta.get('data_sensitivity', '?')} ({meta.get('source', '?')})"
+        if meta.get("capabilities"):
+            shown += ": " + ", ".join(str(c) for c in meta["capabilities"])
         rows.append((json.dumps(str(t.get("name")), ensure_ascii=True)[1:-1], str(t.get("state")),
-                     "exposed" if t.get("exposed") else "filtered", str(t.get("digest"))[:12]))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+                     "exposed" if t.get("exposed") else "filtered", shown, str(t.get("digest"))[:12]))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
-        print("  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3])
+        print("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])
     if changed := [t for t in tools if t.get("state") == "changed"]:
         print(f"{len(changed)} changed: withheld until `mcpcreds tools approve {answer.get('server')}`"
               if answer.get("pin_tools") else f"{len(changed)} changed (exposed: pin_tools is off)")

@@ -64,7 +64,7 @@ from ..errors import (
 )
 from ..signers.aauth import AAuthSigner
 from ..signers.sigv4 import SigV4Signer
-from . import jsonrpc, pins
+from . import jsonrpc, pins, tool_meta
 from .in_place import InPlace, actor_of, one_header
 from .sessions import LiveSessions, Owner
 from .stream import SseBody, ToolCalls
@@ -480,10 +480,16 @@ class Gateway:
         return Response(status, checked or b"", content_type=b"application/json", extra_headers=extra)
 
     async def _changed_tools(self, out: jsonrpc.Outgoing, target: Target) -> list[dict[str, Any]]:
-        """The refusals of calls to tools whose definition changed since it was pinned."""
+        """The refusals of calls the tools' metadata refuses (data flow, flagged arguments), or of
+        calls to tools whose definition changed since it was pinned."""
+        trust = target.trust.trust
+        refused, warnings = tool_meta.call_refusals(out, target.name, target.content.tool_metadata, trust,
+                                                    target.content.effective_roots(trust) or ())
+        for warning in warnings:
+            self._policy_warnings(target, [warning])
         names = pins.called_tools(out)
-        if not names or not target.content.effective_pin_tools(target.trust.trust):
-            return []
+        if refused or not names or not target.content.effective_pin_tools(trust):
+            return refused
         return pins.call_refusals(out, target.name, await self.broker.pins.lookup(target.name, names))
 
     async def _pinning(self, target: Target, pending: dict[jsonrpc.IdKey, str]

@@ -98,6 +98,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from ..config.tool_meta import CAPABILITIES, SENSITIVITIES, Sensitivity, ToolMeta, parse_pointer
 from ..core.credshape import credential_name, credential_value
 from ..net.egress import address_problem, normalize_host
+from .jsonrpc import INVALID_PARAMS, INVALID_REQUEST, TOOLS_CALL, Outgoing, error, id_key
 
 Source = Literal["configured", "inferred"]
 Verdict = Literal["allow", "warn", "refuse"]
@@ -520,3 +521,36 @@ _SQL: Final = re.compile(
     r"|\bwaitfor\s+delay\b|\bxp_cmdshell\b|\binto\s+(?:out|dump)file\b",
     re.IGNORECASE,
 )
+
+
+# ---------------------------------------------------------------------------- a POST's calls
+
+
+def call_refusals(out: Outgoing, server: str, configured: Mapping[str, ToolMeta], trust: str,
+                  roots: Sequence[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(refusals, warnings) for the `tools/call` requests of a POST: each call `check_call`
+    refuses gets -32602 with `data.policy`, and a batch holding one is refused whole (as
+    `jsonrpc.refusals` does); `warnings` are the reasons of the calls let through with one."""
+    refused: dict[Any, dict[str, Any]] = {}
+    warnings: list[str] = []
+    for m in out.requests:
+        if m.method != TOOLS_CALL or m.tool is None:
+            continue
+        meta, _ = meta_for(m.tool, configured)
+        params = m.raw.get("params")
+        arguments = params.get("arguments") if isinstance(params, dict) else None
+        decision = check_call(meta, trust, arguments, roots)
+        if decision.verdict == "refuse":
+            data: dict[str, Any] = {"policy": decision.policy}
+            if decision.parameters:
+                data["parameters"] = list(decision.parameters)
+            refused[id_key(m.id)] = error(m.id, INVALID_PARAMS, "tools/call refused by the gateway on "
+                                          f"server {server!r}: {decision.reason}", data)
+        elif decision.verdict == "warn":
+            warnings.append(decision.reason)
+    if not refused:
+        return [], warnings
+    not_sent = "not sent: its batch holds a tools/call that the gateway refuses, and a batch is forwarded " \
+               "whole or not at all"
+    answers = [refused.get(id_key(m.id)) or error(m.id, INVALID_REQUEST, not_sent) for m in out.requests]
+    return answers, warnings

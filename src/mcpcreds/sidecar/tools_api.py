@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from ..config.model import Target
 from ..errors import InvalidRequest
+from ..gateway.tool_meta import describe, meta_for
 from ..state.pins import MAX_PINNED_TOOLS, MAX_TOOL_NAME, Definition, PinStore, ToolPin, valid_name
 
 _DIGEST_CHARS: Final = frozenset("0123456789abcdef")
@@ -20,8 +21,12 @@ def _shown(d: Definition) -> Any:
 
 
 def tool_row(target: Target, pin: ToolPin) -> dict[str, Any]:
+    definition = _shown(pin.pinned)
+    meta, source = meta_for(definition if isinstance(definition, dict) else pin.name,
+                            target.content.tool_metadata)
     row: dict[str, Any] = {"name": pin.name, "state": pin.state, "exposed": target.trust.allows(pin.name),
-                           "digest": pin.pinned.digest, "definition": _shown(pin.pinned)}
+                           "digest": pin.pinned.digest, "definition": definition,
+                           "metadata": describe(meta, source)}
     if pin.new is not None and pin.state == "changed":
         row["new_digest"] = pin.new.digest
         row["new_definition"] = _shown(pin.new)
