@@ -240,16 +240,17 @@ def refusals(out: Outgoing, policy: TrustPolicy, server: str,
             refused[id_key(m.id)] = error(m.id, INVALID_PARAMS, "tools/call refused by the gateway: that "
                                           f"tool is not among the tools the caller's grant allows on server "
                                           f"{server!r}", {"policy": "grant"})
+    return whole_batch(out, refused)
+
+
+def whole_batch(out: Outgoing, refused: Mapping[IdKey, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The answers of a POST some of whose requests are `refused` (id -> its refusal; [] when
+    none is): a batch is forwarded whole or not at all, so each other request gets -32600."""
     if not refused:
         return []
-    answers = []
-    for m in out.requests:
-        answer = refused.get(id_key(m.id))
-        if answer is None:
-            answer = error(m.id, INVALID_REQUEST, "not sent: its batch holds a tools/call that the gateway "
-                           "refuses, and a batch is forwarded whole or not at all")
-        answers.append(answer)
-    return answers
+    not_sent = ("not sent: its batch holds a tools/call that the gateway refuses, and a batch is forwarded "
+                "whole or not at all")
+    return [refused.get(id_key(m.id)) or error(m.id, INVALID_REQUEST, not_sent) for m in out.requests]
 
 
 # ---------------------------------------------------------------------------- mirrored headers

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..state.pins import MAX_DEFINITION, MAX_PINNED_TOOLS, MAX_TOOL_NAME, Definition, PinView, valid_name
-from .jsonrpc import INVALID_PARAMS, INVALID_REQUEST, TOOLS_CALL, Outgoing, error
+from .jsonrpc import INVALID_PARAMS, TOOLS_CALL, Outgoing, error, id_key, whole_batch
 from .screen import DIGESTED_FIELDS
 
 MAX_NAMES_SHOWN: Final = 16  # tool names in one warning
@@ -139,24 +139,10 @@ def refusal(id_: Any, server: str) -> dict[str, Any]:
                  f"(mcpcreds tools approve {server})", {"policy": PINNED})
 
 
-def refused_tools(out: Outgoing, view: PinView) -> bool:
-    """Whether the POST calls a tool known to be changed."""
-    return any(m.method == TOOLS_CALL and m.tool is not None and view.is_changed(m.tool)
-               for m in out.requests)
-
-
 def call_refusals(out: Outgoing, server: str, view: PinView) -> list[dict[str, Any]]:
     """The answers that refuse this POST for calling a changed tool, or [] if none does."""
-    if not refused_tools(out, view):
-        return []
-    answers = []
-    for m in out.requests:
-        if m.method == TOOLS_CALL and m.tool is not None and view.is_changed(m.tool):
-            answers.append(refusal(m.id, server))
-        else:
-            answers.append(error(m.id, INVALID_REQUEST, "not sent: its batch holds a tools/call that the "
-                                 "gateway refuses, and a batch is forwarded whole or not at all"))
-    return answers
+    return whole_batch(out, {id_key(m.id): refusal(m.id, server) for m in out.requests
+                             if m.method == TOOLS_CALL and m.tool is not None and view.is_changed(m.tool)})
 
 
 def called_tools(out: Outgoing) -> list[str]:

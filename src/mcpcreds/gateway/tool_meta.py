@@ -98,7 +98,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from ..config.tool_meta import CAPABILITIES, SENSITIVITIES, Sensitivity, ToolMeta, parse_pointer
 from ..core.credshape import credential_name, credential_value
 from ..net.egress import address_problem, normalize_host
-from .jsonrpc import INVALID_PARAMS, INVALID_REQUEST, TOOLS_CALL, Outgoing, error, id_key
+from .jsonrpc import INVALID_PARAMS, TOOLS_CALL, Outgoing, error, id_key, whole_batch
 
 Source = Literal["configured", "inferred"]
 Verdict = Literal["allow", "warn", "refuse"]
@@ -548,9 +548,4 @@ def call_refusals(out: Outgoing, server: str, configured: Mapping[str, ToolMeta]
                                           f"server {server!r}: {decision.reason}", data)
         elif decision.verdict == "warn":
             warnings.append(decision.reason)
-    if not refused:
-        return [], warnings
-    not_sent = "not sent: its batch holds a tools/call that the gateway refuses, and a batch is forwarded " \
-               "whole or not at all"
-    answers = [refused.get(id_key(m.id)) or error(m.id, INVALID_REQUEST, not_sent) for m in out.requests]
-    return answers, warnings
+    return whole_batch(out, refused), warnings
