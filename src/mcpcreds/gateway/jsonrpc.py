@@ -377,7 +377,7 @@ class Inspector:
         """A whole application/json answer (one message or a batch), checked, filtered, masked and
         written anew; None if it is withheld."""
         try:
-            return dumps(self._document(loads(body)))
+            return self._written(self._document(loads(body)))
         except (StrictJsonError, Withheld):
             return None
 
@@ -390,7 +390,7 @@ class Inspector:
                 raise Withheld("an event that is not a message")
             if not parsed.data:  # a keep-alive, or a priming event (an id, empty data)
                 return parsed.write(None if parsed.data is None else b"")
-            return parsed.write(dumps(self._document(loads(parsed.data))))
+            return parsed.write(self._written(self._document(loads(parsed.data))))
         except Answered:
             return b""
         except (BadEvent, StrictJsonError, Withheld):
@@ -438,6 +438,18 @@ class Inspector:
                                     {"code": "injection", "patterns": found.patterns})
             if method is not None and self.on_answer is not None:
                 self.on_answer(key, method, answer_status(message))
+        return message
+
+    def _written(self, document: Any) -> bytes:
+        """The document as JSON text, every credential value the gateway sent masked."""
+        written = dumps(document)
+        if not self.masker.present(written):
+            return written
+        if isinstance(document, list):
+            return dumps([self._masked(m) for m in document])
+        return dumps(self._masked(document))
+
+    def _masked(self, message: dict[str, Any]) -> dict[str, Any]:
         # the id is the client's own: never masked (see Masker)
         return {k: v if k == "id" else self.masker.value(v) for k, v in message.items()}
 

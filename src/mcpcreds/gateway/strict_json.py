@@ -98,7 +98,15 @@ def check_depth(value: Any) -> None:
 def folded(key: str) -> str:
     """A key as the most lenient decoder matches it: compatibility-normalised, case-folded, without
     `_` and `-`."""
+    return _folded_short(key) if len(key) <= 64 else _fold(key)
+
+
+def _fold(key: str) -> str:
     return unicodedata.normalize("NFKC", key).casefold().replace("_", "").replace("-", "")
+
+
+# the same few member names, message after message; only short keys, so the cache stays small
+_folded_short = lru_cache(maxsize=4096)(_fold)
 
 
 @lru_cache(maxsize=64)
@@ -136,6 +144,15 @@ class Masker:
                 candidates.add(rest.strip())
             forms.update(c for c in candidates if len(c) >= MIN_MASKED and c not in known)
         self.forms: tuple[str, ...] = tuple(sorted(forms, key=len, reverse=True))
+        # each form as it stands in compact JSON text (escaped where JSON escapes it), for `present`
+        self._written = tuple(json.dumps(f, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass")
+                              for f in self.forms)
+
+    def present(self, written: bytes) -> bool:
+        """Whether a credential form stands in JSON text `written` (as `dumps` writes it: a string
+        that holds one holds it so, whatever escapes the sender used): when not, nothing is to be
+        masked and the walk is spared."""
+        return any(form in written for form in self._written)
 
     def text(self, value: str) -> str:
         for form in self.forms:

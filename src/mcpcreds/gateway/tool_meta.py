@@ -92,6 +92,7 @@ import re
 import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Final, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -207,6 +208,11 @@ def infer(tool_name: str, description: str | None = None) -> ToolMeta:
     return ToolMeta(sensitivity, tuple(c for c in CAPABILITIES if c in caps))
 
 
+@lru_cache(maxsize=4096)  # a tool's name reads the same call after call
+def _inferred(name: str) -> ToolMeta:
+    return infer(name)
+
+
 def meta_for(tool: str | Mapping[str, Any], configured: Mapping[str, ToolMeta]) -> tuple[ToolMeta, Source]:
     """A tool's metadata and where it came from: its `tool_metadata` entry, else inferred. `tool`
     is its name or its `tools/list` item (whose description adds capabilities)."""
@@ -218,6 +224,8 @@ def meta_for(tool: str | Mapping[str, Any], configured: Mapping[str, ToolMeta]) 
         description = raw_description if isinstance(raw_description, str) else None
     if name in configured:
         return configured[name], "configured"
+    if description is None and len(name) <= 128:
+        return _inferred(name), "inferred"
     return infer(name, description), "inferred"
 
 
