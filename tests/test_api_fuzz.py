@@ -1049,7 +1049,7 @@ def _wire_code(data: Any) -> Any:
 def _leaks(case: Case, answer: Answer, data: Any, state: BatchState, token: str | None) -> list[str]:
     """Secrets, tokens, grants and echoed names where they have no business."""
     hands_out_headers = answer.status == 200 and case.template is not None and \
-        case.template.endswith(("/headers", "/call"))
+        case.template.endswith(("/headers", "/call", "/lease"))  # a lease carries the headers it is for
     visible = answer.raw
     if hands_out_headers and isinstance(data, dict) and isinstance(data.get("headers"), dict):
         visible = answer.raw[:answer.raw.find(b"\r\n\r\n")] + json.dumps(
