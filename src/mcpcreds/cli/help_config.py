@@ -22,7 +22,8 @@ from ..config.aauth import AAUTH_KEYS, ENROLL_KEYS, AAuthConfig
 from ..config.aws import AWS_KEYS, AwsAuth
 from ..config.content import DEFAULT_ELICITATION_TIMEOUT, DEFAULT_TIMEOUT, MAX_ROOTS, ContentPolicy
 from ..config.exec import AUTHORIZATION_KEYS, EXEC_KEYS, ExecEntry
-from ..config.servers import AUTH_KEYS, ENTRY_KEYS, OAUTH_KEYS, TRUST_KEYS
+from ..config.reader import TRUST_KEYS
+from ..config.servers import AUTH_KEYS, ENTRY_KEYS, OAUTH_KEYS
 from ..config.sidecar import GATEWAY_KEYS
 from ..config.spiffe import SPIFFE_KEYS
 from ..config.tool_meta import (

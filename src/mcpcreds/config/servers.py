@@ -38,7 +38,6 @@ from .reader import (
     HEADER_NAME,
     NAME,
     TAGS,
-    TRUST_KEYS,
     Collector,
     join,
     key_path,
@@ -47,6 +46,9 @@ from .reader import (
     parse_trust,
     strings,
     url,
+)
+from .reader import (
+    TRUST_KEYS as TRUST_KEYS,  # re-exported: a server's keys
 )
 from .spiffe import parse_spiffe_auth, spiffe_entry_check
 
