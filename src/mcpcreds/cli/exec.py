@@ -29,6 +29,7 @@ import re
 import shutil
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import quote
@@ -99,6 +100,7 @@ def _checked(answer: Any) -> dict[str, Any]:
           and all(isinstance(k, str) and isinstance(v, str) for k, v in answer["env"].items())
           and isinstance(answer.get("drop"), list) and all(isinstance(d, str) for d in answer["drop"])
           and isinstance(answer.get("env_isolation"), bool) and isinstance(answer.get("net"), str)
+          and (answer.get("policy") is None or isinstance(answer["policy"], dict))
           and (answer.get("proxy") is None or (isinstance(answer["proxy"], dict)
                                                and isinstance(answer["proxy"].get("socket"), str)
                                                and isinstance(answer["proxy"].get("token"), str))))
@@ -109,6 +111,11 @@ def _checked(answer: Any) -> dict[str, Any]:
 
 def _warn(text: str) -> None:
     print(f"mcpcreds exec: warning: {text}", file=sys.stderr)
+
+
+def _warn_all(texts: list[str]) -> None:
+    for text in texts:
+        _warn(text)
 
 
 def _hold(proxy_socket: str, token: str, sidecar_uid: int) -> socket.socket:
@@ -261,7 +268,30 @@ def cmd_exec(args: argparse.Namespace) -> int:
         print("mcpcreds exec: command not found (on the child's PATH)", file=sys.stderr)
         return EXIT_NOT_FOUND
     sidecar_uid = expected_sidecar_uid(sidecar_address_of(args)[1])
-    env.update(_network(answer, args.advisory, sidecar_uid))
+    if answer.get("policy") is None:
+        return _start(program, command, env, answer, args.advisory, sidecar_uid)
+    from ..exec.stdio_relay import BadPolicy, StdioPolicy, policy_of
+    from .exec_relay import run_relayed
+
+    try:
+        trust, content = policy_of(answer["policy"])
+    except BadPolicy:
+        raise MalformedAnswer("the sidecar's exec answer has a malformed policy") from None
+    name = args.name
+    policy = StdioPolicy(name, trust, content, time.monotonic, on_warnings=_warn_all)
+
+    def post(events: list[dict[str, Any]]) -> None:
+        with client_of(args) as events_client:
+            events_client.request("POST", f"/v1/exec/{quote(name)}/events", {"events": events})
+
+    return run_relayed(policy, lambda: sys.exit(_start(program, command, env, answer, args.advisory,
+                                                         sidecar_uid)), post)
+
+
+def _start(program: str, command: list[str], env: dict[str, str], answer: Mapping[str, Any], advisory: bool,
+           sidecar_uid: int) -> int:
+    """Isolate this process as the entry says and become the command (an exit code if it cannot)."""
+    env.update(_network(answer, advisory, sidecar_uid))
     try:
         os.execve(program, command, env)
     except OSError as exc:

@@ -22,7 +22,8 @@ from ..config.aauth import AAUTH_KEYS, ENROLL_KEYS, AAuthConfig
 from ..config.aws import AWS_KEYS, AwsAuth
 from ..config.content import DEFAULT_ELICITATION_TIMEOUT, DEFAULT_TIMEOUT, MAX_ROOTS, ContentPolicy
 from ..config.exec import AUTHORIZATION_KEYS, EXEC_KEYS, ExecEntry
-from ..config.servers import AUTH_KEYS, ENTRY_KEYS, OAUTH_KEYS, TRUST_KEYS
+from ..config.reader import TRUST_KEYS
+from ..config.servers import AUTH_KEYS, ENTRY_KEYS, OAUTH_KEYS
 from ..config.sidecar import GATEWAY_KEYS
 from ..config.spiffe import SPIFFE_KEYS
 from ..config.tool_meta import (
@@ -224,6 +225,18 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "authorization": ("none (required with net = \"broad_audited\")",
                           "the operator's consent to broad_audited: { by, reason }, written to the "
                           "audit log when the sidecar first applies the mode"),
+        "trust": ("\"trusted\" (unlike a server: entries older than the key keep working)",
+                  "trusted, untrusted, sandboxed: what the relay lets through the child's stdio"),
+        "tool_allowlist": ("none", "the tools exposed (untrusted, sandboxed); others never reach it"),
+        "expected_tools": ("[]", "attestation: tools outside it dropped (untrusted, sandboxed) or warned"),
+        "allow_untrusted_without_allowlist": ("false", "untrusted without tool_allowlist: every tool"),
+        "roots": ("[gateway]'s, else none (sandboxed: [])",
+                  "file:// URIs the relay answers the child's roots/list with"),
+        "elicitation_enabled": ("[gateway]'s, else true (never for sandboxed)",
+                                "the child's elicitations reach the client (else declined)"),
+        "media_passthrough": ("[gateway]'s, else false (never for sandboxed)",
+                              "image and audio content passes (else withheld)"),
+        "on_injection": ("[gateway]'s, else \"log\"", "log or block a result that reads as an injection"),
     },
     "exec.authorization": {
         "by": ("(required)", "who allowed broad_audited (at most 128 characters)"),

@@ -5,6 +5,14 @@ resolved by the sidecar), whether the caller's environment is passed on, and wha
 child may use. The command comes only from the command line. `net = "broad_audited"` (any host,
 every connection audited) is the operator's explicit consent: the entry must say who gave it and
 why (`authorization = { by, reason }`), which the sidecar writes to the audit log.
+
+The trust keys and the content keys a stdio server's traffic is policed by (`mcpcreds exec`
+relays the child's stdio through the gateway's policy core) are a server's: `trust`,
+`tool_allowlist`, `expected_tools`, `allow_untrusted_without_allowlist`, `roots`,
+`elicitation_enabled`, `media_passthrough`, `on_injection` (over `[gateway]`'s). Unlike a server,
+an entry without `trust` is `trusted`: entries written before the keys existed run as they did. An
+entry that sets none of these keys is not relayed at all (`policed` is false): its child talks to
+the client directly, as before.
 """
 
 from __future__ import annotations
@@ -15,15 +23,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from ..core.credshape import credential_name, credential_value
+from ..core.policy import TrustPolicy
 from ..core.templates import Template
 from ..net.egress import EgressPolicy, parse_host_pattern
-from .reader import NAME, join, key_path, parse_egress, parse_tags
+from .content import CONTENT_KEYS, ContentPolicy, parse_content, sandbox_warnings
+from .reader import NAME, TRUST_KEYS, join, key_path, parse_egress, parse_tags, parse_trust
 
 if TYPE_CHECKING:
     from .reader import Collector
 
+# the content keys the stdio relay applies (the others bound or pin an HTTP upstream's answers)
+EXEC_CONTENT_KEYS: Final = ("roots", "elicitation_enabled", "media_passthrough", "on_injection")
+POLICY_KEYS: Final = (*TRUST_KEYS, *EXEC_CONTENT_KEYS)  # any of them set: the child's stdio is relayed
 EXEC_KEYS: Final = ("env", "env_isolation", "net", "allow_hosts", "deny_hosts", "allow_private", "tags",
-                    "authorization")
+                    "authorization", *POLICY_KEYS)
+EXEC_TRUST: Final = "trusted"  # an entry's trust when unset (entries older than the keys keep working)
 AUTHORIZATION_KEYS: Final = ("by", "reason")
 AUTHORIZATION_LIMITS: Final = {"by": 128, "reason": 1024}  # characters
 CONSENTED: Final = "broad_audited"  # the net mode that needs an authorization
@@ -58,6 +72,9 @@ class ExecEntry:
     host_ports: tuple[tuple[str, int | None], ...] = ()
     private_ports: tuple[tuple[str, int | None], ...] = ()
     authorization: Authorization | None = None  # required with net = "broad_audited"
+    trust: TrustPolicy = field(default_factory=lambda: TrustPolicy(EXEC_TRUST))
+    content: ContentPolicy = field(default_factory=ContentPolicy)
+    policed: bool = False  # the entry sets a policy key: `mcpcreds exec` relays the child's stdio
 
     @property
     def grant_name(self) -> str:
@@ -80,6 +97,20 @@ class ExecEntry:
                 "env_isolation": self.env_isolation, "net": self.net,
                 "allow_hosts": list(self.egress.allow_hosts), "deny_hosts": list(self.egress.deny_hosts),
                 "tags": sorted(self.tags)}
+
+    def policy_dict(self) -> dict[str, Any]:
+        """What `mcpcreds exec` polices the child's stdio by (sent with the session; None-free)."""
+        content = self.content
+        trust = self.trust.trust
+        roots = content.effective_roots(trust)
+        return {"trust": trust, "tool_allowlist": (None if self.trust.tool_allowlist is None
+                                                   else list(self.trust.tool_allowlist)),
+                "expected_tools": list(self.trust.expected_tools),
+                "allow_untrusted_without_allowlist": self.trust.allow_untrusted_without_allowlist,
+                "roots": None if roots is None else list(roots),
+                "elicitation": content.effective_elicitation(trust),
+                "media": content.effective_media(trust),
+                "on_injection": content.on_injection}
 
 
 def effective_tags(declared: tuple[str, ...], net: str) -> frozenset[str]:
@@ -114,8 +145,10 @@ def exec_trifecta_warnings(targets: Mapping[str, frozenset[str]], execs: Mapping
     return warnings
 
 
-def parse_execs(c: Collector, raw: Any) -> dict[str, ExecEntry]:
-    """Every `[exec.NAME]` table; errors go to the collector with their TOML path."""
+def parse_execs(c: Collector, raw: Any, content: ContentPolicy | None = None) -> dict[str, ExecEntry]:
+    """Every `[exec.NAME]` table; errors go to the collector with their TOML path. `content`:
+    `[gateway]`'s content keys, each entry's defaults."""
+    defaults = content if content is not None else ContentPolicy()
     entries: dict[str, ExecEntry] = {}
     for i, (name, value) in enumerate(c.table("exec", raw).items()):
         if not NAME.match(name):
@@ -123,7 +156,11 @@ def parse_execs(c: Collector, raw: Any) -> dict[str, ExecEntry]:
             continue
         path = f"exec.{name}"
         t = c.table(path, value)
-        c.keys(path, t, EXEC_KEYS)
+        for key in CONTENT_KEYS:
+            if key in t and key not in EXEC_CONTENT_KEYS:
+                c.error(join(path, key), "not applied to a stdio server: an exec entry takes "
+                                         f"{', '.join(EXEC_CONTENT_KEYS)} of the content keys")
+        c.keys(path, {k: v for k, v in t.items() if k not in CONTENT_KEYS}, EXEC_KEYS)
         if "command" in t or "args" in t:  # spelled out: the rule is the point, not a typo
             c.error(path, "an exec entry never holds a command: it comes from the command line "
                           "(mcpcreds exec NAME -- CMD ARGS...)")
@@ -137,8 +174,12 @@ def parse_execs(c: Collector, raw: Any) -> dict[str, ExecEntry]:
         host_ports = tuple((p, port) for p, port in hosts if p in egress.allow_hosts)
         private_ports = tuple((p, port) for p, port in private if p in egress.allow_private)
         authorization = _parse_authorization(c, path, t.get("authorization"), egress.mode)
+        trust = parse_trust(c, path, t, EXEC_TRUST)
+        c.warnings.extend(sandbox_warnings(path, t, trust.trust))
         entries[name] = ExecEntry(name, env, isolation, egress, effective_tags(tags, egress.mode),
-                                  host_ports, private_ports, authorization)
+                                  host_ports, private_ports, authorization, trust,
+                                  parse_content(c, path, t, defaults, EXEC_CONTENT_KEYS),
+                                  any(k in t for k in POLICY_KEYS))
     return entries
 
 

@@ -128,7 +128,7 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     services, tables = parse_services(c, data.get("services"), content)
     servers = parse_servers(c, data.get("servers"), services, tables, content)
     aauth = parse_aauth(c, data.get("aauth"))
-    services, servers, execs = share_tags(services, servers, parse_execs(c, data.get("exec")))
+    services, servers, execs = share_tags(services, servers, parse_execs(c, data.get("exec"), content))
     services, servers = ({k: signing(t, aauth) for k, t in services.items()},
                          {k: signing(t, aauth) for k, t in servers.items()})
     trio = find_trifecta({name: t.tags for name, t in (*services.items(), *servers.items())})

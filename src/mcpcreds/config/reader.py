@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 
 from ..core.credshape import credential_name, credential_value
+from ..core.policy import TRUST_LEVELS, TrustPolicy
 from ..core.templates import Template, TemplateError, parse_template
 from ..net.egress import EgressPolicy, is_dev_loopback_url, parse_host_pattern, parse_private_entry
 
@@ -20,6 +21,7 @@ TAGS: Final = ("untrusted_input", "sensitive", "egress")
 DEFAULT_TAGS: Final = frozenset({"untrusted_input"})
 NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\Z")
 HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+TRUST_KEYS: Final = ("trust", "tool_allowlist", "expected_tools", "allow_untrusted_without_allowlist")
 EGRESS_KEYS: Final = ("net", "allow_hosts", "deny_hosts", "allow_private")
 
 T = TypeVar("T")
@@ -227,3 +229,20 @@ def parse_tags(c: Collector, path: str, raw: Any) -> tuple[str, ...]:
         else:
             c.error(f"{path}[{i}]", f"unknown tag: expected one of {', '.join(TAGS)}")
     return tuple(tags)
+
+
+def parse_trust(c: Collector, path: str, t: Mapping[str, Any], default: str = "untrusted") -> TrustPolicy:
+    """The trust keys (TRUST_KEYS) of a server or exec entry's table; `default`: the trust when
+    `trust` is not set."""
+    allow_hatch = c.typed(join(path, "allow_untrusted_without_allowlist"),
+                          t.get("allow_untrusted_without_allowlist"), bool, False)
+    trust = c.typed(join(path, "trust"), t.get("trust"), str, default)
+    if trust not in TRUST_LEVELS:  # checked here: TrustPolicy's own error quotes the value
+        c.error(join(path, "trust"), f"expected one of {', '.join(TRUST_LEVELS)}")
+        trust = default
+    return TrustPolicy(
+        trust=trust,
+        tool_allowlist=strings(c, join(path, "tool_allowlist"), t.get("tool_allowlist")),
+        expected_tools=strings(c, join(path, "expected_tools"), t.get("expected_tools")) or (),
+        allow_untrusted_without_allowlist=allow_hatch,
+    )

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..core.credshape import credential_name
-from ..core.policy import TRUST_LEVELS, TrustPolicy
 from ..core.rates import Rate, parse_duration, parse_rate
 from ..core.templates import Template, is_credential_header, parse_template
 from ..net.egress import EgressPolicy
@@ -44,8 +43,12 @@ from .reader import (
     key_path,
     parse_egress,
     parse_tags,
+    parse_trust,
     strings,
     url,
+)
+from .reader import (
+    TRUST_KEYS as TRUST_KEYS,  # re-exported: a server's keys
 )
 from .spiffe import parse_spiffe_auth, spiffe_entry_check
 
@@ -213,7 +216,6 @@ class _Entry:
     content: ContentPolicy
 
 
-TRUST_KEYS: Final = ("trust", "tool_allowlist", "expected_tools", "allow_untrusted_without_allowlist")
 _GATEWAY_KEYS: Final = ("expose", "rate_methods", "max_wait", "leases")
 ENTRY_KEYS: Final = ("endpoint", "headers", "literal_headers", "tags", "rate", "oauth", "auth", "aauth",
                      *EGRESS_KEYS, *_GATEWAY_KEYS, *CONTENT_KEYS)
@@ -242,21 +244,6 @@ def _parse_gateway(c: Collector, path: str, t: dict[str, Any], base: GatewaySpec
             max_wait = parsed
     leases = base.leases if "leases" not in t else c.typed(join(path, "leases"), t["leases"], bool, True)
     return GatewaySpec(expose, methods, max_wait, leases)
-
-
-def _parse_trust(c: Collector, path: str, t: dict[str, Any]) -> TrustPolicy:
-    allow_hatch = c.typed(join(path, "allow_untrusted_without_allowlist"),
-                          t.get("allow_untrusted_without_allowlist"), bool, False)
-    trust = c.typed(join(path, "trust"), t.get("trust"), str, "untrusted")
-    if trust not in TRUST_LEVELS:  # checked here: TrustPolicy's own error quotes the value
-        c.error(join(path, "trust"), f"expected one of {', '.join(TRUST_LEVELS)}")
-        trust = "untrusted"
-    return TrustPolicy(
-        trust=trust,
-        tool_allowlist=strings(c, join(path, "tool_allowlist"), t.get("tool_allowlist")),
-        expected_tools=strings(c, join(path, "expected_tools"), t.get("expected_tools")) or (),
-        allow_untrusted_without_allowlist=allow_hatch,
-    )
 
 
 def _parse_entry(c: Collector, path: str, t: dict[str, Any], content: ContentPolicy) -> _Entry:
@@ -416,7 +403,7 @@ def _server_from_service(c: Collector, path: str, name: str, t: dict[str, Any], 
         auth_kind=entry.auth_kind,
         login=entry.login,
         egress=entry.egress,
-        trust=_parse_trust(c, path, t),
+        trust=parse_trust(c, path, t),
         gateway=_parse_gateway(c, path, t, entry.gateway),
         content=parse_content(c, path, t, entry.content),
     )
@@ -440,7 +427,7 @@ def _standalone_server(c: Collector, path: str, name: str, t: dict[str, Any],
         auth_kind=entry.auth_kind,
         login=_default_resource(entry.login, entry.endpoint),
         egress=entry.egress,
-        trust=_parse_trust(c, path, t),
+        trust=parse_trust(c, path, t),
         gateway=entry.gateway,
         content=entry.content,
     )

@@ -5,7 +5,9 @@ bytes here, never passed through the redactor, never logged), the names of the c
 variables to drop (with `env_isolation = false`: every variable whose value is a secret the
 caller could be handed anyway (env_match.py), judged by the SHA-256 the caller sent, so the
 caller's values never travel), and
-for `restricted` / `broad_audited` a session of the egress proxy (`egress_proxy.py`).
+for `restricted` / `broad_audited` a session of the egress proxy (`egress_proxy.py`), and, for an
+entry that sets trust or content keys, the policy its stdio relay applies (`policy`; None: not
+relayed). `POST /v1/exec/{name}/events` takes back what the relay decided (`stdio_events.py`).
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from ..errors import Forbidden, InvalidRequest, UnknownServer
 from .egress_proxy import EgressProxy
 from .egress_rules import PortRules
 from .env_match import readable_secret_digests
+from .stdio_events import checked_events, write_events
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..broker.broker import Broker
     from ..core.audit import AuditLog
+    from ..core.metrics import Metrics
 
 PROXIED: Final = ("restricted", "broad_audited")
 MAX_ENV_HASHES: Final = 4096
@@ -80,9 +84,10 @@ class ExecRoutes:
     """`POST /v1/exec/{name}/session` and the egress proxy it starts. `audit` gives the audit log
     in force (a reload may replace it)."""
 
-    def __init__(self, broker: Broker, audit: Callable[[], AuditLog]) -> None:
+    def __init__(self, broker: Broker, audit: Callable[[], AuditLog], metrics: Metrics | None = None) -> None:
         self.broker = broker
         self.audit = audit
+        self.metrics = metrics
         self.proxy: EgressProxy | None = None
         # entry name -> the authorization last written to the audit log (once per entry per run,
         # again when a reload changes it)
@@ -159,5 +164,18 @@ class ExecRoutes:
                                          "uid": request.peer_uid, "pid": request.peer_pid})
         # secret values: encoded here, not through `answer` (whose redactor would mask them)
         data = {"name": entry.name, "env": env, "drop": drop, "env_isolation": entry.env_isolation,
-                "net": entry.net, "proxy": proxy}
+                "net": entry.net, "proxy": proxy, "policy": entry.policy_dict() if entry.policed else None}
         return Response(200, json.dumps(data, separators=(",", ":")).encode())
+
+    async def events(self, request: Request) -> Response:
+        """What the entry's stdio relay decided: audit lines and metrics (see `stdio_events`)."""
+        from ..core.http import parse_json_body
+
+        entry = exec_entry(self.broker.config, request.name)
+        if request.grant is not None and entry.grant_name not in request.grant.servers:
+            raise Forbidden(f"exec entry {entry.name!r} is not in this grant")
+        events = checked_events(parse_json_body(request))
+        grant = request.grant.id if request.grant is not None else None
+        write_events(self.audit, self.metrics, entry.name, events,
+                     {"grant": grant, "uid": request.peer_uid, "pid": request.peer_pid})
+        return Response(200, b'{"written":' + str(len(events)).encode() + b"}")

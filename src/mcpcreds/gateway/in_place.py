@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from ..broker.broker import Actor
+from ..config.content import ContentPolicy
 from ..config.model import Target
 from ..core.audit import AuditLog
 from ..core.http import Request
@@ -55,6 +56,26 @@ def _valid_key(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
+def in_place_policy(name: str, trust: str, content: ContentPolicy, method: Any,
+                    params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(answer, params) for a request of a server's, in either protocol era (pure: the gateway
+    and the stdio relay of `mcpcreds exec` share it): the result given in the client's place (None:
+    the client is asked), and the params the client sees. Elicitations the server may not make are
+    declined; `roots/list` is answered with the configured roots; a URL-mode elicitation of a
+    server that is not trusted names the server."""
+    if method == "elicitation/create":
+        if not content.effective_elicitation(trust):
+            return {"action": "decline"}, params
+        if params.get("mode") == "url" and trust != "trusted":
+            said = params.get("message") if isinstance(params.get("message"), str) else ""
+            return None, {**params, "message": f"[MCP server {name!r}, not trusted] {said}"}
+    elif method == "roots/list":
+        roots = content.effective_roots(trust)
+        if roots is not None:
+            return {"roots": [{"uri": uri} for uri in roots]}, params
+    return None, params
+
+
 class InPlace:
     def __init__(self, audit: Callable[[], AuditLog], metrics: Metrics, send: SendInPlace,
                  clock: Callable[[], float]) -> None:
@@ -80,29 +101,19 @@ class InPlace:
 
     def policy(self, request: Request, target: Target, method: Any,
                params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        """(answer, params) for a request of the server's, in either protocol era: the result the
-        gateway gives in the client's place (None: the client is asked), and the params the client
-        sees. Elicitations the server may not make are declined; `roots/list` is answered with the
-        configured roots; a URL-mode elicitation of a server that is not trusted names the server."""
+        """(answer, params) for a request of the server's (see `in_place_policy`); a declined
+        elicitation is audited and counted."""
         trust = target.trust.trust
-        if method == "elicitation/create":
-            mode = "url" if params.get("mode") == "url" else "form"
-            if not target.content.effective_elicitation(trust):
-                self.audit().write("elicitation", server=target.name, mode=mode, action="declined",
-                                   reason="sandboxed" if trust == "sandboxed" else "elicitation_enabled",
-                                   **actor_of(request).to_dict())
-                self.metrics.inc("mcpcreds_gateway_elicitations_total",
-                                 (("server", target.name), ("outcome", "declined")),
-                                 help_text="Elicitations of servers, by server and outcome.")
-                return {"action": "decline"}, params
-            if mode == "url" and trust != "trusted":
-                said = params.get("message") if isinstance(params.get("message"), str) else ""
-                return None, {**params, "message": f"[MCP server {target.name!r}, not trusted] {said}"}
-        elif method == "roots/list":
-            roots = target.content.effective_roots(trust)
-            if roots is not None:
-                return {"roots": [{"uri": uri} for uri in roots]}, params
-        return None, params
+        answer, shown = in_place_policy(target.name, trust, target.content, method, params)
+        if answer is not None and method == "elicitation/create":
+            self.audit().write("elicitation", server=target.name,
+                               mode="url" if params.get("mode") == "url" else "form", action="declined",
+                               reason="sandboxed" if trust == "sandboxed" else "elicitation_enabled",
+                               **actor_of(request).to_dict())
+            self.metrics.inc("mcpcreds_gateway_elicitations_total",
+                             (("server", target.name), ("outcome", "declined")),
+                             help_text="Elicitations of servers, by server and outcome.")
+        return answer, shown
 
     def asks(self, request: Request, target: Target, message: dict[str, Any],
              outbox: list[bytes]) -> dict[str, Any] | None:

@@ -167,9 +167,10 @@ class Api:
         self._tool_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("POST", "approve"): ("tools_approve", self.tools_approve),  # owner-only: not a grant route
         }
-        self.exec_routes = ExecRoutes(broker, lambda: self.audit)  # mcpcreds exec
+        self.exec_routes = ExecRoutes(broker, lambda: self.audit, metrics)  # mcpcreds exec
         self._exec_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("POST", "session"): ("exec", self.exec_routes.session),
+            ("POST", "events"): ("exec", self.exec_routes.events),
         }
         self._fast_targets: dict[bytes, Target] = {}
         self._grant_routes = frozenset({"health", "openapi", "servers", "headers", "acquire", "call",

@@ -1,0 +1,27 @@
+"""The untrusted peer's tools (tests/peers/mcp_untrusted_peer.py: elicitation, roots, media,
+poisoned descriptions, an injected result) as a stdio MCP server, for `mcpcreds exec` tests, plus
+``stats()``: what reached the server (``PeerState.snapshot``), as JSON.
+
+Run it as ``python -m tests.peers.mcp_untrusted_stdio`` (from the repository's root)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.peers.mcp_untrusted_peer import PeerState, build_server
+
+
+def main() -> None:
+    state = PeerState()
+    server = build_server(state)
+
+    @server.tool()
+    def stats() -> str:
+        """What reached this server."""
+        return json.dumps(state.snapshot())
+
+    server.run("stdio")
+
+
+if __name__ == "__main__":
+    main()

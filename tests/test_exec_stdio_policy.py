@@ -1,0 +1,175 @@
+"""`mcpcreds exec NAME -- CMD` relays a stdio server's traffic through the gateway's policy core
+when `[exec.NAME]` sets trust or content keys: a real stdio MCP server (the untrusted peer's tools,
+tests/peers/mcp_untrusted_stdio.py) under a real sidecar, driven by the MCP SDK's stdio client.
+What the server received is read from the server itself (its `stats` tool); the relay's audit
+lines are read from the sidecar's audit log."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
+from mcp.types import ElicitResult, ListRootsResult, Root
+
+from tests.peers.mcp_untrusted_peer import PNG
+from tests.sidecar_proc import SidecarProcess, run_sidecar
+
+ROOT = Path(__file__).resolve().parents[1]
+ALLOWED = '["ask", "ask_url", "roots", "image", "add", "helper", "exfiltrate", "stats"]'
+CLIENT_ROOT = "file:///home/client/secret-project"
+PNG_B64 = __import__("base64").b64encode(PNG).decode()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("exec-stdio")
+
+
+@pytest.fixture(scope="module")
+def sidecar(workdir: Path) -> Iterator[SidecarProcess]:
+    socket = workdir / "run" / "mcpcreds.sock"
+    config = workdir / "config.toml"
+    config.write_text(f"""
+[sidecar]
+socket = "{socket}"
+audit_log = "{workdir / 'audit.jsonl'}"
+
+[exec.sandboxed]
+trust = "sandboxed"
+tool_allowlist = {ALLOWED}
+
+[exec.opted]
+trust = "untrusted"
+tool_allowlist = {ALLOWED}
+roots = ["file:///srv/project"]
+media_passthrough = true
+
+[exec.plain]
+env = {{ LOG_LEVEL = "info" }}
+""")
+    with run_sidecar(config, socket) as proc:
+        yield proc
+
+
+class Seen:
+    def __init__(self) -> None:
+        self.elicitations: list[Any] = []
+        self.roots = 0
+
+    async def elicit(self, context: Any, params: Any) -> ElicitResult:
+        self.elicitations.append(params)
+        return ElicitResult(action="accept", content={"name": "Ada"})
+
+    async def list_roots(self, context: Any) -> ListRootsResult:
+        self.roots += 1
+        return ListRootsResult(roots=[Root(uri=CLIENT_ROOT)])  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def session(sidecar: SidecarProcess, name: str, seen: Seen) -> AsyncIterator[ClientSession]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MCPCREDS_GRANT", "MCPCREDS_SOCKET")}
+    params = StdioServerParameters(
+        command=sys.executable, cwd=str(ROOT), env={**env, "MCPCREDS_CONFIG": str(sidecar.config)},
+        args=["-m", "mcpcreds.cli.main", "exec", name, "--", sys.executable, "-m",
+              "tests.peers.mcp_untrusted_stdio"])
+    async with stdio_client(params) as (read, write), \
+            ClientSession(read, write, elicitation_callback=seen.elicit,
+                          list_roots_callback=seen.list_roots) as client:
+        await client.initialize()
+        yield client
+
+
+async def text_of(client: ClientSession, tool: str, **arguments: Any) -> str:
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result
+    return str(result.content[0].text)  # type: ignore[union-attr]
+
+
+async def stats(client: ClientSession) -> dict[str, Any]:
+    return dict(json.loads(await text_of(client, "stats")))
+
+
+def audit(workdir: Path, event: str, name: str) -> list[dict[str, Any]]:
+    return [e for line in (workdir / "audit.jsonl").read_text().splitlines()
+            if (e := json.loads(line))["event"] == event and e.get("exec") == name]
+
+
+async def test_the_allowlist_hides_tools_and_refused_calls_never_reach_the_server(
+        sidecar: SidecarProcess, workdir: Path) -> None:
+    async with session(sidecar, "sandboxed", Seen()) as client:
+        listed = sorted(tool.name for tool in (await client.list_tools()).tools)
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("get_api_token", {})
+        assert "add" in listed and await text_of(client, "add", a=2, b=3) == "5"
+        seen = await stats(client)
+    assert listed == sorted(json.loads(ALLOWED))
+    assert refused.value.error.code == -32602 and refused.value.error.data == {"policy": "sandboxed"}
+    assert "get_api_token" not in seen["calls"] and seen["calls"]["add"] == 1
+    calls = audit(workdir, "tool_call", "sandboxed")
+    assert {(e["tool"], e["status"]) for e in calls} >= {("get_api_token", "refused"), ("add", "ok")}
+    assert all(isinstance(e["uid"], int) for e in calls)
+
+
+async def test_a_sandboxed_servers_elicitation_is_declined_and_never_reaches_the_client(
+        sidecar: SidecarProcess, workdir: Path) -> None:
+    seen = Seen()
+    async with session(sidecar, "sandboxed", seen) as client:
+        assert await text_of(client, "ask") == "decline"
+        at_server = await stats(client)
+    assert seen.elicitations == [] and at_server["elicitations"] == ["decline"]
+    lines = audit(workdir, "elicitation", "sandboxed")
+    assert lines and lines[-1]["action"] == "declined" and lines[-1]["reason"] == "sandboxed"
+
+
+async def test_roots_are_answered_with_the_configured_ones_and_the_client_is_never_asked(
+        sidecar: SidecarProcess) -> None:
+    for name, expected in (("sandboxed", []), ("opted", ["file:///srv/project"])):
+        seen = Seen()
+        async with session(sidecar, name, seen) as client:
+            assert json.loads(await text_of(client, "roots")) == expected
+        assert seen.roots == 0
+
+
+async def test_media_is_withheld_unless_opted_in(sidecar: SidecarProcess, workdir: Path) -> None:
+    async with session(sidecar, "sandboxed", Seen()) as client:
+        withheld = await client.call_tool("image", {})
+    assert [block.type for block in withheld.content] == ["text", "text", "text"]
+    assert PNG_B64 not in json.dumps(withheld.model_dump(mode="json"))
+    assert any(e["kind"] == "media" for e in audit(workdir, "screened", "sandboxed"))
+    async with session(sidecar, "opted", Seen()) as client:
+        passed = await client.call_tool("image", {})
+    assert [block.type for block in passed.content] == ["image", "audio", "text"]
+
+
+async def test_descriptions_are_sanitized(sidecar: SidecarProcess, workdir: Path) -> None:
+    async with session(sidecar, "sandboxed", Seen()) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert tools["helper"].description == "[sanitized]"
+    assert tools["add"].description == "Adds two integers."
+    hits = [e for e in audit(workdir, "screened", "sandboxed") if e["kind"] == "sanitized"]
+    assert hits and "~/.ssh" not in json.dumps(hits)
+
+
+async def test_an_opted_in_elicitation_reaches_the_client(sidecar: SidecarProcess) -> None:
+    seen = Seen()
+    async with session(sidecar, "opted", seen) as client:
+        assert await text_of(client, "ask") == "accept"
+    assert len(seen.elicitations) == 1
+
+
+async def test_an_entry_without_policy_keys_runs_as_before(sidecar: SidecarProcess) -> None:
+    seen = Seen()
+    async with session(sidecar, "plain", seen) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert await text_of(client, "get_api_token") == "not-a-real-token"
+        assert await text_of(client, "ask") == "accept"
+    assert "get_api_token" in names and len(seen.elicitations) == 1

@@ -1,0 +1,96 @@
+"""The stdio relay's policy (exec/stdio_relay.py) and the events route's checks
+(exec/stdio_events.py), pure: fail closed on what does not parse, a withheld answer becomes an
+error for the request it answered, events bounded and checked before a line is written."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from mcpcreds.config.content import ContentPolicy
+from mcpcreds.core.policy import TrustPolicy
+from mcpcreds.errors import InvalidRequest
+from mcpcreds.exec.stdio_events import MAX_EVENTS, checked_events
+from mcpcreds.exec.stdio_relay import BadPolicy, StdioPolicy, policy_of
+
+
+def relay(trust: str = "untrusted", allow: tuple[str, ...] = ("add",)) -> StdioPolicy:
+    return StdioPolicy("e", TrustPolicy(trust, allow), ContentPolicy(), lambda: 0.0)
+
+
+def one(lines: list[bytes]) -> Any:
+    assert len(lines) == 1
+    return json.loads(lines[0])
+
+
+def test_a_client_line_that_is_not_json_rpc_is_answered_and_never_reaches_the_server() -> None:
+    for line in (b"{not json", b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"add","Name":"x"}}',
+                 b'{"jsonrpc":"2.0","method":"tools/call","params":{"name":"add"}}'):
+        out = relay().from_client(line)
+        assert out.to_server == [] and one(out.to_client)["error"]["code"] in (-32700, -32600)
+
+
+def test_a_refused_call_is_answered_and_a_batch_with_one_is_refused_whole() -> None:
+    r = relay()
+    batch = b'[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"add"}},' \
+            b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"rm"}}]'
+    out = r.from_client(batch)
+    assert out.to_server == [] and [e["error"]["code"] for e in one(out.to_client)] == [-32600, -32602]
+    assert r.take_events() == [{"event": "tool_call", "tool": "add", "status": "refused", "duration_ms": 0},
+                               {"event": "tool_call", "tool": "rm", "status": "refused", "duration_ms": 0}]
+
+
+def test_a_withheld_answer_becomes_an_error_for_its_request() -> None:
+    r = relay()
+    assert r.from_client(b'{"jsonrpc":"2.0","id":"a","method":"tools/list"}').to_server
+    out = r.from_server(b'{"jsonrpc":"2.0","id":"a","result":{"tools":[],"Tools":[]}}')
+    answer = one(out.to_client)
+    assert answer["id"] == "a" and answer["error"]["data"] == {"code": "upstream_error"}
+    assert r.pending == {}
+
+
+def test_a_tools_list_is_filtered_and_the_servers_elicitation_answered_in_the_clients_place() -> None:
+    r = relay("sandboxed")
+    r.from_client(b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}')
+    listed = one(r.from_server(b'{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"add"},{"name":"rm"}]}}')
+                 .to_client)
+    assert [t["name"] for t in listed["result"]["tools"]] == ["add"]
+    out = r.from_server(b'{"jsonrpc":"2.0","id":9,"method":"elicitation/create","params":{"message":"pw?"}}')
+    assert out.to_client == [] and one(out.to_server) == {"jsonrpc": "2.0", "id": 9,
+                                                          "result": {"action": "decline"}}
+
+
+def test_a_malformed_policy_is_refused() -> None:
+    with pytest.raises(BadPolicy):
+        policy_of({"trust": "root"})
+    good = {"trust": "sandboxed", "tool_allowlist": ["a"], "expected_tools": [],
+            "allow_untrusted_without_allowlist": False, "roots": [], "elicitation": False, "media": False,
+            "on_injection": "log"}
+    assert policy_of(good)[0].tool_allowlist == ("a",)
+    with pytest.raises(BadPolicy):
+        policy_of({**good, "tool_allowlist": [1]})
+
+
+@pytest.mark.parametrize("body", [
+    {}, {"events": "x"}, {"events": [{"event": "tool_call"}] * (MAX_EVENTS + 1)},
+    {"events": [{"event": "tool_call", "tool": "a", "status": "ok", "duration_ms": -1}]},
+    {"events": [{"event": "tool_call", "tool": "a\n", "status": "ok", "duration_ms": 1}]},
+    {"events": [{"event": "screened", "kind": "media", "found": ["x" * 65]}]},
+    {"events": [{"event": "elicitation", "mode": "form", "action": "accepted", "reason": "sandboxed"}]},
+    {"events": [{"event": "consent", "by": "me"}]},
+    {"events": [{"event": "tool_call", "tool": "a", "status": "ok", "duration_ms": 1, "extra": 1}]},
+])
+def test_events_out_of_shape_are_refused_whole_and_never_echoed(body: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        checked_events(body)
+    assert "x" * 65 not in refused.value.message and "me" not in refused.value.message.split()
+
+
+def test_events_in_shape_are_written_as_checked() -> None:
+    events = checked_events({"events": [
+        {"event": "tool_call", "tool": "add", "status": "error:-32602", "duration_ms": 1500},
+        {"event": "elicitation", "mode": "url", "action": "declined", "reason": "sandboxed"}]})
+    assert events == [("tool_call", {"tool": "add", "status": "error:-32602", "duration": 1.5}),
+                      ("elicitation", {"mode": "url", "action": "declined", "reason": "sandboxed"})]
