@@ -21,6 +21,8 @@ MAX_EVENTS: Final = 64  # per request
 MAX_FOUND: Final = 32
 _TOOL: Final = re.compile(r"[^\x00-\x1f\x7f]{0,128}\Z")
 _SHORT: Final = re.compile(r"[\x20-\x7e]{0,64}\Z")
+_METRIC_STATUSES: Final = frozenset({"ok", "tool_error", "error", "refused", "withheld", "no_response",
+                                     "cancelled", "dropped"})
 _STATUS: Final = re.compile(r"[a-z_]{1,32}(:-?[0-9]{1,10})?\Z")
 MAX_DURATION_MS: Final = 7 * 24 * 3600 * 1000
 SCREENED: Final = ("sanitized", "injection", "media")
@@ -80,6 +82,7 @@ def write_events(audit: Callable[[], AuditLog], metrics: Metrics | None, name: s
             continue
         if event == "tool_call":
             status = fields["status"].split(":", 1)[0]
+            status = status if status in _METRIC_STATUSES else "other"  # the label's values stay few
             metrics.inc("mcpcreds_exec_tool_calls_total", (("exec", name), ("status", status)),
                         help_text="tools/call requests through mcpcreds exec's relay, by entry and outcome.")
         elif event == "screened":
