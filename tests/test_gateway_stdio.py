@@ -283,6 +283,10 @@ def test_no_sidecar_means_an_error_per_request_and_a_planted_socket_exit_69(
                             MCPCREDS_SOCKET=str(arena / "none" / "s.sock"))
         assert missing.returncode == 0
         assert [(m["id"], m["error"]["code"]) for m in rpc_lines(missing.stdout)] == [(0, -32000), (1, -32000)]
+        tried = str(arena / "none" / "s.sock")  # the socket tried, and the fix, where the user reads
+        assert all(tried in m["error"]["message"] and "MCPCREDS_SOCKET" in m["error"]["message"]
+                   for m in rpc_lines(missing.stdout))
+        assert tried in missing.stderr.decode() and "mcpcreds serve" in missing.stderr.decode()
         theirs = folder(arena / "theirs", uid=NOBODY)
         planted = run_relay(sidecar, workdir, [INIT], MCPCREDS_SOCKET=str(theirs / "s.sock"))
         assert planted.returncode == 69 and planted.stdout == b""

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from ..core.runtime import default_socket
+
 TYPE_CHECKING = False  # not `typing`'s: importing typing costs these commands ~2 ms
 if TYPE_CHECKING:
     from pathlib import Path
@@ -38,15 +40,13 @@ def config_file(explicit: str | None = None) -> str:
 
 
 def socket_file(configured: str | None = None) -> str:
-    """`configured`, else $MCPCREDS_SOCKET, else $XDG_RUNTIME_DIR/mcpcreds/mcpcreds.sock, else
-    /tmp/mcpcreds-UID/mcpcreds.sock."""
+    """`configured`, else $MCPCREDS_SOCKET, else the default socket (`core.runtime`): in
+    $XDG_RUNTIME_DIR, else /run/user/UID, else /tmp/mcpcreds-UID."""
     if configured:
         return path_text(configured)
     if env := os.environ.get("MCPCREDS_SOCKET"):
         return path_text(env)
-    if runtime := os.environ.get("XDG_RUNTIME_DIR"):
-        return path_text(f"{runtime}/mcpcreds/mcpcreds.sock")
-    return f"/tmp/mcpcreds-{os.getuid()}/mcpcreds.sock"
+    return path_text(default_socket())
 
 
 def find_config_path(explicit: str | None = None) -> Path:

@@ -226,8 +226,10 @@ class Output:
 
 
 class Relay:
-    def __init__(self, http: httpx.AsyncClient, url: str, out: Output, say: Say) -> None:
+    def __init__(self, http: httpx.AsyncClient, url: str, out: Output, say: Say,
+                 unreachable: str = "") -> None:
         self.http = http
+        self.unreachable = unreachable  # what to say when no sidecar answers: where, and the fix
         self.url = url
         self.out = out
         self.say = say
@@ -292,6 +294,9 @@ class Relay:
                 if status >= 300:
                     reason = f"the gateway answered HTTP {status}"
                     self.say(f"POST: HTTP {status}")
+        except httpx.ConnectError:
+            reason = self.unreachable or "the sidecar could not be reached (ConnectError)"
+            self.say(reason)
         except (httpx.HTTPError, EventTooLarge, LineTooLong) as exc:
             reason = f"the sidecar's gateway failed ({type(exc).__name__})"
             self.say(f"POST failed: {type(exc).__name__}")
@@ -422,7 +427,8 @@ def _read_stdin(fd: int, loop: asyncio.AbstractEventLoop, queue: Lines) -> None:
         put(None)
 
 
-async def relay(http: httpx.AsyncClient, name: str, out: Output, say: Say, stdin_fd: int = 0) -> None:
+async def relay(http: httpx.AsyncClient, name: str, out: Output, say: Say, stdin_fd: int = 0,
+                unreachable: str = "") -> None:
     loop = asyncio.get_running_loop()
     queue: Lines = asyncio.Queue(maxsize=16)
     stop = asyncio.Event()
@@ -430,7 +436,7 @@ async def relay(http: httpx.AsyncClient, name: str, out: Output, say: Say, stdin
         loop.add_signal_handler(sig, stop.set)
     threading.Thread(target=_read_stdin, args=(stdin_fd, loop, queue), daemon=True,
                      name="mcpcreds-stdin").start()
-    r = Relay(http, gateway_url(name), out, say)
+    r = Relay(http, gateway_url(name), out, say, unreachable)
     stopped = asyncio.ensure_future(stop.wait())
     try:
         while True:
@@ -452,6 +458,12 @@ async def relay(http: httpx.AsyncClient, name: str, out: Output, say: Say, stdin
         stopped.cancel()
 
 
+def unreachable_text(socket_path: str) -> str:
+    """What a client is told when no sidecar answers: the socket tried, and how to fix it."""
+    return (f"no sidecar answers on {socket_path}: start one (`mcpcreds serve`), or name its socket in "
+            "this server's entry of the MCP client's config: \"env\": {\"MCPCREDS_SOCKET\": \"PATH\"}")
+
+
 def run(socket_path: str, sidecar_uid: int, name: str, grant_headers: dict[str, str]) -> int:
     """The `mcpcreds stdio` process: stdout is kept for JSON-RPC, fd 1 becomes stderr."""
     out = Output(os.fdopen(os.dup(1), "wb"))
@@ -466,7 +478,7 @@ def run(socket_path: str, sidecar_uid: int, name: str, grant_headers: dict[str, 
         timeout = httpx.Timeout(30.0, read=None)
         async with gateway_http_client("httpx", socket_path, sidecar_uid, name, grant_headers,
                                        timeout=timeout) as http:
-            await relay(http, name, out, say)
+            await relay(http, name, out, say, unreachable=unreachable_text(socket_path))
 
     asyncio.run(main())
     return 0

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..core.policy import find_trifecta, trifecta_message
+from ..core.runtime import default_socket
 from ..errors import ConfigError
 from .aauth import parse_aauth
 from .exec import exec_trifecta_warnings, parse_execs
@@ -36,9 +37,7 @@ def default_socket_path(configured: str | None = None) -> Path:
         return Path(configured)
     if env := os.environ.get("MCPCREDS_SOCKET"):
         return Path(env)
-    if runtime := os.environ.get("XDG_RUNTIME_DIR"):
-        return Path(runtime) / "mcpcreds" / "mcpcreds.sock"
-    return Path(f"/tmp/mcpcreds-{os.getuid()}") / "mcpcreds.sock"
+    return Path(default_socket())
 
 
 def load_config(path: str | Path | None = None) -> Config:
