@@ -309,3 +309,32 @@ def test_aauth_is_a_boolean_as_the_seed_defines_it() -> None:
     assert errs == ["servers[0].aauth: expected true or false (sign requests to this server with the "
                     "AAuth agent key)"]
     assert parse(base + "aauth = false\n").servers["s"].spec.aauth is False
+
+
+def test_a_server_that_will_expose_no_tool_says_so_and_which_key_fixes_it() -> None:
+    """The fail-closed default (not trusted, no allowlist) is never silent: `check` warns."""
+    from mcpcreds.config.load import parse_config as parse
+
+    def warnings(server: str) -> list[str]:
+        return [w for w in parse(tomllib.loads('[[servers]]\nname = "s"\nendpoint = "https://s.example.com/mcp"\n'
+                                              + server)).warnings if "exposes no tool" in w]
+
+    (warned,) = warnings("")  # untrusted by default
+    assert warned.startswith("servers[0]: ") and "tool_allowlist" in warned and 'trust = "trusted"' in warned
+    assert len(warnings('trust = "sandboxed"')) == 1 and len(warnings("tool_allowlist = []")) == 1
+    for fine in ('trust = "trusted"', 'tool_allowlist = ["search"]', "allow_untrusted_without_allowlist = true",
+                 'expose = "headers"'):
+        assert warnings(fine) == [], fine
+
+
+def test_a_duplicate_server_name_is_reported_beside_the_other_errors() -> None:
+    from mcpcreds.config.load import parse_config as parse
+    from mcpcreds.errors import ConfigError
+
+    text = ('[[servers]]\nname = "s"\nendpoint = "not a url"\n'
+            '[[servers]]\nname = "s"\nendpoint = "https://s.example.com/mcp"\n')
+    with pytest.raises(ConfigError) as refused:
+        parse(tomllib.loads(text))
+    assert any(e.startswith("servers[1].name: duplicate server name") for e in refused.value.errors), \
+        refused.value.errors
+    assert any(e.startswith("servers[0].endpoint") for e in refused.value.errors)

@@ -17,6 +17,7 @@ name = "crm"
 endpoint = "https://crm.example.com/mcp"
 tags = ["sensitive"]
 headers = { Authorization = "{{secret:CRM}}" }
+tool_allowlist = ["search"]
 """
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..core.credshape import credential_name
+from ..core.policy import TrustPolicy
 from ..core.rates import Rate, parse_duration, parse_rate
 from ..core.templates import Template, is_credential_header, parse_template
 from ..net.egress import EgressPolicy
@@ -355,6 +356,7 @@ def parse_servers(c: Collector, raw: Any, services: dict[str, Target],
     if not isinstance(raw, list):
         c.error("servers", "expected an array of tables ([[servers]])")
         return servers
+    first: dict[str, int] = {}  # name -> the first server that has it, whether it parsed or not
     for i, value in enumerate(raw):
         path = f"servers[{i}]"
         t = c.table(path, value)
@@ -363,10 +365,10 @@ def parse_servers(c: Collector, raw: Any, services: dict[str, Target],
         if not isinstance(name, str) or not NAME.match(name):
             c.error(join(path, "name"), "required: letters, digits, '_', '.', '-'")
             continue
-        if name in servers:
-            first = next(j for j, v in enumerate(raw) if isinstance(v, dict) and v.get("name") == name)
-            c.error(join(path, "name"), f"duplicate server name (servers[{first}] has it)")
+        if name in first:
+            c.error(join(path, "name"), f"duplicate server name (servers[{first[name]}] has it)")
             continue
+        first[name] = i
         service = t.get("service")
         if service is not None:
             target = _server_from_service(c, path, name, t, service, services, service_tables)
@@ -375,7 +377,20 @@ def parse_servers(c: Collector, raw: Any, services: dict[str, Target],
         if target is not None:
             servers[name] = target
             c.warnings.extend(sandbox_warnings(path, t, target.trust.trust))
+            if target.gateway.serves_proxy and exposes_no_tool(target.trust):
+                c.warnings.append(f"{path}: exposes no tool through the gateway (trust = "
+                                  f"{target.trust.trust} and no tool_allowlist): list the tools it may offer "
+                                  "in tool_allowlist, or set trust = \"trusted\" for a server you trust")
     return servers
+
+
+def exposes_no_tool(policy: TrustPolicy) -> bool:
+    """Whether the policy hides every tool whatever the server lists (the fail-closed default of a
+    server that is not trusted and has no allowlist)."""
+    if policy.trust == "trusted" or policy.tool_allowlist:
+        return False
+    return not (policy.trust == "untrusted" and policy.tool_allowlist is None
+                and policy.allow_untrusted_without_allowlist)
 
 
 def _server_from_service(c: Collector, path: str, name: str, t: dict[str, Any], service: Any,
