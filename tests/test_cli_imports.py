@@ -33,7 +33,7 @@ HEAVY = ("httpx", "httpx2", "httpcore", "anyio", "authlib", "asyncio", "cryptogr
          "httptools")  # uds.Answer reads the one answer; httptools imports typing
 # the package's modules these commands need; any other (the config parser, exec, login, units...)
 # is a cost they should not pay
-LEAN_MODULES = {"mcpcreds", "mcpcreds.__main__", "mcpcreds.cli.main", "mcpcreds.cli.common", "mcpcreds.errors", "mcpcreds.client.address", "mcpcreds.core.runtime",
+LEAN_MODULES = {"mcpcreds", "mcpcreds.__main__", "mcpcreds.cli.main", "mcpcreds.cli.common", "mcpcreds.errors", "mcpcreds.client.address",
                 "mcpcreds.client.calls", "mcpcreds.client.client", "mcpcreds.core.socket_check", "mcpcreds.client.uds",
                 "mcpcreds.cli.credential_helper", "mcpcreds.core.lean_toml",
                 # the package faces on the way, which import nothing themselves

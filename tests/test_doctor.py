@@ -122,6 +122,19 @@ def test_a_sound_setup_passes_every_check(setup: Path) -> None:
     assert CANARY not in result.output
 
 
+def test_a_secret_only_the_sidecars_environment_holds_is_no_failure(setup: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `env` source is the sidecar's environment, not doctor's: a secret set where `serve` runs
+    (a unit's Environment=, the shell that started it) resolves; doctor asks the sidecar."""
+    socket_path = setup.parent / "run" / "mcpcreds.sock"
+    with run_sidecar(setup, socket_path, {"DOCS_KEY": CANARY + "-env"}):
+        monkeypatch.delenv("DOCS_KEY")  # doctor's own environment lacks it
+        result = run_cli("doctor", "--config", str(setup))
+    assert result.code == 0, result.output
+    assert "✓ secrets of docs: all resolve: DOCS_KEY (the sidecar's environment)" in result.stdout, result.stdout
+    assert CANARY not in result.output
+
+
 def test_each_broken_part_is_a_cross_with_its_fix(setup: Path, idp: ThreadingHTTPServer,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DOCS_KEY")

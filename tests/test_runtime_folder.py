@@ -1,4 +1,4 @@
-"""Where the default socket is (mcpcreds.core.runtime), the same for `serve` and every client
+"""Where the default socket is (mcpcreds.core.socket_check), the same for `serve` and every client
 whatever environment the client was started with: an MCP client starts its stdio servers with a
 reduced environment, without $XDG_RUNTIME_DIR."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mcpcreds.client.address import socket_file
 from mcpcreds.config.load import default_socket_path
-from mcpcreds.core.runtime import default_socket, runtime_folder
+from mcpcreds.core.socket_check import default_socket, runtime_folder
 from tests.test_hardening_socket import NOBODY
 
 # what the MCP SDK passes a stdio server it starts (get_default_environment)

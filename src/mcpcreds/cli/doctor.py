@@ -22,9 +22,7 @@ import contextlib
 import hashlib
 import json
 import os
-import socket
 import stat
-import struct
 import sys
 import time
 from collections.abc import Callable
@@ -34,8 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
-from ..core.socket_check import UntrustedSidecar, check_peer, expected_sidecar_uid
+from ..core.socket_check import UntrustedSidecar, expected_sidecar_uid
 from ..errors import ConfigError, McpcredsError
+from .doctor_probe import ask, secret_origin
 
 if TYPE_CHECKING:  # the parser of every command imports this module: the config parser comes later
     from ..config.model import Config, Target
@@ -49,7 +48,6 @@ MIN_REDIS: Final = (5, 0)
 MAX_LOGINS_CHECKED: Final = 20  # stored logins the state_key check tries to open
 MAX_KEYS_SCANNED: Final = 2000  # Redis keys the state_key check looks through for them
 _SAFE_ERRORS: Final = (McpcredsError, OSError, TimeoutError)
-_PEERCRED: Final = struct.Struct("3i")
 
 
 @dataclass(slots=True)
@@ -91,6 +89,7 @@ class Doctor:
         self.socket_override = socket_path
         self.timeout = timeout
         self.checks: list[Check] = []
+        self.sidecar: tuple[Path, int] | None = None  # where a sidecar answered /v1/health
         self.dates: list[tuple[str, float]] = []  # (host, server clock - ours)
 
     def add(self, ok: bool, name: str, detail: str, fix: str = "") -> Check:
@@ -208,21 +207,8 @@ class Doctor:
         return True
 
     def check_sidecar(self, path: Path, uid: int) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
         try:
-            sock.connect(str(path))
-            check_peer(sock, str(path), uid)
-            peer_pid = _PEERCRED.unpack(
-                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[0]
-            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: mcpcreds\r\nConnection: close\r\n\r\n")
-            answer = b""
-            deadline = time.monotonic() + self.timeout
-            while b"\r\n" not in answer and time.monotonic() < deadline:
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                answer += chunk
+            answer, peer_pid = ask(path, uid, self.timeout, "/v1/health", b"\r\n")
         except UntrustedSidecar as exc:
             self.add(False, "sidecar", _msg(exc), "stop whatever listens there; check sidecar.sidecar_uid")
             return
@@ -234,11 +220,10 @@ class Doctor:
             self.add(False, "sidecar", f"{path}: {_msg(exc)}",
                      "journalctl --user -u mcpcreds (or the serve output) says why")
             return
-        finally:
-            sock.close()
         status = answer.split(b"\r\n", 1)[0].decode(errors="replace")
         if status.startswith("HTTP/1.1 200"):
             self.add(True, "sidecar", f"answers on {path} (pid {peer_pid}, uid {uid})")
+            self.sidecar = (path, uid)
         elif status.startswith("HTTP/1.1 403"):
             self.add(False, "sidecar", f"answers but refuses uid {os.getuid()}",
                      f"add {os.getuid()} to sidecar.allow_uids and reload (systemctl reload mcpcreds)")
@@ -307,6 +292,10 @@ class Doctor:
         self.add(True, name, f"{folder} readable ({count} file{'s' if count != 1 else ''})")
         return True
 
+    def sidecar_origin(self, name: str) -> str | None:
+        """The source the running sidecar resolves `name` from, None if it does not (or none answered)."""
+        return None if self.sidecar is None else secret_origin(*self.sidecar, self.timeout, name)
+
     def check_secrets(self, config: Config, usable: list[Any]) -> None:
         from ..credentials.sources import SecretResolver
 
@@ -328,6 +317,9 @@ class Doctor:
                     found.append(name)
                 elif name in loaded:
                     found.append(f"{name} (LoadCredential=)")
+                elif (source := self.sidecar_origin(name)) is not None:
+                    # the sidecar's environment is not this one's: it was asked
+                    found.append(f"{name} (the sidecar's {'environment' if source == 'env' else source})")
                 else:
                     missing.append(name)
             label = f"secrets of {target.name}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from ..core.runtime import default_socket
+from ..core.socket_check import default_socket
 
 TYPE_CHECKING = False  # not `typing`'s: importing typing costs these commands ~2 ms
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def config_file(explicit: str | None = None) -> str:
 
 
 def socket_file(configured: str | None = None) -> str:
-    """`configured`, else $MCPCREDS_SOCKET, else the default socket (`core.runtime`): in
+    """`configured`, else $MCPCREDS_SOCKET, else the default socket (`core.socket_check`): in
     $XDG_RUNTIME_DIR, else /run/user/UID, else /tmp/mcpcreds-UID."""
     if configured:
         return path_text(configured)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..core.policy import find_trifecta, trifecta_message
-from ..core.runtime import default_socket
+from ..core.socket_check import default_socket
 from ..errors import ConfigError
 from .aauth import parse_aauth
 from .exec import exec_trifecta_warnings, parse_execs

@@ -15,6 +15,7 @@ import os
 import stat
 import sys
 from _socket import SOL_SOCKET
+from collections.abc import Mapping
 
 from ..errors import ConfigError, SidecarUnavailable
 
@@ -76,3 +77,34 @@ def check_peer(sock: socket | TransportSocket, socket_path: str, uid: int) -> No
         raise UntrustedSidecar(f"refusing the socket {socket_path}: the process listening on it runs as "
                                f"uid {peer_uid}, not as the sidecar's uid {uid} ({_HINT}); "
                                "nothing was sent")
+
+# -- where the socket is by default: the same for `serve` and every client, whatever environment
+# a client was started with (an MCP client starts its stdio servers with a reduced environment,
+# without $XDG_RUNTIME_DIR): the user's runtime folder is then found where systemd-logind makes it,
+# /run/user/UID, when it is a real folder of this uid
+
+RUN_USER = "/run/user"
+
+
+def runtime_folder(environ: Mapping[str, str] | None = None, uid: int | None = None,
+                   run_user: str = RUN_USER) -> str | None:
+    """$XDG_RUNTIME_DIR, else /run/user/UID if it is a folder (not a link) owned by `uid`, else None."""
+    environ = os.environ if environ is None else environ
+    if runtime := environ.get("XDG_RUNTIME_DIR"):
+        return runtime
+    uid = os.getuid() if uid is None else uid
+    folder = os.path.join(run_user, str(uid))
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return None
+    return folder if stat.S_ISDIR(st.st_mode) and st.st_uid == uid else None
+
+
+def default_socket(environ: Mapping[str, str] | None = None, uid: int | None = None,
+                   run_user: str = RUN_USER) -> str:
+    """The socket `serve` listens on and clients look for when nothing names one."""
+    uid = os.getuid() if uid is None else uid
+    if runtime := runtime_folder(environ, uid, run_user):
+        return os.path.join(runtime, "mcpcreds", "mcpcreds.sock")
+    return f"/tmp/mcpcreds-{uid}/mcpcreds.sock"

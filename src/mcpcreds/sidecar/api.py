@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -45,6 +46,7 @@ from ..errors import (
     NotFound,
     ProxyDisabled,
     ProxyOnly,
+    UnknownSecret,
 )
 from ..exec.session import ExecRoutes, grant_entries
 from ..gateway.relay import Gateway
@@ -163,6 +165,7 @@ class Api:
         self._secret_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("POST", "rotated"): ("rotated", self.secret_rotated),
             ("POST", "rotate"): ("rotate", self.secret_rotate),
+            ("GET", "origin"): ("secret_origin", self.secret_origin),  # owner-only: not a grant route
         }
         self._tool_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("POST", "approve"): ("tools_approve", self.tools_approve),  # owner-only: not a grant route
@@ -569,6 +572,16 @@ class Api:
         if failed:
             body["failed"] = failed
         return answer(body)
+
+    async def secret_origin(self, request: Request) -> Response:
+        """Whether the sidecar resolves a secret its config names, and from which source (never the
+        value): `doctor` asks, since the sidecar's environment is not the caller's. A name the config
+        does not use is unknown (no probe of the sidecar's environment)."""
+        name = check_secret_name(request.name)
+        if not self.broker.dependents(name):
+            raise UnknownSecret("no server or service of the config uses that secret")
+        source = await asyncio.to_thread(self.broker.resolver.origin, name)
+        return answer({"name": name, "found": source is not None, "source": source})
 
     async def secret_rotate(self, request: Request) -> Response:
         name = check_secret_name(request.name)
