@@ -7,8 +7,10 @@ then `execve`); this process stays outside them and made undumpable holds what i
 session answer), nothing more. stderr passes through untouched (the child's own). SIGINT and
 SIGTERM are forwarded to the child; the exit status is the child's. Lines are bounded as in
 `mcpcreds stdio` (`LineSplitter`): an overlong client line is answered with an error, an overlong
-server line is dropped. What the relay decided goes to the sidecar (`POST /v1/exec/NAME/events`)
-from a thread of its own, so that a slow sidecar never holds up the traffic.
+server line is dropped. The policy's timers (`timeout`, `elicitation_timeout_secs`) are
+`threading.Timer`s that act under the relay's lock, as a line does. What the relay decided goes
+to the sidecar (`POST /v1/exec/NAME/events`) from a thread of its own, so that a slow sidecar
+never holds up the traffic.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..client.stdio_bridge import LineSplitter, LineTooLong
 from ..errors import McpcredsError
 from ..exec.stdio_relay import Relayed, StdioPolicy
 from ..gateway import jsonrpc
+from ..gateway.elicitations import Handle
 from .common import exit_code_for
 
 READ_CHUNK: Final = 64 * 1024
@@ -131,6 +134,20 @@ class Relay:
         for line in relayed.to_server:
             self.to_server.lines.put(line)
 
+    def schedule(self, seconds: float, then: Callable[[], None]) -> Handle:
+        timer = threading.Timer(seconds, self._fire, args=(then,))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _fire(self, then: Callable[[], None]) -> None:
+        with self.lock:
+            then()
+            relayed = self.policy.take_late()
+            events = self.policy.take_events()
+        self._route(relayed)
+        self.events.add(events)
+
     def pump(self, fd: int, judge: Callable[[bytes], Relayed], too_long: Callable[[], Relayed],
              at_end: Callable[[], None]) -> None:
         splitter = LineSplitter()
@@ -201,6 +218,7 @@ def run_relayed(policy: StdioPolicy, start: Callable[[], None], post: Post) -> i
         signal.signal(sig, lambda number, _frame: os.kill(pid, number))
     to_client, to_server, events = _Writer(1, False), _Writer(relay_out, True), _Events(post)
     relay = Relay(policy, to_client, to_server, events)
+    policy.schedule = relay.schedule
     for thread in (to_client, to_server, events):
         thread.start()
     from_client = threading.Thread(target=relay.pump, daemon=True,
