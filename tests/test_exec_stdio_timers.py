@@ -14,6 +14,7 @@ import pytest
 
 from mcpcreds.config.content import ContentPolicy
 from mcpcreds.config.tool_meta import FlaggedParameter, ToolMeta
+from mcpcreds.core.clock import FakeClock
 from mcpcreds.core.policy import TrustPolicy
 from mcpcreds.exec.stdio_events import checked_events
 from mcpcreds.exec.stdio_relay import BadPolicy, StdioPolicy, policy_of
@@ -151,7 +152,24 @@ def test_the_session_answer_carries_the_keys_and_a_malformed_one_is_refused() ->
     _, content = policy_of({**base, "timeout": 12.5, "elicitation_timeout_secs": 7, "tool_metadata": meta})
     assert content.timeout == 12.5 and content.elicitation_timeout_secs == 7
     assert content.tool_metadata == {"add": ToolMeta("high", ("shell",), (FlaggedParameter("/a", "sql_injection"),))}
-    for bad in ({"timeout": 0}, {"timeout": True}, {"elicitation_timeout_secs": 1.5},
-                {"tool_metadata": {"add": {"data_sensitivity": "extreme"}}}, {"tool_metadata": []}):
+    bads: list[dict[str, Any]] = [{"timeout": 0}, {"timeout": True}, {"elicitation_timeout_secs": 1.5},
+                                  {"tool_metadata": {"add": {"data_sensitivity": "extreme"}}}, {"tool_metadata": []}]
+    for bad in bads:
         with pytest.raises(BadPolicy):
             policy_of({**base, **bad})
+
+
+def test_the_elicitation_metric_says_declined_or_cancelled() -> None:
+    from mcpcreds.core.audit import AuditLog
+    from mcpcreds.core.metrics import Metrics
+    from mcpcreds.exec.stdio_events import write_events
+
+    metrics = Metrics()
+    log = AuditLog(None, FakeClock())
+    events = checked_events({"events": [
+        {"event": "elicitation", "mode": "form", "action": "declined", "reason": "sandboxed"},
+        {"event": "elicitation", "mode": "url", "action": "cancelled", "reason": "elicitation_timeout"}]})
+    write_events(lambda: log, metrics, "e", events, {"uid": 1})
+    text = metrics.render()
+    assert 'mcpcreds_exec_elicitations_total{exec="e",outcome="declined"} 1' in text
+    assert 'mcpcreds_exec_elicitations_total{exec="e",outcome="cancelled"} 1' in text

@@ -91,5 +91,5 @@ def write_events(audit: Callable[[], AuditLog], metrics: Metrics | None, name: s
             metrics.inc("mcpcreds_exec_screened_total", (("exec", name), ("kind", fields["kind"])),
                         help_text="Results mcpcreds exec's stdio relay changed or reported, by entry.")
         else:
-            metrics.inc("mcpcreds_exec_elicitations_total", (("exec", name), ("outcome", "declined")),
+            metrics.inc("mcpcreds_exec_elicitations_total", (("exec", name), ("outcome", fields["action"])),
                         help_text="Elicitations of stdio servers answered by mcpcreds exec, by entry.")
