@@ -173,3 +173,26 @@ def test_the_elicitation_metric_says_declined_or_cancelled() -> None:
     text = metrics.render()
     assert 'mcpcreds_exec_elicitations_total{exec="e",outcome="declined"} 1' in text
     assert 'mcpcreds_exec_elicitations_total{exec="e",outcome="cancelled"} 1' in text
+
+
+def test_the_keys_are_taken_on_an_exec_entry_and_reach_the_relay_and_pin_tools_is_still_refused() -> None:
+    import tomllib
+
+    from mcpcreds.config.load import parse_config
+    from mcpcreds.errors import ConfigError
+
+    config = parse_config(tomllib.loads('''
+[exec.e]
+timeout = "45s"
+elicitation_timeout_secs = 30
+tool_metadata = { read_note = { data_sensitivity = "low", flagged_parameters = [
+    { pointer = "/path", pattern = "path_traversal" }] } }
+'''))
+    entry = config.execs["e"]
+    assert entry.policed
+    _, content = policy_of(json.loads(json.dumps(entry.policy_dict())))  # as the session answer carries it
+    assert content.timeout == 45.0 and content.elicitation_timeout_secs == 30
+    assert content.tool_metadata == {"read_note": ToolMeta("low", (), (FlaggedParameter("/path", "path_traversal"),))}
+    with pytest.raises(ConfigError) as refused:
+        parse_config(tomllib.loads("[exec.e]\npin_tools = true\n"))
+    assert refused.value.errors[0].startswith("exec.e.pin_tools: not applied to a stdio server")
