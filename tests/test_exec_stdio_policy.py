@@ -69,6 +69,15 @@ trust = "untrusted"
 tool_allowlist = ["wait", "add", "stats"]
 timeout = "{SLOW_TIMEOUT}s"
 
+[exec.pinned]
+trust = "untrusted"
+tool_allowlist = ["shifty", "shift", "stats"]
+
+[exec.unpinned]
+trust = "untrusted"
+tool_allowlist = ["shifty", "shift", "stats"]
+pin_tools = false
+
 [exec.hasty]
 trust = "untrusted"
 tool_allowlist = ["ask", "stats"]
@@ -246,3 +255,26 @@ async def test_an_elicitation_left_unanswered_is_cancelled_and_the_late_answer_d
     assert len(seen.elicitations) == 1 and at_server["elicitations"] == ["cancel"]
     lines = audit(workdir, "elicitation", "hasty")
     assert lines and lines[-1]["action"] == "cancelled" and lines[-1]["reason"] == "elicitation_timeout"
+
+
+async def test_a_changed_tool_is_withheld_and_refused_and_the_pins_are_the_sidecars(
+        sidecar: SidecarProcess, workdir: Path) -> None:
+    async with session(sidecar, "pinned", Seen()) as client:
+        first = {tool.name for tool in (await client.list_tools()).tools}  # pins shifty
+        assert await text_of(client, "shift") == "shifted"
+        after = {tool.name for tool in (await client.list_tools()).tools}
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("shifty", {"text": "x"})
+        seen = await stats(client)
+    assert "shifty" in first and "shifty" not in after
+    assert refused.value.error.code == -32602 and refused.value.error.data == {"policy": "pinned"}
+    assert "shifty" not in seen["calls"]
+    async with session(sidecar, "pinned", Seen()) as client:  # a new child, shifted before any listing
+        assert await text_of(client, "shift") == "shifted"
+        again = {tool.name for tool in (await client.list_tools()).tools}
+    assert "shifty" not in again  # the pin of the first session, kept by the sidecar
+    async with session(sidecar, "unpinned", Seen()) as client:
+        await client.list_tools()
+        assert await text_of(client, "shift") == "shifted"
+        assert "shifty" in {tool.name for tool in (await client.list_tools()).tools}
+        assert await text_of(client, "shifty", text="x") == "x"

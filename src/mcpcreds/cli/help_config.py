@@ -241,6 +241,9 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "media_passthrough": ("[gateway]'s, else false (never for sandboxed)",
                               "image and audio content passes (else withheld)"),
         "on_injection": ("[gateway]'s, else \"log\"", "log or block a result that reads as an injection"),
+        "pin_tools": ("[gateway]'s, else on unless trusted",
+                      "pin tool definitions (the sidecar's, under exec:NAME): a changed one withheld until "
+                      "mcpcreds tools approve"),
         "tool_metadata": ("none (inferred from each tool's name)",
                           "per tool: data_sensitivity, capabilities, flagged_parameters (calls refused)"),
     },

@@ -10,7 +10,8 @@ The trust keys and the content keys a stdio server's traffic is policed by (`mcp
 relays the child's stdio through the gateway's policy core) are a server's: `trust`,
 `tool_allowlist`, `expected_tools`, `allow_untrusted_without_allowlist`, `timeout`, `roots`,
 `elicitation_enabled`, `elicitation_timeout_secs`, `media_passthrough`, `on_injection` (over
-`[gateway]`'s) and `tool_metadata`. Unlike a server,
+`[gateway]`'s), `pin_tools` (on unless trusted; the pins are the sidecar's, under `exec:NAME`) and
+`tool_metadata`. Unlike a server,
 an entry without `trust` is `trusted`: entries written before the keys existed run as they did. An
 entry that sets none of these keys is not relayed at all (`policed` is false): its child talks to
 the client directly, as before.
@@ -34,9 +35,9 @@ from .tool_meta import tool_meta_dict
 if TYPE_CHECKING:
     from .reader import Collector
 
-# the content keys the stdio relay applies (pin_tools: not yet, the pins are kept for servers only)
+# the content keys the stdio relay applies (all of them)
 EXEC_CONTENT_KEYS: Final = ("timeout", "roots", "elicitation_enabled", "elicitation_timeout_secs",
-                            "media_passthrough", "on_injection", "tool_metadata")
+                            "media_passthrough", "on_injection", "pin_tools", "tool_metadata")
 POLICY_KEYS: Final = (*TRUST_KEYS, *EXEC_CONTENT_KEYS)  # any of them set: the child's stdio is relayed
 EXEC_KEYS: Final = ("env", "env_isolation", "net", "allow_hosts", "deny_hosts", "allow_private", "tags",
                     "authorization", *POLICY_KEYS)

@@ -6,6 +6,10 @@ JSON-RPC between an MCP client and a stdio server, judged line by line by the ga
   entry's trust policy, or that the tool's metadata refuses (`tool_meta.call_refusals`: data flow,
   flagged arguments), is answered with the gateway's refusal: the server never sees it. What
   passes goes on re-serialised.
+- Pins (`pins`: the sidecar's view of the entry's pins, None when it does not pin): each
+  `tools/list` is judged by `gateway.pins.decide` (a changed definition withheld) and a `tools/call`
+  of a changed tool refused (`data.policy = "pinned"`); what it pinned or saw changed is kept for
+  the sidecar (`take_pin_writes`, `POST /v1/exec/{name}/pins`) and in the view, for this session.
 - Time (`schedule`, given by the relay; timers run under its lock, and what they decide is taken
   with `take_late`): a request the server has not answered within `timeout` (a progress
   notification for it restarts the wait) is answered to the client with an error (data.code
@@ -35,10 +39,11 @@ from ..config.content import ContentPolicy
 from ..config.reader import Collector
 from ..config.tool_meta import ToolMeta, parse_tool_metadata
 from ..core.policy import TRUST_LEVELS, TrustPolicy
-from ..gateway import jsonrpc, tool_meta
+from ..gateway import jsonrpc, pins, tool_meta
 from ..gateway.elicitations import Handle, PendingElicitations, Schedule
 from ..gateway.in_place import in_place_policy
 from ..gateway.strict_json import StrictJsonError
+from ..state.pins import PinView
 
 MAX_EVENTS: Final = 1024  # kept for the sidecar; past it, the oldest are dropped (and counted)
 MAX_NAME: Final = 128
@@ -110,7 +115,8 @@ class Relayed:
 
 class StdioPolicy:
     def __init__(self, name: str, trust: TrustPolicy, content: ContentPolicy,
-                 clock: Callable[[], float], on_warnings: Callable[[list[str]], None] | None = None) -> None:
+                 clock: Callable[[], float], on_warnings: Callable[[list[str]], None] | None = None,
+                 pin_view: PinView | None = None) -> None:
         self.name = name
         self.trust = trust
         self.content = content
@@ -127,13 +133,16 @@ class StdioPolicy:
         self._progress: dict[jsonrpc.IdKey, jsonrpc.IdKey] = {}  # progress token -> the request it reports on
         self._void: OrderedDict[jsonrpc.IdKey, None] = OrderedDict()  # requests whose answer is dropped
         self.elicitations = PendingElicitations(self._schedule)
+        self.pins = pin_view
+        self.pin_writes: list[pins.PinDecision] = []  # for the sidecar (take_pin_writes)
         level = trust.trust
         self.roots_answered = content.effective_roots(level) is not None
         self.inspector = jsonrpc.Inspector(
             trust, pending=self.pending, on_answer=self._answered, on_warnings=on_warnings,
             screening=jsonrpc.Screening(sanitize=level != "trusted", block=content.on_injection == "block",
                                         media=content.effective_media(level)),
-            on_server_request=self._server_request, on_screened=self._screened)
+            on_server_request=self._server_request, on_screened=self._screened,
+            on_tools=None if pin_view is None else self._pinned)
 
     # -- client -> server
 
@@ -157,6 +166,8 @@ class StdioPolicy:
                                                         self.content.effective_roots(level) or ())
             if warnings and self.on_warnings is not None:
                 self.on_warnings(warnings)
+        if not refused and self.pins is not None:
+            refused = pins.call_refusals(out, self.name, self.pins)
         if refused:
             for m in out.requests:
                 if m.method == jsonrpc.TOOLS_CALL:
@@ -332,6 +343,24 @@ class StdioPolicy:
                          "action": "declined",
                          "reason": "sandboxed" if self.trust.trust == "sandboxed" else "elicitation_enabled"})
         return None
+
+    def _pinned(self, tools: list[Any]) -> list[Any]:
+        """A listing judged against the pins; what it pinned or saw changed kept in the view too."""
+        assert self.pins is not None
+        decision = pins.decide(self.pins, tools, enforce=True)
+        if decision.writes:
+            changed = {k: v for k, v in self.pins.changed.items() if k not in decision.cleared}
+            changed.update({k: d.digest for k, d in decision.changed.items()})
+            self.pins = PinView({**self.pins.pins, **{k: d.digest for k, d in decision.pin.items()}}, changed,
+                                self.pins.total + len(decision.pin))
+            self.pin_writes.append(decision)
+        if decision.warnings and self.on_warnings is not None:
+            self.on_warnings(list(decision.warnings))
+        return decision.tools
+
+    def take_pin_writes(self) -> list[pins.PinDecision]:
+        taken, self.pin_writes = self.pin_writes, []
+        return taken
 
     def _screened(self, kind: str, what: list[Any]) -> None:
         if kind == "sanitized":

@@ -171,6 +171,7 @@ class Api:
         self._exec_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("POST", "session"): ("exec", self.exec_routes.session),
             ("POST", "events"): ("exec", self.exec_routes.events),
+            ("POST", "pins"): ("exec", self.exec_routes.pins),
         }
         self._fast_targets: dict[bytes, Target] = {}
         self._grant_routes = frozenset({"health", "openapi", "servers", "headers", "acquire", "call",
