@@ -21,6 +21,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import ElicitResult, ListRootsResult, Root
 
+from tests.conftest import run_cli
 from tests.peers.mcp_untrusted_peer import PNG
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
@@ -273,6 +274,16 @@ async def test_a_changed_tool_is_withheld_and_refused_and_the_pins_are_the_sidec
         assert await text_of(client, "shift") == "shifted"
         again = {tool.name for tool in (await client.list_tools()).tools}
     assert "shifty" not in again  # the pin of the first session, kept by the sidecar
+    config = str(sidecar.config)
+    shown = await asyncio.to_thread(run_cli, "tools", "exec:pinned", "--json", "--config", config)
+    states = {t["name"]: t["state"] for t in json.loads(shown.stdout)["tools"]}
+    assert shown.code == 0 and states["shifty"] == "changed" and states["stats"] == "pinned"
+    approved = await asyncio.to_thread(run_cli, "tools", "approve", "exec:pinned", "--config", config)
+    assert approved.code == 0, approved.stderr
+    async with session(sidecar, "pinned", Seen()) as client:  # the approved definition is the pin now
+        assert await text_of(client, "shift") == "shifted"
+        assert "shifty" in {tool.name for tool in (await client.list_tools()).tools}
+        assert await text_of(client, "shifty", text="x") == "x"
     async with session(sidecar, "unpinned", Seen()) as client:
         await client.list_tools()
         assert await text_of(client, "shift") == "shifted"
