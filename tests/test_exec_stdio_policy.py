@@ -6,6 +6,7 @@ lines are read from the sidecar's audit log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import ElicitResult, ListRootsResult, Root
 
+from tests.conftest import run_cli
 from tests.peers.mcp_untrusted_peer import PNG
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = '["ask", "ask_url", "roots", "image", "add", "helper", "exfiltrate", "stats"]'
 CLIENT_ROOT = "file:///home/client/secret-project"
 PNG_B64 = __import__("base64").b64encode(PNG).decode()
+SLOW_TIMEOUT = 10  # seconds: far past the child's start under load, far short of the tool's wait
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +58,31 @@ media_passthrough = true
 
 [exec.plain]
 env = {{ LOG_LEVEL = "info" }}
+
+[exec.meta]
+trust = "untrusted"
+tool_allowlist = ["get_api_token", "read_note", "add", "stats"]
+tool_metadata = {{ read_note = {{ data_sensitivity = "low", flagged_parameters = [
+    {{ pointer = "/path", pattern = "path_traversal" }}] }}, add = {{ data_sensitivity = "high" }} }}
+
+[exec.slow]
+trust = "untrusted"
+tool_allowlist = ["wait", "add", "stats"]
+timeout = "{SLOW_TIMEOUT}s"
+
+[exec.pinned]
+trust = "untrusted"
+tool_allowlist = ["shifty", "shift", "stats"]
+
+[exec.unpinned]
+trust = "untrusted"
+tool_allowlist = ["shifty", "shift", "stats"]
+pin_tools = false
+
+[exec.hasty]
+trust = "untrusted"
+tool_allowlist = ["ask", "stats"]
+elicitation_timeout_secs = 1
 """)
     with run_sidecar(config, socket) as proc:
         yield proc
@@ -173,3 +201,91 @@ async def test_an_entry_without_policy_keys_runs_as_before(sidecar: SidecarProce
         assert await text_of(client, "get_api_token") == "not-a-real-token"
         assert await text_of(client, "ask") == "accept"
     assert "get_api_token" in names and len(seen.elicitations) == 1
+
+
+async def test_tool_metadata_refuses_calls_before_the_server_sees_them(
+        sidecar: SidecarProcess, workdir: Path) -> None:
+    async with session(sidecar, "meta", Seen()) as client:
+        refused = {}
+        for tool, arguments in (("get_api_token", {}), ("add", {"a": 1, "b": 2}),
+                                ("read_note", {"path": "../../etc/passwd"})):
+            with pytest.raises(MCPError) as error:
+                await client.call_tool(tool, arguments)
+            refused[tool] = (error.value.error.code, error.value.error.data)
+        assert await text_of(client, "read_note", path="notes/today.txt") == "note notes/today.txt"
+        seen = await stats(client)
+    assert refused == {"get_api_token": (-32602, {"policy": "data_flow"}),  # inferred from its name
+                       "add": (-32602, {"policy": "data_flow"}),  # configured
+                       "read_note": (-32602, {"policy": "flagged_parameter", "parameters": ["/path"]})}
+    assert seen["calls"] == {"read_note": 1}
+    statuses = [(e["tool"], e["status"]) for e in audit(workdir, "tool_call", "meta")]
+    assert ("get_api_token", "refused") in statuses and ("read_note", "refused") in statuses
+
+
+async def test_a_request_past_its_timeout_gets_an_error_and_is_cancelled_at_the_server(
+        sidecar: SidecarProcess, workdir: Path) -> None:
+    async with session(sidecar, "slow", Seen()) as client:
+        with pytest.raises(MCPError) as error:
+            await client.call_tool("wait", {"seconds": 600})
+        assert await text_of(client, "add", a=2, b=3) == "5"  # the session goes on
+        for _ in range(100):  # the server handles the cancellation in a task of its own
+            seen = await stats(client)
+            if "wait_cancelled" in seen["calls"]:
+                break
+            await asyncio.sleep(0.05)
+    assert error.value.error.code == -32000 and error.value.error.data == {"code": "upstream_timeout"}
+    assert seen["calls"]["wait"] == 1 and seen["calls"]["wait_cancelled"] == 1
+    assert ("wait", "timeout") in [(e["tool"], e["status"]) for e in audit(workdir, "tool_call", "slow")]
+
+
+async def test_an_elicitation_left_unanswered_is_cancelled_and_the_late_answer_dropped(
+        sidecar: SidecarProcess, workdir: Path) -> None:
+    release = asyncio.Event()
+
+    class Slow(Seen):
+        async def elicit(self, context: Any, params: Any) -> ElicitResult:
+            self.elicitations.append(params)
+            await release.wait()  # answers only after the server has had its answer
+            return ElicitResult(action="accept", content={"name": "Ada"})
+
+    seen = Slow()
+    async with session(sidecar, "hasty", seen) as client:
+        assert await text_of(client, "ask") == "cancel"
+        release.set()
+        at_server = await stats(client)
+    assert len(seen.elicitations) == 1 and at_server["elicitations"] == ["cancel"]
+    lines = audit(workdir, "elicitation", "hasty")
+    assert lines and lines[-1]["action"] == "cancelled" and lines[-1]["reason"] == "elicitation_timeout"
+
+
+async def test_a_changed_tool_is_withheld_and_refused_and_the_pins_are_the_sidecars(
+        sidecar: SidecarProcess, workdir: Path) -> None:
+    async with session(sidecar, "pinned", Seen()) as client:
+        first = {tool.name for tool in (await client.list_tools()).tools}  # pins shifty
+        assert await text_of(client, "shift") == "shifted"
+        after = {tool.name for tool in (await client.list_tools()).tools}
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("shifty", {"text": "x"})
+        seen = await stats(client)
+    assert "shifty" in first and "shifty" not in after
+    assert refused.value.error.code == -32602 and refused.value.error.data == {"policy": "pinned"}
+    assert "shifty" not in seen["calls"]
+    async with session(sidecar, "pinned", Seen()) as client:  # a new child, shifted before any listing
+        assert await text_of(client, "shift") == "shifted"
+        again = {tool.name for tool in (await client.list_tools()).tools}
+    assert "shifty" not in again  # the pin of the first session, kept by the sidecar
+    config = str(sidecar.config)
+    shown = await asyncio.to_thread(run_cli, "tools", "exec:pinned", "--json", "--config", config)
+    states = {t["name"]: t["state"] for t in json.loads(shown.stdout)["tools"]}
+    assert shown.code == 0 and states["shifty"] == "changed" and states["stats"] == "pinned"
+    approved = await asyncio.to_thread(run_cli, "tools", "approve", "exec:pinned", "--config", config)
+    assert approved.code == 0, approved.stderr
+    async with session(sidecar, "pinned", Seen()) as client:  # the approved definition is the pin now
+        assert await text_of(client, "shift") == "shifted"
+        assert "shifty" in {tool.name for tool in (await client.list_tools()).tools}
+        assert await text_of(client, "shifty", text="x") == "x"
+    async with session(sidecar, "unpinned", Seen()) as client:
+        await client.list_tools()
+        assert await text_of(client, "shift") == "shifted"
+        assert "shifty" in {tool.name for tool in (await client.list_tools()).tools}
+        assert await text_of(client, "shifty", text="x") == "x"

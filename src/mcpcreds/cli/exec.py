@@ -270,6 +270,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     sidecar_uid = expected_sidecar_uid(sidecar_address_of(args)[1])
     if answer.get("policy") is None:
         return _start(program, command, env, answer, args.advisory, sidecar_uid)
+    from ..exec.stdio_pins import view_of
     from ..exec.stdio_relay import BadPolicy, StdioPolicy, policy_of
     from .exec_relay import run_relayed
 
@@ -277,15 +278,23 @@ def cmd_exec(args: argparse.Namespace) -> int:
         trust, content = policy_of(answer["policy"])
     except BadPolicy:
         raise MalformedAnswer("the sidecar's exec answer has a malformed policy") from None
+    pin_view = None if answer.get("pins") is None else view_of(answer["pins"])
+    if answer.get("pins") is not None and pin_view is None:
+        raise MalformedAnswer("the sidecar's exec answer has malformed tool pins")
     name = args.name
-    policy = StdioPolicy(name, trust, content, time.monotonic, on_warnings=_warn_all)
+    policy = StdioPolicy(name, trust, content, time.monotonic, on_warnings=_warn_all, pin_view=pin_view)
 
     def post(events: list[dict[str, Any]]) -> None:
         with client_of(args) as events_client:
             events_client.request("POST", f"/v1/exec/{quote(name)}/events", {"events": events})
 
+    def post_pins(bodies: list[dict[str, Any]]) -> None:
+        with client_of(args) as pins_client:
+            for body in bodies:
+                pins_client.request("POST", f"/v1/exec/{quote(name)}/pins", body)
+
     return run_relayed(policy, lambda: sys.exit(_start(program, command, env, answer, args.advisory,
-                                                         sidecar_uid)), post)
+                                                         sidecar_uid)), post, post_pins)
 
 
 def _start(program: str, command: list[str], env: dict[str, str], answer: Mapping[str, Any], advisory: bool,

@@ -7,8 +7,10 @@ then `execve`); this process stays outside them and made undumpable holds what i
 session answer), nothing more. stderr passes through untouched (the child's own). SIGINT and
 SIGTERM are forwarded to the child; the exit status is the child's. Lines are bounded as in
 `mcpcreds stdio` (`LineSplitter`): an overlong client line is answered with an error, an overlong
-server line is dropped. What the relay decided goes to the sidecar (`POST /v1/exec/NAME/events`)
-from a thread of its own, so that a slow sidecar never holds up the traffic.
+server line is dropped. The policy's timers (`timeout`, `elicitation_timeout_secs`) are
+`threading.Timer`s that act under the relay's lock, as a line does. What the relay decided goes
+to the sidecar (`POST /v1/exec/NAME/events`) from a thread of its own, so that a slow sidecar
+never holds up the traffic.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from typing import Any, Final
 
 from ..client.stdio_bridge import LineSplitter, LineTooLong
 from ..errors import McpcredsError
+from ..exec.stdio_pins import pins_body
 from ..exec.stdio_relay import Relayed, StdioPolicy
 from ..gateway import jsonrpc
+from ..gateway.elicitations import Handle
 from .common import exit_code_for
 
 READ_CHUNK: Final = 64 * 1024
@@ -75,9 +79,10 @@ class _Writer(threading.Thread):
 class _Events(threading.Thread):
     """Sends the relay's events to the sidecar as they come (batched while a send is under way)."""
 
-    def __init__(self, post: Post) -> None:
+    def __init__(self, post: Post, what: str = "audit events") -> None:
         super().__init__(daemon=True)
         self.post = post
+        self.what = what
         self.cond = threading.Condition()
         self.pending: list[dict[str, Any]] = []
         self.done = False
@@ -113,13 +118,15 @@ class _Events(threading.Thread):
             self.post(events)
         except Exception:  # the sidecar gone or refusing: said once, the traffic goes on
             self.failed = True
-            print("mcpcreds exec: warning: the sidecar did not take the relay's audit events; "
+            print(f"mcpcreds exec: warning: the sidecar did not take the relay's {self.what}; "
                   "the rest of this run's are not sent", file=sys.stderr)
 
 
 class Relay:
-    def __init__(self, policy: StdioPolicy, to_client: _Writer, to_server: _Writer, events: _Events) -> None:
+    def __init__(self, policy: StdioPolicy, to_client: _Writer, to_server: _Writer, events: _Events,
+                 pins: _Events) -> None:
         self.policy = policy
+        self.pins = pins
         self.lock = threading.Lock()  # the policy's state is shared by both directions
         self.to_client = to_client
         self.to_server = to_server
@@ -130,6 +137,20 @@ class Relay:
             self.to_client.lines.put(line)
         for line in relayed.to_server:
             self.to_server.lines.put(line)
+
+    def schedule(self, seconds: float, then: Callable[[], None]) -> Handle:
+        timer = threading.Timer(seconds, self._fire, args=(then,))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _fire(self, then: Callable[[], None]) -> None:
+        with self.lock:
+            then()
+            relayed = self.policy.take_late()
+            events = self.policy.take_events()
+        self._route(relayed)
+        self.events.add(events)
 
     def pump(self, fd: int, judge: Callable[[bytes], Relayed], too_long: Callable[[], Relayed],
              at_end: Callable[[], None]) -> None:
@@ -144,6 +165,8 @@ class Relay:
                 with self.lock:
                     relayed = too_long() if isinstance(item, LineTooLong) else judge(item)
                     events = self.policy.take_events()
+                    writes = self.policy.take_pin_writes()
+                self.pins.add([pins_body(d.pin, d.changed, d.cleared) for d in writes])  # before the listing
                 self._route(relayed)
                 self.events.add(events)
             if not data:
@@ -185,7 +208,7 @@ def exit_code(status: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def run_relayed(policy: StdioPolicy, start: Callable[[], None], post: Post) -> int:
+def run_relayed(policy: StdioPolicy, start: Callable[[], None], post: Post, post_pins: Post) -> int:
     """Fork the child (`start` isolates and execs it, in the child), relay, return its exit code."""
     child_in, relay_out = os.pipe()
     relay_in, child_out = os.pipe()
@@ -200,8 +223,10 @@ def run_relayed(policy: StdioPolicy, start: Callable[[], None], post: Post) -> i
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda number, _frame: os.kill(pid, number))
     to_client, to_server, events = _Writer(1, False), _Writer(relay_out, True), _Events(post)
-    relay = Relay(policy, to_client, to_server, events)
-    for thread in (to_client, to_server, events):
+    pin_writes = _Events(post_pins, "tool pins")
+    relay = Relay(policy, to_client, to_server, events, pin_writes)
+    policy.schedule = relay.schedule
+    for thread in (to_client, to_server, events, pin_writes):
         thread.start()
     from_client = threading.Thread(target=relay.pump, daemon=True,
                                    args=(0, policy.from_client, _too_long_client,
@@ -220,7 +245,9 @@ def run_relayed(policy: StdioPolicy, start: Callable[[], None], post: Post) -> i
     to_server.lines.put(None)
     to_client.lines.put(None)
     to_client.join()
-    events.finish()
-    events.join(timeout=30)
+    for sender in (events, pin_writes):
+        sender.finish()
+    for sender in (events, pin_writes):
+        sender.join(timeout=30)
     os.close(relay_in)
     return exit_code(status)

@@ -8,8 +8,10 @@ why (`authorization = { by, reason }`), which the sidecar writes to the audit lo
 
 The trust keys and the content keys a stdio server's traffic is policed by (`mcpcreds exec`
 relays the child's stdio through the gateway's policy core) are a server's: `trust`,
-`tool_allowlist`, `expected_tools`, `allow_untrusted_without_allowlist`, `roots`,
-`elicitation_enabled`, `media_passthrough`, `on_injection` (over `[gateway]`'s). Unlike a server,
+`tool_allowlist`, `expected_tools`, `allow_untrusted_without_allowlist`, `timeout`, `roots`,
+`elicitation_enabled`, `elicitation_timeout_secs`, `media_passthrough`, `on_injection` (over
+`[gateway]`'s), `pin_tools` (on unless trusted; the pins are the sidecar's, under `exec:NAME`) and
+`tool_metadata`. Unlike a server,
 an entry without `trust` is `trusted`: entries written before the keys existed run as they did. An
 entry that sets none of these keys is not relayed at all (`policed` is false): its child talks to
 the client directly, as before.
@@ -28,12 +30,14 @@ from ..core.templates import Template
 from ..net.egress import EgressPolicy, parse_host_pattern
 from .content import CONTENT_KEYS, ContentPolicy, parse_content, sandbox_warnings
 from .reader import NAME, TRUST_KEYS, join, key_path, parse_egress, parse_tags, parse_trust
+from .tool_meta import tool_meta_dict
 
 if TYPE_CHECKING:
     from .reader import Collector
 
-# the content keys the stdio relay applies (the others bound or pin an HTTP upstream's answers)
-EXEC_CONTENT_KEYS: Final = ("roots", "elicitation_enabled", "media_passthrough", "on_injection")
+# the content keys the stdio relay applies (all of them)
+EXEC_CONTENT_KEYS: Final = ("timeout", "roots", "elicitation_enabled", "elicitation_timeout_secs",
+                            "media_passthrough", "on_injection", "pin_tools", "tool_metadata")
 POLICY_KEYS: Final = (*TRUST_KEYS, *EXEC_CONTENT_KEYS)  # any of them set: the child's stdio is relayed
 EXEC_KEYS: Final = ("env", "env_isolation", "net", "allow_hosts", "deny_hosts", "allow_private", "tags",
                     "authorization", *POLICY_KEYS)
@@ -110,7 +114,10 @@ class ExecEntry:
                 "roots": None if roots is None else list(roots),
                 "elicitation": content.effective_elicitation(trust),
                 "media": content.effective_media(trust),
-                "on_injection": content.on_injection}
+                "on_injection": content.on_injection,
+                "timeout": content.timeout,
+                "elicitation_timeout_secs": content.elicitation_timeout_secs,
+                "tool_metadata": {tool: tool_meta_dict(meta) for tool, meta in content.tool_metadata.items()}}
 
 
 def effective_tags(declared: tuple[str, ...], net: str) -> frozenset[str]:

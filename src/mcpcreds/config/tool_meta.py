@@ -134,6 +134,13 @@ def _tool(c: Collector, path: str, raw: Any) -> ToolMeta | None:
     return ToolMeta(sensitivity, capabilities, flagged)
 
 
+def tool_meta_dict(meta: ToolMeta) -> dict[str, Any]:
+    """`meta` as its config table (what `parse_tool_metadata` reads back)."""
+    return {"data_sensitivity": meta.data_sensitivity, "capabilities": list(meta.capabilities),
+            "flagged_parameters": [{"pointer": f.pointer, "pattern": f.pattern}
+                                   for f in meta.flagged_parameters]}
+
+
 def parse_tool_metadata(c: Collector, path: str, raw: Any) -> dict[str, ToolMeta] | None:
     """`tool_metadata` (a table of tool name -> ToolMeta table) at `path`; None if any of it is
     wrong (errors name the path, never a value)."""

@@ -7,7 +7,10 @@ caller could be handed anyway (env_match.py), judged by the SHA-256 the caller s
 caller's values never travel), and
 for `restricted` / `broad_audited` a session of the egress proxy (`egress_proxy.py`), and, for an
 entry that sets trust or content keys, the policy its stdio relay applies (`policy`; None: not
-relayed). `POST /v1/exec/{name}/events` takes back what the relay decided (`stdio_events.py`).
+relayed) with the entry's tool pins when it pins (`pins`: the store's view of `exec:NAME`, a name
+no server can have). `POST /v1/exec/{name}/events` takes back what the relay decided
+(`stdio_events.py`), `POST /v1/exec/{name}/pins` the definitions it pinned or saw changed
+(`stdio_pins.py`; the store pins only where no pin is, so a caller cannot replace one).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .egress_proxy import EgressProxy
 from .egress_rules import PortRules
 from .env_match import readable_secret_digests
 from .stdio_events import checked_events, write_events
+from .stdio_pins import checked_pins, view_dict
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -163,8 +167,12 @@ class ExecRoutes:
         _log.info("exec session", extra={"exec": entry.name, "net": entry.net, "session": session_id,
                                          "uid": request.peer_uid, "pid": request.peer_pid})
         # secret values: encoded here, not through `answer` (whose redactor would mask them)
+        pins = None
+        if entry.policed and entry.content.effective_pin_tools(entry.trust.trust):
+            pins = view_dict(await broker.pins.view(entry.grant_name))
         data = {"name": entry.name, "env": env, "drop": drop, "env_isolation": entry.env_isolation,
-                "net": entry.net, "proxy": proxy, "policy": entry.policy_dict() if entry.policed else None}
+                "net": entry.net, "proxy": proxy, "policy": entry.policy_dict() if entry.policed else None,
+                "pins": pins}
         return Response(200, json.dumps(data, separators=(",", ":")).encode())
 
     async def events(self, request: Request) -> Response:
@@ -179,3 +187,19 @@ class ExecRoutes:
         write_events(self.audit, self.metrics, entry.name, events,
                      {"grant": grant, "uid": request.peer_uid, "pid": request.peer_pid})
         return Response(200, b'{"written":' + str(len(events)).encode() + b"}")
+
+    async def pins(self, request: Request) -> Response:
+        """What the entry's stdio relay pinned, saw changed or saw back to its pin (see `stdio_pins`)."""
+        from ..core.http import parse_json_body
+
+        entry = exec_entry(self.broker.config, request.name)
+        if request.grant is not None and entry.grant_name not in request.grant.servers:
+            raise Forbidden(f"exec entry {entry.name!r} is not in this grant")
+        if not (entry.policed and entry.content.effective_pin_tools(entry.trust.trust)):
+            raise InvalidRequest("this exec entry does not pin its tools")
+        pin, changed, cleared = checked_pins(parse_json_body(request))
+        await self.broker.pins.record(entry.grant_name, pin, changed, cleared)
+        if changed:
+            self.audit().write("tools_changed", exec=entry.name, tools=sorted(changed),
+                               uid=request.peer_uid, pid=request.peer_pid)
+        return Response(200, b'{"recorded":' + str(len(pin) + len(changed) + len(cleared)).encode() + b"}")

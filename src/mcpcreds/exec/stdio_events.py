@@ -22,11 +22,12 @@ MAX_FOUND: Final = 32
 _TOOL: Final = re.compile(r"[^\x00-\x1f\x7f]{0,128}\Z")
 _SHORT: Final = re.compile(r"[\x20-\x7e]{0,64}\Z")
 _METRIC_STATUSES: Final = frozenset({"ok", "tool_error", "error", "refused", "withheld", "no_response",
-                                     "cancelled", "dropped"})
+                                     "cancelled", "dropped", "timeout"})
 _STATUS: Final = re.compile(r"[a-z_]{1,32}(:-?[0-9]{1,10})?\Z")
 MAX_DURATION_MS: Final = 7 * 24 * 3600 * 1000
 SCREENED: Final = ("sanitized", "injection", "media")
-REASONS: Final = ("sandboxed", "elicitation_enabled")
+REASONS: Final = ("sandboxed", "elicitation_enabled")  # declined by the policy
+TIMED_OUT: Final = "elicitation_timeout"  # cancelled: the client did not answer in time
 BAD: Final = ("events must be a list of at most 64 relay events (tool_call, screened, elicitation), "
               "each of the documented shape")
 
@@ -50,8 +51,9 @@ def _screened(e: dict[str, Any]) -> dict[str, Any] | None:
 
 def _elicitation(e: dict[str, Any]) -> dict[str, Any] | None:
     if (set(e) == {"event", "mode", "action", "reason"} and e.get("mode") in ("form", "url")
-            and e.get("action") == "declined" and e.get("reason") in REASONS):
-        return {"mode": e["mode"], "action": "declined", "reason": e["reason"]}
+            and ((e.get("action") == "declined" and e.get("reason") in REASONS)
+                 or (e.get("action") == "cancelled" and e.get("reason") == TIMED_OUT))):
+        return {"mode": e["mode"], "action": e["action"], "reason": e["reason"]}
     return None
 
 
@@ -89,5 +91,5 @@ def write_events(audit: Callable[[], AuditLog], metrics: Metrics | None, name: s
             metrics.inc("mcpcreds_exec_screened_total", (("exec", name), ("kind", fields["kind"])),
                         help_text="Results mcpcreds exec's stdio relay changed or reported, by entry.")
         else:
-            metrics.inc("mcpcreds_exec_elicitations_total", (("exec", name), ("outcome", "declined")),
+            metrics.inc("mcpcreds_exec_elicitations_total", (("exec", name), ("outcome", fields["action"])),
                         help_text="Elicitations of stdio servers answered by mcpcreds exec, by entry.")

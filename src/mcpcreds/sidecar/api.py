@@ -48,7 +48,7 @@ from ..errors import (
     ProxyOnly,
     UnknownSecret,
 )
-from ..exec.session import ExecRoutes, grant_entries
+from ..exec.session import ExecRoutes, exec_entry, grant_entries
 from ..gateway.relay import Gateway
 from ..signers.aauth import AAuthSigner
 from ..signers.sigv4 import SigV4Signer
@@ -174,6 +174,7 @@ class Api:
         self._exec_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("POST", "session"): ("exec", self.exec_routes.session),
             ("POST", "events"): ("exec", self.exec_routes.events),
+            ("POST", "pins"): ("exec", self.exec_routes.pins),
         }
         self._fast_targets: dict[bytes, Target] = {}
         self._grant_routes = frozenset({"health", "openapi", "servers", "headers", "acquire", "call",
@@ -402,11 +403,18 @@ class Api:
 
     async def tools(self, request: Request) -> Response:
         """The server's pinned tools and their state (tools_api.py)."""
-        return answer(await tools_api.list_tools(self.broker.pins, self._target(request)))
+        return answer(await tools_api.list_tools(self.broker.pins, self._pin_owner(request)))
+
+    def _pin_owner(self, request: Request) -> tools_api.PinOwner:
+        """The server a tools route names, or the exec entry (`exec:NAME`, pinned under that name)."""
+        if request.name.startswith(EXEC_PREFIX):
+            entry = exec_entry(self.broker.config, request.name[len(EXEC_PREFIX):])
+            return tools_api.ExecPins(entry.grant_name, entry.trust, entry.content)
+        return self._target(request)
 
     async def tools_approve(self, request: Request) -> Response:
         """Changed tool definitions accepted as the new pins (tools_api.py)."""
-        target = self._target(request)
+        target = self._pin_owner(request)
         result = await tools_api.approve(self.broker.pins, target, parse_json_body(request))
         if result["approved"]:
             fields = {"server": target.name, "tools": result["approved"]}

@@ -1,13 +1,16 @@
 """`GET /v1/tools/{server}` and `POST /v1/tools/{server}/approve`: the pinned tools of a server
 (state/pins.py) and the operator's approval of changed definitions (gateway/pins.py withholds
-them until then). Owner-only: a grant holder is refused before these run (api.py)."""
+them until then), or of an exec entry (`exec:NAME`, whose stdio relay pins them). Owner-only: a
+grant holder is refused before these run (api.py)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
 
-from ..config.model import Target
+from ..config.content import ContentPolicy
+from ..core.policy import TrustPolicy
 from ..errors import InvalidRequest
 from ..gateway.tool_meta import describe, meta_for
 from ..state.pins import MAX_PINNED_TOOLS, MAX_TOOL_NAME, Definition, PinStore, ToolPin, valid_name
@@ -15,12 +18,32 @@ from ..state.pins import MAX_PINNED_TOOLS, MAX_TOOL_NAME, Definition, PinStore, 
 _DIGEST_CHARS: Final = frozenset("0123456789abcdef")
 
 
+class PinOwner(Protocol):
+    """What owns pins: a server's Target, or an exec entry (ExecPins)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def trust(self) -> TrustPolicy: ...
+    @property
+    def content(self) -> ContentPolicy: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ExecPins:
+    """An exec entry as the owner of its pins: `name` is `exec:NAME`."""
+
+    name: str
+    trust: TrustPolicy
+    content: ContentPolicy
+
+
 def _shown(d: Definition) -> Any:
     """A kept definition as the JSON object it is (None when only its digest was kept)."""
     return json.loads(d.text) if d.text is not None else None
 
 
-def tool_row(target: Target, pin: ToolPin) -> dict[str, Any]:
+def tool_row(target: PinOwner, pin: ToolPin) -> dict[str, Any]:
     definition = _shown(pin.pinned)
     meta, source = meta_for(definition if isinstance(definition, dict) else pin.name,
                             target.content.tool_metadata)
@@ -33,7 +56,7 @@ def tool_row(target: Target, pin: ToolPin) -> dict[str, Any]:
     return row
 
 
-async def list_tools(store: PinStore, target: Target) -> dict[str, Any]:
+async def list_tools(store: PinStore, target: PinOwner) -> dict[str, Any]:
     pins = await store.tools(target.name)
     return {"server": target.name, "trust": target.trust.trust,
             "pin_tools": target.content.effective_pin_tools(target.trust.trust),
@@ -59,7 +82,7 @@ def approval(body: dict[str, Any]) -> tuple[list[str] | None, dict[str, str] | N
     return names, expect
 
 
-async def approve(store: PinStore, target: Target, body: dict[str, Any]) -> dict[str, Any]:
+async def approve(store: PinStore, target: PinOwner, body: dict[str, Any]) -> dict[str, Any]:
     names, expect = approval(body)
     if names is None and expect is not None:
         names = list(expect)
