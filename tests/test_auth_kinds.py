@@ -65,7 +65,9 @@ REFUSED: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
 
 
 def config(auth: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    return {"servers": [{"name": "s", "endpoint": "https://mcp.example.com/mcp", "auth": auth, **extra}]}
+    # an allowlist: the server exposes a tool (else `check` warns it exposes none, whatever its auth)
+    return {"servers": [{"name": "s", "endpoint": "https://mcp.example.com/mcp", "auth": auth,
+                         "tool_allowlist": ["search"], **extra}]}
 
 
 @pytest.mark.parametrize(("auth", "extra"), [(a, e) for _, a, e in BUILT], ids=[n for n, _, _ in BUILT])

@@ -186,7 +186,8 @@ def test_check_accepts_sso() -> None:
     auth = {"kind": "aws", "region": "us-east-1", "service": "execute-api", "source": "sso",
             "sso_start_url": "https://example.awsapps.com/start", "sso_region": "eu-west-1",
             "sso_account_id": ACCOUNT, "sso_role_name": ROLE}
-    parsed = parse_config({"servers": [{"name": "s", "endpoint": "https://mcp.example.com/mcp", "auth": auth}]})
+    parsed = parse_config({"servers": [{"name": "s", "endpoint": "https://mcp.example.com/mcp", "auth": auth,
+                                        "tool_allowlist": ["search"]}]})
     assert parsed.warnings == ()
 
 
