@@ -26,7 +26,7 @@ from tests.peers.mcp_untrusted_peer import PNG
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 ROOT = Path(__file__).resolve().parents[1]
-ALLOWED = '["ask", "ask_url", "roots", "image", "add", "helper", "exfiltrate", "stats"]'
+ALLOWED = '["ask", "ask_url", "roots", "image", "add", "helper", "exfiltrate", "stats", "ask_any", "roots_any"]'
 CLIENT_ROOT = "file:///home/client/secret-project"
 PNG_B64 = __import__("base64").b64encode(PNG).decode()
 SLOW_TIMEOUT = 10  # seconds: far past the child's start under load, far short of the tool's wait
@@ -289,3 +289,22 @@ async def test_a_changed_tool_is_withheld_and_refused_and_the_pins_are_the_sidec
         assert await text_of(client, "shift") == "shifted"
         assert "shifty" in {tool.name for tool in (await client.list_tools()).tools}
         assert await text_of(client, "shifty", text="x") == "x"
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_both_eras_get_the_same_policy_on_a_stdio_server(sidecar: SidecarProcess, mode: str) -> None:
+    """What the 2025 revisions send as a request of the server's mid-call arrives in the 2026-07-28
+    era inside an input_required result: the relay declines and answers roots alike."""
+    from mcp.client import Client
+
+    seen = Seen()
+    env = {k: v for k, v in os.environ.items() if k not in ("MCPCREDS_GRANT", "MCPCREDS_SOCKET")}
+    params = StdioServerParameters(
+        command=sys.executable, cwd=str(ROOT), env={**env, "MCPCREDS_CONFIG": str(sidecar.config)},
+        args=["-m", "mcpcreds.cli.main", "exec", "sandboxed", "--", sys.executable, "-m",
+              "tests.peers.mcp_untrusted_stdio"])
+    async with Client(params, mode=mode, elicitation_callback=seen.elicit,
+                      list_roots_callback=seen.list_roots) as client:
+        assert (await client.call_tool("ask_any", {})).content[0].text == "decline"  # type: ignore[union-attr]
+        assert json.loads((await client.call_tool("roots_any", {})).content[0].text) == []  # type: ignore[union-attr]
+    assert seen.elicitations == [] and seen.roots == 0

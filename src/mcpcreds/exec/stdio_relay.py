@@ -42,8 +42,11 @@ from ..core.policy import TRUST_LEVELS, TrustPolicy
 from ..gateway import jsonrpc, pins, tool_meta
 from ..gateway.elicitations import Handle, PendingElicitations, Schedule
 from ..gateway.in_place import in_place_policy
+from ..gateway.input_rounds import InputRounds, put_back, take_out
 from ..gateway.strict_json import StrictJsonError
 from ..state.pins import PinView
+
+_HOLDER = ("stdio", 0, None)  # one client per relay: its input rounds are all its own
 
 MAX_EVENTS: Final = 1024  # kept for the sidecar; past it, the oldest are dropped (and counted)
 MAX_NAME: Final = 128
@@ -142,7 +145,9 @@ class StdioPolicy:
             screening=jsonrpc.Screening(sanitize=level != "trusted", block=content.on_injection == "block",
                                         media=content.effective_media(level)),
             on_server_request=self._server_request, on_screened=self._screened,
-            on_tools=None if pin_view is None else self._pinned)
+            on_tools=None if pin_view is None else self._pinned,
+            on_input_required=self._input_required)
+        self.rounds = InputRounds(clock)  # the 2026-07-28 input rounds it answers part of
 
     # -- client -> server
 
@@ -153,6 +158,10 @@ class StdioPolicy:
             out = jsonrpc.parse_body(line)
         except jsonrpc.JsonRpcError as exc:
             return Relayed([jsonrpc.dumps(jsonrpc.error(None, exc.code, exc.message))])
+        try:
+            out = put_back(out, self.rounds, _HOLDER)
+        except jsonrpc.JsonRpcError as exc:
+            return Relayed([jsonrpc.dumps(jsonrpc.error(out.single_id, exc.code, exc.message))])
         voided = {key for m in out.messages if m.kind == "response" and _valid_id(m.id)
                   and not self.elicitations.answered((self.name, None, key := jsonrpc.id_key(m.id)))}
         if voided:  # answers to elicitations whose time ran out: the server has its answer already
@@ -343,6 +352,18 @@ class StdioPolicy:
                          "action": "declined",
                          "reason": "sandboxed" if self.trust.trust == "sandboxed" else "elicitation_enabled"})
         return None
+
+    def _input_required(self, result: dict[str, Any]) -> dict[str, Any]:
+        """An `input_required` result (2026-07-28): what the policy answers is taken out, to be put
+        back into the client's retry (as the gateway does)."""
+        def policy(method: Any, params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+            answer, shown = in_place_policy(self.name, self.trust.trust, self.content, method, params)
+            if answer is not None and method == ELICITATION:
+                reason = "sandboxed" if self.trust.trust == "sandboxed" else "elicitation_enabled"
+                self._event({"event": "elicitation", "mode": _mode(params), "action": "declined",
+                             "reason": reason})
+            return answer, shown
+        return take_out(result, self.rounds, _HOLDER, policy)
 
     def _pinned(self, tools: list[Any]) -> list[Any]:
         """A listing judged against the pins; what it pinned or saw changed kept in the view too."""

@@ -20,7 +20,7 @@ from ..core.metrics import Metrics
 from ..errors import McpcredsError
 from . import jsonrpc
 from .elicitations import PendingElicitations
-from .input_rounds import PREFIX, Holder, InputRounds
+from .input_rounds import Holder, InputRounds, put_back, take_out
 
 _log = get_logger("gateway")
 
@@ -39,9 +39,6 @@ def one_header(request: Request, name: bytes) -> bytes | None:
 
 def actor_of(request: Request) -> Actor:
     return Actor(request.peer_uid, request.peer_pid, request.grant.id if request.grant is not None else None)
-
-
-MAX_INPUT_REQUESTS: Final = 64  # in one input_required result (past it, left to the client as sent)
 
 
 def _holder(request: Request, target: Target) -> Holder:
@@ -132,51 +129,13 @@ class InPlace:
         return message if shown is params else {**message, "params": shown}
 
     def input_required(self, request: Request, target: Target, result: dict[str, Any]) -> dict[str, Any]:
-        """An `input_required` result (2026-07-28) as the client sees it: what the gateway answers
-        (see `policy`) is taken out and kept under a `requestState` token of its own, to be put
-        back into the client's retry (`resume`)."""
-        requests = result.get("inputRequests")
-        if not isinstance(requests, dict) or len(requests) > MAX_INPUT_REQUESTS:
-            return result
-        answers: dict[str, Any] = {}
-        shown: dict[str, Any] = {}
-        for key, asked in requests.items():
-            params = asked.get("params", {}) if isinstance(asked, dict) else None
-            if not isinstance(asked, dict) or not isinstance(params, dict):
-                shown[key] = asked
-                continue
-            answer, relayed = self.policy(request, target, asked.get("method"), params)
-            if answer is not None:
-                answers[key] = answer
-            else:
-                shown[key] = asked if relayed is params else {**asked, "params": relayed}
-        if not answers:
-            return {**result, "inputRequests": shown}
-        token = self.rounds.hold(_holder(request, target), result.get("requestState"), answers)
-        out = {k: v for k, v in result.items() if k not in ("inputRequests", "requestState")}
-        if shown:
-            out["inputRequests"] = shown
-        out["requestState"] = token
-        return out
+        """An `input_required` result (2026-07-28) as the client sees it (`input_rounds.take_out`)."""
+        return take_out(result, self.rounds, _holder(request, target),
+                        lambda method, params: self.policy(request, target, method, params))
 
     def resume(self, request: Request, target: Target, out: jsonrpc.Outgoing) -> jsonrpc.Outgoing:
-        """The client's retries with what the gateway answered put back (and the server's own
-        `requestState`); JsonRpcError for a token of the gateway's that is not (or no longer) the
-        caller's."""
-        def resumed(params: dict[str, Any]) -> dict[str, Any]:
-            held = self.rounds.take(_holder(request, target), params["requestState"])
-            if held is None:
-                raise jsonrpc.JsonRpcError(jsonrpc.INVALID_PARAMS, "Invalid params: requestState is unknown, "
-                                           "expired or already used: send the request again without it")
-            state, answers = held
-            given = params.get("inputResponses")
-            merged = {**(given if isinstance(given, dict) else {}), **answers}
-            params = {k: v for k, v in params.items() if k != "requestState"}
-            if state is not None:
-                params["requestState"] = state
-            return {**params, "inputResponses": merged}
-        return jsonrpc.rewrite_params(out, lambda p: isinstance(p.get("requestState"), str)
-                                      and p["requestState"].startswith(PREFIX), resumed)
+        """The client's retries with what the gateway answered put back (`input_rounds.put_back`)."""
+        return put_back(out, self.rounds, _holder(request, target))
 
     def _void(self, request: Request, target: Target, message: dict[str, Any], mode: str,
               outbox: list[bytes]) -> None:

@@ -16,6 +16,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final
 
+from . import jsonrpc
+
 PREFIX: Final = "mcpcreds-rs:"  # a requestState of the gateway's own
 TTL: Final = 600.0  # seconds a client has to retry
 MAX_ROUNDS: Final = 10_000
@@ -53,3 +55,56 @@ class InputRounds:
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+MAX_INPUT_REQUESTS: Final = 64  # in one input_required result (past it, left to the client as sent)
+# a request of the server's: (the result given in the client's place, or None; the params it sees)
+Policy = Callable[[Any, dict[str, Any]], tuple[dict[str, Any] | None, dict[str, Any]]]
+
+
+def take_out(result: dict[str, Any], rounds: InputRounds, holder: Holder, policy: Policy) -> dict[str, Any]:
+    """An `input_required` result as the client sees it: what `policy` answers is taken out and kept
+    under a `requestState` token of the gateway's own, to be put back into the client's retry."""
+    requests = result.get("inputRequests")
+    if not isinstance(requests, dict) or len(requests) > MAX_INPUT_REQUESTS:
+        return result
+    answers: dict[str, Any] = {}
+    shown: dict[str, Any] = {}
+    for key, asked in requests.items():
+        params = asked.get("params", {}) if isinstance(asked, dict) else None
+        if not isinstance(asked, dict) or not isinstance(params, dict):
+            shown[key] = asked
+            continue
+        answer, relayed = policy(asked.get("method"), params)
+        if answer is not None:
+            answers[key] = answer
+        else:
+            shown[key] = asked if relayed is params else {**asked, "params": relayed}
+    if not answers:
+        return {**result, "inputRequests": shown}
+    token = rounds.hold(holder, result.get("requestState"), answers)
+    out = {k: v for k, v in result.items() if k not in ("inputRequests", "requestState")}
+    if shown:
+        out["inputRequests"] = shown
+    out["requestState"] = token
+    return out
+
+
+def put_back(out: jsonrpc.Outgoing, rounds: InputRounds, holder: Holder) -> jsonrpc.Outgoing:
+    """The client's retries with what was answered in its place put back (and the server's own
+    `requestState`); JsonRpcError for a token of the gateway's that is not (or no longer) the
+    holder's."""
+    def resumed(params: dict[str, Any]) -> dict[str, Any]:
+        held = rounds.take(holder, params["requestState"])
+        if held is None:
+            raise jsonrpc.JsonRpcError(jsonrpc.INVALID_PARAMS, "Invalid params: requestState is unknown, "
+                                       "expired or already used: send the request again without it")
+        state, answers = held
+        given = params.get("inputResponses")
+        merged = {**(given if isinstance(given, dict) else {}), **answers}
+        params = {k: v for k, v in params.items() if k != "requestState"}
+        if state is not None:
+            params["requestState"] = state
+        return {**params, "inputResponses": merged}
+    return jsonrpc.rewrite_params(out, lambda p: isinstance(p.get("requestState"), str)
+                                  and p["requestState"].startswith(PREFIX), resumed)
