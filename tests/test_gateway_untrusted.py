@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -36,6 +37,7 @@ from tests.peers.mcp_untrusted_peer import (
 )
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 from tests.test_gateway import INIT, RPC_HEADERS, raw_client
+from tests.test_gateway_tcp import listening
 
 EVERY_TOOL = ('["ask", "ask_url", "roots", "image", "sleep", "add", "helper", "exfiltrate", "shifty", '
               '"ask_any", "roots_any", "get_api_token", "read_note"]')
@@ -72,6 +74,9 @@ def sidecar(peer: UntrustedPeer, workdir: Path) -> Iterator[SidecarProcess]:
 [sidecar]
 socket = "{socket}"
 audit_log = "{workdir / 'audit.jsonl'}"
+
+[gateway]
+listen = "127.0.0.1:0"
 {server("trusted", peer.url, 'trust = "trusted"')}
 {server("no-elicit", peer.url, f'trust = "untrusted"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}'
         'elicitation_enabled = false')}
@@ -388,3 +393,35 @@ async def test_a_flagged_argument_is_refused_and_an_ordinary_one_passes(peer: Un
         assert refused.value.error.data == {"policy": "flagged_parameter", "parameters": ["/path"]}
         assert "passwd" not in refused.value.error.message
     assert peer.stats()["calls"]["read_note"] == calls
+
+
+# ------------------------------------------------------------------------------------- every way in
+
+
+async def test_the_loopback_listener_and_mcpcreds_stdio_get_the_same_policy(sidecar: SidecarProcess,
+                                                                          tmp_path: Path) -> None:
+    """The pipeline is the gateway's, whichever way a client comes in: the loopback TCP listener (an
+    HTTP-configured client) and `mcpcreds stdio` (a desktop client's stdio entry)."""
+    import httpx2
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    seen = Seen()
+    url = f"http://{listening(sidecar)}/mcp/sandboxed"
+    async with httpx2.AsyncClient() as http, \
+            streamable_http_client(url, http_client=http) as (read, write), \
+            ClientSession(read, write, elicitation_callback=seen.elicit, list_roots_callback=seen.list_roots) as tcp:
+        await tcp.initialize()
+        assert await text_of(tcp, "ask") == "decline"
+        assert (await tcp.call_tool("image", {})).content[0].type == "text"
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "MCPCREDS_SOCKET": str(sidecar.socket),
+           "XDG_CONFIG_HOME": str(tmp_path / "no-config")}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "mcpcreds", "stdio", "sandboxed"], env=env,
+                                   cwd=str(tmp_path))
+    with (tmp_path / "stderr").open("w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write), \
+                ClientSession(read, write, elicitation_callback=seen.elicit,
+                              list_roots_callback=seen.list_roots) as stdio:
+            await stdio.initialize()
+            assert await text_of(stdio, "ask") == "decline"
+            assert json.loads(await text_of(stdio, "roots")) == []
+    assert seen.elicitations == [] and seen.roots == 0
