@@ -348,3 +348,11 @@ def test_check_tool_call() -> None:
     check_tool_call(TrustPolicy("trusted"), "anything")
     with pytest.raises(Forbidden):
         check_tool_call(TrustPolicy(), "read")
+
+
+def test_hidden_by_names_the_key_that_hides_a_tool() -> None:
+    assert TrustPolicy("trusted").hidden_by("anything") is None
+    assert TrustPolicy("untrusted").hidden_by("search") == "tool_allowlist"  # none given: none exposed
+    assert TrustPolicy("untrusted", ("search",)).hidden_by("search") is None
+    assert TrustPolicy("untrusted", ("search",)).hidden_by("delete") == "tool_allowlist"
+    assert TrustPolicy("sandboxed", ("search", "get"), ("get",)).hidden_by("search") == "expected_tools"

@@ -50,7 +50,8 @@ def _show(answer: dict[str, Any]) -> None:
         if meta.get("capabilities"):
             shown += ": " + ", ".join(str(c) for c in meta["capabilities"])
         rows.append((json.dumps(str(t.get("name")), ensure_ascii=True)[1:-1], str(t.get("state")),
-                     "exposed" if t.get("exposed") else "filtered", shown, str(t.get("digest"))[:12]))
+                     "exposed" if t.get("exposed") else f"filtered ({t.get('hidden_by') or 'policy'})",
+                     shown, str(t.get("digest"))[:12]))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])

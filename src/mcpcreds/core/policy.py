@@ -151,6 +151,15 @@ class TrustPolicy:
         return _allows(self.trust, tool, self.tool_allowlist, self.expected_tools,
                        self.allow_untrusted_without_allowlist)
 
+    def hidden_by(self, tool: str) -> str | None:
+        """The key that hides `tool` (None when the policy exposes it): `expected_tools`, or
+        `tool_allowlist` (not in it, or none given to a server that is not trusted)."""
+        if self.allows(tool):
+            return None
+        if self.expected_tools and tool not in self.expected_tools:
+            return "expected_tools"
+        return "tool_allowlist"
+
 
 # ---------------------------------------------------------------------------- MCP sessions
 

@@ -12,7 +12,7 @@ from typing import Any, Final, Protocol
 from ..config.content import ContentPolicy
 from ..core.policy import TrustPolicy
 from ..errors import InvalidRequest
-from ..gateway.tool_meta import describe, meta_for
+from ..gateway.tool_meta import data_flow, describe, meta_for
 from ..state.pins import MAX_PINNED_TOOLS, MAX_TOOL_NAME, Definition, PinStore, ToolPin, valid_name
 
 _DIGEST_CHARS: Final = frozenset("0123456789abcdef")
@@ -47,8 +47,11 @@ def tool_row(target: PinOwner, pin: ToolPin) -> dict[str, Any]:
     definition = _shown(pin.pinned)
     meta, source = meta_for(definition if isinstance(definition, dict) else pin.name,
                             target.content.tool_metadata)
-    row: dict[str, Any] = {"name": pin.name, "state": pin.state, "exposed": target.trust.allows(pin.name),
-                           "digest": pin.pinned.digest, "definition": definition,
+    hidden_by = target.trust.hidden_by(pin.name)
+    if hidden_by is None and data_flow(meta, target.trust.trust).verdict == "refuse":
+        hidden_by = "tool_metadata"  # listed, but its calls are refused (data_flow)
+    row: dict[str, Any] = {"name": pin.name, "state": pin.state, "exposed": hidden_by is None,
+                           "hidden_by": hidden_by, "digest": pin.pinned.digest, "definition": definition,
                            "metadata": describe(meta, source)}
     if pin.new is not None and pin.state == "changed":
         row["new_digest"] = pin.new.digest
