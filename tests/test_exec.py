@@ -343,6 +343,18 @@ def test_bad_input(sidecar: SidecarProcess, workdir: Path) -> None:
     assert not_found.code == 127 and not_found.stdout == ""
 
 
+def test_the_config_and_socket_options_may_follow_the_entry_name(sidecar: SidecarProcess, workdir: Path) -> None:
+    """`mcpcreds exec NAME --config X -- CMD`, as the README writes it (and `--config=X`, `--socket`)."""
+    marker = workdir / "after-name"
+    ran = run_cli("exec", "gh", "--config", str(sidecar.config), "--", "touch", str(marker))
+    assert ran.code == 0, ran.stderr
+    assert marker.exists()
+    both = run_cli("exec", "gh", f"--config={sidecar.config}", "--socket", str(sidecar.socket), "--", "true")
+    assert both.code == 0, both.stderr
+    odd = run_cli("exec", "gh", "--verbose", "--", "true")
+    assert odd.code == 2 and "--config PATH" in odd.stderr
+
+
 def test_print_env_masks_values(sidecar: SidecarProcess) -> None:
     shown = run_cli("exec", "--config", str(sidecar.config), "--print-env", "restricted",
                     env={"LC_TEST": "x"})

@@ -233,16 +233,33 @@ def print_env(env: Mapping[str, str], declared: Mapping[str, str], net: str) -> 
         print("NO_PROXY=  (the session's proxy)\nno_proxy=  (the session's proxy)")
 
 
+_FLAGS: Final = ("--advisory", "--print-env")
+_VALUED: Final = ("--config", "--socket")  # the options every client command takes
+
+
 def _options_before_dash(args: argparse.Namespace, rest: list[str]) -> list[str]:
-    """`exec NAME --advisory -- CMD`: the options written after NAME, before `--`."""
+    """`exec NAME --advisory --config X -- CMD`: the options written after NAME, before `--`
+    (argparse leaves them in the command, since the command takes everything after NAME)."""
     if "--" not in rest:
         return rest
     cut = rest.index("--")
-    for option in rest[:cut]:
-        if option not in ("--advisory", "--print-env"):
-            raise InvalidRequest("before `--` only --advisory and --print-env are understood: "
-                                 "mcpcreds exec NAME [--advisory] -- CMD [ARGS...]")
-        setattr(args, option[2:].replace("-", "_"), True)
+    before = rest[:cut]
+    i = 0
+    while i < len(before):
+        option = before[i]
+        name, eq, value = option.partition("=")
+        if option in _FLAGS:
+            setattr(args, option[2:].replace("-", "_"), True)
+        elif name in _VALUED and (eq or i + 1 < len(before)):
+            if not eq:
+                i += 1
+                value = before[i]
+            setattr(args, name[2:], value)
+        else:
+            raise InvalidRequest("before `--` only --advisory, --print-env, --config PATH and --socket "
+                                 "PATH are understood: mcpcreds exec NAME [--advisory] [--config PATH] -- "
+                                 "CMD [ARGS...]")
+        i += 1
     return rest[cut + 1:]
 
 
