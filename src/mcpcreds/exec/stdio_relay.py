@@ -162,7 +162,7 @@ class StdioPolicy:
             out = put_back(out, self.rounds, _HOLDER)
         except jsonrpc.JsonRpcError as exc:
             return Relayed([jsonrpc.dumps(jsonrpc.error(out.single_id, exc.code, exc.message))])
-        voided = {key for m in out.messages if m.kind == "response" and _valid_id(m.id)
+        voided = {key for m in out.messages if m.kind == "response" and jsonrpc.valid_id(m.id)
                   and not self.elicitations.answered((self.name, None, key := jsonrpc.id_key(m.id)))}
         if voided:  # answers to elicitations whose time ran out: the server has its answer already
             out = jsonrpc.without_responses(out, voided)
@@ -203,7 +203,7 @@ class StdioPolicy:
     def _cancelled(self, params: Any) -> None:
         """The client cancelled a request of its own: no answer is waited for, a late one dropped."""
         value = params.get("requestId") if isinstance(params, dict) else None
-        if not _valid_id(value) or (key := jsonrpc.id_key(value)) not in self.pending:
+        if not jsonrpc.valid_id(value) or (key := jsonrpc.id_key(value)) not in self.pending:
             return
         del self.pending[key]
         self._stop_timer(key)
@@ -288,7 +288,7 @@ class StdioPolicy:
 
     def _late_answer(self, item: Any) -> bool:
         """An answer to a request that timed out or was cancelled: dropped (the client has its error)."""
-        if not isinstance(item, dict) or "method" in item or not _valid_id(item.get("id")):
+        if not isinstance(item, dict) or "method" in item or not jsonrpc.valid_id(item.get("id")):
             return False
         key = jsonrpc.id_key(item["id"])
         if key in self.pending or key not in self._void:
@@ -301,7 +301,7 @@ class StdioPolicy:
         if isinstance(item, dict) and item.get("method") == PROGRESS and "id" not in item:
             params = item.get("params")
             token = params.get("progressToken") if isinstance(params, dict) else None
-            key = self._progress.get(jsonrpc.id_key(token)) if _valid_id(token) else None
+            key = self._progress.get(jsonrpc.id_key(token)) if jsonrpc.valid_id(token) else None
             if key is not None and key in self.pending:
                 self._start_timer(key)
 
@@ -310,7 +310,7 @@ class StdioPolicy:
         if not isinstance(item, dict) or "method" in item:
             return None
         value = item.get("id")
-        if not (isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))):
+        if not jsonrpc.valid_id(value):
             return None
         key = jsonrpc.id_key(value)
         return key if key in self.pending else None
@@ -340,7 +340,7 @@ class StdioPolicy:
         params: dict[str, Any] = message["params"] if isinstance(message.get("params"), dict) else {}
         answer, shown = in_place_policy(self.name, self.trust.trust, self.content, method, params)
         if answer is None:
-            if method == ELICITATION and _valid_id(message.get("id")):
+            if method == ELICITATION and jsonrpc.valid_id(message.get("id")):
                 id_ = message["id"]
                 self.elicitations.relayed((self.name, None, jsonrpc.id_key(id_)),
                                           self.content.elicitation_timeout_secs,
@@ -401,8 +401,6 @@ class StdioPolicy:
         return taken
 
 
-def _valid_id(value: Any) -> bool:
-    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _mode(params: Mapping[str, Any]) -> str:
@@ -417,7 +415,7 @@ class _NoTimer:
 def _progress_token(params: Any) -> jsonrpc.IdKey | None:
     meta = params.get("_meta") if isinstance(params, dict) else None
     token = meta.get("progressToken") if isinstance(meta, dict) else None
-    return jsonrpc.id_key(token) if _valid_id(token) else None
+    return jsonrpc.id_key(token) if jsonrpc.valid_id(token) else None
 
 
 def _cancel(id_: Any, reason: str) -> bytes:

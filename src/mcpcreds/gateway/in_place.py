@@ -49,10 +49,6 @@ def _call_later(delay: float, fire: Callable[[], None]) -> asyncio.TimerHandle:
     return asyncio.get_running_loop().call_later(delay, fire)
 
 
-def _valid_key(value: Any) -> bool:
-    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
-
-
 def in_place_policy(name: str, trust: str, content: ContentPolicy, method: Any,
                     params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """(answer, params) for a request of a server's, in either protocol era (pure: the gateway
@@ -93,7 +89,7 @@ class InPlace:
     def void_answers(self, request: Request, target: Target, out: jsonrpc.Outgoing) -> set[jsonrpc.IdKey]:
         """The ids of the client's answers to elicitations whose time ran out (not to be relayed)."""
         session = one_header(request, b"mcp-session-id")
-        return {jsonrpc.id_key(m.id) for m in out.messages if m.kind == "response" and _valid_key(m.id)
+        return {jsonrpc.id_key(m.id) for m in out.messages if m.kind == "response" and jsonrpc.valid_id(m.id)
                 and not self.elicitations.answered((target.name, session, jsonrpc.id_key(m.id)))}
 
     def policy(self, request: Request, target: Target, method: Any,

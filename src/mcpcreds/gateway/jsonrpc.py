@@ -76,7 +76,7 @@ def id_key(value: Any) -> IdKey:
     return ("s", value) if isinstance(value, str) else ("n", value)
 
 
-def _valid_id(value: Any) -> bool:
+def valid_id(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
@@ -168,11 +168,11 @@ def _message(item: Any) -> Message:
                 raise JsonRpcError(INVALID_REQUEST,
                                    "Invalid Request: a tools/call must be a request (with an id)")
             return Message(item, "notification")
-        if not _valid_id(item["id"]):
+        if not valid_id(item["id"]):
             raise JsonRpcError(INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
         return Message(item, "request")
     if "id" in item and ("result" in item) != ("error" in item):
-        if item["id"] is not None and not _valid_id(item["id"]):
+        if item["id"] is not None and not valid_id(item["id"]):
             raise JsonRpcError(INVALID_REQUEST, "Invalid Request: id must be a string or an integer")
         return Message(item, "response")
     raise JsonRpcError(INVALID_REQUEST, "Invalid Request: neither a request, a notification nor a response")
@@ -418,7 +418,7 @@ class Inspector:
             message = relayed
         if kind == "response":
             key = id_key(message.get("id"))
-            method = self.pending.pop(key, None) if _valid_id(message.get("id")) else None
+            method = self.pending.pop(key, None) if valid_id(message.get("id")) else None
             result = message.get("result")
             if isinstance(result, dict):
                 try:
@@ -494,6 +494,12 @@ class Inspector:
         return [t for t in tools if isinstance(t, dict) and t.get("name") in allowed]
 
 
+def _rebuilt(out: Outgoing, messages: Sequence[Message]) -> Outgoing:
+    """`out` with these messages, its body re-serialised from them."""
+    raws = [m.raw for m in messages]
+    return Outgoing(tuple(messages), out.batch, dumps(raws if out.batch else raws[0]))
+
+
 def rewrite_params(out: Outgoing, wanted: Callable[[dict[str, Any]], bool],
                    rewrite: Callable[[dict[str, Any]], dict[str, Any]]) -> Outgoing:
     """`out` with the params of each request for which `wanted(params)` holds rewritten (and the
@@ -508,8 +514,7 @@ def rewrite_params(out: Outgoing, wanted: Callable[[dict[str, Any]], bool],
         messages.append(m)
     if not changed:
         return out
-    raws = [m.raw for m in messages]
-    return Outgoing(tuple(messages), out.batch, dumps(raws if out.batch else raws[0]))
+    return _rebuilt(out, messages)
 
 
 def without_responses(out: Outgoing, ids: set[IdKey]) -> Outgoing:
@@ -517,8 +522,7 @@ def without_responses(out: Outgoing, ids: set[IdKey]) -> Outgoing:
     messages = tuple(m for m in out.messages if not (m.kind == "response" and id_key(m.id) in ids))
     if not messages:
         return Outgoing((), out.batch, b"")
-    raws = [m.raw for m in messages]
-    return Outgoing(messages, out.batch, dumps(raws if out.batch else raws[0]))
+    return _rebuilt(out, messages)
 
 
 CLIENT_CAPABILITIES_META: Final = "io.modelcontextprotocol/clientCapabilities"  # 2026-07-28: per request
@@ -563,8 +567,7 @@ def declare_roots(out: Outgoing, roots: bool | None) -> Outgoing:
         changed = True
     if not changed:
         return out
-    raws = [m.raw for m in messages]
-    return Outgoing(tuple(messages), out.batch, dumps(raws if out.batch else raws[0]))
+    return _rebuilt(out, messages)
 
 
 def withheld_answer(pending: Mapping[IdKey, str], what: str, code: str = "upstream_error") -> Any:

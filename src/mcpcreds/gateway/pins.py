@@ -20,29 +20,22 @@ must approve (`mcpcreds tools approve`).
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from ..state.pins import MAX_DEFINITION, MAX_PINNED_TOOLS, MAX_TOOL_NAME, Definition, PinView, valid_name
 from .jsonrpc import INVALID_PARAMS, TOOLS_CALL, Outgoing, error, id_key, whole_batch
-from .screen import DIGESTED_FIELDS
+from .screen import canonical_definition
 
 MAX_NAMES_SHOWN: Final = 16  # tool names in one warning
 PINNED: Final = "pinned"  # data.policy of a refused call
 
 
-def canonical(tool: Mapping[str, Any]) -> str:
-    """The canonical JSON of the pinned fields (sorted keys, compact, ASCII): its sha256 is
-    `screen.tool_digest(tool)`."""
-    pinned = {k: tool[k] for k in DIGESTED_FIELDS if k in tool}
-    return json.dumps(pinned, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-
-
 def definition(tool: Mapping[str, Any]) -> Definition:
-    """A listed tool's definition: its digest, and its canonical JSON up to MAX_DEFINITION bytes."""
-    text = canonical(tool)
+    """A listed tool's definition: its digest (`screen.tool_digest`), and its canonical JSON up to
+    MAX_DEFINITION bytes."""
+    text = canonical_definition(tool)
     digest = hashlib.sha256(text.encode("ascii")).hexdigest()
     return Definition(digest, text if len(text) <= MAX_DEFINITION else None)
 

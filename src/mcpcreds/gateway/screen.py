@@ -409,10 +409,14 @@ def withhold_media(result: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
 DIGESTED_FIELDS: Final = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
 
 
-def tool_digest(tool: Mapping[str, Any]) -> str:
+def canonical_definition(tool: Mapping[str, Any]) -> str:
+    """The canonical JSON (sorted keys, compact, ASCII) of a tool's DIGESTED_FIELDS."""
     pinned = {k: tool[k] for k in DIGESTED_FIELDS if k in tool}
-    canonical = json.dumps(pinned, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+    return json.dumps(pinned, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def tool_digest(tool: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical_definition(tool).encode("ascii")).hexdigest()
 
 
 # ------------------------------------------------------------------ server-to-client requests
