@@ -335,10 +335,19 @@ class StdioPolicy:
             self._event({"event": "tool_call", "tool": tool, "status": status[:64],
                          "duration_ms": max(0, int((self.clock() - started) * 1000))})
 
+    def _policy(self, method: Any, params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """`in_place_policy` for this entry, in either era; a declined elicitation is reported."""
+        answer, shown = in_place_policy(self.name, self.trust.trust, self.content, method, params)
+        if answer is not None and method == ELICITATION:
+            reason = "sandboxed" if self.trust.trust == "sandboxed" else "elicitation_enabled"
+            self._event({"event": "elicitation", "mode": _mode(params), "action": "declined",
+                         "reason": reason})
+        return answer, shown
+
     def _server_request(self, message: dict[str, Any]) -> dict[str, Any] | None:
         method = message.get("method")
         params: dict[str, Any] = message["params"] if isinstance(message.get("params"), dict) else {}
-        answer, shown = in_place_policy(self.name, self.trust.trust, self.content, method, params)
+        answer, shown = self._policy(method, params)
         if answer is None:
             if method == ELICITATION and jsonrpc.valid_id(message.get("id")):
                 id_ = message["id"]
@@ -347,23 +356,12 @@ class StdioPolicy:
                                           lambda: self._elicitation_expired(id_, _mode(params)))
             return message if shown is params else {**message, "params": shown}
         self._answers.append(jsonrpc.dumps({"jsonrpc": "2.0", "id": message.get("id"), "result": answer}))
-        if method == ELICITATION:
-            self._event({"event": "elicitation", "mode": _mode(params),
-                         "action": "declined",
-                         "reason": "sandboxed" if self.trust.trust == "sandboxed" else "elicitation_enabled"})
         return None
 
     def _input_required(self, result: dict[str, Any]) -> dict[str, Any]:
         """An `input_required` result (2026-07-28): what the policy answers is taken out, to be put
         back into the client's retry (as the gateway does)."""
-        def policy(method: Any, params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-            answer, shown = in_place_policy(self.name, self.trust.trust, self.content, method, params)
-            if answer is not None and method == ELICITATION:
-                reason = "sandboxed" if self.trust.trust == "sandboxed" else "elicitation_enabled"
-                self._event({"event": "elicitation", "mode": _mode(params), "action": "declined",
-                             "reason": reason})
-            return answer, shown
-        return take_out(result, self.rounds, _HOLDER, policy)
+        return take_out(result, self.rounds, _HOLDER, self._policy)
 
     def _pinned(self, tools: list[Any]) -> list[Any]:
         """A listing judged against the pins; what it pinned or saw changed kept in the view too."""
