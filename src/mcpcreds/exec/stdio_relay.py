@@ -39,7 +39,7 @@ from ..config.content import ContentPolicy
 from ..config.reader import Collector
 from ..config.tool_meta import ToolMeta, parse_tool_metadata
 from ..core.policy import TRUST_LEVELS, TrustPolicy
-from ..gateway import jsonrpc, pins, tool_meta
+from ..gateway import jsonrpc, pins, screen, tool_meta
 from ..gateway.elicitations import Handle, PendingElicitations, Schedule
 from ..gateway.in_place import in_place_policy
 from ..gateway.input_rounds import InputRounds, put_back, take_out
@@ -249,8 +249,7 @@ class StdioPolicy:
             self._void.popitem(last=False)
 
     def _elicitation_expired(self, id_: Any, mode: str) -> None:
-        cancel = {"jsonrpc": "2.0", "id": id_, "result": {"action": "cancel"}}
-        self.late.to_server.append(jsonrpc.dumps(cancel))
+        self.late.to_server.append(jsonrpc.dumps(screen.elicitation_answer(id_, "cancel")))
         self.late.to_client.append(_cancel(id_, "not answered within elicitation_timeout_secs"))
         self._event({"event": "elicitation", "mode": mode, "action": "cancelled",
                      "reason": "elicitation_timeout"})

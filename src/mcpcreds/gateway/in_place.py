@@ -18,7 +18,7 @@ from ..core.http import Request
 from ..core.logs import get_logger
 from ..core.metrics import Metrics
 from ..errors import McpcredsError
-from . import jsonrpc
+from . import jsonrpc, screen
 from .elicitations import PendingElicitations
 from .input_rounds import Holder, InputRounds, put_back, take_out
 
@@ -58,14 +58,14 @@ def in_place_policy(name: str, trust: str, content: ContentPolicy, method: Any,
     server that is not trusted names the server."""
     if method == "elicitation/create":
         if not content.effective_elicitation(trust):
-            return {"action": "decline"}, params
+            return screen.elicitation_result("decline"), params
         if params.get("mode") == "url" and trust != "trusted":
             said = params.get("message") if isinstance(params.get("message"), str) else ""
             return None, {**params, "message": f"[MCP server {name!r}, not trusted] {said}"}
     elif method == "roots/list":
         roots = content.effective_roots(trust)
         if roots is not None:
-            return {"roots": [{"uri": uri} for uri in roots]}, params
+            return screen.roots_result([(uri, None) for uri in roots]), params
     return None, params
 
 
@@ -137,7 +137,7 @@ class InPlace:
               outbox: list[bytes]) -> None:
         """The client did not answer an elicitation in its time: the server is told `cancel`, the
         client that the request is void (on the stream that carried it)."""
-        self.answer(request, target, message, {"action": "cancel"})
+        self.answer(request, target, message, screen.elicitation_result("cancel"))
         reason = "the gateway's elicitation_timeout_secs ran out: the server was told cancel"
         notice = {"jsonrpc": "2.0", "method": "notifications/cancelled",
                   "params": {"requestId": message.get("id"), "reason": reason}}
