@@ -18,6 +18,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -243,9 +244,16 @@ except OSError as exc:
 def test_an_ordinary_users_forwarder_is_unreadable_to_the_child() -> None:
     """As an ordinary user the child and the forwarder share a uid and a user namespace: only the
     forwarder's clean environment and PR_SET_DUMPABLE 0 keep the caller's variables from it."""
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON,
-                           "-c", AS_USER_CLI, SNOOP_PID], capture_output=True, text=True, timeout=60, cwd="/",
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": src, "CALLER_SECRET": CALLER_CANARY})
+    # the package where nobody can read it: a checkout may sit in a folder only root enters (0700)
+    src = Path(tempfile.mkdtemp(prefix="mcpcreds-as-nobody-"))
+    try:
+        src.chmod(0o755)
+        shutil.copytree(Path(__file__).resolve().parents[1] / "src" / "mcpcreds", src / "mcpcreds",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON,
+                               "-c", AS_USER_CLI, SNOOP_PID], capture_output=True, text=True, timeout=60, cwd="/",
+                              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(src), "CALLER_SECRET": CALLER_CANARY})
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "PermissionError", done.stdout
