@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,6 +88,52 @@ def test_keyring_round_trip_on_a_real_secretservice(keyring_session: KeyringSess
     assert resolver.render(parse_template("Bearer {{secret:CRM}}")) == f"Bearer {CANARY}"
     assert source.delete("CRM") and not source.delete("CRM")
     assert source.names() == ["DOCS"]
+
+
+class CountedConnections:
+    """secretstorage.dbus_init, counted: every D-Bus connection the keyring source opens."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import secretstorage
+
+        self.opened: list[Any] = []
+        real = secretstorage.dbus_init
+
+        def counted() -> Any:
+            connection = real()
+            self.opened.append(connection)
+            return connection
+
+        monkeypatch.setattr(secretstorage, "dbus_init", counted)
+
+
+def test_keyring_keeps_its_dbus_connections(keyring_session: KeyringSession,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection per call (keyring's own way) crashed gnome-keyring-daemon under load; the
+    source keeps one per worker thread (two), however many calls it makes."""
+    connections = CountedConnections(monkeypatch)
+    source = KeyringSource(SecretsConfig(keyring_service=f"mcpcreds-test-{uuid.uuid4().hex[:8]}"))
+    for i in range(10):
+        source.set("K", f"value-{i}")
+        assert source.get("K") == f"value-{i}"
+    assert source.delete("K") and source.names() == []
+    assert 1 <= len(connections.opened) <= 2
+
+
+def test_a_broken_kept_connection_costs_one_retry(keyring_session: KeyringSession,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bus or the daemon went away between two calls: the next call connects again instead
+    of failing on the connection it kept."""
+    connections = CountedConnections(monkeypatch)
+    source = KeyringSource(SecretsConfig(keyring_service=f"mcpcreds-test-{uuid.uuid4().hex[:8]}"))
+    source.set("K", "before")
+    kept = len(connections.opened)
+    for connection in connections.opened:
+        connection.close()
+    assert source.get("K") == "before"
+    source.set("K", "after")
+    assert source.get("K") == "after"
+    assert len(connections.opened) > kept
 
 
 def test_keyring_falls_back_after_env(keyring_session: KeyringSession) -> None:

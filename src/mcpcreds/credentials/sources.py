@@ -19,6 +19,7 @@ from ..config.model import CREDENTIALS_SOURCE, SecretsConfig
 from ..core.secret import Secret
 from ..core.templates import FileRef, SecretRef, Template
 from ..errors import InvalidRequest, SecretUnavailable
+from .secret_service import keep_connections
 
 _SECRET_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}\Z")
 _MAX_SECRET_BYTES: Final = 64 * 1024
@@ -248,7 +249,7 @@ class KeyringSource:
             )
         try:
             cls = getattr(importlib.import_module(module_name), class_name)
-            backend = cls()
+            backend = keep_connections(cls())
             priority = getattr(cls, "priority", 1)
         except Exception as exc:
             raise SecretUnavailable(f"keyring: cannot load backend {self._backend_path}: "
@@ -262,7 +263,7 @@ class KeyringSource:
 
     def _call(self, what: str, fn: Callable[[Any], T]) -> T:
         # loading the backend talks to D-Bus too, so it runs inside the time box
-        future = self._pool.submit(lambda: fn(self._load_backend()))
+        future = self._pool.submit(self._on_backend, fn)
         try:
             return future.result(timeout=self._timeout)
         except concurrent.futures.TimeoutError:
@@ -274,6 +275,18 @@ class KeyringSource:
             raise
         except Exception as exc:
             raise SecretUnavailable(f"keyring: {what} failed: {failure_name(exc)}") from None
+
+    def _on_backend(self, fn: Callable[[Any], T]) -> T:
+        backend = self._load_backend()
+        try:
+            return fn(backend)
+        except Exception as exc:
+            drop = getattr(backend, "drop_connection", None)
+            # the next call on this thread connects again; a kept connection that broke (the bus
+            # or the daemon restarted since its last call) costs one retry on a new one
+            if drop is None or not drop() or not isinstance(exc, OSError | EOFError):
+                raise
+        return fn(backend)
 
     def get(self, name: str) -> str | None:
         check_secret_name(name)
