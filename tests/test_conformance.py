@@ -201,8 +201,8 @@ def test_client_id_metadata_document_and_step_up_scenarios(fast: dict[str, list[
 
 @FAST_TIMEOUT
 def test_an_issuer_that_does_not_match_its_metadata_is_refused(fast: dict[str, list[dict[str, Any]]]) -> None:
-    """metadata-var2 fails exactly as README says: the metadata is fetched, its issuer refused,
-    nothing is registered, authorized or redeemed."""
+    """metadata-var2 fails exactly as docs/reference/logins-and-signers.md says: the metadata is
+    fetched, its issuer refused, nothing is registered, authorized or redeemed."""
     assert_as_expected(fast, ("auth/metadata-var2",), "")
     ids = {c["id"]: c["status"] for c in fast["auth/metadata-var2"]}
     assert ids["authorization-server-metadata"] == "SUCCESS"

@@ -177,7 +177,7 @@ def test_docker_store_erase_list(sidecar: SidecarProcess) -> None:
 
 
 def test_the_documented_docker_shim_works(sidecar: SidecarProcess, tmp_path: Path) -> None:
-    """README: a `docker-credential-mcpcreds` on PATH that runs `mcpcreds credential-helper --docker`."""
+    """docs/reference/cli.md: a `docker-credential-mcpcreds` on PATH that runs `mcpcreds credential-helper --docker`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "mcpcreds").write_text(f'#!/bin/sh\nexec {sys.executable} -m mcpcreds "$@"\n')

@@ -344,7 +344,7 @@ def test_bad_input(sidecar: SidecarProcess, workdir: Path) -> None:
 
 
 def test_the_config_and_socket_options_may_follow_the_entry_name(sidecar: SidecarProcess, workdir: Path) -> None:
-    """`mcpcreds exec NAME --config X -- CMD`, as the README writes it (and `--config=X`, `--socket`)."""
+    """`mcpcreds exec NAME --config X -- CMD`, as docs/reference/cli.md allows it (and `--config=X`, `--socket`)."""
     marker = workdir / "after-name"
     ran = run_cli("exec", "gh", "--config", str(sidecar.config), "--", "touch", str(marker))
     assert ran.code == 0, ran.stderr

@@ -25,7 +25,7 @@ CONTRACT_ROUTES: list[tuple[str, str]] = [
     ("get", "/v1/openapi.json"),
     ("get", "/metrics"),
 ]
-# routes mcpcreds adds beyond the contract's table (documented in the README)
+# routes mcpcreds adds beyond the contract's table (documented in docs/reference/socket-api.md)
 EXTENSIONS = [("post", "/v1/secrets/{name}/rotate"),
               ("post", "/mcp/{server}"), ("get", "/mcp/{server}"), ("delete", "/mcp/{server}"),
               ("post", "/v1/exec/{name}/session"), ("post", "/v1/servers/{name}/sign"),

@@ -28,7 +28,7 @@ from tests.sidecar_proc import SidecarProcess
 SECRET = "faults-client-secret-0"
 API_KEY = "api-key-for-fault-tests-0123"
 OIDC_CLIENTS = [oidc_client("faults", SECRET)]  # on the shared peer (conftest)
-# A hung Redis costs one call timeout (1 s, README "Many hosts"); only a hang crosses this.
+# A hung Redis costs one call timeout (1 s, docs/tasks/many-hosts.md); only a hang crosses this.
 HANG_BOUND = 10.0
 WIRE_TIMEOUT = 30.0  # the test's own HTTP timeout: a hung request fails the test, never blocks it
 

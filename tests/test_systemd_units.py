@@ -98,7 +98,7 @@ def test_systemd_analyze_verify_and_security(scope: str, tmp_path: Path) -> None
         pytest.skip("this systemd-analyze has no --offline")
     score = re.search(r"Overall exposure level for mcpcreds.service: ([0-9.]+)", security.stdout)
     assert score is not None, security
-    # 1.3 (system) and 2.1 (user, no User=) with systemd 252; the README reports them
+    # 1.3 (system) and 2.1 (user, no User=) with systemd 252; docs/tasks/systemd.md reports them
     assert float(score.group(1)) <= (1.5 if scope == "system" else 2.5), security.stdout
 
 

@@ -152,7 +152,7 @@ class Doctor:
             if not first.startswith(str(where)):
                 first = f"{where}: {first}"
             fix = f"mcpcreds check --config {where} lists every error" if where.exists() else \
-                f"write {where} (README: Configuration), or pass --config / set MCPCREDS_CONFIG"
+                f"write {where} (docs/reference/configuration.md), or pass --config / set MCPCREDS_CONFIG"
             self.add(False, "config", f"{first}{more}", fix)
             return None
         n = len(config.servers) + len(config.services)

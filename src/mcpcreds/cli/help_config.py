@@ -43,6 +43,7 @@ _NO_DEFAULT: Final = object()
 TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
     "sidecar": {
         "socket": ("$MCPCREDS_SOCKET, else $XDG_RUNTIME_DIR/mcpcreds/mcpcreds.sock, else "
+                   "/run/user/$UID/mcpcreds/mcpcreds.sock when that folder is the user's, else "
                    "/tmp/mcpcreds-$UID/mcpcreds.sock",
                    "the Unix socket; its folder is created 0700 and checked, the socket bound 0600"),
         "sidecar_uid": ("the uid of whoever reads the config",
@@ -152,7 +153,7 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
     "tool_metadata.flagged": {
         "pointer": ("(required)", "an RFC 6901 JSON pointer into the call's arguments, e.g. \"/path\" "
                     "(~1 is '/', ~0 is '~'; \"\" is all of them)"),
-        "pattern": ("(required)", f"one of {', '.join(PATTERNS)} (described in the README)"),
+        "pattern": ("(required)", f"one of {', '.join(PATTERNS)} (described in docs/reference/gateway.md)"),
     },
     "auth": {
         "kind": ("(required)", "\"static\", \"oauth2\", \"aws\" or \"spiffe\""),

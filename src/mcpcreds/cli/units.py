@@ -29,7 +29,7 @@ SYSTEM_EXEC: Final = "/usr/local/bin/mcpcreds"
 _SOCKET: Final = """\
 [Unit]
 Description=mcpcreds sidecar socket (credentials and rate limits for MCP agents)
-# written by mcpcreds install-units; mcpcreds doctor checks the setup (README: Operations)
+# written by mcpcreds install-units; mcpcreds doctor checks the setup (docs/tasks/systemd.md)
 
 [Socket]
 ListenStream={socket}

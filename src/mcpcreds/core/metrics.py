@@ -2,7 +2,7 @@
 
 Names follow the Prometheus conventions (tests/test_metrics_exposition.py parses a scrape with
 `prometheus_client`): a counter ends in `_total`, a duration is in seconds (`_seconds`), a point
-in time is a `_timestamp_seconds` gauge. README.md, "Metrics", lists every metric.
+in time is a `_timestamp_seconds` gauge. docs/operations.md, "Metrics", lists every metric.
 """
 
 from __future__ import annotations

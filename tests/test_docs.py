@@ -1,0 +1,137 @@
+"""The documentation: the README stays a front page whose links resolve, README and docs/ carry
+no history (issue numbers, commit hashes: that is CHANGELOG.md's), the README's test commands are
+the ones CI runs, the architecture's floor plan is the import graph, and `mkdocs build --strict`
+passes with its generated pages complete."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.house import SRC, read_house
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+MAX_README_LINES = 260
+
+ISSUE = re.compile(r"\b(?:issues?|PR|pull requests?)\s*#?\d+", re.I)
+# a commit hash: 7 to 40 lowercase hex characters, at least one digit and one letter, standing
+# alone (a longer run of hex, such as a sha256 in an example, is not one)
+COMMIT = re.compile(r"(?<![0-9A-Za-z_])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![0-9A-Za-z_])")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def documents() -> list[Path]:
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def test_the_readme_is_a_front_page() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines: move detail into docs/"
+
+
+@pytest.mark.parametrize("path", documents(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_issue_numbers_or_commit_hashes(path: Path) -> None:
+    found = [(n, m.group(0)) for n, line in enumerate(path.read_text().splitlines(), 1)
+             for m in [*ISSUE.finditer(line), *COMMIT.finditer(line)]]
+    assert not found, f"{path.relative_to(ROOT)}: history belongs in CHANGELOG.md, by version: {found}"
+
+
+def test_the_history_patterns_catch_what_they_are_for() -> None:
+    assert ISSUE.search("fixed since issue 18") and ISSUE.search("issues #140") and ISSUE.search("PR #152")
+    assert COMMIT.search("before `6aa4988`") and COMMIT.search("at HEAD 9ca436d,")
+    sha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    assert not COMMIT.search(f"digest {sha256}") and not COMMIT.search("1800003600 deadbeef")
+
+
+def test_every_relative_link_of_the_readme_is_a_file() -> None:
+    targets = LINK.findall(README.read_text())
+    relative = [t.split("#", 1)[0] for t in targets if not re.match(r"^[a-z]+:|^#", t)]
+    assert relative, "the README links into docs/"
+    missing = [t for t in relative if not (ROOT / t).is_file()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+    assert any(t.startswith("docs/") and t.endswith(".md") for t in relative)
+
+
+def test_the_readme_test_commands_are_the_ones_ci_runs() -> None:
+    readme = README.read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    run = [line.split("||")[0].strip() for line in ci.splitlines() if line.startswith("python3 -m pytest")]
+    assert run == ["python3 -m pytest -q", "python3 -m pytest -q -m soak"]
+    assert "```sh\n" + "\n".join(run) + "\n```" in readme
+
+
+def test_the_quick_start_runs_the_example_config() -> None:
+    readme = README.read_text()
+    for command in ("DEMO_TOKEN=demo-token mcpcreds serve --config examples/demo.toml",
+                    "mcpcreds check --config examples/demo.toml"):
+        assert command in readme
+    assert "DEMO_TOKEN" in (ROOT / "examples" / "demo.toml").read_text()
+
+
+def floor_plan() -> list[str]:
+    """The packages of docs/architecture.md's floor plan, top floor first."""
+    block = (DOCS / "architecture.md").read_text().split("```\n", 2)[1]
+    return re.findall(r"^([a-z_]+)/ ", block, re.M)
+
+
+def test_the_architecture_floor_plan_is_the_import_graph() -> None:
+    plan = floor_plan()
+    house = read_house()
+    package = {name: name.split(".")[1] for name, path in house.modules.items() if path.parent != SRC}
+    assert sorted(plan) == sorted(set(package.values())), "docs/architecture.md lists every package once"
+    upward = sorted({(package[i.source], package[i.target]) for i in house.imports
+                     if i.source in package and i.target in package
+                     and plan.index(package[i.target]) < plan.index(package[i.source])})
+    assert not upward, f"docs/architecture.md: a folder imports only the folders below it, not {upward}"
+
+
+def words(page: str) -> str:
+    """What a reader sees of an HTML page: tags (code highlighting's too) and entities undone."""
+    return html.unescape(re.sub(r"<[^>]+>", "", page))
+
+
+def test_mkdocs_builds_strict_with_the_generated_pages(tmp_path: Path) -> None:
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+                           "-f", str(ROOT / "mkdocs.yml"), "-d", str(site)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    # every config key `mcpcreds help config` prints, from the same definitions
+    sys.path.insert(0, str(ROOT / "src"))
+    from mcpcreds.cli.help_config import entries
+
+    config = (site / "reference" / "configuration" / "index.html").read_text()
+    assert "generated: config keys" not in config
+    for heading, key, _default, _meaning in entries():
+        assert f"<td><code>{key}</code></td>" in config, (heading, key)
+
+    # every route of the OpenAPI document the sidecar serves, and every schema it names
+    api = (site / "reference" / "socket-api" / "index.html").read_text()
+    doc = json.loads((ROOT / "src" / "mcpcreds" / "openapi.json").read_text())
+    assert "generated: socket API" not in api
+    for path, item in doc["paths"].items():
+        for method in ("get", "post", "put", "patch", "delete"):
+            if method in item:
+                assert f'id="op-{item[method]["operationId"].lower()}"' in api, (method, path)
+                assert f"<code>{method.upper()} {path}</code>" in api, (method, path)
+    for name in doc["components"]["schemas"]:
+        assert f'id="schema-{name.lower()}"' in api, name
+
+    # the front page is the README, its links made the site's
+    index = (site / "index.html").read_text()
+    assert "generated: README" not in index
+    assert "DEMO_TOKEN=demo-token mcpcreds serve --config examples/demo.toml" in words(index)
+    assert 'href="tasks/desktop-stdio/"' in index
