@@ -22,13 +22,15 @@ READY_TIMEOUT = 60.0
 
 
 class SidecarProcess:
-    def __init__(self, config: Path, socket: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: Path, socket: Path, env: dict[str, str] | None = None,
+                 wrapper: tuple[str, ...] = ()) -> None:
+        """`wrapper`: argv the sidecar's own is appended to (a command that execs it)."""
         self.config = config
         self.socket = socket
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mcpcreds.cli.main", "serve", "--config", str(config)],
+            [*wrapper, sys.executable, "-m", "mcpcreds.cli.main", "serve", "--config", str(config)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             text=True, env={**os.environ, **(env or {})},
         )
@@ -86,8 +88,9 @@ class SidecarProcess:
 
 
 @contextmanager
-def run_sidecar(config: Path, socket: Path, env: dict[str, str] | None = None) -> Iterator[SidecarProcess]:
-    sidecar = SidecarProcess(config, socket, env)
+def run_sidecar(config: Path, socket: Path, env: dict[str, str] | None = None,
+                wrapper: tuple[str, ...] = ()) -> Iterator[SidecarProcess]:
+    sidecar = SidecarProcess(config, socket, env, wrapper)
     try:
         sidecar.wait_for("ready")
         yield sidecar

@@ -37,6 +37,7 @@ from urllib.parse import quote
 from ..client.calls import MalformedAnswer
 from ..core.socket_check import check_folder, check_peer, expected_sidecar_uid
 from ..errors import InvalidRequest, McpcredsError
+from ..exec.egress_notices import HEADER as NOTICES_HEADER
 from ..exec.egress_proxy import HOLD_METHOD, USER, proxy_url
 from ..exec.netns import (
     ForwarderFailed,
@@ -119,9 +120,10 @@ def _warn_all(texts: list[str]) -> None:
 
 
 def _hold(proxy_socket: str, token: str, sidecar_uid: int) -> socket.socket:
-    """Open the session's hold connection: the session lives as long as it stays open. Before a
-    byte is sent (the credential), the socket is checked as the sidecar's own: its folder the
-    sidecar uid's and closed to others, the listener running as that uid."""
+    """Open the session's hold connection: the session lives as long as it stays open, and the
+    forwarder reads the sidecar's refusal lines from it. Before a byte is sent (the credential),
+    the socket is checked as the sidecar's own: its folder the sidecar uid's and closed to others,
+    the listener running as that uid."""
     check_folder(proxy_socket, sidecar_uid)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -129,10 +131,11 @@ def _hold(proxy_socket: str, token: str, sidecar_uid: int) -> socket.socket:
         sock.connect(proxy_socket)
         check_peer(sock, proxy_socket, sidecar_uid)
         credential = base64.b64encode(f"{USER}:{token}".encode()).decode()
-        sock.sendall(HOLD_METHOD + f" * HTTP/1.1\r\nProxy-Authorization: Basic {credential}\r\n\r\n".encode())
+        sock.sendall(HOLD_METHOD + f" * HTTP/1.1\r\nProxy-Authorization: Basic {credential}\r\n"
+                                   f"{NOTICES_HEADER.decode()}: 1\r\n\r\n".encode())
         head = b""
-        while b"\r\n\r\n" not in head and len(head) < 4096:
-            chunk = sock.recv(4096)
+        while not head.endswith(b"\r\n\r\n") and len(head) < 4096:
+            chunk = sock.recv(1)  # the head only: what follows is the forwarder's (refusal lines)
             if not chunk:
                 break
             head += chunk

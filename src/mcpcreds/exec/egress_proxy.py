@@ -23,7 +23,9 @@ with a bare CR or LF, a line that is not `name: value`, or an ambiguous body len
 One audit line per connection (`exec_egress`: entry, session, method, host, port, address,
 allowed, reason, bytes each way, duration), whatever the mode. Refusals answer 403 (policy) or
 407 (no valid credential: unknown, ended, expired or another uid's session alike) with a short
-text that never repeats what was sent.
+text that never repeats what was sent. A 403 by the entry's rules is first told to the session's
+holder, which prints it on `mcpcreds exec`'s stderr naming the host (`egress_notices.py`: once
+per host and port, repeats counted in `exec_session_end`).
 
 Bounds (against a child holding the credential, another allowed uid, or a client that opens
 sessions in a loop): a request head is at most `MAX_HEAD` bytes (431) and must arrive within
@@ -62,6 +64,8 @@ from ..core.logs import get_logger
 from ..core.socket_check import check_folder
 from ..errors import ExecSessionsFull, Forbidden, McpcredsError, RateLimited
 from ..net.egress import EgressPolicy, Resolver, normalize_host, system_resolver
+from .egress_notices import HEADER as NOTICES_HEADER
+from .egress_notices import Notices, printable
 from .egress_rules import PortRules, reaches_own_listener
 
 HOLD_METHOD: Final = b"MCPCREDS-HOLD"
@@ -104,6 +108,7 @@ class ProxySession:
     ports: PortRules = field(default_factory=PortRules)
     held: bool = False
     tunnels: int = 0
+    notices: Notices = field(default_factory=Notices)
 
 
 @dataclass(slots=True, eq=False)
@@ -133,10 +138,14 @@ def _hash(token: str) -> str:
 
 
 class _Refused(Exception):
-    def __init__(self, status: bytes, reason: str) -> None:
+    """`reason` answers the child; `notice`, for a refusal by the entry's rules, says why on
+    `mcpcreds exec`'s stderr."""
+
+    def __init__(self, status: bytes, reason: str, notice: str | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.notice = notice
 
 
 class EgressProxy:
@@ -223,7 +232,8 @@ class EgressProxy:
             for conn in list(self._conns):
                 if conn.session is session and conn.phase == "tunnel":
                     conn.close("session ended")
-            self.audit.write("exec_session_end", name=session.name, session=session.id, held=held)
+            self.audit.write("exec_session_end", name=session.name, session=session.id, held=held,
+                             **session.notices.audit_fields())
 
     def sweep(self) -> dict[str, int]:
         """Enforce the time bounds by the clock: heads too slow (408), tunnels idle too long,
@@ -320,7 +330,9 @@ class EgressProxy:
             writer.write(PROXY_AUTH_REQUIRED)
             return
         if method == HOLD_METHOD:
-            await self._hold(conn, hashed, session, reader, writer)
+            notices = any(name.strip().lower() == NOTICES_HEADER and value.strip() == b"1"
+                          for name, _, value in headers)
+            await self._hold(conn, hashed, session, reader, writer, notices)
             return
         if session.tunnels >= MAX_TUNNELS_PER_SESSION:
             writer.write(_status(b"429 Too Many Requests",
@@ -342,7 +354,9 @@ class EgressProxy:
             self._tunnels -= 1
 
     async def _hold(self, conn: _Conn, hashed: str, session: ProxySession, reader: asyncio.StreamReader,
-                    writer: asyncio.StreamWriter) -> None:
+                    writer: asyncio.StreamWriter, notices: bool) -> None:
+        """Hold the session; a holder that asked for notices gets the refusal lines
+        (`egress_notices.py`) and answers each."""
         if session.held:
             writer.write(_status(b"409 Conflict", "session already held"))
             return
@@ -351,9 +365,12 @@ class EgressProxy:
         try:
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
             await writer.drain()
-            while await reader.read(4096):
-                pass
+            if notices:
+                session.notices.holder = writer
+            while data := await reader.read(4096):
+                session.notices.answered(data)
         finally:
+            session.notices.release()
             self._end(hashed, session, held=True)
 
     async def _connect(self, conn: _Conn, session: ProxySession, target: bytes, reader: asyncio.StreamReader,
@@ -395,6 +412,10 @@ class EgressProxy:
                 name, _port, upstream = await self._open(session, host, port_text, fields)
             except _Refused as exc:
                 fields.update(allowed=False, reason=exc.reason)
+                if exc.notice is not None:  # on exec's stderr before the child hears of it
+                    # the name judged, or (refused before it was) all the child sent
+                    shown = host if fields["host"] == host[:253] else str(fields["host"])
+                    await session.notices.tell(session.name, shown, fields["port"], exc.notice)
                 writer.write(_status(exc.status, exc.reason))
                 return
             fields.update(allowed=True, host=name)
@@ -446,7 +467,7 @@ class EgressProxy:
         try:
             name = policy.check_host(host)
         except Forbidden as exc:
-            raise _Refused(b"403 Forbidden", _why(exc, policy)) from None
+            raise _Refused(b"403 Forbidden", *_why(exc, policy)) from None
         fields["host"] = name
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
@@ -472,13 +493,14 @@ class EgressProxy:
                 policy.check_address(name, address)
         except Forbidden as exc:
             fields["address"] = exc.details.get("address")
-            raise _Refused(b"403 Forbidden", _why(exc, policy)) from None
+            raise _Refused(b"403 Forbidden", *_why(exc, policy, fields["address"])) from None
         if refusal := session.ports.refusal(policy, name, addresses, port):
-            raise _Refused(b"403 Forbidden", refusal)
+            raise _Refused(b"403 Forbidden", refusal, refusal.removeprefix("refused: "))
         async with self._resolving:  # reads our descriptors: off the event loop
             own = await asyncio.to_thread(reaches_own_listener, addresses, port)
         if own:
-            raise _Refused(b"403 Forbidden", "refused: the sidecar's own listener")
+            raise _Refused(b"403 Forbidden", "refused: the sidecar's own listener",
+                           "the sidecar's own listener")
         for address in addresses:  # the addresses checked are the ones connected to
             fields["address"] = address
             try:
@@ -499,18 +521,22 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-def _why(exc: Forbidden, policy: EgressPolicy) -> str:
-    """The kind of refusal, never the host or address the caller sent."""
+def _why(exc: Forbidden, policy: EgressPolicy, address: object = None) -> tuple[str, str]:
+    """The kind of refusal, as the child is answered (never the host or address it sent) and as
+    `mcpcreds exec`'s stderr says it (with the address the host resolved to, if that was refused)."""
     text = exc.message
     if policy.mode == "off":
-        return 'refused: net = "off"'
+        return 'refused: net = "off"', 'net = "off"'
     if "deny_hosts" in text:
-        return "refused: deny_hosts"
+        return "refused: deny_hosts", "in deny_hosts"
     if "allow_hosts" in text:
-        return f'refused: not in allow_hosts (net = "{policy.mode}")'
+        return (f'refused: not in allow_hosts (net = "{policy.mode}")',
+                f'not in allow_hosts; net = "{policy.mode}"')
     if "address" in text or "resolves" in text:
-        return "refused: a private, loopback, link-local or metadata address (allow_private)"
-    return "refused by the egress policy"
+        resolved = f"resolves to {printable(address)}, " if isinstance(address, str) else ""
+        return ("refused: a private, loopback, link-local or metadata address (allow_private)",
+                f"{resolved}a private, loopback, link-local or metadata address; not in allow_private")
+    return "refused by the egress policy", "refused by the egress policy"
 
 
 def _head_problem(lines: list[bytes], headers: list[tuple[bytes, bytes, bytes]]) -> str | None:

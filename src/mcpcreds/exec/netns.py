@@ -18,8 +18,11 @@ on its Unix socket (a path: reachable from any network namespace). It is forked,
 with an empty environment (this file, run by the interpreter in isolated mode), so it holds
 nothing the child may not have: not the caller's environment, not the sidecar's answer. It makes
 itself undumpable (the child cannot ptrace it or read its /proc files), dies with the child
-(`PR_SET_PDEATHSIG`), ignores the terminal's signals, holds none of the child's stdio, and exits
-when the sidecar ends the session.
+(`PR_SET_PDEATHSIG`), ignores the terminal's signals, holds neither the child's stdin nor its
+stdout, and exits when the sidecar ends the session. It keeps a copy of stderr for one purpose:
+the refusal lines the sidecar sends on the hold connection (`egress_notices.py`), printed as
+`mcpcreds exec NAME: refused egress to HOST:PORT (WHY)`, printable ASCII only and bounded,
+each answered once written.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ FULL_MAP: Final = "0 0 1\n1 1 4294967294\n"
 SIOCGIFFLAGS: Final = 0x8913
 SIOCSIFFLAGS: Final = 0x8914
 IFF_UP: Final = 0x1
+NOTICE_MAX: Final = 512  # bytes of one refusal line from the sidecar that are printed
 _IFREQ: Final = struct.Struct("16sH22x")
 
 
@@ -164,10 +168,14 @@ def start_forwarder(listener: socket.socket, proxy_path: str, hold: socket.socke
             os._exit(0)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_IGN)
+        try:  # for the refusal lines only (the interpreter's own words go to /dev/null)
+            err = fcntl.fcntl(2, fcntl.F_DUPFD, 3)
+        except OSError:
+            err = -1
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # the MCP channel is the child's alone: its EOF must be its own
             os.dup2(null, fd)
-        keep = sorted({listener.fileno(), hold.fileno(), ready_write})
+        keep = sorted({listener.fileno(), hold.fileno(), ready_write} | ({err} if err >= 0 else set()))
         os.closerange(3, keep[0])
         for low, high in zip(keep, [*keep[1:], 65536], strict=True):
             os.closerange(low + 1, high)
@@ -175,24 +183,26 @@ def start_forwarder(listener: socket.socket, proxy_path: str, hold: socket.socke
             os.set_inheritable(fd, True)
         # nothing of this process survives: not its environment (the caller's), not its memory
         os.execve(sys.executable, [sys.executable, "-I", "-S", os.path.abspath(__file__), FORWARD,
-                                   proxy_path, str(listener.fileno()), str(hold.fileno()), str(ready_write)],
+                                   proxy_path, str(listener.fileno()), str(hold.fileno()), str(ready_write),
+                                   str(err)],
                   {})
     finally:
         os._exit(1)
 
 
 def forwarder_main(args: list[str]) -> None:
-    """The re-executed forwarder: `FORWARD PROXY_PATH LISTENER_FD HOLD_FD READY_FD`."""
+    """The re-executed forwarder: `FORWARD PROXY_PATH LISTENER_FD HOLD_FD READY_FD ERR_FD` (ERR_FD
+    -1: no stderr)."""
     _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    proxy_path, listener_fd, hold_fd, ready_fd = args
+    proxy_path, listener_fd, hold_fd, ready_fd, err_fd = args
     os.write(int(ready_fd), b"1")  # the child may start now
     os.close(int(ready_fd))
     listener = socket.socket(fileno=int(listener_fd))
     hold = socket.socket(fileno=int(hold_fd))
-    asyncio.run(_forward(listener, proxy_path, hold))
+    asyncio.run(_forward(listener, proxy_path, hold, int(err_fd)))
 
 
-async def _forward(listener: socket.socket, proxy_path: str, hold: socket.socket) -> None:
+async def _forward(listener: socket.socket, proxy_path: str, hold: socket.socket, err: int) -> None:
     async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_unix_connection(proxy_path)
@@ -206,11 +216,31 @@ async def _forward(listener: socket.socket, proxy_path: str, hold: socket.socket
             writer.close()
 
     server = await asyncio.start_server(relay, sock=listener)
-    hold_reader, _hold_writer = await asyncio.open_connection(sock=hold)
+    hold_reader, hold_writer = await asyncio.open_connection(sock=hold)
     async with server:
         with contextlib.suppress(OSError):
-            while await hold_reader.read(4096):  # the sidecar closes it when the session ends
-                pass
+            await _notices(hold_reader, hold_writer, err)  # until the sidecar ends the session
+
+
+async def _notices(hold: asyncio.StreamReader, answer: asyncio.StreamWriter, err: int) -> None:
+    """Print each line the sidecar sends on the hold connection, then answer it (an empty line):
+    the sidecar holds the refused connection until then. Written from a thread: a stderr nobody
+    reads blocks that thread, never the connections."""
+    pending = b""
+    while chunk := await hold.read(4096):
+        pending += chunk
+        while b"\n" in pending:
+            line, _, pending = pending.partition(b"\n")
+            await asyncio.to_thread(_say, err, line)
+            answer.write(b"\n")
+        pending = pending[:NOTICE_MAX]
+
+
+def _say(err: int, line: bytes) -> None:
+    text = bytes(c for c in line[:NOTICE_MAX] if 0x20 <= c < 0x7F)
+    if err >= 0 and text:
+        with contextlib.suppress(OSError):  # at most 527 bytes: one write, whole (PIPE_BUF)
+            os.write(err, b"mcpcreds exec " + text + b"\n")
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
