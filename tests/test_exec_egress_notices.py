@@ -49,15 +49,15 @@ REFUSED = 'github: refused egress to registry.npmjs.org:443 (not in allow_hosts;
 LINE = f"mcpcreds exec {REFUSED}"
 
 # The README's example, as the docs show it (keep the two the same)
-EXAMPLE = """\
-[exec.github]
-env = { GITHUB_PERSONAL_ACCESS_TOKEN = "{{secret:GH_TOKEN}}", NODE_USE_ENV_PROXY = "1" }
-env_isolation = true             # default: PATH HOME USER LOGNAME LANG LC_* TERM TZ TMPDIR XDG_RUNTIME_DIR + env
-net = "restricted"               # "inherit" (default) | "restricted" | "broad_audited" | "off"
-allow_hosts = ["api.github.com"]
-deny_hosts = []
-tags = ["untrusted_input"]
-"""
+def documented_example() -> str:
+    """The `[exec.github]` TOML of the exec task page, as a user copies it."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "tasks" / "exec.md").read_text()
+    block = page.split("```toml\n", 1)[1].split("```", 1)[0]
+    assert block.startswith("[exec.github]\n"), block
+    return block
+
+
+EXAMPLE = documented_example()
 # its variant for `npx -y`, which fetches the package from the npm registry at each start
 EXAMPLE_NPX = EXAMPLE.replace('allow_hosts = ["api.github.com"]',
                               'allow_hosts = ["api.github.com", "registry.npmjs.org"]')
