@@ -69,6 +69,7 @@ from .in_place import InPlace, actor_of, one_header
 from .sessions import LiveSessions, Owner
 from .stream import SseBody, ToolCalls
 from .strict_json import Masker
+from .tools_seen import ToolsSeen
 
 _log = get_logger("gateway")
 
@@ -135,6 +136,7 @@ class Gateway:
         self.metrics = metrics
         self._warned: set[tuple[str, str]] = set()
         self.sessions = LiveSessions(broker.clock.monotonic)
+        self.tools_seen = ToolsSeen(broker.clock.time)  # what the servers listed, for `status`
         self._in_flight: Counter[str] = Counter()  # server -> requests waiting for the upstream's answer
         self._streams: weakref.WeakSet[SseBody] = weakref.WeakSet()  # SSE answers being relayed
         self._sent: dict[str, tuple[HeadersResult, _Sent]] = {}  # server -> its current credentials, prepared
@@ -446,6 +448,8 @@ class Gateway:
                 on_server_request=lambda m: in_place.asks(request, self._current(target), m, outbox),
                 screening=screening_of(target),
                 on_screened=lambda k, f: in_place.screened(request, target, k, f), on_tools=pinning,
+                on_listed=None if pinning is None else  # a tools/list answer: what it offers, for `status`
+                lambda tools, more: self.tools_seen.listed(target.name, tools, more),
                 on_input_required=lambda r: in_place.input_required(request, target, r))
             self._observe(target, request.method, status, started)
             self._follow_session(request, target, response)
