@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,14 +23,15 @@ READY_TIMEOUT = 60.0
 
 class SidecarProcess:
     def __init__(self, config: Path, socket: Path, env: dict[str, str] | None = None,
-                 wrapper: tuple[str, ...] = ()) -> None:
-        """`wrapper`: argv the sidecar's own is appended to (a command that execs it)."""
+                 wrapper: tuple[str, ...] = (), args: Sequence[str] = ()) -> None:
+        """`wrapper`: argv the sidecar's own is appended to (a command that execs it); `args`:
+        more options for `serve`."""
         self.config = config
         self.socket = socket
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         self.proc = subprocess.Popen(
-            [*wrapper, sys.executable, "-m", "mcpcreds.cli.main", "serve", "--config", str(config)],
+            [*wrapper, sys.executable, "-m", "mcpcreds.cli.main", "serve", "--config", str(config), *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             text=True, env={**os.environ, **(env or {})},
         )
@@ -46,23 +47,30 @@ class SidecarProcess:
 
     def wait_for(self, event: str, timeout: float = READY_TIMEOUT) -> dict[str, Any]:
         """Block until a log line with this event appears (no polling)."""
+        def is_event(line: str) -> bool:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                return False
+            return isinstance(entry, dict) and entry.get("event") == event
+
+        return dict(json.loads(self.wait_for_line(is_event, repr(event), timeout)))
+
+    def wait_for_line(self, wanted: Callable[[str], bool], what: str, timeout: float = READY_TIMEOUT) -> str:
+        """Block until a log line for which `wanted` holds appears (any format; no polling)."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"no {event!r} log line; log so far:\n{self.log}")
+                raise TimeoutError(f"no {what} log line; log so far:\n{self.log}")
             try:
                 line = self._queue.get(timeout=remaining)
             except queue.Empty:
                 continue
             if line is None:
-                raise RuntimeError(f"sidecar exited ({self.proc.wait()}) before {event!r}:\n{self.log}")
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if entry.get("event") == event:
-                return dict(entry)
+                raise RuntimeError(f"sidecar exited ({self.proc.wait()}) before {what}:\n{self.log}")
+            if wanted(line):
+                return line
 
     @property
     def log(self) -> str:
@@ -89,8 +97,8 @@ class SidecarProcess:
 
 @contextmanager
 def run_sidecar(config: Path, socket: Path, env: dict[str, str] | None = None,
-                wrapper: tuple[str, ...] = ()) -> Iterator[SidecarProcess]:
-    sidecar = SidecarProcess(config, socket, env, wrapper)
+                wrapper: tuple[str, ...] = (), args: Sequence[str] = ()) -> Iterator[SidecarProcess]:
+    sidecar = SidecarProcess(config, socket, env, wrapper, args)
     try:
         sidecar.wait_for("ready")
         yield sidecar

@@ -73,7 +73,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..core.logs import configure_logging
     from ..sidecar.serve import serve
 
-    configure_logging()
+    # unset: a readable line on a terminal, JSON lines elsewhere (journald, a file, a pipe)
+    fmt = getattr(args, "log_format", None)
+    configure_logging(level=getattr(args, "log_level", "info"),
+                      json_lines=None if fmt is None else fmt == "json")
     return serve(getattr(args, "config", None))
 
 
@@ -407,7 +410,12 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
-    add("serve", cmd_serve, "run the sidecar in the foreground; ready when the socket accepts")
+    p = add("serve", cmd_serve, "run the sidecar in the foreground; ready when the socket accepts")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                   help="log from this level up (default: info)")
+    p.add_argument("--log-format", choices=("text", "json"), default=None,
+                   help="text: a readable line with the local time; json: one JSON object a line, "
+                        "with ISO-8601 and unix times (default: text on a terminal, json elsewhere)")
     add("check", cmd_check, "validate the config and print every error")
     p = add("help", cmd_help, "reference pages: `mcpcreds help config` lists every config key with its "
             "default and meaning")

@@ -164,6 +164,55 @@ def servers_table(status: Status) -> Table:
     return table
 
 
+# why the gateway does not expose a tool (`tools.hidden` of a server row: gateway/tools_seen.py)
+_HIDDEN: Final = {"no_tool_allowlist": "no tool_allowlist", "tool_allowlist": "not in tool_allowlist",
+                  "expected_tools": "not in expected_tools", "tool_metadata": "refused by tool_metadata",
+                  "pin_changed": "changed since pinned"}
+
+
+def tools_summary(name: str, tools: Mapping[str, Any]) -> str:
+    """A server's tools through the gateway in a few words: "3 of 5 exposed (2 hidden: not in
+    tool_allowlist)", "none seen yet (...)", "0 exposed: no tool_allowlist"."""
+    seen, exposed = _num(tools.get("seen")), _num(tools.get("exposed"))
+    closed = tools.get("closed_by")
+    why = None
+    if closed is not None:
+        why = "no tool_allowlist" if closed == "no_tool_allowlist" else "tool_allowlist is empty"
+    if seen is None:
+        return f"0 exposed: {why}" if why else f"none seen yet (mcpcreds tools {name} shows those pinned)"
+    if why:
+        return f"0 of {seen:g} exposed: {why}"
+    text = f"{'-' if exposed is None else f'{exposed:g}'} of {seen:g} exposed"
+    hidden = tools.get("hidden")
+    counts: list[tuple[str, float]] = []
+    order = list(_HIDDEN)
+    for reason, count in sorted(hidden.items() if isinstance(hidden, Mapping) else (),
+                                key=lambda item: order.index(item[0]) if item[0] in order else len(order)):
+        if (number := _num(count)):
+            words = _HIDDEN.get(str(reason)) or _text(reason, 40)
+            if reason == "pin_changed":
+                words += f": mcpcreds tools approve {name}"
+            counts.append((words, number))
+    total = sum(number for _, number in counts)
+    if len(counts) == 1:
+        return f"{text} ({total:g} hidden: {counts[0][0]})"
+    if counts:
+        return f"{text} ({total:g} hidden: " + ", ".join(f"{n:g} {words}" for words, n in counts) + ")"
+    return text
+
+
+def tools_table(status: Status) -> Table | None:
+    """Per server the gateway serves: how many of its tools it exposes, and why not the others."""
+    rows = [s for s in _rows(status.get("servers")) if isinstance(s.get("tools"), Mapping)]
+    if not rows:
+        return None
+    table = _table("gateway tools", "server", "tools")
+    for s in rows:
+        name = _text(s.get("name"))
+        table.add_row(name, tools_summary(name, s["tools"]))
+    return table
+
+
 _STATE_STYLE: Final = {"valid": "green", "renewing": "cyan", "stale": "yellow", "failing": "bold red",
                        "none": "dim"}
 
@@ -240,6 +289,8 @@ def view(status: Status, now: float, rates: Mapping[str, tuple[float, float]] | 
     head.append(f"  config {_text(status.get('config'), 200)}  state {_text(status.get('state'), 20)}",
                 style="")
     parts: list[RenderableType] = [head, Text(""), servers_table(status)]
+    if (tools := tools_table(status)) is not None:
+        parts += [Text(""), tools]
     if _rows(status.get("logins")):
         parts += [Text(""), logins_table(status, now)]
     if _rows(status.get("buckets")):

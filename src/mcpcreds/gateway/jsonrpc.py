@@ -368,6 +368,8 @@ class Inspector:
     screening: Screening = field(default_factory=Screening)
     # the pinned definitions' judgement of a listing (after the policy's filter): the tools to pass on
     on_tools: Callable[[list[Any]], list[Any]] | None = None
+    # a listing as the server sent it (before any filter), and whether more pages follow (nextCursor)
+    on_listed: Callable[[list[Any], bool], None] | None = None
     # an input_required result (2026-07-28) as the client is to see it (see `on_server_request`)
     on_input_required: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # what the screening did: ("sanitized", hits), ("injection", pattern names), ("media", types)
@@ -427,6 +429,8 @@ class Inspector:
                     raise Withheld(str(exc)) from None
                 if isinstance(result.get("tools"), list):
                     tools = self._filter_tools(result["tools"])
+                    if self.on_listed is not None:
+                        self.on_listed(result["tools"], result.get("nextCursor") is not None)
                     result = {**result, "tools": self.on_tools(tools) if self.on_tools is not None else tools}
                 if result.get("resultType") == "input_required" and self.on_input_required is not None:
                     result = self.on_input_required(result)

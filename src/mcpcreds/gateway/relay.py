@@ -64,11 +64,12 @@ from ..errors import (
 )
 from ..signers.aauth import AAuthSigner
 from ..signers.sigv4 import SigV4Signer
-from . import jsonrpc, pins, tool_meta
+from . import jsonrpc, pins, tool_meta, upstream_log
 from .in_place import InPlace, actor_of, one_header
 from .sessions import LiveSessions, Owner
 from .stream import SseBody, ToolCalls
 from .strict_json import Masker
+from .tools_seen import ToolsSeen
 
 _log = get_logger("gateway")
 
@@ -135,6 +136,7 @@ class Gateway:
         self.metrics = metrics
         self._warned: set[tuple[str, str]] = set()
         self.sessions = LiveSessions(broker.clock.monotonic)
+        self.tools_seen = ToolsSeen(broker.clock.time)  # what the servers listed, for `status`
         self._in_flight: Counter[str] = Counter()  # server -> requests waiting for the upstream's answer
         self._streams: weakref.WeakSet[SseBody] = weakref.WeakSet()  # SSE answers being relayed
         self._sent: dict[str, tuple[HeadersResult, _Sent]] = {}  # server -> its current credentials, prepared
@@ -374,7 +376,8 @@ class Gateway:
         try:
             async with asyncio.timeout(timeout):
                 response = await transport.handle_async_request(upstream)
-        except (httpx.TimeoutException, TimeoutError):
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            upstream_log.not_answered(target.name, exc, timeout, _UPSTREAM_TIMEOUTS)
             raise UpstreamTimeout(f"the MCP server did not answer within {timeout:g} s") from None
         except Forbidden as refused:  # the egress policy (SSRF guard, deny_hosts, net = "off")
             host = str(refused.details.get("host", ""))[:253]
@@ -382,11 +385,13 @@ class Gateway:
                                     **actor_of(request).to_dict())
             raise
         except httpx.HTTPError as exc:
+            upstream_log.not_answered(target.name, exc, timeout, _UPSTREAM_TIMEOUTS)
             raise UpstreamError(f"the MCP server could not be reached ({type(exc).__name__})") from None
         response.request = upstream
         if response.headers.get("content-encoding", "identity").strip().lower() != "identity":
             # asked for identity: a compressed answer is a bomb or a lie, and is never inflated
             await response.aclose()
+            upstream_log.failed(target.name, "refused_answer", "a compressed answer (Content-Encoding)")
             raise UpstreamError("the MCP server sent a compressed answer (Content-Encoding), which the "
                                 "gateway does not read: withheld")
         return response
@@ -443,6 +448,8 @@ class Gateway:
                 on_server_request=lambda m: in_place.asks(request, self._current(target), m, outbox),
                 screening=screening_of(target),
                 on_screened=lambda k, f: in_place.screened(request, target, k, f), on_tools=pinning,
+                on_listed=None if pinning is None else  # a tools/list answer: what it offers, for `status`
+                lambda tools, more: self.tools_seen.listed(target.name, tools, more),
                 on_input_required=lambda r: in_place.input_required(request, target, r))
             self._observe(target, request.method, status, started)
             self._follow_session(request, target, response)
@@ -455,17 +462,20 @@ class Gateway:
                 self._streams.add(stream)
                 return StreamingResponse(status, stream, content_type=b"text/event-stream",
                                          extra_headers=extra, long_lived=listening, first=first)
-            body = await _read(response, MAX_JSON_ANSWER, answer_timeout(target))
+            body = await _read(response, MAX_JSON_ANSWER, answer_timeout(target), target.name)
         except BaseException as exc:
             await response.aclose()
             if calls is not None:
                 calls.finish_all("cancelled" if isinstance(exc, asyncio.CancelledError) else _failure(exc))
             raise
         await response.aclose()
+        if status >= 500:
+            upstream_log.answered(target.name, status)
         checked = inspector.json_body(body) if body and kind == "json" else None
         if body and checked is None:  # fail closed: what the gateway cannot read is not passed on
-            _log.warning("upstream answer withheld: not JSON-RPC read one way only",
-                         extra={"server": target.name, "status": status})
+            if status < 500:  # a 5xx answer is logged as such: once
+                _log.warning("upstream answer withheld: not JSON-RPC read one way only",
+                             extra={"server": target.name, "status": status})
             if calls is not None:
                 calls.finish_all("withheld")
             what = f"HTTP {status} with a body that is not JSON-RPC read one way only"
@@ -534,6 +544,8 @@ class Gateway:
         """An answer to the server's own request, sent as the client would send it."""
         response, _ = await self._exchange(request, target, 0, body, [])
         await response.aclose()
+        if response.status_code >= 500:
+            upstream_log.answered(target.name, response.status_code)
 
     def _follow_session(self, request: Request, target: Target, response: httpx.Response) -> None:
         asked = one_header(request, b"mcp-session-id")
@@ -578,7 +590,7 @@ class Gateway:
                 _log.warning("tool policy", extra={"server": target.name, "warning": warning})
 
 
-async def _read(response: httpx.Response, limit: int, timeout: float) -> bytes:
+async def _read(response: httpx.Response, limit: int, timeout: float, server: str) -> bytes:
     if response.is_stream_consumed:  # a signer read a refusal already (bounded; identity: see `_send`)
         return response.content
     parts: list[bytes] = []
@@ -588,11 +600,14 @@ async def _read(response: httpx.Response, limit: int, timeout: float) -> bytes:
             async for chunk in response.aiter_raw():  # never decoded: a compressed answer is refused
                 size += len(chunk)
                 if size > limit:
+                    upstream_log.failed(server, "refused_answer", f"an answer larger than {limit} bytes")
                     raise UpstreamError(f"the MCP server's answer exceeds {limit} bytes")
                 parts.append(chunk)
     except (httpx.TimeoutException, TimeoutError):
+        upstream_log.timed_out(server, timeout, "reading the answer")
         raise UpstreamTimeout(f"the MCP server did not finish its answer within {timeout:g} s") from None
     except httpx.HTTPError as exc:
+        upstream_log.failed(server, "cut", f"answer cut ({type(exc).__name__})")
         raise UpstreamError(f"the MCP server's answer was cut ({type(exc).__name__})") from None
     return b"".join(parts)
 

@@ -15,7 +15,7 @@ from ..broker.broker import Actor
 from ..config.model import Target
 from ..core.http import MAX_GATEWAY_BODY_BYTES, Request
 from ..core.logs import get_logger
-from . import jsonrpc
+from . import jsonrpc, upstream_log
 from .sse import EventTooLarge, SseSplitter
 
 _log = get_logger("gateway")
@@ -97,19 +97,17 @@ class SseBody:
             self.end = "no_response"
         except TimeoutError:  # the server went quiet for longer than `timeout`: its request is cancelled
             self.end = "upstream_timeout"
-            _log.warning("upstream timeout: no SSE event in time", extra={"server": self.target.name,
-                                                                          "timeout": self.gap})
+            upstream_log.timed_out(self.target.name, self.gap, "no SSE event")
             if inspector.pending:
                 yield self._void(f"no event from the MCP server within {self.gap:g} s (its timeout)",
                                  "upstream_timeout")
         except httpx.HTTPError as exc:  # the upstream dropped mid-stream
             self.end = "dropped"
-            _log.warning("upstream stream dropped", extra={"server": self.target.name,
-                                                            "error": type(exc).__name__})
+            upstream_log.failed(self.target.name, "cut", f"stream cut ({type(exc).__name__})")
         except EventTooLarge:
             self.end = "dropped"
-            _log.warning("upstream SSE event too large: stream ended",
-                         extra={"server": self.target.name, "limit": MAX_SSE_EVENT})
+            upstream_log.failed(self.target.name, "refused_answer",
+                                f"an SSE event larger than {MAX_SSE_EVENT} bytes: stream ended")
         if inspector.dropped:
             _log.warning("upstream SSE events withheld: not JSON-RPC read one way only",
                          extra={"server": self.target.name, "events": inspector.dropped})

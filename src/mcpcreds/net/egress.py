@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
+import os
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
@@ -403,6 +404,28 @@ async def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+class ConnectError(httpx.ConnectError):
+    """No connection to the server. `reason` says why in a few words that quote nothing of the
+    request (no URL, no address): "connection refused", "cannot resolve the host", or for a failed
+    TLS handshake (`tls`) OpenSSL's name for it ("CERTIFICATE_VERIFY_FAILED"). Named as httpx's,
+    whose place it takes: messages that show the error's type read as before."""
+
+    def __init__(self, message: str, *, request: httpx.Request, reason: str, tls: bool = False) -> None:
+        super().__init__(message, request=request)
+        self.reason = reason
+        self.tls = tls
+
+    @classmethod
+    def of(cls, exc: OSError, request: httpx.Request) -> ConnectError:
+        """The connect error for `exc` (an `ssl.SSLError` too)."""
+        if isinstance(exc, ssl.SSLError):
+            reason = "".join(ch for ch in str(exc.reason or "") if ch.isalnum() or ch == "_")[:64]
+            return cls(f"cannot connect to the server: {exc}", request=request,
+                       reason=reason or type(exc).__name__, tls=True)
+        reason = os.strerror(exc.errno).lower() if exc.errno else type(exc).__name__
+        return cls(f"cannot connect to the server: {exc}", request=request, reason=reason[:64])
+
+
 class EgressTransport(httpx.AsyncBaseTransport):
     """An httpx transport that enforces an `EgressPolicy` on every request.
 
@@ -445,9 +468,11 @@ class EgressTransport(httpx.AsyncBaseTransport):
         except TimeoutError:
             raise httpx.ConnectTimeout(f"resolving {host} timed out", request=request) from None
         except OSError as exc:
-            raise httpx.ConnectError(f"cannot resolve {host}: {exc}", request=request) from None
+            raise ConnectError(f"cannot resolve {host}: {exc}", request=request,
+                               reason="cannot resolve the host") from None
         if not addresses:
-            raise httpx.ConnectError(f"cannot resolve {host}: no address", request=request)
+            raise ConnectError(f"cannot resolve {host}: no address", request=request,
+                               reason="cannot resolve the host")
         return addresses
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:

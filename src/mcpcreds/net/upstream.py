@@ -18,7 +18,8 @@ does the same work with one protocol object per connection:
 - Timeouts as httpx reads them (`extensions["timeout"]`): connect, write (the body stuck in the
   send buffer), read (each wait for bytes; None waits as long as the caller does), pool.
 - Errors are httpx's (`ConnectError`, `ReadError`, `RemoteProtocolError`, timeouts), so callers
-  handle them as they would httpx's own. Header names and values are checked (no CR, LF or NUL:
+  handle them as they would httpx's own; a connect error is `egress.ConnectError`, which says why
+  in words that quote no address (`reason`, `tls`). Header names and values are checked (no CR, LF or NUL:
   nothing can be smuggled into the head).
 - `tls`, when given, is asked for the TLS context at each https request (a client certificate
   that changes: a SPIFFE X.509-SVID, `spiffe.X509Source`); when it hands out a new one, the idle
@@ -39,6 +40,8 @@ from typing import Any, Final
 
 import httptools
 import httpx
+
+from .egress import ConnectError
 
 HIGH_WATER: Final = 256 * 1024  # body bytes buffered before reading from the server pauses
 MAX_HEAD_BYTES: Final = 64 * 1024  # the status line and headers of an answer
@@ -332,7 +335,7 @@ class H1Transport(httpx.AsyncBaseTransport):
             if isinstance(exc, TimeoutError):
                 raise httpx.ConnectTimeout("connecting to the server timed out", request=request) from None
             if isinstance(exc, OSError):  # ssl.SSLError included
-                raise httpx.ConnectError(f"cannot connect to the server: {exc}", request=request) from None
+                raise ConnectError.of(exc, request) from None
             raise
         return conn
 

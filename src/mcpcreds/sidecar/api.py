@@ -49,6 +49,7 @@ from ..errors import (
     UnknownSecret,
 )
 from ..exec.session import ExecRoutes, exec_entry, grant_entries
+from ..gateway import tools_seen
 from ..gateway.relay import Gateway
 from ..signers.aauth import AAuthSigner
 from ..signers.sigv4 import SigV4Signer
@@ -396,7 +397,12 @@ class Api:
         return json_response({"revoked": True})
 
     async def status(self, request: Request) -> Response:
-        return answer({**await self.broker.status(), "gateway": self.gateway.status(),
+        status = await self.broker.status()
+        tools = await tools_seen.status_rows(self.broker.config.servers.values(), self.gateway.tools_seen,
+                                             self.broker.pins)
+        for row in status["servers"]:
+            row["tools"] = tools.get((row["name"], row["key"]))  # null: not served through the gateway
+        return answer({**status, "gateway": self.gateway.status(),
                        "aauth": self.aauth.status(), "aws": self.sigv4.status(),
                        "spiffe": spiffe_status(self.broker.config.targets_by_key.values(),
                                                self.broker.jwt_svids, self.broker.x509_sources)})
