@@ -98,7 +98,7 @@ def test_serve_log_format_text_and_log_level_warning(config: Path) -> None:
     socket = config.parent / "s.sock"
     started = time.time()
     sidecar = SidecarProcess(config, socket, {"LOGS_KEY": CANARY, "TZ": INDIA},
-                             ["--log-format", "text", "--log-level", "warning"])
+                             args=["--log-format", "text", "--log-level", "warning"])
     try:
         sidecar.wait_for_line(lambda line: "exposes no tool through the gateway" in line, "the config's warning")
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket), retries=5),
