@@ -32,6 +32,7 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 
+from mcpcreds import Client
 from mcpcreds.client.launch import Busy, file_lock
 from mcpcreds.config.load import parse_config
 from mcpcreds.config.starter import (
@@ -42,12 +43,13 @@ from mcpcreds.config.starter import (
     server_name_for,
     starter_config,
 )
-from mcpcreds.errors import ConfigError
-from tests.conftest import KeyringSession, module_peer
+from mcpcreds.errors import ConfigError, Forbidden
+from tests.conftest import CANARY, KeyringSession, module_peer
 from tests.peers import browser
 from tests.peers.mcp_server import McpServerPeer, start_mcp_server
 from tests.peers.mcp_untrusted_peer import UntrustedPeer, start_untrusted_peer
 from tests.peers.oidc_peer import OidcPeer
+from tests.sidecar_proc import run_sidecar
 
 ROOT = Path(__file__).resolve().parents[1]
 SCOPE = "tools:call"
@@ -335,6 +337,26 @@ async def test_a_running_sidecar_is_told_to_reload_for_a_new_url(open_server: Un
     assert "config reloaded" in desktop.sidecar_log.read_text()
 
 
+def test_the_reload_route_takes_a_valid_config_and_keeps_the_old_one_otherwise(tmp_path: Path) -> None:
+    socket_path, config = tmp_path / "run" / "s.sock", tmp_path / "config.toml"
+    base = f'[sidecar]\nsocket = "{socket_path}"\n[secrets]\nsources = ["env"]\n' \
+           '[[servers]]\nname = "a"\nendpoint = "https://a.example.com/mcp"\ntool_allowlist = ["t"]\n'
+    config.write_text(base)
+    with run_sidecar(config, socket_path, {}), Client(socket_path) as client:
+        config.write_text(base + '[[servers]]\nname = "b"\nendpoint = "https://b.example.com/mcp"\n'
+                                 'tool_allowlist = ["t"]\n')
+        assert client.request("POST", "/v1/reload", json={}) == {"reloaded": True, "servers": 2}
+        config.write_text(base + f'[[servers]]\nname = "c"\nendpoint = "https://c.example.com/mcp"\n'
+                                 f'rate = "{CANARY}"\n')
+        answer = client.request("POST", "/v1/reload", json={})
+        assert answer["reloaded"] is False and any(e.startswith("servers[1].rate:") for e in answer["errors"])
+        assert CANARY not in json.dumps(answer)  # errors name the path, never the value
+        assert sorted(spec["name"] for spec in client.servers()) == ["a", "b"]  # the old config kept
+        grant = client.grant(["a"])["grant"]
+        with Client(socket_path, grant=grant) as child, pytest.raises(Forbidden):  # owner only
+            child.request("POST", "/v1/reload", json={})
+
+
 def test_a_url_that_is_not_https_nor_loopback_is_refused_before_anything_is_written(desktop: Desktop) -> None:
     proc = subprocess.run([sys.executable, "-m", "mcpcreds", "stdio", "http://example.com/mcp?x=1"],
                           input="", capture_output=True, text=True,
@@ -391,3 +413,14 @@ async def test_three_clients_at_once_log_the_person_in_once(
     # every MCP request that reached the server carried a valid token, but the probe's and discovery's pings
     posts = protected.stats()["posts"]
     assert all(p["method"] == "ping" for p in posts if p["status"] == 401), posts
+    # a stored login the IdP refuses (a revoked refresh token) is not a usable one: with the
+    # sidecar gone, the next launch starts one, whose renewal is refused, and the person logs in again
+    pid = listener_pid(desktop.socket)
+    assert pid is not None
+    stop(pid)
+    stale = json.loads(keyring.get_password("mcpcreds", entry_name) or "{}")
+    keyring.set_password("mcpcreds", entry_name, json.dumps({**stale, "refresh_token": "rt-revoked-0123456789"}))
+    renewed = await launch(protected.url, desktop, "echo", {"text": "after"}, "renewed")
+    assert renewed.result.structured_content == {"result": "after"} and "asks for a login" in renewed.stderr
+    assert len(browser.opened(opened)) == 2 and idp.stats()["by_grant"].get("authorization_code") == 2
+    assert len(ready_lines(desktop)) == 2

@@ -198,17 +198,40 @@ def ensure_served(config: Config, name: str, socket: str, sidecar_uid: int | Non
 # ---------------------------------------------------------------------------- stdio URL: the login
 
 
-def ensure_login(args: argparse.Namespace, config: Config, target: Target, state: Path) -> None:
-    """A person's login for `target` when it needs one and the keyring holds none: once, under the
-    entry's login lock (a launch that waited finds the login the first one stored)."""
+NEEDS_LOGIN: Final = ("login_required", "invalid_grant")  # a renewal that only a new login mends
+LIVE: Final = ("valid", "stale", "renewing")  # the states of a login the sidecar holds
+
+
+def sidecar_has_login(socket: str, sidecar_uid: int | None, target: Target) -> bool:
+    """Whether the sidecar holds a usable login for `target`: one it has (its status), else one it
+    can renew from the stored login now (asked as after `mcpcreds login`); False only when the
+    renewal was refused as only a new login mends (a revoked or expired refresh token)."""
+    with Client(socket, sidecar_uid=sidecar_uid, connect_retry=0, timeout=30) as client:
+        rows = client.status().get("logins") or []
+        if any(isinstance(r, dict) and r.get("key") == target.key and r.get("state") in LIVE for r in rows):
+            return True
+        answer = client.request("POST", f"/v1/secrets/{entry_name(target.key)}/rotated", json={})
+    failed = answer.get("failed") if isinstance(answer, dict) else None
+    return not (isinstance(failed, dict) and failed.get(target.key) in NEEDS_LOGIN)
+
+
+def ensure_login(args: argparse.Namespace, config: Config, target: Target, socket: str,
+                 sidecar_uid: int | None, state: Path) -> None:
+    """A person's login for `target` when it needs one and the sidecar has no usable one (the
+    keyring holds none, or the sidecar's renewal from it was refused): once, under the entry's
+    login lock (a launch that waited finds the login the first one made)."""
     if target.login is None or target.login.grant not in LOGIN_GRANTS:
         return
     store = login_store(config.secrets)
-    if store.get(target.key) is not None:
+
+    def usable() -> bool:
+        return store.get(target.key) is not None and sidecar_has_login(socket, sidecar_uid, target)
+
+    if usable():
         return
     entry = entry_name(target.key)
     with file_lock(state / f"{entry}.lock", LOGIN_LOCK_WAIT, f"logging in to {target.name}"):
-        if store.get(target.key) is not None:
+        if usable():
             return
         say(f"{target.name} asks for a login: opening the browser" if not args.no_browser else
             f"{target.name} asks for a login")
@@ -233,5 +256,5 @@ def cmd_stdio_url(args: argparse.Namespace) -> int:
     target = config.servers[name]
     socket, configured_uid = sidecar_address(str(path), getattr(args, "socket", None))
     ensure_served(config, name, socket, configured_uid, state)
-    ensure_login(args, config, target, state)
+    ensure_login(args, config, target, socket, configured_uid, state)
     return run(socket, expected_sidecar_uid(configured_uid), name, grant_header(None), out)
