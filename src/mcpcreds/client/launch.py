@@ -29,6 +29,7 @@ from .client import Client
 START_TIMEOUT: Final = 10.0  # a started sidecar answers within this, or the start failed
 LOCK_STEP: Final = 0.01  # the first wait for a lock; doubled up to LOCK_STEP_MAX
 LOCK_STEP_MAX: Final = 0.2
+READY_STEP_MAX: Final = 0.05  # a started sidecar is asked this often at most (one health call each)
 LOG_NAME: Final = "sidecar.log"
 GRANT_ENV: Final = "MCPCREDS_GRANT"  # a grant is the caller's, never the sidecar's
 
@@ -153,5 +154,5 @@ def start_sidecar(config: Path, socket: str, sidecar_uid: int | None, state: Pat
                 raise SidecarUnavailable(f"the sidecar started for {socket} did not answer within "
                                          f"{timeout:g}s: its log is {log_path}")
             sleep(min(step, left))
-            step = min(step * 2, LOCK_STEP_MAX)
+            step = min(step * 2, READY_STEP_MAX)
         return proc.pid
