@@ -363,6 +363,14 @@ def test_a_url_that_is_not_https_nor_loopback_is_refused_before_anything_is_writ
                           env={**get_default_environment(), **desktop.env}, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert "http:// is only allowed for a loopback host" in proc.stderr and "example.com" not in proc.stderr
+    # a server that cannot be reached is not added: whether it asks for a login cannot be known
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/mcp"  # bound, not listening: refused
+        proc = subprocess.run([sys.executable, "-m", "mcpcreds", "stdio", url], input="", capture_output=True,
+                              text=True, env={**get_default_environment(), **desktop.env}, timeout=60)
+    assert proc.returncode == 1 and proc.stdout == "" and "could not be reached" in proc.stderr
+    assert url not in proc.stderr
     assert not desktop.config.exists() and listener_pid(desktop.socket) is None
 
 

@@ -49,7 +49,15 @@ from ..core.socket_check import expected_sidecar_uid
 from ..credentials.discovery import Discovery
 from ..credentials.login_store import entry_name, login_store
 from ..credentials.sources import KeyringSource
-from ..errors import ConfigError, McpcredsError, SidecarUnavailable
+from ..errors import (
+    ConfigError,
+    Forbidden,
+    McpcredsError,
+    SidecarUnavailable,
+    TokenEndpointError,
+    TokenEndpointTimeout,
+    UpstreamError,
+)
 from ..net.egress import egress_client
 from .common import EXIT_OK, tell_sidecar
 from .login import DEFAULT_WAIT, run_login
@@ -137,7 +145,12 @@ def asks_for_login(url: str) -> bool:
         async with egress_client(target.egress) as http:
             return await Discovery().needs_authorization(url, http)
 
-    return asyncio.run(probe())
+    try:
+        return asyncio.run(probe())
+    except (TokenEndpointError, TokenEndpointTimeout, Forbidden) as exc:  # the URL is not repeated
+        why = ("the egress policy refuses its address (a private one?)" if isinstance(exc, Forbidden)
+               else "it could not be reached")
+        raise UpstreamError(f"no server was added for that URL: {why}; nothing was written") from None
 
 
 def ensure_entry(path: Path, url: str) -> tuple[str, bool]:
