@@ -221,6 +221,17 @@ def _wait_until_secret_service_is_ready(address: str, daemon: subprocess.Popen[s
         conn.close()
 
 
+@contextlib.contextmanager
+def private_keyring(workdir: Path) -> Iterator[KeyringSession]:
+    """A real gnome-keyring on a private session bus, for a script (a bench) rather than a test:
+    its folders in `workdir`; stopped at the end of the block."""
+    session, stop, _ = _start_keyring_session(workdir)
+    try:
+        yield session
+    finally:
+        stop()
+
+
 _REVIVE: list[Callable[[], bool]] = []  # the session keyring's, while it runs
 
 

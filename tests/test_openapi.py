@@ -32,7 +32,8 @@ EXTENSIONS = [("post", "/v1/secrets/{name}/rotate"),
               ("post", "/v1/aauth/rotate-key"), ("post", "/v1/servers/{name}/lease"), ("get", "/v1/events"),
               ("post", "/v1/servers/{name}/step-up"), ("get", "/v1/tools/{server}"),
               ("post", "/v1/tools/{server}/approve"), ("post", "/v1/exec/{name}/events"),
-              ("get", "/v1/secrets/{name}/origin"), ("post", "/v1/exec/{name}/pins")]
+              ("get", "/v1/secrets/{name}/origin"), ("post", "/v1/exec/{name}/pins"),
+              ("post", "/v1/reload")]
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 
 

@@ -177,13 +177,15 @@ class JwtTokenVerifier:
         )
 
 
-def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str) -> ASGIApp:
-    """The SDK's Streamable HTTP app with bearer auth, wrapped by the test controls."""
+def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str,
+              scopes: list[str] | None = None) -> ASGIApp:
+    """The SDK's Streamable HTTP app with bearer auth, wrapped by the test controls; `scopes`: the
+    scopes a token must have, advertised as the metadata's `scopes_supported`."""
     server: MCPServer[Any] = MCPServer(
         "mcpcreds-test-tools",
         token_verifier=JwtTokenVerifier(state, issuer, jwks_uri, resource),
         auth=AuthSettings(issuer_url=AnyHttpUrl(issuer), resource_server_url=AnyHttpUrl(resource),
-                          validate_token_resource=True),
+                          validate_token_resource=True, required_scopes=scopes),
         log_level="WARNING",
     )
 
@@ -266,7 +268,8 @@ async def serve(args: argparse.Namespace) -> None:
     port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}/mcp"
     state = ServerState()
-    app = build_app(state, issuer=args.issuer, jwks_uri=args.jwks_uri, resource=args.resource or url)
+    app = build_app(state, issuer=args.issuer, jwks_uri=args.jwks_uri, resource=args.resource or url,
+                    scopes=args.scope or None)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -285,6 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--issuer", required=True)
     parser.add_argument("--jwks-uri", required=True)
     parser.add_argument("--resource", default=None, help="the expected `aud` (default: the server's URL)")
+    parser.add_argument("--scope", action="append", default=[],
+                        help="a scope every token must have, advertised in the metadata (repeat)")
     asyncio.run(serve(parser.parse_args(argv)))
 
 
@@ -322,12 +327,14 @@ class McpServerPeer(PeerHandle):
 
 @contextlib.contextmanager
 def start_mcp_server(issuer: str, jwks_uri: str, *, resource: str | None = None,
-                     ready_timeout: float = READY_TIMEOUT) -> Iterator[McpServerPeer]:
+                     scopes: tuple[str, ...] = (), ready_timeout: float = READY_TIMEOUT) -> Iterator[McpServerPeer]:
     """Run the server for the duration of the with-block; yields an McpServerPeer."""
     cmd = [sys.executable, "-m", "tests.peers.mcp_server", "--port", "0", "--issuer", issuer,
            "--jwks-uri", jwks_uri]
     if resource is not None:
         cmd += ["--resource", resource]
+    for scope in scopes:
+        cmd += ["--scope", scope]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     with ready_process(lambda _: cmd, what="MCP server peer", cwd=ROOT, timeout=ready_timeout,

@@ -188,6 +188,10 @@ def cmd_stdio(args: argparse.Namespace) -> int:
     from ..core.socket_check import check_folder, expected_sidecar_uid
 
     name = args.name
+    if "://" in name:  # `mcpcreds stdio https://server/mcp`: in the place of `npx mcp-remote URL`
+        from .onboard import cmd_stdio_url
+
+        return cmd_stdio_url(args)
     if not 0 < len(name) <= MAX_NAME or not name.isprintable():
         raise InvalidRequest(f"SERVER must be a server name or cache key of 1 to {MAX_NAME} printable "
                              "characters")
@@ -197,6 +201,12 @@ def cmd_stdio(args: argparse.Namespace) -> int:
     with contextlib.suppress(FileNotFoundError):
         check_folder(socket, sidecar_uid)
     return run(socket, sidecar_uid, name, grant_header(None))
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from .onboard import cmd_init as init
+
+    return init(args)
 
 
 def cmd_credential_helper(args: argparse.Namespace) -> int:
@@ -382,7 +392,7 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
         prog="mcpcreds", parents=[common],
         description="Credential and rate-limit sidecar for MCP agents.",
         epilog="exit codes: 0 ok, 1 failure, 2 usage or config error, 69 sidecar unreachable, "
-               "75 rate limited past --max-wait, 77 forbidden",
+               "73 init: the config exists, 75 rate limited past --max-wait, 77 forbidden",
     )
     class Version(argparse.Action):  # the version is read from the package metadata on use only
         def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
@@ -416,6 +426,11 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--log-format", choices=("text", "json"), default=None,
                    help="text: a readable line with the local time; json: one JSON object a line, "
                         "with ISO-8601 and unix times (default: text on a terminal, json elsewhere)")
+    add("serve", cmd_serve, "run the sidecar in the foreground; ready when the socket accepts")
+    p = add("init", cmd_init, "write a commented starter config (the socket, secret sources that work "
+            "here, one example server) where the config is looked for; never over an existing file (exit 73)")
+    p.add_argument("-o", "--output", metavar="PATH", default=None,
+                   help="write it here instead (default: --config, else the config's default path)")
     add("check", cmd_check, "validate the config and print every error")
     p = add("help", cmd_help, "reference pages: `mcpcreds help config` lists every config key with its "
             "default and meaning")
@@ -458,8 +473,14 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
                         "(repeat; servers not named keep their policy's tools)")
     p = add_client("stdio", cmd_stdio,
                    "a stdio MCP server relaying to the gateway, /mcp/SERVER (for MCP clients that launch "
-                   "stdio servers); stdout carries JSON-RPC only; MCPCREDS_GRANT is sent as the grant")
-    p.add_argument("name", metavar="SERVER", help="server name or cache key")
+                   "stdio servers); stdout carries JSON-RPC only; MCPCREDS_GRANT is sent as the grant. "
+                   "With a URL (in the place of `npx mcp-remote URL`): the server is added to the config "
+                   "if none has that endpoint, a sidecar started if none runs, the person logged in once "
+                   "if the server asks for it")
+    p.add_argument("name", metavar="SERVER", help="server name or cache key, or the URL of an MCP server "
+                   "(https://..., http:// on a loopback host)")
+    p.add_argument("--no-browser", action="store_true",
+                   help="with a URL: print the login URL on stderr, never open a browser")
 
     p = add_client("credential-helper", cmd_credential_helper,
                    "git and docker credential helper: answer `get` with the credential of the server "

@@ -464,11 +464,19 @@ def unreachable_text(socket_path: str) -> str:
             "this server's entry of the MCP client's config: \"env\": {\"MCPCREDS_SOCKET\": \"PATH\"}")
 
 
-def run(socket_path: str, sidecar_uid: int, name: str, grant_headers: dict[str, str]) -> int:
-    """The `mcpcreds stdio` process: stdout is kept for JSON-RPC, fd 1 becomes stderr."""
+def take_stdout() -> Output:
+    """Keep stdout for JSON-RPC: the Output that writes to it, while fd 1 (and `sys.stdout`)
+    become stderr, so nothing else this process (or a child it starts) prints reaches the client."""
     out = Output(os.fdopen(os.dup(1), "wb"))
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    return out
+
+
+def run(socket_path: str, sidecar_uid: int, name: str, grant_headers: dict[str, str],
+        out: Output | None = None) -> int:
+    """The `mcpcreds stdio` process: stdout is kept for JSON-RPC (`out`, or taken now)."""
+    out = out or take_stdout()
 
     def say(message: str) -> None:
         print(f"mcpcreds stdio: {message}", file=sys.stderr, flush=True)

@@ -302,16 +302,45 @@ class Discovery:
             pass
         return None
 
+    async def needs_authorization(self, endpoint: str, http: httpx.AsyncClient) -> bool:
+        """Whether the MCP server at `endpoint` asks for an OAuth login: an unauthenticated request
+        answered 401, or (an answer that is neither 401 nor a success) protected-resource metadata
+        (RFC 9728) for it, path-based or at the root, naming an authorization server. A server that
+        cannot be reached raises TokenEndpointError: nothing can be said of it."""
+        status, _ = await self._probe(endpoint, http)
+        if status is None:
+            raise TokenEndpointError(f"{endpoint} could not be reached", "temporarily_unavailable")
+        if status == 401:
+            return True
+        if 200 <= status < 300:
+            return False
+        urls = {resource_metadata_url(endpoint): False}
+        urls.setdefault(_well_known(_origin(endpoint), "oauth-protected-resource", insert=True), True)
+        for url, at_root in urls.items():
+            try:
+                found, data = await self._get_json(url, http)
+                if found == 200 and _issuer_in(data, endpoint, at_root=at_root):
+                    return True
+            except (TokenEndpointError, TokenEndpointTimeout, Forbidden):
+                continue
+        return False
+
     async def _challenge(self, endpoint: str, http: httpx.AsyncClient) -> str | None:
         """The WWW-Authenticate header of an unauthenticated request to the MCP endpoint."""
+        status, header = await self._probe(endpoint, http)
+        return header if status == 401 else None
+
+    async def _probe(self, endpoint: str, http: httpx.AsyncClient) -> tuple[int | None, str | None]:
+        """The status and WWW-Authenticate header of an unauthenticated `ping` to the MCP
+        endpoint; (None, None) when no answer came."""
         try:  # only the head is read: the body of a hostile server could be endless
             async with asyncio.timeout(DISCOVERY_TIMEOUT), \
                     http.stream("POST", endpoint, json={"jsonrpc": "2.0", "id": 0, "method": "ping"},
                                 headers={"Accept": "application/json, text/event-stream"},
                                 follow_redirects=False, timeout=DISCOVERY_TIMEOUT) as response:
-                return response.headers.get("www-authenticate") if response.status_code == 401 else None
+                return response.status_code, response.headers.get("www-authenticate")
         except (httpx.HTTPError, httpx.InvalidURL, TimeoutError):
-            return None
+            return None, None
 
     async def _get_json(self, url: str, http: httpx.AsyncClient) -> tuple[int, Any]:
         # httpx's timeout bounds each read; the whole fetch is bounded too (a byte every few

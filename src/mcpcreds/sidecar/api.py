@@ -133,8 +133,10 @@ def grant_tools(body: dict[str, Any], names: dict[str, Target],
 class Api:
     """Routes requests; exceptions become the contract's error answers in one place."""
 
-    def __init__(self, broker: Broker, metrics: Metrics, audit: AuditLog | None = None) -> None:
+    def __init__(self, broker: Broker, metrics: Metrics, audit: AuditLog | None = None,
+                 reloader: Callable[[], list[str]] | None = None) -> None:
         self.broker = broker
+        self.reloader = reloader  # the sidecar's config reload: its errors, [] when it took
         self.metrics = metrics
         self.audit = audit or AuditLog(None, broker.clock)
         self.openapi = (resources.files("mcpcreds") / "openapi.json").read_bytes()
@@ -152,6 +154,7 @@ class Api:
             ("POST", "/v1/grants"): ("grant", self.create_grant),
             ("POST", "/v1/aauth/rotate-key"): ("aauth_rotate", self.aauth_rotate),
             ("GET", "/v1/events"): ("events", self.events),
+            ("POST", "/v1/reload"): ("reload", self.reload_config),  # owner-only: not a grant route
         }
         self._server_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "headers"): ("headers", self.headers),
@@ -427,6 +430,17 @@ class Api:
             self.audit.write("tools_approved", **fields, **_actor(request))
             _log.info("tool definitions approved", extra=fields)
         return answer(result)
+
+    def reload_config(self, request: Request) -> Response:
+        """Re-read the config file, as SIGHUP does (what `mcpcreds stdio URL` asks after adding a
+        server): a config with errors is rejected and the old one kept; its errors name TOML paths,
+        never values."""
+        if self.reloader is None:
+            raise InvalidRequest("this sidecar has no config file to reload")
+        errors = self.reloader()
+        if errors:
+            return answer({"reloaded": False, "errors": errors[:100]})
+        return answer({"reloaded": True, "servers": len(self.broker.config.servers)})
 
     def openapi_doc(self, request: Request) -> Response:
         return Response(200, self.openapi)

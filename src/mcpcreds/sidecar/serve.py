@@ -115,7 +115,7 @@ class Sidecar:
         self.audit = AuditLog(config.sidecar.audit_log, clock)
         self.broker = Broker(config, SecretResolver.from_config(config.secrets), clock, self.metrics,
                              audit=self.audit)
-        self.api = Api(self.broker, self.metrics, self.audit)
+        self.api = Api(self.broker, self.metrics, self.audit, reloader=self._reload_asked)
         self.connections = Connections(config.sidecar.request_timeout, config.sidecar.idle_timeout,
                                        clock=clock)
         self.socket_path = default_socket_path(config.sidecar.socket)
@@ -131,15 +131,16 @@ class Sidecar:
     def allow_uids(self) -> frozenset[int]:
         return self._allow_uids
 
-    def reload(self) -> bool:
-        """Re-read the config; keep the old one if the new one is invalid."""
+    def reload(self) -> list[str]:
+        """Re-read the config; keep the old one if the new one is invalid. Returns its errors
+        ([] when it was taken)."""
         try:
             config = load_config(self.config.path)
         except ConfigError as exc:
             _log.error("reload rejected: config invalid; keeping the old one",
                        extra={"errors": exc.errors})
             self.audit.write("reload", outcome="rejected", errors=exc.errors)
-            return False
+            return exc.errors or ["the config could not be read"]
         if default_socket_path(config.sidecar.socket) != self.socket_path:
             _log.warning("sidecar.socket changed: takes effect at the next restart")
         if config.sidecar.state != self.config.sidecar.state:
@@ -160,12 +161,18 @@ class Sidecar:
             if conn.peer_uid not in self._allow_uids and conn.transport is not None:
                 conn.transport.close()
         _log.info("config reloaded", extra={"servers": len(config.servers)})
-        return True
+        return []
 
     def _sighup(self) -> None:
+        self._reload_asked()
+
+    def _reload_asked(self) -> list[str]:
+        """A reload by SIGHUP or `POST /v1/reload`, told to systemd as one."""
         self.notify.reloading()
-        self.reload()
-        self.notify.ready()
+        try:
+            return self.reload()
+        finally:
+            self.notify.ready()
 
     async def _status(self) -> str:
         try:  # shared buckets live in Redis: a STATUS= line must never stop the sidecar serving
