@@ -426,7 +426,6 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--log-format", choices=("text", "json"), default=None,
                    help="text: a readable line with the local time; json: one JSON object a line, "
                         "with ISO-8601 and unix times (default: text on a terminal, json elsewhere)")
-    add("serve", cmd_serve, "run the sidecar in the foreground; ready when the socket accepts")
     p = add("init", cmd_init, "write a commented starter config (the socket, secret sources that work "
             "here, one example server) where the config is looked for; never over an existing file (exit 73)")
     p.add_argument("-o", "--output", metavar="PATH", default=None,
