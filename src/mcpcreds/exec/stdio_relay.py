@@ -159,7 +159,7 @@ class StdioPolicy:
         except jsonrpc.JsonRpcError as exc:
             return Relayed([jsonrpc.dumps(jsonrpc.error(None, exc.code, exc.message))])
         try:
-            out = put_back(out, self.rounds, _HOLDER)
+            out, _ = put_back(out, self.rounds, _HOLDER)
         except jsonrpc.JsonRpcError as exc:
             return Relayed([jsonrpc.dumps(jsonrpc.error(out.single_id, exc.code, exc.message))])
         voided = {key for m in out.messages if m.kind == "response" and jsonrpc.valid_id(m.id)
