@@ -14,7 +14,8 @@ task (``resultType: "task"``) that ``tasks/get`` reports ``working`` twice, then
 "posts": [{"method", "headers": {mcp-*: value}}, ...]}`` (the last 200 POSTs' headers).
 
 Run it as ``python -m tests.peers.mcp_eras_peer``: it prints ``READY <base url>``; from a test:
-``with start_eras_peer() as peer: peer.url``.
+``with start_eras_peer() as peer: peer.url``. ``python -m tests.peers.mcp_eras_peer stdio`` serves
+the same tools over stdio.
 """
 
 from __future__ import annotations
@@ -194,4 +195,7 @@ def start_eras_peer() -> Iterator[PeerHandle]:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve())
+    if sys.argv[1:2] == ["stdio"]:  # the same server over stdio, for `mcpcreds exec`
+        build_server(PeerState()).run("stdio")
+    else:
+        asyncio.run(serve())
