@@ -132,7 +132,9 @@ def build_server(state: PeerState) -> MCPServer[Any]:
         state.calls["grow"] += 1
         if server._tool_manager.get_tool("grown") is None:
             server.add_tool(lambda: "grown", name="grown", description="A tool added at run time.")
-        await ctx.notify_tools_changed()
+        await ctx.notify_tools_changed()  # to subscriptions/listen streams (2026-07-28)
+        if ctx.protocol_version not in ("2026-07-28", None):  # to the session (the 2025 revisions)
+            await ctx.session.send_tool_list_changed()
         return "grown"
 
     @server.tool()
