@@ -202,7 +202,8 @@ async def raw(sidecar: SidecarProcess, relay: str) -> AsyncIterator[tuple[httpx.
 
 
 def last_post(peer: PeerHandle, method: str) -> dict[str, str]:
-    return [p for p in peer.stats()["posts"] if p["method"] == method][-1]["headers"]
+    headers: dict[str, str] = [p for p in peer.stats()["posts"] if p["method"] == method][-1]["headers"]
+    return headers
 
 
 @pytest.mark.parametrize("relay", ["socket", "tcp"])

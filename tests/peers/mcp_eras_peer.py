@@ -50,7 +50,7 @@ class Name(BaseModel):
 
 class TaskParams(BaseModel):
     model_config = {"extra": "allow"}
-    taskId: str  # noqa: N815 (the wire's name)
+    taskId: str  # the wire's name
 
 
 class PeerState:
