@@ -109,7 +109,8 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "allow_private": ("[]", "private or metadata addresses allowed all the same"),
         "expose": (_NO_DEFAULT, "\"proxy\": the credential stays in the sidecar (gateway only); "
                    "\"headers\": no gateway; \"both\""),
-        "rate_methods": ("every request", "JSON-RPC methods through the gateway that take a permit"),
+        "rate_methods": ("every request but tasks/*",
+                         "JSON-RPC methods through the gateway that take a permit"),
         "max_wait": (_NO_DEFAULT, "seconds a gateway request waits for a permit before a 429"),
         "leases": ("true", "clients may lease a share of the bucket (with a shared state, of the "
                    "bucket in Redis); false: per request only"),

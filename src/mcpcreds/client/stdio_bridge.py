@@ -10,6 +10,8 @@ sidecar's socket, for MCP clients that only launch stdio servers.
   server-initiated messages (a 405 means it has none). A request whose answer never came (the
   sidecar unreachable, a stream cut short, an HTTP error without a JSON-RPC body) gets a JSON-RPC
   error, so the client never waits forever.
+- A `notifications/cancelled` closes the POST of the request it names (over HTTP, closing the
+  stream cancels a request; a 2026-07-28 `subscriptions/listen` ends so) and goes on as well.
 - EOF on stdin: the requests in flight are answered, then the session is ended (DELETE).
   SIGTERM or SIGINT: the same without waiting for them.
 - stdout carries JSON-RPC only (whatever else might write to it goes to stderr); diagnostics go
@@ -51,6 +53,7 @@ INTERNAL_ERROR: Final = -32603
 GATEWAY_ERROR: Final = -32000
 INVALID_REQUEST: Final = -32600
 PARSE_ERROR: Final = -32700
+CANCELLED: Final = "notifications/cancelled"
 
 Say = Callable[[str], None]
 
@@ -236,6 +239,7 @@ class Relay:
         self.session_id: str | None = None
         self.protocol_version: str | None = None
         self.inflight: set[asyncio.Task[None]] = set()
+        self.by_id: dict[str, asyncio.Task[None]] = {}  # the POST of each request in flight
         self.listener: asyncio.Task[None] | None = None
 
     def headers(self, accept: str = "application/json, text/event-stream") -> dict[str, str]:
@@ -264,12 +268,27 @@ class Relay:
             return
         ids = request_ids(message)
         methods = {m.get("method") for m in messages_of(message)}
+        for item in messages_of(message):
+            if item.get("method") == CANCELLED and isinstance(item.get("params"), dict):
+                # over HTTP, a request is cancelled by closing its stream (2026-07-28: the only way,
+                # and the way a subscriptions/listen ends): its POST is closed; the notice goes on too
+                task = self.by_id.pop(id_key(item["params"].get("requestId")), None)
+                if task is not None:
+                    task.cancel()
         if "initialize" in methods or not ids:  # in order: the session id first, or a notification
             await self.post(line, ids, initialize="initialize" in methods)
         else:
-            spawn(self.inflight, self.post(line, ids))
+            task = spawn(self.inflight, self.post(line, ids))
+            keys = [id_key(i) for i in ids]
+            self.by_id.update(dict.fromkeys(keys, task))
+            task.add_done_callback(lambda done: self._forget(keys, done))
         if "notifications/initialized" in methods and self.listener is None:
             self.listener = asyncio.ensure_future(self.listen())
+
+    def _forget(self, keys: list[str], task: asyncio.Task[None]) -> None:
+        for key in keys:
+            if self.by_id.get(key) is task:
+                del self.by_id[key]
 
     # -- POST
 

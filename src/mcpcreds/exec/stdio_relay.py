@@ -14,7 +14,8 @@ JSON-RPC between an MCP client and a stdio server, judged line by line by the ga
   with `take_late`): a request the server has not answered within `timeout` (a progress
   notification for it restarts the wait) is answered to the client with an error (data.code
   `upstream_timeout`) and cancelled at the server (`notifications/cancelled`); its late answer is
-  dropped, as is the answer to a request the client cancelled. An elicitation relayed to the
+  dropped, as is the answer to a request the client cancelled. A `subscriptions/listen` is never
+  timed out: its answer comes when the subscription ends. An elicitation relayed to the
   client and not answered within `elicitation_timeout_secs` is answered to the server in the
   client's place (`cancel`), the client is told it is void (`notifications/cancelled`), and its
   late answer is dropped.
@@ -53,6 +54,7 @@ MAX_NAME: Final = 128
 ELICITATION: Final = "elicitation/create"
 CANCELLED: Final = "notifications/cancelled"
 PROGRESS: Final = "notifications/progress"
+LISTEN: Final = "subscriptions/listen"  # 2026-07-28
 MAX_VOID: Final = 1024  # requests timed out or cancelled, remembered so that a late answer is dropped
 
 
@@ -159,7 +161,7 @@ class StdioPolicy:
         except jsonrpc.JsonRpcError as exc:
             return Relayed([jsonrpc.dumps(jsonrpc.error(None, exc.code, exc.message))])
         try:
-            out = put_back(out, self.rounds, _HOLDER)
+            out, _ = put_back(out, self.rounds, _HOLDER)
         except jsonrpc.JsonRpcError as exc:
             return Relayed([jsonrpc.dumps(jsonrpc.error(out.single_id, exc.code, exc.message))])
         voided = {key for m in out.messages if m.kind == "response" and jsonrpc.valid_id(m.id)
@@ -197,7 +199,8 @@ class StdioPolicy:
             token = _progress_token(m.raw.get("params"))
             if token is not None:
                 self._progress[token] = key
-            self._start_timer(key)
+            if m.method != LISTEN:  # answered only when the subscription ends
+                self._start_timer(key)
         return Relayed(to_server=[out.body])
 
     def _cancelled(self, params: Any) -> None:

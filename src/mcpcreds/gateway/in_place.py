@@ -129,8 +129,10 @@ class InPlace:
         return take_out(result, self.rounds, _holder(request, target),
                         lambda method, params: self.policy(request, target, method, params))
 
-    def resume(self, request: Request, target: Target, out: jsonrpc.Outgoing) -> jsonrpc.Outgoing:
-        """The client's retries with what the gateway answered put back (`input_rounds.put_back`)."""
+    def resume(self, request: Request, target: Target,
+               out: jsonrpc.Outgoing) -> tuple[jsonrpc.Outgoing, frozenset[jsonrpc.IdKey]]:
+        """The client's retries with what the gateway answered put back, and their ids
+        (`input_rounds.put_back`)."""
         return put_back(out, self.rounds, _holder(request, target))
 
     def _void(self, request: Request, target: Target, message: dict[str, Any], mode: str,

@@ -9,8 +9,9 @@ written anew from what was read; what cannot be read so is refused, never passed
   a member the gateway judges (`Name` beside `name`, `PARAMS`, a long s for `s`) is refused, and so is a
   `tools/call` notification (no id: its answer, and so its audit, would never come).
 - `permits` counts the permits a POST takes: one per request (an object with `method` and
-  `id`) whose method is counted (`rate_methods`, or every method); notifications and responses
-  take none.
+  `id`) whose method is counted (`rate_methods`, or every method but the task methods, whose
+  polls follow a call already counted); notifications, responses and the retries of an input
+  round (2026-07-28: its first request took the permit) take none.
 - `refusals` applies the server's trust policy to the `tools/call` requests. A batch with a
   refused call is refused whole (nothing of it is forwarded): each refused call is answered
   with -32602 naming the policy, each other request with -32600 saying why it was not sent.
@@ -19,8 +20,6 @@ written anew from what was read; what cannot be read so is refused, never passed
 - A grant may narrow a server's tools further (`granted`: the tool names it allows there, or
   None): a call outside it is refused like one outside the policy, and listings show only the
   tools both allow.
-- `mirrored` checks the `Mcp-Method` and `Mcp-Name` headers a client sent against the body and
-  gives them as derived from it.
 - `Inspector` follows an upstream answer (a JSON body, or SSE events one by one): each message
   must be JSON-RPC, read strictly; a result with a `tools` array (a `tools/list` page) is filtered
   to the tools the policy (and the grant) expose, whatever stream it comes on; the answers to
@@ -31,9 +30,6 @@ written anew from what was read; what cannot be read so is refused, never passed
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -56,9 +52,8 @@ TOOLS_LIST: Final = "tools/list"
 # the members the gateway judges, at each level: no other key may read as one of them
 MESSAGE_MEMBERS: Final = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
 PARAMS_MEMBERS: Final = frozenset({"name", "arguments", "_meta", "uri"})
-RESULT_MEMBERS: Final = frozenset({"tools", "isError"})
+RESULT_MEMBERS: Final = frozenset({"tools", "isError", "resultType", "inputRequests", "requestState"})
 TOOL_MEMBERS: Final = frozenset({"name"})
-NAMED_METHODS: Final = frozenset({"tools/call", "prompts/get", "resources/read"})  # Mcp-Name mirrors these
 
 IdKey = tuple[str, Any]  # ("s", "abc") or ("n", 7): a JSON-RPC id, with "1" and 1 kept apart
 
@@ -107,17 +102,6 @@ class Message:
         params = self.raw.get("params")
         name = params.get("name") if isinstance(params, dict) else None
         return name if isinstance(name, str) else None
-
-    @property
-    def target_name(self) -> str | None:
-        """What `Mcp-Name` mirrors: `params.name`, else `params.uri`, of a named method."""
-        params = self.raw.get("params")
-        if self.method not in NAMED_METHODS or not isinstance(params, dict):
-            return None
-        for member in ("name", "uri"):
-            if isinstance(params.get(member), str):
-                return str(params[member])
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,9 +181,16 @@ def parse_body(body: bytes) -> Outgoing:
     return Outgoing((_message(data),), False, forwarded)
 
 
-def permits(out: Outgoing, rate_methods: Sequence[str] | None) -> int:
-    """Permits the POST takes: one per request whose method is counted."""
-    return sum(1 for m in out.requests if rate_methods is None or m.method in rate_methods)
+# what follows a request already counted: polling a task (2026-07-28's extension, 2025-11-25's core)
+TASK_METHODS: Final = frozenset({"tasks/get", "tasks/result", "tasks/list", "tasks/update", "tasks/cancel"})
+
+
+def permits(out: Outgoing, rate_methods: Sequence[str] | None, free: frozenset[IdKey] = frozenset()) -> int:
+    """Permits the POST takes: one per request whose method is counted. Every method is, when
+    `rate_methods` is None, but the task methods; none of the `free` requests is (the retries of
+    an input round, whose first request took its permit)."""
+    return sum(1 for m in out.requests if id_key(m.id) not in free and (
+        m.method not in TASK_METHODS if rate_methods is None else m.method in rate_methods))
 
 
 def error(id_: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
@@ -251,55 +242,6 @@ def whole_batch(out: Outgoing, refused: Mapping[IdKey, dict[str, Any]]) -> list[
     not_sent = ("not sent: its batch holds a tools/call that the gateway refuses, and a batch is forwarded "
                 "whole or not at all")
     return [refused.get(id_key(m.id)) or error(m.id, INVALID_REQUEST, not_sent) for m in out.requests]
-
-
-# ---------------------------------------------------------------------------- mirrored headers
-
-_SENTINEL: Final = re.compile(r"=\?base64\?(.*)\?=", re.DOTALL)
-
-
-def encode_header_value(value: str) -> bytes:
-    """A value as an `Mcp-*` header carries it: printable ASCII as it is, anything else (and
-    anything that looks like the sentinel) as `=?base64?...?=` over its UTF-8."""
-    if value.isascii() and value.isprintable() and value == value.strip() and not _SENTINEL.fullmatch(value):
-        return value.encode("ascii")
-    return b"=?base64?" + base64.b64encode(value.encode("utf-8", "surrogatepass")) + b"?="
-
-
-def decode_header_value(raw: bytes) -> str | None:
-    """What an `Mcp-*` header says (None if it says nothing readable)."""
-    try:
-        text = raw.decode("ascii").strip()
-    except UnicodeDecodeError:
-        return None
-    sentinel = _SENTINEL.fullmatch(text)
-    if sentinel is None:
-        return text
-    try:
-        return base64.b64decode(sentinel.group(1), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-
-
-def mirrored(out: Outgoing, sent_method: bytes | None, sent_name: bytes | None) -> list[tuple[bytes, bytes]]:
-    """The `Mcp-Method` / `Mcp-Name` headers to forward, derived from the body; JsonRpcError
-    (HEADER_MISMATCH) if the client sent one that says otherwise. A client that sent neither (an
-    older protocol era) gets none added."""
-    if sent_method is None and sent_name is None:
-        return []
-    one = out.messages[0] if not out.batch else None
-    method = one.method if one is not None else None
-    name = one.target_name if one is not None else None
-    if sent_method is not None and decode_header_value(sent_method) != method:
-        raise JsonRpcError(HEADER_MISMATCH, "the Mcp-Method header does not match the body's method")
-    if sent_name is not None and decode_header_value(sent_name) != name:
-        raise JsonRpcError(HEADER_MISMATCH, "the Mcp-Name header does not match the body")
-    headers = []
-    if method is not None:
-        headers.append((b"mcp-method", encode_header_value(method)))
-    if name is not None:
-        headers.append((b"mcp-name", encode_header_value(name)))
-    return headers
 
 
 # ---------------------------------------------------------------------------- answers
@@ -374,6 +316,8 @@ class Inspector:
     on_input_required: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # what the screening did: ("sanitized", hits), ("injection", pattern names), ("media", types)
     on_screened: Callable[[str, list[Any]], None] | None = None
+    # every tools array that passes, as the client sees it (the x-mcp-header annotations are learned)
+    on_listing: Callable[[list[Any]], None] | None = None
 
     def json_body(self, body: bytes) -> bytes | None:
         """A whole application/json answer (one message or a batch), checked, filtered, masked and
@@ -432,6 +376,8 @@ class Inspector:
                     if self.on_listed is not None:
                         self.on_listed(result["tools"], result.get("nextCursor") is not None)
                     result = {**result, "tools": self.on_tools(tools) if self.on_tools is not None else tools}
+                    if self.on_listing is not None:
+                        self.on_listing(result["tools"])
                 if result.get("resultType") == "input_required" and self.on_input_required is not None:
                     result = self.on_input_required(result)
                 try:
@@ -468,6 +414,10 @@ class Inspector:
                 self._screened("sanitized", hits)
         if not screening.media:
             result, withheld = screen.withhold_media(result)
+            inner = result.get("result")
+            if result.get("status") == "completed" and isinstance(inner, dict):  # a task's, from tasks/get
+                inner, more = screen.withhold_media(inner)
+                result, withheld = {**result, "result": inner}, withheld + more
             if withheld:
                 self._screened("media", withheld)
         if screening.sanitize and not listing and (found := screen.scan_result(result)):
@@ -593,4 +543,6 @@ def answer_status(message: Mapping[str, Any]) -> str:
     result = message.get("result")
     if isinstance(result, dict) and result.get("isError") is True:
         return "tool_error"
+    if isinstance(result, dict) and result.get("resultType") in ("input_required", "task"):
+        return str(result["resultType"])  # asks for input (2026-07-28), or goes on as a task
     return "ok"

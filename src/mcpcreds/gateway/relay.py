@@ -64,7 +64,7 @@ from ..errors import (
 )
 from ..signers.aauth import AAuthSigner
 from ..signers.sigv4 import SigV4Signer
-from . import jsonrpc, pins, tool_meta, upstream_log
+from . import jsonrpc, mirror, pins, tool_meta, upstream_log
 from .in_place import InPlace, actor_of, one_header
 from .sessions import LiveSessions, Owner
 from .stream import SseBody, ToolCalls
@@ -86,14 +86,15 @@ _FORWARDED: Final = frozenset({
     b"accept", b"content-type", b"mcp-session-id", b"mcp-protocol-version", b"last-event-id",
     b"traceparent", b"tracestate", b"user-agent",
 })
-_MIRRORED: Final = (b"mcp-method", b"mcp-name")  # checked against the body, then derived from it
 _PARAM_PREFIX: Final = b"mcp-param-"
 _RETURNED: Final = ("mcp-session-id", "mcp-protocol-version", "retry-after", "cache-control")
 _METHODS: Final = ("POST", "GET", "DELETE")
 SENT_CACHE: Final = 1024  # servers whose credential headers (and endpoint URLs) are kept prepared
 SESSION_NOT_FOUND: Final = -32001  # what MCP servers answer for a session they do not know
 _STATUS_GROUPS: Final = frozenset({"ok", "tool_error", "error", "refused", "rate_limited", "upstream_error",
-                                   "no_response", "dropped", "cancelled", "withheld"})
+                                   "no_response", "dropped", "cancelled", "withheld", "input_required",
+                                   "task"})
+LISTEN: Final = "subscriptions/listen"  # 2026-07-28: its answer is a stream that stays open
 
 
 def forwarded_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
@@ -146,6 +147,7 @@ class Gateway:
         self._writes: set[asyncio.Task[None]] = set()  # pins being written
         self.aauth = aauth  # signs for servers with `aauth`: the agent key stays in the sidecar
         self.sigv4 = sigv4  # signs for servers with auth kind "aws": so does the AWS secret key
+        self.params = mirror.ParamTable()  # the x-mcp-header annotations of the tools listed
 
     # -- entry points
 
@@ -213,19 +215,21 @@ class Gateway:
             self._observe(target, request.method, 400, started)
             return _rpc_response(400, jsonrpc.error(None, exc.code, exc.message))
         calls = ToolCalls(self.tool_call_done, target, request, out.tool_calls())
+        one = None if out.batch else out.messages[0]
         try:
-            mirrors = jsonrpc.mirrored(out, *(one_header(request, name) for name in _MIRRORED))
-        except jsonrpc.JsonRpcError as exc:
+            mirrors = mirror.mirrors(one.raw if one is not None else None, request.headers,
+                                     self.params.of(target.name, one.tool or "") if one is not None else ())
+        except mirror.Mismatch as exc:
             calls.finish_all("refused")
             self._observe(target, request.method, 400, started)
-            return _rpc_response(400, jsonrpc.error(out.single_id, exc.code, exc.message))
+            return _rpc_response(400, jsonrpc.error(out.single_id, jsonrpc.HEADER_MISMATCH, str(exc)))
         foreign = self._foreign_session(request, target, out.single_id)
         if foreign is not None:
             calls.finish_all("refused")
             self._observe(target, request.method, foreign.status, started)
             return foreign
         try:
-            out = self.in_place.resume(request, target, out)
+            out, retries = self.in_place.resume(request, target, out)
         except jsonrpc.JsonRpcError as exc:
             calls.finish_all("refused")
             self._observe(target, request.method, 400, started)
@@ -247,7 +251,7 @@ class Gateway:
         roots = target.content.effective_roots(trust)
         out = jsonrpc.declare_roots(out, None if roots is None else True)
         await self._tell_roots(request, target, roots)
-        cost = jsonrpc.permits(out, target.gateway.rate_methods)
+        cost = jsonrpc.permits(out, target.gateway.rate_methods, retries)
         try:
             response, sent = await self._exchange(request, target, cost, out.body, mirrors)
         except BaseException as exc:
@@ -264,7 +268,7 @@ class Gateway:
         if foreign is not None:
             self._observe(target, request.method, foreign.status, started)
             return foreign
-        response, sent = await self._exchange(request, target, 0, None, [])
+        response, sent = await self._exchange(request, target, 0, None, mirror.Mirrors())
         return await self._answer(request, target, response, sent, None, {}, started, b"")
 
     def _foreign_session(self, request: Request, target: Target, id_: Any) -> Response | None:
@@ -281,7 +285,7 @@ class Gateway:
     # -- the upstream exchange
 
     async def _exchange(self, request: Request, target: Target, cost: int, body: bytes | None,
-                        mirrors: list[tuple[bytes, bytes]]) -> tuple[httpx.Response, HeadersResult]:
+                        mirrors: mirror.Mirrors) -> tuple[httpx.Response, HeadersResult]:
         """The upstream's answer (its body not read yet) and the credentials it was sent with.
         `body` is what goes upstream: the POST's messages as the gateway read them."""
         broker = self.broker
@@ -291,7 +295,8 @@ class Gateway:
         result = await broker.headers(target)  # first: a failing login costs no permit
         if cost and await broker.limiter.acquire(target.key, rate, cost, max_wait) > 0:
             result = await broker.headers(target)  # renewed while we waited, maybe
-        forwarded = forwarded_headers(request.headers) + mirrors
+        forwarded = [h for h in forwarded_headers(request.headers) if h[0] not in mirrors.drop]
+        forwarded += mirrors.add
         if (target.aauth or is_aws(target)) and not all(value.isascii() for _, value in forwarded):
             # a signer signs text; the wire would carry other bytes than it signed
             raise InvalidRequest(f"server {target.name!r} signs its requests: a header value that is not "
@@ -450,12 +455,14 @@ class Gateway:
                 on_screened=lambda k, f: in_place.screened(request, target, k, f), on_tools=pinning,
                 on_listed=None if pinning is None else  # a tools/list answer: what it offers, for `status`
                 lambda tools, more: self.tools_seen.listed(target.name, tools, more),
-                on_input_required=lambda r: in_place.input_required(request, target, r))
+                on_input_required=lambda r: in_place.input_required(request, target, r),
+                on_listing=lambda tools: self.params.learn(target.name, tools))
             self._observe(target, request.method, status, started)
             self._follow_session(request, target, response)
             kind = jsonrpc.answer_kind(response.headers.get("content-type", ""))
             if kind == "sse" and 200 <= status < 300:
-                listening = request.method == "GET"  # may stay silent for long: its head goes at once
+                # may stay silent for long: its head goes at once, and it is never cut for a quiet while
+                listening = request.method == "GET" or LISTEN in pending.values()
                 gap = None if listening else answer_timeout(target)
                 stream = SseBody(response, inspector, calls, target, gap, outbox)
                 first = b"" if listening else await stream.first()
@@ -542,7 +549,7 @@ class Gateway:
 
     async def _send_in_place(self, request: Request, target: Target, body: bytes) -> None:
         """An answer to the server's own request, sent as the client would send it."""
-        response, _ = await self._exchange(request, target, 0, body, [])
+        response, _ = await self._exchange(request, target, 0, body, mirror.Mirrors())
         await response.aclose()
         if response.status_code >= 500:
             upstream_log.answered(target.name, response.status_code)

@@ -1,0 +1,203 @@
+"""A real MCP server that speaks both protocol eras (the MCP Python SDK 2.x under uvicorn: the 2025
+handshake and 2026-07-28's per-request envelope), for tests/test_gateway_eras.py.
+
+Tools: ``add(a, b)``; ``ask()`` elicits a name (a request mid-call in the 2025 revisions, an
+``input_required`` result in 2026-07-28); ``grow()`` adds a tool ``grown`` and announces the
+change (``notifications/tools/list_changed``: on the GET stream, or on a ``subscriptions/listen``
+stream); ``region(region, query)`` mirrors its ``region`` argument into ``Mcp-Param-Region``
+(``x-mcp-header``); ``hidden()``, which the tests' allowlists leave out; ``slow(text)`` is, for
+a client that declares the tasks extension (``io.modelcontextprotocol/tasks``), answered with a
+task (``resultType: "task"``) that ``tasks/get`` reports ``working`` twice, then ``completed``.
+``tools/list`` carries ``ttlMs`` / ``cacheScope`` (30 s, private).
+
+``GET /_test/stats`` gives ``{"methods": {...}, "calls": {...}, "elicitations": [...],
+"posts": [{"method", "headers": {mcp-*: value}}, ...]}`` (the last 200 POSTs' headers).
+
+Run it as ``python -m tests.peers.mcp_eras_peer``: it prints ``READY <base url>``; from a test:
+``with start_eras_peer() as peer: peer.url``. ``python -m tests.peers.mcp_eras_peer stdio`` serves
+the same tools over stdio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BaseModel, Field
+
+from tests.peers.asgi import buffered, send_json, serve_on_loopback
+from tests.peers.process import PeerHandle, ready_process
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = "io.modelcontextprotocol/tasks"
+CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+
+
+class Name(BaseModel):
+    name: str
+
+
+class TaskParams(BaseModel):
+    model_config = {"extra": "allow"}
+    taskId: str  # the wire's name
+
+
+class PeerState:
+    def __init__(self) -> None:
+        self.methods: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self.elicitations: list[str] = []
+        self.posts: list[dict[str, Any]] = []
+        self.tasks: dict[str, dict[str, Any]] = {}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"methods": dict(self.methods), "calls": dict(self.calls), "elicitations": self.elicitations,
+                "posts": self.posts[-200:]}
+
+
+def _task(task_id: str, status: str, **extra: Any) -> dict[str, Any]:
+    now = "2026-07-28T00:00:00Z"
+    return {"taskId": task_id, "status": status, "createdAt": now, "lastUpdatedAt": now, "ttlMs": 60_000,
+            "pollIntervalMs": 10, **extra}
+
+
+def build_server(state: PeerState) -> MCPServer[Any]:
+    from mcp.server.caching import CacheHint
+    from mcp.server.elicitation import ElicitationResult
+    from mcp.server.extension import Extension, MethodBinding
+    from mcp.server.mcpserver import Context, MCPServer
+    from mcp.server.mcpserver.resolve import Elicit, Resolve
+
+    def ask_name() -> Elicit[Name]:
+        return Elicit("What is your name?", Name)
+
+    # the SDK resolves the tools' annotations in this module's globals
+    globals().update(Context=Context, ElicitationResult=ElicitationResult, Elicit=Elicit, Resolve=Resolve,
+                     Annotated=Annotated, ask_name=ask_name, Field=Field)
+
+    class Tasks(Extension):
+        identifier = TASKS
+
+        def methods(self) -> list[MethodBinding]:
+            async def get(ctx: Any, params: TaskParams) -> dict[str, Any]:
+                task = state.tasks[params.taskId]
+                task["polls"] += 1
+                if task["polls"] < 3:
+                    return {"resultType": "complete", **_task(params.taskId, "working")}
+                result = {"content": [{"type": "text", "text": task["text"]}], "isError": False}
+                return {"resultType": "complete", **_task(params.taskId, "completed", result=result)}
+            return [MethodBinding("tasks/get", TaskParams, get)]
+
+        async def intercept_tool_call(self, params: Any, ctx: Any, call_next: Any) -> Any:
+            meta = ctx.meta if isinstance(getattr(ctx, "meta", None), dict) else {}
+            caps = meta.get(CAPABILITIES) if isinstance(meta, dict) else None
+            declared = isinstance(caps, dict) and TASKS in (caps.get("extensions") or {})
+            if params.name != "slow" or not declared:
+                return await call_next(ctx)
+            state.calls["slow"] += 1
+            task_id = f"task-{len(state.tasks) + 1}"
+            state.tasks[task_id] = {"polls": 0, "text": str((params.arguments or {}).get("text", ""))}
+            return {"resultType": "task", **_task(task_id, "working")}
+
+    server: MCPServer[Any] = MCPServer("mcpcreds-eras-peer", log_level="WARNING", extensions=[Tasks()],
+                                       cache_hints={"tools/list": CacheHint(ttl_ms=30_000, scope="private")})
+
+    @server.tool()
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        state.calls["add"] += 1
+        return a + b
+
+    @server.tool()
+    async def ask(answer: Annotated[ElicitationResult[Name], Resolve(ask_name)]) -> str:
+        """Ask the user for a name, in either protocol era."""
+        state.calls["ask"] += 1
+        state.elicitations.append(answer.action)
+        return answer.action
+
+    @server.tool()
+    async def grow(ctx: Context) -> str:
+        """Add the tool `grown`, and say that the tools changed."""
+        state.calls["grow"] += 1
+        if server._tool_manager.get_tool("grown") is None:
+            server.add_tool(lambda: "grown", name="grown", description="A tool added at run time.")
+        await ctx.notify_tools_changed()  # to subscriptions/listen streams (2026-07-28)
+        if ctx.protocol_version not in ("2026-07-28", None):  # to the session (the 2025 revisions)
+            await ctx.session.send_tool_list_changed()
+        return "grown"
+
+    @server.tool()
+    def region(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})], query: str) -> str:
+        """Run a query in a region."""
+        state.calls["region"] += 1
+        return f"{region}: {query}"
+
+    @server.tool()
+    def hidden() -> str:
+        """Not on any allowlist."""
+        state.calls["hidden"] += 1
+        return "hidden"
+
+    @server.tool()
+    def slow(text: str) -> str:
+        """Echo, as a task when the client takes tasks."""
+        state.calls["slow-inline"] += 1
+        return text
+
+    return server
+
+
+def build_app(state: PeerState) -> ASGIApp:
+    mcp_app = build_server(state).streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") == "/_test/stats":
+            await send_json(send, 200, state.snapshot())
+            return
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            body, receive = await buffered(receive)
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+                       if k.lower().startswith(b"mcp-")}
+            with contextlib.suppress(ValueError):
+                message = json.loads(body)
+                for item in message if isinstance(message, list) else [message]:
+                    if isinstance(item, dict) and isinstance(item.get("method"), str):
+                        state.methods[item["method"]] += 1
+                        state.posts.append({"method": item["method"], "headers": headers})
+        await mcp_app(scope, receive, send)
+
+    return app
+
+
+async def serve() -> None:
+    await serve_on_loopback(lambda _port: build_app(PeerState()))
+
+
+@contextlib.contextmanager
+def start_eras_peer() -> Iterator[PeerHandle]:
+    cmd = [sys.executable, "-m", "tests.peers.mcp_eras_peer"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    with ready_process(lambda _: cmd, what="MCP eras peer", cwd=ROOT, timeout=60, env=env) as (_, base, workdir):
+        peer = PeerHandle(base, workdir)
+        try:
+            yield peer
+        finally:
+            peer.close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["stdio"]:  # the same server over stdio, for `mcpcreds exec`
+        build_server(PeerState()).run("stdio")
+    else:
+        asyncio.run(serve())
