@@ -547,6 +547,9 @@ class Broker:
                     # a new login (`mcpcreds login`): renewed from it, not from the access token
                     # other sidecars share (refresh.py adopts it: login_share.py)
                     await self.sharing.drop(target.key, None)
+                    # made at the authorization server the server's metadata names now: the
+                    # sidecar's pin of the old one goes
+                    self.discovery.forget_endpoint(target.endpoint)
                 await self.logins.renew(target)
                 renewed.append(target.key)
             except McpcredsError as exc:
