@@ -80,7 +80,7 @@ def _authorization_server(names: str, seen: list[tuple[str, Any]]) -> httpx.Asyn
 class _Broker(SimpleNamespace):
     """What refresh_login uses of the broker (hashable by identity: it keys weak maps)."""
 
-    __hash__ = object.__hash__
+    __hash__ = object.__hash__  # type: ignore[assignment]
 
 
 def _broker(config: Any, keyring: _Keyring, http: httpx.AsyncClient) -> Any:

@@ -176,6 +176,7 @@ def endpoints_from(metadata: Any, issuer: str) -> ServerEndpoints:
 class Discovery:
     def __init__(self) -> None:
         self._token_urls: dict[tuple[str, str | None, str], str] = {}
+        self._issuer_token_urls: dict[str, str] = {}  # an enterprise IdP's, by its issuer
         self.issuers: dict[str, str] = {}  # pinned per resource endpoint
 
     async def token_url(self, login: LoginSpec, endpoint: str, http: httpx.AsyncClient) -> str:
@@ -201,6 +202,7 @@ class Discovery:
 
     def forget(self) -> None:
         self._token_urls.clear()
+        self._issuer_token_urls.clear()
 
     def forget_endpoint(self, endpoint: str) -> None:
         """Discover the authorization server of `endpoint` anew (a new login was made with the
@@ -212,6 +214,12 @@ class Discovery:
     async def from_issuer(self, issuer: str, http: httpx.AsyncClient) -> str:
         """The token endpoint named by the issuer's metadata (RFC 8414, then OpenID)."""
         return token_endpoint_from(await self.metadata(issuer, http), issuer)
+
+    async def issuer_token_url(self, issuer: str, http: httpx.AsyncClient) -> str:
+        """from_issuer, kept until forget() (an enterprise IdP's token endpoint)."""
+        if (known := self._issuer_token_urls.get(issuer)) is None:
+            known = self._issuer_token_urls[issuer] = await self.from_issuer(issuer, http)
+        return known
 
     async def metadata(self, issuer: str, http: httpx.AsyncClient) -> Any:
         """The issuer's metadata document (RFC 8414, then OpenID), not yet validated."""
