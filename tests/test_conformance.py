@@ -269,7 +269,7 @@ def suite_scenarios() -> list[str]:
 @pytest.mark.timeout(RUN_TIMEOUT * 4)
 def test_auth_suite(tmp_path: Path, keyring_session: KeyringSession) -> None:
     """Every scenario of the `auth` suite, each by its own CLI run, PARALLEL at a time (the
-    suite's own `--suite auth` starts all 17 at once: on a busy 2-core host their sidecars
+    suite's own `--suite auth` starts all 22 at once: on a busy 2-core host their sidecars
     miss the start-up bound); person logins in a private gnome-keyring (the adapter uses a
     keyring service of its own per run)."""
     assert sorted(suite_scenarios()) == sorted(ALL_SCENARIOS), "the suite's scenarios changed"
