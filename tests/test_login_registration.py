@@ -362,7 +362,7 @@ async def test_a_login_registers_a_client_and_keeps_the_access_token_when_no_ref
     await asyncio.gather(*out.tasks)
     assert [kind for kind, _ in seen] == ["token"]
     assert seen[0][1][1]["redirect_uri"] == [redirect_uri] and seen[0][1][1]["client_id"] == ["dyn-7"]
-    assert again == StoredLogin("rt-2", "dyn-7", registration=stored.registration, scope="m")
+    assert again == StoredLogin("rt-2", "dyn-7", registration=stored.registration, scope="m", issuer=AS)
 
 
 async def test_a_public_registration_sends_no_secret_and_basic_sends_it_in_the_header() -> None:

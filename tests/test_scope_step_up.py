@@ -26,6 +26,7 @@ from mcpcreds.core.scopes import (
     parse_scope,
     step_up,
     union,
+    with_offline_access,
 )
 from mcpcreds.credentials.login_store import Registration, StoredLogin
 from mcpcreds.credentials.oauth import Token
@@ -279,3 +280,18 @@ async def test_the_route_refuses_a_bad_scope_without_echoing_it() -> None:
             200, {"step_up": False, "renewed": False, "why": "not_a_person_login"})
     finally:
         await broker.aclose()
+
+
+def test_offline_access_is_added_only_where_the_authorization_server_lists_it() -> None:
+    """SEP-2207: `offline_access` joins the scope the login asks for when the authorization
+    server's `scopes_supported` lists it; never for a server that does not (it may refuse an
+    unknown scope), never twice, and never as the only scope (an omitted scope is the server's
+    default)."""
+    listed = ("openid", "offline_access", "files:read")
+    assert with_offline_access("files:read", listed) == "files:read offline_access"
+    assert with_offline_access("files:read offline_access", listed) == "files:read offline_access"
+    assert with_offline_access("files:read", ("files:read", "files:write")) == "files:read"
+    assert with_offline_access("files:read", ()) == "files:read"
+    assert with_offline_access(None, listed) is None
+    # a step-up's union keeps it (the wider login asks for a refresh token too)
+    assert union("files:read offline_access", "files:write") == "files:read offline_access files:write"

@@ -3,17 +3,22 @@ mcpcreds as a new user would set it up for the scenario's MCP server.
 
     python tests/peers/conformance_client.py SERVER_URL
 
-The suite sets MCP_CONFORMANCE_SCENARIO and, for the client-credentials scenarios,
-MCP_CONFORMANCE_CONTEXT (JSON: client_id and client_secret, or private_key_pem and
-signing_algorithm). The adapter
-1. writes a sidecar config with one server, `conf`, whose endpoint is SERVER_URL: a client
-   credentials login from the context, else a person login (grant = "authorization_code",
-   client_id = the suite's client metadata document URL, as its own clients use: taken as is
-   where the authorization server advertises Client ID Metadata Documents, else `mcpcreds
-   login` registers a client, RFC 7591; everything else from discovery);
+The suite sets MCP_CONFORMANCE_SCENARIO and, for some scenarios, MCP_CONFORMANCE_CONTEXT (JSON:
+client_id and client_secret, or private_key_pem and signing_algorithm; for cross-app access also
+idp_issuer, idp_client_id, idp_id_token and idp_token_endpoint). The adapter
+1. writes a sidecar config with one server, `conf`, whose endpoint is SERVER_URL, by the
+   scenario (MCP_CONFORMANCE_SCENARIO): `client-credentials-*` a client credentials login from
+   the context; `cross-app-access-*` an enterprise-managed login (grant = "cross_app": the
+   context's ID token exchanged at its IdP, the ID-JAG redeemed as its client); else a person
+   login (grant = "authorization_code"), as the pre-registered client the context names
+   (`pre-registration`), or with client_id = the suite's client metadata document URL, as its
+   own clients use (taken as is where the authorization server advertises Client ID Metadata
+   Documents, else `mcpcreds login` registers a client, RFC 7591); everything else from
+   discovery;
 2. for a person login runs `mcpcreds login conf --no-browser`, fetches the URL it prints and
    follows the redirects as a browser would (the suite's authorization server approves at once
-   and redirects to the login's loopback callback), and waits for the login to end;
+   and redirects to the login's loopback callback), and waits for the login to end (a login
+   that fails ends the adapter with a `conformance-client: refused: login exited N: ...` line);
 3. starts the sidecar, and runs the MCP SDK 2.x client with `auth=creds.auth("conf")`:
    initialize, list the tools, call `test-tool` when the server lists it. When the session ends
    with `login_required` (a step-up: the server answered `403 insufficient_scope` naming a scope
@@ -64,10 +69,20 @@ def _toml(value: str) -> str:
     return json.dumps(value)  # a JSON string is a TOML basic string
 
 
-def server_auth(context: dict[str, Any]) -> tuple[str, dict[str, str]]:
+def server_auth(scenario: str, context: dict[str, Any]) -> tuple[str, dict[str, str]]:
     """The server's `auth` inline table, and the environment its secrets come from."""
+    if scenario.startswith("auth/cross-app-access"):
+        # enterprise-managed: the person's ID token from the IdP (here the suite's), exchanged at
+        # the IdP for an ID-JAG, redeemed at the MCP server's authorization server as this client
+        return (f'{{ kind = "oauth2", grant = "cross_app", client_id = {_toml(context["client_id"])}, '
+                'client_secret = "{{secret:CONF_CLIENT_SECRET}}", '
+                f'idp_issuer = {_toml(context["idp_issuer"])}, idp_client_id = {_toml(context["idp_client_id"])}, '
+                'subject_token = "{{secret:CONF_ID_TOKEN}}" }',
+                {"CONF_CLIENT_SECRET": context["client_secret"], "CONF_ID_TOKEN": context["idp_id_token"]})
     if "client_id" in context and "client_secret" in context:
-        return (f'{{ kind = "oauth2", client_id = {_toml(context["client_id"])}, '
+        # a client's own login, or a person's login as a pre-registered confidential client
+        grant = "" if scenario.startswith("auth/client-credentials") else ', grant = "authorization_code"'
+        return (f'{{ kind = "oauth2"{grant}, client_id = {_toml(context["client_id"])}, '
                 'client_secret = "{{secret:CONF_CLIENT_SECRET}}" }',
                 {"CONF_CLIENT_SECRET": context["client_secret"]})
     if "client_id" in context and "private_key_pem" in context:
@@ -83,9 +98,10 @@ def server_auth(context: dict[str, Any]) -> tuple[str, dict[str, str]]:
             {})
 
 
-def write_config(workdir: Path, url: str, context: dict[str, Any]) -> tuple[Path, Path, dict[str, str]]:
+def write_config(workdir: Path, url: str, scenario: str,
+                 context: dict[str, Any]) -> tuple[Path, Path, dict[str, str]]:
     socket = workdir / "run" / "s.sock"
-    auth, env = server_auth(context)
+    auth, env = server_auth(scenario, context)
     config = workdir / "config.toml"
     config.write_text(f"""
 [sidecar]
@@ -125,9 +141,14 @@ def login(config: Path, env: dict[str, str]) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    lines += rest.splitlines(keepends=True)
     sys.stderr.write("".join("login: " + line for line in rest.splitlines(keepends=True)))
     if proc.returncode != 0:
-        raise SystemExit(f"mcpcreds login exited {proc.returncode}")
+        # the login refused the server (e.g. metadata for another resource): said on stdout, where
+        # tests/test_conformance.py reads how the adapter ended
+        why = next((line.strip() for line in reversed(lines) if line.startswith("mcpcreds: ")), "")
+        print(f"conformance-client: refused: login exited {proc.returncode}: {why}", flush=True)
+        raise SystemExit(1)
 
 
 def login_required(exc: BaseException) -> LoginRequired | None:
@@ -139,6 +160,13 @@ def login_required(exc: BaseException) -> LoginRequired | None:
             if (found := login_required(inner)) is not None:
                 return found
     return None
+
+
+def innermost(exc: BaseException) -> BaseException:
+    """The first exception an exception group holds, at any depth (the SDK's task groups)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 async def use_server(socket: Path, url: str) -> None:
@@ -164,10 +192,11 @@ def main(argv: list[str]) -> int:
         return 2
     url = argv[1]
     context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+    scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
     workdir = Path(tempfile.mkdtemp(prefix="mcc-"))  # short: the socket path has a length limit
     try:
-        config, socket, env = write_config(workdir, url, context)
-        person = "client_id" not in context
+        config, socket, env = write_config(workdir, url, scenario, context)
+        person = 'grant = "authorization_code"' in config.read_text()
         if person:
             login(config, env)
         logins = 1
@@ -181,7 +210,8 @@ def main(argv: list[str]) -> int:
                         required = login_required(exc)
                         if required is None or not person or logins >= MAX_LOGINS:
                             # the 403 of a step-up that would not help, handed back by creds.auth
-                            print(f"conformance-client: refused: {type(exc).__name__}: {exc}", flush=True)
+                            leaf = innermost(exc)
+                            print(f"conformance-client: refused: {type(leaf).__name__}: {leaf}", flush=True)
                             return 1
                         # what a person does when told: run the command named (a step-up)
                         sys.stderr.write(f"adapter: {required.message}\n")

@@ -24,6 +24,7 @@ from ..core.rates import Rate
 from ..core.secret import REDACTOR
 from ..core.tasks import spawn
 from ..core.version import installed_version
+from ..credentials.cross_app import cross_app_login
 from ..credentials.discovery import Discovery
 from ..credentials.login_store import entry_name
 from ..credentials.logins import LoginCache
@@ -390,6 +391,8 @@ class Broker:
         assert login is not None
         if login.grant in LOGIN_GRANTS:  # a person's login, renewed by its refresh token
             return await refresh_login(self, target, overrides)
+        if login.idp is not None:  # cross_app: the person's assertion exchanged, then redeemed
+            return await cross_app_login(self, target, overrides)
         http = self.http_for(target)
         token_url = await self.discovery.token_url(login, target.endpoint, http)
         credential_template = login.private_key or login.client_secret
@@ -547,6 +550,9 @@ class Broker:
                     # a new login (`mcpcreds login`): renewed from it, not from the access token
                     # other sidecars share (refresh.py adopts it: login_share.py)
                     await self.sharing.drop(target.key, None)
+                    # made at the authorization server the server's metadata names now: the
+                    # sidecar's pin of the old one goes
+                    self.discovery.forget_endpoint(target.endpoint)
                 await self.logins.renew(target)
                 renewed.append(target.key)
             except McpcredsError as exc:

@@ -153,9 +153,16 @@ async def refresh_login(broker: LoginParts, target: Target,
         raise login_required(target, "the stored login belongs to another client_id")
     if stored.refresh_token is None:
         return await _access_only(broker, target, stored, store)
-    login = client
+    # the refresh asks for what the login asked for (a step-up's wider scope, offline_access):
+    # the configured scope would narrow it (RFC 6749 §6)
+    login = dataclasses.replace(client, scope=stored.scope)
     http = broker.http_for(target)
     token_url = await broker.discovery.token_url(login, target.endpoint, http)
+    issuer = login.issuer or broker.discovery.issuers.get(target.endpoint)
+    if stored.issued_elsewhere(issuer):
+        # the refresh token (and a registered client's secret) is for the server that issued it
+        raise login_required(target, "the server's metadata names another authorization server than "
+                                     "the one this login was made at")
     credential = None
     if stored.registration is not None and stored.registration.client_id == login.client_id \
             and may_register(target.login.client_id):  # type: ignore[union-attr]
@@ -167,8 +174,7 @@ async def refresh_login(broker: LoginParts, target: Target,
             credential = await asyncio.to_thread(broker.resolver.render, template, overrides)
         else:
             credential = (await broker.render_templates(target.key, [("credential", template)]))["credential"]
-    request = build_token_request(login, token_url, credential,
-                                  issuer=login.issuer or broker.discovery.issuers.get(target.endpoint),
+    request = build_token_request(login, token_url, credential, issuer=issuer,
                                   grant_type="refresh_token", params={"refresh_token": stored.refresh_token})
     broker.metrics.inc("mcpcreds_token_requests_total", (("key", target.key),),
                        help_text="Token requests sent to token endpoints, by cache key.")

@@ -161,7 +161,8 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "token": ("none", "static: secret template sent as Authorization: Bearer"),
         "header": ("none", "static: the header name carrying value"),
         "value": ("none", "static: secret template of that header"),
-        "grant": ("\"client_credentials\"", "oauth2: client_credentials, device, authorization_code"),
+        "grant": ("\"client_credentials\"", "oauth2: client_credentials, device, authorization_code, "
+                  "cross_app (enterprise-managed: an IdP's identity assertion exchanged for an ID-JAG)"),
         "scopes": ("none", "oauth2: the scopes as a list"),
         "token_url": ("discovered", "the token endpoint"),
         "issuer": ("none", "the authorization server (RFC 8414 / OpenID discovery)"),
@@ -174,6 +175,17 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "audience": ("none", "audience parameter some servers want"),
         "expires_in_default": (f"{cfg.DEFAULT_EXPIRES_IN:g}", "seconds a token lives without expires_in"),
         "signing_alg": ("from the key", "private_key_jwt: the JWS algorithm"),
+        "idp_issuer": ("none", "cross_app: the enterprise IdP (its token endpoint discovered: RFC 8414, "
+                       "OpenID)"),
+        "idp_token_url": ("discovered from idp_issuer", "cross_app: the IdP's token endpoint (RFC 8693 "
+                          "token exchange)"),
+        "idp_client_id": ("none (no client authentication at the IdP)",
+                          "cross_app: the client id at the IdP"),
+        "idp_client_secret": ("none (a public client)", "cross_app: secret template of the client secret at "
+                              "the IdP (client_secret_basic)"),
+        "subject_token": ("(required with cross_app)", "cross_app: secret template of the person's identity "
+                          "assertion from the IdP, read at each renewal"),
+        "subject_token_type": ("\"id_token\"", "cross_app: \"id_token\" (OpenID Connect) or \"saml2\""),
     },
     "aws": {
         "kind": ("(required)", "\"aws\": sign with SigV4"),

@@ -22,7 +22,7 @@ import httpx
 
 from ..config.model import LOGIN_GRANTS, Config, LoginSpec, Target
 from ..core.logs import get_logger
-from ..core.scopes import MAX_STEP_UPS, union
+from ..core.scopes import MAX_STEP_UPS, union, with_offline_access
 from ..credentials.authcode_flow import (
     CALLBACK_PATH,
     AuthRequest,
@@ -242,8 +242,9 @@ async def code_login(http: httpx.AsyncClient, target: Target, ends: ServerEndpoi
         if client_for is not None:
             login, credential = await client_for(redirect_uri_for(port))
         request: AuthRequest = authorization_request(ends.authorization, login.client_id,
-                                                     redirect_uri_for(port), login.scope, login.resource)
-        listener.expect(lambda query: code_from_redirect(query, request, ends.issuer))
+                                                     redirect_uri_for(port), login.scope, login.resource,
+                                                     issuer=ends.issuer, iss_required=ends.iss_supported)
+        listener.expect(lambda query: code_from_redirect(query, request))
         out.write(f"To log in to {target.name}, open this URL in a browser:\n{request.url}\n")
         out.write(f"Waiting for the redirect to {request.redirect_uri} ...\n")
         out.flush()
@@ -319,6 +320,10 @@ async def run_login(config: Config, target: Target, out: TextIO, open_browser: b
             out.write(f"scope (asked for by {target.endpoint}): {scope}\n")
             login = dataclasses.replace(login, scope=scope)
             target = dataclasses.replace(target, login=login)
+        if (wider := with_offline_access(login.scope, ends.scopes)) != login.scope:
+            out.write(f"scope: {wider} ({ends.issuer} lists offline_access: asked for a refresh token)\n")
+            login = dataclasses.replace(login, scope=wider)
+            target = dataclasses.replace(target, login=login)
         if login.grant == "device":
             token, extras = await asyncio.wait_for(device_login(http, target, ends, credential, out),
                                                    MAX_WAIT)
@@ -330,6 +335,9 @@ async def run_login(config: Config, target: Target, out: TextIO, open_browser: b
         else:
             reuse = previous.registration if previous is not None else None
             if reuse is not None and reuse.issuer != ends.issuer:
+                # registrations are per authorization server: the server's changed, so a new one
+                out.write(f"{target.endpoint} names another authorization server ({ends.issuer}) than "
+                          "the one this login registered at: registering anew\n")
                 reuse = None
             registration = reuse
 
@@ -349,10 +357,10 @@ async def run_login(config: Config, target: Target, out: TextIO, open_browser: b
     step_ups = min(previous.step_ups + 1, MAX_STEP_UPS) if previous is not None and step_up else 0
     if refresh is not None:
         stored = StoredLogin(refresh, client_id, registration=registration, scope=login.scope,
-                             step_ups=step_ups)
+                             step_ups=step_ups, issuer=ends.issuer)
     else:  # the login lasts as long as its access token
         stored = StoredLogin(None, client_id, token.access_token, token.expires_at, registration,
-                             scope=login.scope, step_ups=step_ups)
+                             scope=login.scope, step_ups=step_ups, issuer=ends.issuer)
     await asyncio.to_thread(store.put, target.key, stored)
     return stored
 

@@ -15,12 +15,13 @@ from ..net.egress import EgressPolicy
 from .aauth import AAuthConfig
 from .aws import AwsAuth, aws_templates, parse_aws_auth
 from .content import ContentPolicy
+from .cross_app import CROSS_APP, IdpSpec
 from .exec import ExecEntry
 from .reader import Collector
 from .spiffe import SpiffeAuth, parse_spiffe_auth
 
 AUTH_METHODS: Final = ("client_secret_basic", "client_secret_post", "private_key_jwt", "none")
-GRANTS: Final = ("client_credentials", "device", "authorization_code")
+GRANTS: Final = ("client_credentials", "device", "authorization_code", CROSS_APP)
 SUPPORTED_GRANTS: Final = GRANTS
 LOGIN_GRANTS: Final = ("device", "authorization_code")  # run by `mcpcreds login`, renewed by refresh token
 SIGNING_ALGS: Final = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
@@ -73,7 +74,8 @@ class SecretsConfig:
 
 @dataclass(frozen=True, slots=True)
 class LoginSpec:
-    """How to obtain a login (OAuth client credentials), normalised from `oauth` or `auth`."""
+    """How to obtain a login (OAuth client credentials, a person's login, or an enterprise-managed
+    cross-app login), normalised from `oauth` or `auth`."""
 
     grant: str
     client_id: str
@@ -87,10 +89,12 @@ class LoginSpec:
     audience: str | None
     expires_in_default: float = DEFAULT_EXPIRES_IN
     signing_alg: str | None = None  # private_key_jwt: the JWS alg; default: from the key
+    idp: IdpSpec | None = None  # grant = "cross_app": the enterprise IdP and the person's assertion
 
     @property
     def templates(self) -> tuple[Template, ...]:
-        return tuple(t for t in (self.client_secret, self.private_key) if t is not None)
+        own = tuple(t for t in (self.client_secret, self.private_key) if t is not None)
+        return own + (self.idp.templates if self.idp is not None else ())
 
 
 @dataclass(frozen=True, slots=True)

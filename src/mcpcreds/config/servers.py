@@ -18,6 +18,7 @@ from ..net.egress import EgressPolicy
 from .aauth import AAuthConfig, entry_aauth
 from .aws import aws_egress_check, parse_aws_auth
 from .content import CONTENT_KEYS, ContentPolicy, parse_content, sandbox_warnings
+from .cross_app import CROSS_APP_KEYS, parse_idp
 from .exec import ExecEntry
 from .model import (
     AUTH_METHODS,
@@ -98,7 +99,7 @@ OAUTH_KEYS: Final = ("token_url", "issuer", "client_id", "client_secret", "priva
                      "scope", "resource", "audience", "auth_method", "expires_in_default", "signing_alg")
 AUTH_KEYS: Final = ("kind", "token", "header", "value", "grant", "issuer", "token_url",
                     "client_id", "client_secret", "private_key", "scopes", "scope", "audience",
-                    "resource", "auth_method", "expires_in_default", "signing_alg")
+                    "resource", "auth_method", "expires_in_default", "signing_alg", *CROSS_APP_KEYS)
 # the keys each kind takes: a key of another kind is refused, never silently ignored
 _KIND_KEYS: Final = {"static": ("kind", "token", "header", "value"),
                      "oauth2": tuple(k for k in AUTH_KEYS if k not in ("token", "header", "value"))}
@@ -139,6 +140,7 @@ def _parse_login(c: Collector, path: str, t: dict[str, Any], grant: str,
                                t.get("expires_in_default", DEFAULT_EXPIRES_IN), parse_duration)
     if expires_default is not None and not 1 <= expires_default <= 86400:
         c.error(join(path, "expires_in_default"), "expected from 1s to 1d")
+    idp = parse_idp(c, path, t, grant)
     return LoginSpec(
         grant=grant,
         client_id=client_id if isinstance(client_id, str) else "",
@@ -152,6 +154,7 @@ def _parse_login(c: Collector, path: str, t: dict[str, Any], grant: str,
         audience=c.typed(join(path, "audience"), t.get("audience"), str, "") or None,
         expires_in_default=expires_default or DEFAULT_EXPIRES_IN,
         signing_alg=signing_alg,
+        idp=idp,
     )
 
 
@@ -270,7 +273,8 @@ def _parse_entry(c: Collector, path: str, t: dict[str, Any], content: ContentPol
         login = _parse_oauth(c, join(path, "oauth"), t["oauth"])
     entry_aauth(c, path, t, auth_kind)  # a flag; which servers sign is decided in parse_config
     aws_egress_check(c, path, t)  # auth kind "aws", source "imds": its address must pass the egress policy
-    urls = [endpoint, *((login.token_url, login.issuer) if login else ())]
+    urls = [endpoint, *((login.token_url, login.issuer) if login else ()),
+            *((login.idp.token_url, login.idp.issuer) if login and login.idp else ())]
     gateway = _parse_gateway(c, path, t, GatewaySpec())
     spiffe_entry_check(c, path, t, endpoint, gateway.expose)  # an x509 SVID: only the gateway presents it
     return _Entry(endpoint, headers, tags, rate, auth_kind, login, parse_egress(c, path, t, urls), gateway,

@@ -88,6 +88,20 @@ def union(*scopes: str | None) -> str | None:
     return scope_of(tokens) if tokens else None
 
 
+OFFLINE_ACCESS: Final = "offline_access"
+
+
+def with_offline_access(scope: str | None, server_scopes: tuple[str, ...]) -> str | None:
+    """The scope a person's login asks for, with `offline_access` added when the authorization
+    server lists it in its metadata's `scopes_supported` (SEP-2207: such a server may issue a
+    refresh token only when asked this way), and never otherwise (another server could refuse
+    the unknown scope). A login that asks for no scope is left without one: an omitted scope is
+    the server's default, which `offline_access` alone would replace."""
+    if scope is None or OFFLINE_ACCESS not in server_scopes:
+        return scope
+    return union(scope, OFFLINE_ACCESS) or scope
+
+
 StepUpVerdict = Literal["login", "held", "limit", "too_wide"]
 
 

@@ -35,6 +35,10 @@ class AuthRequest:
     state: str
     verifier: str
     redirect_uri: str
+    # the issuer the request was sent to (RFC 9207: the redirect's `iss` must be exactly it), and
+    # whether its metadata says it always sends `iss` (then a redirect without one is refused)
+    issuer: str | None = None
+    iss_required: bool = False
 
     def __repr__(self) -> str:  # the verifier redeems the code
         return f"AuthRequest(url={self.url!r})"
@@ -57,7 +61,8 @@ def redirect_uri_for(port: int) -> str:
 
 def authorization_request(endpoint: str, client_id: str, redirect_uri: str, scope: str | None,
                           resource: str | None, state: str | None = None,
-                          verifier: str | None = None) -> AuthRequest:
+                          verifier: str | None = None, issuer: str | None = None,
+                          iss_required: bool = False) -> AuthRequest:
     state = state or secrets.token_urlsafe(24)
     verifier = verifier or new_verifier()
     params = {"response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri,
@@ -69,21 +74,27 @@ def authorization_request(endpoint: str, client_id: str, redirect_uri: str, scop
     parts = urlsplit(endpoint)
     query = f"{parts.query}&{urlencode(params)}" if parts.query else urlencode(params)
     return AuthRequest(urlunsplit((parts.scheme, parts.netloc, parts.path, query, "")), state, verifier,
-                       redirect_uri)
+                       redirect_uri, issuer, iss_required and issuer is not None)
 
 
-def code_from_redirect(query: str, request: AuthRequest, issuer: str | None) -> str:
-    """The code of the redirect's query, after an exact `state` check (and `iss`, RFC 9207, when
-    the server sends one). The caller's strings are never echoed in an error."""
+def code_from_redirect(query: str, request: AuthRequest) -> str:
+    """The code of the redirect's query, after an exact `state` check and RFC 9207's `iss` check:
+    the `iss` sent must be exactly the issuer the request went to (a simple string comparison, no
+    normalising), and one is required when that server's metadata says it sends it. A redirect
+    whose `iss` fails is refused before its `error` is read (it may be an attacker's). The
+    caller's strings are never echoed in an error."""
     params = parse_qs(query, keep_blank_values=True, max_num_fields=32)
     states = params.get("state", [])
     if len(states) != 1 or not hmac.compare_digest(states[0].encode(), request.state.encode()):
         raise TokenEndpointError("the redirect's state does not match this login's (a forged or stale "
                                  "redirect); nothing was redeemed", "invalid_state")
     issuers = params.get("iss", [])
-    if issuer is not None and issuers and (len(issuers) != 1 or issuers[0].rstrip("/") != issuer.rstrip("/")):
+    if request.issuer is not None and issuers and (len(issuers) != 1 or issuers[0] != request.issuer):
         raise TokenEndpointError("the redirect names another issuer (RFC 9207); nothing was redeemed",
                                  "invalid_issuer")
+    if request.iss_required and not issuers:
+        raise TokenEndpointError("the redirect carries no iss though the authorization server says it "
+                                 "always sends one (RFC 9207); nothing was redeemed", "invalid_issuer")
     errors = params.get("error", [])
     if errors:
         code = errors[0]

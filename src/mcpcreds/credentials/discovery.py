@@ -4,6 +4,7 @@ protected-resource metadata from the MCP endpoint. Results are cached and the is
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import httpx
 from ..config.model import LOGIN_GRANTS, LoginSpec
 from ..config.reader import check_url
 from ..core.logs import get_logger
-from ..core.scopes import challenge_scope, scope_of
+from ..core.scopes import SCOPE_TOKEN, challenge_scope, scope_of
 from ..errors import Forbidden, McpcredsError, TokenEndpointError, TokenEndpointTimeout
 
 MAX_METADATA_BYTES: Final = 256 * 1024
@@ -23,6 +24,7 @@ MAX_URL_CHARS: Final = 2048  # a URL taken from a document or a header
 _VISIBLE_ASCII: Final = re.compile(r"[\x21-\x7e]+")  # urlsplit drops CR, LF and tab silently
 _IDENTITY: Final = {"Accept": "application/json", "Accept-Encoding": "identity"}
 DISCOVERY_TIMEOUT: Final = 10.0
+MAX_LISTED_SCOPES: Final = 1024  # of a metadata's scopes_supported, the ones read
 _RESOURCE_METADATA: Final = re.compile(r'resource_metadata\s*=\s*"([^"]+)"')
 _log = get_logger("discovery")
 
@@ -138,13 +140,17 @@ class ServerEndpoints:
     registration: str | None = None  # RFC 7591
     auth_methods: tuple[str, ...] = ("client_secret_basic",)  # RFC 8414's default when unnamed
     cimd: bool = False  # client_id_metadata_document_supported (Client ID Metadata Documents)
+    iss_supported: bool = False  # authorization_response_iss_parameter_supported (RFC 9207)
+    scopes: tuple[str, ...] = ()  # the metadata's scopes_supported (valid scope-tokens only)
 
 
 DEFAULT_AUTH_METHODS: Final = ("client_secret_basic",)
 
 
 def endpoints_from(metadata: Any, issuer: str) -> ServerEndpoints:
-    """The endpoints of validated metadata; an optional endpoint that is not a usable URL is absent."""
+    """The endpoints of validated metadata; an optional endpoint that is not a usable URL is absent.
+    The issuer is the one the metadata names (what RFC 9207's `iss` is compared with, and what a
+    login and its registration are kept under)."""
     token = token_endpoint_from(metadata, issuer)
 
     def optional(name: str) -> str | None:
@@ -156,15 +162,21 @@ def endpoints_from(metadata: Any, issuer: str) -> ServerEndpoints:
         auth_methods = tuple(m for m in methods if len(m) <= 64)
     else:
         auth_methods = DEFAULT_AUTH_METHODS
-    return ServerEndpoints(issuer, token, optional("device_authorization_endpoint"),
+    listed = metadata.get("scopes_supported")
+    scopes = tuple(x for x in listed[:MAX_LISTED_SCOPES] if isinstance(x, str) and len(x) <= 256
+                   and SCOPE_TOKEN.fullmatch(x)) if isinstance(listed, list) else ()
+    return ServerEndpoints(metadata["issuer"], token, optional("device_authorization_endpoint"),
                            optional("authorization_endpoint"), optional("revocation_endpoint"),
                            optional("registration_endpoint"), auth_methods,
-                           metadata.get("client_id_metadata_document_supported") is True)
+                           metadata.get("client_id_metadata_document_supported") is True,
+                           metadata.get("authorization_response_iss_parameter_supported") is True,
+                           scopes)
 
 
 class Discovery:
     def __init__(self) -> None:
         self._token_urls: dict[tuple[str, str | None, str], str] = {}
+        self._issuer_token_urls: dict[str, str] = {}  # an enterprise IdP's, by its issuer
         self.issuers: dict[str, str] = {}  # pinned per resource endpoint
 
     async def token_url(self, login: LoginSpec, endpoint: str, http: httpx.AsyncClient) -> str:
@@ -181,18 +193,33 @@ class Discovery:
             url = (await self.legacy_endpoints(endpoint, http)).token
             self._token_urls[cache_key] = url
             return url
-        url = await self.from_issuer(issuer, http)
-        self.issuers.setdefault(endpoint, issuer)
+        found = endpoints_from(await self.metadata(issuer, http), issuer)
+        url = found.token
+        self.issuers.setdefault(endpoint, found.issuer)
         self._token_urls[cache_key] = url
         _log.info("token endpoint discovered", extra={"issuer": issuer, "token_url": url})
         return url
 
     def forget(self) -> None:
         self._token_urls.clear()
+        self._issuer_token_urls.clear()
+
+    def forget_endpoint(self, endpoint: str) -> None:
+        """Discover the authorization server of `endpoint` anew (a new login was made with the
+        one its metadata names now)."""
+        self.issuers.pop(endpoint, None)
+        for key in [k for k in self._token_urls if k[2] == endpoint]:
+            del self._token_urls[key]
 
     async def from_issuer(self, issuer: str, http: httpx.AsyncClient) -> str:
         """The token endpoint named by the issuer's metadata (RFC 8414, then OpenID)."""
         return token_endpoint_from(await self.metadata(issuer, http), issuer)
+
+    async def issuer_token_url(self, issuer: str, http: httpx.AsyncClient) -> str:
+        """from_issuer, kept until forget() (an enterprise IdP's token endpoint)."""
+        if (known := self._issuer_token_urls.get(issuer)) is None:
+            known = self._issuer_token_urls[issuer] = await self.from_issuer(issuer, http)
+        return known
 
     async def metadata(self, issuer: str, http: httpx.AsyncClient) -> Any:
         """The issuer's metadata document (RFC 8414, then OpenID), not yet validated."""
@@ -214,12 +241,9 @@ class Discovery:
             found = await self.legacy_endpoints(endpoint, http)
         else:
             found = endpoints_from(await self.metadata(issuer, http), issuer)
-            self.issuers.setdefault(endpoint, issuer)
+            self.issuers.setdefault(endpoint, found.issuer)
         if login.token_url:
-            issuer = found.issuer
-            found = ServerEndpoints(issuer, login.token_url, found.device_authorization,
-                                    found.authorization, found.revocation, found.registration,
-                                    found.auth_methods, found.cimd)
+            found = dataclasses.replace(found, token=login.token_url)
         return found
 
     async def legacy_endpoints(self, endpoint: str, http: httpx.AsyncClient) -> ServerEndpoints:
@@ -231,7 +255,7 @@ class Discovery:
             status, data = await self._get_json(url, http)
             if status == 200:
                 found = endpoints_from(data, origin)
-                self.issuers.setdefault(endpoint, origin)
+                self.issuers.setdefault(endpoint, found.issuer)
                 break
         else:
             found = ServerEndpoints(origin, origin + "/token", None, origin + "/authorize", None,

@@ -95,11 +95,22 @@ class StoredLogin:
     scope: str | None = None  # what the login asked for (None: no scope parameter)
     step_up: str | None = None  # the wider scope the next login asks for (a 403 insufficient_scope)
     step_ups: int = 0  # step-up logins in a row up to this one (bounded by MAX_STEP_UPS)
+    issuer: str | None = None  # the authorization server that issued it (as its metadata names itself)
 
     def __repr__(self) -> str:
         kind = "refresh" if self.refresh_token is not None else "access-only"
         return (f"StoredLogin(client_id={self.client_id!r}, {kind}, expires_at={self.expires_at!r}, "
-                f"scope={self.scope!r}, step_up={self.step_up!r}, step_ups={self.step_ups})")
+                f"scope={self.scope!r}, step_up={self.step_up!r}, step_ups={self.step_ups}, "
+                f"issuer={self.issuer!r})")
+
+    def issued_elsewhere(self, current: str | None) -> bool:
+        """Whether the login was made at another authorization server than `current` (the one
+        the MCP server's metadata names now; None: not known, nothing to compare). A login kept
+        before the issuer was recorded is known by its registration's issuer, if any."""
+        recorded = self.issuer or (self.registration.issuer if self.registration is not None else None)
+        if recorded is None or current is None:
+            return False
+        return recorded.rstrip("/") != current.rstrip("/")
 
     def to_json(self) -> str:
         data: dict[str, object] = {"v": 1, "client_id": self.client_id}
@@ -109,7 +120,7 @@ class StoredLogin:
             data.update(access_token=self.access_token, expires_at=self.expires_at)
         if self.registration is not None:
             data["registration"] = self.registration.to_dict()
-        for key in ("scope", "step_up"):
+        for key in ("scope", "step_up", "issuer"):
             if (value := getattr(self, key)) is not None:
                 data[key] = value
         if self.step_ups:
@@ -139,10 +150,13 @@ class StoredLogin:
                 or not 0 <= step_ups <= MAX_STEP_UPS:
             return None
         scope, step_up = scopes.get("scope"), scopes.get("step_up")
+        issuer = data.get("issuer")
+        if issuer is not None and not visible_ascii(issuer, MAX_URL_CHARS):
+            return None
         if isinstance(token, str) and token:
             REDACTOR.add(token)
             return cls(token, client_id, registration=registration, scope=scope, step_up=step_up,
-                       step_ups=step_ups)
+                       step_ups=step_ups, issuer=issuer)
         if token is not None:
             return None
         access, expires_at = data.get("access_token"), data.get("expires_at")
@@ -150,7 +164,7 @@ class StoredLogin:
                 or not isinstance(expires_at, int | float) or not math.isfinite(expires_at):
             return None
         REDACTOR.add(access)
-        return cls(None, client_id, access, float(expires_at), registration, scope, step_up, step_ups)
+        return cls(None, client_id, access, float(expires_at), registration, scope, step_up, step_ups, issuer)
 
 
 class LoginStore:

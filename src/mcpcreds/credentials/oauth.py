@@ -246,6 +246,15 @@ async def send_token_request(http: httpx.AsyncClient, request: TokenRequest, now
                              default_expires_in: float, timeout: float = TOKEN_TIMEOUT,
                              extras: dict[str, str] | None = None) -> Token:
     """POST the request; read at most MAX_RESPONSE_BYTES; parse. No redirects are followed."""
+    status, content_type, body = await post_form(http, request, timeout)
+    return parse_token_response(status, content_type, body, now, default_expires_in, extras)
+
+
+async def post_form(http: httpx.AsyncClient, request: TokenRequest,
+                    timeout: float = TOKEN_TIMEOUT) -> tuple[int, str, bytes]:
+    """POST a token request (or any form to the authorization server); its status, content type
+    and body, at most MAX_RESPONSE_BYTES of it. No redirects are followed; errors never quote what
+    was sent."""
     try:
         async with http.stream("POST", request.url, headers=request.headers,
                                content=request.body.encode(), follow_redirects=False,
@@ -261,8 +270,7 @@ async def send_token_request(http: httpx.AsyncClient, request: TokenRequest, now
                     raise TokenEndpointError(
                         f"token response larger than {MAX_RESPONSE_BYTES} bytes", "response_too_large")
                 chunks.append(chunk)
-            return parse_token_response(response.status_code, response.headers.get("content-type", ""),
-                                        b"".join(chunks), now, default_expires_in, extras)
+            return response.status_code, response.headers.get("content-type", ""), b"".join(chunks)
     except httpx.TimeoutException:
         raise TokenEndpointTimeout(f"token endpoint did not answer within {timeout:g}s") from None
     except httpx.HTTPError as exc:
