@@ -16,8 +16,8 @@ sidecar and upstream take turns, `--rounds` times:
   (what an MCP client that cannot use a Unix socket does).
 
 (a) 1 and 16 MCP sessions (`--sessions`) calling `tools/call` (`add`) at once for `--seconds`:
-    calls/s, p50 per call and the sidecar's CPU per call, each way; the ratio tcp/unix (goal:
-    within 1.2x).
+    calls/s, p50 per call and the CPU per call of the sidecar and of this client, each way; the
+    ratio tcp/unix (goal: within 1.2x), of the medians and round by round.
 (b) one session's tools/call answers (SSE), each read to its last byte on a kept connection, as
     the MCP SDK 1.x client reads them: p50 to the last byte, each way.
 (c) a new connection's cost: `GET /v1/health` on a fresh connection (one request, then closed),
@@ -113,13 +113,15 @@ async def sessions_round(creds: AsyncClient, tcp: tuple[str, int], way: str, ses
                     raise harness.BenchError(f"{way}: a tools/call failed: {result}")
                 samples.append(time.perf_counter() - t0)
 
-        cpu0, t0 = cpu_seconds(sidecar_pid), time.perf_counter()
+        cpu0, mine0, t0 = cpu_seconds(sidecar_pid), time.process_time(), time.perf_counter()
         await asyncio.gather(*(work(c) for c in clients))
         elapsed, cpu = time.perf_counter() - t0, cpu_seconds(sidecar_pid) - cpu0
+        mine = time.process_time() - mine0
     if not samples:
         raise harness.BenchError(f"{way}: no call completed in {seconds} s")
-    return {"calls": len(samples), "throughput": len(samples) / elapsed, "latencies": samples,
-            "cpu_ms_per_call": cpu / len(samples) * 1000}
+    n = len(samples)
+    return {"calls": n, "throughput": n / elapsed, "latencies": samples, "cpu_ms_per_call": cpu / n * 1000,
+            "client_cpu_ms_per_call": mine / n * 1000}
 
 
 async def part_a(sidecar: SidecarProcess, tcp: tuple[str, int], args: argparse.Namespace) -> dict[str, Any]:
@@ -142,21 +144,35 @@ async def sessions_level(creds: AsyncClient, sidecar: SidecarProcess, tcp: tuple
             rounds[way].append(r)
             harness.progress(f"    round {n + 1} {way:4}: {r['throughput']:7.1f} calls/s  "
                              f"p50 {statistics.median(r['latencies']) * 1000:7.2f} ms  "
-                             f"sidecar CPU {r['cpu_ms_per_call']:5.2f} ms/call")
+                             f"sidecar CPU {r['cpu_ms_per_call']:5.2f} ms/call  "
+                             f"client CPU {r['client_cpu_ms_per_call']:5.2f} ms/call")
     summary: dict[str, Any] = {}
-    rows = [["way", "calls/s min", "median", "max", "p50 ms min", "median", "max", "sidecar CPU ms/call"]]
+    rows = [["way", "calls/s min", "median", "max", "p50 ms min", "median", "max", "CPU ms/call: sidecar",
+             "client"]]
     for way, rs in rounds.items():
         tputs = sorted(r["throughput"] for r in rs)
         p50s = sorted(statistics.median(r["latencies"]) * 1000 for r in rs)
         cpu = statistics.median(r["cpu_ms_per_call"] for r in rs)
-        summary[way] = {"throughput": tputs, "p50_ms": p50s, "cpu_ms_per_call": cpu}
+        client_cpu = statistics.median(r["client_cpu_ms_per_call"] for r in rs)
+        summary[way] = {"throughput": tputs, "p50_ms": p50s, "cpu_ms_per_call": cpu,
+                        "client_cpu_ms_per_call": client_cpu}
         rows.append([way, f"{tputs[0]:.1f}", f"{statistics.median(tputs):.1f}", f"{tputs[-1]:.1f}",
-                     f"{p50s[0]:.2f}", f"{statistics.median(p50s):.2f}", f"{p50s[-1]:.2f}", f"{cpu:.2f}"])
+                     f"{p50s[0]:.2f}", f"{statistics.median(p50s):.2f}", f"{p50s[-1]:.2f}", f"{cpu:.2f}",
+                     f"{client_cpu:.2f}"])
     print(harness.table(rows))
     med = {way: (statistics.median(s["throughput"]), statistics.median(s["p50_ms"]))
            for way, s in summary.items()}
     print(harness.ratio_line("calls/s (goal >= 0.83x)", ("tcp", med["tcp"][0]), ("unix", med["unix"][0])))
     print(harness.ratio_line("p50 (goal <= 1.2x)", ("tcp", med["tcp"][1]), ("unix", med["unix"][1])))
+    # each round's tcp over the unix run just before it: what the machine's load did to both
+    pairs = list(zip(rounds["unix"], rounds["tcp"], strict=True))
+    paired = {"calls/s": sorted(t["throughput"] / u["throughput"] for u, t in pairs),
+              "p50": sorted(statistics.median(t["latencies"]) / statistics.median(u["latencies"])
+                            for u, t in pairs)}
+    for what, values in paired.items():
+        print(f"tcp/unix {what} round by round: min {values[0]:.2f}x  "
+              f"median {statistics.median(values):.2f}x  max {values[-1]:.2f}x")
+    summary["paired"] = paired
     return summary
 
 
@@ -379,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-sessions", action="store_true", help="only (c) and (d)")
     args = harness.parse(p, argv, quick={"seconds": 1.5, "rounds": 1, "answers": 30, "idle": 500,
                                           "connects": 40, "lookups": 5})
-    with harness.workdir("tcpbench") as tmp, \
+    with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout), \
+            harness.workdir("tcpbench") as tmp, \
             harness.started(start_gateway_peer("unused-", KEY), "the MCP peer") as peer, \
             harness.sidecar(tmp / "sidecar", server_block(peer), '[gateway]\nlisten = "127.0.0.1:0"\n',
                             env={"BENCH_KEY": KEY}) as sidecar:
@@ -390,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             results["kept"] = asyncio.run(part_b(sidecar, tcp, args))
         results["connections"] = part_cd(sidecar, tcp, args)
         harness.print_log_warnings({"sidecar": sidecar})
-    if args.json:
+    if args.json:  # the tables went to stderr
         harness.emit(args, {**results, **harness.machine(), "seconds": args.seconds, "rounds": args.rounds,
                             "idle": args.idle}, str)
     return 0
