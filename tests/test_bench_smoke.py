@@ -49,6 +49,8 @@ BENCHES = {
                         r"^ratio: first request with a valid token, p50 ms: mcpcreds [\d.]+ / status quo [\d.]+ = "),
     "gateway": Bench("gateway_bench.py", (), r"^\s+direct\s+p50 [\d.]+ ms\s",
                      r"^\s+added p50: -?[\d.]+ ms .*; ratio gateway/direct p50 [\d.]+$"),
+    "tcp": Bench("tcp_bench.py", (), r"^unix\s+[\d.]+\s+[\d.]+\s+[\d.]+\s",
+                 r"^ratio: calls/s \(goal >= 0\.83x\): tcp [\d.,]+ / unix [\d.,]+ = [\d.]+x$"),
     "cli": Bench("cli_bench.py", (), r"^python[\d.]* -c pass\s+\d+\s+[\d.]+\s",
                  r"^ratio: whole process p50 ms: mcpcreds headers bench [\d.,]+ / python[\d.]* -c pass [\d.,]+ = [\d.]+x$",
                  (0, 1)),

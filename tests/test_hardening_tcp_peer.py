@@ -16,8 +16,9 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ from mcpcreds.sidecar.tcp_peer import (
     TCP_ESTABLISHED,
     DiagSocket,
     choose_lookup,
+    diag_answer,
     diag_query,
     diag_request,
     endpoint,
@@ -180,6 +182,24 @@ def test_an_answer_is_read_only_when_it_is_the_one_asked_for() -> None:
     assert parse_diag_reply(bytes([0xFF] * 200), 7) is None
 
 
+def test_an_answer_of_another_shape_or_sender_or_socket_is_refused() -> None:
+    asked = endpoint(("127.0.0.1", 50000)), endpoint(("127.0.0.1", 8080))
+    kernel = (0, 0)
+    assert diag_answer(_answer(7), kernel, 7, *asked) is not None
+    assert diag_answer(_answer(7), (4321, 0), 7, *asked) is None  # another process sent it, not the kernel
+    assert diag_answer(_answer(7), kernel, 7, asked[1], asked[0]) is None  # about another socket than asked
+    assert diag_answer(_answer(7), kernel, 7, endpoint(("127.0.0.2", 50000)), asked[1]) is None
+    short = bytearray(_answer(7))
+    short[0:4] = (16 + 40).to_bytes(4, sys.byteorder)  # its own length says it ends before the uid
+    assert parse_diag_reply(bytes(short), 7) is None
+    alien = bytearray(_answer(7))
+    alien[16] = socket.AF_UNIX  # a family with no address of 4 or 16 bytes
+    assert parse_diag_reply(bytes(alien), 7) is None
+    longer = bytearray(_answer(7))
+    longer[0:4] = (len(longer) + 1).to_bytes(4, sys.byteorder)  # claims a byte more than came
+    assert parse_diag_reply(bytes(longer), 7) is None
+
+
 def test_the_table_is_the_fallback_only_where_the_kernel_answers_no_diagnostics() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         listening = server.getsockname()
@@ -267,3 +287,101 @@ async def test_a_lookup_that_fails_refuses_the_connection_and_frees_its_place() 
         assert lookups.pending == 0 and not connections.open
     finally:
         server.close()
+
+
+# ---------------------------------------------------------------------------------- on the event loop
+
+def test_the_kernel_answers_within_the_request() -> None:
+    """What lets the listener ask on the event loop: the answer is there when the send returns."""
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()):
+        accepted, _ = server.accept()
+        with accepted:
+            assert lookup_uid(accepted.getpeername(), accepted.getsockname(), wait=False) == os.getuid()
+            assert lookup_uid(("127.0.0.1", 1), accepted.getsockname(), wait=False) is None  # none such
+
+
+async def _served(lookups: PeerLookups, allow: frozenset[int],
+                  client: Callable[[int], Awaitable[bytes]] = _request) -> tuple[bytes, App]:
+    """One request from `client` to a listener with these lookups: what came back, and what
+    reached the app."""
+    app = App()
+
+    class Api:
+        def handle(self, request: Any) -> Any:
+            return app.handle(request)
+
+        def observe(self, route: str, status: int, seconds: float) -> None:
+            pass
+
+    loopback = LoopbackApp(Api(), frozenset({b"x"}))  # type: ignore[arg-type]
+    server = await asyncio.get_running_loop().create_server(
+        lambda: TcpConnection(loopback, lambda: allow, Connections(), lookups), "127.0.0.1", 0)
+    try:
+        return await client(server.sockets[0].getsockname()[1]), app
+    finally:
+        server.close()
+
+
+async def test_a_connection_is_identified_on_the_loop_and_the_thread_only_where_the_kernel_cannot() -> None:
+    threaded: list[Any] = []
+
+    def in_a_thread(peer: Any, ours: Any) -> int | None:
+        threaded.append(threading.current_thread().name)
+        return lookup_uid(peer, ours)
+
+    me = frozenset({os.getuid()})
+    answer, app = await _served(PeerLookups(in_a_thread, at_once=partial(lookup_uid, wait=False)), me)
+    assert answer.startswith(b"HTTP/1.1 200 ") and app.requests[0].peer_uid == os.getuid()
+    assert threaded == []  # answered at once: no worker thread, no task
+
+    def not_at_once(peer: Any, ours: Any) -> int | None:
+        raise BlockingIOError
+
+    answer, app = await _served(PeerLookups(in_a_thread, at_once=not_at_once), me)
+    assert answer.startswith(b"HTTP/1.1 200 ") and app.requests[0].peer_uid == os.getuid()
+    assert len(threaded) == 1 and threaded[0].startswith("tcp-peer")
+
+    for refusing in (lambda peer, ours: 4242, lambda peer, ours: None, lambda peer, ours: 1 // 0):
+        answer, app = await _served(PeerLookups(in_a_thread, at_once=refusing), me)
+        assert answer == b"" and app.requests == []  # refused before a byte was read
+    assert len(threaded) == 1
+
+
+async def test_a_peer_of_another_uid_is_named_on_the_loop() -> None:
+    seen: list[int | None] = []
+
+    def at_once(peer: Any, ours: Any) -> int | None:
+        seen.append(uid := lookup_uid(peer, ours, wait=False))
+        return uid
+
+    def never(peer: Any, ours: Any) -> int | None:
+        raise AssertionError("not asked in a thread")
+
+    async def as_nobody(port: int) -> bytes:
+        return await asyncio.to_thread(_as_nobody, port)
+
+    me = frozenset({os.getuid()})
+    answer, app = await _served(PeerLookups(never, at_once=at_once), me, as_nobody)
+    assert answer == b"" and app.requests == []
+    answer, app = await _served(PeerLookups(never, at_once=at_once), me | {NOBODY}, as_nobody)
+    assert answer.startswith(b"HTTP/1.1 200 ") and app.requests[0].peer_uid == NOBODY
+    assert seen == [NOBODY, NOBODY]
+
+
+AS_NOBODY = r"""
+import socket, sys
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30)
+sock.sendall(b"POST /mcp/tools HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
+received = b""
+try:
+    while chunk := sock.recv(65536):
+        received += chunk
+except OSError:
+    pass
+sys.stdout.buffer.write(received)
+"""
+
+
+def _as_nobody(port: int) -> bytes:
+    return subprocess.run([*SETPRIV, sys.executable, "-c", AS_NOBODY, str(port)], capture_output=True,
+                          timeout=60, cwd="/", check=True).stdout

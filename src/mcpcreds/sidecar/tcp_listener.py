@@ -3,11 +3,15 @@ Unix socket: `http://127.0.0.1:PORT/mcp/{server}`, and nothing else of the API.
 
 - The caller's uid comes from the kernel (`tcp_peer`) when the connection is accepted, and is
   checked against `allow_uids` before a byte is read; a uid that cannot be found is refused. The
-  lookup runs in a worker thread, never on the event loop, at most `MAX_PENDING_LOOKUPS` at once:
-  a connection accepted past that is refused at once (a local user's connect flood costs only
-  TCP connections, not the Unix socket's service). From there on the connection is the Unix
-  socket's (`wire.HttpConnection`): the same limits, `grant_only_uids`, grants as
-  `Authorization: Bearer <grant>` (never forwarded).
+  kernel answers the one socket's lookup within the request, so it is asked on the event loop,
+  as the Unix socket asks for SO_PEERCRED. Only where it does not answer at once (or has no
+  sock_diag: the whole-table fallback) does the lookup go to a worker thread, at most
+  `MAX_PENDING_LOOKUPS` at once: a connection accepted past that is refused at once (a local
+  user's connect flood costs only TCP connections, not the Unix socket's service). From there on
+  the connection is the Unix socket's (`wire.HttpConnection`): the same limits,
+  `grant_only_uids`, grants as `Authorization: Bearer <grant>` (never forwarded).
+- Every accepted socket has TCP_NODELAY: without it an answer's last small write waits for the
+  client's delayed ACK (40 ms) whenever the one before it is not acknowledged yet.
 - Only `/mcp/{server}` (and `GET /v1/health`) are routed; every other path is a 404.
 - A request must name this listener in its `Host` and carry no `Origin`: a web page in the
   user's browser (an allowed uid) cannot reach the gateway through DNS rebinding or a cross-site
@@ -17,9 +21,11 @@ Unix socket: `http://127.0.0.1:PORT/mcp/{server}`, and nothing else of the API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, Final
 
 from ..config.model import ListenConfig
@@ -28,7 +34,7 @@ from ..core.logs import get_logger
 from ..core.tasks import spawn
 from ..errors import Forbidden, McpcredsError, NotFound
 from .api import Api, error_to_response
-from .tcp_peer import UidLookup, choose_lookup, proc_lookup_uid
+from .tcp_peer import UidLookup, choose_lookup, lookup_uid, proc_lookup_uid
 from .wire import Connections, HttpConnection
 
 _log = get_logger("gateway.tcp")
@@ -82,12 +88,14 @@ class LoopbackApp:
 
 
 class PeerLookups:
-    """The uid lookups of the listener's new connections: in `threads` worker threads, at most
-    `limit` admitted and not finished."""
+    """The uid lookups of the listener's new connections: `at_once` on the event loop where it
+    answers without waiting (it raises BlockingIOError where it cannot), else `lookup` in
+    `threads` worker threads, at most `limit` admitted and not finished."""
 
     def __init__(self, lookup: UidLookup, limit: int = MAX_PENDING_LOOKUPS,
-                 threads: int = LOOKUP_THREADS) -> None:
+                 threads: int = LOOKUP_THREADS, at_once: UidLookup | None = None) -> None:
         self.lookup = lookup
+        self.at_once = at_once
         self.limit = limit
         self.pending = 0
         self.busy = False  # refusing since the last admitted lookup: logged once per streak
@@ -104,6 +112,17 @@ class PeerLookups:
         self.pending += 1
         self.busy = False
         return True
+
+    def now(self, peer: Any, ours: Any) -> int | None:
+        """The uid without waiting; BlockingIOError when it must be asked off the loop (`run`)."""
+        if self.at_once is None:
+            raise BlockingIOError
+        try:
+            return self.at_once(tuple(peer), tuple(ours))
+        except BlockingIOError:
+            raise
+        except Exception:  # as in `run`: unknown, refused
+            return None
 
     async def run(self, peer: Any, ours: Any) -> int | None:
         """An admitted lookup."""
@@ -128,30 +147,49 @@ class TcpConnection(HttpConnection):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        if not self.lookups.admit():
-            transport.abort()
+        set_nodelay(transport)
+        peer, ours = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
+        try:
+            uid = self.lookups.now(peer, ours)
+        except BlockingIOError:
+            if not self.lookups.admit():
+                transport.abort()
+                return
+            transport.pause_reading()  # not a byte is read before the uid is known and allowed
+            spawn(self.lookups.tasks, self._identify(peer, ours))
             return
-        transport.pause_reading()  # not a byte is read before the uid is known and allowed
-        spawn(self.lookups.tasks, self._identify(transport.get_extra_info("peername"),
-                                                 transport.get_extra_info("sockname")))
+        self._admit(uid, peer)
 
     async def _identify(self, peer: Any, ours: Any) -> None:
         uid = await self.lookups.run(peer, ours)
         if self.closing or self.transport is None:  # the client left while it was looked up
             return
+        if self._admit(uid, peer):
+            self.transport.resume_reading()
+
+    def _admit(self, uid: int | None, peer: Any) -> bool:
+        assert self.transport is not None
         self.peer_uid = -1 if uid is None else uid  # the kernel gives no pid here: peer_pid stays -1
         if uid is None or uid not in self.allow_uids():
             port = peer[1] if isinstance(peer, tuple) and len(peer) > 1 else None
             _log.warning("peer refused", extra={"uid": uid, "port": port, "listener": "tcp"})
             self.transport.abort()
-            return
+            return False
         self.connections.open.add(self)
         self.last_active = self.connections.clock.monotonic()
-        self.transport.resume_reading()
+        return True
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
         self.collect = True
+
+
+def set_nodelay(transport: asyncio.BaseTransport) -> None:
+    """TCP_NODELAY on a transport's socket. asyncio sets it only on a socket whose protocol reads
+    IPPROTO_TCP, and `socket.create_server` makes the listener with protocol 0."""
+    sock = transport.get_extra_info("socket")
+    with contextlib.suppress(OSError):  # already reset by the client: nothing will be written
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _hosts(host: str, port: int) -> frozenset[bytes]:
@@ -182,7 +220,8 @@ async def start_listener(listen: ListenConfig, api: Api, allow_uids: Callable[[]
     if lookup is None:
         _log.warning("the kernel answers no socket diagnostics (NETLINK_SOCK_DIAG): the uid of each TCP "
                      "peer is read from /proc/net/tcp, in time linear in the host's sockets")
-    lookups = PeerLookups(lookup or proc_lookup_uid)
+    lookups = PeerLookups(lookup or proc_lookup_uid,
+                          at_once=None if lookup is None else partial(lookup_uid, wait=False))
     loop = asyncio.get_running_loop()
     try:
         server = await loop.create_server(lambda: TcpConnection(app, allow_uids, connections, lookups),

@@ -5,7 +5,8 @@ sockets of this network namespace, and the kernel's socket diagnostics (`NETLINK
 `inet_diag`) name the uid that created a socket. The peer's socket is the one whose local end is
 the connection's remote end and whose remote end is ours. A request without `NLM_F_DUMP` is an
 exact lookup in the kernel's hash tables: its cost does not grow with the sockets of the host
-(thousands in TIME_WAIT are not walked), and only that socket is answered (linux/inet_diag.h):
+(thousands in TIME_WAIT are not walked), and only that socket is answered, within the send, so
+that the listener asks on the event loop, a few microseconds (linux/inet_diag.h):
 
     nlmsghdr           len u32, type u16 (SOCK_DIAG_BY_FAMILY), flags u16, seq u32, pid u32
     inet_diag_req_v2   family u8, protocol u8, ext u8, pad u8, states u32, inet_diag_sockid
@@ -16,7 +17,7 @@ exact lookup in the kernel's hash tables: its cost does not grow with the socket
 The fallback, for a kernel without sock_diag (some sandboxes), reads the whole socket table,
 `/proc/net/tcp` for IPv4 and `/proc/net/tcp6` for IPv6 and IPv4-mapped sockets, each line with
 the uid that created the socket: linear in the sockets of the host, which is why it is only the
-fallback (and, like the netlink lookup, never run on the event loop: tcp_listener.py). Its format
+fallback (and never run on the event loop: tcp_listener.py). Its format
 (net/ipv4/tcp_ipv4.c, net/ipv6/tcp_ipv6.c):
 
     sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -167,30 +168,42 @@ def parse_diag_reply(data: bytes, seq: int) -> DiagSocket | None:
     return DiagSocket(local, remote, state, uid)
 
 
-def diag_query(local: Endpoint, remote: Endpoint, seq: int = 1) -> DiagSocket | None:
+def diag_query(local: Endpoint, remote: Endpoint, seq: int = 1, *, wait: bool = True) -> DiagSocket | None:
     """Ask the kernel for the one TCP socket `local` -> `remote` (an exact lookup, not a walk of
-    the table); None if there is none. OSError when netlink or sock_diag is not there."""
+    the table); None if there is none. OSError when netlink or sock_diag is not there. With `wait`
+    False the answer is only taken if it is there at once (the kernel answers within the send):
+    BlockingIOError if it is not."""
     local, remote = _plain(local), _plain(remote)
     if isinstance(local[0], ipaddress.IPv4Address) != isinstance(remote[0], ipaddress.IPv4Address):
         return None
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG) as sock:
-        sock.settimeout(DIAG_TIMEOUT)
+        sock.settimeout(DIAG_TIMEOUT if wait else 0.0)
         sock.sendto(diag_request(local, remote, seq), (0, 0))
         data, sender = sock.recvfrom(_REPLY_BYTES)
+    return diag_answer(data, sender, seq, local, remote)
+
+
+def diag_answer(data: bytes, sender: tuple[int, int], seq: int, local: Endpoint,
+                remote: Endpoint) -> DiagSocket | None:
+    """The socket `local` -> `remote` from the datagram `data` received from `sender`; None when it
+    is not the kernel's answer to request `seq` about that very socket."""
     if sender[0] != 0:  # not the kernel
         return None
     found = parse_diag_reply(data, seq)
-    if found is None or found.local != local or found.remote != remote:
+    if found is None or found.local != _plain(local) or found.remote != _plain(remote):
         return None
     return found
 
 
-def lookup_uid(peer: tuple[object, ...], ours: tuple[object, ...]) -> int | None:
+def lookup_uid(peer: tuple[object, ...], ours: tuple[object, ...], *, wait: bool = True) -> int | None:
     """The uid behind the peer of a loopback TCP connection, from the kernel's socket diagnostics;
     None when it cannot be found (the connection must then be refused). A socket closing or in
-    TIME_WAIT (which shows uid 0) is not an answer."""
+    TIME_WAIT (which shows uid 0) is not an answer. With `wait` False (on the event loop),
+    BlockingIOError when the kernel's answer is not there at once: ask again off the loop."""
     try:
-        found = diag_query(endpoint(peer), endpoint(ours))
+        found = diag_query(endpoint(peer), endpoint(ours), wait=wait)
+    except BlockingIOError:
+        raise
     except (OSError, ValueError):
         return None
     return found.uid if found is not None and found.state == TCP_ESTABLISHED else None
