@@ -64,8 +64,6 @@ class Document:
     def render(self) -> str:
         lines = [f"# {one_line(h)}" for h in self.header]
         for table in self.tables:
-            if not table.keys and not table.array:
-                continue
             lines.append("")
             if table.note:
                 lines.append(f"# {one_line(table.note)}")
