@@ -8,7 +8,8 @@
   lists (a ceiling), whether it names one with `service` or restates a URL inline; a stand-alone
   server takes the cache key and bucket of the most specific entry over it, so restating an
   entry's URL never launders its tags nor escapes its bucket. Such a server may not bring a login
-  of its own (the key's login is the entry's) nor a rate other than the entry's.
+  or signing credentials of its own (held by cache key: the entry's), only static headers, nor a
+  rate other than the entry's.
 - Closed egress (`[sidecar] egress = "closed"`): a server under no entry is a config error, and
   the gateway refuses to send to an endpoint under none (`refuse_uncovered`), whatever made it.
 """
@@ -110,10 +111,12 @@ def floor(c: Collector, path: str, t: Mapping[str, Any], target: Target, over: l
     name = entry.key.partition(":")[2]
     why = (f"its endpoint is under [services.{name}]'s, so it is served under that entry's cache key "
            f"({entry.key})")
-    if target.login is not None:
-        key = "auth" if "auth" in t else "oauth"
-        c.error(join(path, key), f"{why}, whose login is the entry's: name the entry (service = "
-                                 f"\"{name}\") instead of restating its endpoint with a login of its own")
+    auth = t.get("auth")
+    for key in ("auth", "oauth"):  # logins and signing credentials are held by cache key
+        if key in t and not (key == "auth" and isinstance(auth, Mapping) and auth.get("kind") == "static"):
+            c.error(join(path, key), f"{why}, whose credentials are the entry's: name the entry (service = "
+                                     f"\"{name}\") instead of restating its endpoint with credentials of its "
+                                     "own")
     if "rate" in t and target.rate != entry.rate:
         c.error(join(path, "rate"), f"{why} and bucket: its rate is the entry's; remove this one")
     c.warnings.append(f"{path}: {why}: it carries that entry's tags and tool lists and takes from its bucket")
