@@ -6,6 +6,7 @@ ceiling, whether it names the entry or restates its URL), tool patterns (`prefix
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 from typing import Any
 
@@ -229,3 +230,56 @@ def test_at_run_time_a_target_under_no_entry_is_refused_when_egress_is_closed() 
     moved: Any = dataclasses.replace(loaded.services["service:crm"], endpoint="https://evil.example.com/mcp")
     with pytest.raises(Forbidden):
         refuse_uncovered({}, "closed", moved)
+
+
+# ---------------------------------------------------------------------------- where the patterns hold
+
+
+def test_the_gateway_refuses_and_filters_by_pattern_and_a_grants_patterns_narrow_further() -> None:
+    from mcpcreds.gateway import jsonrpc
+
+    policy = config(CATALOG + '\n[[servers]]\nname = "ro"\nservice = "crm"\n').servers["ro"].trust
+
+    def refused(tool: str, granted: frozenset[str] | None = None) -> bool:
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool}})
+        return bool(jsonrpc.refusals(jsonrpc.parse_body(body.encode()), policy, "ro", granted))
+
+    assert not refused("read_file") and refused("read_secrets") and refused("write_file")
+    assert refused("read_file", frozenset({"search", "read_n*"})) and not refused("read_notes", frozenset({"read_n*"}))
+    answer = {"jsonrpc": "2.0", "id": 1, "result": {"tools": [{"name": n, "inputSchema": {"type": "object"}}
+                                                              for n in ("read_file", "read_secrets", "search", "x")]}}
+    inspector = jsonrpc.Inspector(policy, pending={("n", 1): "tools/list"}, granted=frozenset({"read_*"}))
+    written = inspector.json_body(json.dumps(answer).encode())
+    assert written is not None
+    shown = json.loads(written)
+    assert [t["name"] for t in shown["result"]["tools"]] == ["read_file"]
+
+
+def test_the_status_counts_say_which_list_hides_each_tool() -> None:
+    from mcpcreds.gateway.tools_seen import Seen, tools_status
+
+    loaded = config(CATALOG + '\n[[servers]]\nname = "ro"\nservice = "crm"\ntool_exclude = ["search"]\n'
+                    '\n[[servers]]\nname = "none"\nservice = "crm"\ntool_allowlist = []\n')
+    seen = Seen(dict.fromkeys(["read_file", "read_secrets", "search", "write_file"]), at=1.0)
+    row = tools_status(loaded.servers["ro"], seen, ())
+    assert (row["exposed"], row["hidden"], row["closed_by"]) == (1, {"tool_allowlist": 1, "tool_exclude": 2}, None)
+    assert tools_status(loaded.servers["none"], seen, ())["closed_by"] == "tool_allowlist"
+
+
+def test_an_exec_entrys_exclude_reaches_the_relay() -> None:
+    from mcpcreds.exec.stdio_relay import policy_of
+
+    entry = config('[exec.files]\ntrust = "trusted"\ntool_exclude = ["fs_delete*"]\n').execs["files"]
+    trust, _ = policy_of(entry.policy_dict())
+    assert trust.filter(["fs_read", "fs_delete", "fs_delete_all"]).tools == ["fs_read"]
+
+
+def test_murs_host_patterns_mean_the_same_here() -> None:
+    """`*.example.com` matches the apex too, in mur and in mcpcreds: the import copies the patterns."""
+    from mcpcreds.net.egress import EgressPolicy
+
+    policy = EgressPolicy("restricted", ("*.api.example.com",))
+    for host in ("api.example.com", "v1.api.example.com"):
+        assert policy.check_host(host) == host
+    with pytest.raises(Forbidden):
+        policy.check_host("example.com")

@@ -173,6 +173,7 @@ def test_mur_network_modes_carry_over_with_murs_own_import_rules(tmp_path: Path)
     differences = " ".join(section(result, "What changes in meaning for this file:"))
     assert "research: network.mode = broad_audited without an authorization: downgraded to inherit" in differences
     assert "sealed: network.mode = restricted with no allow_hosts (nothing allowed in mur): net = \"off\"" in differences
+    assert "exec research, plain: net = inherit: the child reaches the network as its caller does" in differences
     secrets = section(result, "Secrets to store")
     assert secrets == ["mcpcreds secret set MUR_REMOTE_TOKEN    # mcp_servers[6].auth.token: the value mur keeps in "
                        "its keychain under that name",

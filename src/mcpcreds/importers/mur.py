@@ -71,6 +71,11 @@ def translate(data: Mapping[str, Any], notes: Notes) -> Document:
             _stdio(entry, name, where, doc, notes)
         else:
             notes.drop(where, "neither a command nor a url: not carried over")
+    inherit = [t.name.partition(".")[2] for t in doc.tables if t.name.startswith("exec.")
+               and t.get("net") in (None, "inherit")]
+    if inherit:
+        notes.differ(f"exec {', '.join(inherit)}: net = inherit: the child reaches the network as its caller "
+                     "does; mur ran such a server under the agent's OS sandbox (its ports restricted)")
     return doc
 
 
@@ -116,6 +121,10 @@ def _auth(raw: Any, table: Table, name: str, where: str, notes: Notes) -> None:
         notes.drop(where, "expected a table")
         return
     kind = raw.get("kind")
+    if kind in ("bearer", "oauth"):
+        known = ("kind", "token") if kind == "bearer" else (
+            "kind", "token_endpoint", "client_id", "access_token", "refresh_token", "expires_at")
+        notes.unknown(where, raw, known, "not a field of mur's McpAuth: not carried over")
     if kind == "bearer":
         secret = _secret_ref(raw.get("token"), name, "token", f"{where}.token", notes)
         table.set("headers", {"Authorization": f"Bearer {secret}"},
