@@ -102,7 +102,7 @@ audit_log = "{root}/audit.jsonl"
 sources = ["dir:{root}/secrets"]
 
 [services.crm]
-endpoint = "{mcp}"
+endpoint = "{catalog}"
 rate = "50/1s"
 tags = ["sensitive"]
 [services.crm.oauth]
@@ -202,7 +202,10 @@ def fuzz_sidecar(root: Path) -> Iterator[FuzzTarget]:
     sock = root / "run" / "s.sock"
     config = root / "config.toml"
     with fault_idp() as idp, start_gateway_peer(TOKEN_PREFIX, CANARY_STATIC) as mcp:
-        config.write_text(CONFIG.format(socket=sock, root=root, idp=idp.base, mcp=mcp.url))
+        # the catalog entry's host spelt `localhost`: the stand-alone servers at the `127.0.0.1` URL
+        # keep keys, logins and buckets of their own (under the entry's URL, the tag floor would hold them)
+        config.write_text(CONFIG.format(socket=sock, root=root, idp=idp.base, mcp=mcp.url,
+                                        catalog=mcp.url.replace("127.0.0.1", "localhost")))
         with run_sidecar(config, sock) as sidecar:
             yield FuzzTarget(sock, sidecar, idp, root)
 

@@ -65,10 +65,12 @@ def peer() -> Iterator[GatewayPeer]:
 
 
 def keyed(name: str, endpoint: str, extra: str = "") -> str:
+    """A stand-alone server with its own key and bucket. Its host is spelt `localhost`: under the
+    catalog entry's `127.0.0.1` URL it would be held to the entry's key and bucket (the tag floor)."""
     return f"""
 [[servers]]
 name = "{name}"
-endpoint = "{endpoint}"
+endpoint = "{endpoint.replace('127.0.0.1', 'localhost')}"
 headers = {{ "X-Api-Key" = "{{{{secret:STATIC_KEY}}}}" }}
 trust = "trusted"
 {extra}
@@ -129,7 +131,7 @@ tool_allowlist = ["echo", "progress"]
 
 [[servers]]
 name = "odd-key"
-endpoint = "{peer.url}"
+endpoint = "{peer.url.replace('127.0.0.1', 'localhost')}"
 headers = {{ "X-Api-Key" = "{{{{secret:ODD_KEY}}}}" }}
 trust = "trusted"
 """)

@@ -478,6 +478,8 @@ def sidecar(peer: SigV4Peer, imds: FakeImds, sts: FakeSts, imds_rotating: FakeIm
     socket = workdir / "run" / "mcpcreds.sock"
     config = workdir / "config.toml"
     scope = 'region = "us-east-1", service = "execute-api"'
+    # the stand-alone servers' host is spelt `localhost`: under the catalog entry's `127.0.0.1` URL
+    # the tag floor would hold them to its key, whose AWS credentials are the entry's
     config.write_text(f"""
 [sidecar]
 socket = "{socket}"
@@ -498,37 +500,37 @@ trust = "trusted"
 
 [[servers]]
 name = "aws-env"
-endpoint = "{peer.url}"
+endpoint = "{local_url(peer)}"
 trust = "trusted"
 auth = {{ kind = "aws", {scope}, source = "env" }}
 
 [[servers]]
 name = "aws-imds"
-endpoint = "{peer.url}"
+endpoint = "{local_url(peer)}"
 trust = "trusted"
 auth = {{ kind = "aws", {scope}, source = "imds", imds_endpoint = "{imds.url}" }}
 
 [[servers]]
 name = "aws-web"
-endpoint = "{peer.url}"
+endpoint = "{local_url(peer)}"
 trust = "trusted"
 auth = {{ kind = "aws", {scope}, source = "web_identity", role_arn = "{ROLE}", web_identity_token_file = "{sts.token_file}", sts_endpoint = "{sts.url}" }}
 
 [[servers]]
 name = "aws-rotating"
-endpoint = "{peer.url}"
+endpoint = "{local_url(peer)}"
 trust = "trusted"
 auth = {{ kind = "aws", {scope}, source = "imds", imds_endpoint = "{imds_rotating.url}" }}
 
 [[servers]]
 name = "aws-other-region"
-endpoint = "{peer.url}"
+endpoint = "{local_url(peer)}"
 trust = "trusted"
 auth = {{ kind = "aws", region = "eu-west-1", service = "execute-api", source = "env" }}
 
 [[servers]]
 name = "plain"
-endpoint = "{peer.url}"
+endpoint = "{local_url(peer)}"
 trust = "trusted"
 """)
     env = {"AWS_TEST_KEY_ID": STATIC_ID, "AWS_TEST_SECRET": STATIC_SECRET,
@@ -574,7 +576,7 @@ async def test_the_mcp_sdk_reaches_a_sigv4_server_directly_with_creds_auth(sidec
 
     before = peer.stats()
     async with AsyncClient(sidecar.socket) as creds, httpx2.AsyncClient(auth=creds.auth("aws-imds")) as http, \
-            streamable_http_client(peer.url, http_client=http) as (read, write), \
+            streamable_http_client(local_url(peer), http_client=http) as (read, write), \
             ClientSession(read, write) as session:  # no gateway: the client talks to the server itself
         await session.initialize()
         assert (await session.call_tool("echo", {"text": "sigv4"})).structured_content == {"result": "sigv4"}
@@ -598,22 +600,28 @@ async def test_a_wrong_scope_and_an_unsigned_server_are_refused_by_the_verifier(
         before.get("missing_or_malformed_authorization", 0) + 1
 
 
+def local_url(peer: SigV4Peer) -> str:
+    """The peer's MCP URL as the stand-alone servers spell it (another authority than the catalog's)."""
+    return peer.url.replace("127.0.0.1", "localhost")
+
+
 async def test_the_sign_route_signs_a_direct_clients_request(sidecar: SidecarProcess, peer: SigV4Peer) -> None:
     body = '{"jsonrpc":"2.0","id":1,"method":"tools/list"}'
     digest = hashlib.sha256(body.encode()).digest()
     headers = {"content-type": "application/json", "mcp-session-id": "abc"}
     async with raw_client(sidecar) as http:
         static, session = [await http.post(f"/v1/servers/{name}/sign", json={
-            "method": "POST", "url": peer.url, "headers": headers,
-            "content_digest": f"sha-256=:{base64.b64encode(digest).decode()}:"}) for name in ("aws-static", "aws-imds")]
+            "method": "POST", "url": url, "headers": headers,
+            "content_digest": f"sha-256=:{base64.b64encode(digest).decode()}:"})
+            for name, url in (("aws-static", peer.url), ("aws-imds", local_url(peer)))]
     assert static.status_code == 200 and session.status_code == 200, static.text
     answer = static.json()
     assert set(answer["headers"]) == {"Authorization", "X-Amz-Date", "X-Amz-Content-SHA256"}
     assert answer["signed_headers"] == ["content-type", "host", "mcp-session-id", "x-amz-content-sha256", "x-amz-date"]
     assert f"SignedHeaders={';'.join(answer['signed_headers'])}," in answer["headers"]["Authorization"]
     host = peer.base.removeprefix("http://")
-    for signed in (answer, session.json()):
-        lines = [("host", host), *headers.items(), *signed["headers"].items()]
+    for signed, signed_host in ((answer, host), (session.json(), host.replace("127.0.0.1", "localhost"))):
+        lines = [("host", signed_host), *headers.items(), *signed["headers"].items()]
         assert peer.check("POST", peer.url, lines, body) == {"ok": True}
         # the body or the path changed after signing: refused
         assert peer.check("POST", peer.url, lines, body.replace("list", "call")) == {"error": "content_sha256"}
@@ -665,7 +673,8 @@ async def test_static_secrets_are_known_to_status_and_rotation(sidecar: SidecarP
 async def test_status_shows_the_credentials_held_never_their_values(sidecar: SidecarProcess, peer: SigV4Peer,
                                                                      imds: FakeImds) -> None:
     async with raw_client(sidecar) as http:
-        assert (await http.post("/v1/servers/aws-imds/sign", json={"method": "GET", "url": peer.url})).status_code == 200
+        assert (await http.post("/v1/servers/aws-imds/sign", json={"method": "GET", "url": local_url(peer)})
+                ).status_code == 200
         rows = {row["key"]: row for row in (await http.get("/v1/status")).json()["aws"]}
     row = rows["mcp:aws-imds"]
     assert (row["source"], row["temporary"]) == ("imds", True)
@@ -685,7 +694,8 @@ async def test_the_secret_keys_appear_in_no_output(sidecar: SidecarProcess, peer
         for name in ("aws-static", "aws-env", "aws-imds", "aws-web", "aws-other-region"):
             answer = await http.post(f"/mcp/{name}", json=init)
             seen.append(answer.text + json.dumps(dict(answer.headers)))
-            seen.append((await http.post(f"/v1/servers/{name}/sign", json={"method": "POST", "url": peer.url})).text)
+            url = peer.url if name == "aws-static" else local_url(peer)
+            seen.append((await http.post(f"/v1/servers/{name}/sign", json={"method": "POST", "url": url})).text)
             seen.append((await http.post(f"/v1/servers/{name}/sign", json={"method": "POST", "url": "x"})).text)
     payload = run_cli("spawn-payload", "aws-static", "aws-env", "aws-imds", "--socket", str(sidecar.socket),
                       "--config", str(sidecar.config))

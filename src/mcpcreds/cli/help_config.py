@@ -66,6 +66,8 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "idle_timeout": (_NO_DEFAULT, "seconds before an idle keep-alive connection is closed"),
         "token_timeout": (_NO_DEFAULT, "seconds bounding each token and discovery request"),
         "drain_timeout": (_NO_DEFAULT, "seconds in-flight requests get on SIGTERM (at most 300)"),
+        "egress": (_NO_DEFAULT, "\"closed\": every server's endpoint must be under a [services] entry's "
+                   "(a server under none is a config error, and the gateway sends to none); \"open\": any"),
         "invalidate_cooldown": (_NO_DEFAULT, "a login is dropped by invalidate at most once per this"),
         "max_grants": (_NO_DEFAULT, "live grants in the whole sidecar"),
         "max_subgrants": (_NO_DEFAULT, "live sub-grants under one top grant, at any depth"),
@@ -115,7 +117,11 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "leases": ("true", "clients may lease a share of the bucket (with a shared state, of the "
                    "bucket in Redis); false: per request only"),
         "trust": ("\"untrusted\"", "trusted, untrusted or sandboxed (for clients that filter tools)"),
-        "tool_allowlist": ("none", "the tools the gateway lets through"),
+        "tool_allowlist": ("none (a server: its catalog entry's)",
+                           "the tools the gateway lets through: names or `prefix*` patterns; a catalog "
+                           "entry's is a ceiling its servers can only narrow, whatever their trust"),
+        "tool_exclude": ("[]", "tools hidden whatever the trust: names or `prefix*` patterns (a catalog "
+                         "entry's hide them from every server under it)"),
         "expected_tools": ("none", "the tools the server is expected to list"),
         "allow_untrusted_without_allowlist": ("false", "serve an untrusted server without a tool_allowlist"),
         "timeout": (f"[gateway] timeout, else {DEFAULT_TIMEOUT:g}",
@@ -241,7 +247,9 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
                           "audit log when the sidecar first applies the mode"),
         "trust": ("\"trusted\" (unlike a server: entries older than the key keep working)",
                   "trusted, untrusted, sandboxed: what the relay lets through the child's stdio"),
-        "tool_allowlist": ("none", "the tools exposed (untrusted, sandboxed); others never reach it"),
+        "tool_allowlist": ("none", "the tools exposed (untrusted, sandboxed): names or `prefix*` patterns; "
+                           "others never reach it"),
+        "tool_exclude": ("[]", "tools never exposed, whatever the trust (names or `prefix*` patterns)"),
         "expected_tools": ("[]", "attestation: tools outside it dropped (untrusted, sandboxed) or warned"),
         "allow_untrusted_without_allowlist": ("false", "untrusted without tool_allowlist: every tool"),
         "timeout": (f"[gateway]'s, else {DEFAULT_TIMEOUT:g} s",

@@ -232,7 +232,12 @@ def cmd_spawn_payload(args: argparse.Namespace) -> int:
     if args.grant:
         tools = _grant_tools(args.tool)
         with client_of(args) as client:
-            print_json(client.grant(list(args.names), ttl=args.ttl, tools=tools))
+            answer = client.grant(list(args.names), ttl=args.ttl, tools=tools)
+        if args.format == "agentd":
+            from ..importers.payload import agentd_specs
+
+            answer = {**answer, "servers": agentd_specs(answer.get("servers") or [])}
+        print_json(answer)
         return EXIT_OK
     config = config_of(args)
     specs = []
@@ -241,6 +246,10 @@ def cmd_spawn_payload(args: argparse.Namespace) -> int:
         if target is None:
             raise UnknownServer(f"unknown server {name!r}")
         specs.append(target.spec.to_dict())
+    if args.format == "agentd":
+        from ..importers.payload import agentd_specs
+
+        specs = agentd_specs(specs)
     print_json(specs)
     return EXIT_OK
 
@@ -469,7 +478,11 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--ttl", type=float, default=3600, help="grant lifetime in seconds (default 3600)")
     p.add_argument("--tool", action="append", default=[], metavar="SERVER:TOOL",
                    help="with --grant: the grant reaches only these tools of SERVER through the gateway "
-                        "(repeat; servers not named keep their policy's tools)")
+                        "(repeat; a `prefix*` pattern names several; servers not named keep their policy's "
+                        "tools)")
+    p.add_argument("--format", choices=("mcpcreds", "agentd"), default="mcpcreds",
+                   help="agentd: each server in agentd's McpServerSpec JSON shape, for a child that is an "
+                        "agentd process (default: mcpcreds' spec)")
     p = add_client("stdio", cmd_stdio,
                    "a stdio MCP server relaying to the gateway, /mcp/SERVER (for MCP clients that launch "
                    "stdio servers); stdout carries JSON-RPC only; MCPCREDS_GRANT is sent as the grant. "
@@ -509,6 +522,9 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
         from .tools import add_parser as add_tools_parser
 
         add_tools_parser(add_client)  # mcpcreds tools SERVER / tools approve SERVER [TOOL...] (tools.py)
+        from ..importers.cli import add_parser as add_import_parser
+
+        add_import_parser(add)  # mcpcreds import FILE... [--from SEED] [-o PATH] (importers/cli.py)
 
     secret = sub.add_parser("secret", parents=[common], help="manage secrets in the keyring",
                             description="Manage secrets in the keyring; values never on argv.")

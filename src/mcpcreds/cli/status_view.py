@@ -166,8 +166,8 @@ def servers_table(status: Status) -> Table:
 
 # why the gateway does not expose a tool (`tools.hidden` of a server row: gateway/tools_seen.py)
 _HIDDEN: Final = {"no_tool_allowlist": "no tool_allowlist", "tool_allowlist": "not in tool_allowlist",
-                  "expected_tools": "not in expected_tools", "tool_metadata": "refused by tool_metadata",
-                  "pin_changed": "changed since pinned"}
+                  "tool_exclude": "in tool_exclude", "expected_tools": "not in expected_tools",
+                  "tool_metadata": "refused by tool_metadata", "pin_changed": "changed since pinned"}
 
 
 def tools_summary(name: str, tools: Mapping[str, Any]) -> str:

@@ -109,6 +109,7 @@ class ExecEntry:
         roots = content.effective_roots(trust)
         return {"trust": trust, "tool_allowlist": (None if self.trust.tool_allowlist is None
                                                    else list(self.trust.tool_allowlist)),
+                "tool_exclude": list(self.trust.tool_exclude),
                 "expected_tools": list(self.trust.expected_tools),
                 "allow_untrusted_without_allowlist": self.trust.allow_untrusted_without_allowlist,
                 "roots": None if roots is None else list(roots),

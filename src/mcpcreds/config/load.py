@@ -16,6 +16,7 @@ from ..core.policy import find_trifecta, trifecta_message
 from ..core.socket_check import default_socket
 from ..errors import ConfigError
 from .aauth import parse_aauth
+from .catalog import CLOSED
 from .exec import exec_trifecta_warnings, parse_execs
 from .model import Config
 from .reader import Collector, key_path
@@ -125,7 +126,8 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     gateway, content = parse_gateway_table(c, data.get("gateway"))
     secrets = parse_secrets(c, data.get("secrets"))
     services, tables = parse_services(c, data.get("services"), content)
-    servers = parse_servers(c, data.get("servers"), services, tables, content)
+    servers = parse_servers(c, data.get("servers"), services, tables, content,
+                            closed=sidecar.egress == CLOSED)
     aauth = parse_aauth(c, data.get("aauth"))
     services, servers, execs = share_tags(services, servers, parse_execs(c, data.get("exec"), content))
     services, servers = ({k: signing(t, aauth) for k, t in services.items()},

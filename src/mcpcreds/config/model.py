@@ -60,6 +60,7 @@ class SidecarConfig:
     max_subgrants: int = 64  # live sub-grants under one top grant, at any depth
     grant_pause_budget: float = 300.0  # seconds of pause grant holders may set per key ...
     grant_pause_window: float = 900.0  # ... within this window
+    egress: Literal["open", "closed"] = "open"  # closed: every server's endpoint is under a catalog entry's
 
 
 @dataclass(frozen=True, slots=True)

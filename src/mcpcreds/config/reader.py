@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 
 from ..core.credshape import credential_name, credential_value
-from ..core.policy import TRUST_LEVELS, TrustPolicy
+from ..core.policy import TRUST_LEVELS, TrustPolicy, tool_pattern_problem
 from ..core.templates import Template, TemplateError, parse_template
 from ..net.egress import EgressPolicy, is_dev_loopback_url, parse_host_pattern, parse_private_entry
 
@@ -21,7 +21,9 @@ TAGS: Final = ("untrusted_input", "sensitive", "egress")
 DEFAULT_TAGS: Final = frozenset({"untrusted_input"})
 NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\Z")
 HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
-TRUST_KEYS: Final = ("trust", "tool_allowlist", "expected_tools", "allow_untrusted_without_allowlist")
+TRUST_KEYS: Final = ("trust", "tool_allowlist", "tool_exclude", "expected_tools",
+                     "allow_untrusted_without_allowlist")
+CEILING_KEYS: Final = ("tool_allowlist", "tool_exclude")  # a catalog entry's: the ceiling of its servers
 EGRESS_KEYS: Final = ("net", "allow_hosts", "deny_hosts", "allow_private")
 
 T = TypeVar("T")
@@ -242,7 +244,19 @@ def parse_trust(c: Collector, path: str, t: Mapping[str, Any], default: str = "u
         trust = default
     return TrustPolicy(
         trust=trust,
-        tool_allowlist=strings(c, join(path, "tool_allowlist"), t.get("tool_allowlist")),
+        tool_allowlist=tool_patterns(c, join(path, "tool_allowlist"), t.get("tool_allowlist")),
         expected_tools=strings(c, join(path, "expected_tools"), t.get("expected_tools")) or (),
         allow_untrusted_without_allowlist=allow_hatch,
+        tool_exclude=tool_patterns(c, join(path, "tool_exclude"), t.get("tool_exclude")) or (),
     )
+
+
+def tool_patterns(c: Collector, path: str, raw: Any) -> tuple[str, ...] | None:
+    """A list of tool names and `prefix*` patterns (None when not given)."""
+    found = strings(c, path, raw)
+    if found is None:
+        return None
+    for i, pattern in enumerate(found):
+        if (problem := tool_pattern_problem(pattern)) is not None:
+            c.error(f"{path}[{i}]", problem)
+    return tuple(p for p in found if tool_pattern_problem(p) is None)

@@ -17,6 +17,7 @@ from ..core.templates import Template, is_credential_header, parse_template
 from ..net.egress import EgressPolicy
 from .aauth import AAuthConfig, entry_aauth
 from .aws import aws_egress_check, parse_aws_auth
+from .catalog import closed_egress_check, covering, floor
 from .content import CONTENT_KEYS, ContentPolicy, parse_content, sandbox_warnings
 from .cross_app import CROSS_APP_KEYS, parse_idp
 from .exec import ExecEntry
@@ -35,6 +36,7 @@ from .model import (
     signs,
 )
 from .reader import (
+    CEILING_KEYS,
     DEFAULT_TAGS,
     EGRESS_KEYS,
     HEADER_NAME,
@@ -47,6 +49,7 @@ from .reader import (
     parse_tags,
     parse_trust,
     strings,
+    tool_patterns,
     url,
 )
 from .reader import (
@@ -322,8 +325,10 @@ def parse_services(c: Collector, raw: Any, content: ContentPolicy
             c.error(path, "service names use letters, digits, '_', '.', '-'")
             continue
         t = c.table(path, value)
-        c.keys(path, t, ENTRY_KEYS)
+        c.keys(path, t, (*ENTRY_KEYS, *CEILING_KEYS))
         entry = _parse_entry(c, path, t, content)
+        allow = tool_patterns(c, join(path, "tool_allowlist"), t.get("tool_allowlist"))
+        exclude = tool_patterns(c, join(path, "tool_exclude"), t.get("tool_exclude")) or ()
         if entry.endpoint is None:
             if "endpoint" not in t:
                 c.error(join(path, "endpoint"), "required")
@@ -341,6 +346,7 @@ def parse_services(c: Collector, raw: Any, content: ContentPolicy
             auth_kind=entry.auth_kind,
             login=_default_resource(entry.login, entry.endpoint),
             egress=entry.egress,
+            trust=TrustPolicy(tool_allowlist=allow, tool_exclude=exclude),  # the ceiling of its servers
             gateway=entry.gateway,
             content=entry.content,
         )
@@ -352,8 +358,11 @@ _INHERITED: Final = ("endpoint", "headers", "literal_headers", "auth", "oauth", 
 
 
 def parse_servers(c: Collector, raw: Any, services: dict[str, Target],
-                  service_tables: dict[str, dict[str, Any]], content: ContentPolicy) -> dict[str, Target]:
-    """`[[servers]]`; `content`: `[gateway]`'s content keys, a stand-alone server's defaults."""
+                  service_tables: dict[str, dict[str, Any]], content: ContentPolicy,
+                  closed: bool = False) -> dict[str, Target]:
+    """`[[servers]]`; `content`: `[gateway]`'s content keys, a stand-alone server's defaults. Each is
+    held to the catalog entries over its endpoint (config/catalog.py); `closed`: a server under
+    none is an error."""
     servers: dict[str, Target] = {}
     if raw is None:
         return servers
@@ -379,6 +388,10 @@ def parse_servers(c: Collector, raw: Any, services: dict[str, Target],
         else:
             target = _standalone_server(c, path, name, t, content)
         if target is not None:
+            over = covering(services, target.endpoint)
+            if closed:
+                closed_egress_check(c, path, target, over)
+            target = floor(c, path, t, target, over)
             servers[name] = target
             c.warnings.extend(sandbox_warnings(path, t, target.trust.trust))
             if target.gateway.serves_proxy and exposes_no_tool(target.trust):
@@ -391,10 +404,7 @@ def parse_servers(c: Collector, raw: Any, services: dict[str, Target],
 def exposes_no_tool(policy: TrustPolicy) -> bool:
     """Whether the policy hides every tool whatever the server lists (the fail-closed default of a
     server that is not trusted and has no allowlist)."""
-    if policy.trust == "trusted" or policy.tool_allowlist:
-        return False
-    return not (policy.trust == "untrusted" and policy.tool_allowlist is None
-                and policy.allow_untrusted_without_allowlist)
+    return policy.exposes_nothing
 
 
 def _server_from_service(c: Collector, path: str, name: str, t: dict[str, Any], service: Any,

@@ -20,7 +20,7 @@ def parse_sidecar(c: Collector, raw: Any) -> SidecarConfig:
                      "local_share", "refresh_ahead", "audit_log", "allow_trifecta",
                      "request_timeout", "idle_timeout", "token_timeout", "state_password",
                      "state_ca", "grant_only_uids", "sidecar_uid", "invalidate_cooldown", "max_grants",
-                     "max_subgrants", "grant_pause_budget", "grant_pause_window", "drain_timeout"))
+                     "max_subgrants", "grant_pause_budget", "grant_pause_window", "drain_timeout", "egress"))
     uids = uid_list(c, path, "allow_uids", t.get("allow_uids", []))
     grant_only = uid_list(c, path, "grant_only_uids", t.get("grant_only_uids", []))
     state = c.typed(join(path, "state"), t.get("state"), str, "memory")
@@ -63,6 +63,11 @@ def parse_sidecar(c: Collector, raw: Any) -> SidecarConfig:
                             parse_duration)
     pause_window = c.parsed(join(path, "grant_pause_window"), t.get("grant_pause_window", 900.0),
                             parse_duration)
+    egress = c.typed(join(path, "egress"), t.get("egress"), str, "open")
+    if egress not in ("open", "closed"):
+        c.error(join(path, "egress"), "expected 'open' or 'closed' (closed: every server's endpoint must be "
+                                      "under a [services] entry's)")
+        egress = "open"
     drain = c.parsed(join(path, "drain_timeout"), t.get("drain_timeout", 10.0), parse_duration)
     if drain is not None and drain > 300:
         c.error(join(path, "drain_timeout"), "expected at most 5m")
@@ -89,6 +94,7 @@ def parse_sidecar(c: Collector, raw: Any) -> SidecarConfig:
         refresh_ahead=refresh if refresh is not None else 60.0,
         audit_log=audit,
         allow_trifecta=c.typed(join(path, "allow_trifecta"), t.get("allow_trifecta"), bool, False),
+        egress=egress,  # type: ignore[arg-type]
     )
 
 

@@ -16,6 +16,12 @@ Trust policy (the semantics of the seed's `ServerEntry`):
 server offers outside it is dropped for `untrusted`/`sandboxed` and kept with a warning for
 `trusted`; an expected tool the server does not offer is warned about. An empty list means
 "no attestation".
+
+An allowlist entry is a tool name or a prefix pattern (`read_*`: every tool whose name starts with
+`read_`; `*` alone: every tool). `tool_exclude` (names or patterns) hides what it matches whatever
+the trust. A catalog entry's lists are a ceiling (`ceiling_allow`, `ceiling_exclude`): a tool
+outside any of them is hidden whatever the trust, so a server that names the entry can only narrow
+them; a server without an allowlist of its own takes the ceiling's as its allowlist.
 """
 
 from __future__ import annotations
@@ -68,6 +74,45 @@ def check_rule_of_two(servers: Mapping[str, frozenset[str]], *, allow_trifecta: 
     return message
 
 
+# ---------------------------------------------------------------------------- tool patterns
+
+MAX_PATTERN: Final = 128
+
+
+def tool_pattern_problem(pattern: str) -> str | None:
+    """Why `pattern` is not a tool pattern (a tool name, or a prefix ending in one `*`), or None."""
+    if not 0 < len(pattern) <= MAX_PATTERN or not pattern.isprintable():
+        return f"expected a tool name or `prefix*` pattern of 1 to {MAX_PATTERN} printable characters"
+    if "*" in pattern[:-1]:
+        return "a pattern takes one `*`, at its end (`prefix*`)"
+    return None
+
+
+def tool_matches(pattern: str, name: str) -> bool:
+    """Whether tool `name` is matched by `pattern` (exactly, or by its prefix before a final `*`)."""
+    if pattern.endswith("*"):
+        return name.startswith(pattern[:-1])
+    return name == pattern
+
+
+def matches_any(patterns: Iterable[str], name: str) -> bool:
+    return any(tool_matches(p, name) for p in patterns)
+
+
+def pattern_covers(outer: str, inner: str) -> bool:
+    """Whether every tool name `inner` matches is matched by `outer` too (a tool name never holds a
+    `*`, so a `*` is always a pattern's)."""
+    if outer.endswith("*"):
+        return inner.startswith(outer[:-1])
+    return inner == outer
+
+
+def patterns_cover(outer: Iterable[str], inner: Iterable[str]) -> bool:
+    """Whether the patterns `outer` match every name the patterns `inner` match."""
+    wide = tuple(outer)
+    return all(any(pattern_covers(o, i) for o in wide) for i in inner)
+
+
 # ---------------------------------------------------------------------------- trust policy
 
 
@@ -80,10 +125,15 @@ class ToolDecision:
 
 def visible_tools(trust: str, tools: Iterable[str], *, tool_allowlist: Sequence[str] | None = None,
                   expected_tools: Sequence[str] | None = None,
-                  allow_untrusted_without_allowlist: bool = False) -> ToolDecision:
+                  allow_untrusted_without_allowlist: bool = False, tool_exclude: Sequence[str] = (),
+                  ceiling_allow: Sequence[Sequence[str]] = (), ceiling_exclude: Sequence[str] = ()
+                  ) -> ToolDecision:
     """Which of a server's `tools` an agent may see under this trust policy (see the module doc)."""
     if trust not in TRUST_LEVELS:
         raise ValueError(f"unknown trust: expected one of {', '.join(TRUST_LEVELS)}")
+    policy = TrustPolicy(trust, None if tool_allowlist is None else tuple(tool_allowlist),
+                         tuple(expected_tools or ()), allow_untrusted_without_allowlist, tuple(tool_exclude),
+                         tuple(tuple(c) for c in ceiling_allow), tuple(ceiling_exclude))
     offered = list(dict.fromkeys(tools))
     decision = ToolDecision()
     if expected_tools:
@@ -94,7 +144,8 @@ def visible_tools(trust: str, tools: Iterable[str], *, tool_allowlist: Sequence[
             decision.warnings.append(f"tools not in expected_tools, {verdict}: {', '.join(unexpected)}")
         if missing := [t for t in dict.fromkeys(expected_tools) if t not in offered]:
             decision.warnings.append(f"expected tools the server does not offer: {', '.join(missing)}")
-    if trust == "untrusted" and tool_allowlist is None:
+    own = tool_allowlist
+    if trust == "untrusted" and own is None and not ceiling_allow:
         if allow_untrusted_without_allowlist:
             decision.warnings.append(
                 "untrusted server without tool_allowlist: every tool exposed because "
@@ -103,36 +154,30 @@ def visible_tools(trust: str, tools: Iterable[str], *, tool_allowlist: Sequence[
             decision.warnings.append(
                 "untrusted server without tool_allowlist: no tool exposed (fail closed); declare a "
                 "tool_allowlist or set allow_untrusted_without_allowlist = true")
-    elif trust != "trusted" and not tool_allowlist:
-        how = "without" if tool_allowlist is None else "with an empty"
+    elif trust != "trusted" and not own and not (own is None and ceiling_allow):
+        how = "without" if own is None else "with an empty"
         decision.warnings.append(f"{trust} server {how} tool_allowlist: no tool exposed")
     if trust == "sandboxed" and allow_untrusted_without_allowlist:
         decision.warnings.append("allow_untrusted_without_allowlist is ignored for a sandboxed server")
     for tool in offered:
-        allowed = _allows(trust, tool, tool_allowlist, expected_tools, allow_untrusted_without_allowlist)
-        (decision.tools if allowed else decision.hidden).append(tool)
+        (decision.tools if policy.allows(tool) else decision.hidden).append(tool)
     return decision
-
-
-def _allows(trust: str, tool: str, allowlist: Sequence[str] | None, expected: Sequence[str] | None,
-            escape_hatch: bool) -> bool:
-    if trust == "trusted":
-        return True
-    if expected and tool not in expected:
-        return False
-    if trust == "untrusted" and allowlist is None:
-        return escape_hatch
-    return allowlist is not None and tool in allowlist
 
 
 @dataclass(frozen=True, slots=True)
 class TrustPolicy:
-    """The trust fields of one server. The default is the safe one: `untrusted`, no tools."""
+    """The trust fields of one server. The default is the safe one: `untrusted`, no tools.
+
+    `tool_exclude`: what the server's own `tool_exclude` hides; `ceiling_allow`: the allowlists of
+    the catalog entries over it (a tool must match each), `ceiling_exclude`: their exclude lists."""
 
     trust: str = DEFAULT_TRUST
     tool_allowlist: tuple[str, ...] | None = None
     expected_tools: tuple[str, ...] = ()
     allow_untrusted_without_allowlist: bool = False
+    tool_exclude: tuple[str, ...] = ()
+    ceiling_allow: tuple[tuple[str, ...], ...] = ()
+    ceiling_exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.trust not in TRUST_LEVELS:
@@ -140,24 +185,60 @@ class TrustPolicy:
         if self.tool_allowlist is not None:
             object.__setattr__(self, "tool_allowlist", tuple(self.tool_allowlist))
         object.__setattr__(self, "expected_tools", tuple(self.expected_tools))
+        object.__setattr__(self, "tool_exclude", tuple(self.tool_exclude))
+        object.__setattr__(self, "ceiling_allow", tuple(tuple(c) for c in self.ceiling_allow))
+        object.__setattr__(self, "ceiling_exclude", tuple(self.ceiling_exclude))
+
+    @property
+    def effective_allowlist(self) -> tuple[str, ...] | None:
+        """The allowlist a server that is not trusted is held to: its own, else its catalog
+        entry's (None: neither has one)."""
+        if self.tool_allowlist is not None:
+            return self.tool_allowlist
+        return self.ceiling_allow[0] if self.ceiling_allow else None
+
+    @property
+    def exposes_nothing(self) -> bool:
+        """Whether the policy hides every tool whatever the server lists."""
+        if any(not ceiling for ceiling in self.ceiling_allow):
+            return True
+        if self.trust == "trusted":
+            return False
+        if self.tool_allowlist is not None:
+            return not self.tool_allowlist
+        if self.ceiling_allow:
+            return False
+        return not (self.trust == "untrusted" and self.allow_untrusted_without_allowlist)
 
     def filter(self, tools: Iterable[str]) -> ToolDecision:
         return visible_tools(self.trust, tools, tool_allowlist=self.tool_allowlist,
                              expected_tools=self.expected_tools,
-                             allow_untrusted_without_allowlist=self.allow_untrusted_without_allowlist)
+                             allow_untrusted_without_allowlist=self.allow_untrusted_without_allowlist,
+                             tool_exclude=self.tool_exclude, ceiling_allow=self.ceiling_allow,
+                             ceiling_exclude=self.ceiling_exclude)
 
     def allows(self, tool: str) -> bool:
         """Whether a call to `tool` is within the policy (the same rule as `filter`)."""
-        return _allows(self.trust, tool, self.tool_allowlist, self.expected_tools,
-                       self.allow_untrusted_without_allowlist)
+        return self.hidden_by(tool) is None
 
     def hidden_by(self, tool: str) -> str | None:
-        """The key that hides `tool` (None when the policy exposes it): `expected_tools`, or
-        `tool_allowlist` (not in it, or none given to a server that is not trusted)."""
-        if self.allows(tool):
+        """The key that hides `tool` (None when the policy exposes it): `tool_allowlist` (outside
+        a catalog entry's, not in the server's own, or none given to a server that is not
+        trusted), `tool_exclude`, or `expected_tools`."""
+        if any(not matches_any(ceiling, tool) for ceiling in self.ceiling_allow):
+            return "tool_allowlist"
+        if matches_any(self.tool_exclude, tool) or matches_any(self.ceiling_exclude, tool):
+            return "tool_exclude"
+        if self.trust == "trusted":
             return None
         if self.expected_tools and tool not in self.expected_tools:
             return "expected_tools"
+        if self.tool_allowlist is not None:
+            return None if matches_any(self.tool_allowlist, tool) else "tool_allowlist"
+        if self.ceiling_allow:
+            return None  # the catalog entry's allowlist is the server's (matched above)
+        if self.trust == "untrusted" and self.allow_untrusted_without_allowlist:
+            return None
         return "tool_allowlist"
 
 

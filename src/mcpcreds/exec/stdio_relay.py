@@ -78,7 +78,7 @@ def policy_of(raw: Mapping[str, Any]) -> tuple[TrustPolicy, ContentPolicy]:
     allowlist = None if raw.get("tool_allowlist") is None else _names(raw["tool_allowlist"])
     roots = None if raw.get("roots") is None else _names(raw["roots"])
     policy = TrustPolicy(str(trust), allowlist, _names(raw.get("expected_tools")),
-                         bool(raw["allow_untrusted_without_allowlist"]))
+                         bool(raw["allow_untrusted_without_allowlist"]), _names(raw.get("tool_exclude", [])))
     content = ContentPolicy(timeout=_timeout(raw), roots=roots, elicitation_enabled=bool(raw["elicitation"]),
                             elicitation_timeout_secs=_elicitation_timeout(raw),
                             media_passthrough=bool(raw["media"]), on_injection=raw["on_injection"],

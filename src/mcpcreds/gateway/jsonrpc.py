@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..core.policy import TrustPolicy
+from ..core.policy import TrustPolicy, matches_any
 from . import screen, strict_json
 from .sse import BadEvent, SseEvent
 from .strict_json import Masker, StrictJsonError, check_members
@@ -202,14 +202,20 @@ def error(id_: Any, code: int, message: str, data: Any = None) -> dict[str, Any]
 
 def policy_text(policy: TrustPolicy) -> str:
     """The policy in words, for a refusal (configured values only)."""
-    if policy.trust == "untrusted" and policy.tool_allowlist is None:
+    excluded = " less its tool_exclude" if policy.tool_exclude or policy.ceiling_exclude else ""
+    ceiling = " within its catalog entry's tool_allowlist" if policy.ceiling_allow else ""
+    allowlist = policy.effective_allowlist
+    if policy.trust == "untrusted" and allowlist is None:
         if policy.allow_untrusted_without_allowlist:
-            return "trust = untrusted, every tool allowed"
+            return f"trust = untrusted, every tool allowed{excluded}"
         return "trust = untrusted and no tool_allowlist: no tool is exposed"
-    if policy.trust != "trusted" and not policy.tool_allowlist:
+    if policy.trust != "trusted" and not allowlist:
         return f"trust = {policy.trust} and no tool_allowlist: no tool is exposed"
-    expected = " and expected_tools" if policy.expected_tools and policy.trust != "trusted" else ""
-    return f"trust = {policy.trust}: only the tools of its tool_allowlist{expected} are exposed"
+    if policy.trust == "trusted":
+        return f"trust = trusted: every tool{ceiling}{excluded} is exposed"
+    expected = " and expected_tools" if policy.expected_tools else ""
+    return (f"trust = {policy.trust}: only the tools of its tool_allowlist{expected}{ceiling}{excluded} "
+            "are exposed")
 
 
 def refusals(out: Outgoing, policy: TrustPolicy, server: str,
@@ -227,7 +233,7 @@ def refusals(out: Outgoing, policy: TrustPolicy, server: str,
             refused[id_key(m.id)] = error(m.id, INVALID_PARAMS, "tools/call refused by the gateway: that "
                                           f"tool is not exposed by the trust policy of server {server!r} "
                                           f"({policy_text(policy)})", {"policy": policy.trust})
-        elif granted is not None and tool not in granted:
+        elif granted is not None and not matches_any(granted, tool):
             refused[id_key(m.id)] = error(m.id, INVALID_PARAMS, "tools/call refused by the gateway: that "
                                           f"tool is not among the tools the caller's grant allows on server "
                                           f"{server!r}", {"policy": "grant"})
@@ -444,7 +450,7 @@ class Inspector:
             self.on_warnings(decision.warnings)
         allowed = set(decision.tools)
         if self.granted is not None:
-            allowed &= self.granted
+            allowed = {name for name in allowed if matches_any(self.granted, name)}
         return [t for t in tools if isinstance(t, dict) and t.get("name") in allowed]
 
 

@@ -46,6 +46,7 @@ import httpx
 
 from ..broker.broker import Actor, Broker
 from ..broker.headers import HeadersResult
+from ..config.catalog import refuse_uncovered
 from ..config.model import Target, is_aws
 from ..core.credshape import credential_name
 from ..core.http import Answer, Request, Response, StreamingResponse
@@ -154,6 +155,8 @@ class Gateway:
     def handle(self, request: Request, target: Target) -> Awaitable[Answer]:
         if request.method not in _METHODS:
             raise MethodNotAllowed(f"{request.method} is not allowed on /mcp/{{server}}: POST, GET or DELETE")
+        config = self.broker.config
+        refuse_uncovered(config.services, config.sidecar.egress, target)  # closed egress (config/catalog.py)
         return self._counted(request, target)
 
     async def _counted(self, request: Request, target: Target) -> Answer:

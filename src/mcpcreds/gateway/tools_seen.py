@@ -9,10 +9,11 @@ offers, how many of them the gateway exposes now, and why the others are not.
 - `tools_status(target, seen, changed)`: the server's row, judged by the config of now (a reload
   that widens the allowlist shows at once): `seen` (null: none seen yet), `exposed`, `hidden`
   (reason -> count), `closed_by` (the policy exposes nothing whatever the server offers) and
-  `seen_at`. The reasons: `no_tool_allowlist` (not trusted, no allowlist), `tool_allowlist` (not in
-  it), `expected_tools`, `tool_metadata` (listed, but its calls are refused: data_flow) and
-  `pin_changed` (its definition changed since it was pinned: withheld until approved), the same
-  rules, in the same order, as `mcpcreds tools SERVER`.
+  `seen_at`. The reasons: `no_tool_allowlist` (not trusted, no allowlist), `tool_allowlist` (not
+  matched by it, or by its catalog entry's), `tool_exclude` (matched by it), `expected_tools`,
+  `tool_metadata` (listed, but its calls are refused: data_flow) and `pin_changed` (its definition
+  changed since it was pinned: withheld until approved), the same rules, in the same order, as
+  `mcpcreds tools SERVER`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from ..state.pins import MAX_PINNED_TOOLS, PinStore, valid_name
 from .tool_meta import data_flow, meta_for
 
 MAX_SERVERS: Final = 1024
-REASONS: Final = ("no_tool_allowlist", "tool_allowlist", "expected_tools", "tool_metadata", "pin_changed")
+REASONS: Final = ("no_tool_allowlist", "tool_allowlist", "tool_exclude", "expected_tools", "tool_metadata",
+                   "pin_changed")
 PINS_WAIT: Final = 2.0  # seconds a status waits for a server's pins (in the shared state maybe)
 
 
@@ -73,7 +75,7 @@ def hidden_by(target: Target, name: str, changed: Collection[str]) -> str | None
     """Why the gateway does not expose `name` of `target` now (None: it does)."""
     policy = target.trust
     reason = policy.hidden_by(name)
-    if reason == "tool_allowlist" and policy.tool_allowlist is None:
+    if reason == "tool_allowlist" and policy.tool_allowlist is None and not policy.ceiling_allow:
         return "no_tool_allowlist"
     if reason is not None:
         return reason
@@ -89,7 +91,7 @@ def tools_status(target: Target, seen: Seen | None, changed: Collection[str]) ->
     tools whose pins are changed and withheld (empty when `pin_tools` is off)."""
     closed_by = None
     if exposes_no_tool(target.trust):
-        closed_by = "no_tool_allowlist" if target.trust.tool_allowlist is None else "tool_allowlist"
+        closed_by = "no_tool_allowlist" if target.trust.effective_allowlist is None else "tool_allowlist"
     if seen is None:
         return {"seen": None, "exposed": None, "hidden": {}, "closed_by": closed_by, "seen_at": None}
     hidden = Counter(reason for name in seen.names if (reason := hidden_by(target, name, changed)))

@@ -32,7 +32,7 @@ from ..core.http import (
 )
 from ..core.logs import get_logger
 from ..core.metrics import Metrics
-from ..core.policy import check_rule_of_two
+from ..core.policy import check_rule_of_two, patterns_cover, tool_pattern_problem
 from ..core.scopes import MAX_SCOPE_CHARS, MAX_SCOPES, parse_scope
 from ..core.secret import redact_json
 from ..credentials.login_store import login_store
@@ -96,15 +96,18 @@ def _tool_names(value: Any) -> frozenset[str]:
             isinstance(n, str) and 0 < len(n) <= MAX_TOOL_NAME and n.isprintable() for n in value):
         raise InvalidRequest(f"each entry of tools must be an array of at most {MAX_GRANT_TOOLS} tool names, "
                              f"each of 1 to {MAX_TOOL_NAME} printable characters")
+    if any(tool_pattern_problem(n) is not None for n in value):
+        raise InvalidRequest("a tool pattern takes one `*`, at its end (`prefix*`)")
     return frozenset(value)
 
 
 def grant_tools(body: dict[str, Any], names: dict[str, Target],
                 parent: Grant | None) -> dict[str, frozenset[str]]:
-    """The tools a new grant narrows its servers to: `body["tools"]` (server -> tool names; each
-    server one of the grant's, by the name sent or the one it resolved to), within what `parent`
-    allows; a server the parent narrows and the body does not is narrowed as the parent does.
-    Never echoes what was sent."""
+    """The tools a new grant narrows its servers to: `body["tools"]` (server -> tool names or
+    `prefix*` patterns; each server one of the grant's, by the name sent or the one it resolved
+    to), within what `parent` allows (each pattern covered by one of the parent's); a server the
+    parent narrows and the body does not is narrowed as the parent does. Never echoes what was
+    sent."""
     raw = body.get("tools")
     if raw is None:
         raw = {}
@@ -124,7 +127,7 @@ def grant_tools(body: dict[str, Any], names: dict[str, Target],
             if inherited is None:
                 continue
             asked = tools.setdefault(target.name, inherited)
-            if not asked <= inherited:
+            if not patterns_cover(inherited, asked):
                 raise Forbidden(f"the grant narrows the tools of server {target.name!r}: a sub-grant "
                                 "can only narrow them further")
     return tools
