@@ -94,3 +94,31 @@ def test_events_in_shape_are_written_as_checked() -> None:
         {"event": "elicitation", "mode": "url", "action": "declined", "reason": "sandboxed"}]})
     assert events == [("tool_call", {"tool": "add", "status": "error:-32602", "duration": 1.5}),
                       ("elicitation", {"mode": "url", "action": "declined", "reason": "sandboxed"})]
+
+
+def test_what_a_task_asks_is_judged_and_a_tasks_update_for_what_was_not_shown_refused() -> None:
+    """2026-07-28's tasks extension: a sandboxed entry's task elicitation is declined to the server
+    in a `tasks/update` of the relay's own (in the client's envelope; its answer dropped), never shown."""
+    r = relay("sandboxed", ("survey",))
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}
+    get = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"taskId": "t", "_meta": meta}}
+    assert r.from_client(json.dumps(get).encode()).to_server
+    asked = {"taskId": "t", "status": "input_required", "resultType": "complete", "inputRequests": {
+        "name": {"method": "elicitation/create", "params": {"message": "pw?", "requestedSchema": {}}},
+        "model": {"method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 1}}}}
+    out = r.from_server(json.dumps({"jsonrpc": "2.0", "id": 1, "result": asked}).encode())
+    assert list(one(out.to_client)["result"]["inputRequests"]) == ["model"]  # sampling is the client's
+    sent = one(out.to_server)
+    assert sent["method"] == "tasks/update" and sent["params"]["inputResponses"] == {"name": {"action": "decline"}}
+    caps = sent["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]  # as the server saw them
+    assert sent["params"]["taskId"] == "t" and caps["extensions"] == {"io.modelcontextprotocol/tasks": {}}
+    assert r.from_server(json.dumps({"jsonrpc": "2.0", "id": sent["id"], "result": {}}).encode()).to_client == []
+    assert [e["event"] for e in r.take_events()] == ["elicitation"]
+    for answered, passes in (({"name": {"action": "accept", "content": {}}}, False), ({"model": {}}, True)):
+        update = {"jsonrpc": "2.0", "id": 2, "method": "tasks/update",
+                  "params": {"taskId": "t", "inputResponses": answered, "_meta": meta}}
+        relayed = r.from_client(json.dumps(update).encode())
+        assert bool(relayed.to_server) is passes
+        if not passes:
+            assert one(relayed.to_client)["error"]["code"] == -32602

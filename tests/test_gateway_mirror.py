@@ -72,3 +72,14 @@ def test_a_2025_request_gets_only_what_its_client_sent_and_an_unknown_tool_nothi
     assert len(table) == 1 and table.of("s", "run") == ()
     table.learn("s", [{"name": "two", "inputSchema": {"type": "object"}}])  # listed again without: forgotten
     assert table.of("s", "two") == ()
+
+
+@pytest.mark.parametrize("method", ["tasks/get", "tasks/update", "tasks/cancel"])
+def test_a_task_method_names_its_task_in_mcp_name(method: str) -> None:
+    """The tasks extension's routing header: `Mcp-Name` is the task's id."""
+    message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {
+        "taskId": "t-1", "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}}
+    assert dict(mirrors(message, []).add)[b"mcp-name"] == b"t-1"
+    assert mirrors(message, [(b"Mcp-Name", b"t-1"), (b"Mcp-Method", method.encode())]).add  # as a client sends it
+    with pytest.raises(Mismatch):
+        mirrors(message, [(b"Mcp-Name", b"t-2")])

@@ -7,11 +7,18 @@ change (``notifications/tools/list_changed``: on the GET stream, or on a ``subsc
 stream); ``region(region, query)`` mirrors its ``region`` argument into ``Mcp-Param-Region``
 (``x-mcp-header``); ``hidden()``, which the tests' allowlists leave out; ``slow(text)`` is, for
 a client that declares the tasks extension (``io.modelcontextprotocol/tasks``), answered with a
-task (``resultType: "task"``) that ``tasks/get`` reports ``working`` twice, then ``completed``.
-``tools/list`` carries ``ttlMs`` / ``cacheScope`` (30 s, private).
+task (``resultType: "task"``) that ``tasks/get`` reports ``working`` twice, then ``completed``;
+``survey()`` is always a task (for such a client) that waits for input: ``tasks/get`` reports it
+``input_required`` with two ``inputRequests`` (``name``: a form elicitation, ``where``:
+``roots/list``) until ``tasks/update`` has answered both, then ``completed`` with the answers as
+JSON text. A ``subscriptions/listen`` naming ``notifications.taskIds`` is answered (by the test
+app, not the SDK) with an SSE stream: the acknowledgement, then a ``notifications/tasks`` per
+task, as ``tasks/get`` would report it. ``tools/list`` carries ``ttlMs`` / ``cacheScope`` (30 s,
+private).
 
 ``GET /_test/stats`` gives ``{"methods": {...}, "calls": {...}, "elicitations": [...],
-"posts": [{"method", "headers": {mcp-*: value}}, ...]}`` (the last 200 POSTs' headers).
+"posts": [{"method", "headers": {mcp-*: value}}, ...], "updates": [{"id", "taskId",
+"inputResponses"}, ...]}`` (the last 200 POSTs' headers; every ``tasks/update``).
 
 Run it as ``python -m tests.peers.mcp_eras_peer``: it prints ``READY <base url>``; from a test:
 ``with start_eras_peer() as peer: peer.url``. ``python -m tests.peers.mcp_eras_peer stdio`` serves
@@ -53,6 +60,18 @@ class TaskParams(BaseModel):
     taskId: str  # the wire's name
 
 
+class UpdateParams(BaseModel):
+    model_config = {"extra": "allow"}
+    taskId: str
+    inputResponses: dict[str, Any]
+
+
+SURVEY = {"name": {"method": "elicitation/create", "params": {
+              "mode": "form", "message": "Who runs this survey?", "requestedSchema": {
+                  "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}},
+          "where": {"method": "roots/list", "params": {}}}
+
+
 class PeerState:
     def __init__(self) -> None:
         self.methods: Counter[str] = Counter()
@@ -60,10 +79,26 @@ class PeerState:
         self.elicitations: list[str] = []
         self.posts: list[dict[str, Any]] = []
         self.tasks: dict[str, dict[str, Any]] = {}
+        self.updates: list[dict[str, Any]] = []
 
     def snapshot(self) -> dict[str, Any]:
         return {"methods": dict(self.methods), "calls": dict(self.calls), "elicitations": self.elicitations,
-                "posts": self.posts[-200:]}
+                "posts": self.posts[-200:], "updates": self.updates}
+
+    def detailed(self, task_id: str) -> dict[str, Any]:
+        """The task as `tasks/get` reports it (a poll of `slow` counts)."""
+        task = self.tasks[task_id]
+        if "asked" in task:  # a survey
+            outstanding = {k: v for k, v in task["asked"].items() if k not in task["answers"]}
+            if outstanding:
+                return _task(task_id, "input_required", inputRequests=outstanding)
+            text = json.dumps(task["answers"], sort_keys=True)
+            return _task(task_id, "completed", result={"content": [{"type": "text", "text": text}], "isError": False})
+        task["polls"] += 1
+        if task["polls"] < 3:
+            return _task(task_id, "working")
+        result = {"content": [{"type": "text", "text": task["text"]}], "isError": False}
+        return _task(task_id, "completed", result=result)
 
 
 def _task(task_id: str, status: str, **extra: Any) -> dict[str, Any]:
@@ -91,23 +126,31 @@ def build_server(state: PeerState) -> MCPServer[Any]:
 
         def methods(self) -> list[MethodBinding]:
             async def get(ctx: Any, params: TaskParams) -> dict[str, Any]:
+                return {"resultType": "complete", **state.detailed(params.taskId)}
+
+            async def update(ctx: Any, params: UpdateParams) -> dict[str, Any]:
                 task = state.tasks[params.taskId]
-                task["polls"] += 1
-                if task["polls"] < 3:
-                    return {"resultType": "complete", **_task(params.taskId, "working")}
-                result = {"content": [{"type": "text", "text": task["text"]}], "isError": False}
-                return {"resultType": "complete", **_task(params.taskId, "completed", result=result)}
-            return [MethodBinding("tasks/get", TaskParams, get)]
+                request_id = getattr(ctx, "request_id", None)
+                state.updates.append({"id": request_id, "taskId": params.taskId,
+                                      "inputResponses": params.inputResponses})
+                for key, answer in params.inputResponses.items():  # what is not outstanding is ignored
+                    if key in task.get("asked", {}) and key not in task["answers"]:
+                        task["answers"][key] = answer
+                return {"resultType": "complete"}
+            return [MethodBinding("tasks/get", TaskParams, get), MethodBinding("tasks/update", UpdateParams, update)]
 
         async def intercept_tool_call(self, params: Any, ctx: Any, call_next: Any) -> Any:
             meta = ctx.meta if isinstance(getattr(ctx, "meta", None), dict) else {}
             caps = meta.get(CAPABILITIES) if isinstance(meta, dict) else None
             declared = isinstance(caps, dict) and TASKS in (caps.get("extensions") or {})
-            if params.name != "slow" or not declared:
+            if params.name not in ("slow", "survey") or not declared:
                 return await call_next(ctx)
-            state.calls["slow"] += 1
+            state.calls[params.name] += 1
             task_id = f"task-{len(state.tasks) + 1}"
-            state.tasks[task_id] = {"polls": 0, "text": str((params.arguments or {}).get("text", ""))}
+            if params.name == "survey":
+                state.tasks[task_id] = {"asked": SURVEY, "answers": {}}
+            else:
+                state.tasks[task_id] = {"polls": 0, "text": str((params.arguments or {}).get("text", ""))}
             return {"resultType": "task", **_task(task_id, "working")}
 
     server: MCPServer[Any] = MCPServer("mcpcreds-eras-peer", log_level="WARNING", extensions=[Tasks()],
@@ -150,6 +193,11 @@ def build_server(state: PeerState) -> MCPServer[Any]:
         return "hidden"
 
     @server.tool()
+    def survey() -> str:
+        """A task that asks for input (for a client that takes tasks)."""
+        return "survey: a client that takes tasks gets a task"
+
+    @server.tool()
     def slow(text: str) -> str:
         """Echo, as a task when the client takes tasks."""
         state.calls["slow-inline"] += 1
@@ -169,15 +217,41 @@ def build_app(state: PeerState) -> ASGIApp:
             body, receive = await buffered(receive)
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
                        if k.lower().startswith(b"mcp-")}
+            message: Any = None
             with contextlib.suppress(ValueError):
                 message = json.loads(body)
                 for item in message if isinstance(message, list) else [message]:
                     if isinstance(item, dict) and isinstance(item.get("method"), str):
                         state.methods[item["method"]] += 1
                         state.posts.append({"method": item["method"], "headers": headers})
+            task_ids = _listened_tasks(message)
+            if task_ids is not None:
+                await _task_stream(send, message["id"], [state.detailed(t) for t in task_ids if t in state.tasks])
+                return
         await mcp_app(scope, receive, send)
 
     return app
+
+
+def _listened_tasks(message: Any) -> list[str] | None:
+    """The task ids a `subscriptions/listen` asks to hear of (None: not such a request)."""
+    if not isinstance(message, dict) or message.get("method") != "subscriptions/listen":
+        return None
+    wanted = ((message.get("params") or {}).get("notifications") or {}).get("taskIds")
+    return [str(t) for t in wanted] if isinstance(wanted, list) else None
+
+
+async def _task_stream(send: Send, listen_id: Any, tasks: list[dict[str, Any]]) -> None:
+    """A listen stream of task notifications: the acknowledgement, then one per task (and its end)."""
+    meta = {"io.modelcontextprotocol/subscriptionId": listen_id}
+    ack = {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+           "params": {"notifications": {"taskIds": [t["taskId"] for t in tasks]}, "_meta": meta}}
+    frames = [ack] + [{"jsonrpc": "2.0", "method": "notifications/tasks", "params": {**t, "_meta": meta}}
+                      for t in tasks]
+    body = b"".join(b"data: " + json.dumps(f).encode() + b"\n\n" for f in frames)
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", b"text/event-stream"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def serve() -> None:

@@ -23,7 +23,10 @@ JSON-RPC between an MCP client and a stdio server, judged line by line by the ga
   media withheld, injections scanned); what it withholds becomes a JSON-RPC error for the client's
   request it answered (a notification is dropped). A batch from the server is relayed message by
   message. The server's own requests the policy answers (`in_place_policy`: elicitation declined,
-  roots) are answered to the server and never reach the client.
+  roots) are answered to the server and never reach the client; so is what a 2026-07-28 task asks
+  for (`gateway.task_input`: a `tasks/update` of the relay's own, in the envelope of the client's
+  last request, its answer dropped), and a client's `tasks/update` answering what it was not
+  shown is refused.
 - Every `tools/call`, screening and elicitation decided here is kept as an event (`take_events`)
   for the sidecar's audit log (`POST /v1/exec/{name}/events`); never arguments or results.
 """
@@ -45,6 +48,7 @@ from ..gateway.elicitations import Handle, PendingElicitations, Schedule
 from ..gateway.in_place import in_place_policy
 from ..gateway.input_rounds import InputRounds, put_back, take_out
 from ..gateway.strict_json import StrictJsonError
+from ..gateway.task_input import TaskInputs, envelope_of, update
 from ..state.pins import PinView
 
 _HOLDER = ("stdio", 0, None)  # one client per relay: its input rounds are all its own
@@ -148,8 +152,10 @@ class StdioPolicy:
                                         media=content.effective_media(level)),
             on_server_request=self._server_request, on_screened=self._screened,
             on_tools=None if pin_view is None else self._pinned,
-            on_input_required=self._input_required)
+            on_input_required=self._input_required, on_task_input=self._task_input)
         self.rounds = InputRounds(clock)  # the 2026-07-28 input rounds it answers part of
+        self.tasks = TaskInputs(clock)  # what it showed or answered of each task's input
+        self._envelope: dict[str, Any] | None = None  # of the client's last request (2026-07-28)
 
     # -- client -> server
 
@@ -161,6 +167,7 @@ class StdioPolicy:
         except jsonrpc.JsonRpcError as exc:
             return Relayed([jsonrpc.dumps(jsonrpc.error(None, exc.code, exc.message))])
         try:
+            self.tasks.check(_HOLDER, out)
             out, _ = put_back(out, self.rounds, _HOLDER)
         except jsonrpc.JsonRpcError as exc:
             return Relayed([jsonrpc.dumps(jsonrpc.error(out.single_id, exc.code, exc.message))])
@@ -192,6 +199,7 @@ class StdioPolicy:
                 self._cancelled(m.raw.get("params"))
         for m in out.requests:
             key = jsonrpc.id_key(m.id)
+            self._envelope = envelope_of(m.raw) or self._envelope
             self.pending[key] = m.method or ""
             self._void.pop(key, None)
             if m.method == jsonrpc.TOOLS_CALL:
@@ -364,6 +372,16 @@ class StdioPolicy:
         """An `input_required` result (2026-07-28): what the policy answers is taken out, to be put
         back into the client's retry (as the gateway does)."""
         return take_out(result, self.rounds, _HOLDER, self._policy)
+
+    def _task_input(self, task: dict[str, Any]) -> dict[str, Any]:
+        """A task's state carrying `inputRequests`: what the policy answers goes to the server in a
+        `tasks/update` of the relay's own (its answer dropped), and is taken out (as the gateway does)."""
+        shown, task_id, answers = self.tasks.judge(_HOLDER, task, self._policy)
+        if answers:
+            message = update(task_id, answers, self._envelope)
+            self._voided(jsonrpc.id_key(message["id"]))
+            self._answers.append(jsonrpc.dumps(message))
+        return shown
 
     def _pinned(self, tools: list[Any]) -> list[Any]:
         """A listing judged against the pins; what it pinned or saw changed kept in the view too."""

@@ -2,12 +2,13 @@
 pipeline's requests half): an elicitation the server may not make is declined, one relayed is given
 `elicitation_timeout_secs` to be answered (then cancelled, and the client's late answer dropped),
 a URL-mode one of a server that is not trusted names the server; `roots/list` is answered with the
-configured roots. Also the audit lines and metrics of what the screening did to results."""
+configured roots. The same policy judges what a 2026-07-28 task asks for (`task_input`). Also the
+audit lines and metrics of what the screening did to results."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final
 
 from ..broker.broker import Actor
@@ -18,16 +19,17 @@ from ..core.http import Request
 from ..core.logs import get_logger
 from ..core.metrics import Metrics
 from ..errors import McpcredsError
-from . import jsonrpc, screen
+from . import jsonrpc, mirror, screen
 from .elicitations import PendingElicitations
 from .input_rounds import Holder, InputRounds, put_back, take_out
+from .task_input import TaskInputs, envelope, update
 
 _log = get_logger("gateway")
 
 # the client's headers an answer the gateway sends the server in its place carries
 _SESSION_HEADERS: Final = (b"mcp-session-id", b"mcp-protocol-version")
 
-SendInPlace = Callable[[Request, Target, bytes], Awaitable[None]]
+SendInPlace = Callable[[Request, Target, bytes, mirror.Mirrors], Awaitable[None]]
 
 
 def one_header(request: Request, name: bytes) -> bytes | None:
@@ -78,6 +80,7 @@ class InPlace:
         self.elicitations = PendingElicitations(_call_later)
         self._tasks: set[asyncio.Task[None]] = set()  # answers being sent the server in the client's place
         self.rounds = InputRounds(clock)
+        self.tasks = TaskInputs(clock)  # what the gateway showed or answered of each task's input
 
     @staticmethod
     def as_client(request: Request, body: bytes) -> Request:
@@ -132,8 +135,34 @@ class InPlace:
     def resume(self, request: Request, target: Target,
                out: jsonrpc.Outgoing) -> tuple[jsonrpc.Outgoing, frozenset[jsonrpc.IdKey]]:
         """The client's retries with what the gateway answered put back, and their ids
-        (`input_rounds.put_back`)."""
+        (`input_rounds.put_back`); JsonRpcError for a `tasks/update` that answers what the gateway
+        did not show the caller (`task_input`)."""
+        try:
+            self.tasks.check(_holder(request, target), out)
+        except jsonrpc.JsonRpcError:
+            _log.warning("gateway: a tasks/update refused", extra={"server": target.name,
+                                                                   "uid": request.peer_uid})
+            raise
         return put_back(out, self.rounds, _holder(request, target))
+
+    def task_input(self, request: Request, target: Target, task: dict[str, Any]) -> dict[str, Any]:
+        """A task's state carrying `inputRequests` (a result, or a notification's params) as the
+        client sees it: what the policy answers is answered to the server with a `tasks/update`
+        of the gateway's own, in the client's envelope and session, and taken out."""
+        def policy(method: Any, params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+            return self.policy(request, target, method, params)
+        shown, task_id, answers = self.tasks.judge(_holder(request, target), task, policy)
+        if answers:
+            message = update(task_id, answers, envelope(request.body))
+            body = jsonrpc.dumps(message)
+            as_client = self.as_client(request, body)
+            try:  # the headers a 2026-07-28 request carries, derived from the body
+                mirrors = mirror.mirrors(message, as_client.headers)
+            except mirror.Mismatch:  # the client's version header against its envelope: refused already
+                _log.warning("gateway: a task's answers not sent", extra={"server": target.name})
+                return shown
+            self._spawn(self._sent(as_client, target, body, mirrors))
+        return shown
 
     def _void(self, request: Request, target: Target, message: dict[str, Any], mode: str,
               outbox: list[bytes]) -> None:
@@ -154,13 +183,16 @@ class InPlace:
                          result: dict[str, Any]) -> None:
         """Send the server the answer to its request, as the client would (same session)."""
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": message.get("id"), "result": result})
-        task = asyncio.get_running_loop().create_task(self._sent(self.as_client(request, body), target, body))
+        self._spawn(self._sent(self.as_client(request, body), target, body, mirror.Mirrors()))
+
+    def _spawn(self, sending: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(sending)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _sent(self, request: Request, target: Target, body: bytes) -> None:
+    async def _sent(self, request: Request, target: Target, body: bytes, mirrors: mirror.Mirrors) -> None:
         try:
-            await self._send(request, target, body)
+            await self._send(request, target, body, mirrors)
         except McpcredsError as exc:
             _log.warning("gateway: an answer in the client's place failed", extra={"server": target.name,
                                                                                   "error": exc.code})

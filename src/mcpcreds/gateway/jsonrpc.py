@@ -51,8 +51,10 @@ TOOLS_CALL: Final = "tools/call"
 TOOLS_LIST: Final = "tools/list"
 # the members the gateway judges, at each level: no other key may read as one of them
 MESSAGE_MEMBERS: Final = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
-PARAMS_MEMBERS: Final = frozenset({"name", "arguments", "_meta", "uri"})
-RESULT_MEMBERS: Final = frozenset({"tools", "isError", "resultType", "inputRequests", "requestState"})
+PARAMS_MEMBERS: Final = frozenset({"name", "arguments", "_meta", "uri", "taskId", "inputRequests",
+                                   "inputResponses"})
+RESULT_MEMBERS: Final = frozenset({"tools", "isError", "resultType", "inputRequests", "requestState",
+                                   "taskId"})
 TOOL_MEMBERS: Final = frozenset({"name"})
 
 IdKey = tuple[str, Any]  # ("s", "abc") or ("n", 7): a JSON-RPC id, with "1" and 1 kept apart
@@ -320,6 +322,8 @@ class Inspector:
     on_listed: Callable[[list[Any], bool], None] | None = None
     # an input_required result (2026-07-28) as the client is to see it (see `on_server_request`)
     on_input_required: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # any other result or notification params with `inputRequests` (a task's, its extension's)
+    on_task_input: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # what the screening did: ("sanitized", hits), ("injection", pattern names), ("media", types)
     on_screened: Callable[[str, list[Any]], None] | None = None
     # every tools array that passes, as the client sees it (the x-mcp-header annotations are learned)
@@ -368,6 +372,9 @@ class Inspector:
             if relayed is None:
                 raise Answered
             message = relayed
+        elif kind == "notification" and self.on_task_input is not None and isinstance(
+                message.get("params"), dict) and "inputRequests" in message["params"]:
+            message = {**message, "params": self.on_task_input(message["params"])}
         if kind == "response":
             key = id_key(message.get("id"))
             method = self.pending.pop(key, None) if valid_id(message.get("id")) else None
@@ -386,6 +393,8 @@ class Inspector:
                         self.on_listing(result["tools"])
                 if result.get("resultType") == "input_required" and self.on_input_required is not None:
                     result = self.on_input_required(result)
+                elif "inputRequests" in result and self.on_task_input is not None:
+                    result = self.on_task_input(result)
                 try:
                     message = {**message, "result": self._screen(result)}
                 except Injection as found:

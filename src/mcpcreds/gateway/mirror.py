@@ -3,9 +3,11 @@ sends say about the body, checked, and the headers that go upstream, derived fro
 gateway forwards.
 
 - `Mcp-Method` mirrors the body's `method`, `Mcp-Name` its `params.name` (or `params.uri`) for
-  `tools/call`, `prompts/get` and `resources/read`; in the 2026-07-28 era `MCP-Protocol-Version`
-  mirrors `_meta["io.modelcontextprotocol/protocolVersion"]`, and a `tools/call` argument whose
-  schema property carries `x-mcp-header: NAME` is mirrored as `Mcp-Param-NAME`.
+  `tools/call`, `prompts/get` and `resources/read`, its `params.taskId` for `tasks/get`,
+  `tasks/update` and `tasks/cancel` (the tasks extension's routing header); in the 2026-07-28
+  era `MCP-Protocol-Version` mirrors `_meta["io.modelcontextprotocol/protocolVersion"]`, and a
+  `tools/call` argument whose schema property carries `x-mcp-header: NAME` is mirrored as
+  `Mcp-Param-NAME`.
 - A header the client sent that says otherwise is refused (`HeaderMismatch`, -32020): nothing
   is forwarded. What goes upstream is derived from the body, never the client's copy: a 2026-07-28
   request gets every header it requires, whether or not its client sent it; a request of the 2025
@@ -27,7 +29,10 @@ from typing import Any, Final
 
 MODERN_VERSIONS: Final = frozenset({"2026-07-28"})  # the revisions of the per-request envelope
 PROTOCOL_VERSION_META: Final = "io.modelcontextprotocol/protocolVersion"
-NAMED_METHODS: Final = frozenset({"tools/call", "prompts/get", "resources/read"})  # Mcp-Name mirrors these
+# the params member Mcp-Name mirrors, per method
+NAMED_METHODS: Final = {"tools/call": ("name", "uri"), "prompts/get": ("name", "uri"),
+                        "resources/read": ("name", "uri"), "tasks/get": ("taskId",),
+                        "tasks/update": ("taskId",), "tasks/cancel": ("taskId",)}
 HEADER_MISMATCH: Final = -32020
 PARAM_PREFIX: Final = b"mcp-param-"
 VERSION_HEADER: Final = b"mcp-protocol-version"
@@ -216,7 +221,8 @@ def mirrors(message: Mapping[str, Any] | None, headers: Sequence[tuple[bytes, by
     modern = version in MODERN_VERSIONS or said_version in MODERN_VERSIONS
     if not modern and sent_method is None and sent_name is None:
         return Mirrors()
-    name = _target_name(message) if message is not None and method in NAMED_METHODS else None
+    name = _target_name(message, NAMED_METHODS[method]) if message is not None and method in NAMED_METHODS \
+        else None
     if sent_method is not None and decode_header_value(sent_method) != method:
         raise Mismatch("the Mcp-Method header does not match the body's method")
     if sent_name is not None and decode_header_value(sent_name) != name:
@@ -248,11 +254,11 @@ def mirrors(message: Mapping[str, Any] | None, headers: Sequence[tuple[bytes, by
     return Mirrors(tuple(add), frozenset(drop))
 
 
-def _target_name(message: Mapping[str, Any]) -> str | None:
+def _target_name(message: Mapping[str, Any], members: tuple[str, ...]) -> str | None:
     params = message.get("params")
     if not isinstance(params, dict):
         return None
-    for member in ("name", "uri"):
+    for member in members:
         if isinstance(params.get(member), str):
             return str(params[member])
     return None

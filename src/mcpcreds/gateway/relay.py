@@ -76,8 +76,6 @@ _log = get_logger("gateway")
 
 MAX_JSON_ANSWER: Final = 16 * 1024 * 1024  # a JSON (or other non-SSE) answer is read whole, up to this
 MAX_AUDITED_NAME: Final = 128
-# the client's headers an answer the gateway sends the server in its place carries
-_SESSION_HEADERS: Final = (b"mcp-session-id", b"mcp-protocol-version")
 # connect and write are bounded; reading is not (a tool may run long, an SSE stream may idle):
 # a client that gives up closes its connection, and that cancels the upstream request
 UPSTREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
@@ -459,6 +457,7 @@ class Gateway:
                 on_listed=None if pinning is None else  # a tools/list answer: what it offers, for `status`
                 lambda tools, more: self.tools_seen.listed(target.name, tools, more),
                 on_input_required=lambda r: in_place.input_required(request, target, r),
+                on_task_input=lambda t: in_place.task_input(request, self._current(target), t),
                 on_listing=lambda tools: self.params.learn(target.name, tools))
             self._observe(target, request.method, status, started)
             self._follow_session(request, target, response)
@@ -550,10 +549,14 @@ class Gateway:
             _log.warning("gateway: roots/list_changed not sent", extra={"server": target.name,
                                                                         "error": exc.code})
 
-    async def _send_in_place(self, request: Request, target: Target, body: bytes) -> None:
-        """An answer to the server's own request, sent as the client would send it."""
-        response, _ = await self._exchange(request, target, 0, body, mirror.Mirrors())
-        await response.aclose()
+    async def _send_in_place(self, request: Request, target: Target, body: bytes,
+                             mirrors: mirror.Mirrors | None = None) -> None:
+        """An answer to the server's request (or a task's), sent as the client would; its answer read."""
+        response, _ = await self._exchange(request, target, 0, body, mirrors or mirror.Mirrors())
+        try:
+            await _read(response, MAX_JSON_ANSWER, answer_timeout(target), target.name)
+        finally:
+            await response.aclose()
         if response.status_code >= 500:
             upstream_log.answered(target.name, response.status_code)
 
