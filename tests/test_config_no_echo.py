@@ -28,6 +28,7 @@ from mcpcreds.config.load import parse_config
 from mcpcreds.config.servers import AUTH_KEYS, ENTRY_KEYS, OAUTH_KEYS, TRUST_KEYS
 from mcpcreds.config.sidecar import GATEWAY_KEYS
 from mcpcreds.config.spiffe import SPIFFE_KEYS
+from mcpcreds.config.telemetry import TELEMETRY_KEYS
 from mcpcreds.errors import ConfigError
 from tests.conftest import CANARY, run_cli
 from tests.sidecar_proc import run_sidecar
@@ -61,7 +62,7 @@ def fields(kind: Any) -> tuple[str, ...]:
 def places() -> Iterator[Place]:
     """Every key the parsers know (their own key lists), and an unknown one, in each table."""
     for table, keys in (("sidecar", fields(cfg.SidecarConfig)), ("secrets", fields(cfg.SecretsConfig)),
-                        ("gateway", GATEWAY_KEYS)):
+                        ("gateway", GATEWAY_KEYS), ("telemetry", TELEMETRY_KEYS)):
         for key in (*keys, "colour"):
             yield f"{table}.{key}", {table: {}}, (table, key)
     for key in ("name", "service", *ENTRY_KEYS, *TRUST_KEYS, "colour"):

@@ -26,6 +26,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MORE = """
 [gateway]
 listen = "127.0.0.1:0"
+[telemetry]
+exporter = "otlp"
 [aauth]
 provider = "https://agent.example.com"
 enroll = { token = "{{secret:ENROLL}}" }
@@ -64,6 +66,7 @@ oauth = { client_id = "c", client_secret = "{{secret:S}}", token_url = "https://
 # where a recorded path's keys must appear: the page's heading for it
 PATHS = [
     (r"sidecar", "[sidecar]"), (r"secrets", "[secrets]"), (r"gateway", "[gateway]"), (r"aauth", "[aauth]"),
+    (r"telemetry", "[telemetry]"),
     (r"aauth\.enroll", "[aauth.enroll]"), (r"exec\.[^.]+", "[exec.NAME]"),
     (r"exec\.[^.]+\.authorization", "authorization = { by, reason } (an [exec.NAME]'s consent)"),
     (r"(servers\[\d+\]|services\.[^.]+)", "[[servers]] and [services.NAME]"),
@@ -103,7 +106,8 @@ def page() -> dict[str, dict[str, tuple[str, str]]]:
 def test_every_key_the_parser_accepts_is_on_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = recorded(monkeypatch)
     shown = page()
-    assert seen.pop("") == {"sidecar", "secrets", "services", "servers", "gateway", "exec", "aauth"}
+    assert seen.pop("") == {"sidecar", "secrets", "services", "servers", "gateway", "exec", "aauth",
+                            "telemetry"}
     reached = set()
     heading: str | None
     for path, allowed in seen.items():
@@ -128,7 +132,8 @@ def test_every_key_has_a_meaning_and_a_default() -> None:
 def test_the_defaults_shown_are_the_ones_the_parser_applies() -> None:
     empty = cfg.parse_config({})
     shown = page()
-    for heading, parsed in (("[sidecar]", empty.sidecar), ("[secrets]", empty.secrets)):
+    for heading, parsed in (("[sidecar]", empty.sidecar), ("[secrets]", empty.secrets),
+                            ("[telemetry]", empty.telemetry)):
         for key, (default, _) in shown[heading].items():
             value = getattr(parsed, key)
             if value is None or value == ():

@@ -24,6 +24,7 @@ class FaultIdp:
         self.expires_in = 3600  # the lifetime of the tokens of mode "ok"
         self.authorization_server = ""  # issuer named by the protected-resource metadata
         self.challenge_only = False  # hide the well-known PRM: only the 401 names it
+        self.traceparents: list[str | None] = []  # the traceparent header of each token request
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -76,6 +77,7 @@ class FaultIdp:
                 if self.path != "/token" and not self.path.startswith("/token/"):
                     self._send(404, b"{}")
                     return
+                idp.traceparents.append(self.headers.get("traceparent"))
                 mode = self.path.removeprefix("/token/") if self.path != "/token" else idp.mode  # per URL
                 if mode == "stall":
                     idp.stalled.set()

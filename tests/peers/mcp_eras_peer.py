@@ -17,11 +17,18 @@ task, as ``tasks/get`` would report it. ``tools/list`` carries ``ttlMs`` / ``cac
 private).
 
 ``GET /_test/stats`` gives ``{"methods": {...}, "calls": {...}, "elicitations": [...],
-"posts": [{"method", "headers": {mcp-*: value}}, ...], "updates": [{"id", "taskId",
-"inputResponses"}, ...]}`` (the last 200 POSTs' headers; every ``tasks/update``).
+"posts": [{"method", "headers": {mcp-*: value}, "trace": {"headers": {...}, "meta": {...}}}, ...],
+"updates": [{"id", "taskId", "inputResponses"}, ...]}`` (the last 200 POSTs' headers; ``trace``: the
+``traceparent`` and ``tracestate`` of its headers and of its message's ``params._meta``; every
+``tasks/update``).
 
-Run it as ``python -m tests.peers.mcp_eras_peer``: it prints ``READY <base url>``; from a test:
-``with start_eras_peer() as peer: peer.url``. ``python -m tests.peers.mcp_eras_peer stdio`` serves
+With ``--spans`` the SDK's own OpenTelemetry spans (its server middleware, on by default) are
+recorded (the SDK's in-memory exporter, on the process's global tracer provider):
+``GET /_test/spans`` gives the last 500 as ``[{"name", "kind", "trace_id", "span_id", "parent_id",
+"attributes"}, ...]`` (ids in hex, ``parent_id`` null for a root).
+
+Run it as ``python -m tests.peers.mcp_eras_peer [--spans]``: it prints ``READY <base url>``; from a
+test: ``with start_eras_peer() as peer: peer.url``. ``python -m tests.peers.mcp_eras_peer stdio`` serves
 the same tools over stdio.
 """
 
@@ -33,7 +40,7 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -49,6 +56,8 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = "io.modelcontextprotocol/tasks"
 CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+TRACE_KEYS = (b"traceparent", b"tracestate")
+TRACE_META = ("traceparent", "tracestate")
 
 
 class Name(BaseModel):
@@ -206,24 +215,54 @@ def build_server(state: PeerState) -> MCPServer[Any]:
     return server
 
 
-def build_app(state: PeerState) -> ASGIApp:
+def recorded_spans() -> Callable[[], list[dict[str, Any]]]:
+    """The SDK's spans from now on, on the global tracer provider: what `/_test/spans` answers."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+
+    def spans() -> list[dict[str, Any]]:
+        return [{"name": s.name, "kind": s.kind.name, "trace_id": f"{s.context.trace_id:032x}",
+                 "span_id": f"{s.context.span_id:016x}",
+                 "parent_id": f"{s.parent.span_id:016x}" if s.parent is not None else None,
+                 "attributes": dict(s.attributes or {})}
+                for s in exporter.get_finished_spans()[-500:] if s.context is not None]
+    return spans
+
+
+def build_app(state: PeerState, spans: Callable[[], list[dict[str, Any]]] | None = None) -> ASGIApp:
     mcp_app = build_server(state).streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("path") == "/_test/stats":
             await send_json(send, 200, state.snapshot())
             return
+        if scope["type"] == "http" and scope.get("path") == "/_test/spans":
+            await send_json(send, 200, spans() if spans is not None else [])
+            return
         if scope["type"] == "http" and scope.get("method") == "POST":
             body, receive = await buffered(receive)
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
                        if k.lower().startswith(b"mcp-")}
             message: Any = None
+            traced = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+                      if k.lower() in TRACE_KEYS}
             with contextlib.suppress(ValueError):
                 message = json.loads(body)
-                for item in message if isinstance(message, list) else [message]:
+                items = message if isinstance(message, list) else [message]
+                for item in items:
                     if isinstance(item, dict) and isinstance(item.get("method"), str):
                         state.methods[item["method"]] += 1
-                        state.posts.append({"method": item["method"], "headers": headers})
+                        params: dict[str, Any] = item["params"] if isinstance(item.get("params"), dict) else {}
+                        meta: dict[str, Any] = params["_meta"] if isinstance(params.get("_meta"), dict) else {}
+                        state.posts.append({"method": item["method"], "headers": headers, "trace": {
+                            "headers": traced, "meta": {k: v for k, v in meta.items() if k in TRACE_META}}})
             task_ids = _listened_tasks(message)
             if task_ids is not None:
                 await _task_stream(send, message["id"], [state.detailed(t) for t in task_ids if t in state.tasks])
@@ -254,13 +293,14 @@ async def _task_stream(send: Send, listen_id: Any, tasks: list[dict[str, Any]]) 
     await send({"type": "http.response.body", "body": body})
 
 
-async def serve() -> None:
-    await serve_on_loopback(lambda _port: build_app(PeerState()))
+async def serve(spans: bool) -> None:
+    recorded = recorded_spans() if spans else None
+    await serve_on_loopback(lambda _port: build_app(PeerState(), recorded))
 
 
 @contextlib.contextmanager
-def start_eras_peer() -> Iterator[PeerHandle]:
-    cmd = [sys.executable, "-m", "tests.peers.mcp_eras_peer"]
+def start_eras_peer(spans: bool = False) -> Iterator[PeerHandle]:
+    cmd = [sys.executable, "-m", "tests.peers.mcp_eras_peer", *(["--spans"] if spans else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     with ready_process(lambda _: cmd, what="MCP eras peer", cwd=ROOT, timeout=60, env=env) as (_, base, workdir):
         peer = PeerHandle(base, workdir)
@@ -274,4 +314,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["stdio"]:  # the same server over stdio, for `mcpcreds exec`
         build_server(PeerState()).run("stdio")
     else:
-        asyncio.run(serve())
+        asyncio.run(serve(sys.argv[1:2] == ["--spans"]))

@@ -72,13 +72,17 @@ def _proxy_only_keys(config: Config) -> frozenset[str]:
 
 @dataclass(frozen=True, slots=True)
 class Actor:
-    """Who asked: the peer's uid and pid, and the id of the grant it acted within, if any."""
+    """Who asked: the peer's uid and pid, the id of the grant it acted within, if any, and the
+    trace of its request while traces are on (in its audit lines)."""
 
     uid: int
     pid: int
     grant: str | None = None
+    trace_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        if self.trace_id is not None:
+            return {"uid": self.uid, "pid": self.pid, "grant": self.grant, "trace_id": self.trace_id}
         return {"uid": self.uid, "pid": self.pid, "grant": self.grant}
 
 

@@ -5,10 +5,10 @@ accepts: the [sidecar] and [secrets] keys are the fields of SidecarConfig and Se
 defaults too), [gateway]'s are config.sidecar.GATEWAY_KEYS (ContentPolicy's defaults), a
 server's keys are config.servers.ENTRY_KEYS and TRUST_KEYS (its tool_metadata's
 config.tool_meta.TOOL_META_KEYS and FLAGGED_KEYS), the auth tables' are OAUTH_KEYS,
-AUTH_KEYS, config.aws.AWS_KEYS and config.spiffe.SPIFFE_KEYS, [aauth]'s and [exec.NAME]'s (and its
-authorization's) their modules' tuples. Only the one-line meanings (and defaults no dataclass
-holds) are written here; a key the parser accepts without a line here prints as "(not described
-yet)", which tests/test_help_config.py refuses.
+AUTH_KEYS, config.aws.AWS_KEYS and config.spiffe.SPIFFE_KEYS, [aauth]'s, [telemetry]'s and
+[exec.NAME]'s (and its authorization's) their modules' tuples. Only the one-line meanings (and
+defaults no dataclass holds) are written here; a key the parser accepts without a line here
+prints as "(not described yet)", which tests/test_help_config.py refuses.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ..config.reader import TRUST_KEYS
 from ..config.servers import AUTH_KEYS, ENTRY_KEYS, OAUTH_KEYS
 from ..config.sidecar import GATEWAY_KEYS
 from ..config.spiffe import SPIFFE_KEYS
+from ..config.telemetry import TELEMETRY_KEYS, TelemetryConfig
 from ..config.tool_meta import (
     CAPABILITIES,
     FLAGGED_KEYS,
@@ -269,6 +270,15 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "tool_metadata": ("none (inferred from each tool's name)",
                           "per tool: data_sensitivity, capabilities, flagged_parameters (calls refused)"),
     },
+    "telemetry": {
+        "exporter": (_NO_DEFAULT, "\"otlp\": send traces (OpenTelemetry spans) over OTLP/HTTP, with the otel "
+                     "extra installed; \"none\": traces off, nothing of OpenTelemetry imported"),
+        "endpoint": (_NO_DEFAULT, "the collector's OTLP/HTTP base URL (spans go to its /v1/traces); http:// "
+                     "only to a loopback host"),
+        "service_name": (_NO_DEFAULT, "the service.name the spans carry"),
+        "sample_ratio": (_NO_DEFAULT, "share of new traces recorded (0 to 1); a request that comes with a "
+                         "trace follows its caller's decision"),
+    },
     "exec.authorization": {
         "by": ("(required)", "who allowed broad_audited (at most 128 characters)"),
         "reason": ("(required)", "why (at most 1024 characters)"),
@@ -297,6 +307,7 @@ def sections() -> list[tuple[str, str, list[str], dict[str, Any]]]:
         ("auth = {...} (kind static, oauth2)", "auth", list(AUTH_KEYS), {}),
         ("auth = { kind = \"aws\", ... }", "aws", list(AWS_KEYS), _fields(AwsAuth)),
         ("auth = { kind = \"spiffe\", ... }", "spiffe", list(SPIFFE_KEYS), {}),
+        ("[telemetry]", "telemetry", list(TELEMETRY_KEYS), _fields(TelemetryConfig)),
         ("[aauth]", "aauth", list(AAUTH_KEYS), _fields(AAuthConfig)),
         ("[aauth.enroll]", "aauth.enroll", list(ENROLL_KEYS), {}),
         ("[exec.NAME]", "exec", list(EXEC_KEYS), _fields(ExecEntry)),

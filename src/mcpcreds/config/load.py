@@ -1,7 +1,7 @@
 """TOML config -> frozen, validated objects. Every error carries its TOML path.
 
 Here the file is found and read, and its tables are handed to their parsers (sidecar.py, servers.py,
-aauth.py, exec.py) with one Collector, so that every problem is raised at once."""
+aauth.py, exec.py, telemetry.py) with one Collector, so that every problem is raised at once."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from .model import Config
 from .reader import Collector, key_path
 from .servers import parse_servers, parse_services, share_tags, signing
 from .sidecar import parse_gateway_table, parse_secrets, parse_sidecar
+from .telemetry import parse_telemetry
 
 
 def find_config_path(explicit: str | None = None) -> Path:
@@ -121,7 +122,7 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     if bounds := bound_data(data):  # refused before any parser reads a number or recurses
         raise ConfigError(bounds, path)
     c = Collector()
-    c.keys("", data, ("sidecar", "secrets", "services", "servers", "gateway", "exec", "aauth"))
+    c.keys("", data, ("sidecar", "secrets", "services", "servers", "gateway", "exec", "aauth", "telemetry"))
     sidecar = parse_sidecar(c, data.get("sidecar"))
     gateway, content = parse_gateway_table(c, data.get("gateway"))
     secrets = parse_secrets(c, data.get("secrets"))
@@ -129,6 +130,7 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     servers = parse_servers(c, data.get("servers"), services, tables, content,
                             closed=sidecar.egress == CLOSED)
     aauth = parse_aauth(c, data.get("aauth"))
+    telemetry = parse_telemetry(c, data.get("telemetry"))
     services, servers, execs = share_tags(services, servers, parse_execs(c, data.get("exec"), content))
     services, servers = ({k: signing(t, aauth) for k, t in services.items()},
                          {k: signing(t, aauth) for k, t in servers.items()})
@@ -141,4 +143,4 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:
     if c.errors:
         raise ConfigError(c.errors, path)
     return Config(path, sidecar, secrets, services, servers, tuple(c.warnings), gateway, execs=execs,
-                  aauth=aauth, content_defaults=content)
+                  aauth=aauth, content_defaults=content, telemetry=telemetry)

@@ -19,6 +19,7 @@ from .cross_app import CROSS_APP, IdpSpec
 from .exec import ExecEntry
 from .reader import Collector
 from .spiffe import SpiffeAuth, parse_spiffe_auth
+from .telemetry import TelemetryConfig
 
 AUTH_METHODS: Final = ("client_secret_basic", "client_secret_post", "private_key_jwt", "none")
 GRANTS: Final = ("client_credentials", "device", "authorization_code", CROSS_APP)
@@ -231,6 +232,7 @@ class Config:
     aauth: AAuthConfig = field(default_factory=AAuthConfig)  # [aauth]
     # [gateway]'s content keys: the defaults of every server's `content` (already applied to them)
     content_defaults: ContentPolicy = field(default_factory=ContentPolicy)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # [telemetry]: traces
 
     def target(self, name: str) -> Target | None:
         """A server by name, or a cache key (`service:crm`, `mcp:docs`)."""

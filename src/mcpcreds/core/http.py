@@ -34,6 +34,7 @@ class Request:
     name: str = ""  # the {name} of the path, set by the router
     grant: Any = None  # the grants.Grant the caller presented, if any
     headers: tuple[tuple[bytes, bytes], ...] = ()  # every header as sent: for /mcp/ requests only
+    trace_id: str | None = None  # its trace (32 hex digits) while traces are on: for its audit lines
 
 
 @dataclass(slots=True)

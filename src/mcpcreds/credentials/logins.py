@@ -16,6 +16,7 @@ from ..config.model import Target
 from ..core.clock import Clock
 from ..core.logs import get_logger
 from ..errors import McpcredsError, TokenEndpointError
+from ..telemetry import switch as traces
 from .oauth import Token, backoff_delay, refresh_at, usable_until
 
 MAX_LOGINS: Final = 10_000
@@ -116,7 +117,9 @@ class LoginCache:
         previous = self._tokens.get(key)
         unexpected: TokenEndpointError | None = None
         try:
-            token = await self._fetch(target)
+            fetching = self._fetch(target)
+            token = await (fetching if traces.tracer is None
+                           else traces.tracer.login(target, fetching, renewal=previous is not None))
         except McpcredsError as exc:
             self._failed(key, state, exc)
             raise

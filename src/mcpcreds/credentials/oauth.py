@@ -16,6 +16,7 @@ import random
 import re
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote_plus, urlencode
@@ -26,6 +27,7 @@ from authlib.oauth2.auth import ClientAuth
 from ..config.model import LoginSpec
 from ..core.secret import REDACTOR, fingerprint
 from ..errors import TokenEndpointError, TokenEndpointTimeout
+from ..telemetry import switch as traces
 from .client_assertion import ASSERTION_TYPE, client_assertion
 
 MAX_RESPONSE_BYTES: Final = 64 * 1024
@@ -255,8 +257,17 @@ async def post_form(http: httpx.AsyncClient, request: TokenRequest,
     """POST a token request (or any form to the authorization server); its status, content type
     and body, at most MAX_RESPONSE_BYTES of it. No redirects are followed; errors never quote what
     was sent."""
+    if traces.tracer is not None:  # traces on: the request in a span, its context sent along
+        return await traces.tracer.token_fetch(request.url,
+                                               lambda carrier: _post(http, request, timeout, carrier))
+    return await _post(http, request, timeout)
+
+
+async def _post(http: httpx.AsyncClient, request: TokenRequest, timeout: float,
+                carrier: Mapping[str, str] | None = None) -> tuple[int, str, bytes]:
+    headers = {**request.headers, **carrier} if carrier else request.headers
     try:
-        async with http.stream("POST", request.url, headers=request.headers,
+        async with http.stream("POST", request.url, headers=headers,
                                content=request.body.encode(), follow_redirects=False,
                                timeout=timeout) as response:
             if response.headers.get("content-encoding", "identity").lower() != "identity":

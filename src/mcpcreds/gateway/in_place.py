@@ -40,7 +40,8 @@ def one_header(request: Request, name: bytes) -> bytes | None:
 
 
 def actor_of(request: Request) -> Actor:
-    return Actor(request.peer_uid, request.peer_pid, request.grant.id if request.grant is not None else None)
+    return Actor(request.peer_uid, request.peer_pid, request.grant.id if request.grant is not None else None,
+                 request.trace_id)
 
 
 def _holder(request: Request, target: Target) -> Holder:

@@ -15,6 +15,8 @@ gateway forwards.
 - Which arguments a tool mirrors is learned from the listings that pass (`ParamTable`, bounded):
   an `Mcp-Param-*` header of a tool the gateway has not seen listed, or that no annotation of it
   names, is not the gateway's to judge and goes on as sent (as HTTP asks of an intermediary).
+- The other way, while traces are on: the gateway's trace context goes into the `_meta` of each
+  request whose era carries it there (`with_trace`).
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from . import jsonrpc
+
 MODERN_VERSIONS: Final = frozenset({"2026-07-28"})  # the revisions of the per-request envelope
 PROTOCOL_VERSION_META: Final = "io.modelcontextprotocol/protocolVersion"
+TRACE_META: Final = ("traceparent", "tracestate")  # W3C trace context, unprefixed in _meta (SEP-414)
 # the params member Mcp-Name mirrors, per method
 NAMED_METHODS: Final = {"tools/call": ("name", "uri"), "prompts/get": ("name", "uri"),
                         "resources/read": ("name", "uri"), "tasks/get": ("taskId",),
@@ -262,3 +267,32 @@ def _target_name(message: Mapping[str, Any], members: tuple[str, ...]) -> str | 
         if isinstance(params.get(member), str):
             return str(params[member])
     return None
+
+
+# ---------------------------------------------------------------------------- the trace context
+
+
+def _carries_trace(params: dict[str, Any]) -> bool:
+    meta = params.get("_meta")
+    return isinstance(meta, dict) and (meta.get(PROTOCOL_VERSION_META) in MODERN_VERSIONS
+                                       or "traceparent" in meta)
+
+
+def with_trace(body: bytes, carrier: Mapping[str, str]) -> bytes:
+    """`body` (as the gateway forwards it) with this trace context (`traceparent`, `tracestate`)
+    in the `_meta` of each request that carries one there: a 2026-07-28 request, or one whose
+    client put a `traceparent` there (the caller's context is replaced: it is the parent of the
+    gateway's span). The body as it was when no request does."""
+    if b'"_meta"' not in body:
+        return body
+    try:
+        out = jsonrpc.parse_body(body)
+    except jsonrpc.JsonRpcError:
+        return body
+
+    def traced(params: dict[str, Any]) -> dict[str, Any]:
+        meta = {k: v for k, v in params["_meta"].items() if k not in TRACE_META}
+        return {**params, "_meta": {**meta, **carrier}}
+
+    rewritten = jsonrpc.rewrite_params(out, _carries_trace, traced)
+    return body if rewritten is out else rewritten.body

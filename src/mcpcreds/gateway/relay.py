@@ -25,7 +25,9 @@ enforced on the traffic itself.
   after the last whole event (the MCP client then resumes with `Last-Event-ID` or fails that
   request).
 - One audit line per `tools/call` (server, tool, caller, status, duration; never arguments or
-  results) and Prometheus counters and histograms per server and tool.
+  results) and Prometheus counters and histograms per server and tool. While traces are on
+  (`[telemetry]`), each POST is a span with its parts as children, its trace in the audit line,
+  and each upstream attempt sends its own context on (telemetry/spans.py).
 - A grant that narrows a server's tools (`Grant.tools`) narrows them here, on top of the policy.
 - Live state for `status`: requests in flight and SSE streams open per server, and the MCP
   sessions seen (`LiveSessions`: an `Mcp-Session-Id` an answer carried, until its DELETE, a 404
@@ -65,6 +67,7 @@ from ..errors import (
 )
 from ..signers.aauth import AAuthSigner
 from ..signers.sigv4 import SigV4Signer
+from ..telemetry import switch as traces
 from . import jsonrpc, mirror, pins, tool_meta, upstream_log
 from .in_place import InPlace, actor_of, one_header
 from .sessions import LiveSessions, Owner
@@ -161,6 +164,8 @@ class Gateway:
         self._in_flight[target.name] += 1
         try:
             if request.method == "POST":
+                if traces.tracer is not None:  # traces on: the request in a span (telemetry/spans.py)
+                    return await traces.tracer.gateway_post(request, target, self._post)
                 return await self._post(request, target)
             return await self._relay(request, target)
         finally:
@@ -244,6 +249,8 @@ class Gateway:
         granted = request.grant.tools_of(target.name) if request.grant is not None else None
         refused = (jsonrpc.refusals(out, target.trust, target.name, granted)
                    or await self._changed_tools(out, target))
+        if traces.tracer is not None:
+            traces.tracer.policy(started, bool(refused))
         if refused:
             calls.finish_all("refused")
             self._observe(target, request.method, 200, started)
@@ -293,9 +300,13 @@ class Gateway:
         max_wait = target.gateway.max_wait
         deadline = broker.clock.monotonic() + max_wait
         rate = broker.rate_of(target)
-        result = await broker.headers(target)  # first: a failing login costs no permit
-        if cost and await broker.limiter.acquire(target.key, rate, cost, max_wait) > 0:
-            result = await broker.headers(target)  # renewed while we waited, maybe
+        tracer = traces.tracer  # None: traces off
+        credential = broker.headers(target)  # first: a failing login costs no permit
+        result = await (credential if tracer is None else tracer.step("credential", credential))
+        if cost:
+            permits = broker.limiter.acquire(target.key, rate, cost, max_wait)
+            if await (permits if tracer is None else tracer.step("permit wait", permits, cost)) > 0:
+                result = await broker.headers(target)  # renewed while we waited, maybe
         forwarded = [h for h in forwarded_headers(request.headers) if h[0] not in mirrors.drop]
         forwarded += mirrors.add
         if (target.aauth or is_aws(target)) and not all(value.isascii() for _, value in forwarded):
@@ -356,6 +367,10 @@ class Gateway:
         """One request upstream, straight to the egress transport of the server's gateway pool: no
         client layer (its cookie jar would carry one caller's cookies to every other caller; the
         gateway follows no redirect and adds no auth of its own)."""
+        transport = self.broker.gateway_transport(target)
+        if traces.tracer is not None:  # traces on: this attempt in a span, its context sent on
+            forwarded, body, transport = traces.tracer.upstream(target, forwarded, body, transport,
+                                                                mirror.with_trace)
         sent = self._credentials(target, creds)
         headers = [(k, v) for k, v in forwarded if k not in sent.names]
         headers += sent.headers
@@ -377,7 +392,6 @@ class Gateway:
         upstream = httpx.Request(request.method, self._url(target.endpoint), headers=headers,
                                  content=body,
                                  extensions={"timeout": _UPSTREAM_TIMEOUTS})
-        transport = self.broker.gateway_transport(target)
         timeout = answer_timeout(target)
         try:
             async with asyncio.timeout(timeout):

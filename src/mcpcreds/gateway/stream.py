@@ -31,7 +31,8 @@ class ToolCalls:
                  calls: dict[jsonrpc.IdKey, str]) -> None:
         self.done = done
         self.target = target
-        self.actor = Actor(request.peer_uid, request.peer_pid, request.grant.id if request.grant else None)
+        self.actor = Actor(request.peer_uid, request.peer_pid, request.grant.id if request.grant else None,
+                           request.trace_id)
         self.started = time.perf_counter()
         self.calls = calls
 

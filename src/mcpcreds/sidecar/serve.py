@@ -24,6 +24,7 @@ from ..credentials import oauth
 from ..credentials.sources import SecretResolver
 from ..errors import ConfigError, McpcredsError
 from ..net.egress import shared_ssl_context
+from ..telemetry import switch as traces
 from .activation import listen_fds, take_sockets
 from .api import Api
 from .peer_ns import set_undumpable
@@ -147,6 +148,8 @@ class Sidecar:
             _log.warning("sidecar.state changed: takes effect at the next restart")
         if config.gateway != self._listen:
             _log.warning("gateway.listen changed: takes effect at the next restart")
+        if config.telemetry != self.config.telemetry:
+            _log.warning("telemetry changed: takes effect at the next restart")
         self.broker.reload(config, SecretResolver.from_config(config.secrets))
         self.api.reload()
         if config.sidecar.audit_log != self.audit.path:
@@ -187,6 +190,7 @@ class Sidecar:
         set_undumpable()  # an exec child (our uid, maybe) cannot read our memory or environment
         shared_ssl_context()  # built before the first login needs it, not on the event loop then
         check_sidecar_uid(self.config)
+        traces.start(self.config.telemetry)  # off: nothing of OpenTelemetry is imported
         prepare_socket_dir(self.socket_path)
         self.api.aauth.start()  # AAuth: the agent key loaded (or created); a refused key file fails the start
         activated, activated_tcp = take_sockets(listen_fds(), self.socket_path,  # systemd's, never unlinked
@@ -242,6 +246,8 @@ class Sidecar:
                     self.socket_path.unlink()
             await self.broker.aclose()
             self.audit.close()
+            if traces.tracer is not None:  # the spans still queued go out (the exporter's timeout bounds it)
+                await asyncio.to_thread(traces.stop)
             _log.info("stopped")
 
     async def _drain(self) -> None:
