@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-from types import SimpleNamespace
 
 from ..client.calls import MalformedAnswer
 from ..core.socket_check import UntrustedSidecar
@@ -346,7 +345,20 @@ def _command_word(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _simple_form(argv: Sequence[str]) -> SimpleNamespace | None:
+class SimpleArgs:
+    """The arguments of a simple form, as argparse's Namespace holds them (without importing
+    `types` for SimpleNamespace: every command would pay for it); `config` and `socket` when given."""
+
+    command: str
+    name: str
+    json: bool
+    handler: Handler
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
+
+
+def _simple_form(argv: Sequence[str]) -> SimpleArgs | None:
     """`token NAME` and `headers NAME [--json]`, with `--config PATH` before or after the command
     and `--socket PATH` after it (or `--opt=PATH`), parsed without argparse: its import and parser
     cost these commands a few ms each time. None for anything else (help, another form, an
@@ -375,7 +387,7 @@ def _simple_form(argv: Sequence[str]) -> SimpleNamespace | None:
     if not rest[1] or rest[1].startswith("-"):
         return None
     handler = cmd_token if rest[0] == "token" else cmd_headers
-    return SimpleNamespace(command=rest[0], name=rest[1], json=as_json, handler=handler, **options)
+    return SimpleArgs(command=rest[0], name=rest[1], json=as_json, handler=handler, **options)
 
 
 def build_parser(full: bool = True) -> argparse.ArgumentParser:
