@@ -328,6 +328,8 @@ def cmd_secret_list(args: argparse.Namespace) -> int:
 
 # commands run once per operation: their parser leaves out the modules of the others (exec, login)
 LEAN_COMMANDS = frozenset({"token", "headers", "acquire", "status", "credential-helper"})
+# and `serve`: the sidecar's start-up would pay ~250 ms for the exec, login and doctor parsers
+LEAN_PARSER = LEAN_COMMANDS | {"serve"}
 
 
 def _command_word(argv: Sequence[str]) -> str | None:
@@ -553,7 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     args: Any = _simple_form(words)
     if args is None:
-        parser = build_parser(full=_command_word(words) not in LEAN_COMMANDS)
+        parser = build_parser(full=_command_word(words) not in LEAN_PARSER)
         args = parser.parse_args(words)
     try:
         return int(args.handler(args))

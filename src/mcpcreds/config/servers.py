@@ -288,7 +288,13 @@ def _default_resource(login: LoginSpec | None, endpoint: str) -> LoginSpec | Non
                         "resource": endpoint})
 
 
-def _spec_from_table(name: str, t: dict[str, Any], service: str | None) -> McpServerSpec:
+def shown_tags(tags: frozenset[str]) -> tuple[str, ...]:
+    """A spec's tags: the effective ones, in TAGS' order."""
+    return tuple(t for t in TAGS if t in tags)
+
+
+def _spec_from_table(name: str, t: dict[str, Any], service: str | None,
+                     tags: tuple[str, ...] | None = None) -> McpServerSpec:
     def mapping(key: str) -> dict[str, Any] | None:
         value = t.get(key)
         return dict(value) if isinstance(value, dict) else None
@@ -297,7 +303,7 @@ def _spec_from_table(name: str, t: dict[str, Any], service: str | None) -> McpSe
         name=name,
         endpoint=t.get("endpoint") if isinstance(t.get("endpoint"), str) else None,
         headers={k: v for k, v in (mapping("headers") or {}).items() if isinstance(v, str)},
-        tags=tuple(x for x in t.get("tags") or () if isinstance(x, str)),
+        tags=tuple(x for x in t.get("tags") or () if isinstance(x, str)) if tags is None else tags,
         aauth=t["aauth"] if isinstance(t.get("aauth"), bool) else None,
         oauth=mapping("oauth"),
         auth=mapping("auth"),
@@ -326,13 +332,14 @@ def parse_services(c: Collector, raw: Any, content: ContentPolicy
             continue
         key = f"service:{name}"
         tables[name] = t
+        tags = _effective_tags(entry.tags)
         services[key] = Target(
             name=key,
             key=key,
-            spec=_spec_from_table(key, t, None),
+            spec=_spec_from_table(key, t, None, shown_tags(tags)),  # as share_tags shows them, unless widened
             endpoint=entry.endpoint,
             headers=entry.headers,
-            tags=_effective_tags(entry.tags),
+            tags=tags,
             rate=entry.rate,
             auth_kind=entry.auth_kind,
             login=_default_resource(entry.login, entry.endpoint),
@@ -431,13 +438,14 @@ def _standalone_server(c: Collector, path: str, name: str, t: dict[str, Any],
         if "endpoint" not in t:
             c.error(join(path, "endpoint"), "required (or `service` naming a [services] entry)")
         return None
+    tags = _effective_tags(entry.tags)
     return Target(
         name=name,
         key=f"mcp:{name}",
-        spec=_spec_from_table(name, t, None),
+        spec=_spec_from_table(name, t, None, shown_tags(tags)),  # as share_tags shows them, unless widened
         endpoint=entry.endpoint,
         headers=entry.headers,
-        tags=_effective_tags(entry.tags),
+        tags=tags,
         rate=entry.rate,
         auth_kind=entry.auth_kind,
         login=_default_resource(entry.login, entry.endpoint),
@@ -493,8 +501,10 @@ def share_tags(services: dict[str, Target], servers: dict[str, Target], execs: d
 
     def widen(target: Target) -> Target:
         shared = tags[find(("key", target.key))]
-        spec = dataclasses.replace(target.spec, tags=tuple(t for t in TAGS if t in shared))
-        return dataclasses.replace(target, tags=shared, spec=spec)
+        shown = shown_tags(shared)
+        if shared == target.tags and shown == target.spec.tags:
+            return target  # nothing to widen: no copy (a config may have thousands of servers)
+        return dataclasses.replace(target, tags=shared, spec=dataclasses.replace(target.spec, tags=shown))
 
     def widen_exec(entry: ExecEntry) -> ExecEntry:
         shared = entry.tags.union(*(tags.get(find(ref), frozenset())
