@@ -25,7 +25,7 @@ EGRESS_KEYS: Final = ("net", "allow_hosts", "deny_hosts", "allow_private")
 # A URL httpx surely accepts (an ASCII host name that is not an IPv4 literal, a port, and a path and
 # query httpx only percent-encodes): checked without importing httpx (~0.2 s of a sidecar's start,
 # ~0.1 ms a URL). Any other URL is checked by httpx.URL itself.
-_PLAIN_URL: Final = re.compile(r"https?://(?=[A-Za-z0-9.-]*[A-Za-z-])[A-Za-z0-9.-]+(?::[0-9]{1,5})?"
+PLAIN_URL: Final = re.compile(r"https?://(?=[A-Za-z0-9.-]*[A-Za-z-])[A-Za-z0-9.-]+(?::[0-9]{1,5})?"
                                r"(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?\Z")
 
 _DEFAULT_EGRESS: Final = (EgressPolicy(), EgressPolicy(dev_loopback=True))  # frozen: shared by every entry
@@ -147,7 +147,7 @@ def check_url(value: str) -> str | None:
         _ = parts.port
     except ValueError:
         return "not a valid URL"
-    if not _PLAIN_URL.match(value) and not _httpx_accepts(value):
+    if not PLAIN_URL.match(value) and not _httpx_accepts(value):
         return "not a valid URL"
     if parts.scheme not in ("https", "http") or not host:
         return "must be an https:// URL with a host"

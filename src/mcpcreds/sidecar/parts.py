@@ -5,7 +5,8 @@ config uses them, so the first request does not wait for them either."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from ..config.model import uses_aauth
 
@@ -18,6 +19,16 @@ if TYPE_CHECKING:
     from ..gateway.relay import Gateway
     from ..signers.aauth import AAuthSigner
     from ..signers.sigv4 import SigV4Signer
+
+
+class Later:
+    """An object made at its first use: attributes are looked up on what `make` returns."""
+
+    def __init__(self, make: Callable[[], object]) -> None:
+        self._make = make
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._make(), name)
 
 
 class Parts:
@@ -61,7 +72,11 @@ class Parts:
         if self._gateway is None:
             from ..gateway.relay import Gateway
 
-            self._gateway = Gateway(self.broker, self.metrics, self.aauth, self.sigv4)
+            # the signers as the gateway first uses them (for a server that signs): a config
+            # without one imports neither cryptography nor botocore's helpers
+            aauth = cast("AAuthSigner", Later(lambda: self.aauth))
+            sigv4 = cast("SigV4Signer", Later(lambda: self.sigv4))
+            self._gateway = Gateway(self.broker, self.metrics, aauth, sigv4)
         return self._gateway
 
     @property
