@@ -489,3 +489,24 @@ def test_a_path_segment_is_quoted_as_urllib_quotes_it(text: str, safe: str) -> N
             quote(text, safe)
         return
     assert quote(text, safe) == expected
+
+
+@pytest.mark.parametrize("how", ["module", "console-script"])
+def test_token_and_headers_write_their_whole_answer_before_the_process_ends(sidecar: SidecarProcess,
+                                                                              how: str) -> None:
+    """They end the process once answered (os._exit, without the interpreter's teardown): what
+    they printed is flushed first, with stdout a block-buffered pipe ($PYTHONUNBUFFERED unset)."""
+    head = ["-m", "mcpcreds"] if how == "module" else ["-c", CONSOLE_SCRIPT]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
+    config = ["--config", str(sidecar.config)]
+    for args, expected in ((["token", "docs"], f"{TOKEN}\n"), (["headers", "docs"], f"Authorization: Bearer {TOKEN}\n")):
+        proc = subprocess.run([sys.executable, *head, *args, *config], capture_output=True, text=True, timeout=60,
+                              env=env)
+        assert (proc.returncode, proc.stdout) == (0, expected), proc.stderr
+    proc = subprocess.run([sys.executable, *head, "headers", "docs", "--json", *config], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("}") and TOKEN in proc.stdout
+    proc = subprocess.run([sys.executable, *head, "token", "nosuch", *config], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 2 and proc.stderr.startswith("mcpcreds: unknown_server: ")
