@@ -555,7 +555,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     args: Any = _simple_form(words)
     if args is None:
-        parser = build_parser(full=_command_word(words) not in LEAN_PARSER)
+        lean = _command_word(words) in LEAN_PARSER and not {"-h", "--help"} & set(words)  # help lists all
+        parser = build_parser(full=not lean)
         args = parser.parse_args(words)
     code = _run(args)
     if argv is None and isinstance(args, SimpleArgs):  # the process's own command line: it ends here
