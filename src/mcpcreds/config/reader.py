@@ -4,7 +4,6 @@ no other module of config: the objects and the sections build on it."""
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import re
 from collections.abc import Callable, Mapping
@@ -113,9 +112,20 @@ def key_path(path: str, key: str, index: int) -> str:
     return f"{path}.<key #{index + 1}>" if path else f"<key #{index + 1}>"
 
 
-@functools.lru_cache(maxsize=1024)  # a config repeats its few key names (name, endpoint...) per entry
 def _reads_as_name(key: str) -> bool:
-    return bool(NAME.match(key)) and len(key) <= 64 and credential_value(key) is None
+    if key in _NAMES:
+        return True
+    if NAME.match(key) and len(key) <= 64 and credential_value(key) is None:
+        if len(_NAMES) < MAX_NAMES_KEPT:
+            _NAMES.add(key)
+        return True
+    return False
+
+
+# the keys that read as names, which paths show anyway (never one that looks like a credential):
+# a config repeats its few key names (name, endpoint, headers...) in every entry
+MAX_NAMES_KEPT: Final = 1024
+_NAMES: Final[set[str]] = set()
 
 
 def kind_of(value: Any) -> str:

@@ -135,7 +135,6 @@ class Api(Parts):
                  reloader: Callable[[], list[str]] | None = None) -> None:
         super().__init__(broker, metrics)
         self.reloader = reloader  # the sidecar's config reload: its errors, [] when it took
-        self.metrics = metrics
         self.audit = audit or AuditLog(None, broker.clock)
         self._openapi: bytes | None = None
         self._fixed: dict[tuple[str, str], tuple[str, Handler]] = {

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from ..broker.broker import Broker
 from ..config.load import default_socket_path, load_config
-from ..config.model import Config
+from ..config.model import Config, is_aws
 from ..core.audit import AuditLog
 from ..core.clock import SYSTEM_CLOCK, Clock
 from ..core.logs import get_logger
@@ -255,24 +255,28 @@ class Sidecar:
 
 
 def warm_up(config: Config) -> None:
-    """What the first relayed call or login would otherwise do on the event loop while a caller
-    waits, done in a worker thread once the sidecar is ready, for the parts the config uses: load
-    the CA bundle (~0.1-0.3 s), import httpx and the gateway (~0.2 s), authlib and httpcore's
-    backends (oauth.prepare). Imports and a cached TLS context only: safe off the loop, and a
-    sidecar that serves static headers alone is ready without waiting for any of it."""
-    installed_version()  # for health and status (importlib.metadata)
+    """What the first request of each kind would otherwise do on the event loop while a caller
+    waits, done in a worker thread once the sidecar is ready, for the parts the config uses: read
+    the installed version (health, status), load the CA bundle (~0.1-0.3 s), import httpx and the
+    gateway (~0.2 s), the SigV4 signer, authlib and httpcore's backends (oauth.prepare). Imports
+    and cached values only: safe off the loop, and a sidecar that serves static headers alone is
+    ready without waiting for any of it."""
+    installed_version()
     targets = config.targets_by_key.values()
     relayed = any(t.gateway.serves_proxy for t in config.servers.values())
     logins = any(t.login is not None for t in targets)
-    if not (relayed or logins or any(t.aauth for t in targets)):
+    signed = any(is_aws(t) for t in targets)
+    if not (relayed or logins or signed or any(t.aauth for t in targets)):
         return
     from ..net import egress_http  # noqa: F401  (httpx)
     from ..net.egress import shared_ssl_context
 
     shared_ssl_context()
     if relayed:
-        from ..gateway import relay  # noqa: F401  (the signers too)
+        from ..gateway import relay  # noqa: F401
         from ..net import upstream  # noqa: F401
+    if signed:
+        from ..signers import sigv4  # noqa: F401
     if logins:
         from ..credentials import oauth
 
