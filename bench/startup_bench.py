@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    python bench/startup_bench.py                       # 10 rounds
+    python bench/startup_bench.py                       # 30 rounds of the commands, 10 of the starts
     python bench/startup_bench.py --baseline ../old     # also another checkout, in the same rounds
     python bench/startup_bench.py --quick               # a smoke run: 2 rounds, 1,000 servers
 
@@ -157,14 +157,17 @@ def render(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = harness.arguments(__doc__)
-    p.add_argument("--rounds", type=harness.count, default=10, help="recorded rounds (default 10)")
+    p.add_argument("--rounds", type=harness.count, default=10,
+                   help="recorded rounds of the starts (default 10)")
+    p.add_argument("--cli-rounds", type=harness.count, default=30,
+                   help="recorded rounds of the CLI commands (default 30: each takes ~20 ms)")
     p.add_argument("--warmup", type=int, default=2,
                    help="unrecorded rounds of the CLI commands first (default 2)")
     p.add_argument("--servers", type=harness.count, default=10_000,
                    help="servers in the large config (default 10,000)")
     p.add_argument("--baseline", type=Path, default=None, metavar="DIR",
                    help="another checkout to measure in the same rounds (its own venv and sidecars)")
-    args = harness.parse(p, argv, quick={"rounds": 2, "warmup": 1, "servers": 1000})
+    args = harness.parse(p, argv, quick={"rounds": 2, "cli_rounds": 3, "warmup": 1, "servers": 1000})
     checkouts = {"this": harness.ROOT}
     if args.baseline is not None:
         if not (args.baseline / "src" / "mcpcreds").is_dir():
@@ -195,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                         (f"python -m mcpcreds token {SERVER}", name,
                          [str(python), "-m", "mcpcreds", "token", SERVER], TOKEN)]
             figures = {(label, name): Figure(label, name, []) for label, name, _, _ in cli}
-            harness.progress(f"{args.warmup} + {args.rounds} rounds of {len(cli)} commands, in turns...")
-            for n in range(args.warmup + args.rounds):
+            harness.progress(f"{args.warmup} + {args.cli_rounds} rounds of {len(cli)} commands, in turns...")
+            for n in range(args.warmup + args.cli_rounds):
                 for label, name, cmd, expected in cli:
                     elapsed = harness.timed_run(cmd, env, expected)
                     if n >= args.warmup:
