@@ -75,8 +75,9 @@ from mcpcreds import AsyncClient
 from mcpcreds.core.clock import SystemClock
 from mcpcreds.core.rates import parse_rate
 from mcpcreds.state.bucket_scripts import BUCKET_SCRIPT
+from mcpcreds.state.lease_asks import MAX_PAUSE
 from mcpcreds.state.redis_pipe import pack, parse_reply
-from mcpcreds.state.redis_state import MAX_PAUSE, RedisState
+from mcpcreds.state.redis_state import RedisState
 from mcpcreds.state.shared import SharedLimiter
 
 SERVER = "bench"

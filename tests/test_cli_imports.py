@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mcpcreds.client import uds
 from tests.conftest import run_cli
@@ -115,6 +117,11 @@ def test_command_imports_no_heavy_module(sidecar: SidecarProcess, command: str, 
     if command in ("token", "headers"):  # their simple form is parsed without argparse
         assert "argparse" not in modules
         assert "json" not in modules  # the answer is scanned by _json (uds.decode_json)
+        # nor typing, re or urllib.parse: with what they import, ~5 ms of a ~10 ms interpreter start
+        # (issue 33: `token` within 2x `python -c pass`); `python -m`'s runpy imports the last four
+        assert sorted(modules & {"typing", "re", "enum", "urllib.parse", "ipaddress", "math"}) == []
+        if how == "console-script":
+            assert sorted(modules & {"collections", "functools", "contextlib", "types"}) == []
 
 
 SIMPLE_FORMS = [
@@ -465,3 +472,41 @@ def test_answers_are_decoded_as_json_loads_decodes_them(raw: bytes) -> None:
     except (ValueError, RecursionError):
         expected = None
     assert repr(decode_json(raw)) == repr(expected)  # repr: NaN is not equal to itself
+
+
+@given(st.text(), st.sampled_from(["", ":", "/", "~:/"]))
+def test_a_path_segment_is_quoted_as_urllib_quotes_it(text: str, safe: str) -> None:
+    """`calls.quote` spells a server or secret name in a path without importing urllib.parse: as
+    `urllib.parse.quote` does, or the same UnicodeEncodeError (a lone surrogate)."""
+    from urllib.parse import quote as urllib_quote
+
+    from mcpcreds.client.calls import quote
+
+    try:
+        expected = urllib_quote(text, safe=safe)
+    except UnicodeEncodeError:
+        with pytest.raises(UnicodeEncodeError):
+            quote(text, safe)
+        return
+    assert quote(text, safe) == expected
+
+
+@pytest.mark.parametrize("how", ["module", "console-script"])
+def test_token_and_headers_write_their_whole_answer_before_the_process_ends(sidecar: SidecarProcess,
+                                                                              how: str) -> None:
+    """They end the process once answered (os._exit, without the interpreter's teardown): what
+    they printed is flushed first, with stdout a block-buffered pipe ($PYTHONUNBUFFERED unset)."""
+    head = ["-m", "mcpcreds"] if how == "module" else ["-c", CONSOLE_SCRIPT]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
+    config = ["--config", str(sidecar.config)]
+    for args, expected in ((["token", "docs"], f"{TOKEN}\n"), (["headers", "docs"], f"Authorization: Bearer {TOKEN}\n")):
+        proc = subprocess.run([sys.executable, *head, *args, *config], capture_output=True, text=True, timeout=60,
+                              env=env)
+        assert (proc.returncode, proc.stdout) == (0, expected), proc.stderr
+    proc = subprocess.run([sys.executable, *head, "headers", "docs", "--json", *config], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("}") and TOKEN in proc.stdout
+    proc = subprocess.run([sys.executable, *head, "token", "nosuch", *config], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 2 and proc.stderr.startswith("mcpcreds: unknown_server: ")

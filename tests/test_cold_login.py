@@ -13,7 +13,8 @@ FIRST_LOGIN = r"""
 import asyncio, json, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from mcpcreds.credentials import oauth
-from mcpcreds.net.egress import EgressPolicy, egress_client
+from mcpcreds.net.egress import EgressPolicy
+from mcpcreds.net.egress_http import egress_client
 
 class TokenEndpoint(BaseHTTPRequestHandler):
     def do_POST(self):

@@ -72,3 +72,11 @@ def test_traces_asked_for_without_the_sdk_say_what_to_install(monkeypatch: pytes
     assert switch.tracer is None
     switch.start(TelemetryConfig())  # off: nothing to import, nothing started
     assert switch.tracer is None
+
+
+def test_the_default_endpoint_is_a_url_the_check_accepts() -> None:
+    """The default is not checked at each start (that would import httpx): it must pass as given."""
+    from mcpcreds.config.reader import check_url
+    from mcpcreds.config.telemetry import DEFAULT_ENDPOINT
+
+    assert check_url(DEFAULT_ENDPOINT) is None

@@ -17,7 +17,8 @@ from mcpcreds.config.model import LoginSpec
 from mcpcreds.credentials import discovery
 from mcpcreds.credentials.discovery import Discovery, metadata_urls
 from mcpcreds.errors import Forbidden, McpcredsError, TokenEndpointError
-from mcpcreds.net.egress import EgressPolicy, egress_client
+from mcpcreds.net.egress import EgressPolicy
+from mcpcreds.net.egress_http import egress_client
 
 MCP = "https://mcp.example.com/mcp"
 PATH_BASED = "https://mcp.example.com/.well-known/oauth-protected-resource/mcp"

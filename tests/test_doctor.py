@@ -300,7 +300,7 @@ def redis_lines(config: Config) -> tuple[bool, str]:
 def test_redis_script_and_state_key_are_checked(redis: RedisPeer, monkeypatch: pytest.MonkeyPatch) -> None:
     from redis import Redis
 
-    from mcpcreds.credentials.oauth import Token
+    from mcpcreds.credentials.tokens import Token
     from mcpcreds.state.redis_state import RedisState
 
     ours, theirs = CANARY + "-ours", CANARY + "-theirs"

@@ -22,17 +22,16 @@ from cryptography.x509.oid import NameOID
 from mcpcreds.errors import Forbidden
 from mcpcreds.net.egress import (
     EgressPolicy,
-    EgressTransport,
     Resolver,
     address_problem,
     check_address,
-    egress_client,
     host_matches,
     is_dev_loopback_url,
     is_loopback_host,
     parse_host_pattern,
     system_resolver,
 )
+from mcpcreds.net.egress_http import EgressTransport, egress_client
 
 # ---------------------------------------------------------------------------- host names
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mcpcreds.net.egress import EgressPolicy, egress_client
+from mcpcreds.net.egress import EgressPolicy
+from mcpcreds.net.egress_http import egress_client
 from mcpcreds.net.upstream import HIGH_WATER, MAX_HEAD_BYTES, H1Transport
 from tests.test_egress import _cert, fixed_resolver, open_listener
 

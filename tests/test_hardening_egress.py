@@ -12,10 +12,10 @@ from mcpcreds.net.egress import (
     EgressPolicy,
     address_problem,
     check_address,
-    egress_client,
     normalize_host,
     parse_host_pattern,
 )
+from mcpcreds.net.egress_http import egress_client
 from tests.test_egress import Listener, fixed_resolver, listener
 
 __all__ = ["listener"]  # the fixture, imported to be used here

@@ -26,7 +26,8 @@ import pytest
 from mcpcreds.config.aws import AwsAuth
 from mcpcreds.config.load import parse_config
 from mcpcreds.errors import TokenEndpointError
-from mcpcreds.net.egress import EgressPolicy, egress_client
+from mcpcreds.net.egress import EgressPolicy
+from mcpcreds.net.egress_http import egress_client
 from mcpcreds.signers.aauth_resource import ResourceMetadata
 from mcpcreds.signers.aws_credentials import AwsCredentialsError, from_imds, from_web_identity
 from mcpcreds.signers.aws_sso import SsoLogin, renew, role_credentials

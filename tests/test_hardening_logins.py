@@ -28,14 +28,13 @@ from mcpcreds.core.secret import REDACTOR
 from mcpcreds.credentials.discovery import Discovery, token_endpoint_from
 from mcpcreds.credentials.logins import LoginCache
 from mcpcreds.credentials.oauth import (
-    Token,
     TokenRequest,
-    backoff_delay,
     build_token_request,
     parse_token_response,
     send_token_request,
 )
 from mcpcreds.credentials.sources import EnvSource, SecretResolver
+from mcpcreds.credentials.tokens import Token, backoff_delay
 from mcpcreds.errors import TokenEndpointError
 from tests.conftest import CANARY
 from tests.peers.fault_idp import FaultIdp, fault_idp

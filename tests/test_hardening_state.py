@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from mcpcreds import Client, Forbidden
 from mcpcreds.core.clock import FakeClock
 from mcpcreds.core.rates import Rate
-from mcpcreds.credentials.oauth import Token
+from mcpcreds.credentials.tokens import Token
 from mcpcreds.errors import TooManyGrants
 from mcpcreds.state.grants import Grant, GrantLimits, MemoryGrants, RedisGrants
 from mcpcreds.state.redis_state import EVENTS, RedisState

@@ -19,7 +19,8 @@ import pytest
 from mcpcreds.core.clock import SystemClock
 from mcpcreds.core.rates import Rate
 from mcpcreds.errors import RateLimited
-from mcpcreds.state.redis_state import LeaseAsk, LeaseReply, RedisState
+from mcpcreds.state.lease_asks import LeaseAsk, LeaseReply
+from mcpcreds.state.redis_state import RedisState
 from mcpcreds.state.shared import SharedLimiter
 from tests.peers.redis_peer import RedisPeer
 

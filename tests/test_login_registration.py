@@ -27,7 +27,7 @@ from mcpcreds.credentials.authcode_flow import (
 )
 from mcpcreds.credentials.login_store import Registration, StoredLogin
 from mcpcreds.credentials.logins import LoginCache
-from mcpcreds.credentials.oauth import Token
+from mcpcreds.credentials.tokens import Token
 from mcpcreds.errors import ConfigError, LoginRequired, TokenEndpointError
 
 MCP = "https://mcp.example.com/mcp"

@@ -14,7 +14,7 @@ from mcpcreds.config.model import Target
 from mcpcreds.core.clock import FakeClock
 from mcpcreds.core.secret import fingerprint
 from mcpcreds.credentials.logins import LoginCache
-from mcpcreds.credentials.oauth import Token
+from mcpcreds.credentials.tokens import Token
 from mcpcreds.errors import TokenEndpointError
 
 TARGET: Target = parse_config(tomllib.loads("""

@@ -14,14 +14,8 @@ from joserfc.jwk import RSAKey
 from mcpcreds.config.model import LoginSpec
 from mcpcreds.core.secret import REDACTOR
 from mcpcreds.core.templates import parse_template
-from mcpcreds.credentials.oauth import (
-    Token,
-    backoff_delay,
-    build_token_request,
-    parse_token_response,
-    refresh_at,
-    usable_until,
-)
+from mcpcreds.credentials.oauth import build_token_request, parse_token_response
+from mcpcreds.credentials.tokens import Token, backoff_delay, refresh_at, usable_until
 from mcpcreds.errors import TokenEndpointError
 from tests.peers.oidc_peer import make_rsa_keypair
 

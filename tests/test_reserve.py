@@ -14,7 +14,8 @@ import redis.asyncio as aioredis
 from mcpcreds import RateLimited, StateUnavailable
 from mcpcreds.core.clock import FakeClock, SystemClock
 from mcpcreds.core.rates import Rate
-from mcpcreds.state.redis_state import LeaseAsk, LeaseReply, RedisState
+from mcpcreds.state.lease_asks import LeaseAsk, LeaseReply
+from mcpcreds.state.redis_state import RedisState
 from mcpcreds.state.reserve import RESERVE_AFTER, Reserves
 from mcpcreds.state.shared import SharedLimiter
 from tests.peers.redis_peer import RedisPeer

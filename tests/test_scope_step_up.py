@@ -29,7 +29,7 @@ from mcpcreds.core.scopes import (
     with_offline_access,
 )
 from mcpcreds.credentials.login_store import Registration, StoredLogin
-from mcpcreds.credentials.oauth import Token
+from mcpcreds.credentials.tokens import Token
 from mcpcreds.errors import LoginRequired
 
 RM = "http://localhost:4001/.well-known/oauth-protected-resource/mcp"

@@ -44,7 +44,8 @@ from mcpcreds.config import aws as aws_config
 from mcpcreds.config.load import parse_config
 from mcpcreds.config.model import aws_auth_of, is_aws
 from mcpcreds.errors import ConfigError, Forbidden
-from mcpcreds.net.egress import EgressPolicy, egress_client
+from mcpcreds.net.egress import EgressPolicy
+from mcpcreds.net.egress_http import egress_client
 from mcpcreds.signers.aws_credentials import (
     AwsCredentials,
     AwsCredentialsError,

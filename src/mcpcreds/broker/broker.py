@@ -9,12 +9,10 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
-
-import httpx
+from typing import TYPE_CHECKING, Any, Final
 
 from ..config.model import LOGIN_GRANTS, Config, Target, jwt_svid_file, spiffe_of
-from ..config.servers import CredentialGroups
+from ..config.servers import proxy_only_keys
 from ..config.spiffe import JwtSvid, SpiffeAuth
 from ..core.audit import AuditLog
 from ..core.clock import Clock
@@ -24,13 +22,11 @@ from ..core.rates import Rate
 from ..core.secret import REDACTOR
 from ..core.tasks import spawn
 from ..core.version import installed_version
-from ..credentials.cross_app import cross_app_login
-from ..credentials.discovery import Discovery
 from ..credentials.login_store import entry_name
 from ..credentials.logins import LoginCache
-from ..credentials.oauth import Token, build_token_request, send_token_request
 from ..credentials.sources import SecretResolver
-from ..credentials.spiffe import JwtSvidFiles, X509Source
+from ..credentials.spiffe import JwtSvidFiles
+from ..credentials.tokens import Token
 from ..errors import (
     InvalidRequest,
     McpcredsError,
@@ -42,15 +38,20 @@ from ..errors import (
 )
 from ..limits.buckets import UNLIMITED, Limiter
 from ..limits.leases import MAX_LEASE_ID, LeaseBook
-from ..net.egress import EgressPolicy, egress_client
-from ..net.upstream import H1Transport
+from ..net.egress import EgressPolicy
 from ..state.bucket_scripts import MAX_LEASES_PER_KEY
-from ..state.redis_state import MAX_PAUSE
+from ..state.lease_asks import MAX_PAUSE
 from ..state.shared import SharedLimiter, build_state
 from .events import EventHub, Subscription
 from .headers import CachedHeaders, HeadersResult
 from .leasing import LeaseService, release_shared
 from .refresh import refresh_login
+
+if TYPE_CHECKING:  # imported where they are used: a sidecar without a login or gateway call imports no httpx
+    import httpx
+
+    from ..credentials.discovery import Discovery
+    from ..credentials.spiffe import X509Source
 
 # Connections of the gateway's pool per upstream (host, port): SSE streams hold theirs for long,
 # so the gateway has its own pool, and logins are never queued behind open streams.
@@ -58,16 +59,6 @@ GATEWAY_CONNECTIONS: Final = 1000
 # a server name (the config's grammar) or a cache key made of one
 _SERVER_NAME: Final = re.compile(r"(?:(?:service|mcp):)?[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\Z")
 _log = get_logger("broker")
-
-
-def _proxy_only_keys(config: Config) -> frozenset[str]:
-    """The keys whose credential only the gateway may use: judged per credential, so a key that
-    names a secret a proxy-only server names too is proxy-only as well (else its headers would
-    hand that secret out)."""
-    targets = (*config.services.values(), *config.servers.values())
-    groups = CredentialGroups(targets)
-    proxied = {groups.of_key(t.key) for t in targets if t.gateway.expose == "proxy"}
-    return frozenset(t.key for t in targets if groups.of_key(t.key) in proxied)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +101,7 @@ class Broker:
         self._http: dict[tuple[str, EgressPolicy, bool, SpiffeAuth | None], httpx.AsyncClient] = {}
         self.jwt_svids = JwtSvidFiles(clock.time)  # auth kind "spiffe", svid "jwt" (spiffe.py)
         self.x509_sources: dict[SpiffeAuth, X509Source] = {}  # ... "x509": the gateway's identities
-        self.discovery = Discovery()
+        self._discovery: Discovery | None = None
         parts = build_state(config, resolver, clock, self._fetch_login,
                             lambda: self.config.sidecar.refresh_ahead)
         self.limiter = parts.limiter
@@ -121,12 +112,10 @@ class Broker:
         self._cache: dict[str, CachedHeaders] = {}
         self._resolving: dict[str, asyncio.Task[HeadersResult]] = {}
         self.server_specs = self._specs()
-        self.proxy_only_keys = _proxy_only_keys(config)
+        self.proxy_only_keys = proxy_only_keys(config.services.values(), config.servers.values())
         self._forced_at: dict[str, float] = {}  # key -> when an invalidation last dropped its login
         self._pause_budgets: dict[str, _PauseBudget] = {}
         self._paused_by: dict[str, tuple[float, Actor]] = {}  # key -> (paused until, who set it)
-        self.version = installed_version()
-        self.health_body = json.dumps({"status": "ok", "version": self.version}).encode()
         self.leases = LeaseBook()  # capacity leases (leases.py; granted by leasing.py)
         self.events = EventHub(on_close=self._events_closed)  # GET /v1/events (events.py)
         self.lease_service = LeaseService(self.limiter, self.leases, self.events, clock,
@@ -135,6 +124,14 @@ class Broker:
         if isinstance(self.limiter, SharedLimiter):
             self.limiter.on_told = self.nudge_leases
         self._served_fp: dict[str, str] = {}  # key -> fingerprint of the login last served
+
+    @property
+    def version(self) -> str:
+        return installed_version()  # read once (importlib.metadata: ~10 ms), by the first health or status
+
+    @functools.cached_property
+    def health_body(self) -> bytes:
+        return json.dumps({"status": "ok", "version": self.version}).encode()
 
     def _events_closed(self, sub: Subscription) -> None:
         """A client's event stream closed: its process is gone or it has stopped using its leases,
@@ -234,14 +231,15 @@ class Broker:
                    if k not in new or (new[k].login, new[k].egress) != (t.login, t.egress)}
         self.logins.forget(changed)  # their timers and in-flight fetches too
         self._resolving.clear()  # a resolution under way serves its callers, not the new config
-        self.discovery.forget()
+        if self._discovery is not None:
+            self._discovery.forget()
         self.limiter.reconfigure(self._shared_rates(config))
         for key in old_rates.keys() | config.rates.keys():
             if old_rates.get(key) != config.rates.get(key):
                 self.events.publish("lease", key)  # its lease holders renew now, on the new rate
         self._cache.clear()
         self.server_specs = self._specs()
-        self.proxy_only_keys = _proxy_only_keys(config)
+        self.proxy_only_keys = proxy_only_keys(config.services.values(), config.servers.values())
 
     def _shared_rates(self, config: Config) -> dict[str, Rate]:
         """The configured rates, less what is leased (a reload does not hand leased shares out twice)."""
@@ -390,12 +388,25 @@ class Broker:
             _log.warning("secret unavailable", extra={"key": key, "error": exc.message})
             raise
 
+    @property
+    def discovery(self) -> Discovery:
+        """The authorization servers' metadata, made at the first login (discovery.py imports httpx)."""
+        if self._discovery is None:
+            from ..credentials.discovery import Discovery
+
+            self._discovery = Discovery()
+        return self._discovery
+
     async def _fetch_login(self, target: Target, overrides: Mapping[str, str] | None = None) -> Token:
+        from ..credentials.oauth import build_token_request, send_token_request  # httpx, authlib
+
         login = target.login
         assert login is not None
         if login.grant in LOGIN_GRANTS:  # a person's login, renewed by its refresh token
             return await refresh_login(self, target, overrides)
         if login.idp is not None:  # cross_app: the person's assertion exchanged, then redeemed
+            from ..credentials.cross_app import cross_app_login  # httpx, authlib
+
             return await cross_app_login(self, target, overrides)
         http = self.http_for(target)
         token_url = await self.discovery.token_url(login, target.endpoint, http)
@@ -428,6 +439,10 @@ class Broker:
         key = (target.key, target.egress, gateway, x509)
         client = self._http.get(key)
         if client is None:
+            import httpx
+
+            from ..net.egress_http import egress_client
+
             def on_connect(host: str, ip: str, port: int) -> None:
                 self.audit.write("egress", key=target.key, host=host, ip=ip, port=port)
 
@@ -435,6 +450,9 @@ class Broker:
             if gateway:
                 kwargs["limits"] = httpx.Limits(max_connections=GATEWAY_CONNECTIONS,
                                                 max_keepalive_connections=64)
+                from ..credentials.spiffe import X509Source
+                from ..net.upstream import H1Transport
+
                 kwargs["pool_class"] = H1Transport  # the relayed traffic: a lean HTTP/1.1 client
                 if x509 is not None:  # a SPIFFE X.509-SVID: presented on every upstream connection
                     kwargs["tls"] = self.x509_sources.setdefault(x509, X509Source(x509)).context

@@ -24,7 +24,7 @@ from ..core.http import Response, json_response
 from ..errors import InvalidRequest, LeasesRefused, RateLimited
 from ..limits.buckets import UNLIMITED, Limiter
 from ..limits.leases import MAX_LEASE_ID, LeaseRefused, Terms, lease_seconds
-from ..state.redis_state import LeaseAsk
+from ..state.lease_asks import LeaseAsk
 from ..state.shared import SharedLimiter
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from ..core.logs import get_logger
 from ..core.secret import fingerprint
 from ..credentials.authcode_flow import may_register
 from ..credentials.login_store import LoginStore, StoredLogin, login_store
-from ..credentials.oauth import MIN_LIFETIME, Token, build_token_request, send_token_request, usable_until
+from ..credentials.tokens import MIN_LIFETIME, Token, usable_until
 from ..errors import LoginRequired, McpcredsError, StateUnavailable, TokenEndpointError
 from ..state import login_share
 
@@ -46,9 +46,11 @@ class LoginParts(Protocol):
     resolver: SecretResolver
     clock: Clock
     metrics: Metrics
-    discovery: Discovery
     logins: LoginCache
     sharing: LoginSharing
+
+    @property
+    def discovery(self) -> Discovery: ...
 
     def http_for(self, target: Target, gateway: bool = False) -> httpx.AsyncClient: ...
 
@@ -174,6 +176,11 @@ async def refresh_login(broker: LoginParts, target: Target,
             credential = await asyncio.to_thread(broker.resolver.render, template, overrides)
         else:
             credential = (await broker.render_templates(target.key, [("credential", template)]))["credential"]
+    from ..credentials.oauth import (  # httpx, authlib: for a login only
+        build_token_request,
+        send_token_request,
+    )
+
     request = build_token_request(login, token_url, credential, issuer=issuer,
                                   grant_type="refresh_token", params={"refresh_token": stored.refresh_token})
     broker.metrics.inc("mcpcreds_token_requests_total", (("key", target.key),),

@@ -340,7 +340,7 @@ class Doctor:
 
     async def check_login(self, target: Target) -> None:
         from ..credentials.discovery import metadata_urls
-        from ..net.egress import egress_client
+        from ..net.egress_http import egress_client
 
         login = target.login
         assert login is not None

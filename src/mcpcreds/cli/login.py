@@ -48,14 +48,14 @@ from ..credentials.login_store import LoginStore, Registration, StoredLogin, ent
 from ..credentials.oauth import (
     MAX_RESPONSE_BYTES,
     TOKEN_TIMEOUT,
-    Token,
     authenticated_request,
     build_token_request,
     send_token_request,
 )
 from ..credentials.sources import SecretResolver
+from ..credentials.tokens import Token
 from ..errors import InvalidRequest, McpcredsError, TokenEndpointError, TokenEndpointTimeout
-from ..net.egress import egress_client
+from ..net.egress_http import egress_client
 from .common import tell_sidecar
 from .sso import cmd_sso_login, cmd_sso_logout, sso_target
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-from types import SimpleNamespace
 
 from ..client.calls import MalformedAnswer
 from ..core.socket_check import UntrustedSidecar
@@ -41,7 +40,7 @@ TYPE_CHECKING = False  # not `typing`'s: importing typing costs each command ~2 
 if TYPE_CHECKING:
     import argparse  # imported by build_parser: `token NAME` and `headers NAME` run without it
     from collections.abc import Sequence
-    from typing import Any, TextIO
+    from typing import Any, NoReturn, TextIO
 
     from .common import Handler
 
@@ -338,6 +337,8 @@ def cmd_secret_list(args: argparse.Namespace) -> int:
 
 # commands run once per operation: their parser leaves out the modules of the others (exec, login)
 LEAN_COMMANDS = frozenset({"token", "headers", "acquire", "status", "credential-helper"})
+# and `serve`: the sidecar's start-up would pay ~250 ms for the exec, login and doctor parsers
+LEAN_PARSER = LEAN_COMMANDS | {"serve"}
 
 
 def _command_word(argv: Sequence[str]) -> str | None:
@@ -355,7 +356,20 @@ def _command_word(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _simple_form(argv: Sequence[str]) -> SimpleNamespace | None:
+class SimpleArgs:
+    """The arguments of a simple form, as argparse's Namespace holds them (without importing
+    `types` for SimpleNamespace: every command would pay for it); `config` and `socket` when given."""
+
+    command: str
+    name: str
+    json: bool
+    handler: Handler
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
+
+
+def _simple_form(argv: Sequence[str]) -> SimpleArgs | None:
     """`token NAME` and `headers NAME [--json]`, with `--config PATH` before or after the command
     and `--socket PATH` after it (or `--opt=PATH`), parsed without argparse: its import and parser
     cost these commands a few ms each time. None for anything else (help, another form, an
@@ -384,7 +398,7 @@ def _simple_form(argv: Sequence[str]) -> SimpleNamespace | None:
     if not rest[1] or rest[1].startswith("-"):
         return None
     handler = cmd_token if rest[0] == "token" else cmd_headers
-    return SimpleNamespace(command=rest[0], name=rest[1], json=as_json, handler=handler, **options)
+    return SimpleArgs(command=rest[0], name=rest[1], json=as_json, handler=handler, **options)
 
 
 def build_parser(full: bool = True) -> argparse.ArgumentParser:
@@ -557,8 +571,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     args: Any = _simple_form(words)
     if args is None:
-        parser = build_parser(full=_command_word(words) not in LEAN_COMMANDS)
+        lean = _command_word(words) in LEAN_PARSER and not {"-h", "--help"} & set(words)  # help lists all
+        parser = build_parser(full=not lean)
         args = parser.parse_args(words)
+    code = _run(args)
+    if argv is None and isinstance(args, SimpleArgs):  # the process's own command line: it ends here
+        _end_process(code)
+    return code
+
+
+def _run(args: Any) -> int:
     try:
         return int(args.handler(args))
     except ConfigError as exc:
@@ -573,11 +595,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `mcpcreds status | head`: the reader left; say nothing more
-        import contextlib
-
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _quiet_stdout()
         return EXIT_FAILURE
+
+
+def _quiet_stdout() -> None:
+    import contextlib
+
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _end_process(code: int) -> NoReturn:
+    """`token NAME` and `headers NAME` end their process once the answer is written: the
+    interpreter's teardown (freeing what every module made, `re`'s that the console script
+    imports too) would cost them 2-3 ms, a quarter of `python -c pass`. Nothing is left to close:
+    no thread, no atexit handler (logging is never imported), the socket closed by its `with`."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # BrokenPipeError too: `mcpcreds token NAME | true`, the reader left
+        code = EXIT_FAILURE
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ from ..errors import (
     TokenEndpointTimeout,
     UpstreamError,
 )
-from ..net.egress import egress_client
+from ..net.egress_http import egress_client
 from .common import EXIT_OK, tell_sidecar
 from .login import DEFAULT_WAIT, run_login
 

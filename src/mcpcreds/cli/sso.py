@@ -34,7 +34,7 @@ def cmd_sso_login(args: argparse.Namespace, config: Config, target: Target) -> i
 
     from ..config.model import aws_auth_of
     from ..credentials.login_store import login_store
-    from ..net.egress import egress_client
+    from ..net.egress_http import egress_client
 
     auth = aws_auth_of(target)
     keyring = login_store(config.secrets).keyring
@@ -58,7 +58,7 @@ def cmd_sso_logout(args: argparse.Namespace, config: Config, target: Target) -> 
 
     from ..config.model import aws_auth_of
     from ..credentials.login_store import login_store
-    from ..net.egress import egress_client
+    from ..net.egress_http import egress_client
 
     keyring = login_store(config.secrets).keyring
     text = keyring.get(entry_name(target.key))

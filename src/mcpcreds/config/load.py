@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from ..core.lean_toml import loads as lean_loads
 from ..core.policy import find_trifecta, trifecta_message
 from ..core.socket_check import default_socket
 from ..errors import ConfigError
@@ -53,8 +53,20 @@ def load_config(path: str | Path | None = None) -> Config:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError([f"{resolved}: not UTF-8 text (at byte {exc.start})"]) from None
+    try:  # plain TOML is read as tomllib reads it, faster (a large config) and without importing tomllib
+        data = lean_loads(text)
+    except (ValueError, RecursionError):
+        data = None
+    if data is None:
+        data = _tomllib_loads(text, resolved)
+    return parse_config(data, path=str(resolved))
+
+
+def _tomllib_loads(text: str, resolved: Path) -> dict[str, Any]:
+    import tomllib
+
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{resolved}: not valid TOML: {toml_problem(str(exc))}"]) from None
     except ValueError:  # int(): Python's limit on the digits of an integer
@@ -63,7 +75,6 @@ def load_config(path: str | Path | None = None) -> Config:
     except RecursionError:
         raise ConfigError([f"{resolved}: not valid TOML: arrays or tables nested more than "
                            f"{MAX_DEPTH} deep"]) from None
-    return parse_config(data, path=str(resolved))
 
 
 MAX_DEPTH: Final = 16  # tables and arrays within one another; the deepest key is 4 levels down
@@ -100,22 +111,36 @@ def toml_problem(message: str) -> str:
 
 def bound_data(data: Mapping[str, Any]) -> list[str]:
     """What TOML allows but no config needs, found before a parser reads it: nesting past
-    MAX_DEPTH, and integers past 64 bits (which TOML itself refuses), each with its path."""
+    MAX_DEPTH, and integers past 64 bits (which TOML itself refuses), each with its path (spelt
+    only for what is reported: a key's path is the costly part of a walk over a large config)."""
     errors: list[str] = []
-    stack: list[tuple[str, Any, int]] = [("", data, 0)]
+    # the containers to walk: (container, depth, where); where is None at the root, else
+    # (parent's where, key, index), a key None in an array
+    stack: list[tuple[Any, int, Any]] = [(data, 0, None)]
     while stack:
-        path, value, depth = stack.pop()
-        if isinstance(value, bool):
+        container, depth, where = stack.pop()
+        if depth >= MAX_DEPTH:
+            errors.append(f"{_spelt(where)}: arrays and tables nest at most {MAX_DEPTH} deep")
             continue
-        if isinstance(value, int) and value not in _INT64:
-            errors.append(f"{path}: integer out of range (TOML integers are 64-bit)")
-        elif isinstance(value, dict | list) and depth >= MAX_DEPTH:
-            errors.append(f"{path}: arrays and tables nest at most {MAX_DEPTH} deep")
-        elif isinstance(value, dict):
-            stack.extend((key_path(path, k, i), v, depth + 1) for i, (k, v) in enumerate(value.items()))
-        elif isinstance(value, list):
-            stack.extend((f"{path}[{i}]", v, depth + 1) for i, v in enumerate(value))
+        pairs = container.items() if isinstance(container, dict) else ((None, v) for v in container)
+        for i, (key, value) in enumerate(pairs):
+            if isinstance(value, dict | list):
+                stack.append((value, depth + 1, (where, key, i)))
+            elif isinstance(value, int) and not isinstance(value, bool) and value not in _INT64:
+                errors.append(f"{_spelt((where, key, i))}: integer out of range (TOML integers are 64-bit)")
     return sorted(errors)
+
+
+def _spelt(where: Any) -> str:
+    """The TOML path of a place `bound_data` reached: a key (`key_path`) or an index."""
+    steps = []
+    while where is not None:
+        steps.append(where[1:])
+        where = where[0]
+    path = ""
+    for key, index in reversed(steps):
+        path = f"{path}[{index}]" if key is None else key_path(path, key, index)
+    return path
 
 
 def parse_config(data: Mapping[str, Any], path: str | None = None) -> Config:

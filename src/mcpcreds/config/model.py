@@ -261,6 +261,11 @@ class Config:
 # ---------------------------------------------------------------------------- a target's auth
 
 
+def uses_aauth(config: Config) -> bool:
+    """Whether any server or service signs its requests with AAuth (it then needs the agent key)."""
+    return any(t.aauth for t in (*config.services.values(), *config.servers.values()))
+
+
 def is_aws(target: Target) -> bool:
     """Whether requests to `target` are SigV4-signed (its `auth` is `kind = "aws"`)."""
     auth = target.spec.auth

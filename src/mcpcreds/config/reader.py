@@ -10,8 +10,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
-import httpx
-
 from ..core.credshape import credential_name, credential_value
 from ..core.policy import TRUST_LEVELS, TrustPolicy, tool_pattern_problem
 from ..core.templates import Template, TemplateError, parse_template
@@ -25,7 +23,13 @@ TRUST_KEYS: Final = ("trust", "tool_allowlist", "tool_exclude", "expected_tools"
                      "allow_untrusted_without_allowlist")
 CEILING_KEYS: Final = ("tool_allowlist", "tool_exclude")  # a catalog entry's: the ceiling of its servers
 EGRESS_KEYS: Final = ("net", "allow_hosts", "deny_hosts", "allow_private")
+# A URL httpx surely accepts (an ASCII host name that is not an IPv4 literal, a port, and a path and
+# query httpx only percent-encodes): checked without importing httpx (~0.2 s of a sidecar's start,
+# ~0.1 ms a URL). Any other URL is checked by httpx.URL itself.
+PLAIN_URL: Final = re.compile(r"https?://(?=[A-Za-z0-9.-]*[A-Za-z-])[A-Za-z0-9.-]+(?::[0-9]{1,5})?"
+                               r"(?:/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?\Z")
 
+_DEFAULT_EGRESS: Final = (EgressPolicy(), EgressPolicy(dev_loopback=True))  # frozen: shared by every entry
 T = TypeVar("T")
 
 
@@ -105,14 +109,34 @@ def join(path: str, key: str) -> str:
 
 def key_path(path: str, key: str, index: int) -> str:
     """The TOML path of a key, which may itself be a pasted secret: named only if it reads as a name."""
-    if NAME.match(key) and len(key) <= 64 and credential_value(key) is None:
+    if _reads_as_name(key):
         return join(path, key)
     return f"{path}.<key #{index + 1}>" if path else f"<key #{index + 1}>"
 
 
+def _reads_as_name(key: str) -> bool:
+    if key in _NAMES:
+        return True
+    if NAME.match(key) and len(key) <= 64 and credential_value(key) is None:
+        if len(_NAMES) < MAX_NAMES_KEPT:
+            _NAMES.add(key)
+        return True
+    return False
+
+
+# the keys that read as names, which paths show anyway (never one that looks like a credential):
+# a config repeats its few key names (name, endpoint, headers...) in every entry
+MAX_NAMES_KEPT: Final = 1024
+_NAMES: Final[set[str]] = set()
+
+
 def kind_of(value: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
-            dict: "table"}.get(type(value), type(value).__name__)
+    """TOML's name for the type of `value` (a table or array of the lean reader's is a dict or list)."""
+    for kind, name in ((bool, "boolean"), (int, "integer"), (float, "float"), (str, "string"),
+                       (list, "array"), (dict, "table")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
 
 
 def _is_loopback(host: str) -> bool:
@@ -126,15 +150,16 @@ def _is_loopback(host: str) -> bool:
 
 def check_url(value: str) -> str | None:
     """Why `value` is not an acceptable endpoint URL, or None if it is."""
-    if len(value) > 2048 or not all("!" <= ch <= "~" for ch in value):
+    if len(value) > 2048 or not (value.isascii() and value.isprintable()) or " " in value:
         # urlsplit drops CR, LF and tab silently; what it accepts must also be what httpx sends
         return "must be at most 2048 visible ASCII characters (no spaces or control characters)"
     try:
         parts = urlsplit(value)
         host = parts.hostname
         _ = parts.port
-        httpx.URL(value)
-    except (ValueError, httpx.InvalidURL):
+    except ValueError:
+        return "not a valid URL"
+    if not PLAIN_URL.match(value) and not _httpx_accepts(value):
         return "not a valid URL"
     if parts.scheme not in ("https", "http") or not host:
         return "must be an https:// URL with a host"
@@ -148,6 +173,16 @@ def check_url(value: str) -> str | None:
         if credential_name(name) or credential_value(arg) is not None:
             return "must not carry a credential in its query (the URL is shown in specs and logs)"
     return None
+
+
+def _httpx_accepts(value: str) -> bool:
+    import httpx
+
+    try:
+        httpx.URL(value)
+    except (ValueError, httpx.InvalidURL):
+        return False
+    return True
 
 
 def url(c: Collector, path: str, value: Any) -> str | None:
@@ -197,6 +232,8 @@ def parse_egress(c: Collector, path: str, t: dict[str, Any], urls: list[str | No
                  needs: str = "the token endpoint, issuer and MCP endpoint hosts it may call"
                  ) -> EgressPolicy:
     """`net` and its host lists; loopback is allowed (dev mode) when the config's own URLs are."""
+    if not any(key in t for key in EGRESS_KEYS):  # the common case: the sidecar's default, one object
+        return _DEFAULT_EGRESS[any(is_dev_loopback_url(u) for u in urls if u)]
     mode = c.typed(join(path, "net"), t.get("net"), str, "inherit")
     lists = {k: strings(c, join(path, k), t.get(k)) or () for k in EGRESS_KEYS[1:]}
     if mode == "restricted" and not lists["allow_hosts"]:

@@ -295,7 +295,13 @@ def _default_resource(login: LoginSpec | None, endpoint: str) -> LoginSpec | Non
                         "resource": endpoint})
 
 
-def _spec_from_table(name: str, t: dict[str, Any], service: str | None) -> McpServerSpec:
+def shown_tags(tags: frozenset[str]) -> tuple[str, ...]:
+    """A spec's tags: the effective ones, in TAGS' order."""
+    return tuple(t for t in TAGS if t in tags)
+
+
+def _spec_from_table(name: str, t: dict[str, Any], service: str | None,
+                     tags: tuple[str, ...] | None = None) -> McpServerSpec:
     def mapping(key: str) -> dict[str, Any] | None:
         value = t.get(key)
         return dict(value) if isinstance(value, dict) else None
@@ -304,7 +310,7 @@ def _spec_from_table(name: str, t: dict[str, Any], service: str | None) -> McpSe
         name=name,
         endpoint=t.get("endpoint") if isinstance(t.get("endpoint"), str) else None,
         headers={k: v for k, v in (mapping("headers") or {}).items() if isinstance(v, str)},
-        tags=tuple(x for x in t.get("tags") or () if isinstance(x, str)),
+        tags=tuple(x for x in t.get("tags") or () if isinstance(x, str)) if tags is None else tags,
         aauth=t["aauth"] if isinstance(t.get("aauth"), bool) else None,
         oauth=mapping("oauth"),
         auth=mapping("auth"),
@@ -335,13 +341,14 @@ def parse_services(c: Collector, raw: Any, content: ContentPolicy
             continue
         key = f"service:{name}"
         tables[name] = t
+        tags = _effective_tags(entry.tags)
         services[key] = Target(
             name=key,
             key=key,
-            spec=_spec_from_table(key, t, None),
+            spec=_spec_from_table(key, t, None, shown_tags(tags)),  # as share_tags shows them, unless widened
             endpoint=entry.endpoint,
             headers=entry.headers,
-            tags=_effective_tags(entry.tags),
+            tags=tags,
             rate=entry.rate,
             auth_kind=entry.auth_kind,
             login=_default_resource(entry.login, entry.endpoint),
@@ -445,13 +452,14 @@ def _standalone_server(c: Collector, path: str, name: str, t: dict[str, Any],
         if "endpoint" not in t:
             c.error(join(path, "endpoint"), "required (or `service` naming a [services] entry)")
         return None
+    tags = _effective_tags(entry.tags)
     return Target(
         name=name,
         key=f"mcp:{name}",
-        spec=_spec_from_table(name, t, None),
+        spec=_spec_from_table(name, t, None, shown_tags(tags)),  # as share_tags shows them, unless widened
         endpoint=entry.endpoint,
         headers=entry.headers,
-        tags=_effective_tags(entry.tags),
+        tags=tags,
         rate=entry.rate,
         auth_kind=entry.auth_kind,
         login=_default_resource(entry.login, entry.endpoint),
@@ -486,6 +494,18 @@ class CredentialGroups:
         return self.find(("key", key))
 
 
+def proxy_only_keys(services: Iterable[Target], servers: Iterable[Target]) -> frozenset[str]:
+    """The keys whose credential only the gateway may use: judged per credential, so a key that
+    names a secret a proxy-only server names too is proxy-only as well (else its headers would
+    hand that secret out)."""
+    targets = (*services, *servers)
+    if not any(t.gateway.expose == "proxy" for t in targets):
+        return frozenset()  # without grouping every credential (a config may have thousands)
+    groups = CredentialGroups(targets)
+    proxied = {groups.of_key(t.key) for t in targets if t.gateway.expose == "proxy"}
+    return frozenset(t.key for t in targets if groups.of_key(t.key) in proxied)
+
+
 def share_tags(services: dict[str, Target], servers: dict[str, Target], execs: dict[str, ExecEntry]
                ) -> tuple[dict[str, Target], dict[str, Target], dict[str, ExecEntry]]:
     """Every name that reaches a credential carries the union of the tags of all names that reach
@@ -507,8 +527,10 @@ def share_tags(services: dict[str, Target], servers: dict[str, Target], execs: d
 
     def widen(target: Target) -> Target:
         shared = tags[find(("key", target.key))]
-        spec = dataclasses.replace(target.spec, tags=tuple(t for t in TAGS if t in shared))
-        return dataclasses.replace(target, tags=shared, spec=spec)
+        shown = shown_tags(shared)
+        if shared == target.tags and shown == target.spec.tags:
+            return target  # nothing to widen: no copy (a config may have thousands of servers)
+        return dataclasses.replace(target, tags=shared, spec=dataclasses.replace(target.spec, tags=shown))
 
     def widen_exec(entry: ExecEntry) -> ExecEntry:
         shared = entry.tags.union(*(tags.get(find(ref), frozenset())

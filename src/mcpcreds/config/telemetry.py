@@ -58,7 +58,9 @@ def parse_telemetry(c: Collector, raw: Any) -> TelemetryConfig:
         c.error(join(path, "exporter"), f"expected one of {', '.join(repr(e) for e in EXPORTERS)}")
         exporter = default.exporter
     endpoint = t.get("endpoint", default.endpoint)
-    if not isinstance(endpoint, str):
+    if "endpoint" not in t:
+        pass  # the default is a valid URL (checking it would import httpx at every start)
+    elif not isinstance(endpoint, str):
         c.error(join(path, "endpoint"), f"expected a URL string, got {kind_of(endpoint)}")
         endpoint = default.endpoint
     elif (problem := check_url(endpoint)) is not None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 
+
+@functools.cache
 def installed_version() -> str:
     """pyproject.toml's version, read from the package metadata: one place to bump.
     importlib.metadata costs ~10 ms of imports, so only `--version`, the sidecar's status and

@@ -23,13 +23,13 @@ from ..core.secret import REDACTOR
 from ..errors import TokenEndpointError
 from .oauth import (
     MAX_TOKEN_CHARS,
-    Token,
     TokenRequest,
     authenticated_request,
     build_token_request,
     post_form,
     send_token_request,
 )
+from .tokens import Token
 
 if TYPE_CHECKING:
     import httpx
@@ -55,7 +55,9 @@ class AssertionParts(Protocol):
     resolver: SecretResolver
     clock: Clock
     metrics: Metrics
-    discovery: Discovery
+
+    @property
+    def discovery(self) -> Discovery: ...
 
     def http_for(self, target: Target, gateway: bool = False) -> httpx.AsyncClient: ...
 

@@ -17,7 +17,7 @@ from ..core.clock import Clock
 from ..core.logs import get_logger
 from ..errors import McpcredsError, TokenEndpointError
 from ..telemetry import switch as traces
-from .oauth import Token, backoff_delay, refresh_at, usable_until
+from .tokens import Token, backoff_delay, refresh_at, usable_until
 
 MAX_LOGINS: Final = 10_000
 _log = get_logger("logins")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import random
 import re
 import secrets
 import time
@@ -29,16 +28,14 @@ from ..core.secret import REDACTOR, fingerprint
 from ..errors import TokenEndpointError, TokenEndpointTimeout
 from ..telemetry import switch as traces
 from .client_assertion import ASSERTION_TYPE, client_assertion
+from .tokens import MIN_LIFETIME, Token
 
 MAX_RESPONSE_BYTES: Final = 64 * 1024
 MAX_TOKEN_CHARS: Final = 16 * 1024
 MAX_LIFETIME: Final = 86400.0  # a longer expires_in is cut to a day: renewing early is harmless
-MIN_LIFETIME: Final = 1.0  # a token that expires sooner is refused (RFC 6749 counts whole seconds)
 MAX_SCOPE_CHARS: Final = 4096
 _HEADER_SAFE: Final = re.compile(r"[\x21-\x7e]+")  # visible ASCII: no space, CR, LF, NUL, DEL
 TOKEN_TIMEOUT: Final = 10.0
-REFRESH_JITTER: Final = 0.1  # of the refresh-ahead window
-REFRESH_LEAD: Final = 0.05  # renew at least this long before a token stops being handed out
 _FORM: Final = "application/x-www-form-urlencoded"
 
 
@@ -47,25 +44,6 @@ class TokenRequest:
     url: str
     headers: dict[str, str]
     body: str
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    """A login. `access_token` is registered with the redactor when parsed."""
-
-    access_token: str
-    token_type: str
-    obtained_at: float
-    expires_at: float
-    scope: str | None
-    fingerprint: str
-
-    @property
-    def lifetime(self) -> float:
-        return self.expires_at - self.obtained_at
-
-    def __repr__(self) -> str:
-        return f"Token(fingerprint={self.fingerprint!r}, expires_at={self.expires_at})"
 
 
 def build_token_request(spec: LoginSpec, token_url: str, credential: str | None, *,
@@ -221,27 +199,6 @@ def prepare() -> None:
     Imports only: safe in a worker thread."""
     import anyio._backends._asyncio  # noqa: F401  (what anyio imports for the asyncio backend)
     import httpcore  # noqa: F401
-
-
-def refresh_at(token: Token, refresh_ahead: float, jitter: float) -> float:
-    """When to renew: `refresh_ahead` before expiry, capped at half the lifetime, moved earlier
-    by `jitter` (a fraction in [0, 1) of REFRESH_JITTER of that window) so logins spread out, and
-    never later than just before the token stops being handed out (so callers never wait)."""
-    ahead = min(refresh_ahead, token.lifetime / 2)
-    return min(token.expires_at - ahead * (1 + REFRESH_JITTER * jitter), usable_until(token) - REFRESH_LEAD)
-
-
-def usable_until(token: Token) -> float:
-    """Stop handing a token out a little before it expires (2 % of its life, 0.1 s to 2 s), so
-    none arrives at the resource expired."""
-    return token.expires_at - min(2.0, max(0.1, token.lifetime * 0.02))
-
-
-def backoff_delay(failures: int, rng: random.Random | None = None,
-                  base: float = 1.0, cap: float = 60.0) -> float:
-    """Exponential backoff with full jitter, after `failures` consecutive failures (>= 1)."""
-    ceiling = min(cap, base * 2 ** (failures - 1))
-    return (rng or random).uniform(ceiling / 2, ceiling)
 
 
 async def send_token_request(http: httpx.AsyncClient, request: TokenRequest, now: float,

@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from cryptography import x509
-
 from ..config.model import spiffe_of
 from ..config.spiffe import MAX_JWT_BYTES, MAX_PEM_BYTES, JwtSvid, SpiffeAuth, SvidError, parse_jwt_svid
 from ..core.logs import get_logger
@@ -198,6 +196,8 @@ class X509Source:
 
 def _identity(pem: str) -> tuple[str | None, float] | None:
     """The SPIFFE ID (URI SAN) and expiry of the first certificate of a PEM chain."""
+    from cryptography import x509  # for an X.509-SVID only
+
     try:
         cert = x509.load_pem_x509_certificate(pem.encode())
     except ValueError:  # the TLS library took it: not expected

@@ -42,7 +42,7 @@ import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 
@@ -65,8 +65,6 @@ from ..errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from ..signers.aauth import AAuthSigner
-from ..signers.sigv4 import SigV4Signer
 from ..telemetry import switch as traces
 from . import jsonrpc, mirror, pins, tool_meta, upstream_log
 from .in_place import InPlace, actor_of, one_header
@@ -74,6 +72,10 @@ from .sessions import LiveSessions, Owner
 from .stream import SseBody, ToolCalls
 from .strict_json import Masker
 from .tools_seen import ToolsSeen
+
+if TYPE_CHECKING:  # made by the sidecar when a server signs (their modules import cryptography)
+    from ..signers.aauth import AAuthSigner
+    from ..signers.sigv4 import SigV4Signer
 
 _log = get_logger("gateway")
 

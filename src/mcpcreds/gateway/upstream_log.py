@@ -19,7 +19,7 @@ from typing import Any, Final
 import httpx
 
 from ..core.logs import get_logger
-from ..net.egress import ConnectError
+from ..net.egress_http import ConnectError
 
 _log = get_logger("gateway")
 

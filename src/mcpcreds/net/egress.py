@@ -1,10 +1,9 @@
 """Egress policy for the sidecar's own outbound calls (token endpoint, discovery, metadata).
 
 Pure core: `EgressPolicy.check_host` (which names may be called) and `check_address` (which
-resolved addresses may be connected to). Thin shell: `EgressTransport`, an httpx transport that
-resolves each name itself, checks every address, then connects to the address it checked (so a
-name cannot resolve to something else at connect time: no DNS-rebinding bypass) while TLS still
-verifies the certificate against the original host name (SNI).
+resolved addresses may be connected to). The thin shell, `egress_http.EgressTransport`, is an
+httpx transport that enforces it: this module imports no httpx, so the config parser and the exec
+proxy use the policy without it.
 
 Modes (`net` of a service):
 
@@ -29,15 +28,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
-import os
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 from urllib.parse import urlsplit
-
-import httpx
 
 from ..errors import Forbidden
 
@@ -119,7 +115,7 @@ def normalize_host(host: str) -> str:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if ":" in host:
-        ip = _ip(host)
+        ip = ip_literal(host)
         return host if ip is None else str(ip)
     ipv4 = _numeric_ipv4(host)
     return host if ipv4 is None else str(ipv4)
@@ -179,7 +175,7 @@ def parse_host_pattern(pattern: str) -> str:
     host = normalize_host(pattern)
     if not host.isascii():
         raise ValueError("host name must be ASCII (use the xn-- form)")
-    if (ip := _ip(host)) is not None:
+    if (ip := ip_literal(host)) is not None:
         return str(ip)
     rest = host[2:] if host.startswith("*.") else host
     labels = rest.split(".")
@@ -207,8 +203,8 @@ def host_matches(pattern: str, host: str) -> bool:
     `10.0.0.5`). ValueError if `host` is an invalid numeric host (see `normalize_host`).
     """
     host = normalize_host(host)
-    if (ip := _ip(host)) is not None:
-        return (wanted := _ip(pattern)) is not None and bool(_reached(wanted) & _reached(ip))
+    if (ip := ip_literal(host)) is not None:
+        return (wanted := ip_literal(pattern)) is not None and bool(_reached(wanted) & _reached(ip))
     if pattern.startswith("*."):
         base = pattern[2:]
         return host == base or host.endswith("." + base)
@@ -223,7 +219,7 @@ def is_loopback_host(host: str) -> bool:
         return False
     if host == "localhost":
         return True
-    ip = _ip(host)
+    ip = ip_literal(host)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return ip is not None and ip.is_loopback
@@ -231,6 +227,8 @@ def is_loopback_host(host: str) -> bool:
 
 def is_dev_loopback_url(url: str) -> bool:
     """An `http://` URL whose host is loopback: the case where `dev_loopback` should be set."""
+    if url[:1] > " " and url.isprintable() and url[:7].lower() != "http://":
+        return False  # what urlsplit would find (it strips leading spaces, tabs and line breaks)
     try:
         parts = urlsplit(url)
         host = parts.hostname
@@ -239,7 +237,8 @@ def is_dev_loopback_url(url: str) -> bool:
     return parts.scheme == "http" and host is not None and is_loopback_host(host)
 
 
-def _ip(host: str) -> IPAddress | None:
+def ip_literal(host: str) -> IPAddress | None:
+    """The address `host` spells as an IP literal, else None."""
     try:
         return ipaddress.ip_address(host)
     except ValueError:
@@ -388,7 +387,7 @@ def check_address(policy: EgressPolicy, host: str, ip: IPAddress | str) -> None:
                     host=name, address=str(addr))
 
 
-# ---------------------------------------------------------------------------- the I/O shell
+# ---------------------------------------------------------------------------- for the I/O shell
 
 
 @functools.cache
@@ -402,136 +401,3 @@ async def system_resolver(host: str, port: int) -> list[str]:
     """Every address the system resolver gives for `host`, in its order, without repeats."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
-
-
-class ConnectError(httpx.ConnectError):
-    """No connection to the server. `reason` says why in a few words that quote nothing of the
-    request (no URL, no address): "connection refused", "cannot resolve the host", or for a failed
-    TLS handshake (`tls`) OpenSSL's name for it ("CERTIFICATE_VERIFY_FAILED"). Named as httpx's,
-    whose place it takes: messages that show the error's type read as before."""
-
-    def __init__(self, message: str, *, request: httpx.Request, reason: str, tls: bool = False) -> None:
-        super().__init__(message, request=request)
-        self.reason = reason
-        self.tls = tls
-
-    @classmethod
-    def of(cls, exc: OSError, request: httpx.Request) -> ConnectError:
-        """The connect error for `exc` (an `ssl.SSLError` too)."""
-        if isinstance(exc, ssl.SSLError):
-            reason = "".join(ch for ch in str(exc.reason or "") if ch.isalnum() or ch == "_")[:64]
-            return cls(f"cannot connect to the server: {exc}", request=request,
-                       reason=reason or type(exc).__name__, tls=True)
-        reason = os.strerror(exc.errno).lower() if exc.errno else type(exc).__name__
-        return cls(f"cannot connect to the server: {exc}", request=request, reason=reason[:64])
-
-
-class EgressTransport(httpx.AsyncBaseTransport):
-    """An httpx transport that enforces an `EgressPolicy` on every request.
-
-    Per request: check the host; resolve it (unless it is an IP literal); check every address;
-    report to `on_connect` when the policy is audited; send the request to the first address
-    (the next ones on a connect error), with the `Host` header and the TLS `sni_hostname` of
-    the original name, so certificates are verified against it. Each (scheme, host, port) has
-    its own connection pool, so a TLS connection verified for one name never carries another.
-    Keyword arguments (`verify`, `http2`, `limits`, `retries`, ...) go to each
-    `httpx.AsyncHTTPTransport` (or `pool_class`, when given). Environment proxies are not used.
-    """
-
-    def __init__(self, policy: EgressPolicy, *, on_connect: OnConnect | None = None,
-                 resolver: Resolver | None = None, **transport_kwargs: Any) -> None:
-        self.policy = policy
-        self.on_connect = on_connect
-        self.resolver = resolver or system_resolver
-        self._transport_kwargs = transport_kwargs
-        self._pools: dict[tuple[str, str, int], httpx.AsyncBaseTransport] = {}
-        # what the (immutable) policy already allowed: host as in the URL -> canonical name, and
-        # (name, address) pairs; bounded, and only ever a cache of a pure decision
-        self._hosts: dict[str, str] = {}
-        self._addresses: set[tuple[str, str]] = set()
-        self._urls: dict[tuple[str, str], httpx.URL] = {}  # (URL, address) -> the URL pinned to it
-
-    def _pool(self, key: tuple[str, str, int]) -> httpx.AsyncBaseTransport:
-        if (pool := self._pools.get(key)) is None:
-            kwargs = dict(self._transport_kwargs)
-            kwargs.setdefault("verify", shared_ssl_context())
-            pool_class = kwargs.pop("pool_class", httpx.AsyncHTTPTransport)
-            pool = self._pools[key] = pool_class(**kwargs)
-        return pool
-
-    async def _resolve(self, request: httpx.Request, host: str, port: int) -> list[str]:
-        if _ip(host) is not None:
-            return [host]
-        timeout = request.extensions.get("timeout", {}).get("connect")
-        try:
-            addresses = await asyncio.wait_for(self.resolver(host, port), timeout)
-        except TimeoutError:
-            raise httpx.ConnectTimeout(f"resolving {host} timed out", request=request) from None
-        except OSError as exc:
-            raise ConnectError(f"cannot resolve {host}: {exc}", request=request,
-                               reason="cannot resolve the host") from None
-        if not addresses:
-            raise ConnectError(f"cannot resolve {host}: no address", request=request,
-                               reason="cannot resolve the host")
-        return addresses
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
-        raw_host = url.raw_host.decode("ascii")
-        host = self._hosts.get(raw_host) or self.policy.check_host(raw_host)
-        port = url.port or (443 if url.scheme == "https" else 80)
-        addresses = await self._resolve(request, host, port)
-        for address in addresses:
-            if (host, address) not in self._addresses:
-                self.policy.check_address(host, address)
-                if len(self._addresses) >= CHECK_CACHE:
-                    self._addresses.clear()
-                self._addresses.add((host, address))
-        if raw_host not in self._hosts:
-            if len(self._hosts) >= CHECK_CACHE:
-                self._hosts.clear()
-            self._hosts[raw_host] = host
-        pool = self._pool((url.scheme, host, port))
-        headers = httpx.Headers(request.headers)
-        if "host" not in headers:
-            headers["Host"] = url.netloc.decode("ascii")
-        last: httpx.ConnectError | None = None
-        for address in addresses:
-            if self.policy.audited and self.on_connect is not None:
-                self.on_connect(host, address, port)
-            pinned = httpx.Request(
-                request.method, self._pinned_url(url, address), headers=headers, stream=request.stream,
-                extensions={**request.extensions, "sni_hostname": host},
-            )
-            try:
-                return await pool.handle_async_request(pinned)
-            except httpx.ConnectError as exc:
-                last = exc
-        assert last is not None
-        raise last
-
-    def _pinned_url(self, url: httpx.URL, address: str) -> httpx.URL:
-        """`url` with `address` for its host (parsing a URL is the costly part of a request)."""
-        key = (str(url), address)
-        pinned = self._urls.get(key)
-        if pinned is None:
-            if len(self._urls) >= CHECK_CACHE:
-                self._urls.clear()
-            pinned = self._urls[key] = url.copy_with(host=address)
-        return pinned
-
-    async def aclose(self) -> None:
-        pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
-            await pool.aclose()
-
-
-def egress_client(policy: EgressPolicy, *, on_connect: OnConnect | None = None,
-                  resolver: Resolver | None = None, transport_kwargs: dict[str, Any] | None = None,
-                  **client_kwargs: Any) -> httpx.AsyncClient:
-    """An `httpx.AsyncClient` whose every request goes through an `EgressTransport`."""
-    transport = EgressTransport(policy, on_connect=on_connect, resolver=resolver,
-                                **(transport_kwargs or {}))
-    client_kwargs.setdefault("follow_redirects", False)
-    return httpx.AsyncClient(transport=transport, **client_kwargs)
-

@@ -4,7 +4,7 @@ The gateway relays every MCP request to its server; with httpx's default stack (
 anyio) that hop cost about 2 ms of CPU per request, two thirds of the sidecar's. This transport
 does the same work with one protocol object per connection:
 
-- It sits under `egress.EgressTransport`, which checks the policy, resolves and pins the address
+- It sits under `egress_http.EgressTransport`, which checks the policy, resolves and pins the address
   and audits: a request reaches it with the address in its URL and the name to verify the TLS
   certificate against in `extensions["sni_hostname"]`.
 - The request goes out in one write (head and body together); the answer's head is parsed by
@@ -18,7 +18,7 @@ does the same work with one protocol object per connection:
 - Timeouts as httpx reads them (`extensions["timeout"]`): connect, write (the body stuck in the
   send buffer), read (each wait for bytes; None waits as long as the caller does), pool.
 - Errors are httpx's (`ConnectError`, `ReadError`, `RemoteProtocolError`, timeouts), so callers
-  handle them as they would httpx's own; a connect error is `egress.ConnectError`, which says why
+  handle them as they would httpx's own; a connect error is `egress_http.ConnectError`, which says why
   in words that quote no address (`reason`, `tls`). Header names and values are checked (no CR, LF or NUL:
   nothing can be smuggled into the head).
 - `tls`, when given, is asked for the TLS context at each https request (a client certificate
@@ -41,7 +41,7 @@ from typing import Any, Final
 import httptools
 import httpx
 
-from .egress import ConnectError
+from .egress_http import ConnectError
 
 HIGH_WATER: Final = 256 * 1024  # body bytes buffered before reading from the server pauses
 MAX_HEAD_BYTES: Final = 64 * 1024  # the status line and headers of an answer

@@ -9,8 +9,7 @@ import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from importlib import resources
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
 from ..broker.broker import Actor, Broker
@@ -48,13 +47,11 @@ from ..errors import (
     ProxyOnly,
     UnknownSecret,
 )
-from ..exec.session import ExecRoutes, exec_entry, grant_entries
-from ..gateway import tools_seen
-from ..gateway.relay import Gateway
-from ..signers.aauth import AAuthSigner
-from ..signers.sigv4 import SigV4Signer
 from ..state.grants import MAX_TTL, Grant, GrantLimits, new_token, token_hash
-from . import tools_api
+from .parts import Parts
+
+if TYPE_CHECKING:
+    from . import tools_api
 
 _log = get_logger("api")
 _PROMETHEUS: Final = b"text/plain; version=0.0.4; charset=utf-8"
@@ -133,21 +130,16 @@ def grant_tools(body: dict[str, Any], names: dict[str, Target],
     return tools
 
 
-class Api:
-    """Routes requests; exceptions become the contract's error answers in one place."""
+class Api(Parts):
+    """Routes requests; exceptions become the contract's error answers in one place. The gateway,
+    the signers and the exec routes are made at their first use (parts.py)."""
 
     def __init__(self, broker: Broker, metrics: Metrics, audit: AuditLog | None = None,
                  reloader: Callable[[], list[str]] | None = None) -> None:
-        self.broker = broker
+        super().__init__(broker, metrics)
         self.reloader = reloader  # the sidecar's config reload: its errors, [] when it took
-        self.metrics = metrics
         self.audit = audit or AuditLog(None, broker.clock)
-        self.openapi = (resources.files("mcpcreds") / "openapi.json").read_bytes()
-        self.aauth = AAuthSigner(broker.config, broker.clock.time,  # the agent key (aauth.py)
-                                 lambda template: self.broker.resolver.render(template), broker.http_for)
-        self.sigv4 = SigV4Signer(broker.config, broker.clock.time,  # AWS SigV4 (sigv4.py)
-                                 lambda template: self.broker.resolver.render(template), broker.http_for)
-        self.gateway = Gateway(broker, metrics, self.aauth, self.sigv4)
+        self._openapi: bytes | None = None
         self._fixed: dict[tuple[str, str], tuple[str, Handler]] = {
             ("GET", "/v1/health"): ("health", self.health),
             ("GET", "/v1/servers"): ("servers", self.servers),
@@ -177,11 +169,10 @@ class Api:
         self._tool_actions: dict[tuple[str, str], tuple[str, Handler]] = {
             ("POST", "approve"): ("tools_approve", self.tools_approve),  # owner-only: not a grant route
         }
-        self.exec_routes = ExecRoutes(broker, lambda: self.audit, metrics)  # mcpcreds exec
-        self._exec_actions: dict[tuple[str, str], tuple[str, Handler]] = {
-            ("POST", "session"): ("exec", self.exec_routes.session),
-            ("POST", "events"): ("exec", self.exec_routes.events),
-            ("POST", "pins"): ("exec", self.exec_routes.pins),
+        self._exec_actions: dict[tuple[str, str], tuple[str, Handler]] = {  # mcpcreds exec
+            ("POST", "session"): ("exec", lambda request: self.exec_routes.session(request)),
+            ("POST", "events"): ("exec", lambda request: self.exec_routes.events(request)),
+            ("POST", "pins"): ("exec", lambda request: self.exec_routes.pins(request)),
         }
         self._fast_targets: dict[bytes, Target] = {}
         self._grant_routes = frozenset({"health", "openapi", "servers", "headers", "acquire", "call",
@@ -190,8 +181,7 @@ class Api:
 
     def reload(self) -> None:
         self._fast_targets.clear()
-        self.aauth.reload(self.broker.config)
-        self.sigv4.reload(self.broker.config)
+        self.reload_parts()
 
     # -- wire.App
 
@@ -348,6 +338,8 @@ class Api:
                 or not all(isinstance(n, str) for n in names):
             raise InvalidRequest(f"servers must be an array of 1 to {MAX_GRANT_SERVERS} server names")
         ttl = seconds_field(body, "ttl", 3600, 1, MAX_TTL)
+        from ..exec.session import grant_entries
+
         execs = grant_entries(self.broker.config, names, request)  # the `exec:NAME` entries
         targets = []
         by_name: dict[str, Target] = {}
@@ -403,29 +395,40 @@ class Api:
         return json_response({"revoked": True})
 
     async def status(self, request: Request) -> Response:
+        from ..gateway import tools_seen
+
         status = await self.broker.status()
         tools = await tools_seen.status_rows(self.broker.config.servers.values(), self.gateway.tools_seen,
                                              self.broker.pins)
         for row in status["servers"]:
             row["tools"] = tools.get((row["name"], row["key"]))  # null: not served through the gateway
         return answer({**status, "gateway": self.gateway.status(),
-                       "aauth": self.aauth.status(), "aws": self.sigv4.status(),
+                       "aauth": self._aauth.status() if self._aauth is not None else None,  # no key loaded
+                       "aws": self._sigv4.status() if self._sigv4 is not None else None,  # none held
                        "spiffe": spiffe_status(self.broker.config.targets_by_key.values(),
                                                self.broker.jwt_svids, self.broker.x509_sources)})
 
     async def tools(self, request: Request) -> Response:
         """The server's pinned tools and their state (tools_api.py)."""
+        from . import tools_api
+
         return answer(await tools_api.list_tools(self.broker.pins, self._pin_owner(request)))
 
     def _pin_owner(self, request: Request) -> tools_api.PinOwner:
         """The server a tools route names, or the exec entry (`exec:NAME`, pinned under that name)."""
+        from . import tools_api
+
         if request.name.startswith(EXEC_PREFIX):
+            from ..exec.session import exec_entry
+
             entry = exec_entry(self.broker.config, request.name[len(EXEC_PREFIX):])
             return tools_api.ExecPins(entry.grant_name, entry.trust, entry.content)
         return self._target(request)
 
     async def tools_approve(self, request: Request) -> Response:
         """Changed tool definitions accepted as the new pins (tools_api.py)."""
+        from . import tools_api
+
         target = self._pin_owner(request)
         result = await tools_api.approve(self.broker.pins, target, parse_json_body(request))
         if result["approved"]:
@@ -446,7 +449,11 @@ class Api:
         return answer({"reloaded": True, "servers": len(self.broker.config.servers)})
 
     def openapi_doc(self, request: Request) -> Response:
-        return Response(200, self.openapi)
+        if self._openapi is None:
+            from importlib import resources
+
+            self._openapi = (resources.files("mcpcreds") / "openapi.json").read_bytes()
+        return Response(200, self._openapi)
 
     async def metrics_text(self, request: Request) -> Response:
         text = self.metrics.render([*await self.broker.gauges(), *self.gateway.gauges()])

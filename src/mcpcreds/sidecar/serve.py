@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -15,15 +16,14 @@ from typing import NoReturn
 
 from ..broker.broker import Broker
 from ..config.load import default_socket_path, load_config
-from ..config.model import Config
+from ..config.model import Config, is_aws
 from ..core.audit import AuditLog
 from ..core.clock import SYSTEM_CLOCK, Clock
 from ..core.logs import get_logger
 from ..core.metrics import Metrics
-from ..credentials import oauth
+from ..core.version import installed_version
 from ..credentials.sources import SecretResolver
 from ..errors import ConfigError, McpcredsError
-from ..net.egress import shared_ssl_context
 from ..telemetry import switch as traces
 from .activation import listen_fds, take_sockets
 from .api import Api
@@ -188,11 +188,10 @@ class Sidecar:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         set_undumpable()  # an exec child (our uid, maybe) cannot read our memory or environment
-        shared_ssl_context()  # built before the first login needs it, not on the event loop then
         check_sidecar_uid(self.config)
         traces.start(self.config.telemetry)  # off: nothing of OpenTelemetry is imported
         prepare_socket_dir(self.socket_path)
-        self.api.aauth.start()  # AAuth: the agent key loaded (or created); a refused key file fails the start
+        self.api.start()  # AAuth: the agent key loaded (or created); a refused key file fails the start
         activated, activated_tcp = take_sockets(listen_fds(), self.socket_path,  # systemd's, never unlinked
                                                 self._listen.host, self._listen.port)
         if activated is None:
@@ -223,8 +222,7 @@ class Sidecar:
                                   "servers": len(self.config.servers), **listening,
                                   **({"activated": "systemd"} if activated else {})})
         self.notify.ready(await self._status() if self.notify.enabled else "")
-        if any(t.login is not None for t in self.config.targets_by_key.values()):
-            loop.run_in_executor(None, oauth.prepare)  # off the loop: the first login does not wait for it
+        loop.run_in_executor(None, warm_up, self.config)  # off the loop: the first call does not wait for it
         notifier = asyncio.create_task(keepalive(self.notify, self._status)) if self.notify.enabled else None
         try:
             await self._stop.wait()
@@ -240,7 +238,7 @@ class Sidecar:
             for conn in list(self.connections.open):
                 if conn.transport is not None:
                     conn.transport.close()
-            self.api.exec_routes.close()  # egress.sock: its connections end, the socket is unlinked
+            self.api.close()  # egress.sock: its connections end, the socket is unlinked
             with contextlib.suppress(FileNotFoundError):
                 if bound is not None and os.path.samestat(bound, self.socket_path.lstat()):
                     self.socket_path.unlink()
@@ -262,9 +260,42 @@ class Sidecar:
             self.connections.sweep(self.clock.monotonic())
 
 
+def warm_up(config: Config) -> None:
+    """What the first request of each kind would otherwise do on the event loop while a caller
+    waits, done in a worker thread once the sidecar is ready, for the parts the config uses: read
+    the installed version (health, status), load the CA bundle (~0.1-0.3 s), import httpx and the
+    gateway (~0.2 s), the SigV4 signer, authlib and httpcore's backends (oauth.prepare). Imports
+    and cached values only: safe off the loop, and a sidecar that serves static headers alone is
+    ready without waiting for any of it."""
+    installed_version()
+    targets = config.targets_by_key.values()
+    relayed = any(t.gateway.serves_proxy for t in config.servers.values())
+    logins = any(t.login is not None for t in targets)
+    signed = any(is_aws(t) for t in targets)
+    if not (relayed or logins or signed or any(t.aauth for t in targets)):
+        return
+    from ..net import egress_http  # noqa: F401  (httpx)
+    from ..net.egress import shared_ssl_context
+
+    shared_ssl_context()
+    if relayed:
+        from ..gateway import relay  # noqa: F401
+        from ..net import upstream  # noqa: F401
+    if signed:
+        from ..signers import sigv4  # noqa: F401
+    if logins:
+        from ..credentials import oauth
+
+        oauth.prepare()
+
+
 def serve(config_path: str | None) -> int:
-    config = load_config(config_path)
-    sidecar = Sidecar(config)
+    gc.disable()  # what is made now lives as long as the sidecar: collecting meanwhile finds nothing
+    try:  # and costs ~10 % of a large config's start
+        config = load_config(config_path)
+        sidecar = Sidecar(config)
+    finally:
+        gc.enable()
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(sidecar.run())

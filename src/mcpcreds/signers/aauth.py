@@ -35,13 +35,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from ..config.load import default_socket_path
-from ..config.model import Config, Target
+from ..config.model import Config, Target, uses_aauth
 from ..core.aauth_requirement import access_token, refusal, requirement
 from ..core.logs import get_logger
 from ..core.secret import REDACTOR
 from ..core.templates import Template
 from ..errors import ConfigError, Forbidden, InvalidRequest, McpcredsError
-from ..net.egress import EgressPolicy, egress_client, is_dev_loopback_url
+from ..net.egress import EgressPolicy, is_dev_loopback_url
+from ..net.egress_http import egress_client
 from . import httpsig
 from .aauth_resource import MAX_COMPONENTS, ResourceMetadata, parse_components, required_input
 from .sign_request import parse_sign_request
@@ -196,10 +197,6 @@ def load_or_create(path: Path, alg: str = httpsig.ALG) -> AgentKey:
 
 def key_path(config: Config) -> Path:
     return config.aauth.key_path(default_socket_path(config.sidecar.socket).parent)
-
-
-def uses_aauth(config: Config) -> bool:
-    return any(t.aauth for t in (*config.services.values(), *config.servers.values()))
 
 
 def _b64decode(text: str) -> bytes:

@@ -10,12 +10,14 @@ import math
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ..core.clock import Clock
 from ..core.logs import get_logger
 from ..errors import StateUnavailable, TooManyGrants
-from .redis_state import RedisState
+
+if TYPE_CHECKING:  # the Redis state only: a sidecar on the memory state imports no redis
+    from .redis_state import RedisState
 
 TOKEN_PREFIX: Final = "mcg_"
 MAX_TTL: Final = 7 * 86400.0

@@ -27,11 +27,13 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ..core.logs import get_logger
 from ..errors import ConfigError
-from .redis_state import RedisState
+
+if TYPE_CHECKING:  # the Redis state only: a sidecar on the memory state imports no redis
+    from .redis_state import RedisState
 
 MAX_PINNED_TOOLS: Final = 1024  # pins of one server
 MAX_TOOL_NAME: Final = 128  # characters (the MCP spec's bound on a tool name)

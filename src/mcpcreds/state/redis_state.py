@@ -30,19 +30,17 @@ from redis.retry import Retry
 from ..core.logs import get_logger
 from ..core.rates import Rate
 from ..core.secret import REDACTOR
-from ..credentials.oauth import Token
+from ..credentials.tokens import Token
 from ..errors import StateUnavailable
-from ..limits.leases import MIN_SHARED_DEMAND, SHARED_BURST_FLOOR
 from .bucket_scripts import BUCKET_SCRIPT, LEASE_SCRIPT
+from .lease_asks import MAX_BATCH, MAX_PAUSE, LeaseAsk, LeaseReply
 from .redis_pipe import Pipe, items, pack
 
 CALL_TIMEOUT: Final = 1.0
 DOWN_SECONDS: Final = 0.25
 EVENTS: Final = "mcpcreds:events"
 SALT_KEY: Final = "mcpcreds:salt"
-MAX_PAUSE: Final = 86400.0  # the longest pause the API lets anyone set
 MAX_REFUSALS_LOGGED: Final = 1024
-MAX_BATCH: Final = 64  # callers served by one run of the bucket script
 MAX_PACKED_TAKES: Final = 4096  # (key, rate) pairs whose take command is kept packed
 _log = get_logger("redis")
 T = TypeVar("T")
@@ -62,40 +60,6 @@ UNLOCK_SCRIPT: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseAsk:
-    """A holder's lease asked of the shared bucket: `demand` and `least_shared` in permits per
-    period, `holding` the (share per period, burst) it spends now, `leasable` the part of the burst
-    holders may have together."""
-
-    lease: str
-    demand: float
-    seconds: float
-    spare: int = 0
-    holding: tuple[float, int] | None = None
-    release: bool = False
-    leasable: float = 1 - SHARED_BURST_FLOOR
-    least_shared: float = MIN_SHARED_DEMAND
-
-    @classmethod
-    def release_of(cls, lease: str) -> LeaseAsk:
-        """Give `lease` back (its holder stopped spending it)."""
-        return cls(lease, 0.0, 0.001, release=True)
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseReply:
-    """What the shared bucket granted: `share` permits per period, `burst`, `initial` permits
-    moved to the holder's bucket now, a pause remaining (an upstream 429: nothing granted), and
-    the other holders (of any sidecar) to tell to renew now."""
-
-    share: float
-    burst: int
-    initial: int
-    paused: float
-    told: tuple[str, ...] = ()  # lease ids to tell to renew now (their fair part changed)
 
 
 def _tag(key: str) -> str:

@@ -30,7 +30,7 @@ from ..core.tasks import spawn
 from ..errors import McpcredsError
 from ..limits.buckets import TokenBucket
 from ..limits.leases import lease_seconds
-from .redis_state import LeaseAsk, LeaseReply
+from .lease_asks import LeaseAsk, LeaseReply
 
 RESERVE_AFTER: Final = 16  # calls of a key within RESERVE_WINDOW before the sidecar leases for them
 RESERVE_WINDOW: Final = 1.0

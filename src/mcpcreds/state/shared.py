@@ -10,7 +10,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..config.load import default_socket_path
 from ..config.model import Config, Target
@@ -18,14 +18,17 @@ from ..core.clock import Clock
 from ..core.logs import get_logger
 from ..core.rates import Rate
 from ..core.tasks import spawn
-from ..credentials.oauth import Token, refresh_at, usable_until
 from ..credentials.sources import SecretResolver
+from ..credentials.tokens import Token, refresh_at, usable_until
 from ..errors import InvalidRequest, RateLimited, StateUnavailable
 from ..limits.buckets import Limiter, check_cost
 from .grants import GrantStore, MemoryGrants, RedisGrants
+from .lease_asks import MAX_BATCH, LeaseAsk, LeaseReply
 from .pins import MemoryPins, PinStore, RedisPins, pins_path
-from .redis_state import MAX_BATCH, LeaseAsk, LeaseReply, RedisState
 from .reserve import Reserves
+
+if TYPE_CHECKING:  # imported by build_state for a Redis state only (redis, cryptography)
+    from .redis_state import RedisState
 
 LOCK_LEASE_EXTRA: Final = 5.0
 _log = get_logger("shared")
@@ -467,6 +470,8 @@ def build_state(config: Config, resolver: SecretResolver, clock: Clock,
         return StateParts(Limiter(clock, config.rates), MemoryGrants(clock), LocalLogins(fetch),
                           MemoryPins(pins_path(default_socket_path(side.socket).parent)))
     assert side.state_key is not None  # config validation requires it with a shared state
+    from .redis_state import RedisState
+
     state = RedisState(side.state, resolver.render(side.state_key),
                        resolver.render(side.state_password) if side.state_password else None,
                        ca_file=side.state_ca)
