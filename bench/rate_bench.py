@@ -33,9 +33,11 @@ Exit status: 0 when the sidecar's total is within [98% of the bound, the bound],
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import resource
+import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -53,6 +55,10 @@ FLOOR = 0.98  # the sidecar must grant at least this share of the bound
 START_DELAY = 0.5  # seconds between "every worker is ready" and t0
 SIDECAR = "sidecar"
 STATUS_QUO = "aiolimiter"
+AUTH = "auth"  # `creds.auth()` as it comes: leases where it takes them
+PER_REQUEST = "auth_per_request"  # `creds.auth(lease=False)`: one round trip per request
+REDIS_FLOOR = 0.95  # two sidecars on one Redis must use at least this share of its bound
+UPSTREAM = "http://upstream.invalid"  # never reached: an in-process transport answers
 
 
 @dataclass
@@ -77,6 +83,8 @@ class WorkerResult:
     overhead: list[float] = field(default_factory=list)  # round trip minus "waited": client + socket + HTTP
     cpu_seconds: float = 0.0  # user + system CPU of the worker during the window
     woke: float = 0.0  # time.monotonic() at which the worker's event loop ran again after sleeping until t0
+    t0: float = 0.0  # the release: the window is [t0, t0 + seconds)
+    leased: int = 0  # (auth phases) requests whose permit came from the process's lease
 
 
 @dataclass
@@ -113,7 +121,7 @@ async def _window(spec: WorkerSpec, release: harness.Release,
     """Once released, from t0 to t0 + seconds: `spec.tasks` coroutines of `hammer(result, end)`."""
     t0 = await release.wait_async()
     await asyncio.sleep(max(0.0, t0 - time.monotonic()))
-    result = WorkerResult(spec.index, woke=time.monotonic())
+    result = WorkerResult(spec.index, woke=time.monotonic(), t0=t0)
     cpu_start = _cpu_now()
     await asyncio.gather(*(hammer(result, t0 + spec.seconds) for _ in range(spec.tasks)))
     result.cpu_seconds = _cpu_now() - cpu_start
@@ -155,6 +163,48 @@ async def sidecar_worker(spec: WorkerSpec, release: harness.Release) -> WorkerRe
                     result.late_grants.extend([now] * int(answer["granted"]))
 
         return await _window(spec, release, hammer)
+
+
+async def auth_worker(spec: WorkerSpec, release: harness.Release) -> WorkerResult:
+    """A load phase: `tasks` coroutines sending requests through one `httpx.AsyncClient` whose
+    `auth=` is `creds.auth()` (as it comes, or `lease=False`), to an in-process upstream (an
+    `httpx.MockTransport`) that notes when each request arrives: one permit per request, leased or
+    asked for, counted where the upstream would count it."""
+    import httpx
+
+    from mcpcreds import AsyncClient, McpcredsError
+
+    arrivals: list[float] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        arrivals.append(time.monotonic())
+        return httpx.Response(200)
+
+    async with AsyncClient(spec.socket) as creds:
+        auth = creds.auth(SERVER_NAME, lease=False) if spec.mode == PER_REQUEST else creds.auth(SERVER_NAME)
+        transport = httpx.MockTransport(upstream)
+        async with httpx.AsyncClient(auth=auth, transport=transport, base_url=UPSTREAM) as http:
+            # before t0: one connection per task, the headers resolved once (no permit taken)
+            await asyncio.gather(*(creds.headers(SERVER_NAME) for _ in range(spec.tasks)))
+            errors: list[str] = []
+
+            async def hammer(result: WorkerResult, end: float) -> None:
+                while time.monotonic() < end:
+                    try:
+                        await http.get("/mcp")
+                    except McpcredsError as exc:
+                        errors.append(f"{type(exc).__name__}: {exc}")
+                        return
+
+            result = await _window(spec, release, hammer)
+    end = result.t0 + spec.seconds
+    result.grants = [t for t in arrivals if t < end]
+    result.late = len(arrivals) - len(result.grants)
+    result.late_grants = [t for t in arrivals if t >= end]
+    result.errors = errors
+    leaser = getattr(auth, "_leaser", None)
+    result.leased = int(leaser.served) if leaser is not None else 0
+    return result
 
 
 async def status_quo_worker(spec: WorkerSpec, release: harness.Release) -> WorkerResult:
@@ -270,22 +320,29 @@ def _proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+WORKERS: dict[str, harness.Phase] = {SIDECAR: sidecar_worker, AUTH: auth_worker, PER_REQUEST: auth_worker}
+ENV = {"BENCH_KEY": "bench-key-0123456789", "STATE_KEY": "bench-state-key-0123456789abcdef"}
+
+
 def run_sidecar_phase(workers: harness.Workers, rate: Rate, seconds: float, processes: int,
-                      tasks: int) -> dict[str, Any]:
+                      tasks: int, mode: str = SIDECAR) -> dict[str, Any]:
+    """One load phase against a fresh sidecar (memory state, a full bucket): `mode` is what the
+    workers do (`call`, or requests through `creds.auth()`)."""
     block = harness.static_server(SERVER_NAME, {"X-Api-Key": "{{secret:BENCH_KEY}}"}, rate=str(rate))
-    with harness.workdir("rate-bench") as tmp, \
-            harness.sidecar(tmp, block, env={"BENCH_KEY": "bench-key-0123456789"}) as sidecar:
+    with harness.workdir("rate-bench") as tmp, harness.sidecar(tmp, block, env=ENV) as sidecar:
         socket = str(sidecar.socket)
         before = harness.status_entry(socket, "buckets", f"mcp:{SERVER_NAME}")
         pid = sidecar.proc.pid
-        specs = [WorkerSpec(i, SIDECAR, socket, str(rate), seconds, tasks) for i in range(processes)]
-        t0, results, window_cpu = run_phase(workers, sidecar_worker, specs, seconds,
+        specs = [WorkerSpec(i, mode, socket, str(rate), seconds, tasks) for i in range(processes)]
+        t0, results, window_cpu = run_phase(workers, WORKERS[mode], specs, seconds,
                                             lambda: _proc_cpu_seconds(pid))
         after = harness.status_entry(socket, "buckets", f"mcp:{SERVER_NAME}")
         stray = harness.log_warnings(sidecar)
-    summary = summarize(SIDECAR, t0, seconds, results, rate)
+    summary = summarize(mode, t0, seconds, results, rate)
     return {
         "summary": summary,
+        "leased": sum(res.leased for res in results),
+        "first_upstream_ms": _first_p50(t0, results),
         "status_before": before,
         "status_after": after,
         "status_granted": int(after.get("granted", 0)) - int(before.get("granted", 0)),
@@ -293,6 +350,33 @@ def run_sidecar_phase(workers: harness.Workers, rate: Rate, seconds: float, proc
         "sidecar_cpu_seconds": round(window_cpu, 3),  # over the window, from /proc/<pid>/stat
         "sidecar_error_lines": stray[:10],
     }
+
+
+def run_redis_phase(workers: harness.Workers, rate: Rate, seconds: float, processes: int,
+                    tasks: int, mode: str) -> dict[str, Any]:
+    """One load phase against two fresh sidecars on one fresh redis-server (one bucket in Redis for
+    both): the workers alternate between them, requests through `creds.auth()`."""
+    from tests.peers.redis_peer import start_redis
+
+    block = harness.static_server(SERVER_NAME, {"X-Api-Key": "{{secret:BENCH_KEY}}"}, rate=str(rate))
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(harness.workdir("rate-bench-redis"))
+        server = stack.enter_context(harness.started(start_redis(), "redis-server"))
+        state = f'state = "{server.url}"\nstate_key = "{{{{secret:STATE_KEY}}}}"'
+        sidecars = [stack.enter_context(harness.sidecar(tmp / f"s{i}", block, env=ENV, settings=state))
+                    for i in range(2)]
+        specs = [WorkerSpec(i, mode, str(sidecars[i % 2].socket), str(rate), seconds, tasks)
+                 for i in range(processes)]
+        t0, results, _ = run_phase(workers, WORKERS[mode], specs, seconds)
+        stray = [line for s in sidecars for line in harness.log_warnings(s)]
+    return {"summary": summarize(mode, t0, seconds, results, rate), "leased": sum(r.leased for r in results),
+            "first_upstream_ms": _first_p50(t0, results), "sidecar_error_lines": stray[:10]}
+
+
+def _first_p50(t0: float, results: list[WorkerResult]) -> float | None:
+    """Each process's first permit (its first request at the upstream), ms after t0: the median."""
+    firsts = [min(res.grants) - t0 for res in results if res.grants]
+    return round(1000 * statistics.median(firsts), 1) if firsts else None
 
 
 def _limit_per_second(rate: Rate, seconds: float) -> list[float]:
@@ -401,6 +485,44 @@ def _table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _use(runs: list[dict[str, Any]], bound: float) -> dict[str, Any]:
+    """A phase's rounds: use of the bound (min / median / max), permits leased, first permits."""
+    uses = [run["summary"].total / bound for run in runs]
+    firsts = [run["first_upstream_ms"] for run in runs if run["first_upstream_ms"] is not None]
+    return {"use": [round(u, 4) for u in uses], "min": min(uses), "median": statistics.median(uses),
+            "max": max(uses), "totals": [run["summary"].total for run in runs],
+            "leased": [run["leased"] for run in runs],
+            "first_upstream_ms_p50": firsts,
+            "max_burst_seen": [round(run["summary"].max_burst_seen or 0.0, 2) for run in runs],
+            "per_second": [run["summary"].per_second_total for run in runs],
+            "errors": [e for run in runs for e in run["summary"].errors][:5]}
+
+
+LABELS = {SIDECAR: "call (per request)", AUTH: "auth= as it comes", PER_REQUEST: "auth=, lease=False"}
+
+
+def _rounds_table(report: dict[str, Any]) -> str:
+    lines = [f"{report['rounds']} round(s) of each phase, fresh sidecars each; use of the bound "
+             "(burst + rate x window) min / median / max; leased permits; each process's first "
+             "permit after t0, median over the processes, per round (ms); the smallest burst that "
+             "explains the grants (never over: at most the burst, plus the answers' jitter)", ""]
+    groups = (("memory", report["bound"], report["phases"]),
+              (f"Redis, 2 sidecars, {report['redis_rate']} for {report['redis_seconds']:g} s",
+               report["redis_bound"], report["redis_phases"]))
+    for title, bound, phases in groups:
+        if not phases:
+            continue
+        lines.append(f"{title} (bound {bound:g}):")
+        for mode, u in phases.items():
+            lines.append(f"  {LABELS[mode]:<22} {u['min']:>7.1%} / {u['median']:.1%} / {u['max']:.1%}"
+                         f"   totals {u['totals']}  leased {u['leased']}"
+                         f"  first ms {u['first_upstream_ms_p50']}"
+                         f"  burst seen {u['max_burst_seen']}")
+            lines.append(f"  {'':<22} per second (t0 + s), per round: {u['per_second']}")
+            lines += [f"  {'':<22} error: {e}" for e in u["errors"]]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = harness.arguments(__doc__)
     p.add_argument("--seconds", type=harness.positive, default=10.0, help="length of the window (default 10)")
@@ -409,30 +531,68 @@ def main(argv: list[str] | None = None) -> int:
                    help="concurrent coroutines per process (default 4)")
     p.add_argument("--rate", type=harness.rate, default="100/1s",
                    help='the bucket, "<burst>/<per>" (default "100/1s")')
+    p.add_argument("--rounds", type=harness.count, default=1,
+                   help="rounds of the sidecar phases (default 1; the aiolimiter phase runs once)")
+    p.add_argument("--redis-rate", type=harness.rate, default="50/1s",
+                   help='the bucket of the two-sidecar Redis phases (default "50/1s")')
+    p.add_argument("--redis-seconds", type=harness.positive, default=4.0,
+                   help="the window of the Redis phases (default 4)")
+    p.add_argument("--no-redis", action="store_true", help="skip the Redis phases (no redis-server)")
     p.add_argument("--png", default=str(harness.ROOT / "bench" / "rate_bench.png"),
                    help="where to draw the figure (default bench/rate_bench.png; '' draws none)")
-    args = harness.parse(p, argv, quick={"seconds": 1.0, "processes": 2, "tasks": 2, "png": ""})
+    args = harness.parse(p, argv, quick={"seconds": 1.0, "processes": 2, "tasks": 2, "png": "",
+                                         "redis_seconds": 1.0})
     rate = parse_rate(args.rate)
+    redis_rate = parse_rate(args.redis_rate)
 
     bound = rate.burst + rate.per_second * args.seconds
     floor = FLOOR * bound
+    redis_bound = redis_rate.burst + redis_rate.per_second * args.redis_seconds
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in (SIDECAR, AUTH, PER_REQUEST)}
+    redis_runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in (AUTH, PER_REQUEST)}
     with harness.Workers(args.processes) as workers:
-        sidecar = run_sidecar_phase(workers, rate, args.seconds, args.processes, args.tasks)
-        specs = [WorkerSpec(i, STATUS_QUO, "", args.rate, args.seconds, args.tasks)
-                 for i in range(args.processes)]
-        t0, results, _ = run_phase(workers, status_quo_worker, specs, args.seconds)
-    status_quo = summarize(STATUS_QUO, t0, args.seconds, results)
+        status_quo: RunSummary | None = None
+        for round_ in range(args.rounds):
+            for mode in runs:
+                harness.progress(f"round {round_ + 1}: memory, {LABELS[mode]} ...")
+                runs[mode].append(run_sidecar_phase(workers, rate, args.seconds, args.processes, args.tasks,
+                                                    mode))
+            if status_quo is None:
+                specs = [WorkerSpec(i, STATUS_QUO, "", args.rate, args.seconds, args.tasks)
+                         for i in range(args.processes)]
+                t0, results, _ = run_phase(workers, status_quo_worker, specs, args.seconds)
+                status_quo = summarize(STATUS_QUO, t0, args.seconds, results)
+            for mode in redis_runs if not args.no_redis else ():
+                harness.progress(f"round {round_ + 1}: Redis, {LABELS[mode]} ...")
+                redis_runs[mode].append(run_redis_phase(workers, redis_rate, args.redis_seconds,
+                                                        args.processes, args.tasks, mode))
+    assert status_quo is not None
+    sidecar = runs[SIDECAR][-1]
     side: RunSummary = sidecar["summary"]
 
     problems = []
-    if side.total > bound:
-        problems.append(f"sidecar granted {side.total} > bound {bound:g}")
-    if side.total < floor:
-        problems.append(f"sidecar granted {side.total} < {FLOOR:.0%} of the bound ({floor:g})")
-    if side.errors or status_quo.errors:
-        problems.append("worker errors")
+    for mode, mode_runs in runs.items():
+        for run in mode_runs:
+            total = run["summary"].total
+            if total > bound:
+                problems.append(f"{LABELS[mode]}: {total} > bound {bound:g}")
+            if total < floor:
+                problems.append(f"{LABELS[mode]}: {total} < {FLOOR:.0%} of the bound ({floor:g})")
+            if run["summary"].errors:
+                problems.append(f"{LABELS[mode]}: worker errors")
+    for mode, mode_runs in redis_runs.items():
+        for run in mode_runs:
+            total = run["summary"].total
+            if total > redis_bound:
+                problems.append(f"Redis, {LABELS[mode]}: {total} > bound {redis_bound:g}")
+            if total < REDIS_FLOOR * redis_bound:
+                problems.append(f"Redis, {LABELS[mode]}: {total} < {REDIS_FLOOR:.0%} of the bound "
+                                f"({REDIS_FLOOR * redis_bound:g})")
+    if status_quo.errors:
+        problems.append("worker errors (aiolimiter)")
     verdict = "FAIL: " + "; ".join(problems) if problems else (
-        f"PASS: sidecar {side.total} permits, {side.total / bound:.1%} of the bound {bound:g}")
+        f"PASS: sidecar {side.total} permits, {side.total / bound:.1%} of the bound {bound:g}; every "
+        f"phase within [{FLOOR:.0%}, 100%] (Redis: [{REDIS_FLOOR:.0%}, 100%])")
     if args.png:
         draw(Path(args.png), rate, args.seconds, bound, [side, status_quo])
 
@@ -441,8 +601,11 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": args.seconds, "processes": args.processes, "tasks": args.tasks,
         "bound": bound, "floor": floor, "limit_per_second": _limit_per_second(rate, args.seconds),
         "sidecar": sidecar, "status_quo": status_quo, "png": args.png or None, "verdict": verdict,
+        "rounds": args.rounds, "phases": {mode: _use(r, bound) for mode, r in runs.items()},
+        "redis_rate": str(args.redis_rate), "redis_seconds": args.redis_seconds, "redis_bound": redis_bound,
+        "redis_phases": {mode: _use(r, redis_bound) for mode, r in redis_runs.items() if r},
     }
-    harness.emit(args, report, _table)
+    harness.emit(args, report, lambda r: _table(r) + "\n\n" + _rounds_table(r))
     return 1 if problems else 0
 
 

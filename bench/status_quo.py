@@ -105,7 +105,7 @@ if TYPE_CHECKING:  # imported where used, so that the spawned client processes s
     from tests.peers.mcp_server import McpServerPeer
     from tests.peers.oidc_peer import OidcPeer
 
-SIDES = ("status_quo", "mcpcreds")
+SIDES = ("status_quo", "mcpcreds", "mcpcreds_no_lease")  # the last: `creds.auth(SERVER, lease=False)`
 SERVER = "tools"
 CLIENT_ID = "agent"
 CLIENT_SECRET = "bench-secret-0b7c5e2a9d4f4c1e8a6b3d2f1e0c9a8b"
@@ -288,7 +288,7 @@ async def session_calls(params: dict[str, Any], release: harness.Release) -> dic
 
         module = mcpcreds.__file__
         creds = AsyncClient(params["socket"])
-        auth = creds.auth(SERVER)
+        auth = creds.auth(SERVER, lease=False) if side == "mcpcreds_no_lease" else creds.auth(SERVER)
     http = httpx2.AsyncClient(auth=auth, transport=transport, timeout=httpx2.Timeout(30.0, read=300.0))
     # anyio loads its asyncio backend lazily; the SDK's provider (an anyio.Lock) loads it above,
     # so load it on both sides, or the mcpcreds processes pay tens of ms of imports after the release.
@@ -484,7 +484,7 @@ def run_side(side: str, oidc: OidcPeer, mcp: McpServerPeer, tmp: Path,
     oidc.reset_stats()
     mcp.reset_stats()
     with contextlib.ExitStack() as stack:
-        if side == "mcpcreds":
+        if side != "status_quo":
             proc = stack.enter_context(harness.oauth_sidecar(
                 tmp / "sidecar", service="mcp", server=SERVER, endpoint=mcp.url, token_url=oidc.token_url,
                 client_id=CLIENT_ID, client_secret=CLIENT_SECRET, scope=SCOPE, rate=args.rate))
@@ -495,7 +495,7 @@ def run_side(side: str, oidc: OidcPeer, mcp: McpServerPeer, tmp: Path,
         oidc_stats = oidc.stats()
         mcp_stats = mcp.stats()
         warm: list[dict[str, Any]] = []
-        if side == "mcpcreds":
+        if side != "status_quo":
             # New processes joining a running sidecar that holds the login: one session and one
             # call each (the status quo has no such case: every new process logs in).
             from mcpcreds import Client
@@ -539,7 +539,7 @@ def render(report: dict[str, Any]) -> str:
                 f"token, {s['unauthorized_sent_with_token']} with {refused})")
 
     def rounds(s: dict[str, Any]) -> str:
-        if s["side"] == "mcpcreds":
+        if s["side"] != "status_quo":
             return "by the one sidecar, ahead of expiry"
         if not s["renewal_rounds"]:
             return "-"
@@ -564,39 +564,47 @@ def render(report: dict[str, Any]) -> str:
         p = s["per_process_calls_per_second"]
         return "-" if p is None else f"{p['min']:g} / {p['median']:g} / {p['max']:g}"
 
+    nl = report["mcpcreds_no_lease"]
+    sides = (sq, mc, nl)
+
+    def each(fn: Callable[[dict[str, Any]], str]) -> tuple[str, str, str]:
+        return fn(sq), fn(mc), fn(nl)
+
+    def warm(s: dict[str, Any]) -> str:
+        if "first_call_warm_sidecar" not in s:
+            return "every new process logs in (as above)"
+        return (f"{first(s, 'first_call_warm_sidecar', 'first_authorized_request_ms')}; "
+                f"{first(s, 'first_call_warm_sidecar', 'first_result_ms')}")
+
     rows = [
-        ("client secret held by", f"each of the {n} processes", "the sidecar only"),
-        ("token requests (at the IdP)", str(sq["token_requests"]), str(mc["token_requests"])),
-        ("discovery requests (metadata GETs)", discovery(sq), discovery(mc)),
-        ("401s at the MCP server", unauthorized(sq), unauthorized(mc)),
-        ("renewals", rounds(sq), rounds(mc)),
+        ("client secret held by", f"each of the {n} processes", "the sidecar only", "the sidecar only"),
+        ("token requests (at the IdP)", *each(lambda s: str(s["token_requests"]))),
+        ("discovery requests (metadata GETs)", *each(discovery)),
+        ("401s at the MCP server", *each(unauthorized)),
+        ("renewals", *each(rounds)),
         ("first request with a valid token, p50 / max (ms from the release)",
-         first(sq, "first_call", "first_authorized_request_ms"),
-         first(mc, "first_call", "first_authorized_request_ms")),
+         *each(lambda s: first(s, "first_call", "first_authorized_request_ms"))),
         ("first tool result, p50 / max (ms from the release)",
-         first(sq, "first_call", "first_result_ms"), first(mc, "first_call", "first_result_ms")),
-        (f"the same two for {n} new processes while the sidecar holds the login",
-         first(sq, "first_call_warm_sidecar", "first_authorized_request_ms"),
-         f"{first(mc, 'first_call_warm_sidecar', 'first_authorized_request_ms')}; "
-         f"{first(mc, 'first_call_warm_sidecar', 'first_result_ms')}"),
+         *each(lambda s: first(s, "first_call", "first_result_ms"))),
+        (f"the same two for {n} new processes while the sidecar holds the login", *each(warm)),
         (f"upstream requests to /mcp, mean over {cfg['seconds']:g} s (rate {cfg['rate']}: "
-         f"{sq['bucket_allows_in_window'] / cfg['seconds']:.1f}/s)", upstream(sq), upstream(mc)),
+         f"{sq['bucket_allows_in_window'] / cfg['seconds']:.1f}/s)", *each(upstream)),
         (f"most upstream requests in any 1 s (bucket allows {sq['bucket_allows_in_1s']})",
-         str(sq["upstream_max_in_1s"]), str(mc["upstream_max_in_1s"])),
-        ("tool calls/s, total", f"{sq['tool_calls_per_second']:g}", f"{mc['tool_calls_per_second']:g}"),
+         *each(lambda s: str(s["upstream_max_in_1s"]))),
+        ("tool calls/s, total", *each(lambda s: f"{s['tool_calls_per_second']:g}")),
         (f"tool calls/s per process, min / median / max ({cfg['tasks']} concurrent loops each)",
-         per_process(sq), per_process(mc)),
-        ("/mcp POSTs sent while another of the same process awaited its response headers",
-         overlap(sq), overlap(mc)),
-        ("failed calls", str(sq["errors"]), str(mc["errors"])),
+         *each(per_process)),
+        ("/mcp POSTs sent while another of the same process awaited its response headers", *each(overlap)),
+        ("failed calls", *each(lambda s: str(s["errors"]))),
     ]
     lines = [
         f"{n} processes x {cfg['tasks']} concurrent `add` loops for {cfg['seconds']:g} s, "
         f"access tokens of {cfg['ttl']} s, service rate `{cfg['rate']}`.",
         "",
-        "| | MCP SDK `ClientCredentialsOAuthProvider` in each process | mcpcreds |",
-        "|---|---|---|",
-        *(f"| {a} | {b} | {c} |" for a, b, c in rows),
+        "| | MCP SDK `ClientCredentialsOAuthProvider` in each process | mcpcreds, `creds.auth()` "
+        "| mcpcreds, `creds.auth(lease=False)` |",
+        "|---|---|---|---|",
+        *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows),
         "",
         harness.ratio_line("token requests", ("mcpcreds", mc["token_requests"]),
                            ("status quo", sq["token_requests"])),
@@ -606,7 +614,7 @@ def render(report: dict[str, Any]) -> str:
         lines.append(harness.ratio_line("first request with a valid token, p50 ms", ("mcpcreds", firsts[0]),
                                         ("status quo", firsts[1])))
     notes = []
-    for side, s in (("status quo", sq), ("mcpcreds", mc)):
+    for side, s in zip(("status quo", "mcpcreds", "mcpcreds, lease=False"), sides, strict=True):
         if s["first_error"]:
             notes.append(f"{side}: first error: {s['first_error']}")
         if warm_error := s.get("first_call_warm_sidecar", {}).get("first_error"):
@@ -618,6 +626,48 @@ def render(report: dict[str, Any]) -> str:
             notes.append(f"{side}: tokens the server refused, by reason: {s['rejected_tokens_at_server']}")
     if notes:
         lines += ["", *notes]
+    if len(report.get("rounds", [])) > 1:
+        lines += ["", render_rounds(report)]
+    return "\n".join(lines)
+
+
+def round_figures(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The figures compared across rounds, per side: use of the rate (upstream requests in the
+    window over what the bucket allows), first tool result p50 and first valid request p50."""
+    out = {}
+    for side in SIDES:
+        s = report[side]
+        warm = s.get("first_call_warm_sidecar", {}).get("first_result_ms", {})
+        out[side] = {"use": round(s["upstream_requests_in_window"] / s["bucket_allows_in_window"], 4),
+                     "upstream_per_second": s["upstream_per_second"],
+                     "upstream_max_in_1s": s["upstream_max_in_1s"],
+                     "first_result_p50_ms": s["first_call"]["first_result_ms"]["p50"],
+                     "first_authorized_p50_ms": s["first_call"]["first_authorized_request_ms"]["p50"],
+                     "warm_first_result_p50_ms": warm.get("p50"), "errors": s["errors"]}
+    return out
+
+
+def render_rounds(report: dict[str, Any]) -> str:
+    """Each figure of `round_figures` over the rounds: min / median / max (the table above is the
+    last round's)."""
+    rounds = report["rounds"]
+
+    def spread(side: str, key: str, fmt: str) -> str:
+        values = sorted(v for r in rounds if (v := r[side][key]) is not None)
+        if not values:
+            return "-"
+        return " / ".join(format(v, fmt) for v in (values[0], statistics.median(values), values[-1]))
+
+    lines = [f"{len(rounds)} rounds (sides in turn within each), min / median / max:", "",
+             "| | " + " | ".join(SIDES) + " |", "|---|" + "---|" * len(SIDES)]
+    for label, key, fmt in (("use of the rate (requests in the window / bucket allows)", "use", ".1%"),
+                            ("upstream requests/s", "upstream_per_second", "g"),
+                            ("most in any 1 s", "upstream_max_in_1s", "g"),
+                            ("first tool result p50, ms", "first_result_p50_ms", "g"),
+                            ("first valid request p50, ms", "first_authorized_p50_ms", "g"),
+                            ("warm sidecar: first tool result p50, ms", "warm_first_result_p50_ms", "g"),
+                            ("failed calls", "errors", "g")):
+        lines.append(f"| {label} | " + " | ".join(spread(side, key, fmt) for side in SIDES) + " |")
     return "\n".join(lines)
 
 
@@ -632,6 +682,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="access token lifetime at the IdP, s (default 5)")
     p.add_argument("--rate", type=harness.rate, default="20/1s",
                    help="the service's rate, for mcpcreds (default 20/1s)")
+    p.add_argument("--rounds", type=harness.count, default=1,
+                   help="rounds, each running every side in turn (default 1); the table is the last "
+                        "round's, then the spread of the main figures over the rounds")
     p.add_argument("--no-prm-fix", action="store_true",
                    help="do not correct the MCP server's PRM document in the status-quo processes")
     args = harness.parse(p, argv, quick={"processes": 2, "tasks": 1, "seconds": 2.0, "ttl": 2})
@@ -642,9 +695,12 @@ def main(argv: list[str] | None = None) -> int:
             harness.oidc_peer(CLIENT_ID, CLIENT_SECRET, SCOPE, args.ttl) as oidc, \
             harness.started(start_mcp_server(oidc.issuer, oidc.jwks_uri), "the MCP server peer") as mcp:
         warm_up(oidc, mcp)
-        for side in SIDES:
-            harness.progress(f"running {side} ...")
-            report[side] = run_side(side, oidc, mcp, tmp, args)
+        report["rounds"] = []
+        for round_ in range(args.rounds):
+            for side in SIDES:
+                harness.progress(f"round {round_ + 1}: running {side} ...")
+                report[side] = run_side(side, oidc, mcp, tmp, args)
+            report["rounds"].append(round_figures(report))
     harness.emit(args, report, render)
     return 0
 

@@ -178,3 +178,22 @@ async def test_a_grant_is_kept_aside_a_little_longer_than_its_holder_may_spend_i
     await lease(state, LeaseAsk("a", 1e9, seconds))
     until = float(cast(bytes, await state.redis.hget("mcpcreds:{svc:api}:leases", "a")).split()[2])
     assert until - (before[0] + before[1] / 1e6) >= seconds * 1.001 + 0.01
+
+
+async def test_a_share_under_the_least_worth_holding_is_not_granted_and_the_asker_is_not_kept(
+        state: RedisState, redis: RedisPeer) -> None:
+    """`least` (per period, as LeaseAsk takes it): an asker whose fair part is under it gets
+    nothing, is not kept in the leases' hash (its demand shrinks nobody's part) and takes nothing
+    from the level; the next asker, with no such floor, gets the whole split as if it had not asked."""
+    import redis as redis_client
+
+    got = await lease(state, LeaseAsk("a", 1e9, 60.0, least=150.0))
+    assert (got.share, got.burst, got.initial, got.dropped) == (0.0, 0, 0, True)
+    raw = redis_client.Redis(unix_socket_path=str(redis.socket))
+    try:
+        assert raw.hlen(f"mcpcreds:{{{KEY}}}:leases") == 0
+    finally:
+        raw.close()
+    assert 99.99 <= await level(state) <= 100.0
+    other = await lease(state, LeaseAsk("b", 1e9, 60.0, least=50.0))
+    assert math.isclose(other.share, 99.0, rel_tol=1e-9) and other.burst == 49 and not other.dropped

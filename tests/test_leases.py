@@ -314,3 +314,32 @@ def test_one_uid_cannot_take_every_holders_place() -> None:
     with pytest.raises(LeaseRefused):
         book.grant("other-key", RATE, None, 1e9, 1000, None, 0, clock.monotonic())
     book.admit(KEY, None, 1001, None, clock.monotonic(), 2.0)  # another uid still can
+
+
+def test_a_share_under_the_least_worth_holding_is_not_granted_and_the_asker_is_not_kept() -> None:
+    """`least` (what `lease="auto"` asks for): a holder whose fair part is under it gets "not now",
+    is not kept (its demand does not shrink anyone's part) and moves nothing from the shared
+    bucket; one whose fair part covers it gets its share as before."""
+    clock, book = FakeClock(), LeaseBook()
+    rate = Rate(20, 1.0)
+    terms = book.grant(KEY, rate, None, 1e9, 1000, None, 0, clock.monotonic(), least=32.0)
+    assert (terms.share, terms.burst) == (0.0, 0)
+    assert not book.holds(KEY) and book.key_of(terms.lease) is None
+    assert book.shared_rate(KEY, rate, clock.monotonic()) == rate  # the whole rate and burst, shared
+    big = book.grant(KEY, Rate(1000, 1.0), None, 1e9, 1000, None, 0, clock.monotonic(), least=32.0)
+    assert (big.share, big.burst) == (999.0, 499)
+
+
+def test_a_holder_that_holds_a_share_is_renewed_whatever_the_least() -> None:
+    """`least` gates taking a lease, not keeping one: a holder whose fair part fell under it (others
+    joined) is renewed with that part, so what it holds is never dropped mid-lease."""
+    clock, book = FakeClock(), LeaseBook()
+    a = book.grant(KEY, RATE, None, 1e9, 1000, None, 0, clock.monotonic(), least=32.0)
+    assert a.share == 99.0
+    b = book.grant(KEY, RATE, None, 1e9, 1001, None, 0, clock.monotonic(), least=0.0)
+    c = book.grant(KEY, RATE, None, 1e9, 1002, None, 0, clock.monotonic(), least=0.0)
+    assert b.lease != c.lease
+    clock.advance(1.0)
+    renewed = book.grant(KEY, RATE, a.lease, 1e9, 1000, None, 0, clock.monotonic(), least=40.0,
+                         holding=(a.share, a.burst))
+    assert renewed.lease == a.lease and 0.0 < renewed.share < 40.0  # its fair third, under `least`

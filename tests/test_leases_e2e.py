@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from mcpcreds import AsyncClient, Client
+from mcpcreds.client.lease_terms import AUTO_LEAST
 from mcpcreds.errors import LeasesRefused
 from tests.peers.upstream import Upstream, one_of, start_upstream
 from tests.sidecar_proc import SidecarProcess, run_sidecar
@@ -46,6 +47,10 @@ rate = "40/1s"
 endpoint = "{url}/mcp"
 headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
 rate = "20/1s"
+[services.fast]
+endpoint = "{url}/mcp"
+headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
+rate = "100000/1s"
 [services.slow]
 endpoint = "{url}/mcp"
 headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
@@ -94,6 +99,9 @@ service = "shared"
 [[servers]]
 name = "slow"
 service = "slow"
+[[servers]]
+name = "fast"
+service = "fast"
 [[servers]]
 name = "off"
 service = "api"
@@ -147,7 +155,7 @@ async def test_an_invalidation_stops_a_leased_client_from_sending_the_old_token(
     env.set_token(T1)
     async with AsyncClient(env.sidecar.socket) as creds, AsyncClient(env.sidecar.socket) as admin:
         await admin.invalidate("a")  # whatever an earlier test left cached
-        auth = creds.auth("a")
+        auth = creds.auth("a", lease=True)
         async with httpx.AsyncClient(base_url=env.upstream.url, auth=auth) as http:
             for _ in range(5):  # a few calls in a short time: the auth leases (in the background)
                 assert (await http.get("/mcp")).status_code == 200
@@ -197,7 +205,7 @@ async def test_a_leased_client_whose_headers_were_dropped_waits_for_the_renewal_
     env.set_token(T1)
     async with AsyncClient(env.sidecar.socket) as creds, AsyncClient(env.sidecar.socket) as admin:
         await admin.invalidate("slow5")
-        auth = creds.auth("slow5")
+        auth = creds.auth("slow5", lease=True)
         async with httpx.AsyncClient(base_url=env.upstream.url, auth=auth) as http:
             for _ in range(5):
                 assert (await http.get("/mcp")).status_code == 200
@@ -226,7 +234,7 @@ def test_a_sync_client_whose_headers_were_dropped_waits_for_the_renewal_not_the_
     env.set_token(T1)
     with Client(env.sidecar.socket) as creds, Client(env.sidecar.socket) as admin:
         admin.invalidate("slow6")
-        auth = creds.auth("slow6")
+        auth = creds.auth("slow6", lease=True)
         with httpx.Client(base_url=env.upstream.url, auth=auth, timeout=10.0) as http:
             deadline = time.monotonic() + 20  # per request while the lease is obtained in the background
             while auth._sync_leaser is None or auth._sync_leaser.answer is None:
@@ -254,8 +262,9 @@ from mcpcreds import AsyncClient
 
 async def main() -> None:
     socket, name, url, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    lease = {"auto": "auto", "true": True}[sys.argv[5]]
     async with AsyncClient(socket) as creds:
-        auth = creds.auth(name)
+        auth = creds.auth(name, lease=lease)
         async with httpx.AsyncClient(base_url=url, auth=auth) as http:
             await creds.health()
             await http.get("/mcp", auth=None)  # a connection to the upstream (a 401), not timed
@@ -275,10 +284,11 @@ asyncio.run(main())
 """
 
 
-def run_workers(sockets: list[Path], server: str, upstream: str, seconds: str) -> list[dict[str, Any]]:
+def run_workers(sockets: list[Path], server: str, upstream: str, seconds: str,
+                lease: str = "true") -> list[dict[str, Any]]:
     """One WORKER process per socket, started together once all are ready; their reports (a
-    worker still running when this fails is killed)."""
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(socket), server, upstream, seconds],
+    worker still running when this fails is killed). `lease`: "true" (`lease=True`) or "auto"."""
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(socket), server, upstream, seconds, lease],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for socket in sockets]
     try:
         for proc in procs:
@@ -310,6 +320,35 @@ def test_leases_never_exceed_the_limit_across_processes(env: Env) -> None:
     assert overfull_windows(grants, burst=20, per_second=20.0) == []
 
 
+def test_auth_as_it_comes_takes_no_lease_where_the_share_would_not_pay(env: Env) -> None:
+    """`creds.auth()` as it comes (`lease="auto"`): four processes calling one 20/1s bucket as fast
+    as it lets them ask per request, where the whole shared burst serves their first calls (a
+    lease would be a few permits a second each, a one-permit burst); the limit holds."""
+    env.set_token(T1)
+    reports = run_workers([env.sidecar.socket] * 4, "b", env.upstream.url, "2", lease="auto")
+    grants = [tuple(g) for r in reports for g in r["grants"]]
+    assert [r["leased"] for r in reports] == [0, 0, 0, 0]
+    assert overfull_windows(grants, burst=20, per_second=20.0) == []
+
+
+async def test_auth_as_it_comes_leases_when_it_calls_fast_for_a_share_worth_holding(env: Env) -> None:
+    """The same auth on a bucket whose share pays: after its first fast calls (per request) it
+    leases, and its requests take no round trip."""
+    env.set_token(T1)
+    async with AsyncClient(env.sidecar.socket) as creds:
+        auth = creds.auth("fast")
+        async with httpx.AsyncClient(base_url=env.upstream.url, auth=auth) as http:
+            deadline = time.monotonic() + 20  # per request while the lease is obtained in the background
+            while auth._leaser is None or auth._leaser.answer is None:
+                assert time.monotonic() < deadline, "never saw the lease"
+                assert (await http.get("/mcp")).status_code == 200
+            leaser = auth._leaser
+            served = leaser.served
+            for _ in range(5):
+                assert (await http.get("/mcp")).status_code == 200
+            assert leaser.served == served + 5 and leaser.terms[0] >= AUTO_LEAST
+
+
 HOLDER = """
 import asyncio, sys
 import httpx
@@ -317,7 +356,7 @@ from mcpcreds import AsyncClient
 
 async def main() -> None:
     async with AsyncClient(sys.argv[1]) as creds:
-        auth = creds.auth(sys.argv[3])
+        auth = creds.auth(sys.argv[3], lease=True)
         async with httpx.AsyncClient(base_url=sys.argv[2], auth=auth) as http:
             while auth._leaser is None or auth._leaser.answer is None:
                 await http.get("/mcp")
@@ -360,7 +399,7 @@ async def test_a_server_with_leases_false_is_asked_per_request(env: Env) -> None
     async with AsyncClient(env.sidecar.socket) as creds:
         with pytest.raises(LeasesRefused):
             await creds.run(__import__("mcpcreds.client.calls", fromlist=["Calls"]).Calls.lease("off", None, None, None))
-        auth = creds.auth("off")
+        auth = creds.auth("off", lease=True)
         before = len(env.upstream.arrivals())
         async with httpx.AsyncClient(base_url=env.upstream.url, auth=auth) as http:
             for _ in range(6):
@@ -378,7 +417,7 @@ def test_a_sync_client_leases_and_drops_the_old_token_on_invalidation(env: Env) 
     env.set_token(T1)
     with Client(env.sidecar.socket) as creds, Client(env.sidecar.socket) as admin:
         admin.invalidate("a")
-        auth = creds.auth("a")
+        auth = creds.auth("a", lease=True)
         with httpx.Client(base_url=env.upstream.url, auth=auth) as http:
             deadline = time.monotonic() + 20  # per request while the lease is obtained in the background
             while auth._sync_leaser is None or auth._sync_leaser.answer is None:

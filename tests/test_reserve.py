@@ -14,9 +14,10 @@ import redis.asyncio as aioredis
 from mcpcreds import RateLimited, StateUnavailable
 from mcpcreds.core.clock import FakeClock, SystemClock
 from mcpcreds.core.rates import Rate
+from mcpcreds.state import reserve
 from mcpcreds.state.lease_asks import LeaseAsk, LeaseReply
 from mcpcreds.state.redis_state import RedisState
-from mcpcreds.state.reserve import RESERVE_AFTER, Reserves
+from mcpcreds.state.reserve import RESERVE_AFTER, RESERVE_LEAST, RETRY_NOT_WORTH, Reserves
 from mcpcreds.state.shared import SharedLimiter
 from tests.peers.redis_peer import RedisPeer
 from tests.redis_sidecar import LIVENESS, STATE_KEY
@@ -78,6 +79,30 @@ async def test_a_key_called_often_is_leased_and_its_permits_are_taken_locally() 
     clock.advance(0.1)
     assert takes(reserves) == 9  # refilled at its share: 9.9 in 0.1 s
     assert reserves.held(KEY) == (99.0, 49)
+
+
+async def test_a_share_not_worth_holding_leaves_the_key_per_grant_and_is_asked_again_much_later() -> None:
+    """The sidecar asks for a share of at least RESERVE_LEAST a second; the lease script drops an
+    ask under it ("not now", not kept). Its callers then go to Redis per grant, and the key is not
+    asked again before RETRY_NOT_WORTH, however busy (a lease script run per key per second
+    otherwise, for nothing)."""
+    clock, lease = FakeClock(), ScriptedLease(LeaseReply(0.0, 0, 0, 0.0, dropped=True),
+                                              LeaseReply(99.0, 49, 49, 0.0))
+    reserves = await leased(clock, lease)
+    assert [a.least for a in lease.asks] == [RESERVE_LEAST * RATE.per]
+    for _ in range(5):
+        clock.advance(RETRY_NOT_WORTH / 5 - 0.01)
+        for _ in range(RESERVE_AFTER):
+            assert not reserves.take(KEY, RATE, 1)  # per grant
+        await settle()
+    assert len(lease.asks) == 1 and reserves.held(KEY) is None
+    clock.advance(0.1)  # past RETRY_NOT_WORTH: the empty lease is given up, and the key counted anew
+    reserves.take(KEY, RATE, 1)
+    await settle()
+    for _ in range(RESERVE_AFTER):
+        reserves.take(KEY, RATE, 1)
+    await settle()
+    assert len([a for a in lease.asks if not a.release]) == 2 and reserves.held(KEY) == (99.0, 49)
 
 
 async def test_the_sidecars_lease_is_short_whatever_the_period() -> None:
@@ -245,10 +270,12 @@ async def grants_until_refused(limiter: SharedLimiter, rate: Rate) -> int:
         n += 1
 
 
-async def test_two_sidecars_leasing_for_their_callers_grant_exactly_the_burst(redis: RedisPeer,
-                                                                             state: RedisState) -> None:
+async def test_two_sidecars_leasing_for_their_callers_grant_exactly_the_burst(
+        redis: RedisPeer, state: RedisState, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each sidecar leases for its busy key; with what they lease and what stays shared, the two
-    grant exactly the bucket's 100 permits, and permits from a lease cost no round trip."""
+    grant exactly the bucket's 100 permits, and permits from a lease cost no round trip (a share
+    of 100 an hour is worth holding here: the accounting is what is tested)."""
+    monkeypatch.setattr(reserve, "RESERVE_LEAST", 0.0)
     other_state = RedisState(redis.url, STATE_KEY)
     try:
         first = SharedLimiter(state, SystemClock(), None, 0.5)

@@ -98,6 +98,9 @@ class LeaseService:
         demand = body.get("demand", MAX_DEMAND)
         if isinstance(demand, bool) or not isinstance(demand, int | float) or not 0 <= demand <= MAX_DEMAND:
             raise InvalidRequest("demand must be a number of permits per period, at least 0")
+        least = body.get("least", 0)
+        if isinstance(least, bool) or not isinstance(least, int | float) or not 0 <= least <= MAX_DEMAND:
+            raise InvalidRequest("least must be a number of permits per second, at least 0")
         if subscriber is not None and self.events.owner(subscriber) != uid:
             raise InvalidRequest("subscriber must name an open event stream of this uid")
         key = target.key
@@ -111,7 +114,8 @@ class LeaseService:
         rate = target.rate
         if isinstance(self.limiter, SharedLimiter):
             return await self._lease_shared(self.limiter, uid, key, rate, lease_id, subscriber,
-                                            float(demand), spare, holding, result.body)
+                                            float(demand), spare, holding, result.body,
+                                            float(least) * rate.per)
         granted = self.limiter.snapshot(key)
         if book.on_nudge is None:  # holders hear "renew now" on their event stream
             book.on_nudge = partial(_nudge, self.events)
@@ -121,7 +125,8 @@ class LeaseService:
             terms = book.grant(key, rate, lease_id, float(demand), uid, subscriber,
                                granted["granted"] if granted else 0, clock.monotonic(),
                                granted["waiting"] if granted else 0,
-                               (float(holding[0]), int(holding[1])) if holding else None)
+                               (float(holding[0]), int(holding[1])) if holding else None,
+                               float(least) * rate.per)
         except LeaseRefused as exc:
             raise LeasesRefused(str(exc)) from None
         assert isinstance(limiter, Limiter)
@@ -142,7 +147,7 @@ class LeaseService:
 
     async def _lease_shared(self, limiter: SharedLimiter, uid: int, key: str, rate: Rate,
                             lease_id: str | None, subscriber: str | None, demand: float, spare: int,
-                            holding: list[float] | None, headers_body: bytes) -> Response:
+                            holding: list[float] | None, headers_body: bytes, least: float = 0.0) -> Response:
         """A shared state: the share is decided, and kept aside from the bucket every sidecar takes
         from, by the bucket's lease script (bucket_scripts.py), over the holders of every sidecar."""
         book = self.book
@@ -152,7 +157,7 @@ class LeaseService:
         except LeaseRefused as exc:
             raise LeasesRefused(str(exc)) from None
         ask = LeaseAsk(lease_id, min(demand, float(rate.burst)), seconds, min(spare, rate.burst),
-                       (float(holding[0]), int(holding[1])) if holding else None)
+                       (float(holding[0]), int(holding[1])) if holding else None, least=least)
         reply = await limiter.lease(key, rate, ask)
         terms = book.note(lease_id, reply.share, reply.burst, rate.per, seconds, self.clock.monotonic())
         if terms is None:  # released while the shared state answered: give its share back there too
@@ -160,6 +165,8 @@ class LeaseService:
             raise LeasesRefused("the lease was released while it was granted: ask again")
         if reply.paused > 0.0:
             raise RateLimited(f"{key}: paused after an upstream 429", reply.paused)
+        if reply.dropped:  # not worth holding, and not kept in the shared state: nor here
+            book.release(lease_id)
         return _answer(self.clock.time(), terms, reply.initial, headers_body)
 
     def _apply_shared_rate(self, key: str, rate: Rate) -> None:

@@ -21,6 +21,7 @@ from ..core.rates import parse_retry_after
 from ..core.scopes import insufficient_scope
 from ..errors import RateLimited
 from .calls import Call, Calls
+from .lease_terms import Trigger
 
 if TYPE_CHECKING:
     from .calls import AsyncSidecarClient, SidecarClient
@@ -163,7 +164,9 @@ class CredentialsAuth(httpx.Auth):
     """An `httpx.Auth` bound to one server of the sidecar."""
 
     requires_request_body = True  # a retry after a 401 sends the body again
-    lease = True  # lease a share when called often (leaser.py); False: a round trip per request
+    # "auto": lease a share where it pays (called fast, for a share worth holding: lease_terms.py);
+    # True: whenever called often; False: a round trip per request
+    lease: bool | Literal["auto"] = "auto"
     _leaser: AsyncLeaser | None = None
     _sync_leaser: SyncLeaser | None = None
 
@@ -229,7 +232,7 @@ class CredentialsAuth(httpx.Auth):
             from .leaser import AsyncLeaser
 
             assert self._async_client is not None
-            leaser = self._leaser = AsyncLeaser(self._async_client, self.name)
+            leaser = self._leaser = AsyncLeaser(self._async_client, self.name, trigger=Trigger.of(self.lease))
             self._async_client._leasers.append(leaser)
         return await leaser.take(self.cost)
 
@@ -248,7 +251,8 @@ class CredentialsAuth(httpx.Auth):
             with self._client._leasers_lock:
                 leaser = self._sync_leaser
                 if leaser is None:
-                    leaser = self._sync_leaser = SyncLeaser(self._client, self.name)
+                    leaser = SyncLeaser(self._client, self.name, trigger=Trigger.of(self.lease))
+                    self._sync_leaser = leaser
                     self._client._leasers.append(leaser)
         return leaser.take(self.cost)
 

@@ -214,10 +214,13 @@ class Calls:
 
     @staticmethod
     def lease(name: str, lease: str | None, subscriber: str | None, demand: float | None,
-              holding: tuple[float, int] | None = None) -> Call[dict[str, Any]]:
+              holding: tuple[float, int] | None = None, least: float = 0.0) -> Call[dict[str, Any]]:
         """A capacity lease (new, or a renewal of `lease`, whose terms `holding` are being spent),
-        tied to the event stream `subscriber`."""
+        tied to the event stream `subscriber`; `least`: a share under this many permits a second
+        is not worth holding (the sidecar answers "not now" instead)."""
         body: dict[str, Any] = {}
+        if least > 0.0:
+            body["least"] = least
         if holding is not None:
             body["holding"] = [holding[0], holding[1]]
         if lease is not None:

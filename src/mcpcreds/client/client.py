@@ -286,10 +286,12 @@ class AsyncClient(_Base):
         return await self.run(Calls.secret_rotate(name, value, force))
 
     def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
-             on_429: Literal["raise", "wait", "return"] = "wait", lease: bool = True) -> HttpxAuth:
+             on_429: Literal["raise", "wait", "return"] = "wait",
+             lease: bool | Literal["auto"] = "auto") -> HttpxAuth:
         """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled.
-        With `lease` (default), an auth that calls often leases a share of the server's bucket and
-        spends it in this process (leaser.py): no round trip per request."""
+        `lease="auto"` (default): an auth that calls fast leases a share of the server's bucket, if
+        the share is worth holding, and spends it in this process (leaser.py): no round trip per
+        request; True: whenever it calls often, whatever the share; False: never."""
         from .auth import AUTH_CLASS
 
         auth = AUTH_CLASS(None, self, name, cost=cost, max_wait=max_wait, on_429=on_429)
@@ -396,9 +398,10 @@ class Client(_Base):
         return self.run(Calls.secret_rotate(name, value, force))
 
     def auth(self, name: str, *, cost: int = 1, max_wait: float = 30.0,
-             on_429: Literal["raise", "wait", "return"] = "wait", lease: bool = True) -> HttpxAuth:
+             on_429: Literal["raise", "wait", "return"] = "wait",
+             lease: bool | Literal["auto"] = "auto") -> HttpxAuth:
         """An httpx/httpx2 Auth for `name`: permit and headers per request, 401 and 429 handled;
-        with `lease` (default), a leased share spent in this process when it calls often."""
+        a leased share spent in this process where it pays (`lease`: as in `AsyncClient.auth`)."""
         from .auth import AUTH_CLASS
 
         auth = AUTH_CLASS(self, None, name, cost=cost, max_wait=max_wait, on_429=on_429)

@@ -2,8 +2,15 @@
 functions of what a holder knows and what the sidecar said, with no I/O, no clock and no lock.
 
 What an event means (`event_effect`, `renew_now`), when a lease is worth asking for
-(`called_often`), what demand a renewal names (`lease_demand`) and what a lease answer makes of
-the lease held (`lease_answer`). Each holder applies that to its own bucket (an
+(`called_often`, `Trigger`), what demand a renewal names (`lease_demand`) and what a lease answer
+makes of the lease held (`lease_answer`).
+
+When a lease pays (`lease="auto"`, the default): a lease saves the socket round trip of a `call`
+(a fraction of a millisecond) and costs the holder its part of the shared burst, so it is asked
+for only by a process whose own calls come fast (`AUTO_CALLS` within `TRIGGER_SECONDS`), and only
+taken when its share would give at least `AUTO_LEAST` permits a second (the sidecar answers "not
+now" otherwise: per request, where the whole shared burst serves its first calls). `lease=True`
+asks after `TRIGGER_CALLS` calls, for whatever share there is. Each holder applies that to its own bucket (an
 `aiolimiter.AsyncLimiter`, a `buckets.TokenBucket`) on its own terms (the event loop, a lock).
 """
 
@@ -17,8 +24,10 @@ if TYPE_CHECKING:
 
     from aiolimiter import AsyncLimiter
 
-TRIGGER_CALLS: Final = 3
+TRIGGER_CALLS: Final = 3  # lease=True: this many calls within TRIGGER_SECONDS ask for a lease
 TRIGGER_SECONDS: Final = 1.0
+AUTO_CALLS: Final = 32  # lease="auto": this many (a pace at which the round trips add up)
+AUTO_LEAST: Final = 32.0  # lease="auto": permits per second, the least share worth holding
 RETRY_AFTER_FAILURE: Final = 1.0
 DEMAND_HEADROOM: Final = 2.0  # ask for twice what was used: a growing client can double per renewal
 MAX_EVENT_LINE: Final = 64 * 1024
@@ -41,11 +50,29 @@ def event_effect(event: dict[str, Any], key: str | None, answer: dict[str, Any] 
     return kind in DROP_KINDS or changed, 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    """When a holder asks for a lease: after `calls` calls within TRIGGER_SECONDS, for a share of at
+    least `least` permits per second (0: whatever share there is)."""
+
+    calls: int
+    least: float
+
+    @classmethod
+    def of(cls, lease: bool | str) -> Trigger:
+        """`lease=True`: as soon as it is called often, whatever the share; "auto": where it pays."""
+        return ALWAYS if lease is True else cls(AUTO_CALLS, AUTO_LEAST)
+
+
+ALWAYS: Final = Trigger(TRIGGER_CALLS, 0.0)  # lease=True
+
+
 def called_often(recent: deque[float], now: float) -> bool:
-    """Note a call at `now` in `recent` (the last TRIGGER_CALLS calls): whether they all came within
-    TRIGGER_SECONDS, when a lease is worth asking for. Shared by the async and the sync holders."""
+    """Note a call at `now` in `recent` (the last `recent.maxlen` calls, a `Trigger`'s `calls`):
+    whether they all came within TRIGGER_SECONDS, when a lease is worth asking for. Shared by the
+    async and the sync holders."""
     recent.append(now)
-    return len(recent) == TRIGGER_CALLS and now - recent[0] <= TRIGGER_SECONDS
+    return len(recent) == recent.maxlen and now - recent[0] <= TRIGGER_SECONDS
 
 
 def renew_now(event: dict[str, Any], key: str | None, lease: str | None, disabled: bool) -> bool:

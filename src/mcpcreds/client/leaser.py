@@ -36,9 +36,10 @@ from ..core.socket_check import check_folder, check_peer
 from ..errors import LeasesRefused, McpcredsError, RateLimited
 from .calls import Calls
 from .lease_terms import (
+    ALWAYS,
     MAX_EVENT_LINE,
     RETRY_AFTER_FAILURE,
-    TRIGGER_CALLS,
+    Trigger,
     available,
     called_often,
     event_effect,
@@ -100,12 +101,14 @@ class EventStream:
 class AsyncLeaser:
     """One `auth`'s lease on one server, on the event loop it was first used on."""
 
-    def __init__(self, client: AsyncSidecarClient, name: str, clock: Any = time.monotonic) -> None:
+    def __init__(self, client: AsyncSidecarClient, name: str, clock: Any = time.monotonic,
+                 trigger: Trigger = ALWAYS) -> None:
         self.client = client
+        self.trigger = trigger
         self.name = name
         self.clock = clock
         self.loop = asyncio.get_running_loop()
-        self.recent: deque[float] = deque(maxlen=TRIGGER_CALLS)
+        self.recent: deque[float] = deque(maxlen=trigger.calls)
         self.disabled = False  # the sidecar refused leases for this server
         self.retry_at = 0.0  # no lease asked for before this (monotonic)
         self.answer: dict[str, Any] | None = None  # headers and fingerprint, while usable
@@ -231,7 +234,8 @@ class AsyncLeaser:
             demand = self._demand(sent, self.terms_per)
             holding = self.terms if self.limiter is not None else None
             self.asked_all, self.asked = demand is None, demand
-            call = Calls.lease(self.name, self.lease, self.subscriber, demand, holding)
+            call = Calls.lease(self.name, self.lease, self.subscriber, demand, holding,
+                self.trigger.least)
             if self.limiter is not None and sent < self.lease_end and call.body is not None:
                 # what our bucket has left, bought under a lease still live: topped up to the burst
                 call.body["spare"] = available(self.limiter)

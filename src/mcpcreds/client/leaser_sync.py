@@ -28,9 +28,10 @@ from ..errors import LeasesRefused, McpcredsError, RateLimited
 from ..limits.buckets import TokenBucket
 from .calls import Calls
 from .lease_terms import (
+    ALWAYS,
     MAX_EVENT_LINE,
     RETRY_AFTER_FAILURE,
-    TRIGGER_CALLS,
+    Trigger,
     called_often,
     event_effect,
     lease_answer,
@@ -100,13 +101,15 @@ class SyncEventStream:
 class SyncLeaser:
     """One sync `auth`'s lease on one server; every method is thread-safe."""
 
-    def __init__(self, client: SidecarClient, name: str, clock: Any = time.monotonic) -> None:
+    def __init__(self, client: SidecarClient, name: str, clock: Any = time.monotonic,
+                 trigger: Trigger = ALWAYS) -> None:
         self.client = client
+        self.trigger = trigger
         self.name = name
         self.clock = clock
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)  # notified when terms or headers change
-        self.recent: deque[float] = deque(maxlen=TRIGGER_CALLS)
+        self.recent: deque[float] = deque(maxlen=trigger.calls)
         self.disabled = False  # the sidecar refused leases for this server, or closed
         self.retry_at = 0.0  # no lease asked for before this (monotonic)
         self.answer: dict[str, Any] | None = None  # headers and fingerprint, while usable
@@ -221,7 +224,8 @@ class SyncLeaser:
                                       self.min_window, self.asked, self.used, self.terms_per)
                 self.asked_all, self.asked = demand is None, demand
                 holding = self.terms if self.bucket is not None else None
-                call = Calls.lease(self.name, self.lease, self.subscriber, demand, holding)
+                call = Calls.lease(self.name, self.lease, self.subscriber, demand, holding,
+                    self.trigger.least)
                 if self.bucket is not None and sent < self.lease_end and call.body is not None:
                     # what our bucket has left, bought under a lease still live: topped up to the burst
                     call.body["spare"] = int(self.bucket.level(sent))

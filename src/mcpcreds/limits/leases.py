@@ -167,14 +167,16 @@ class LeaseBook:
 
     def grant(self, key: str, rate: Rate, lease: str | None, demand: float, uid: int,
               subscriber: str | None, shared_granted: int, now: float, shared_waiting: int = 0,
-              holding: tuple[float, int] | None = None) -> Terms:
+              holding: tuple[float, int] | None = None, least: float = 0.0) -> Terms:
         """A new lease for a new holder (`lease` None) or a renewal; `demand` in permits per
         period, `shared_granted` the shared bucket's grant counter (for its callers' demand),
         `shared_waiting` how many of its callers wait in its queue (unmet demand: then they
         count as wanting the whole rate, and get at least an equal part of it). `holding`: the
         share and burst the holder spends now (it has the answer that gave them): its older
         leases with other terms are no longer kept aside, so a share that shrank frees its part
-        at once rather than when the lease that gave the larger one lapses."""
+        at once rather than when the lease that gave the larger one lapses. `least` (permits per
+        period): a holder that holds nothing now is not given a share under this ("not now": it
+        asks per request, its calls counted with the shared callers', and it is not kept)."""
         entry = self._keys.setdefault(key, _Key())
         self._sample(entry, rate, shared_granted, now)
         self._reserved(key, entry, now)  # prunes lapsed leases
@@ -197,6 +199,10 @@ class LeaseBook:
         demands[SHARED] = float(rate.burst) if shared_waiting > 0 else max(entry.shared_demand,
                                                                             MIN_SHARED_DEMAND)
         fair = max_min_fair(float(rate.burst), demands)
+        seconds = lease_seconds(rate)
+        if fair[lease] < least and holder.reserved() == (0.0, 0):  # not worth holding now
+            self.release(lease)
+            return Terms(lease, 0.0, 0, rate.per, now + seconds, seconds, holder.terms != (0.0, 0))
         others = [h.reserved() for name, h in entry.holders.items() if name != lease]
         free_share = rate.burst - fair[SHARED] - sum(s for s, _ in others)
         free_burst = math.floor(rate.burst * (1 - SHARED_BURST_FLOOR)) - sum(b for _, b in others)
@@ -204,7 +210,6 @@ class LeaseBook:
         burst = min(max(1, math.floor(share * (1 - SHARED_BURST_FLOOR))), free_burst)
         if burst < 1 or share <= 0.0:
             share, burst = 0.0, 0
-        seconds = lease_seconds(rate)
         until = holder.until = now + seconds
         if burst:
             holder.grants.append(_Grant(share, burst, until))

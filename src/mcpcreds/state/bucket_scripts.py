@@ -166,12 +166,15 @@ return {granted, tostring(wait), tostring(level), tostring(math.max(0, paused - 
 # ARGV: burst, rate, lease id, demand (per second), seconds, spare (whole permits the holder's
 # bucket has left), the holding share (per second; -1: none) and burst, release (1|0), the part
 # of the burst that may be leased, the least share kept for the callers without a lease (per
-# second). The share: max-min fair over the live holders' demands and the callers without a
+# second), the least share worth holding (per second: a holder that holds nothing now and would
+# get less is given nothing and not kept; its takes count with the callers' without a lease).
+# The share: max-min fair over the live holders' demands and the callers without a
 # lease (their demand: the permits their takes asked for since the last lease, granted or not,
 # smoothed; all of the rate while a refused take waits), never more than is not reserved for the
 # others. Returns {share
 # per second, burst, initial permits moved to the holder, pause remaining (floats as strings),
-# then the lease ids to tell to renew now}.
+# 1 if the holder was not kept (under the least share) else 0, then the lease ids to tell to renew
+# now}.
 LEASE_SCRIPT: Final = _PRELUDE + """
 local paused = num(h[3], 0, 0, now + MAXL * 24)
 read_leases()
@@ -213,12 +216,19 @@ end
 local old = leases[id]
 local count = 0
 for _ in pairs(leases) do count = count + 1 end
-local share, b, initial = 0, 0, 0
-if ARGV[9] == '1' then
+local share, b, initial, dropped = 0, 0, 0, 0
+local least = num(ARGV[12], 0, 0, 1e15)
+local holds = 0
+if old ~= nil then holds = reserved(old, now) + select(2, reserved(old, now)) end
+local demand = num(ARGV[4], 0, 0, rate)
+if ARGV[9] ~= '1' and least > 0 and holds <= 0 and fair_split(id, demand)[id] < least then
+  dropped = 1  -- not worth holding now: not now, and not kept
+  leases[id] = nil
+  redis.call('HDEL', KEYS[2], id)
+elseif ARGV[9] == '1' then
   leases[id] = nil
   redis.call('HDEL', KEYS[2], id)
 elseif old ~= nil or count < @MAX_LEASES@ then
-  local demand = num(ARGV[4], 0, 0, rate)
   local keep_part = num(ARGV[10], 0.5, 0, 1)
   local others_s, others_b = 0, 0
   for lid, e in pairs(leases) do
@@ -289,7 +299,7 @@ level = math.min(level, burst - lburst)
 dirty = true
 save(paused)
 if lnext ~= nil then redis.call('PEXPIRE', KEYS[2], math.ceil((last - now + 60) * 1000)) end
-local reply = {tostring(share), b, initial, tostring(math.max(0, paused - now))}
+local reply = {tostring(share), b, initial, tostring(math.max(0, paused - now)), dropped}
 for _, lid in ipairs(told) do reply[#reply + 1] = lid end
 return reply
 """.replace("@MAX_LEASES@", str(MAX_LEASES_PER_KEY))

@@ -27,6 +27,7 @@ class LeaseAsk:
     release: bool = False
     leasable: float = 1 - SHARED_BURST_FLOOR
     least_shared: float = MIN_SHARED_DEMAND
+    least: float = 0.0  # a holder that holds nothing is given no share under this ("not now")
 
     @classmethod
     def release_of(cls, lease: str) -> LeaseAsk:
@@ -45,3 +46,4 @@ class LeaseReply:
     initial: int
     paused: float
     told: tuple[str, ...] = ()  # lease ids to tell to renew now (their fair part changed)
+    dropped: bool = False  # not worth holding (under `least`): not kept in the shared state

@@ -264,10 +264,11 @@ class RedisState:
             rate.burst, repr(rate.per_second), ask.lease, repr(ask.demand / rate.per), repr(ask.seconds),
             ask.spare,
             repr(holding[0] / rate.per if holding[0] >= 0 else -1.0), holding[1], 1 if ask.release else 0,
-            repr(ask.leasable), repr(ask.least_shared / rate.per)]))
-        share, burst, initial, paused, *told = reply
+            repr(ask.leasable), repr(ask.least_shared / rate.per), repr(ask.least / rate.per)]))
+        share, burst, initial, paused, dropped, *told = reply
         ids = tuple(t.decode("ascii", "replace") if isinstance(t, bytes) else str(t) for t in told)
-        return LeaseReply(float(share) * rate.per, int(burst), int(initial), float(paused), ids)
+        return LeaseReply(float(share) * rate.per, int(burst), int(initial), float(paused), ids,
+                          int(dropped) == 1)
 
     # -- logins
 

@@ -2,12 +2,15 @@
 lease.
 
 A key this sidecar grants often (`RESERVE_AFTER` calls within `RESERVE_WINDOW`) gets a lease
-held by the sidecar itself, as a library client holds one: the bucket in Redis keeps its share
-and burst aside (bucket_scripts.py), so the limit holds exactly across every sidecar, and a
-permit it holds is a local take instead of a round trip to Redis. It is renewed in the
-background at half its length, asking for twice what was used (all of the rate at first; at
-once, for twice what it asked before, when a caller finds it empty); one
-not used since its last renewal is given back, and all of them when the sidecar stops; one whose
+held by the sidecar itself, as a library client holds one, where it pays: when its share would be
+at least `RESERVE_LEAST` permits a second (the lease script answers "not now" otherwise, and the
+key is asked again `RETRY_NOT_WORTH` later); under that, a round trip to Redis per grant costs
+little, and a lease would cost the other sidecars' callers its part of the burst. Held, the
+bucket in Redis keeps its share and burst aside (bucket_scripts.py), so the limit holds exactly
+across every sidecar, and a permit it holds is a local take instead of a round trip to Redis. It
+is renewed in the background at half its length, asking for twice what was used (all of the rate
+at first; at once, for twice what it asked before, when a caller finds it empty); one not used
+since its last renewal is given back, and all of them when the sidecar stops; one whose
 sidecar died lapses after `RESERVE_SECONDS` at most. A pause drops it at once. While Redis is
 unreachable it is spent until its end, like a client's, and not renewed: after that, callers get
 the shared state's error again.
@@ -40,6 +43,8 @@ RETRY_AFTER_FAILURE: Final = 1.0
 # in Redis no longer than this, whatever the rate's period
 RESERVE_SECONDS: Final = 2.0
 SHARE_MARGIN: Final = 1e-9  # the local bucket refills a hair slower than granted (float rounding)
+RESERVE_LEAST: Final = 100.0  # permits per second: a smaller share is not worth holding
+RETRY_NOT_WORTH: Final = 10.0  # seconds before a key whose share was not worth holding is asked again
 _log = get_logger("reserve")
 
 LeaseCall = Callable[[str, Rate, LeaseAsk], Awaitable[LeaseReply]]
@@ -192,7 +197,8 @@ class Reserves:
             live = reserve.bucket is not None and sent < reserve.until
             spare = int(reserve.bucket.level(sent)) if live and reserve.bucket is not None else 0
             seconds = min(lease_seconds(rate), RESERVE_SECONDS)
-            ask = LeaseAsk(reserve.lease, reserve.asked, seconds, spare, reserve.terms if live else None)
+            ask = LeaseAsk(reserve.lease, reserve.asked, seconds, spare, reserve.terms if live else None,
+                           least=RESERVE_LEAST * rate.per)
             reply = await self._lease(key, rate, ask)
         except McpcredsError as exc:  # kept until its end; asked again a moment later
             reserve.renew_at = self.clock.monotonic() + RETRY_AFTER_FAILURE
@@ -204,8 +210,9 @@ class Reserves:
             await self._release(key, reserve)
             return
         reserve.used, reserve.since = reserve.used - used, sent  # the takes since it was sent count next
-        reserve.renew_at = sent + seconds / 2
-        if reserve.again:  # told to renew while this renewal was under way
+        # (not worth holding: per grant from Redis meanwhile, and asked again much later)
+        reserve.renew_at = sent + (RETRY_NOT_WORTH if reply.dropped else seconds / 2)
+        if reserve.again and not reply.dropped:  # told to renew while this renewal was under way
             reserve.again = False
             self._renew(key, reserve, due=False)
         # renewed (or, unused, given back) at half even if no caller comes to renew it
