@@ -11,7 +11,9 @@ test decides what is under way when. Nothing here waits on a duration for an out
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 BOUND = 20.0  # seconds; a share of 1 a minute refills in 60: a waiter that is not woken crosses it
 GATE = 10.0  # seconds a held lease call waits for its gate before it fails (a test that forgot it)
-SERVERS = ("first", "renew", "grow", "closed", "nudged", "failed", "stale")
+SERVERS = ("first", "renew", "grow", "closed", "nudged", "failed", "stale", "borrow")
 
 CONFIG = """
 [sidecar]
@@ -194,6 +196,7 @@ def test_a_share_that_holds_requests_back_grows_at_once_and_wakes_the_waiter(soc
         assert [b.get("demand") for b in client.bodies] == [None, 1.0, 1.0]  # asked; said it spends 1
         assert leaser.terms == (1.0, 1) and not leaser.asked_all
         assert leaser.take(1) is not None
+        leaser.borrow_at = math.inf  # (the shared bucket's stock is not asked: this is about the share)
         got: list[dict[str, Any] | None] = []
         waiter = threading.Thread(target=lambda: got.append(leaser.take(1)))
         waiter.start()
@@ -297,4 +300,44 @@ def test_an_answer_that_comes_after_its_headers_were_dropped_is_not_used_for_the
         finally:
             token.write_text("sync-lease-token-0123456789")
             admin.invalidate("stale")
+        leaser.close()
+
+
+def test_a_holder_whose_share_is_spent_is_served_from_the_shared_stock_then_waits_for_its_share(
+        socket: Path) -> None:
+    """The share spent, a request is served at once from what the shared bucket holds (a `call`
+    that does not wait), not left waiting for the share while that stock stands idle. Once the
+    shared bucket refuses (empty, and refilled at the rate less the share), the holder asks it no
+    more until it said it would have a permit, and waits for its own share."""
+    clock = FakeClock()
+    with LeaseCalls(socket, clock) as client:
+        leaser = SyncLeaser(client, "borrow", clock=clock)
+        leased(leaser, client)
+        assert leaser.terms == (599.0, 299)
+        answer = leaser.answer
+        while (borrowed := leaser.take(1)) == answer:  # what the lease moved to its bucket
+            assert leaser.served <= 299
+        assert borrowed is not None and borrowed["granted"] == 1  # a permit of the shared bucket
+        assert answer is not None and borrowed["headers"] == answer["headers"] and leaser.borrowed == 1
+        got: list[dict[str, Any] | None] = []
+        stop = threading.Event()
+
+        def drain() -> None:  # borrows until the shared bucket refuses, then waits for the share
+            while not stop.is_set():
+                got.append(leaser.take(1))
+
+        waiter = threading.Thread(target=drain)
+        waiter.start()
+        deadline = time.monotonic() + BOUND
+        while not 0.0 < leaser.borrow_at < math.inf:  # until a borrow was refused
+            assert time.monotonic() < deadline, "the shared bucket never refused"
+            time.sleep(0.001)
+        # not asked again before it said it would have a permit (the holder's clock has not moved)
+        assert leaser.borrowed < 301 and leaser.borrow_at > clock()
+        (bucket,) = [b for b in client.status()["buckets"] if b["key"] == "service:borrow"]
+        assert bucket["refused"] == 1 and waiter.is_alive()  # waiting for the share
+        stop.set()
+        clock.advance(1.0)  # the share refills (the lease lives on)
+        waiter.join(BOUND)
+        assert not waiter.is_alive() and got[-1] is not None
         leaser.close()

@@ -343,3 +343,12 @@ def test_a_holder_that_holds_a_share_is_renewed_whatever_the_least() -> None:
     renewed = book.grant(KEY, RATE, a.lease, 1e9, 1000, None, 0, clock.monotonic(), least=40.0,
                          holding=(a.share, a.burst))
     assert renewed.lease == a.lease and 0.0 < renewed.share < 40.0  # its fair third, under `least`
+
+
+def test_a_holder_refused_by_the_shared_bucket_asks_it_again_when_it_said_and_within_a_period() -> None:
+    from mcpcreds.client.lease_terms import BORROW_SPACING, RETRY_AFTER_FAILURE, borrow_again_at
+
+    assert borrow_again_at(10.0, 0.3, 1.0) == 10.3  # when the shared bucket said it would have one
+    assert borrow_again_at(10.0, 0.0, 1.0) == 10.0 + BORROW_SPACING  # never a refused ask per request
+    assert borrow_again_at(10.0, 45.0, 1.0) == 11.0  # within a period: its stock may come back sooner
+    assert borrow_again_at(10.0, None, 1.0) == 10.0 + RETRY_AFTER_FAILURE  # the sidecar failed

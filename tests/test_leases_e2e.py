@@ -51,6 +51,10 @@ rate = "20/1s"
 endpoint = "{url}/mcp"
 headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
 rate = "100000/1s"
+[services.stock]
+endpoint = "{url}/mcp"
+headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
+rate = "600/1m"
 [services.slow]
 endpoint = "{url}/mcp"
 headers = {{ "Authorization" = "Bearer {{{{secret:TOKEN}}}}" }}
@@ -102,6 +106,9 @@ service = "slow"
 [[servers]]
 name = "fast"
 service = "fast"
+[[servers]]
+name = "stock"
+service = "stock"
 [[servers]]
 name = "off"
 service = "api"
@@ -349,6 +356,29 @@ async def test_auth_as_it_comes_leases_when_it_calls_fast_for_a_share_worth_hold
             assert leaser.served == served + 5 and leaser.terms[0] >= AUTO_LEAST
 
 
+async def test_a_holder_whose_share_is_spent_is_served_from_the_shared_bucket_s_stock(env: Env) -> None:
+    """A holder that has spent what its bucket holds is served at once from the permits the shared
+    bucket holds (a `call` that does not wait), not left waiting for its share (10 a second here)
+    while that stock stands idle; the upstream gets the request with the same token."""
+    env.set_token(T1)
+    async with AsyncClient(env.sidecar.socket) as creds:
+        auth = creds.auth("stock", lease=True)
+        async with httpx.AsyncClient(base_url=env.upstream.url, auth=auth) as http:
+            deadline = time.monotonic() + 20
+            while auth._leaser is None or auth._leaser.answer is None:
+                assert time.monotonic() < deadline, "never saw the lease"
+                assert (await http.get("/mcp")).status_code == 200
+            leaser = auth._leaser
+            first = len(env.upstream.arrivals())
+            while leaser.borrowed == 0:  # the bucket's permits (its burst at most), then one borrowed
+                assert leaser.served <= leaser.terms[1] + 1
+                assert (await http.get("/mcp")).status_code == 200
+            arrived = env.upstream.arrivals()[first:]
+            assert arrived and set(arrived) == {T1}
+            [bucket] = [b for b in (await creds.status())["buckets"] if b["key"] == "service:stock"]
+            assert bucket["refused"] == 0  # a permit the shared bucket had: nothing refused, nobody waited
+
+
 HOLDER = """
 import asyncio, sys
 import httpx
@@ -462,7 +492,9 @@ def test_a_sync_client_leases_and_drops_the_old_token_on_invalidation(env: Env) 
         arrivals = env.upstream.arrivals()[first:first + sent]
     assert delivered_at is not None and set(arrivals[:10]) == {T1}
     assert set(arrivals[delivered_at:]) == {T2}, arrivals
-    assert leaser.served > sent // 2  # most of them leased (a renewal or two may ask per request)
+    # most of them leased, or from the shared stock once the share was spent (a renewal or two may
+    # ask per request)
+    assert leaser.served + leaser.borrowed > sent // 2
 
 
 @pytest.mark.soak

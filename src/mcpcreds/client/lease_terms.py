@@ -28,6 +28,7 @@ TRIGGER_CALLS: Final = 3  # lease=True: this many calls within TRIGGER_SECONDS a
 TRIGGER_SECONDS: Final = 1.0
 AUTO_CALLS: Final = 32  # lease="auto": this many (a pace at which the round trips add up)
 AUTO_LEAST: Final = 32.0  # lease="auto": permits per second, the least share worth holding
+BORROW_SPACING: Final = 0.05  # s: the least time between a holder's refused asks of the shared bucket
 RETRY_AFTER_FAILURE: Final = 1.0
 DEMAND_HEADROOM: Final = 2.0  # ask for twice what was used: a growing client can double per renewal
 MAX_EVENT_LINE: Final = 64 * 1024
@@ -73,6 +74,17 @@ def called_often(recent: deque[float], now: float) -> bool:
     async and the sync holders."""
     recent.append(now)
     return len(recent) == recent.maxlen and now - recent[0] <= TRIGGER_SECONDS
+
+
+def borrow_again_at(now: float, retry_after: float | None, per: float) -> float:
+    """When a holder whose share is spent may next ask the shared bucket for a permit without
+    waiting (a lease holder borrows what the callers without a lease leave in its stock, rather
+    than wait for its own share while that stock stands idle): when the shared bucket said it would
+    have one (`retry_after` of its refusal; None: a failure, RETRY_AFTER_FAILURE), within
+    BORROW_SPACING and one period of the rate. Shared by the async and the sync holders."""
+    if retry_after is None:
+        return now + RETRY_AFTER_FAILURE
+    return now + min(max(retry_after, BORROW_SPACING), max(per, BORROW_SPACING))
 
 
 def renew_now(event: dict[str, Any], key: str | None, lease: str | None, disabled: bool) -> bool:

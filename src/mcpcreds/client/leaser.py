@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,7 @@ from .lease_terms import (
     RETRY_AFTER_FAILURE,
     Trigger,
     available,
+    borrow_again_at,
     called_often,
     event_effect,
     lease_answer,
@@ -128,6 +130,8 @@ class AsyncLeaser:
         self.obtaining: asyncio.Task[bool] | None = None
         self.terms_per = 1.0  # the period of the rate, from the last lease
         self.served = 0  # requests served from the lease
+        self.borrowed = 0  # requests served from the shared bucket's stock while the share was spent
+        self.borrow_at = 0.0  # the shared bucket is not asked for such a permit before this
         self.saturated = False  # a request waited for the share since the last lease
         self.asked_all = True  # the last lease asked for all it could get (no demand named)
         self.asked: float | None = None  # the demand the last lease asked for
@@ -151,7 +155,9 @@ class AsyncLeaser:
                 self.used += cost
                 self.served += 1
                 return answer
-            return await self._wait(limiter, cost, now)
+            if now >= self.borrow_at and (borrowed := await self._borrow(cost)) is not None:
+                return borrowed
+            return await self._wait(limiter, cost, self.clock())
         if self.disabled or now < self.retry_at or (answer is not None and now < self.deadline):
             return None  # (a live lease whose burst is less than `cost`: per request)
         if self.lease is None and not called_often(self.recent, now):
@@ -170,6 +176,24 @@ class AsyncLeaser:
                     break
                 obtaining = self.obtaining
         return None  # per request until the lease is there (buying it may wait for permits)
+
+    async def _borrow(self, cost: int) -> dict[str, Any] | None:
+        """The share is spent: a permit and headers from the shared bucket if it has one now (no
+        wait: it is refused at once otherwise, and asked again when it said it would have one);
+        one such ask at a time. None: wait for the share."""
+        self.saturated = True  # (the share held requests back: the renewal asks for all it can get)
+        self.borrow_at = math.inf
+        try:
+            got = await self.client.run(Calls.call(self.name, cost, 0.0))
+        except RateLimited as exc:
+            self.borrow_at = borrow_again_at(self.clock(), exc.retry_after, self.terms_per)
+            return None
+        except (McpcredsError, OSError, ValueError, asyncio.IncompleteReadError):
+            self.borrow_at = borrow_again_at(self.clock(), None, self.terms_per)
+            return None
+        self.borrow_at = 0.0
+        self.borrowed += 1
+        return got
 
     async def _wait(self, limiter: AsyncLimiter, cost: int, now: float) -> dict[str, Any] | None:
         """The share has no room now: wait for it, unless the lease changes first (new terms, or

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import socket
 import threading
 import time
@@ -32,6 +33,7 @@ from .lease_terms import (
     MAX_EVENT_LINE,
     RETRY_AFTER_FAILURE,
     Trigger,
+    borrow_again_at,
     called_often,
     event_effect,
     lease_answer,
@@ -43,6 +45,13 @@ if TYPE_CHECKING:
     from .calls import SidecarClient
 
 OPEN_TIMEOUT = 10.0
+
+
+class Borrow:
+    """What `_take` answers when the share is spent: ask the shared bucket without waiting."""
+
+
+BORROW = Borrow()
 
 
 class SyncEventStream:
@@ -125,6 +134,8 @@ class SyncLeaser:
         self.saturated = False  # a request waited for the share since the last lease
         self.asked_all = True  # the last lease asked for all it could get (no demand named)
         self.served = 0  # requests served from the lease
+        self.borrowed = 0  # requests served from the shared bucket's stock while the share was spent
+        self.borrow_at = 0.0  # the shared bucket is not asked for such a permit before this
         self.generation = 0  # bumped whenever what is leased is dropped
         self.subscriber: str | None = None
         self.stream: SyncEventStream | None = None
@@ -139,6 +150,35 @@ class SyncLeaser:
 
     def take(self, cost: int) -> dict[str, Any] | None:
         """Leased headers with `cost` permits spent in-process, or None: ask per request."""
+        while True:
+            got = self._take(cost)
+            if not isinstance(got, Borrow):
+                return got
+            borrowed = self._borrow(cost)  # (the lock is not held across the round trip)
+            if borrowed is not None:
+                return borrowed
+
+    def _borrow(self, cost: int) -> dict[str, Any] | None:
+        """The share is spent: a permit and headers from the shared bucket if it has one now (no
+        wait: refused at once otherwise, and asked again when it said it would have one); one such
+        ask at a time (`_take` set `borrow_at` to inf). None: wait for the share."""
+        try:
+            got = self.client.run(Calls.call(self.name, cost, 0.0))
+        except RateLimited as exc:
+            with self.lock:
+                self.borrow_at = borrow_again_at(self.clock(), exc.retry_after, self.terms_per)
+            return None
+        except (McpcredsError, OSError, ValueError):
+            with self.lock:
+                self.borrow_at = borrow_again_at(self.clock(), None, self.terms_per)
+            return None
+        with self.lock:
+            self.borrow_at = 0.0
+            self.borrowed += 1
+        return got
+
+    def _take(self, cost: int) -> dict[str, Any] | Borrow | None:
+        """`take` under the lock; BORROW: ask the shared bucket (`_borrow`), then take again."""
         with self.lock:
             renewal_awaited = False
             while True:
@@ -174,6 +214,9 @@ class SyncLeaser:
                 self.saturated = True
                 if not self.asked_all and self.obtaining is None:
                     self._start_obtaining()
+                if now >= self.borrow_at:
+                    self.borrow_at = math.inf
+                    return BORROW
                 self.changed.wait(min(wait, self.deadline - now))
 
     def _renewed(self, renewal: threading.Event) -> bool:
