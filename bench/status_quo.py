@@ -2,7 +2,8 @@
 
 Run from the repository root (Node for the authorization server peer; the MCP SDK 2.x installed):
 
-    python bench/status_quo.py                   # defaults below; 1.5-2 min, mostly spawning processes
+    python bench/status_quo.py                   # defaults below; 2-3 min, mostly spawning processes
+    python bench/status_quo.py --rounds 3        # three rounds of the three sides, min/median/max
     python bench/status_quo.py --json            # the same figures, machine-readable
     python bench/status_quo.py --processes 8 --tasks 2 --seconds 15 --ttl 5 --rate 20/1s
                                                  # every option, at its default
@@ -28,6 +29,12 @@ concurrent loops calling the tool `add` for `--seconds` seconds, then closes its
   each process uses `AsyncClient(socket).auth("tools")` as the `auth=`: one login and one bucket
   for all processes. Then `--processes` new processes join the running sidecar, which holds a
   fresh login and a full bucket, for one session and one call each (the "warm" row).
+- mcpcreds, `lease=False`: the same with `auth("tools", lease=False)`, one `call` round trip per
+  request: the per-request path, which the default (leases where they pay) must not be slower
+  than, nor use less of the rate than.
+
+`--rounds N` runs the three sides in turn N times; the table is the last round's, followed by the
+main figures' min / median / max over the rounds.
 
 What is measured, and where:
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import time
+from collections import deque
 from collections.abc import AsyncGenerator, Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -21,7 +23,7 @@ from ..core.rates import parse_retry_after
 from ..core.scopes import insufficient_scope
 from ..errors import RateLimited
 from .calls import Call, Calls
-from .lease_terms import Trigger
+from .lease_terms import Trigger, called_often
 
 if TYPE_CHECKING:
     from .calls import AsyncSidecarClient, SidecarClient
@@ -179,6 +181,7 @@ class CredentialsAuth(httpx.Auth):
         self.max_wait = max_wait
         self.on_429: On429 = on_429
         self._session: dict[str, str] = {}  # an AAuth server's session token (AAuth-Access), memory only
+        self._recent: deque[float] = deque(maxlen=1)  # the last calls' times, until a lease holder
 
     def _flow(self, request: Any) -> Generator[Step, Any, Any]:
         return credential_flow(self.name, request, cost=self.cost, max_wait=self.max_wait,
@@ -229,10 +232,13 @@ class CredentialsAuth(httpx.Auth):
                 leaser.drop()
             return None
         if leaser is None or leaser.loop is not asyncio.get_running_loop():
+            if leaser is None and not self._triggered():
+                return None
             from .leaser import AsyncLeaser
 
             assert self._async_client is not None
             leaser = self._leaser = AsyncLeaser(self._async_client, self.name, trigger=Trigger.of(self.lease))
+            leaser.recent.extend(self._recent)
             self._async_client._leasers.append(leaser)
         return await leaser.take(self.cost)
 
@@ -245,6 +251,8 @@ class CredentialsAuth(httpx.Auth):
                 leaser.drop()
             return None
         if leaser is None:
+            if not self._triggered():
+                return None
             from .leaser_sync import SyncLeaser
 
             assert self._client is not None
@@ -252,9 +260,19 @@ class CredentialsAuth(httpx.Auth):
                 leaser = self._sync_leaser
                 if leaser is None:
                     leaser = SyncLeaser(self._client, self.name, trigger=Trigger.of(self.lease))
+                    leaser.recent.extend(self._recent)
                     self._sync_leaser = leaser
                     self._client._leasers.append(leaser)
         return leaser.take(self.cost)
+
+    def _triggered(self) -> bool:
+        """Note this call: whether this auth is now called often enough to ask for a lease. Until
+        then no lease holder is made (nor its module imported): an auth that never leases pays
+        nothing for leases. The calls noted go on into the holder's own count."""
+        calls = Trigger.of(self.lease).calls
+        if self._recent.maxlen != calls:  # (`lease` is set after __init__)
+            self._recent = deque(self._recent, maxlen=calls)
+        return called_often(self._recent, time.monotonic())
 
     async def aclose(self) -> None:
         """Give the lease up now (closing the client does it too)."""

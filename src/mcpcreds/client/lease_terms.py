@@ -62,10 +62,11 @@ class Trigger:
     @classmethod
     def of(cls, lease: bool | str) -> Trigger:
         """`lease=True`: as soon as it is called often, whatever the share; "auto": where it pays."""
-        return ALWAYS if lease is True else cls(AUTO_CALLS, AUTO_LEAST)
+        return ALWAYS if lease is True else AUTO
 
 
 ALWAYS: Final = Trigger(TRIGGER_CALLS, 0.0)  # lease=True
+AUTO: Final = Trigger(AUTO_CALLS, AUTO_LEAST)  # lease="auto"
 
 
 def called_often(recent: deque[float], now: float) -> bool:

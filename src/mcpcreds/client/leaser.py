@@ -1,17 +1,21 @@
 """The client's side of capacity leases (see leases.py for the sidecar's): permits and headers
 inside the process, with no round trip, for an `auth=creds.auth(name)` that calls often.
 
-After `TRIGGER_CALLS` calls within `TRIGGER_SECONDS`, the auth opens the event stream
-(`GET /v1/events`) and asks for a lease tied to it. Its share is spent through an
+Where a lease pays (lease_terms.py `Trigger`: by default after `AUTO_CALLS` calls within
+`TRIGGER_SECONDS`, for a share of at least `AUTO_LEAST` a second; with `lease=True` after
+`TRIGGER_CALLS`, for any share), the auth opens the event stream (`GET /v1/events`) and asks for
+a lease tied to it. Its share is spent through an
 `aiolimiter.AsyncLimiter` (capacity = the burst share, refilled at the rate share), which starts
 with the `initial` permits the sidecar moved to it; the leased headers are used until the lease
 ends (`lease_seconds` after the request was *sent*: never past the sidecar's end of it), an event
 drops them (invalidate, rotation, a new login, a pause), or the stream ends (then everything
 leased is dropped: without events a credential could outlive its invalidation). The lease is
 renewed in the background at half its length, asking for what was used (with room to grow).
-A refusal (`leases = false`, a signed server, a shared state) turns leasing off for this auth;
-a share of 0 ("not now") is asked again half a lease later. Every failure falls back to the
-per-request `call`.
+A refusal (`leases = false`, a signed server, a grant holder) turns leasing off for this auth;
+a share of 0 ("not now") is asked again half a lease later. A holder whose share is spent asks the
+shared bucket for a permit without waiting (`_borrow`: its stock would stand idle meanwhile) and,
+refused, waits for its share and asks the shared bucket again only when it said it would have one.
+Every failure falls back to the per-request `call`.
 
 The sync `Client` leases through leaser_sync.py: `AsyncLimiter` is bound to an event loop (it
 reads `loop.time()` and wakes waiters with loop futures) and is not thread-safe, so the sync

@@ -16,6 +16,11 @@ from the next renewal after that (within two lease periods).
 On a shared (Redis) state the same split is made, over every sidecar's holders, by the bucket's
 lease script (bucket_scripts.py); this book then only keeps its own holders' ids (`admit`, `note`).
 
+A lease is taken where it pays (the client's `least`: permits per period under which a share is
+not worth holding): a holder that holds nothing and whose fair share is under it gets "not now"
+and is not kept, so its demand shrinks nobody's share; its calls count with the shared callers'.
+`least` gates taking a lease, not keeping one: a holder's renewal is granted its fair share.
+
 A lease lapses at `until` unless renewed; its holder's share is taken back at once when the
 holder's event stream closes (`release_subscriber`) or it gives it up (`release`).
 
