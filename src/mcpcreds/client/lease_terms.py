@@ -2,16 +2,17 @@
 functions of what a holder knows and what the sidecar said, with no I/O, no clock and no lock.
 
 What an event means (`event_effect`, `renew_now`), when a lease is worth asking for
-(`called_often`, `Trigger`), what demand a renewal names (`lease_demand`) and what a lease answer
-makes of the lease held (`lease_answer`).
+(`called_often`, `Trigger`), what demand a renewal names (`lease_demand`), when a holder whose
+share is spent asks the shared bucket again (`borrow_again_at`) and what a lease answer makes of
+the lease held (`lease_answer`). Each holder applies that to its own bucket (an
+`aiolimiter.AsyncLimiter`, a `buckets.TokenBucket`) on its own terms (the event loop, a lock).
 
 When a lease pays (`lease="auto"`, the default): a lease saves the socket round trip of a `call`
 (a fraction of a millisecond) and costs the holder its part of the shared burst, so it is asked
 for only by a process whose own calls come fast (`AUTO_CALLS` within `TRIGGER_SECONDS`), and only
 taken when its share would give at least `AUTO_LEAST` permits a second (the sidecar answers "not
 now" otherwise: per request, where the whole shared burst serves its first calls). `lease=True`
-asks after `TRIGGER_CALLS` calls, for whatever share there is. Each holder applies that to its own bucket (an
-`aiolimiter.AsyncLimiter`, a `buckets.TokenBucket`) on its own terms (the event loop, a lock).
+asks after `TRIGGER_CALLS` calls, for whatever share there is.
 """
 
 from __future__ import annotations
