@@ -269,10 +269,10 @@ class CredentialsAuth(httpx.Auth):
         """Note this call: whether this auth is now called often enough to ask for a lease. Until
         then no lease holder is made (nor its module imported): an auth that never leases pays
         nothing for leases. The calls noted go on into the holder's own count."""
-        calls = Trigger.of(self.lease).calls
-        if self._recent.maxlen != calls:  # (`lease` is set after __init__)
-            self._recent = deque(self._recent, maxlen=calls)
-        return called_often(self._recent, time.monotonic())
+        trigger = Trigger.of(self.lease)
+        if self._recent.maxlen != trigger.calls:  # (`lease` is set after __init__)
+            self._recent = deque(self._recent, maxlen=trigger.calls)
+        return called_often(self._recent, time.monotonic(), trigger.seconds)
 
     async def aclose(self) -> None:
         """Give the lease up now (closing the client does it too)."""

@@ -9,7 +9,8 @@ the lease held (`lease_answer`). Each holder applies that to its own bucket (an
 
 When a lease pays (`lease="auto"`, the default): a lease saves the socket round trip of a `call`
 (a fraction of a millisecond) and costs the holder its part of the shared burst, so it is asked
-for only by a process whose own calls come fast (`AUTO_CALLS` within `TRIGGER_SECONDS`), and only
+for only by a process whose own calls come fast, and keep coming (`AUTO_CALLS` within
+`AUTO_SECONDS`, not a burst at the start), and only
 taken when its share would give at least `AUTO_LEAST` permits a second (the sidecar answers "not
 now" otherwise: per request, where the whole shared burst serves its first calls). `lease=True`
 asks after `TRIGGER_CALLS` calls, for whatever share there is.
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
 
 TRIGGER_CALLS: Final = 3  # lease=True: this many calls within TRIGGER_SECONDS ask for a lease
 TRIGGER_SECONDS: Final = 1.0
-AUTO_CALLS: Final = 32  # lease="auto": this many (a pace at which the round trips add up)
+AUTO_CALLS: Final = 64  # lease="auto": this many within AUTO_SECONDS (a pace at which round trips add up)
+AUTO_SECONDS: Final = 2.0
 AUTO_LEAST: Final = 32.0  # lease="auto": permits per second, the least share worth holding
 BORROW_SPACING: Final = 0.05  # s: the least time between a holder's refused asks of the shared bucket
 RETRY_AFTER_FAILURE: Final = 1.0
@@ -54,10 +56,11 @@ def event_effect(event: dict[str, Any], key: str | None, answer: dict[str, Any] 
 
 @dataclass(frozen=True, slots=True)
 class Trigger:
-    """When a holder asks for a lease: after `calls` calls within TRIGGER_SECONDS, for a share of at
-    least `least` permits per second (0: whatever share there is)."""
+    """When a holder asks for a lease: after `calls` calls within `seconds`, for a share of at least
+    `least` permits per second (0: whatever share there is)."""
 
     calls: int
+    seconds: float
     least: float
 
     @classmethod
@@ -66,16 +69,16 @@ class Trigger:
         return ALWAYS if lease is True else AUTO
 
 
-ALWAYS: Final = Trigger(TRIGGER_CALLS, 0.0)  # lease=True
-AUTO: Final = Trigger(AUTO_CALLS, AUTO_LEAST)  # lease="auto"
+ALWAYS: Final = Trigger(TRIGGER_CALLS, TRIGGER_SECONDS, 0.0)  # lease=True
+AUTO: Final = Trigger(AUTO_CALLS, AUTO_SECONDS, AUTO_LEAST)  # lease="auto"
 
 
-def called_often(recent: deque[float], now: float) -> bool:
+def called_often(recent: deque[float], now: float, within: float = TRIGGER_SECONDS) -> bool:
     """Note a call at `now` in `recent` (the last `recent.maxlen` calls, a `Trigger`'s `calls`):
-    whether they all came within TRIGGER_SECONDS, when a lease is worth asking for. Shared by the
-    async and the sync holders."""
+    whether they all came `within` seconds (its `seconds`), when a lease is worth asking for.
+    Shared by the async and the sync holders."""
     recent.append(now)
-    return len(recent) == recent.maxlen and now - recent[0] <= TRIGGER_SECONDS
+    return len(recent) == recent.maxlen and now - recent[0] <= within
 
 
 def borrow_again_at(now: float, retry_after: float | None, per: float) -> float:

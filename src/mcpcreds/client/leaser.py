@@ -2,9 +2,9 @@
 inside the process, with no round trip, for an `auth=creds.auth(name)` that calls often.
 
 Where a lease pays (lease_terms.py `Trigger`: by default after `AUTO_CALLS` calls within
-`TRIGGER_SECONDS`, for a share of at least `AUTO_LEAST` a second; with `lease=True` after
-`TRIGGER_CALLS`, for any share), the auth opens the event stream (`GET /v1/events`) and asks for
-a lease tied to it. Its share is spent through an
+`AUTO_SECONDS`, for a share of at least `AUTO_LEAST` a second; with `lease=True` after
+`TRIGGER_CALLS` within `TRIGGER_SECONDS`, for any share), the auth opens the event stream
+(`GET /v1/events`) and asks for a lease tied to it. Its share is spent through an
 `aiolimiter.AsyncLimiter` (capacity = the burst share, refilled at the rate share), which starts
 with the `initial` permits the sidecar moved to it; the leased headers are used until the lease
 ends (`lease_seconds` after the request was *sent*: never past the sidecar's end of it), an event
@@ -164,7 +164,7 @@ class AsyncLeaser:
             return await self._wait(limiter, cost, self.clock())
         if self.disabled or now < self.retry_at or (answer is not None and now < self.deadline):
             return None  # (a live lease whose burst is less than `cost`: per request)
-        if self.lease is None and not called_often(self.recent, now):
+        if self.lease is None and not called_often(self.recent, now, self.trigger.seconds):
             return None
         obtaining = self.obtaining or self._start_obtaining()
         if answer is None and limiter is not None and now < self.lease_end and cost <= self.burst:

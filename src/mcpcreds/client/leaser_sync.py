@@ -188,7 +188,7 @@ class SyncLeaser:
                 if not (live and bucket is not None and cost <= self.terms[1]):
                     if self.disabled or now < self.retry_at or live:
                         return None  # (a live lease whose burst is less than `cost`: per request)
-                    if self.lease is None and not called_often(self.recent, now):
+                    if self.lease is None and not called_often(self.recent, now, self.trigger.seconds):
                         return None
                     obtaining = self.obtaining or self._start_obtaining()
                     if renewal_awaited or answer is not None or bucket is None or now >= self.lease_end \
