@@ -13,7 +13,7 @@ with httptools, requiring `Authorization: Bearer <token>`), at 1 and 16 requests
 
 - `plain`: the client sends the bearer header itself (`headers=`);
 - `auth`: the client gets it from the real sidecar (`mcpcreds serve`, its own process) through
-  `auth=creds.auth("bench")`, which leases a share of the bucket after a few calls (the default):
+  `auth=creds.auth("bench", lease=True)`, which leases a share of the bucket after a few calls:
   permit and headers are then taken inside the process, the lease renewed in the background;
 - `auth, no lease`: `creds.auth("bench", lease=False)`: one `POST /v1/servers/bench/call` round
   trip on the Unix socket (permit + headers) before each upstream request.
@@ -83,7 +83,7 @@ async def measure(upstream: str, sock: Path, concurrency: int, args: argparse.Na
     elapsed = dict.fromkeys(samples, 0.0)
     async with AsyncClient(sock) as creds, \
             httpx.AsyncClient(base_url=upstream, headers={"Authorization": f"Bearer {TOKEN}"}) as plain, \
-            httpx.AsyncClient(base_url=upstream, auth=creds.auth(SERVER)) as authed, \
+            httpx.AsyncClient(base_url=upstream, auth=creds.auth(SERVER, lease=True)) as authed, \
             httpx.AsyncClient(base_url=upstream, auth=creds.auth(SERVER, lease=False)) as per_request:
         sends = {"plain": upstream_send(plain), "auth": upstream_send(authed),
                  "auth, no lease": upstream_send(per_request)}
@@ -108,7 +108,7 @@ def added(plain: Latency, auth: Latency) -> dict[str, Any]:
 async def permit_costs(sock: Path, ops: int, rounds: int) -> dict[str, Any]:
     """µs per operation, in-process: a permit + headers from a held lease vs aiolimiter alone."""
     async with AsyncClient(sock) as creds:
-        auth = creds.auth(SERVER)
+        auth = creds.auth(SERVER, lease=True)
         call = Calls.call(SERVER, 1, 30.0)
         for _ in range(10):  # a few calls in a short time: the auth leases (in the background)
             await auth._leased(call)
@@ -179,7 +179,7 @@ PROFILE_GROUPS = (
 async def profile(upstream: str, sock: Path, requests: int) -> dict[str, Any]:
     """cProfile over `requests` upstream requests through `auth=` at concurrency 1."""
     async with AsyncClient(sock) as creds, \
-            httpx.AsyncClient(base_url=upstream, auth=creds.auth(SERVER)) as http:
+            httpx.AsyncClient(base_url=upstream, auth=creds.auth(SERVER, lease=True)) as http:
         send = upstream_send(http)
         for _ in range(200):
             await send()
