@@ -33,7 +33,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 
 from mcpcreds import Client
-from mcpcreds.client.launch import Busy, file_lock
+from mcpcreds.client.launch import Busy, file_lock, start_sidecar
 from mcpcreds.config.load import parse_config
 from mcpcreds.config.starter import (
     append_entry,
@@ -43,7 +43,7 @@ from mcpcreds.config.starter import (
     server_name_for,
     starter_config,
 )
-from mcpcreds.errors import ConfigError, Forbidden
+from mcpcreds.errors import ConfigError, Forbidden, SidecarUnavailable
 from tests.conftest import CANARY, KeyringSession, module_peer
 from tests.peers import browser
 from tests.peers.mcp_server import McpServerPeer, start_mcp_server
@@ -432,3 +432,22 @@ async def test_three_clients_at_once_log_the_person_in_once(
     assert renewed.result.structured_content == {"result": "after"} and "asks for a login" in renewed.stderr
     assert len(browser.opened(opened)) == 2 and idp.stats()["by_grant"].get("authorization_code") == 2
     assert len(ready_lines(desktop)) == 2
+
+
+def test_a_start_moves_a_full_log_aside_and_keeps_one(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    log = state / "sidecar.log"
+    log.write_bytes(b"old line\n" * 1_000_000)  # 9 MB: past what is kept
+    (state / "sidecar.log.1").write_bytes(b"older\n")
+    config = tmp_path / "broken.toml"
+    config.write_text("[sidecar\n")  # the sidecar started exits at once, saying why in its log
+    with pytest.raises(SidecarUnavailable, match="its log is"):
+        start_sidecar(config, str(tmp_path / "no.sock"), None, state, timeout=30.0)
+    assert (state / "sidecar.log.1").read_bytes().startswith(b"old line\n")  # the older one dropped
+    fresh = log.read_bytes()
+    assert 0 < len(fresh) < 100_000 and b"old line" not in fresh
+    log.write_bytes(b"small\n")  # under the limit: appended to, not moved
+    with pytest.raises(SidecarUnavailable):
+        start_sidecar(config, str(tmp_path / "no.sock"), None, state, timeout=30.0)
+    assert log.read_bytes().startswith(b"small\n") and len(log.read_bytes()) > 6

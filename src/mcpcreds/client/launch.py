@@ -31,6 +31,7 @@ LOCK_STEP: Final = 0.01  # the first wait for a lock; doubled up to LOCK_STEP_MA
 LOCK_STEP_MAX: Final = 0.2
 READY_STEP_MAX: Final = 0.05  # a started sidecar is asked this often at most (one health call each)
 LOG_NAME: Final = "sidecar.log"
+LOG_KEPT: Final = 8 * 1024 * 1024  # past this, a start moves the log to `sidecar.log.1` (one kept)
 GRANT_ENV: Final = "MCPCREDS_GRANT"  # a grant is the caller's, never the sidecar's
 
 Sleep = Callable[[float], None]
@@ -122,6 +123,16 @@ def sidecar_answers(socket: str, sidecar_uid: int | None) -> bool:
     return True
 
 
+def rotate_log(path: Path, kept: int = LOG_KEPT) -> None:
+    """A log past `kept` bytes becomes `NAME.1` (the one before it dropped): a sidecar started
+    at every login of a desktop never fills the disk with its log."""
+    try:
+        if path.lstat().st_size > kept:
+            os.replace(path, path.with_name(path.name + ".1"))
+    except FileNotFoundError:
+        pass
+
+
 def start_sidecar(config: Path, socket: str, sidecar_uid: int | None, state: Path,
                   timeout: float = START_TIMEOUT, sleep: Sleep = time.sleep,
                   clock: Clock = time.monotonic) -> int | None:
@@ -135,6 +146,7 @@ def start_sidecar(config: Path, socket: str, sidecar_uid: int | None, state: Pat
         if sidecar_answers(socket, sidecar_uid):  # another launch started it while we waited
             return None
         log_path = state / LOG_NAME
+        rotate_log(log_path)
         log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             env = {k: v for k, v in os.environ.items() if k != GRANT_ENV}
