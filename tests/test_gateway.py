@@ -125,6 +125,7 @@ tool_allowlist = ["echo", "progress"]
 {keyed("headers-only", peer.url, 'expose = "headers"')}
 {keyed("dropper", peer.base + "/drop")}
 {keyed("forever", peer.base + "/forever")}
+{keyed("linger", peer.base + "/linger")}
 {keyed("flood", peer.base + "/flood")}
 {keyed("watched", peer.url)}
 {keyed("plain", peer.url)}
@@ -577,6 +578,91 @@ async def flood(peer: GatewayPeer, sidecar: SidecarProcess, size: int) -> int:
     return received
 
 
+# ------------------------------------------------- one message and the end: a JSON answer
+# An SSE answer that is one message and then ends goes to the client as one JSON body: the MCP SDK
+# client reads a JSON answer to its end and keeps its connection for the next request, where it
+# leaves an SSE answer before its last chunk and opens a new connection per request. What is more
+# than one message, or does not end, is relayed as a stream, event by event, never held back.
+
+CALL = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "hi"}}}
+
+
+@asynccontextmanager
+async def raw_session(sidecar: SidecarProcess, name: str
+                      ) -> AsyncIterator[tuple[httpx2.AsyncClient, str, dict[str, str]]]:
+    """The gateway's client, its URL and the headers of an initialized MCP session."""
+    async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client(name) as http:
+        url = creds.mcp_url(name)
+        init = await http.post(url, json=INIT, headers=RPC_HEADERS)
+        headers = {**RPC_HEADERS, "Mcp-Session-Id": init.headers["mcp-session-id"],
+                   "MCP-Protocol-Version": "2025-06-18"}
+        await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+        yield http, url, headers
+
+
+async def test_a_one_message_answer_is_a_json_body(sidecar: SidecarProcess) -> None:
+    async with raw_session(sidecar, "tools") as (http, url, headers):
+        answer = await http.post(url, json=CALL, headers=headers)
+        assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
+        assert answer.json()["id"] == 7 and answer.json()["result"]["content"][0]["text"] == "hi"
+        assert "mcp-session-id" not in answer.headers or answer.headers["mcp-session-id"] == headers["Mcp-Session-Id"]
+
+
+async def test_the_sdk_client_keeps_one_connection_for_its_calls(sidecar: SidecarProcess) -> None:
+    connects: list[str] = []
+    async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("tools") as http:
+        backend: Any = http._transport._pool._network_backend
+        connect = backend.connect_unix_socket
+
+        async def counted(path: str, *args: Any, **kwargs: Any) -> Any:
+            connects.append(path)
+            return await connect(path, *args, **kwargs)
+
+        backend.connect_unix_socket = counted
+        async with (streamable_http_client(creds.mcp_url("tools"), http_client=http) as (read, write),
+                    ClientSession(read, write) as session):
+            await session.initialize()
+            await session.call_tool("add", {"a": 1, "b": 1})
+            before = len(connects)
+            for i in range(12):
+                assert value(await session.call_tool("add", {"a": i, "b": 1})) == i + 1
+            # each SSE answer left before its end cost a new connection: 12 here
+            assert len(connects) - before <= 1, connects
+
+
+async def test_an_answer_with_progress_is_relayed_as_a_stream_in_order(peer: GatewayPeer,
+                                                                       sidecar: SidecarProcess) -> None:
+    seen: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(progress)
+        if progress == 1:
+            await asyncio.to_thread(peer.release)
+
+    async with mcp_session(sidecar, "tools") as session:
+        result = await asyncio.wait_for(session.call_tool("progress", {"steps": 2}, progress_callback=on_progress),
+                                        30)
+    assert value(result) == "done" and seen == [1, 2]
+
+
+async def test_a_server_that_keeps_its_stream_open_after_the_answer_is_not_waited_for(
+        peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    """The server sends its answer and holds the stream until the client leaves: a gateway that
+    waited for the stream's end to answer in JSON would never answer (bounded here by 30 s)."""
+    before = peer.stats()["disconnects"]
+    async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("linger") as http, \
+            http.stream("POST", creds.mcp_url("linger"), json=CALL, headers=RPC_HEADERS) as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream"), (answer.status_code, await answer.aread())
+        chunks = answer.aiter_raw()
+        first = await asyncio.wait_for(anext(chunks), 30)
+        assert json.loads(first.split(b"data: ", 1)[1])["id"] == 7
+    for _ in range(300):  # the client left: the upstream request is cancelled
+        if peer.stats()["disconnects"] > before:
+            break
+        await asyncio.sleep(0.1)
+    assert peer.stats()["disconnects"] > before
+
+
 async def test_a_big_sse_stream_to_a_slow_reader_passes_with_bounded_sidecar_memory(
         peer: GatewayPeer, sidecar: SidecarProcess) -> None:
     """The peer writes as fast as the gateway reads; the client reads slowly. A gateway that kept
@@ -915,3 +1001,13 @@ async def test_a_body_that_fails_after_the_head_cuts_the_connection() -> None:
     assert not transport.written.endswith(b"0\r\n\r\n")  # never a complete-looking answer
     transport.sock.close()
     transport._peer.close()
+
+
+def test_only_an_answer_of_exactly_one_message_is_read_as_one() -> None:
+    from mcpcreds.gateway.stream import single_message
+
+    message = b'{"jsonrpc":"2.0","id":1,"result":{}}'
+    assert single_message(b"id: 0\ndata:\n\n" + b"data: " + message + b"\n\n") == message  # a priming event
+    assert single_message(b":\n\n" + b"id: 4\ndata: " + message + b"\n\n") == message
+    assert single_message(b"data: " + message + b"\n\ndata: " + message + b"\n\n") is None
+    assert single_message(b"id: 0\ndata:\n\n") is None

@@ -11,6 +11,8 @@ starting with ``--token-prefix`` and not revoked, or ``X-Api-Key: <--static-key>
 
     POST /drop      answers with an SSE stream: one event, then the connection is cut
     POST /forever   answers with an SSE stream: one event, then nothing until the client leaves
+    POST /linger    answers each request with an SSE stream: its result, then nothing until the
+                    client leaves (a server that does not end the stream after the answer)
     POST /flood     a tools/call answered by an SSE stream: one progress event; after the test's
                     release, progress events of ``arguments.event`` bytes (default 64 KiB) until
                     ``arguments.bytes`` (default 10 MiB) are sent, then the call's result; it
@@ -152,6 +154,17 @@ def build_app(state: PeerState) -> ASGIApp:
             pass
         state.disconnects += 1
 
+    async def linger(body: bytes, receive: Receive, send: Send) -> None:
+        call = next((m for m in _messages(body) if "id" in m), {})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        answer = {"jsonrpc": "2.0", "id": call.get("id"), "result": {"content": [], "isError": False}}
+        await send({"type": "http.response.body", "body": b"event: message\ndata: " + json.dumps(answer).encode()
+                    + b"\n\n", "more_body": True})
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        state.disconnects += 1
+
     async def flood(receive: Receive, send: Send) -> None:
         body, _ = await buffered(receive)
         call = next((m for m in _messages(body) if m.get("method") == "tools/call"), {})
@@ -203,7 +216,7 @@ def build_app(state: PeerState) -> ASGIApp:
             state.fail_429.arm(json.loads(body or b"{}"))
             await send_json(send, 200, {"ok": True})
             return
-        if path not in ("/mcp", "/drop", "/forever", "/flood"):
+        if path not in ("/mcp", "/drop", "/forever", "/flood", "/linger"):
             await mcp_app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
@@ -230,6 +243,8 @@ def build_app(state: PeerState) -> ASGIApp:
             await one_event_stream(receive, send, then_cut=True)
         elif path == "/forever":
             await one_event_stream(receive, send, then_cut=False)
+        elif path == "/linger":
+            await linger(body, receive, send)
         else:
             await mcp_app(scope, receive, send)
 

@@ -484,6 +484,11 @@ class Gateway:
                 gap = None if listening else answer_timeout(target)
                 stream = SseBody(response, inspector, calls, target, gap, outbox)
                 first = b"" if listening else await stream.first()
+                if first and not inspector.pending and _takes_json(request):
+                    whole = await stream.whole(first)
+                    if whole is not None:  # one message and the stream's end: a JSON answer
+                        await stream.aclose()
+                        return Response(status, whole, content_type=b"application/json", extra_headers=extra)
                 self._streams.add(stream)
                 return StreamingResponse(status, stream, content_type=b"text/event-stream",
                                          extra_headers=extra, long_lived=listening, first=first)
@@ -657,6 +662,13 @@ def answer_timeout(target: Target) -> float:
 def _backoff(response: httpx.Response) -> bool:
     """An upstream asking to be left alone: a 429, or a 503 that says for how long."""
     return response.status_code == 429 or (response.status_code == 503 and "retry-after" in response.headers)
+
+
+def _takes_json(request: Request) -> bool:
+    """Whether the client accepts an application/json answer (an MCP client must: a client that
+    sends no Accept is sent what the gateway asked of the server for it, which includes it)."""
+    accept = one_header(request, b"accept")
+    return accept is None or b"application/json" in accept.lower() or b"*/*" in accept
 
 
 def _owner(request: Request) -> Owner:

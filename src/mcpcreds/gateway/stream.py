@@ -21,6 +21,9 @@ from .sse import EventTooLarge, SseSplitter
 _log = get_logger("gateway")
 
 MAX_SSE_EVENT: Final = MAX_GATEWAY_BODY_BYTES  # one SSE event (the MCP SDK client takes 1 MiB)
+# once a POST's requests are all answered, how long its SSE answer may take to end and still go out
+# as one JSON body; a server that keeps the stream open longer has it relayed as a stream
+END_GRACE: Final = 0.05
 ToolCallDone = Callable[[Target, str, Actor, str, float], None]  # target, tool, actor, status, seconds
 
 
@@ -61,11 +64,41 @@ class SseBody:
         self.gen: AsyncIterator[bytes] | None = None
         self.end = "cancelled"  # what befalls the calls still unanswered when the body is closed
         self.closed = False
+        self.ahead: asyncio.Task[bytes | None] | None = None  # the read past the first events (`whole`)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         if self.gen is None:
             self.gen = self._events()
+        if self.ahead is not None:
+            return self._after_ahead(self.ahead, self.gen)
         return self.gen
+
+    async def whole(self, first: bytes, grace: float = END_GRACE) -> bytes | None:
+        """The one JSON-RPC message of an answer whose first events answered every request of the
+        POST, when the upstream's stream then ends within `grace`: it goes out as an
+        application/json body, which a client reads to its end and so keeps its connection (the
+        MCP SDK client leaves an SSE answer before its last chunk, and opens a new connection for
+        its next request). None: the answer is relayed as a stream, `first` then what follows."""
+        data = single_message(first)
+        if data is None or self.outbox:
+            return None
+        gen = aiter(self)
+        self.ahead = asyncio.ensure_future(anext(gen, None))
+        done, _ = await asyncio.wait((self.ahead,), timeout=grace)
+        if not done or self.ahead.result() is not None:
+            return None  # more to relay, or not yet ended: a stream
+        self.ahead = None
+        return data
+
+    @staticmethod
+    async def _after_ahead(ahead: asyncio.Task[bytes | None],
+                           gen: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        chunk = await ahead
+        if chunk is None:
+            return
+        yield chunk
+        async for chunk in gen:
+            yield chunk
 
     async def first(self) -> bytes:
         """The first events, once the upstream sent them (b"" if it ended first): they go out with
@@ -131,9 +164,25 @@ class SseBody:
     async def aclose(self) -> None:
         self.closed = True
         try:
+            if self.ahead is not None and not self.ahead.done():  # the generator must not be running
+                self.ahead.cancel()
+                await asyncio.wait((self.ahead,))
             if self.gen is not None:
                 await self.gen.aclose()  # type: ignore[attr-defined]
         finally:
             await self.response.aclose()
             if self.calls is not None:
                 self.calls.finish_all(self.end)
+
+
+def single_message(events: bytes) -> bytes | None:
+    """The data of the one message in `events` (SSE events as the gateway writes them: one `data`
+    line each, see `sse.SseEvent.write`), None when there are several or none; events without data
+    (keep-alives, resumption ids) do not count."""
+    found = None
+    for line in events.split(b"\n"):
+        if line.startswith(b"data: "):
+            if found is not None:
+                return None
+            found = line[6:]
+    return found
