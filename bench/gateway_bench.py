@@ -18,7 +18,8 @@ for. Two ways to reach it, measured alternately in the same run:
 (a) one `tools/call` (`add`): latency at concurrency 1 (p50, p99), and throughput with 16
     sessions calling at once; target p50 added <= 1 ms, throughput >= 0.8x direct.
 (b) time to the first SSE event of a `tools/call` answer (raw httpx2 POSTs in an initialized
-    session, time from sending to the first body bytes); target gateway <= direct + 1 ms p50.
+    session, time from sending to the first body bytes; through the gateway, an answer that is one
+    message and then ends comes as a JSON body); target gateway <= direct + 1 ms p50.
 (c) the sidecar's RSS with `--sessions` MCP sessions each holding its GET SSE stream open through
     the gateway; target <= 150 MB.
 
@@ -139,7 +140,10 @@ async def first_event(creds: AsyncClient, peer: GatewayPeer, way: str, calls: in
                     "params": {"name": "echo", "arguments": {"text": "x"}}}
             started = time.perf_counter()
             async with http.stream("POST", url, json=call, headers=headers) as answer:
-                assert answer.headers["content-type"].startswith("text/event-stream"), answer.headers
+                # the server answers in SSE; the gateway passes an answer of one message that then
+                # ends as a JSON body: either way, the time to its first bytes
+                assert answer.headers["content-type"].startswith(("text/event-stream", "application/json")), \
+                    answer.headers
                 seen = False
                 async for chunk in answer.aiter_raw():  # read to the end: the connection is reused
                     if chunk and not seen:
