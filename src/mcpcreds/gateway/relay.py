@@ -148,7 +148,7 @@ class Gateway:
         self._urls: dict[str, httpx.URL] = {}
         # what the server asks of the client, answered here or relayed
         self.in_place = InPlace(lambda: broker.audit, metrics, self._send_in_place, broker.clock.monotonic)
-        self._writes: set[asyncio.Task[None]] = set()  # pins being written
+        self._writes: dict[str, set[asyncio.Task[None]]] = {}  # server -> its pins being written
         self.aauth = aauth  # signs for servers with `aauth`: the agent key stays in the sidecar
         self.sigv4 = sigv4  # signs for servers with auth kind "aws": so does the AWS secret key
         self.params = mirror.ParamTable()  # the x-mcp-header annotations of the tools listed
@@ -539,6 +539,9 @@ class Gateway:
         if jsonrpc.TOOLS_LIST not in pending.values():
             return None
         store = self.broker.pins
+        writing = self._writes.get(target.name)
+        if writing:  # a listing just passed: its pins are read as written, never as they were before
+            await asyncio.wait(list(writing))
         view = await store.view(target.name)
         enforce = target.content.effective_pin_tools(target.trust.trust)
 
@@ -549,10 +552,17 @@ class Gateway:
             if decision.writes:
                 task = asyncio.get_running_loop().create_task(
                     store.record(target.name, decision.pin, decision.changed, decision.cleared))
-                self._writes.add(task)
-                task.add_done_callback(self._writes.discard)
+                writing = self._writes.setdefault(target.name, set())
+                writing.add(task)
+                task.add_done_callback(lambda done: self._written(target.name, done))
             return decision.tools
         return judge
+
+    def _written(self, server: str, task: asyncio.Task[None]) -> None:
+        writing = self._writes.get(server, set())
+        writing.discard(task)
+        if not writing:
+            self._writes.pop(server, None)
 
     def _current(self, target: Target) -> Target:
         return self.broker.config.target(target.name) or target
