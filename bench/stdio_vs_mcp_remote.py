@@ -454,13 +454,14 @@ def render_throughput(report: dict[str, Any]) -> list[str]:
                          spread([r.sidecar_ms_per_call for r in rs]) if tool == "mcpcreds" else "-",
                          spread([r.server_ms_per_call for r in rs]),
                          spread([r.client_ms_per_call for r in rs])])
-        out += ["", f"{sessions} session{'s' if sessions > 1 else ''}", harness.table(rows)]
+        label = f"{sessions} session{'s' if sessions > 1 else ''}"
+        out += ["", label, harness.table(rows)]
         for what, key in (("calls/s", "calls_per_s"), ("p50 ms", "p50_ms"),
                           ("CPU ms per call", "cpu_ms_per_call")):
             mine = [getattr(r, key) for r in of["mcpcreds"]]
             theirs = [getattr(r, key) for r in of["mcp-remote"]]
             each = [a / b for a, b in zip(mine, theirs, strict=True) if b]
-            line = harness.ratio_line(f"{what}, {sessions} sessions, median of rounds",
+            line = harness.ratio_line(f"{what}, {label}, median of rounds",
                                       (LABELS["mcpcreds"], statistics.median(mine)),
                                       (LABELS["mcp-remote"], statistics.median(theirs)))
             out.append(f"{line} (each round: {spread(each)})" if each else line)

@@ -325,7 +325,7 @@ class _Events:
     def body(self, chunk: bytes) -> None:
         for event in self.events.feed(chunk):
             self.seen = True
-            self.last_id = event.id or self.last_id
+            self.last_id = header_value(event.id) or self.last_id  # sent back as a header
             self.relay.emit_text(event.data, {})
 
 
@@ -536,7 +536,11 @@ class StdinLines:
         self.watched = False  # by the loop (else by the thread)
         self.go = threading.Event()  # the thread's: it may read
         self.go.set()
-        if stat.S_ISFIFO(mode := os.fstat(fd).st_mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode):
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:  # no stdin: the thread's first read ends it
+            mode = 0
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode):
             with contextlib.suppress(OSError):  # e.g. /dev/null: EPERM
                 loop.add_reader(fd, self._readable)
                 self.watched = True
@@ -554,13 +558,10 @@ class StdinLines:
 
     def _read(self) -> None:
         """In the thread."""
-        data = b""
-        try:
+        with contextlib.suppress(OSError, RuntimeError):  # stdin closed under us, or the loop is gone
             while self.go.wait() and (data := os.read(self.fd, READ_CHUNK)):
                 self.loop.call_soon_threadsafe(self._data, data)
-        except OSError:
-            pass
-        with contextlib.suppress(RuntimeError):  # the loop is gone
+        with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self._data, b"")
 
     def _data(self, data: bytes) -> None:
@@ -624,13 +625,15 @@ async def relay(http: StreamUdsHttp, out: Output, say: Say, stdin_fd: int = 0, u
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
-    while (item := await lines.get()) is not None:
-        ordered = r.line(item)
-        if ordered is not None:
-            await asyncio.wait({ordered})
-            ordered = None
-    await r.finish(wait=not lines.stopped)
-    out.flush()
+    try:
+        while (item := await lines.get()) is not None:
+            ordered = r.line(item)
+            if ordered is not None:
+                await asyncio.wait({ordered})
+                ordered = None
+        await r.finish(wait=not lines.stopped)
+    finally:
+        out.flush()
 
 
 def unreachable_text(socket_path: str) -> str:

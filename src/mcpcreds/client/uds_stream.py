@@ -174,7 +174,11 @@ class StreamUdsHttp:
         self.socket_path = socket_path
         self.sidecar_uid = sidecar_uid
         self.path = path
-        self._base = "".join(_header_line(k, v) for k, v in headers.items())
+        try:
+            self._base = "".join(_header_line(k, v) for k, v in headers.items())
+            self._refused: InvalidHeader | None = None
+        except InvalidHeader as exc:  # every request fails with it, nothing sent
+            self._base, self._refused = "", exc
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
 
@@ -204,6 +208,8 @@ class StreamUdsHttp:
     async def request(self, method: str, headers: dict[str, str], body: bytes | None,
                       exchange: Exchange) -> None:
         """Send, and return once the answer has ended (its head and body given to `exchange`)."""
+        if self._refused is not None:
+            raise self._refused
         request = self._encode(method, headers, body)
         async with self._slots:
             for _ in range(2):
