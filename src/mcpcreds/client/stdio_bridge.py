@@ -225,10 +225,11 @@ class Output:
 
     def json_text(self, text: str) -> None:
         """A JSON text already parsed, as it came: once more through `json.dumps` if it spans lines."""
+        text = text.strip(" \t\r\n")
         if "\n" in text or "\r" in text:
             self.write(json.loads(text))
         else:
-            self.line(text.strip(" \t").encode("utf-8"))
+            self.line(text.encode("utf-8"))
 
     def line(self, line: bytes) -> None:
         if self.closed:
