@@ -212,8 +212,8 @@ class StreamUdsHttp:
             raise self._refused
         request = self._encode(method, headers, body)
         async with self._slots:
-            for _ in range(2):
-                conn = self._kept()
+            for attempt in (1, 2):
+                conn = self._kept() if attempt == 1 else None  # the second on a new connection
                 kept = conn is not None
                 if conn is None:
                     conn = await self._open()
