@@ -1,13 +1,13 @@
-"""`mcpcreds stdio URL` against `npx mcp-remote URL`: first call, logins, where the tokens end up.
+"""`mcpcreds stdio URL` against `npx mcp-remote URL`: first call, logins, tokens, throughput.
 
 Run from the repository root (the package installed, with the test extras: the MCP SDK 2.x; Node
 with npm, which installs mcp-remote into bench/peers from its lockfile on first use):
 
-    python bench/stdio_vs_mcp_remote.py                # about a minute
+    python bench/stdio_vs_mcp_remote.py                # about three minutes
     python bench/stdio_vs_mcp_remote.py --rounds 10
     python bench/stdio_vs_mcp_remote.py --json
     python bench/stdio_vs_mcp_remote.py --quick        # a smoke run
-    python bench/stdio_vs_mcp_remote.py --parts throughput --tp-rounds 5
+    python bench/stdio_vs_mcp_remote.py --parts throughput --tp-rounds 5   # (d) only, 5 rounds
 
 Both are launched as a desktop client launches a stdio server: by the MCP SDK's stdio client,
 with its reduced environment, a HOME of their own (fresh for each round) and a runtime folder;
