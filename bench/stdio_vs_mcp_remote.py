@@ -1,12 +1,13 @@
-"""`mcpcreds stdio URL` against `npx mcp-remote URL`: first call, logins, where the tokens end up.
+"""`mcpcreds stdio URL` against `npx mcp-remote URL`: first call, logins, tokens, throughput.
 
 Run from the repository root (the package installed, with the test extras: the MCP SDK 2.x; Node
 with npm, which installs mcp-remote into bench/peers from its lockfile on first use):
 
-    python bench/stdio_vs_mcp_remote.py                # about a minute
+    python bench/stdio_vs_mcp_remote.py                # about three minutes
     python bench/stdio_vs_mcp_remote.py --rounds 10
     python bench/stdio_vs_mcp_remote.py --json
     python bench/stdio_vs_mcp_remote.py --quick        # a smoke run
+    python bench/stdio_vs_mcp_remote.py --parts throughput --tp-rounds 5   # (d) only, 5 rounds
 
 Both are launched as a desktop client launches a stdio server: by the MCP SDK's stdio client,
 with its reduced environment, a HOME of their own (fresh for each round) and a runtime folder;
@@ -25,6 +26,15 @@ with its reduced environment, a HOME of their own (fresh for each round) and a r
     IdP (authorization code grants), browsers opened, and the time until all three had a result.
 (c) Where the tokens end up after (b): every file under HOME that holds the access or refresh
     token, its mode and whether the token is in plain text; mcpcreds' keyring entry.
+(d) Throughput, no authorization: `--sessions` stdio sessions of each (16, then 1; mcpcreds'
+    sidecar already running), each calling `tools/call` (`add`) in a loop for `--seconds`
+    against the server of (a), the two taking turns over `--tp-rounds` rounds. Per round: calls/s,
+    p50, and CPU per call (utime + stime from /proc, the processes' reaped children included) of
+    everything each side runs (mcpcreds: its bridge processes and the sidecar; mcp-remote: its
+    node processes), the server's CPU per call, and this process's (the SDK clients); min, median
+    and max over the rounds, and the ratios of each round.
+
+`--parts` picks what runs (`first,logins,throughput`, all by default).
 
 Client, sidecars, servers and the IdP share the machine's cores: compare figures of one run only.
 """
@@ -40,12 +50,14 @@ import shutil
 import signal
 import socket
 import stat
+import statistics
 import struct
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +80,8 @@ SCOPE = "tools:call"
 SESSION_TIMEOUT = 180.0
 TOOLS = ("mcpcreds", "mcp-remote")
 LABELS = {"mcpcreds": "mcpcreds stdio URL", "mcp-remote": "mcp-remote URL"}
+PARTS = ("first", "logins", "throughput")
+TICK = 1 / os.sysconf("SC_CLK_TCK")  # /proc/PID/stat's clock ticks
 
 
 def ensure_mcp_remote() -> None:
@@ -130,14 +144,22 @@ def fresh_home(**extra: str) -> Iterator[Home]:
         shutil.rmtree(top, ignore_errors=True)
 
 
-def stop_sidecar(path: Path) -> None:
-    """Stop the detached sidecar listening on `path` (found by SO_PEERCRED), if any."""
+def sidecar_pid(path: Path) -> int | None:
+    """The pid of the sidecar listening on `path` (by SO_PEERCRED), if one is."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:
             sock.connect(str(path))
         except OSError:
-            return
-        pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+            return None
+        pid: int = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        return pid
+
+
+def stop_sidecar(path: Path) -> None:
+    """Stop the detached sidecar listening on `path`, if any."""
+    pid = sidecar_pid(path)
+    if pid is None:
+        return
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -285,6 +307,167 @@ def auth_peers(workdir: Path) -> Iterator[tuple[OidcPeer, str, dict[str, str]]]:
                 os.environ["DBUS_SESSION_BUS_ADDRESS"] = old
 
 
+# ---------------------------------------------------------------------------- (d) throughput
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of process `pid` so far, its reaped children's included (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) * TICK
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes below `pid`, from /proc's parent links."""
+    below: dict[int, list[int]] = {}
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            below.setdefault(int(stat_file.read_text().rsplit(")", 1)[1].split()[1]), []).append(
+                int(stat_file.parent.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in below.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def server_pid() -> int:
+    """The MCP server of (a), a child of this process."""
+    for pid in descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            if b"tests.peers.mcp_untrusted_peer" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+    raise harness.BenchError("the MCP server's process was not found")
+
+
+@dataclass
+class Throughput:
+    """One side's sessions in one round."""
+
+    tool: str
+    sessions: int
+    round: int
+    calls: int
+    seconds: float
+    calls_per_s: float
+    p50_ms: float
+    cpu_ms_per_call: float  # all the side's processes
+    sidecar_ms_per_call: float  # mcpcreds: the sidecar's share of it
+    bridges: int  # processes of the side besides a sidecar
+    server_ms_per_call: float  # the upstream MCP server's
+    client_ms_per_call: float  # this process's: the SDK clients
+
+
+@contextlib.asynccontextmanager
+async def open_sessions(tool: str, url: str, user: Home, sessions: int) -> AsyncIterator[list[ClientSession]]:
+    """`sessions` stdio sessions of `tool`, initialized, as a desktop client launches them."""
+    command, args = user.command(tool, url)
+    params = StdioServerParameters(command=command, args=args, env=user.env, cwd=str(user.home))
+    async with AsyncExitStack() as stack:
+        errlog = stack.enter_context((user.top / f"stderr-{tool}-tp").open("a"))
+
+        async def one() -> ClientSession:
+            read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
+            session = await stack.enter_async_context(ClientSession(read, write))
+            await session.initialize()
+            return session
+
+        opened = [await one() for _ in range(sessions)]  # one at a time: the stack is entered in order
+        yield opened
+
+
+async def call_loop(session: ClientSession, until: float, samples: list[int]) -> None:
+    while time.perf_counter() < until:
+        started = time.perf_counter_ns()
+        result = await session.call_tool("add", {"a": 2, "b": 3})
+        samples.append(time.perf_counter_ns() - started)
+        if result.is_error:
+            raise harness.BenchError(f"the tool call failed: {result.content}")
+
+
+async def throughput(tool: str, url: str, user: Home, sessions: int, seconds: float, round_: int,
+                     server: int) -> Throughput:
+    async with open_sessions(tool, url, user, sessions) as opened:
+        warm: list[int] = []
+        await asyncio.gather(*(call_loop(s, time.perf_counter() + 0.3, warm) for s in opened))
+        sidecar = sidecar_pid(user.socket) if tool == "mcpcreds" else None
+        side = descendants(os.getpid()) - descendants(server) - {server, sidecar or 0}
+        watched = [*side, *([sidecar] if sidecar else []), server]
+        before = {pid: cpu_seconds(pid) for pid in watched}
+        own = time.process_time()
+        samples: list[int] = []
+        started = time.perf_counter()
+        await asyncio.gather(*(call_loop(s, started + seconds, samples) for s in opened))
+        took = time.perf_counter() - started
+        spent = {pid: cpu_seconds(pid) - before[pid] for pid in watched}
+        own = time.process_time() - own
+    calls = len(samples)
+    if not calls:
+        raise harness.BenchError(f"{LABELS[tool]}: no call completed in {seconds} s")
+
+    def per_call(cpu: float) -> float:
+        return round(cpu / calls * 1000, 3)
+
+    side_cpu = sum(spent[pid] for pid in side) + (spent[sidecar] if sidecar else 0.0)
+    return Throughput(tool, sessions, round_, calls, round(took, 3), round(calls / took, 1),
+                      round(harness.percentile(sorted(samples), 0.5) / 1e6, 2), per_call(side_cpu),
+                      per_call(spent[sidecar]) if sidecar else 0.0, len(side), per_call(spent[server]),
+                      per_call(own))
+
+
+async def throughputs(url: str, levels: list[int], seconds: float, rounds: int) -> list[Throughput]:
+    results: list[Throughput] = []
+    with fresh_home() as mcpcreds_user, fresh_home() as remote_user:
+        users = {"mcpcreds": mcpcreds_user, "mcp-remote": remote_user}
+        for tool in TOOLS:  # mcpcreds' sidecar started and its config written: both warm
+            await first_result(tool, url, users[tool], "tp-warm")
+        server = server_pid()
+        for n in range(rounds):
+            for sessions in levels:
+                for tool in (TOOLS if n % 2 == 0 else TOOLS[::-1]):
+                    harness.progress(f"(d) round {n + 1}/{rounds}: {sessions} sessions of {LABELS[tool]} ...")
+                    results.append(await throughput(tool, url, users[tool], sessions, seconds, n, server))
+    return results
+
+
+def spread(values: list[float]) -> str:
+    """min/median/max."""
+    return f"{min(values):.3g}/{statistics.median(values):.3g}/{max(values):.3g}"
+
+
+def render_throughput(report: dict[str, Any]) -> list[str]:
+    results = [Throughput(**r) for r in report["throughput"]]
+    out = [f"(d) throughput, no authorization: stdio sessions each calling tools/call for "
+           f"{report['seconds']} s, {report['tp_rounds']} rounds in turns; min/median/max over the rounds"]
+    for sessions in report["sessions"]:
+        of = {t: [r for r in results if r.sessions == sessions and r.tool == t] for t in TOOLS}
+        rows = [["", "calls/s", "p50 ms", "CPU ms/call", "of it sidecar", "server ms/call", "client ms/call"]]
+        for tool in TOOLS:
+            rs = of[tool]
+            rows.append([LABELS[tool], spread([r.calls_per_s for r in rs]), spread([r.p50_ms for r in rs]),
+                         spread([r.cpu_ms_per_call for r in rs]),
+                         spread([r.sidecar_ms_per_call for r in rs]) if tool == "mcpcreds" else "-",
+                         spread([r.server_ms_per_call for r in rs]),
+                         spread([r.client_ms_per_call for r in rs])])
+        label = f"{sessions} session{'s' if sessions > 1 else ''}"
+        out += ["", label, harness.table(rows)]
+        for what, key in (("calls/s", "calls_per_s"), ("p50 ms", "p50_ms"),
+                          ("CPU ms per call", "cpu_ms_per_call")):
+            mine = [getattr(r, key) for r in of["mcpcreds"]]
+            theirs = [getattr(r, key) for r in of["mcp-remote"]]
+            each = [a / b for a, b in zip(mine, theirs, strict=True) if b]
+            line = harness.ratio_line(f"{what}, {label}, median of rounds",
+                                      (LABELS["mcpcreds"], statistics.median(mine)),
+                                      (LABELS["mcp-remote"], statistics.median(theirs)))
+            out.append(f"{line} (each round: {spread(each)})" if each else line)
+    return out
+
+
 # ---------------------------------------------------------------------------- the run
 
 
@@ -293,6 +476,17 @@ def p50(values: list[float]) -> float:
 
 
 def render(report: dict[str, Any]) -> str:
+    out: list[str] = []
+    if "first_call" in report:
+        out += render_first(report)
+    if "logins" in report:
+        out += render_logins(report)
+    if "throughput" in report:
+        out += render_throughput(report)
+    return "\n".join(out).strip("\n")
+
+
+def render_first(report: dict[str, Any]) -> list[str]:
     first = report["first_call"]
 
     def ratio(kind: str) -> str:
@@ -306,37 +500,63 @@ def render(report: dict[str, Any]) -> str:
                           *[[LABELS[t], f"{first[t]['cold_p50_ms']:.1f}", f"{first[t]['warm_p50_ms']:.1f}"]
                             for t in TOOLS]]),
            ratio("warm"), ratio("cold"), ""]
+    return out
+
+
+def render_logins(report: dict[str, Any]) -> list[str]:
     rows = [["", "answered", "logins at the IdP", "browsers opened", "all answered, s"]]
     for r in report["logins"]:
         rows.append([LABELS[r["tool"]], f"{r['answered']}/{report['clients']}", str(r["logins"]),
                      str(r["browsers"]), f"{r['seconds']:.2f}"])
-    out += [f"(b) {report['clients']} clients started at once, a server that asks for a login",
-            harness.table(rows)]
+    out = [f"(b) {report['clients']} clients started at once, a server that asks for a login",
+           harness.table(rows)]
     out += [f"  {LABELS[r['tool']]}: {r['error']}" for r in report["logins"] if r["error"]]
     out += ["", "(c) where the tokens are after (b)"]
     for r in report["logins"]:
         files = "; ".join(f"{f['path']} (mode {f['mode']}, plain text)" for f in r["token_files"]) or "none"
         where = f"keyring entry {r['keyring']}; " if r["keyring"] else ""
         out.append(f"  {LABELS[r['tool']]}: {where}files under HOME holding a token: {files}")
-    return "\n".join(out)
+    return [*out, ""]
+
+
+def parts(text: str) -> list[str]:
+    """`--parts`: comma-separated names of PARTS."""
+    chosen = [p.strip() for p in text.split(",") if p.strip()]
+    if not chosen or set(chosen) - set(PARTS):
+        raise argparse.ArgumentTypeError(f"not comma-separated parts of {','.join(PARTS)}: {text!r}")
+    return chosen
 
 
 def main(argv: list[str] | None) -> int:
     parser = harness.arguments(__doc__)
     parser.add_argument("--rounds", type=harness.count, default=5, help="launches of each kind (default 5)")
     parser.add_argument("--clients", type=harness.count, default=3, help="clients started at once in (b)")
-    args: argparse.Namespace = harness.parse(parser, argv, quick={"rounds": 1})
+    parser.add_argument("--sessions", type=harness.levels, default=[16, 1],
+                        help="sessions of each side in (d), one figure per level (default 16,1)")
+    parser.add_argument("--seconds", type=harness.positive, default=5.0, help="calls per round in (d), s")
+    parser.add_argument("--tp-rounds", type=harness.count, default=3, help="rounds of (d) (default 3)")
+    parser.add_argument("--parts", type=parts, default=list(PARTS), help="what runs: first,logins,throughput")
+    args: argparse.Namespace = harness.parse(parser, argv, quick={"rounds": 1, "sessions": [2], "seconds": 1,
+                                                                  "tp_rounds": 1})
     ensure_mcp_remote()
-    report: dict[str, Any] = {"machine": harness.machine(), "rounds": args.rounds, "clients": args.clients}
+    report: dict[str, Any] = {"machine": harness.machine(), "rounds": args.rounds, "clients": args.clients,
+                              "sessions": args.sessions, "seconds": args.seconds, "tp_rounds": args.tp_rounds}
     with harness.started(start_untrusted_peer(), "the MCP server (no authorization)") as open_server:
-        harness.progress("(a) first calls ...")
-        times = asyncio.run(first_calls(open_server.url, args.rounds))
-    report["first_call"] = {t: {"cold_p50_ms": p50(times[t]["cold"]), "warm_p50_ms": p50(times[t]["warm"]),
-                                "cold_ms": [round(v * 1000, 1) for v in times[t]["cold"]],
-                                "warm_ms": [round(v * 1000, 1) for v in times[t]["warm"]]} for t in TOOLS}
-    with harness.workdir("stdio-vs-remote") as workdir, auth_peers(workdir) as (idp, url, keyring_env):
-        harness.progress("(b) logins ...")
-        report["logins"] = [vars(asyncio.run(logins(t, idp, url, args.clients, keyring_env))) for t in TOOLS]
+        if "first" in args.parts:
+            harness.progress("(a) first calls ...")
+            times = asyncio.run(first_calls(open_server.url, args.rounds))
+            report["first_call"] = {
+                t: {"cold_p50_ms": p50(times[t]["cold"]), "warm_p50_ms": p50(times[t]["warm"]),
+                    "cold_ms": [round(v * 1000, 1) for v in times[t]["cold"]],
+                    "warm_ms": [round(v * 1000, 1) for v in times[t]["warm"]]} for t in TOOLS}
+        if "throughput" in args.parts:
+            report["throughput"] = [vars(r) for r in asyncio.run(
+                throughputs(open_server.url, args.sessions, args.seconds, args.tp_rounds))]
+    if "logins" in args.parts:
+        with harness.workdir("stdio-vs-remote") as workdir, auth_peers(workdir) as (idp, url, keyring_env):
+            harness.progress("(b) logins ...")
+            report["logins"] = [vars(asyncio.run(logins(t, idp, url, args.clients, keyring_env)))
+                                for t in TOOLS]
     harness.emit(args, report, render)
     return 0
 

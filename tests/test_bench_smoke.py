@@ -60,8 +60,8 @@ BENCHES = {
     "aauth": Bench("aauth_bench.py", (), r"^\s+ed25519 alone\s+p50\s+[\d.]+ us",
                    r"^ratio: signing p50 us: AAuth signature [\d.]+ / ed25519 alone [\d.]+ = [\d.]+x$"),
     "stdio_vs_mcp_remote": Bench("stdio_vs_mcp_remote.py", (), r"^mcp-remote URL\s+[\d.]+\s+[\d.]+$",
-                                 r"^ratio: first tool result, warm, p50 ms: mcpcreds stdio URL [\d.,]+ / "
-                                 r"mcp-remote URL [\d.,]+ = [\d.]+x$"),
+                                 r"^ratio: CPU ms per call, 2 sessions, median of rounds: mcpcreds stdio URL [\d.,]+ / "
+                                 r"mcp-remote URL [\d.,]+ = [\d.]+x \(each round: "),
     # a fuzz, not a measurement: no baseline; its summary and no failure
     "api_fuzz": Bench("api_fuzz.py", ("--seed", "1"), r"^api_fuzz: [\d,]+ cases in ", r"^failures: 0$"),
 }

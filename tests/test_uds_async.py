@@ -1,11 +1,12 @@
-"""`AsyncClient`'s connections (uds_async, issue 18): what a sidecar that misbehaves on a kept
-connection does to the next call. The sidecar is a hand-written fake (fault injection): an asyncio
+"""`AsyncClient`'s connections (uds_async, issue 18), and the stdio bridge's (uds_stream): what a
+sidecar that misbehaves on a kept connection does to the next call. The sidecar is a hand-written fake (fault injection): an asyncio
 server in the test's own loop that answers each request as its script says, per connection."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from mcpcreds import AsyncClient, SidecarUnavailable
-from mcpcreds.client.uds import MAX_HEAD, MAX_RESPONSE
+from mcpcreds.client.uds import MAX_HEAD, MAX_RESPONSE, Retryable
+from mcpcreds.client.uds_stream import StreamUdsHttp
 
 BOUND = 20.0  # what no correct run comes near
 
@@ -173,6 +175,75 @@ async def test_an_oversized_answer_is_malformed_at_once(served: tuple[Path, list
             await creds.headers("a")
         await fake.closed(0)
         assert (await creds.headers("a"))["X"] == "c1r0"
+
+
+# ------------------------------------------------------------------------ the stdio bridge's client
+
+
+class Collected:
+    """An answer as `StreamUdsHttp` hands it over."""
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.chunks: list[bytes] = []
+
+    def head(self, status: int, headers: dict[str, str]) -> None:
+        self.status = status
+
+    def body(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+
+
+async def streamed(http: StreamUdsHttp) -> str:
+    got = Collected()
+    await http.request("GET", {"Accept": "application/json"}, None, got)  # the fake reads no body
+    assert got.status == 200
+    return str(json.loads(b"".join(got.chunks))["headers"]["X"])
+
+
+def stream_client(path: Path) -> StreamUdsHttp:
+    return StreamUdsHttp(str(path), os.getuid(), "/mcp/x", {})
+
+
+async def test_the_bridge_keeps_its_connection_and_retries_one_closed_as_it_is_used_once(
+        served: tuple[Path, list[Fake]]) -> None:
+    path, fake = scripted(served, ["answer", "answer", "close"], ["close"])
+    http = stream_client(path)
+    assert [await streamed(http), await streamed(http)] == ["c0r0", "c0r1"]  # one kept connection
+    with pytest.raises(Retryable):  # the kept one closed, then the new one too: not sent a third time
+        await streamed(http)
+    assert fake.opened == 2
+    assert await streamed(http) == "c2r0"
+    http.close()
+
+
+async def test_the_bridge_closes_the_connection_of_a_cancelled_request(served: tuple[Path, list[Fake]]) -> None:
+    path, fake = scripted(served, ["hold"])
+    http = stream_client(path)
+    call = asyncio.ensure_future(streamed(http))
+    await asyncio.wait_for(fake.holding.wait(), BOUND)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await fake.closed(0)  # over HTTP, how a stream is ended
+    fake.release.set()
+    assert await streamed(http) == "c1r0"
+    http.close()
+
+
+@pytest.mark.parametrize("what", ["answer+stray", "huge head"])
+async def test_the_bridge_reads_nothing_past_an_answer_nor_a_head_too_large(
+        served: tuple[Path, list[Fake]], what: str) -> None:
+    path, fake = scripted(served, [what])
+    http = stream_client(path)
+    if what == "huge head":
+        with pytest.raises(ValueError, match="head too large"):
+            await streamed(http)
+    else:
+        assert await streamed(http) == "c0r0"
+    await fake.closed(0)
+    assert await streamed(http) == "c1r0"
+    http.close()
 
 
 # ------------------------------------------------------------------------ one client, two loops

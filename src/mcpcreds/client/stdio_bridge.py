@@ -17,30 +17,34 @@ sidecar's socket, for MCP clients that only launch stdio servers.
 - stdout carries JSON-RPC only (whatever else might write to it goes to stderr); diagnostics go
   to stderr and never quote a message or a header.
 
-The connection is made with the library's checks (`client.gateway_http_client`): the socket's
-folder, then its listener's SO_PEERCRED uid, before the first byte. A grant
+HTTP/1.1 on the socket is `uds_stream`'s (kept connections; an answer handed over as it arrives,
+with no task per chunk), with the library's checks: the socket's folder, then its listener's
+SO_PEERCRED uid, before the first byte. A grant
 (`MCPCREDS_GRANT`) is sent as `Authorization: Bearer`; the sidecar never forwards it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
 import signal
+import stat
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, Final
 
-import httpx
+import httptools
 
 from ..core.http import MAX_GATEWAY_BODY_BYTES
 from ..core.tasks import spawn
 from ..errors import McpcredsError
-from .client import gateway_http_client, gateway_url
+from .client import GATEWAY_ORIGIN, check_folder_if_there, gateway_url
+from .uds_stream import StreamUdsHttp, Unreachable
 
 MAX_LINE: Final = MAX_GATEWAY_BODY_BYTES  # what the gateway takes in one POST
 MAX_ANSWER: Final = 16 * 1024 * 1024  # a JSON answer, read whole
@@ -208,18 +212,44 @@ def header_value(value: str | None) -> str | None:
 
 
 class Output:
-    """stdout: one JSON-RPC message a line, nothing else."""
+    """stdout: one JSON-RPC message a line, nothing else. The lines of one turn of the event loop
+    are written together (at its next turn, or now outside a loop)."""
 
     def __init__(self, stream: IO[bytes]) -> None:
         self.stream = stream
         self.closed = False  # the client closed its end: what comes is dropped until stdin ends
+        self.pending: list[bytes] = []
 
     def write(self, message: Any) -> None:
+        self.line(json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+
+    def json_text(self, text: str) -> None:
+        """A JSON text already parsed, as it came: once more through `json.dumps` if it spans lines."""
+        text = text.strip(" \t\r\n")
+        if "\n" in text or "\r" in text:
+            self.write(json.loads(text))
+        else:
+            self.line(text.encode("utf-8"))
+
+    def line(self, line: bytes) -> None:
         if self.closed:
             return
-        line = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+        self.pending.append(line)
+        if len(self.pending) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush)
+            except RuntimeError:  # no loop: now
+                self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        data = b"\n".join(self.pending) + b"\n"
+        self.pending.clear()
+        if self.closed:
+            return
         try:
-            self.stream.write(line)
+            self.stream.write(data)
             self.stream.flush()
         except OSError:  # EPIPE
             self.closed = True
@@ -228,12 +258,97 @@ class Output:
 # ---------------------------------------------------------------------------- the relay
 
 
+class NotListening(Exception):
+    """The server's GET stream is not there (`status`)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _kind(headers: dict[str, str]) -> str:
+    return headers.get("content-type", "").partition(";")[0].strip().lower()
+
+
+class _Answer:
+    """A POST's answer, as it arrives: SSE events emitted one by one, any other body read whole."""
+
+    __slots__ = ("events", "initialize", "parts", "pending", "relay", "size", "status")
+
+    def __init__(self, relay: Relay, pending: dict[str, Any], initialize: bool) -> None:
+        self.relay = relay
+        self.pending = pending
+        self.initialize = initialize
+        self.status = 0
+        self.events: SseParser | None = None
+        self.parts: list[bytes] | None = None
+        self.size = 0
+
+    def head(self, status: int, headers: dict[str, str]) -> None:
+        self.status = status
+        if self.initialize and (sid := header_value(headers.get("mcp-session-id"))):
+            self.relay.session_id = sid
+        if _kind(headers) == "text/event-stream" and 200 <= status < 300:
+            self.events = SseParser()
+        elif status != 202:
+            self.parts = []
+
+    def body(self, chunk: bytes) -> None:
+        if self.events is not None:
+            for event in self.events.feed(chunk):
+                self.relay.emit_text(event.data, self.pending)
+        elif self.parts is not None:
+            self.size += len(chunk)
+            if self.size > MAX_ANSWER:
+                raise LineTooLong(f"an answer over {MAX_ANSWER} bytes")
+            self.parts.append(chunk)
+
+    def end(self) -> None:
+        if self.parts:
+            self.relay.emit_body(b"".join(self.parts), self.pending)
+
+
+class _Events:
+    """The server's GET stream: its events as they arrive."""
+
+    __slots__ = ("events", "last_id", "relay", "seen")
+
+    def __init__(self, relay: Relay, last_id: str | None) -> None:
+        self.relay = relay
+        self.events = SseParser()
+        self.last_id = last_id
+        self.seen = False  # an event came: the stream works
+
+    def head(self, status: int, headers: dict[str, str]) -> None:
+        if status != 200 or _kind(headers) != "text/event-stream":
+            raise NotListening(status)
+
+    def body(self, chunk: bytes) -> None:
+        for event in self.events.feed(chunk):
+            self.seen = True
+            self.last_id = header_value(event.id) or self.last_id  # sent back as a header
+            self.relay.emit_text(event.data, {})
+
+
+class _Status:
+    """An answer whose status is all that counts."""
+
+    __slots__ = ("status",)
+
+    def __init__(self) -> None:
+        self.status = 0
+
+    def head(self, status: int, headers: dict[str, str]) -> None:
+        self.status = status
+
+    def body(self, chunk: bytes) -> None:
+        pass
+
+
 class Relay:
-    def __init__(self, http: httpx.AsyncClient, url: str, out: Output, say: Say,
-                 unreachable: str = "") -> None:
+    def __init__(self, http: StreamUdsHttp, out: Output, say: Say, unreachable: str = "") -> None:
         self.http = http
         self.unreachable = unreachable  # what to say when no sidecar answers: where, and the fix
-        self.url = url
         self.out = out
         self.say = say
         self.session_id: str | None = None
@@ -252,38 +367,46 @@ class Relay:
 
     # -- from stdin
 
-    async def line(self, line: bytes | LineTooLong) -> None:
+    def line(self, line: bytes | LineTooLong) -> asyncio.Task[None] | None:
+        """Send a line on: a request's POST runs alongside the next lines; what must go in order
+        (a notification, a response, initialize) is the task returned, to be waited for."""
         if isinstance(line, LineTooLong):
             self.out.write(error(None, INVALID_REQUEST, f"{line}: not sent"))
-            return
+            return None
         if not line.strip():
-            return
+            return None
         try:
             message = json.loads(line)
         except (ValueError, RecursionError):
             self.out.write(error(None, PARSE_ERROR, "Parse error: a line on stdin is not JSON"))
-            return
+            return None
         if not is_jsonrpc(message):
             self.out.write(error(None, INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message"))
-            return
+            return None
         ids = request_ids(message)
-        methods = {m.get("method") for m in messages_of(message)}
-        for item in messages_of(message):
-            if item.get("method") == CANCELLED and isinstance(item.get("params"), dict):
-                # over HTTP, a request is cancelled by closing its stream (2026-07-28: the only way,
-                # and the way a subscriptions/listen ends): its POST is closed; the notice goes on too
-                task = self.by_id.pop(id_key(item["params"].get("requestId")), None)
-                if task is not None:
-                    task.cancel()
+        items = messages_of(message)
+        methods = {m.get("method") for m in items}
+        if CANCELLED in methods:
+            for item in items:
+                if item.get("method") == CANCELLED and isinstance(item.get("params"), dict):
+                    # over HTTP, a request is cancelled by closing its stream (2026-07-28: the only
+                    # way, and the way a subscriptions/listen ends): its POST is closed; the notice
+                    # goes on too
+                    task = self.by_id.pop(id_key(item["params"].get("requestId")), None)
+                    if task is not None:
+                        task.cancel()
         if "initialize" in methods or not ids:  # in order: the session id first, or a notification
-            await self.post(line, ids, initialize="initialize" in methods)
+            ordered = asyncio.ensure_future(self.post(line, ids, initialize="initialize" in methods))
         else:
+            ordered = None
             task = spawn(self.inflight, self.post(line, ids))
             keys = [id_key(i) for i in ids]
-            self.by_id.update(dict.fromkeys(keys, task))
+            for key in keys:
+                self.by_id[key] = task
             task.add_done_callback(lambda done: self._forget(keys, done))
         if "notifications/initialized" in methods and self.listener is None:
             self.listener = asyncio.ensure_future(self.listen())
+        return ordered
 
     def _forget(self, keys: list[str], task: asyncio.Task[None]) -> None:
         for key in keys:
@@ -294,58 +417,48 @@ class Relay:
 
     async def post(self, body: bytes, ids: list[Any], initialize: bool = False) -> None:
         pending = {id_key(i): i for i in ids}
-        headers = {**self.headers(), "Content-Type": "application/json"}
-        if initialize:
-            headers.pop("Mcp-Session-Id", None)
-            headers.pop("MCP-Protocol-Version", None)
+        headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        if not initialize:
+            headers = {**self.headers(), "Content-Type": "application/json"}
+        answer = _Answer(self, pending, initialize)
         reason = "the server's answer ended before the response"
         try:
-            async with self.http.stream("POST", self.url, content=body, headers=headers) as response:
-                if initialize and (sid := header_value(response.headers.get("mcp-session-id"))):
-                    self.session_id = sid
-                status = response.status_code
-                kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
-                if kind == "text/event-stream" and 200 <= status < 300:
-                    async for event in self._events(response):
-                        self._emit_data(event.data, pending)
-                elif status != 202:
-                    self._emit_body(await _read(response, MAX_ANSWER), pending)
-                if status >= 300:
-                    reason = f"the gateway answered HTTP {status}"
-                    self.say(f"POST: HTTP {status}")
-        except httpx.ConnectError:
-            reason = self.unreachable or "the sidecar could not be reached (ConnectError)"
+            await self.http.request("POST", headers, body, answer)
+            answer.end()
+            if answer.status >= 300:
+                reason = f"the gateway answered HTTP {answer.status}"
+                self.say(f"POST: HTTP {answer.status}")
+        except Unreachable as exc:
+            reason = self.unreachable or f"the sidecar could not be reached ({exc})"
             self.say(reason)
-        except (httpx.HTTPError, EventTooLarge, LineTooLong) as exc:
-            reason = f"the sidecar's gateway failed ({type(exc).__name__})"
-            self.say(f"POST failed: {type(exc).__name__}")
         except McpcredsError as exc:  # UntrustedSidecar: nothing was sent
             reason = exc.message
             self.say(exc.message)
+        except (OSError, ValueError, httptools.HttpParserError) as exc:
+            reason = f"the sidecar's gateway failed ({type(exc).__name__})"
+            self.say(f"POST failed: {type(exc).__name__}")
         for id_ in pending.values():
             self.out.write(error(id_, GATEWAY_ERROR, reason))
 
-    def _emit_body(self, body: bytes, pending: dict[str, Any]) -> None:
-        if not body.strip():
-            return
+    def emit_body(self, body: bytes, pending: dict[str, Any]) -> None:
         try:
-            message = json.loads(body)
-        except (ValueError, RecursionError):
-            self.say("an answer that is not JSON was dropped")
+            text = body.decode("utf-8").removeprefix("\ufeff")
+        except UnicodeDecodeError:
+            self.say("an answer that is not UTF-8 was dropped")
             return
-        self._emit(message, pending)
+        if text.strip():
+            self._emit(text, pending, "an answer that is not JSON was dropped")
 
-    def _emit_data(self, data: str, pending: dict[str, Any]) -> None:
-        if not data.strip():
-            return  # a priming event (an id, no message)
+    def emit_text(self, data: str, pending: dict[str, Any]) -> None:
+        if data.strip():  # else a priming event (an id, no message)
+            self._emit(data, pending, "an SSE event that is not JSON was dropped")
+
+    def _emit(self, text: str, pending: dict[str, Any], not_json: str) -> None:
         try:
-            message = json.loads(data)
+            message = json.loads(text)
         except (ValueError, RecursionError):
-            self.say("an SSE event that is not JSON was dropped")
+            self.say(not_json)
             return
-        self._emit(message, pending)
-
-    def _emit(self, message: Any, pending: dict[str, Any]) -> None:
         if not is_jsonrpc(message):
             self.say("an answer that is not JSON-RPC was dropped")
             return
@@ -356,13 +469,7 @@ class Relay:
                 if isinstance(result, dict) and isinstance(result.get("protocolVersion"), str) \
                         and "serverInfo" in result:
                     self.protocol_version = header_value(result["protocolVersion"]) or self.protocol_version
-        self.out.write(message)
-
-    async def _events(self, response: httpx.Response) -> AsyncIterator[SseEvent]:
-        parser = SseParser()
-        async for chunk in response.aiter_bytes():
-            for event in parser.feed(chunk):
-                yield event
+        self.out.json_text(text)
 
     # -- the server's GET stream
 
@@ -374,21 +481,17 @@ class Relay:
             headers = self.headers("text/event-stream")
             if last_id is not None:
                 headers["Last-Event-ID"] = last_id
+            events = _Events(self, last_id)
             try:
-                async with self.http.stream("GET", self.url, headers=headers) as response:
-                    kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
-                    if response.status_code == 405:
-                        return  # this server sends nothing unasked
-                    if response.status_code != 200 or kind != "text/event-stream":
-                        self.say(f"GET stream: HTTP {response.status_code}; not listening")
-                        return
-                    async for event in self._events(response):
-                        failures = 0
-                        last_id = event.id or last_id
-                        self._emit_data(event.data, {})
-            except (httpx.HTTPError, EventTooLarge, McpcredsError) as exc:
+                await self.http.request("GET", headers, None, events)
+            except NotListening as exc:
+                if exc.status != 405:  # 405: this server sends nothing unasked
+                    self.say(f"GET stream: HTTP {exc.status}; not listening")
+                return
+            except (OSError, ValueError, httptools.HttpParserError, McpcredsError) as exc:
                 self.say(f"GET stream ended: {type(exc).__name__}")
-            failures += 1
+            last_id = events.last_id
+            failures = 1 if events.seen else failures + 1
             await asyncio.sleep(min(0.5 * 2 ** failures, 8.0))
         self.say("GET stream: giving up")
 
@@ -400,81 +503,138 @@ class Relay:
             await asyncio.gather(*self.inflight, return_exceptions=True)
         for task in (*self.inflight, *([self.listener] if self.listener else [])):
             task.cancel()
+        self.out.flush()
         if self.session_id is None:
             return
+        ended = _Status()
         try:
-            response = await self.http.delete(self.url, headers=self.headers(), timeout=DELETE_TIMEOUT)
-            if response.status_code not in (200, 202, 204, 404, 405):
-                self.say(f"DELETE: HTTP {response.status_code}")
-        except (httpx.HTTPError, McpcredsError) as exc:
+            async with asyncio.timeout(DELETE_TIMEOUT):
+                await self.http.request("DELETE", self.headers(), None, ended)
+            if ended.status not in (200, 202, 204, 404, 405):
+                self.say(f"DELETE: HTTP {ended.status}")
+        except (OSError, ValueError, httptools.HttpParserError, McpcredsError) as exc:
             self.say(f"DELETE failed: {type(exc).__name__}")
 
 
-async def _read(response: httpx.Response, limit: int) -> bytes:
-    parts, size = [], 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
-            raise LineTooLong(f"an answer over {limit} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
+# ---------------------------------------------------------------------------- stdin
 
 
-# ---------------------------------------------------------------------------- I/O
+class StdinLines:
+    """stdin's lines on the event loop: read as it becomes readable (a pipe, socket or terminal),
+    else by a thread (a file, which epoll cannot watch), by raw reads on the descriptor (no lock
+    of sys.stdin is held if the process exits meanwhile). Once QUEUED lines wait, reading pauses."""
+
+    QUEUED: Final = 16
+
+    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.fd = fd
+        self.loop = loop
+        self.splitter = LineSplitter()
+        self.lines: collections.deque[bytes | LineTooLong | None] = collections.deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.stopped = False
+        self.ended = False
+        self.watched = False  # by the loop (else by the thread)
+        self.go = threading.Event()  # the thread's: it may read
+        self.go.set()
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:  # no stdin: the thread's first read ends it
+            mode = 0
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode):
+            with contextlib.suppress(OSError):  # e.g. /dev/null: EPERM
+                loop.add_reader(fd, self._readable)
+                self.watched = True
+        if not self.watched:
+            threading.Thread(target=self._read, daemon=True, name="mcpcreds-stdin").start()
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self.fd, READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # stdin closed under us
+            data = b""
+        self._data(data)
+
+    def _read(self) -> None:
+        """In the thread."""
+        with contextlib.suppress(OSError, RuntimeError):  # stdin closed under us, or the loop is gone
+            while self.go.wait() and (data := os.read(self.fd, READ_CHUNK)):
+                self.loop.call_soon_threadsafe(self._data, data)
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self._data, b"")
+
+    def _data(self, data: bytes) -> None:
+        if self.ended:
+            return
+        if data:
+            self.lines.extend(self.splitter.feed(data))
+        else:
+            self.lines.extend(self.splitter.end())
+            self.lines.append(None)
+            self.ended = True
+            self._pause()
+        if len(self.lines) >= self.QUEUED:
+            self._pause()
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def _pause(self) -> None:
+        if self.watched:
+            self.loop.remove_reader(self.fd)
+        else:
+            self.go.clear()
+
+    def _resume(self) -> None:
+        if self.ended or self.stopped:
+            return
+        if self.watched:
+            self.loop.add_reader(self.fd, self._readable)
+        else:
+            self.go.set()
+
+    async def get(self) -> bytes | LineTooLong | None:
+        """The next line; None at EOF, or once stopped."""
+        while not self.lines and not self.stopped:
+            self.waiter = self.loop.create_future()
+            await self.waiter
+        if self.stopped:
+            return None
+        item = self.lines.popleft()
+        if len(self.lines) == self.QUEUED - 1:
+            self._resume()
+        return item
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._pause()
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
 
-Lines = asyncio.Queue[bytes | LineTooLong | None]
-
-
-def _read_stdin(fd: int, loop: asyncio.AbstractEventLoop, queue: Lines) -> None:
-    """In a thread: stdin's lines into `queue` (None at EOF), waiting while the relay is behind.
-    Raw reads on the descriptor: no lock of sys.stdin is held if the process exits meanwhile."""
-    splitter = LineSplitter()
-
-    def put(item: bytes | LineTooLong | None) -> None:
-        asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
-
-    try:
-        while data := os.read(fd, READ_CHUNK):
-            for line in splitter.feed(data):
-                put(line)
-        for line in splitter.end():
-            put(line)
-    except (OSError, RuntimeError):  # stdin closed under us, or the loop is gone
-        pass
-    with contextlib.suppress(RuntimeError):
-        put(None)
-
-
-async def relay(http: httpx.AsyncClient, name: str, out: Output, say: Say, stdin_fd: int = 0,
-                unreachable: str = "") -> None:
+async def relay(http: StreamUdsHttp, out: Output, say: Say, stdin_fd: int = 0, unreachable: str = "") -> None:
     loop = asyncio.get_running_loop()
-    queue: Lines = asyncio.Queue(maxsize=16)
-    stop = asyncio.Event()
+    lines = StdinLines(stdin_fd, loop)
+    r = Relay(http, out, say, unreachable)
+    ordered: asyncio.Task[None] | None = None
+
+    def stop() -> None:  # SIGTERM, SIGINT: what is in flight is not waited for
+        lines.stop()
+        if ordered is not None:
+            ordered.cancel()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    threading.Thread(target=_read_stdin, args=(stdin_fd, loop, queue), daemon=True,
-                     name="mcpcreds-stdin").start()
-    r = Relay(http, gateway_url(name), out, say, unreachable)
-    stopped = asyncio.ensure_future(stop.wait())
+        loop.add_signal_handler(sig, stop)
     try:
-        while True:
-            got = asyncio.ensure_future(queue.get())
-            await asyncio.wait({got, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if not got.done():
-                got.cancel()
-                break
-            item = got.result()
-            if item is None:
-                break
-            line = asyncio.ensure_future(r.line(item))
-            await asyncio.wait({line, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if not line.done():
-                line.cancel()
-                break
-        await r.finish(wait=not stop.is_set())
+        while (item := await lines.get()) is not None:
+            ordered = r.line(item)
+            if ordered is not None:
+                await asyncio.wait({ordered})
+                ordered = None
+        await r.finish(wait=not lines.stopped)
     finally:
-        stopped.cancel()
+        out.flush()
 
 
 def unreachable_text(socket_path: str) -> str:
@@ -500,12 +660,16 @@ def run(socket_path: str, sidecar_uid: int, name: str, grant_headers: dict[str, 
     def say(message: str) -> None:
         print(f"mcpcreds stdio: {message}", file=sys.stderr, flush=True)
 
+    check_folder_if_there(socket_path, sidecar_uid)  # a planted folder is refused before anything
+    path = gateway_url(name).removeprefix(GATEWAY_ORIGIN)
+
     async def main() -> None:
         # no read timeout: a tool may run long, and the server's GET stream may idle
-        timeout = httpx.Timeout(30.0, read=None)
-        async with gateway_http_client("httpx", socket_path, sidecar_uid, name, grant_headers,
-                                       timeout=timeout) as http:
-            await relay(http, name, out, say, unreachable=unreachable_text(socket_path))
+        http = StreamUdsHttp(socket_path, sidecar_uid, path, grant_headers)
+        try:
+            await relay(http, out, say, unreachable=unreachable_text(socket_path))
+        finally:
+            http.close()
 
     asyncio.run(main())
     return 0
