@@ -90,7 +90,11 @@ async def test_one_asker_alone_is_served_exactly_first_come_first_served(
         sim, at = tail.copy(), max(now, tail_at)
         at += sim.wait_time(cost, at)
         task = asyncio.create_task(limiter.acquire(KEY, rate, cost, max_wait, "the one"))
-        task.add_done_callback(lambda t, i=i: t.exception() is None and order.append(i))
+
+        def granted(t: asyncio.Task[float], i: int = i) -> None:
+            if t.exception() is None:
+                order.append(i)
+        task.add_done_callback(granted)
         await settle()
         if at - now > max_wait + EPSILON:
             exc = task.exception()
