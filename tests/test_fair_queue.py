@@ -5,14 +5,26 @@ first come, first served. On a fake clock: nothing here sleeps."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import random
+import tomllib
+from collections.abc import Awaitable
+from typing import cast
 
 import pytest
 
+from mcpcreds.broker.broker import Broker
+from mcpcreds.config.load import parse_config
+from mcpcreds.core.audit import AuditLog
 from mcpcreds.core.clock import FakeClock
+from mcpcreds.core.http import Request, Response
+from mcpcreds.core.metrics import Metrics
 from mcpcreds.core.rates import Rate, parse_rate
+from mcpcreds.credentials.sources import EnvSource, SecretResolver
 from mcpcreds.errors import RateLimited
 from mcpcreds.limits.buckets import EPSILON, MAX_ASKERS, Limiter, TokenBucket
+from mcpcreds.sidecar.api import Api
 
 KEY = "service:crm"
 PER_SECOND = parse_rate("60/1m")  # 1 permit a second, a burst of 60
@@ -184,3 +196,49 @@ async def test_the_askers_remembered_are_bounded(clock: FakeClock) -> None:
         assert limiter.try_acquire(KEY, rate, 1, (1000, pid))
         clock.advance(0.001)
     assert len(limiter._lanes[KEY].uses) == MAX_ASKERS
+
+
+CONFIG = """
+[[servers]]
+name = "mail"
+endpoint = "https://mail.example.com/mcp"
+headers = { "X-Api-Key" = "{{secret:KEY}}" }
+rate = "10/1s"
+"""
+
+
+async def test_the_sidecar_asks_for_permits_as_the_calling_process(clock: FakeClock) -> None:
+    """`/call` and `/acquire` pass who asks: a process's first call goes ahead of the calls of
+    another process that took the whole burst (the peer's pid, as the socket gives it)."""
+    config = parse_config(tomllib.loads(CONFIG))
+    audit = AuditLog(None, clock)
+    broker = Broker(config, SecretResolver([EnvSource({"KEY": "static-key-value"})]), clock, Metrics(), audit)
+    api = Api(broker, Metrics(), audit)
+
+    def ask(route: str, pid: int, cost: int = 1) -> asyncio.Future[Response]:
+        body = json.dumps({"cost": cost, "max_wait": 10}).encode()
+        answer = api.handle(Request("POST", f"/v1/servers/mail/{route}", "", body, None, os.getuid(), pid))
+        if isinstance(answer, Response):
+            return _done(answer)
+        return asyncio.ensure_future(cast(Awaitable[Response], answer))
+
+    try:
+        assert (await ask("acquire", 100, 10)).status == 200  # the burst, to process 100
+        loops = [ask(route, 100) for route in ("call", "acquire")]
+        await settle()
+        starting = ask("call", 200)
+        await settle()
+        clock.advance(0.1)
+        assert isinstance(broker.limiter, Limiter)
+        broker.limiter.wake()
+        await settle()
+        assert starting.done() and starting.result().status == 200
+        assert not any(f.done() for f in loops)
+    finally:
+        await broker.aclose()
+
+
+def _done(response: Response) -> asyncio.Future[Response]:
+    future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+    future.set_result(response)
+    return future
