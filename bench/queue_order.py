@@ -4,6 +4,7 @@ Run from the repository root:
 
     python bench/queue_order.py                  # 8 processes, `20/1s`, 20 seeds per order; ~10 s
     python bench/queue_order.py --seeds 50 --processes 8 --rate 20/1s --rtt-ms 20,80
+    python bench/queue_order.py --unmetered      # the notification and the GET stream take no permit
     python bench/queue_order.py --quick          # a smoke run: 3 seeds
 
 What status_quo.py measures on real processes (its first tool result), here without the machine:
@@ -11,9 +12,11 @@ What status_quo.py measures on real processes (its first tool result), here with
 then call a tool in 2 concurrent loops; every request takes one permit from one `Limiter`
 (limits/buckets.py, the sidecar's own code) on a FakeClock, then takes a round trip drawn from
 `--rtt-ms` (uniform; the sidecar, the MCP server and the client together). A session's opening:
-`initialize`, the initialized notification, then the GET stream and each loop's `tools/list`
-together, then each loop's first `tools/call`; the first tool result is the first of those calls to
-come back. Time moves in steps of 2 ms. The same seeds (round trips, start offsets) for each order:
+`initialize`, the initialized notification, then together the GET stream and each loop's first
+`tools/call` with its `tools/list` (the SDK sends that one after the call's answer, to check the
+result against the tool's schema; here it goes first: the same two permits before the result);
+the first tool result is the first of the loops' to come back. Time moves in steps of 2 ms. The
+same seeds (round trips, start offsets) for each order:
 
 - one asker: every request is the same asker's, first come, first served (the queue before it
   ordered by asker);
@@ -23,6 +26,10 @@ come back. Time moves in steps of 2 ms. The same seeds (round trips, start offse
   yet go first, the process released first first, then the rest first come, first served. No
   bucket can know that; it shows what any order could reach with this rate: the openings need
   more permits than the burst, and the burst goes to whoever asks first, before any queue forms.
+
+`--unmetered`: the initialized notification and the GET stream take no permit (as through the
+gateway, which counts JSON-RPC requests; `creds.auth()` takes one per HTTP request), a what-if:
+the upstream then sees more HTTP requests than the bucket granted.
 
 Figures: the first tool result, p50 over the processes (the bench's figure), min / median / max
 over the seeds, and the median over the seeds of the slowest process's. No figure depends on the
@@ -56,8 +63,8 @@ ORDERS = ("one asker", "by recent use", "knows the opening")
 class Model:
     """One run: the processes, the limiter and the virtual clock."""
 
-    def __init__(self, order: str, rate: Rate, seed: int, rtt: tuple[float, float]) -> None:
-        self.order, self.rate, self.rtt = order, rate, rtt
+    def __init__(self, order: str, rate: Rate, seed: int, rtt: tuple[float, float], unmetered: bool) -> None:
+        self.order, self.rate, self.rtt, self.unmetered = order, rate, rtt, unmetered
         self.rng = random.Random(seed)
         self.clock = FakeClock()
         self.limiter = Limiter(self.clock, {KEY: rate})
@@ -80,14 +87,15 @@ class Model:
             return ("opening", process) if process not in self.first else ("loop", process)
         return process
 
-    async def request(self, process: int) -> None:
-        await self.limiter.acquire(KEY, self.rate, 1, 30.0, self.asker(process))
+    async def request(self, process: int, metered: bool = True) -> None:
+        if metered or not self.unmetered:
+            await self.limiter.acquire(KEY, self.rate, 1, 30.0, self.asker(process))
         await self.sleep(self.rng.uniform(*self.rtt))
 
     async def process(self, process: int, seconds: float) -> None:
         await self.sleep(self.rng.uniform(0.0, 0.03))  # the release reaches the processes in turn
         await self.request(process)  # initialize
-        await self.request(process)  # the initialized notification
+        await self.request(process, metered=False)  # the initialized notification
 
         async def loop() -> None:
             await self.request(process)  # tools/list, before a first call
@@ -95,7 +103,7 @@ class Model:
                 await self.request(process)  # tools/call
                 self.first.setdefault(process, self.now())
 
-        await asyncio.gather(self.request(process), *(loop() for _ in range(LOOPS)))  # + the GET stream
+        await asyncio.gather(self.request(process, metered=False), *(loop() for _ in range(LOOPS)))  # GET
 
     async def run(self, processes: int, seconds: float) -> tuple[float, float]:
         tasks = [asyncio.ensure_future(self.process(p, seconds)) for p in range(processes)]
@@ -129,7 +137,8 @@ def known_rank(use: Callable[..., float]) -> Callable[..., float]:
 async def measure(order: str, args: argparse.Namespace) -> dict[str, Any]:
     rate = parse_rate(args.rate)
     rtt = (args.rtt_ms[0] / 1000, args.rtt_ms[-1] / 1000)
-    runs = [await Model(order, rate, seed, rtt).run(args.processes, 3.0) for seed in range(args.seeds)]
+    runs = [await Model(order, rate, seed, rtt, args.unmetered).run(args.processes, 3.0)
+            for seed in range(args.seeds)]
     p50s = sorted(r[0] * 1000 for r in runs)
     return {"order": order, "p50_ms": [p50s[0], statistics.median(p50s), p50s[-1]],
             "slowest_ms": statistics.median(r[1] * 1000 for r in runs)}
@@ -142,7 +151,8 @@ def render(report: dict[str, Any]) -> str:
     one, fair = report["orders"][0], report["orders"][1]
     return "\n".join([
         f"{report['processes']} processes x {LOOPS} loops, `{report['rate']}`, round trips "
-        f"{report['rtt_ms'][0]}-{report['rtt_ms'][-1]} ms, {report['seeds']} seeds (virtual time)",
+        f"{report['rtt_ms'][0]}-{report['rtt_ms'][-1]} ms, {report['seeds']} seeds (virtual time)"
+        + (", the notification and the GET stream unmetered" if report["unmetered"] else ""),
         "", harness.table(rows), "",
         harness.ratio_line("first tool result p50 (median over seeds), ms",
                            ("by recent use", fair["p50_ms"][1]), ("one asker", one["p50_ms"][1]))])
@@ -155,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=harness.count, default=20, help="runs per order (default 20)")
     p.add_argument("--rtt-ms", type=harness.levels, default=[20, 80],
                    help="a request's round trip after its permit, uniform between the two (default 20,80)")
+    p.add_argument("--unmetered", action="store_true",
+                   help="the initialized notification and the GET stream take no permit (a what-if)")
     args = harness.parse(p, argv, quick={"seeds": 3})
     orders = []
     lane = type(Limiter(FakeClock(), {KEY: parse_rate(args.rate)})._lanes[KEY])
@@ -166,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             lane.use = plain  # type: ignore[method-assign]
     report = {"processes": args.processes, "rate": args.rate, "rtt_ms": args.rtt_ms, "seeds": args.seeds,
-              "orders": orders}
+              "unmetered": args.unmetered, "orders": orders}
     harness.emit(args, report, render)
     return 0
 
