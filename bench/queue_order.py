@@ -18,14 +18,15 @@ result against the tool's schema; here it goes first: the same two permits befor
 the first tool result is the first of the loops' to come back. Time moves in steps of 2 ms. The
 same seeds (round trips, start offsets) for each order:
 
-- one asker: every request is the same asker's, first come, first served (the queue before it
-  ordered by asker);
+- one asker: every request is the same asker's, first come, first served (the queue as it was
+  before it was ordered by asker);
 - by recent use: each process is its own asker (the sidecar's order: a newcomer goes ahead of the
   waiters of askers that had more permits lately);
 - an order that knows the opening: the opening requests of processes that have not had a result
   yet go first, the process released first first, then the rest first come, first served. No
-  bucket can know that; it shows what any order could reach with this rate: the openings need
-  more permits than the burst, and the burst goes to whoever asks first, before any queue forms.
+  bucket can know that; it shows about how far an order alone can go with this rate: the openings
+  need more permits than the burst, and the burst goes to whoever asks first, before any queue
+  forms.
 
 `--unmetered`: the initialized notification and the GET stream take no permit (as through the
 gateway, which counts JSON-RPC requests; `creds.auth()` takes one per HTTP request), a what-if:
