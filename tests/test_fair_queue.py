@@ -25,6 +25,7 @@ from mcpcreds.credentials.sources import EnvSource, SecretResolver
 from mcpcreds.errors import RateLimited
 from mcpcreds.limits.buckets import EPSILON, MAX_ASKERS, Limiter, TokenBucket
 from mcpcreds.sidecar.api import Api
+from mcpcreds.state.grants import Grant
 
 KEY = "service:crm"
 PER_SECOND = parse_rate("60/1m")  # 1 permit a second, a burst of 60
@@ -242,3 +243,13 @@ def _done(response: Response) -> asyncio.Future[Response]:
     future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
     future.set_result(response)
     return future
+
+
+def test_who_asks_is_the_process_or_the_grant() -> None:
+    def request(pid: int, grant: Grant | None = None) -> Request:
+        return Request("POST", "/v1/servers/mail/call", "", b"", None, 1000, pid, grant=grant)
+
+    assert request(42).asker == (1000, 42) != request(43).asker
+    grant = Grant("g-1", ("mail",), 0.0)
+    assert request(42, grant).asker == request(43, grant).asker == ("grant", "g-1")  # its holder's
+    assert request(-1).asker == (1000, -1)  # TCP: no pid, one asker per uid
