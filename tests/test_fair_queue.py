@@ -23,7 +23,7 @@ from mcpcreds.core.metrics import Metrics
 from mcpcreds.core.rates import Rate, parse_rate
 from mcpcreds.credentials.sources import EnvSource, SecretResolver
 from mcpcreds.errors import RateLimited
-from mcpcreds.limits.buckets import EPSILON, MAX_ASKERS, Limiter, TokenBucket
+from mcpcreds.limits.buckets import EPSILON, MAX_ASKERS, MAX_PASSED, Limiter, TokenBucket
 from mcpcreds.sidecar.api import Api
 from mcpcreds.state.grants import Grant
 
@@ -253,3 +253,18 @@ def test_who_asks_is_the_process_or_the_grant() -> None:
     grant = Grant("g-1", ("mail",), 0.0)
     assert request(42, grant).asker == request(43, grant).asker == ("grant", "g-1")  # its holder's
     assert request(-1).asker == (1000, -1)  # TCP: no pid, one asker per uid
+
+
+async def test_a_newcomer_passes_at_most_max_passed_waiters(limiter: Limiter, clock: FakeClock) -> None:
+    assert await limiter.acquire(KEY, PER_SECOND, 60, 0, "loops") == 0.0
+    loops = [asks(limiter, "loops", max_wait=3600.0) for _ in range(MAX_PASSED + 2)]
+    await settle()
+    opening = asks(limiter, "opening", max_wait=3600.0)
+    await settle()
+    await step(limiter, clock, 2.0)  # the two it could not pass
+    assert sum(t.done() for t in loops) == 2 and not opening.done()
+    await step(limiter, clock, 1.0)
+    assert opening.done() and sum(t.done() for t in loops) == 2
+    for task in loops:
+        task.cancel()
+    await settle()

@@ -1,4 +1,4 @@
-"""Rate buckets: a pure token bucket, and an asyncio limiter that queues callers, lightest user first.
+"""Rate buckets: a pure token bucket, and an asyncio limiter that queues callers (a lighter user ahead).
 
 aiolimiter was considered (bench/rate_bench.py uses it as the baseline) and does not fit here: its waiters
 are a heap ordered by amount, so a later small request overtakes an earlier large one; it reads
@@ -28,6 +28,10 @@ EPSILON = 1e-9
 
 USE_HALF_LIFE = 10.0
 """Seconds in which an asker's recent use (the permits granted to it) halves."""
+
+MAX_PASSED = 1024
+"""Waiters a newcomer may go ahead of, at most: the work of an arrival stays bounded however long
+the queue is."""
 
 MAX_ASKERS = 256
 """Askers whose recent use a key remembers; the one granted least recently is forgotten first
@@ -353,13 +357,14 @@ class Limiter:
         From the end of the queue, it passes each waiter whose asker had more permits lately
         than its own and has the slack to be granted `cost / rate` seconds later (the most a
         grant of `cost` ahead of it can delay it) within its max_wait; it stops at the first
-        it may not pass. One asker alone never passes itself: first come, first served.
+        it may not pass, or after MAX_PASSED. One asker alone never passes itself: first come,
+        first served.
         """
         queue = lane.queue
         place = len(queue)
         use = lane.use(asker, now)
         delay = cost / lane.bucket.rate.per_second
-        while place > 0:
+        while place > 0 and len(queue) - place < MAX_PASSED:
             ahead = queue[place - 1]
             if lane.use(ahead.asker, now) <= use or ahead.deadline - ahead.grant_at < delay:
                 break
