@@ -64,6 +64,8 @@ BENCHES = {
                                  r"mcp-remote URL [\d.,]+ = [\d.]+x \(each round: "),
     # a fuzz, not a measurement: no baseline; its summary and no failure
     "api_fuzz": Bench("api_fuzz.py", ("--seed", "1"), r"^api_fuzz: [\d,]+ cases in ", r"^failures: 0$"),
+    "queue_order": Bench("queue_order.py", (), r"^one asker\s+[\d,]+\s+[\d,]+\s",
+                         r"^ratio: first tool result p50 .*: by recent use [\d,]+ / one asker [\d,]+ = [\d.]+x$"),
 }
 
 

@@ -36,6 +36,12 @@ class Request:
     headers: tuple[tuple[bytes, bytes], ...] = ()  # every header as sent: for /mcp/ requests only
     trace_id: str | None = None  # its trace (32 hex digits) while traces are on: for its audit lines
 
+    @property
+    def asker(self) -> tuple[str | int, ...]:
+        """Who asks, for the order of a bucket's queue: a grant's holder, else the peer's process
+        (its uid and pid; pid -1 on TCP, where the kernel gives none: one asker per uid)."""
+        return ("grant", self.grant.id) if self.grant is not None else (self.peer_uid, self.peer_pid)
+
 
 @dataclass(slots=True)
 class Response:

@@ -306,7 +306,7 @@ class Gateway:
         credential = broker.headers(target)  # first: a failing login costs no permit
         result = await (credential if tracer is None else tracer.step("credential", credential))
         if cost:
-            permits = broker.limiter.acquire(target.key, rate, cost, max_wait)
+            permits = broker.limiter.acquire(target.key, rate, cost, max_wait, request.asker)
             if await (permits if tracer is None else tracer.step("permit wait", permits, cost)) > 0:
                 result = await broker.headers(target)  # renewed while we waited, maybe
         forwarded = [h for h in forwarded_headers(request.headers) if h[0] not in mirrors.drop]
@@ -343,7 +343,8 @@ class Gateway:
                     if retry:
                         await response.aclose()
                         if cost:
-                            await broker.limiter.acquire(target.key, rate, cost, max(0.0, left))
+                            await broker.limiter.acquire(target.key, rate, cost, max(0.0, left),
+                                                         request.asker)
                         else:
                             await asyncio.sleep(seconds)
                 if not retry:

@@ -1,4 +1,4 @@
-"""Rate buckets: a pure token bucket, and an asyncio limiter that queues callers in order.
+"""Rate buckets: a pure token bucket, and an asyncio limiter that queues callers (a lighter user ahead).
 
 aiolimiter was considered (bench/rate_bench.py uses it as the baseline) and does not fit here: its waiters
 are a heap ordered by amount, so a later small request overtakes an earlier large one; it reads
@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import deque
-from collections.abc import Mapping
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from ..core.clock import Clock
@@ -24,6 +25,17 @@ UNLIMITED = Rate(1_000_000_000, 1.0)
 
 EPSILON = 1e-9
 """Slack, in permits and in seconds, so that a grant due exactly at `t` is made at `t`."""
+
+USE_HALF_LIFE = 10.0
+"""Seconds in which an asker's recent use (the permits granted to it) halves."""
+
+MAX_PASSED = 1024
+"""Waiters a newcomer may go ahead of, at most: the work of an arrival stays bounded however long
+the queue is."""
+
+MAX_ASKERS = 256
+"""Askers whose recent use a key remembers; the one granted least recently is forgotten first
+(forgotten, an asker counts as having used nothing lately: it may go ahead, within every max_wait)."""
 
 
 # Messages never quote what the caller sent (a cost, a wait): masked by the redactor, an echo
@@ -129,9 +141,11 @@ class TokenBucket:
 @dataclass(eq=False)
 class _Waiter:
     cost: int
-    max_wait: float
     deadline: float
     future: asyncio.Future[None]
+    asker: Hashable
+    grant_at: float  # projected: when its permits are due
+    after: TokenBucket  # the bucket as projected right after its grant
 
 
 @dataclass(eq=False)
@@ -146,20 +160,42 @@ class _Counts:
 
 @dataclass(eq=False)
 class _Lane:
-    """One key's bucket, its queue of waiters (first come, first served) and its counters."""
+    """One key's bucket, its queue of waiters (see `Limiter`), its askers' recent use and its counters."""
 
     bucket: TokenBucket
     counts: _Counts
     queue: deque[_Waiter] = field(default_factory=deque)
-    # The bucket as it will be right after the last queued waiter is granted, at `tail_at`:
-    # lets a newcomer's grant time be projected without walking the whole queue.
-    tail: TokenBucket | None = None
-    tail_at: float = 0.0
+    # asker -> [permits granted, decayed to `at`; at]: the least recently granted first
+    uses: OrderedDict[Hashable, list[float]] = field(default_factory=OrderedDict)
     timer: asyncio.TimerHandle | None = None
+
+    def use(self, asker: Hashable, now: float) -> float:
+        """The permits granted to `asker` lately: each counts half after USE_HALF_LIFE seconds."""
+        use = self.uses.get(asker)
+        return 0.0 if use is None else use[0] * 0.5 ** ((now - use[1]) / USE_HALF_LIFE)
+
+    def count_use(self, asker: Hashable, cost: int, now: float) -> None:
+        use = self.uses.get(asker)
+        if use is None:
+            if len(self.uses) >= MAX_ASKERS:
+                self.uses.popitem(last=False)
+            self.uses[asker] = [float(cost), now]
+        else:
+            use[0] = use[0] * 0.5 ** ((now - use[1]) / USE_HALF_LIFE) + cost
+            use[1] = now
+            self.uses.move_to_end(asker)
 
 
 class Limiter:
-    """Token buckets keyed by cache key, with callers waiting in order for their permits.
+    """Token buckets keyed by cache key, with callers waiting in a queue for their permits.
+
+    The queue is first come, first served, but for one rule: a newcomer goes ahead of the
+    waiters at the end of the queue whose asker (a process, a grant) had more permits lately
+    than its own asker (`USE_HALF_LIFE`), as long as each waiter it passes is still granted
+    within its max_wait. So a process that has just started (a session's opening) is not
+    held behind other processes' loops, no waiter is made to wait past the wait it was
+    promised, and the callers of one asker are served in their order. Nothing is granted
+    out of the bucket's order: the head is granted first, when its permits are there.
 
     Time comes from `clock`; timers run on the event loop and only call `wake`, which
     re-reads the clock. A test on a FakeClock advances it and calls `wake(key)` itself.
@@ -172,25 +208,27 @@ class Limiter:
         if rates:
             self.reconfigure(rates)
 
-    async def acquire(self, key: str, rate: Rate, cost: int = 1, max_wait: float = 0.0) -> float:
+    async def acquire(self, key: str, rate: Rate, cost: int = 1, max_wait: float = 0.0,
+                      asker: Hashable = None) -> float:
         """Take `cost` permits from `key`'s bucket, waiting up to `max_wait`; return seconds waited.
 
         Raises InvalidRequest for a bad cost or max_wait, and RateLimited (with the projected
         wait as retry_after) at once when the permits cannot be had within `max_wait`.
+        `asker` is who asks (see the class): callers that give none are one asker.
         """
         max_wait = _check_seconds("max_wait", max_wait)
-        if self.try_acquire(key, rate, cost):
+        if self.try_acquire(key, rate, cost, asker):
             return 0.0
         lane = self._lanes[key]
         now = self._clock.monotonic()
-        grant_at, tail = self._project(key, lane, cost, now)
+        place, grant_at, after = self._place(lane, cost, asker, now)
         if grant_at - now > max_wait + EPSILON:
             lane.counts.refused += 1
             raise RateLimited(_refusal(key), retry_after=grant_at - now)
-        waiter = _Waiter(cost, max_wait, now + max_wait, asyncio.get_running_loop().create_future())
-        lane.queue.append(waiter)
-        lane.tail, lane.tail_at = tail, grant_at
-        if len(lane.queue) == 1:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(cost, now + max_wait, future, asker, grant_at, after)
+        self._insert(lane, place, waiter)
+        if place == 0:
             self._arm(key, lane, now)
         try:
             await waiter.future
@@ -199,7 +237,7 @@ class Limiter:
             raise
         return self._clock.monotonic() - now
 
-    def try_acquire(self, key: str, rate: Rate, cost: int = 1) -> bool:
+    def try_acquire(self, key: str, rate: Rate, cost: int = 1, asker: Hashable = None) -> bool:
         """Take `cost` permits if nobody is queued and they are there now (no waiting, no refusal
         counted): the synchronous hot path."""
         check_cost(cost, rate)
@@ -208,6 +246,7 @@ class Limiter:
         self._grant_due(lane, now)
         if not lane.queue and lane.bucket.try_take(cost, now) == 0.0:
             lane.counts.granted += cost
+            lane.count_use(asker, cost, now)
             return True
         return False
 
@@ -312,17 +351,42 @@ class Limiter:
             self._replan(key, lane, now)
         return lane
 
-    def _project(self, key: str, lane: _Lane, cost: int, now: float) -> tuple[float, TokenBucket]:
-        """When a newcomer behind the queue would be granted, and the bucket right after."""
-        if lane.queue and lane.tail is None:
-            self._replan(key, lane, now)
-        if lane.queue and lane.tail is not None:
-            sim, at = lane.tail.copy(), max(now, lane.tail_at)
+    def _place(self, lane: _Lane, cost: int, asker: Hashable, now: float) -> tuple[int, float, TokenBucket]:
+        """Where a newcomer queues, when it would be granted there, and the bucket right after.
+
+        From the end of the queue, it passes each waiter whose asker had more permits lately
+        than its own and has the slack to be granted `cost / rate` seconds later (the most a
+        grant of `cost` ahead of it can delay it) within its max_wait; it stops at the first
+        it may not pass, or after MAX_PASSED. One asker alone never passes itself: first come,
+        first served.
+        """
+        queue = lane.queue
+        place = len(queue)
+        use = lane.use(asker, now)
+        delay = cost / lane.bucket.rate.per_second
+        while place > 0 and len(queue) - place < MAX_PASSED:
+            ahead = queue[place - 1]
+            if lane.use(ahead.asker, now) <= use or ahead.deadline - ahead.grant_at < delay:
+                break
+            place -= 1
+        if place:
+            before = queue[place - 1]
+            sim, at = before.after.copy(), max(now, before.grant_at)
         else:
             sim, at = lane.bucket.copy(), now
         at += sim.wait_time(cost, at)
         sim.take(cost, at)
-        return at, sim
+        return place, at, sim
+
+    @staticmethod
+    def _insert(lane: _Lane, place: int, waiter: _Waiter) -> None:
+        """Queue `waiter` at `place` and re-project the waiters it passed."""
+        lane.queue.insert(place, waiter)
+        sim, at = waiter.after.copy(), waiter.grant_at
+        for passed in islice(lane.queue, place + 1, None):
+            at += sim.wait_time(passed.cost, at)
+            sim.take(passed.cost, at)
+            passed.grant_at, passed.after = at, sim.copy()
 
     def _replan(self, key: str, lane: _Lane, now: float) -> None:
         """Re-project the whole queue (after a pause, a rate change or a departure).
@@ -346,9 +410,10 @@ class Limiter:
                 )
                 continue
             sim.take(waiter.cost, grant_at)
-            at = grant_at
+            at = waiter.grant_at = grant_at
+            waiter.after = sim.copy()
             kept.append(waiter)
-        lane.queue, lane.tail, lane.tail_at = kept, sim, at
+        lane.queue = kept
         self._grant_due(lane, now)
         self._arm(key, lane, now)
 
@@ -362,8 +427,8 @@ class Limiter:
                 return
             lane.queue.popleft()
             lane.counts.granted += head.cost
+            lane.count_use(head.asker, head.cost, now)
             head.future.set_result(None)
-        lane.tail = None
 
     def _arm(self, key: str, lane: _Lane, now: float) -> None:
         """Set the one timer of `key` for when its head waiter's permits are due."""

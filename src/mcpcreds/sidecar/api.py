@@ -8,7 +8,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import unquote
 
@@ -518,12 +518,13 @@ class Api(Parts):
         target = self._target(request)
         cost, max_wait = self._permit_request(request)
         rate = self.broker.rate_of(target)
-        if self.broker.limiter.try_acquire(target.key, rate, cost):
+        if self.broker.limiter.try_acquire(target.key, rate, cost, request.asker):
             return Response(200, b'{"granted":%d,"waited":0.0}' % cost)
-        return self._acquire_async(target, cost, max_wait)
+        return self._acquire_async(target, cost, max_wait, request.asker)
 
-    async def _acquire_async(self, target: Target, cost: int, max_wait: float) -> Response:
-        waited = await self.broker.limiter.acquire(target.key, self.broker.rate_of(target), cost, max_wait)
+    async def _acquire_async(self, target: Target, cost: int, max_wait: float, asker: Hashable) -> Response:
+        waited = await self.broker.limiter.acquire(target.key, self.broker.rate_of(target), cost, max_wait,
+                                                   asker)
         return Response(200, b'{"granted":%d,"waited":%s}' % (cost, repr(round(waited, 6)).encode()))
 
     def call(self, request: Request) -> Response | Awaitable[Response]:
@@ -532,16 +533,17 @@ class Api(Parts):
         cost, max_wait = self._permit_request(request)
         cached = self.broker.cached_headers(target)
         if cached is not None and self.broker.limiter.try_acquire(target.key, self.broker.rate_of(target),
-                                                                   cost):
+                                                                   cost, request.asker):
             # the client then asks `sign` (auth.py)
             signed = b'"aauth":true,' if target.aauth else b'"sigv4":true,' if is_aws(target) else b""
             return Response(200, b'{%s"granted":%d,"waited":0.0,' % (signed, cost) + cached.body[1:])
-        return self._call_async(target, cost, max_wait)
+        return self._call_async(target, cost, max_wait, request.asker)
 
-    async def _call_async(self, target: Target, cost: int, max_wait: float) -> Response:
+    async def _call_async(self, target: Target, cost: int, max_wait: float, asker: Hashable) -> Response:
         # headers first: a failing login costs no permit; again after a wait, in case it was renewed
         result = await self.broker.headers(target)
-        waited = await self.broker.limiter.acquire(target.key, self.broker.rate_of(target), cost, max_wait)
+        waited = await self.broker.limiter.acquire(target.key, self.broker.rate_of(target), cost, max_wait,
+                                                   asker)
         if waited > 0:
             result = await self.broker.headers(target)
         signer = b'"aauth":true,' if target.aauth else b'"sigv4":true,' if is_aws(target) else b""

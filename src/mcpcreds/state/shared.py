@@ -8,7 +8,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -85,9 +85,9 @@ class SharedLimiter:
         self.reserves = Reserves(clock, self.lease)  # this sidecar's own leases of busy keys
         self.on_told: Callable[[str, tuple[str, ...]], None] | None = None  # (key, lease ids)
 
-    def try_acquire(self, key: str, rate: Rate, cost: int = 1) -> bool:
+    def try_acquire(self, key: str, rate: Rate, cost: int = 1, asker: Hashable = None) -> bool:
         """Permits from this sidecar's own lease of `key`, if it holds them (no round trip);
-        else the caller goes on to `acquire`."""
+        else the caller goes on to `acquire`. `asker` is not read (see `acquire`)."""
         queue = self._queues.get(key)
         if not self.reserves.take(key, rate, cost, queue is not None and (queue.busy or bool(queue.pending)),
                                   count=False):
@@ -105,7 +105,11 @@ class SharedLimiter:
     def _local_rate(self, rate: Rate) -> Rate:
         return Rate(max(1, int(rate.burst * self.local_share)), rate.per)
 
-    async def acquire(self, key: str, rate: Rate, cost: int = 1, max_wait: float = 0.0) -> float:
+    async def acquire(self, key: str, rate: Rate, cost: int = 1, max_wait: float = 0.0,
+                      asker: Hashable = None) -> float:
+        """`Limiter.acquire` on the shared bucket. `asker` is not read: the callers of a key queue
+        here first come, first served (a batch per run of the bucket script, and the script serves
+        the sidecars' batches as they come), not lightest user first as in `Limiter`."""
         check_cost(cost, rate)
         max_wait = _check_wait(max_wait)
         start = self.clock.monotonic()
