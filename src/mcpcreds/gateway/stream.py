@@ -15,6 +15,7 @@ from ..broker.broker import Actor
 from ..config.model import Target
 from ..core.http import MAX_GATEWAY_BODY_BYTES, Request
 from ..core.logs import get_logger
+from ..net.egress_http import RawAnswer
 from . import jsonrpc, upstream_log
 from .sse import EventTooLarge, SseSplitter
 
@@ -50,7 +51,7 @@ class ToolCalls:
 class SseBody:
     """An upstream SSE answer, relayed event by event (see `wire.ResponseBody`)."""
 
-    def __init__(self, response: httpx.Response, inspector: jsonrpc.Inspector, calls: ToolCalls | None,
+    def __init__(self, response: RawAnswer, inspector: jsonrpc.Inspector, calls: ToolCalls | None,
                  target: Target, gap: float | None, outbox: list[bytes] | None = None) -> None:
         self.response = response
         self.outbox = outbox if outbox is not None else []  # the gateway's own events, sent with the next

@@ -41,7 +41,7 @@ from typing import Any, Final
 import httptools
 import httpx
 
-from .egress_http import ConnectError
+from .egress_http import ConnectError, Header, RawAnswer
 
 HIGH_WATER: Final = 256 * 1024  # body bytes buffered before reading from the server pauses
 MAX_HEAD_BYTES: Final = 64 * 1024  # the status line and headers of an answer
@@ -49,13 +49,15 @@ DEFAULT_LIMITS: Final = httpx.Limits(max_connections=100, max_keepalive_connecti
 _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE: Final = re.compile(rb"[\r\n\x00]")
 Key = tuple[str, str, int, str]  # scheme, address, port, server name
+Asker = httpx.Request | None  # the request errors name (None on the gateway's raw way)
 
 
-def request_head(request: httpx.Request, target: bytes) -> bytes:
+def request_head(method: bytes, target: bytes, headers: list[Header],
+                 request: httpx.Request | None = None) -> bytes:
     """The request line and headers, checked: LocalProtocolError for a name that is not a token
     or a value with CR, LF or NUL."""
-    parts = [request.method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
-    for name, value in request.headers.raw:
+    parts = [method, b" ", target, b" HTTP/1.1\r\n"]
+    for name, value in headers:
         if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
             raise httpx.LocalProtocolError("an invalid header name or value: not sent", request=request)
         parts += [name, b": ", value, b"\r\n"]
@@ -179,6 +181,9 @@ class _Connection(asyncio.Protocol):
 
     async def _wait(self, timeout: float | None, error: type[httpx.TimeoutException], what: str) -> None:
         self._wake = asyncio.get_running_loop().create_future()
+        if timeout is None:  # the gateway's read: bounded by the caller (a timeout context costs)
+            await self._wake
+            return
         try:
             async with asyncio.timeout(timeout):
                 await self._wake
@@ -221,6 +226,11 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+def _supported(method: str, url: httpx.URL, request: httpx.Request | None) -> None:
+    if method == "HEAD" or url.scheme not in ("http", "https"):
+        raise httpx.UnsupportedProtocol(f"{method} {url.scheme}: not sent by this transport", request=request)
+
+
 class _Body(httpx.AsyncByteStream):
     def __init__(self, pool: H1Transport, conn: _Connection, timeout: float | None) -> None:
         self.pool = pool
@@ -256,27 +266,42 @@ class H1Transport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        if request.method == "HEAD" or url.scheme not in ("http", "https"):
-            raise httpx.UnsupportedProtocol(f"{request.method} {url.scheme}: not sent by this transport",
-                                            request=request)
+        _supported(request.method, url, request)
         timeouts: dict[str, Any] = request.extensions.get("timeout", {})
+        data = request_head(request.method.encode("ascii"), url.raw_path, request.headers.raw, request)
+        conn = await self._exchange(url, request.extensions.get("sni_hostname") or url.host,
+                                    data + await request.aread(), timeouts, request)
+        body = _Body(self, conn, timeouts.get("read"))
+        return httpx.Response(conn.status, headers=conn.headers, stream=body,
+                              extensions={"http_version": b"HTTP/1.1"}, request=request)
+
+    async def relay(self, method: bytes, url: httpx.URL, headers: list[Header], body: bytes | None,
+                    timeouts: dict[str, Any], sni: str) -> RawAnswer:
+        """`handle_async_request` without the httpx objects (the gateway's way, through
+        `EgressTransport.relay`): `headers` go as given (Host included), `sni` is the name the
+        TLS certificate is verified against."""
+        _supported(method.decode("ascii", "replace"), url, None)
+        data = request_head(method, url.raw_path, headers)
+        conn = await self._exchange(url, sni, data + body if body else data, timeouts, None)
+        reader = _Body(self, conn, timeouts.get("read"))
+        return RawAnswer(conn.status, conn.headers, reader.__aiter__(), reader.aclose)
+
+    async def _exchange(self, url: httpx.URL, sni: str, data: bytes, timeouts: dict[str, Any],
+                        request: httpx.Request | None) -> _Connection:
+        """`data` sent on a connection to `url`'s address, its answer's head received."""
         port = url.port or (443 if url.scheme == "https" else 80)
-        sni = request.extensions.get("sni_hostname") or url.host
         key: Key = (url.scheme, url.host, port, sni)
         if self.tls is not None and url.scheme == "https" and (context := self.tls()) is not self.ssl:
             self.ssl = context
             self.generation += 1
             self._close_idle(self.idle_count)  # made with the old identity
-        data = request_head(request, url.raw_path) + await request.aread()
         conn = await self._acquire(key, timeouts, request)
         try:
             await conn.send(data, timeouts)
         except BaseException:
             self._discard(conn)
             raise
-        body = _Body(self, conn, timeouts.get("read"))
-        return httpx.Response(conn.status, headers=conn.headers, stream=body,
-                              extensions={"http_version": b"HTTP/1.1"}, request=request)
+        return conn
 
     # -- connections
 
@@ -290,7 +315,7 @@ class H1Transport(httpx.AsyncBaseTransport):
             self._closed()
         return None
 
-    async def _acquire(self, key: Key, timeouts: dict[str, Any], request: httpx.Request) -> _Connection:
+    async def _acquire(self, key: Key, timeouts: dict[str, Any], request: Asker) -> _Connection:
         """An idle connection to `key`, else a new one once fewer than `max_open` are open (an idle
         one to elsewhere is closed for it; else the request waits up to the pool timeout)."""
         loop = asyncio.get_running_loop()
@@ -319,7 +344,7 @@ class H1Transport(httpx.AsyncBaseTransport):
                                             request=request) from None
                 raise
 
-    async def _connect(self, key: Key, timeouts: dict[str, Any], request: httpx.Request) -> _Connection:
+    async def _connect(self, key: Key, timeouts: dict[str, Any], request: Asker) -> _Connection:
         self.open += 1
         scheme, address, port, sni = key
         conn = _Connection(key)
