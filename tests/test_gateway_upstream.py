@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mcpcreds.errors import Forbidden
 from mcpcreds.net.egress import EgressPolicy
-from mcpcreds.net.egress_http import egress_client
+from mcpcreds.net.egress_http import ConnectError, EgressTransport, egress_client
 from mcpcreds.net.upstream import HIGH_WATER, MAX_HEAD_BYTES, H1Transport
 from tests.test_egress import _cert, fixed_resolver, open_listener
 
@@ -258,3 +259,70 @@ async def test_https_under_the_egress_transport_verifies_the_name_it_was_pinned_
             with pytest.raises(httpx.ConnectError, match="certificate verify failed"):
                 await http.get(f"https://mcp.test:{lst.port}/mcp")
     assert sni == ["mcp.test"]  # one TLS connection, kept alive for the second request
+
+
+# ------------------------------------------------- the gateway's raw way: EgressTransport.relay
+
+
+def gateway_pool(policy: EgressPolicy, audit: list[tuple[str, str, int]] | None = None) -> EgressTransport:
+    """The egress transport the gateway relays through (see `Broker.http_for`)."""
+    return EgressTransport(policy, on_connect=None if audit is None else lambda h, a, p: audit.append((h, a, p)),
+                           resolver=fixed_resolver({"mcp.test": ["127.0.0.1"]}), pool_class=H1Transport)
+
+
+async def test_relay_sends_what_httpx_would_and_reads_the_answer_without_httpx_objects() -> None:
+    seen: list[bytes] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head, body = await read_request(reader)
+            seen.append(head + body)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-Twice: a\r\nx-twice: b\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            await writer.drain()
+
+    audit: list[tuple[str, str, int]] = []
+    async with server(script) as (url, firsts):
+        port = httpx.URL(url).port
+        named = httpx.URL(f"http://mcp.test:{port}/mcp")
+        transport = gateway_pool(EgressPolicy("broad_audited", allow_private=("127.0.0.1",)), audit)
+        assert transport.relays
+        headers = [(b"accept", b"application/json, text/event-stream")]
+        for method, body in ((b"POST", b'{"a":1}'), (b"DELETE", None), (b"POST", None)):
+            answer = await transport.relay(method, named, headers, body, TIMEOUTS)
+            assert answer.status_code == 200 and answer.response is None
+            assert answer.header(b"content-type") == "text/event-stream"
+            assert answer.header(b"x-twice") == "a, b" and answer.header(b"x-none") is None
+            assert answer.headers["x-twice"] == "a, b"  # the httpx view, made when asked for
+            assert b"".join([c async for c in answer.aiter_raw()]) == b"hello"
+            await answer.aclose()
+        await transport.aclose()
+    assert len(firsts) == 1  # one connection, reused
+    host = f"Host: mcp.test:{port}".encode()
+    assert seen == [b"POST /mcp HTTP/1.1\r\n" + host + b"\r\naccept: application/json, text/event-stream\r\n"
+                    b"Content-Length: 7\r\n\r\n{\"a\":1}",
+                    b"DELETE /mcp HTTP/1.1\r\n" + host + b"\r\naccept: application/json, text/event-stream\r\n\r\n",
+                    b"POST /mcp HTTP/1.1\r\n" + host + b"\r\naccept: application/json, text/event-stream\r\n"
+                    b"Content-Length: 0\r\n\r\n"]
+    assert audit == [("mcp.test", "127.0.0.1", port)] * 3  # each request audited
+
+
+@pytest.mark.parametrize("policy", [EgressPolicy(), EgressPolicy("off"),
+                                    EgressPolicy(allow_private=("127.0.0.1",), deny_hosts=("mcp.test",))])
+async def test_relay_keeps_every_egress_refusal(policy: EgressPolicy) -> None:
+    """A private address not allowed, no egress at all, a denied host: refused before any connection."""
+    transport = gateway_pool(policy)
+    with pytest.raises(Forbidden):
+        await transport.relay(b"POST", httpx.URL("http://mcp.test:9/mcp"), [], b"{}", TIMEOUTS)
+    assert transport._pools == {}
+    await transport.aclose()
+
+
+async def test_relay_a_connect_error_is_httpx_s_and_names_no_address() -> None:
+    async with server(lambda r, w: asyncio.sleep(0)) as (url, _):
+        port = httpx.URL(url).port
+    transport = gateway_pool(EgressPolicy(allow_private=("127.0.0.1",)))
+    with pytest.raises(httpx.ConnectError) as caught:
+        await transport.relay(b"POST", httpx.URL(f"http://mcp.test:{port}/mcp"), [], b"{}", TIMEOUTS)
+    assert isinstance(caught.value, ConnectError) and "127.0.0.1" not in caught.value.reason
+    await transport.aclose()
