@@ -453,7 +453,7 @@ class UnixAcceptor:
 
     def _accept(self) -> None:
         try:
-            conn, _ = self.sock.accept()
+            conn, address = self.sock.accept()
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return
         except OSError as exc:
@@ -466,7 +466,7 @@ class UnixAcceptor:
             return
         conn.setblocking(False)
         make: Any = self.loop._make_socket_transport  # type: ignore[attr-defined]
-        make(conn, self.factory())
+        make(conn, self.factory(), extra={"peername": address})  # known: not asked of the kernel again
 
     def _resume(self) -> None:
         if not self.closed:
