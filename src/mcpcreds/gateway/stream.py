@@ -76,15 +76,13 @@ class SseBody:
     async def _events(self) -> AsyncIterator[bytes]:
         splitter = SseSplitter(MAX_SSE_EVENT)
         inspector = self.inspector
-        chunks = self.response.aiter_raw()  # never decoded: see `_send`
+        response = self.response  # its bytes never decoded: see `_send`
         loop = asyncio.get_running_loop()
         deadline = None if self.gap is None else loop.time() + self.gap
         try:
             while True:
-                try:
-                    async with asyncio.timeout_at(deadline):  # each event (a progress one too) resets it
-                        chunk = await anext(chunks)
-                except StopAsyncIteration:
+                chunk = await response.next_chunk(deadline)  # each event (a progress one too) resets it
+                if not chunk:
                     break
                 events = splitter.feed(chunk)
                 if events:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import httpx
@@ -55,33 +55,49 @@ class ConnectError(httpx.ConnectError):
 Header = tuple[bytes, bytes]
 
 
+class BodyReader(Protocol):
+    """The body of a `RawAnswer` as its transport reads it (see `upstream.H1Transport.relay`)."""
+
+    async def read(self, deadline: float | None) -> bytes:
+        """The bytes received so far (waiting for some), b"" at the end; TimeoutError once the
+        loop's clock passes `deadline`."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
 class RawAnswer:
     """An upstream answer as the gateway relays it: `status_code`, the header list as received
-    (`raw_headers`) and the body's chunks (`aiter_raw`, never decoded), or an `httpx.Response`
+    (`raw_headers`) and the body (`next_chunk`, `aiter_raw`: never decoded), or an `httpx.Response`
     wrapped (`of`: the answers of another transport). `headers` (an `httpx.Headers`, made on
     first use) is for the rare readers; `header` looks one up without it."""
 
-    def __init__(self, status: int, raw_headers: list[Header], chunks: AsyncIterator[bytes] | None,
-                 close: Callable[[], Awaitable[None]] | None, response: httpx.Response | None = None) -> None:
+    def __init__(self, status: int, raw_headers: list[Header], body: BodyReader | None,
+                 response: httpx.Response | None = None) -> None:
         self.status_code = status
         self.raw_headers = raw_headers
         self.response = response  # the httpx answer this one wraps, if it does
-        self._chunks = chunks
-        self._close = close
+        self._body = body
+        self._index: dict[bytes, bytes] | None = None
         self._headers: httpx.Headers | None = None if response is None else response.headers
+        self._chunks: AsyncIterator[bytes] | None = None
         self._content: bytes | None = None
 
     @classmethod
     def of(cls, response: httpx.Response) -> RawAnswer:
-        return cls(response.status_code, response.headers.raw, None, None, response)
+        return cls(response.status_code, response.headers.raw, None, response)
 
     def header(self, name: bytes) -> str | None:
         """The value of header `name` (lower case) decoded as latin-1, its values joined with
         ", " if it came more than once (as `httpx.Headers.get`); None if absent."""
-        values = [value for key, value in self.raw_headers if len(key) == len(name) and key.lower() == name]
-        if not values:
-            return None
-        return (values[0] if len(values) == 1 else b", ".join(values)).decode("latin-1")
+        index = self._index
+        if index is None:
+            index = self._index = {}
+            for key, value in self.raw_headers:
+                key = key.lower()
+                index[key] = index[key] + b", " + value if key in index else value
+        found = index.get(name)
+        return None if found is None else found.decode("latin-1")
 
     @property
     def headers(self) -> httpx.Headers:
@@ -107,21 +123,31 @@ class RawAnswer:
             self._content = b"".join([chunk async for chunk in self.aiter_raw()])
         return self._content
 
-    def aiter_raw(self) -> AsyncIterator[bytes]:
-        if self.response is not None:
-            return self.response.aiter_raw()
+    async def next_chunk(self, deadline: float | None = None) -> bytes:
+        """The next bytes of the body, b"" at its end; TimeoutError once the loop's clock passes
+        `deadline` (without a timeout context per chunk on the raw way)."""
+        if self._body is not None:
+            return await self._body.read(deadline)
         if self._chunks is None:
-            raise httpx.StreamConsumed()
-        chunks, self._chunks = self._chunks, None
-        return chunks
+            self._chunks = self.aiter_raw()
+        async with asyncio.timeout_at(deadline):
+            return await anext(self._chunks, b"")
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        if self.response is not None:
+            async for chunk in self.response.aiter_raw():
+                yield chunk
+            return
+        while self._body is not None and (chunk := await self._body.read(None)):
+            yield chunk
 
     async def aclose(self) -> None:
         if self.response is not None:
             await self.response.aclose()
             return
-        close, self._close = self._close, None
-        if close is not None:
-            await close()
+        body, self._body = self._body, None
+        if body is not None:
+            await body.aclose()
 
 
 class RawPool(Protocol):

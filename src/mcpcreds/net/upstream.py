@@ -32,7 +32,6 @@ does the same work with one protocol object per connection:
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -46,8 +45,8 @@ from .egress_http import ConnectError, Header, RawAnswer
 HIGH_WATER: Final = 256 * 1024  # body bytes buffered before reading from the server pauses
 MAX_HEAD_BYTES: Final = 64 * 1024  # the status line and headers of an answer
 DEFAULT_LIMITS: Final = httpx.Limits(max_connections=100, max_keepalive_connections=20)
-_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_VALUE: Final = re.compile(rb"[\r\n\x00]")
+# a header name's characters (RFC 9110 tchar): what is left after deleting them is not a token
+_TCHARS: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 Key = tuple[str, str, int, str]  # scheme, address, port, server name
 Asker = httpx.Request | None  # the request errors name (None on the gateway's raw way)
 
@@ -58,7 +57,7 @@ def request_head(method: bytes, target: bytes, headers: list[Header],
     or a value with CR, LF or NUL."""
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
     for name, value in headers:
-        if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
+        if not name or name.translate(None, _TCHARS) or b"\r" in value or b"\n" in value or b"\0" in value:
             raise httpx.LocalProtocolError("an invalid header name or value: not sent", request=request)
         parts += [name, b": ", value, b"\r\n"]
     parts.append(b"\r\n")
@@ -190,6 +189,17 @@ class _Connection(asyncio.Protocol):
         except TimeoutError:
             raise error(f"the server did not {what} in time") from None
 
+    async def _wait_until(self, deadline: float) -> None:
+        """Wait for news, TimeoutError past `deadline`: a timer on the waiter (a timeout context
+        costs more, and this is per chunk)."""
+        loop = asyncio.get_running_loop()
+        waiter = self._wake = loop.create_future()
+        timer = loop.call_at(deadline, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+
     async def send(self, data: bytes, timeouts: dict[str, Any]) -> None:
         assert self.transport is not None
         self.busy = True
@@ -201,14 +211,18 @@ class _Connection(asyncio.Protocol):
                 raise self.error
             await self._wait(timeouts.get("read"), httpx.ReadTimeout, "answer")
 
-    async def read(self, timeout: float | None) -> bytes:
-        """The body bytes received so far (waiting for some), b"" at its end."""
+    async def read(self, timeout: float | None, deadline: float | None = None) -> bytes:
+        """The body bytes received so far (waiting for some), b"" at its end; past `deadline`
+        (the loop's clock), TimeoutError."""
         while not self.chunks:
             if self.complete:
                 return b""
             if self.error is not None:
                 raise httpx.ReadError(str(self.error))
-            await self._wait(timeout, httpx.ReadTimeout, "send the rest of its answer")
+            if deadline is not None:
+                await self._wait_until(deadline)
+            else:
+                await self._wait(timeout, httpx.ReadTimeout, "send the rest of its answer")
         data = self.chunks.popleft() if len(self.chunks) == 1 else b"".join(self.chunks)
         self.chunks.clear()
         self.buffered = 0
@@ -226,6 +240,11 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 def _supported(method: str, url: httpx.URL, request: httpx.Request | None) -> None:
     if method == "HEAD" or url.scheme not in ("http", "https"):
         raise httpx.UnsupportedProtocol(f"{method} {url.scheme}: not sent by this transport", request=request)
@@ -240,6 +259,10 @@ class _Body(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while self.conn is not None and (chunk := await self.conn.read(self.timeout)):
             yield chunk
+
+    async def read(self, deadline: float | None) -> bytes:
+        """See `egress_http.BodyReader`."""
+        return b"" if self.conn is None else await self.conn.read(self.timeout, deadline)
 
     async def aclose(self) -> None:
         conn, self.conn = self.conn, None
@@ -283,8 +306,7 @@ class H1Transport(httpx.AsyncBaseTransport):
         _supported(method.decode("ascii", "replace"), url, None)
         data = request_head(method, url.raw_path, headers)
         conn = await self._exchange(url, sni, data + body if body else data, timeouts, None)
-        reader = _Body(self, conn, timeouts.get("read"))
-        return RawAnswer(conn.status, conn.headers, reader.__aiter__(), reader.aclose)
+        return RawAnswer(conn.status, conn.headers, _Body(self, conn, timeouts.get("read")))
 
     async def _exchange(self, url: httpx.URL, sni: str, data: bytes, timeouts: dict[str, Any],
                         request: httpx.Request | None) -> _Connection:

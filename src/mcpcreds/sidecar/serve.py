@@ -33,7 +33,7 @@ from .tcp_listener import start_listener
 from .wire import Connections, HttpConnection, UnixAcceptor, bind_unix_socket
 
 _log = get_logger("sidecar")
-GC_YOUNG: Final = int(os.environ.get("XGC", "10000"))  # objects allocated between two young collections (after `settle_gc`)
+GC_YOUNG: Final = 10_000  # objects allocated between two young collections (after `settle_gc`)
 
 
 class SocketInUse(McpcredsError):
