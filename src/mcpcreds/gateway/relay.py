@@ -10,7 +10,8 @@ enforced on the traffic itself.
   and the server's credential headers are added.
 - Every upstream request goes through the server's egress policy (`Broker.gateway_transport`: the
   egress transport of the gateway's own pool, over `upstream.H1Transport`), sent to it directly
-  with no client layer (no cookie jar shared between callers, no redirects followed).
+  with no client layer (no cookie jar shared between callers, no redirects followed) and, but for
+  SigV4 and traces, as a header list and bytes (`EgressTransport.relay`: no httpx object per call).
 - A POST takes one permit per counted JSON-RPC request from the server's shared bucket, waiting
   up to `max_wait`; a 401 to the login sent is invalidated (by fingerprint) and retried once
   with the renewed login; a 429 (or a 503 with Retry-After) pauses the shared bucket and is
