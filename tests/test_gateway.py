@@ -851,13 +851,13 @@ class _Body:
         self.closed = True
 
 
-def _connection(body: _Body, first: bytes = b"") -> tuple[Any, _Transport]:
+def _connection(body: _Body, first: bytes = b"", ended: bool = False) -> tuple[Any, _Transport]:
     from mcpcreds.core.http import StreamingResponse
     from mcpcreds.sidecar.wire import Connections, HttpConnection
 
     class App:
         def handle(self, request: Any) -> Any:
-            return StreamingResponse(200, body, first=first)
+            return StreamingResponse(200, body, first=first, ended=ended)
 
         def fast_get(self, url: bytes, started: float, peer_uid: int) -> None:
             return None
@@ -900,6 +900,23 @@ async def test_a_first_chunk_ready_with_the_head_goes_out_in_the_same_write() ->
     assert transport.written.endswith(b"\r\n1\r\nf\r\n" + b"".join(b"2\r\nc%d\r\n" % i for i in range(5))
                                       + b"0\r\n\r\n")
     assert body.closed and not transport.aborted
+    transport.sock.close()
+    transport._peer.close()
+
+
+async def test_a_body_all_there_goes_out_with_its_head_and_end_in_one_write() -> None:
+    """(A POST's SSE answer whose upstream answer came whole before the gateway relayed it.) The
+    body is not read, only closed; the connection serves the next request."""
+    body = _Body()
+    conn, transport = _connection(body, first=b"all", ended=True)
+    conn.data_received(b"POST /mcp/x HTTP/1.1\r\nHost: mcpcreds\r\nContent-Length: 0\r\n\r\n")
+    await conn.in_flight
+    assert len(transport.writes) == 1
+    assert transport.writes[0].endswith(b"Transfer-Encoding: chunked\r\n\r\n3\r\nall\r\n0\r\n\r\n")
+    assert body.closed and body.pulled == [] and conn.in_flight is None and not transport.aborted
+    conn.data_received(b"POST /mcp/x HTTP/1.1\r\nHost: mcpcreds\r\nContent-Length: 0\r\n\r\n")
+    await conn.in_flight
+    assert len(transport.writes) == 2 and transport.writes[1].startswith(b"HTTP/1.1 200 OK\r\n")
     transport.sock.close()
     transport._peer.close()
 

@@ -490,9 +490,10 @@ class Gateway:
                 gap = None if listening else answer_timeout(target)
                 stream = SseBody(response, inspector, calls, target, gap, outbox)
                 first = b"" if listening else await stream.first()
+                rest = None if listening else await stream.rest_if_ended()
                 self._streams.add(stream)
-                return StreamingResponse(status, stream, content_type=b"text/event-stream",
-                                         extra_headers=extra, long_lived=listening, first=first)
+                return StreamingResponse(status, stream, extra_headers=extra, long_lived=listening,  # SSE
+                                         first=first + (rest or b""), ended=rest is not None)
             body = await _read(response, MAX_JSON_ANSWER, answer_timeout(target), target.name)
         except BaseException as exc:
             await response.aclose()

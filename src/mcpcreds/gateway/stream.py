@@ -73,6 +73,13 @@ class SseBody:
         the head of the answer. Later events are relayed as they come (see `__aiter__`)."""
         return await anext(aiter(self), b"")
 
+    async def rest_if_ended(self) -> bytes | None:
+        """After `first`: the rest of the answer when the upstream's all came already (read with
+        no wait: it goes out with the head and the first events, and the end), else None."""
+        if not self.response.at_end():
+            return None
+        return b"".join([chunk async for chunk in self])
+
     async def _events(self) -> AsyncIterator[bytes]:
         splitter = SseSplitter(MAX_SSE_EVENT)
         inspector = self.inspector

@@ -63,6 +63,10 @@ class BodyReader(Protocol):
         loop's clock passes `deadline`."""
         ...
 
+    def at_end(self) -> bool:
+        """Whether all of the body was received and read: `read` would return b"" at once."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -132,6 +136,10 @@ class RawAnswer:
             self._chunks = self.aiter_raw()
         async with asyncio.timeout_at(deadline):
             return await anext(self._chunks, b"")
+
+    def at_end(self) -> bool:
+        """Whether the body is known to be all received and read (never for a wrapped answer)."""
+        return self._body is not None and self._body.at_end()
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         if self.response is not None:

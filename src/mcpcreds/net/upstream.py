@@ -260,6 +260,10 @@ class _Body(httpx.AsyncByteStream):
         while self.conn is not None and (chunk := await self.conn.read(self.timeout)):
             yield chunk
 
+    def at_end(self) -> bool:
+        conn = self.conn
+        return conn is None or (conn.complete and not conn.chunks and conn.error is None)
+
     async def read(self, deadline: float | None) -> bytes:
         """See `egress_http.BodyReader`."""
         return b"" if self.conn is None else await self.conn.read(self.timeout, deadline)

@@ -293,7 +293,7 @@ class HttpConnection(asyncio.Protocol):
         if isinstance(result, StreamingResponse):
             keep = self._stream_head(result, keep_alive, started)
             if keep is not None:
-                self._run(self._stream(result.body, keep))
+                self._run(self._stream(result.body, keep, result.ended))
             return
         # reading goes on while the answer is pending, so a disconnect is seen (and cancels it)
         self._run(self._answer_later(result, keep_alive, started))
@@ -323,7 +323,7 @@ class HttpConnection(asyncio.Protocol):
                 return
             keep = self._stream_head(response, keep_alive, started)
             if keep is not None:
-                await self._stream(response.body, keep)
+                await self._stream(response.body, keep, response.ended)
             return
         self.in_flight = None
         if self.closing:
@@ -341,8 +341,9 @@ class HttpConnection(asyncio.Protocol):
     # -- streaming
 
     def _stream_head(self, response: StreamingResponse, keep_alive: bool, started: float) -> bool | None:
-        """The head out (with the first chunk, in one write); whether the connection is kept after
-        the body, None if there is no one to stream to (the body released)."""
+        """The head out (with the first chunk, and the end if the body is all there: in one write);
+        whether the connection is kept after the body, None if there is no one to stream to (the
+        body released)."""
         transport = self.transport
         if transport is None or self.closing:
             _release(response.body)
@@ -351,14 +352,19 @@ class HttpConnection(asyncio.Protocol):
         head = response.head(keep)
         if response.first:
             head += b"%x\r\n%b\r\n" % (len(response.first), response.first)
+        if response.ended:
+            head += b"0\r\n\r\n"
         transport.write(head)
         self.app.observe(response.route, response.status, time.perf_counter() - started)
         self.long_lived = response.long_lived
         return keep
 
-    async def _stream(self, body: ResponseBody, keep: bool) -> None:
+    async def _stream(self, body: ResponseBody, keep: bool, ended: bool = False) -> None:
         try:
-            await self._pump(body)
+            if ended:  # all of it went out with the head
+                await body.aclose()
+            else:
+                await self._pump(body)
         except Exception as exc:
             failed: Exception | None = exc
         else:
