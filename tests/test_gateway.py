@@ -913,7 +913,7 @@ async def test_a_body_all_there_goes_out_with_its_head_and_end_in_one_write() ->
     await conn.in_flight
     assert len(transport.writes) == 1
     assert transport.writes[0].endswith(b"Transfer-Encoding: chunked\r\n\r\n3\r\nall\r\n0\r\n\r\n")
-    assert body.closed and body.pulled == [] and conn.in_flight is None and not transport.aborted
+    assert body.closed and body.pulled == [] and conn.connections.busy() == 0 and not transport.aborted
     conn.data_received(b"POST /mcp/x HTTP/1.1\r\nHost: mcpcreds\r\nContent-Length: 0\r\n\r\n")
     await conn.in_flight
     assert len(transport.writes) == 2 and transport.writes[1].startswith(b"HTTP/1.1 200 OK\r\n")

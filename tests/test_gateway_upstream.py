@@ -16,7 +16,7 @@ import pytest
 
 from mcpcreds.errors import Forbidden
 from mcpcreds.net.egress import EgressPolicy
-from mcpcreds.net.egress_http import ConnectError, EgressTransport, egress_client
+from mcpcreds.net.egress_http import ConnectError, EgressTransport, RawAnswer, egress_client
 from mcpcreds.net.upstream import HIGH_WATER, MAX_HEAD_BYTES, H1Transport
 from tests.test_egress import _cert, fixed_resolver, open_listener
 
@@ -326,3 +326,46 @@ async def test_relay_a_connect_error_is_httpx_s_and_names_no_address() -> None:
         await transport.relay(b"POST", httpx.URL(f"http://mcp.test:{port}/mcp"), [], b"{}", TIMEOUTS)
     assert isinstance(caught.value, ConnectError) and "127.0.0.1" not in caught.value.reason
     await transport.aclose()
+
+
+class _Chunks:
+    """A `BodyReader` over chunks given in advance (`all_in`: all received, or more to come)."""
+
+    def __init__(self, chunks: list[bytes], all_in: bool) -> None:
+        self.chunks = chunks
+        self.all_in = all_in
+        self.closed = False
+
+    def at_end(self) -> bool:
+        return self.all_in and not self.chunks
+
+    async def read(self, deadline: float | None) -> bytes:
+        if self.chunks:
+            return self.chunks.pop(0)
+        if self.all_in:
+            return b""
+        await asyncio.sleep(3600)  # what never comes
+        return b""
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("all_in", [True, False])
+async def test_an_sse_answer_all_in_is_relayed_whole_else_its_rest_is_left_to_stream(all_in: bool) -> None:
+    from types import SimpleNamespace
+
+    from mcpcreds.core.policy import TrustPolicy
+    from mcpcreds.gateway.jsonrpc import Inspector
+    from mcpcreds.gateway.stream import SseBody
+
+    answer = b'data: {"jsonrpc":"2.0","id":1,"result":{}}\n\n'
+    body = _Chunks([answer[:10], answer[10:]], all_in)
+    pending = {("n", 1): "tools/call"}
+    stream = SseBody(RawAnswer(200, [], body), Inspector(TrustPolicy("trusted"), pending=pending),
+                     None, SimpleNamespace(name="s"), 5.0)  # type: ignore[arg-type]
+    first = await stream.first()
+    assert first == answer and not pending  # the answer checked (and noted), once whole
+    assert await stream.rest_if_ended() == (b"" if all_in else None)
+    await stream.aclose()
+    assert body.closed
