@@ -10,6 +10,7 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from mcpcreds.errors import Forbidden
 from mcpcreds.net.egress import EgressPolicy
 from mcpcreds.net.egress_http import ConnectError, EgressTransport, RawAnswer, egress_client
-from mcpcreds.net.upstream import HIGH_WATER, MAX_HEAD_BYTES, H1Transport
+from mcpcreds.net.upstream import DRAIN_BYTES, HIGH_WATER, MAX_HEAD_BYTES, H1Transport
 from tests.test_egress import _cert, fixed_resolver, open_listener
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -369,3 +370,51 @@ async def test_an_sse_answer_all_in_is_relayed_whole_else_its_rest_is_left_to_st
     assert await stream.rest_if_ended() == (b"" if all_in else None)
     await stream.aclose()
     assert body.closed
+
+
+# ------------------------------------------------- the rest of an answer its reader left
+
+
+@pytest.mark.parametrize("rest", [b"6\r\nsecond\r\n0\r\n\r\n",  # its end comes: the connection is kept
+                                  b"%x\r\n%b\r\n" % (DRAIN_BYTES + 1, b"x" * (DRAIN_BYTES + 1))],  # too long
+                         ids=["its-end-comes", "too-long"])
+async def test_an_answer_left_before_its_end_is_dropped_to_its_end_and_its_connection_reused(
+        rest: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(The MCP SDK client closes an SSE answer before its last chunk.) Up to DRAIN_BYTES, what is
+    left of it is read and dropped (never seen by the next request); past that, it is closed."""
+    left = asyncio.Event()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+            await writer.drain()
+            await left.wait()
+            left.clear()
+            writer.write(rest)
+            await writer.drain()
+
+    transport = H1Transport()
+    kept = asyncio.Event()
+    keep = transport._keep
+
+    def keeping(conn: Any) -> None:
+        keep(conn)
+        kept.set()
+
+    monkeypatch.setattr(transport, "_keep", keeping)
+    async with server(script) as (url, firsts):
+        response = await transport.handle_async_request(request(url))
+        assert await anext(response.aiter_raw()) == b"first"
+        await response.aclose()  # its end not come yet
+        assert transport.open == 1 and transport.idle_count == 0  # dropping the rest
+        left.set()
+        await kept.wait()
+        drained = rest.endswith(b"0\r\n\r\n")
+        assert (transport.idle_count, transport.open) == ((1, 1) if drained else (0, 0))
+        response = await transport.handle_async_request(request(url))
+        assert await anext(response.aiter_raw()) == b"first"  # nothing of the answer before
+        left.set()
+        await response.aclose()
+        assert len(firsts) == (1 if drained else 2)
+    await transport.aclose()

@@ -529,8 +529,10 @@ class Gateway:
                                                     target.content.effective_roots(trust) or ())
         for warning in warnings:
             self._policy_warnings(target, [warning])
+        if refused or not target.content.effective_pin_tools(trust):
+            return refused
         names = pins.called_tools(out)
-        if refused or not names or not target.content.effective_pin_tools(trust):
+        if not names:
             return refused
         return pins.call_refusals(out, target.name, await self.broker.pins.lookup(target.name, names))
 

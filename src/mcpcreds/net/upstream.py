@@ -12,7 +12,8 @@ does the same work with one protocol object per connection:
   bytes wait for the consumer (so a 10 MB stream holds a bounded amount); a head over
   `MAX_HEAD_BYTES` is refused.
 - Connections are kept alive and reused per (scheme, address, port, server name) — one that
-  receives bytes while no request is out is closed, so they never reach the next request — at most
+  receives bytes while no request is out is closed, so they never reach the next request; the
+  rest of an answer its reader left before its end is read and dropped first (bounded) — at most
   `limits.max_connections` open (a request waits up to the pool timeout for a free one) and
   `limits.max_keepalive_connections` idle.
 - Timeouts as httpx reads them (`extensions["timeout"]`): connect, write (the body stuck in the
@@ -44,6 +45,10 @@ from .egress_http import ConnectError, Header, RawAnswer
 
 HIGH_WATER: Final = 256 * 1024  # body bytes buffered before reading from the server pauses
 MAX_HEAD_BYTES: Final = 64 * 1024  # the status line and headers of an answer
+# the rest of an answer its reader left (an MCP client closes an SSE answer before its end): read
+# and dropped, up to this much for this long, so that its connection serves the next request
+DRAIN_BYTES: Final = 64 * 1024
+DRAIN_SECONDS: Final = 2.0
 DEFAULT_LIMITS: Final = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 # a header name's characters (RFC 9110 tchar): what is left after deleting them is not a token
 _TCHARS: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -76,6 +81,9 @@ class _Connection(asyncio.Protocol):
         self.busy = False  # a request was sent and its answer is not done with
         self.write_paused = False
         self._wake: asyncio.Future[None] | None = None
+        self._drained: Callable[[], None] | None = None  # while the rest of an answer is dropped
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self.dropped = 0  # bytes of the answer's rest dropped so far
         self._reset()
 
     def _reset(self) -> None:
@@ -114,12 +122,22 @@ class _Connection(asyncio.Protocol):
         if self.header_bytes > MAX_HEAD_BYTES or (not self.head_done and self.head_bytes > MAX_HEAD_BYTES):
             self._fail(f"the head of the server's answer exceeds {MAX_HEAD_BYTES} bytes")
             return
+        if self._drained is not None:
+            self.dropped += len(data)
+            self.chunks.clear()
+            self.buffered = 0
+            if not self.complete and self.dropped > DRAIN_BYTES:
+                self.close()
+            if self.complete or self.lost:
+                self._drain_end()
+            return
         self._notify()
 
     def _fail(self, message: str) -> None:
         self.error = httpx.RemoteProtocolError(message)
         self.close()
         self._notify()
+        self._drain_end()
 
     def eof_received(self) -> bool | None:
         if self.head_done and not self.complete and not self.framed:
@@ -134,6 +152,7 @@ class _Connection(asyncio.Protocol):
                                                    "the server closed the connection without an answer")
         self.write_paused = False
         self._notify()
+        self._drain_end()
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -230,6 +249,33 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
         return data
 
+    def drain(self, done: Callable[[], None]) -> bool:
+        """Drop the rest of an answer nobody reads (up to DRAIN_BYTES, for DRAIN_SECONDS), then call
+        `done`; False (nothing done) unless the answer has a known end still to come."""
+        if not (self.head_done and self.framed and not self.complete and not self.lost
+                and self.error is None and self.transport is not None):
+            return False
+        self.chunks.clear()
+        self.buffered = 0
+        self.dropped = 0
+        self._drained = done
+        self._drain_timer = asyncio.get_running_loop().call_later(DRAIN_SECONDS, self._drain_timeout)
+        self.transport.resume_reading()
+        return True
+
+    def _drain_timeout(self) -> None:
+        self.close()
+        self._drain_end()
+
+    def _drain_end(self) -> None:
+        done, self._drained = self._drained, None
+        if done is None:
+            return
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
+        done()
+
     @property
     def reusable(self) -> bool:
         return self.complete and self.keep_alive and not self.lost and self.error is None
@@ -290,6 +336,7 @@ class H1Transport(httpx.AsyncBaseTransport):
         self.idle_count = 0
         self.open = 0  # connections open or being opened, idle ones included
         self._free: deque[asyncio.Future[None]] = deque()  # requests waiting for a connection slot
+        self.closed = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
@@ -391,8 +438,14 @@ class H1Transport(httpx.AsyncBaseTransport):
         return conn
 
     def release(self, conn: _Connection) -> None:
-        """The answer's body is done with: keep the connection for the next request, or close it."""
-        if not conn.reusable or conn.generation != self.generation:
+        """The answer's body is done with: keep the connection for the next request (once the rest
+        of its answer is dropped, if it is still to come), or close it."""
+        if conn.generation == self.generation and conn.drain(lambda: self._keep(conn)):
+            return
+        self._keep(conn)
+
+    def _keep(self, conn: _Connection) -> None:
+        if not conn.reusable or conn.generation != self.generation or self.closed:
             self._discard(conn)
             return
         conn._reset()
@@ -430,4 +483,5 @@ class H1Transport(httpx.AsyncBaseTransport):
                 return
 
     async def aclose(self) -> None:
+        self.closed = True  # a connection still dropping the rest of an answer is closed when done
         self._close_idle(self.open)
