@@ -30,7 +30,7 @@ from .api import Api
 from .peer_ns import set_undumpable
 from .sdnotify import Notifier, keepalive, status_text
 from .tcp_listener import start_listener
-from .wire import Connections, HttpConnection, UnixAcceptor, bind_unix_socket
+from .wire import Acceptor, Connections, HttpConnection, bind_unix_socket
 
 _log = get_logger("sidecar")
 GC_YOUNG: Final = 10_000  # objects allocated between two young collections (after `settle_gc`)
@@ -197,7 +197,7 @@ class Sidecar:
                                                 self._listen.host, self._listen.port)
         if activated is None:
             claim_socket_path(self.socket_path)
-        servers: list[asyncio.Server | UnixAcceptor] = []
+        servers: list[asyncio.Server | Acceptor] = []
         listening: dict[str, str] = {}
         if self._listen.host is not None:  # first: a port taken fails the start before the socket exists
             tcp, listening["gateway_listen"] = await start_listener(self._listen, self.api, self.allow_uids,
@@ -209,8 +209,8 @@ class Sidecar:
             def factory() -> HttpConnection:
                 return HttpConnection(self.api, self.allow_uids, self.connections)
 
-            if UnixAcceptor.usable(loop):
-                servers.append(UnixAcceptor(sock, factory))
+            if Acceptor.usable(loop):
+                servers.append(Acceptor(sock, factory))
             else:
                 servers.append(await loop.create_unix_server(factory, sock=sock, backlog=1024))
         except BaseException:

@@ -439,11 +439,12 @@ def _release(body: ResponseBody) -> None:
     spawn(_releasing, body.aclose())
 
 
-class UnixAcceptor:
-    """A listening socket served without `loop.create_unix_server`'s task per connection: each
-    connection is accepted in the loop's reader callback, one per wake-up (the selector reports
-    the socket again while more wait: no failing accept after each), and given its transport at
-    once. MCP clients open about one connection per call, so this is a per-call cost."""
+class Acceptor:
+    """A listening socket (the Unix socket, the loopback listener) served without the task per
+    connection of `loop.create_unix_server` and `create_server`: each connection is accepted in
+    the loop's reader callback, one per wake-up (the selector reports the socket again while more
+    wait: no failing accept after each), and given its transport at once. MCP clients open about
+    one connection per call, so this is a per-call cost."""
 
     def __init__(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol]) -> None:
         self.loop = asyncio.get_running_loop()
