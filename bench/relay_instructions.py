@@ -125,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
                                           for name, v in report.items())])]
         if args.baseline_ref:
             for s in args.sessions:
-                lines.append(harness.ratio_line(f"instructions per call at {s} session(s)",
-                                                ("this", report["this"][str(s)]),
-                                                (args.baseline_ref, report[args.baseline_ref][str(s)])))
+                lines.append(harness.ratio_line(f"M instructions per call at {s} session(s)",
+                                                ("this", report["this"][str(s)] / 1e6),
+                                                (args.baseline_ref, report[args.baseline_ref][str(s)] / 1e6)))
         return "\n".join(lines)
 
     harness.emit(args, rows, render)
