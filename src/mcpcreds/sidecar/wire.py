@@ -451,6 +451,7 @@ class Acceptor:
         self.sock = sock
         self.factory = factory
         self.closed = False
+        sock.setblocking(False)  # (a socket systemd passed may come blocking)
         self.loop.add_reader(sock.fileno(), self._accept)
 
     @staticmethod
