@@ -418,3 +418,22 @@ async def test_an_answer_left_before_its_end_is_dropped_to_its_end_and_its_conne
         await response.aclose()
         assert len(firsts) == (1 if drained else 2)
     await transport.aclose()
+
+
+async def test_a_get_left_before_its_end_closes_its_connection_at_once() -> None:
+    """A GET's answer (an MCP listening stream) is never drained: the server takes one listening
+    stream per session, and the client's next GET must not find the old one still open."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+        await reader.read()  # until the client goes
+
+    transport = H1Transport()
+    async with server(script) as (url, _):
+        get = httpx.Request("GET", url, extensions={"timeout": TIMEOUTS})
+        response = await transport.handle_async_request(get)
+        assert await anext(response.aiter_raw()) == b"first"
+        await response.aclose()
+        assert transport.open == 0 and transport.idle_count == 0
+    await transport.aclose()

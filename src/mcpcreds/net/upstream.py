@@ -13,7 +13,8 @@ does the same work with one protocol object per connection:
   `MAX_HEAD_BYTES` is refused.
 - Connections are kept alive and reused per (scheme, address, port, server name) — one that
   receives bytes while no request is out is closed, so they never reach the next request; the
-  rest of an answer its reader left before its end is read and dropped first (bounded) — at most
+  rest of an answer its reader left before its end (not a GET's) is read and dropped first
+  (bounded) — at most
   `limits.max_connections` open (a request waits up to the pool timeout for a free one) and
   `limits.max_keepalive_connections` idle.
 - Timeouts as httpx reads them (`extensions["timeout"]`): connect, write (the body stuck in the
@@ -46,9 +47,10 @@ from .egress_http import ConnectError, Header, RawAnswer
 HIGH_WATER: Final = 256 * 1024  # body bytes buffered before reading from the server pauses
 MAX_HEAD_BYTES: Final = 64 * 1024  # the status line and headers of an answer
 # the rest of an answer its reader left (an MCP client closes an SSE answer before its end): read
-# and dropped, up to this much for this long, so that its connection serves the next request
+# and dropped, up to this much for this long, so that its connection serves the next request. Never
+# a GET's: an MCP server takes one listening stream per session, and the next must find it closed
 DRAIN_BYTES: Final = 64 * 1024
-DRAIN_SECONDS: Final = 2.0
+DRAIN_SECONDS: Final = 0.5
 DEFAULT_LIMITS: Final = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 # a header name's characters (RFC 9110 tchar): what is left after deleting them is not a token
 _TCHARS: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -84,6 +86,7 @@ class _Connection(asyncio.Protocol):
         self._drained: Callable[[], None] | None = None  # while the rest of an answer is dropped
         self._drain_timer: asyncio.TimerHandle | None = None
         self.dropped = 0  # bytes of the answer's rest dropped so far
+        self.drainable = False  # the request sent was no GET (see DRAIN_BYTES)
         self._reset()
 
     def _reset(self) -> None:
@@ -252,7 +255,7 @@ class _Connection(asyncio.Protocol):
     def drain(self, done: Callable[[], None]) -> bool:
         """Drop the rest of an answer nobody reads (up to DRAIN_BYTES, for DRAIN_SECONDS), then call
         `done`; False (nothing done) unless the answer has a known end still to come."""
-        if not (self.head_done and self.framed and not self.complete and not self.lost
+        if not (self.drainable and self.head_done and self.framed and not self.complete and not self.lost
                 and self.error is None and self.transport is not None):
             return False
         self.chunks.clear()
@@ -369,6 +372,7 @@ class H1Transport(httpx.AsyncBaseTransport):
             self.generation += 1
             self._close_idle(self.idle_count)  # made with the old identity
         conn = await self._acquire(key, timeouts, request)
+        conn.drainable = not data.startswith(b"GET ")
         try:
             await conn.send(data, timeouts)
         except BaseException:
