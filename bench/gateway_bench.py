@@ -16,7 +16,9 @@ for. Two ways to reach it, measured alternately in the same run:
 - `gateway`: the SDK client to `http://mcpcreds/mcp/bench` through `creds.mcp_httpx2_client`.
 
 (a) one `tools/call` (`add`): latency at concurrency 1 (p50, p99), and throughput with 16
-    sessions calling at once; target p50 added <= 1 ms, throughput >= 0.8x direct.
+    sessions calling at once; target p50 added <= 1 ms, throughput >= 1.0x direct. Each prints
+    the CPU per call (user + system, from /proc) of this client, the sidecar and the server, per
+    way, over the timed calls; target <= 0.5 ms of the sidecar's per relayed call.
 (b) time to the first SSE event of a `tools/call` answer (raw httpx2 POSTs in an initialized
     session, time from sending to the first body bytes; through the gateway, an answer that is one
     message and then ends comes as a JSON body); target gateway <= direct + 1 ms p50.
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -59,6 +62,7 @@ INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 RPC = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
        "MCP-Protocol-Version": "2025-06-18"}
 WAYS = ("direct", "gateway")  # taking turns, `--rounds` times
+PROCESSES = ("client", "sidecar", "server")
 
 
 def ms(seconds: float) -> str:
@@ -74,6 +78,35 @@ def rss(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS")
+
+
+class Cpu:
+    """CPU (user + system, from /proc) of the client, the sidecar and the server over the timed
+    parts of one measure, per way: what each spends per call."""
+
+    def __init__(self, sidecar: int, server: int) -> None:
+        self.pids = {"client": os.getpid(), "sidecar": sidecar, "server": server}
+        self.seconds: dict[str, dict[str, float]] = {way: dict.fromkeys(PROCESSES, 0.0) for way in WAYS}
+        self.calls = dict.fromkeys(WAYS, 0)
+
+    def now(self) -> dict[str, float]:
+        return {name: harness.cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def add(self, way: str, before: dict[str, float], calls: int) -> None:
+        after = self.now()
+        for name in PROCESSES:
+            self.seconds[way][name] += after[name] - before[name]
+        self.calls[way] += calls
+
+    def per_call_ms(self, way: str) -> dict[str, float]:
+        return {name: self.seconds[way][name] / max(1, self.calls[way]) * 1000 for name in PROCESSES}
+
+    def report(self) -> dict[str, dict[str, float]]:
+        out = {way: self.per_call_ms(way) for way in WAYS}
+        for way, per in out.items():
+            each = ", ".join(f"{name} {per[name]:.3f} ms" for name in PROCESSES)
+            print(f"    {way:8} CPU per call: {each}, all {sum(per.values()):.3f} ms")
+        return out
 
 
 # ---------------------------------------------------------------------------- the two ways
@@ -94,19 +127,22 @@ async def session(creds: AsyncClient, peer: GatewayPeer, way: str) -> AsyncItera
         yield client
 
 
-async def latency(creds: AsyncClient, peer: GatewayPeer, way: str, calls: int) -> list[float]:
+async def latency(creds: AsyncClient, peer: GatewayPeer, way: str, calls: int, cpu: Cpu) -> list[float]:
     async with session(creds, peer, way) as client:
         for _ in range(20):  # warm-up
             await client.call_tool("add", {"a": 1, "b": 2})
         out = []
+        before = cpu.now()
         for _ in range(calls):
             started = time.perf_counter()
             await client.call_tool("add", {"a": 1, "b": 2})
             out.append(time.perf_counter() - started)
+        cpu.add(way, before, calls)
         return out
 
 
-async def throughput(creds: AsyncClient, peer: GatewayPeer, way: str, calls: int, workers: int = 16) -> float:
+async def throughput(creds: AsyncClient, peer: GatewayPeer, way: str, calls: int, cpu: Cpu,
+                     workers: int = 16) -> float:
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(session(creds, peer, way)) for _ in range(workers)]
         await asyncio.gather(*(c.call_tool("add", {"a": 1, "b": 2}) for c in clients))  # warm-up
@@ -115,9 +151,11 @@ async def throughput(creds: AsyncClient, peer: GatewayPeer, way: str, calls: int
             for _ in range(calls // workers):
                 await client.call_tool("add", {"a": 1, "b": 2})
 
-        started = time.perf_counter()
+        before, started = cpu.now(), time.perf_counter()
         await asyncio.gather(*(work(c) for c in clients))
-        return (calls // workers) * workers / (time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        cpu.add(way, before, (calls // workers) * workers)
+        return (calls // workers) * workers / elapsed
 
 
 async def first_event(creds: AsyncClient, peer: GatewayPeer, way: str, calls: int) -> list[float]:
@@ -202,8 +240,9 @@ async def measure(sidecar: SidecarProcess, peer: GatewayPeer, args: argparse.Nam
         print(f"(a) tools/call latency at concurrency 1, {args.calls} calls per way per round, "
               f"{args.rounds} rounds")
         lat: dict[str, list[float]] = {way: [] for way in WAYS}
+        cpu = Cpu(sidecar.proc.pid, peer.pid)
         for way in WAYS * args.rounds:
-            lat[way] += await latency(creds, peer, way, args.calls)
+            lat[way] += await latency(creds, peer, way, args.calls, cpu)
         for way, values in lat.items():
             print(f"    {way:8} p50 {ms(pct(values, 0.5))}  p99 {ms(pct(values, 0.99))}  "
                   f"mean {ms(statistics.fmean(values))}")
@@ -211,16 +250,19 @@ async def measure(sidecar: SidecarProcess, peer: GatewayPeer, args: argparse.Nam
         print(f"    added p50: {ms(added)} (target <= 1 ms); "
               f"ratio gateway/direct p50 {pct(lat['gateway'], 0.5) / pct(lat['direct'], 0.5):.2f}")
         results["latency"] = {w: {"p50": pct(v, 0.5), "p99": pct(v, 0.99)} for w, v in lat.items()}
+        results["latency_cpu_ms_per_call"] = cpu.report()
 
         print(f"(a) throughput, 16 sessions at once, {args.calls * 4} calls per way per round")
         tput: dict[str, list[float]] = {way: [] for way in WAYS}
+        cpu = Cpu(sidecar.proc.pid, peer.pid)
         for way in WAYS * args.rounds:
-            tput[way].append(await throughput(creds, peer, way, args.calls * 4))
+            tput[way].append(await throughput(creds, peer, way, args.calls * 4, cpu))
         best = {way: statistics.median(v) for way, v in tput.items()}
         for way, value in best.items():
             print(f"    {way:8} {value:8.0f} calls/s (median of {args.rounds})")
-        print(f"    ratio gateway/direct {best['gateway'] / best['direct']:.2f} (target >= 0.8)")
+        print(f"    ratio gateway/direct {best['gateway'] / best['direct']:.2f} (target >= 1.0)")
         results["throughput"] = best
+        results["throughput_cpu_ms_per_call"] = cpu.report()
 
         print(f"(b) time to the first SSE event of a tools/call answer, {args.calls} per way per round")
         first: dict[str, list[float]] = {way: [] for way in WAYS}

@@ -185,6 +185,15 @@ def machine() -> dict[str, Any]:
     return {"python": sys.version.split()[0], "cpus": os.cpu_count()}
 
 
+CLOCK_TICK = 1 / os.sysconf("SC_CLK_TCK")  # the unit of /proc/PID/stat's CPU times (USER_HZ)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of process `pid` so far, from /proc/PID/stat (one clock tick resolution)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * CLOCK_TICK
+
+
 @contextlib.contextmanager
 def workdir(name: str) -> Iterator[Path]:
     """A private temporary folder (0700: the sidecar refuses a socket folder others can read)."""

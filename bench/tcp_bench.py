@@ -61,15 +61,6 @@ from mcpcreds.sidecar.tcp_peer import lookup_uid, proc_lookup_uid
 SERVER = "bench"
 KEY = "bench-key-0123456789abcdef0123456789"
 WAYS = ("unix", "tcp")
-TICK = 1 / 100  # /proc/PID/stat's clock ticks (USER_HZ)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of process `pid` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK
-
-
 def listening(sidecar: SidecarProcess) -> tuple[str, int]:
     """The listener's address, from the `ready` log line (the port was 0)."""
     ready = next(e for line in sidecar.lines if (e := json.loads(line)).get("event") == "ready")
@@ -113,9 +104,9 @@ async def sessions_round(creds: AsyncClient, tcp: tuple[str, int], way: str, ses
                     raise harness.BenchError(f"{way}: a tools/call failed: {result}")
                 samples.append(time.perf_counter() - t0)
 
-        cpu0, mine0, t0 = cpu_seconds(sidecar_pid), time.process_time(), time.perf_counter()
+        cpu0, mine0, t0 = harness.cpu_seconds(sidecar_pid), time.process_time(), time.perf_counter()
         await asyncio.gather(*(work(c) for c in clients))
-        elapsed, cpu = time.perf_counter() - t0, cpu_seconds(sidecar_pid) - cpu0
+        elapsed, cpu = time.perf_counter() - t0, harness.cpu_seconds(sidecar_pid) - cpu0
         mine = time.process_time() - mine0
     if not samples:
         raise harness.BenchError(f"{way}: no call completed in {seconds} s")

@@ -10,13 +10,15 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from mcpcreds.errors import Forbidden
 from mcpcreds.net.egress import EgressPolicy
-from mcpcreds.net.egress_http import egress_client
-from mcpcreds.net.upstream import HIGH_WATER, MAX_HEAD_BYTES, H1Transport
+from mcpcreds.net.egress_http import ConnectError, EgressTransport, RawAnswer, egress_client
+from mcpcreds.net.upstream import DRAIN_BYTES, HIGH_WATER, MAX_HEAD_BYTES, H1Transport
 from tests.test_egress import _cert, fixed_resolver, open_listener
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -258,3 +260,180 @@ async def test_https_under_the_egress_transport_verifies_the_name_it_was_pinned_
             with pytest.raises(httpx.ConnectError, match="certificate verify failed"):
                 await http.get(f"https://mcp.test:{lst.port}/mcp")
     assert sni == ["mcp.test"]  # one TLS connection, kept alive for the second request
+
+
+# ------------------------------------------------- the gateway's raw way: EgressTransport.relay
+
+
+def gateway_pool(policy: EgressPolicy, audit: list[tuple[str, str, int]] | None = None) -> EgressTransport:
+    """The egress transport the gateway relays through (see `Broker.http_for`)."""
+    return EgressTransport(policy, on_connect=None if audit is None else lambda h, a, p: audit.append((h, a, p)),
+                           resolver=fixed_resolver({"mcp.test": ["127.0.0.1"]}), pool_class=H1Transport)
+
+
+async def test_relay_sends_what_httpx_would_and_reads_the_answer_without_httpx_objects() -> None:
+    seen: list[bytes] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head, body = await read_request(reader)
+            seen.append(head + body)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-Twice: a\r\nx-twice: b\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            await writer.drain()
+
+    audit: list[tuple[str, str, int]] = []
+    async with server(script) as (url, firsts):
+        port = httpx.URL(url).port
+        named = httpx.URL(f"http://mcp.test:{port}/mcp")
+        transport = gateway_pool(EgressPolicy("broad_audited", allow_private=("127.0.0.1",)), audit)
+        assert transport.relays
+        headers = [(b"accept", b"application/json, text/event-stream")]
+        for method, body in ((b"POST", b'{"a":1}'), (b"DELETE", None), (b"POST", None)):
+            answer = await transport.relay(method, named, headers, body, TIMEOUTS)
+            assert answer.status_code == 200 and answer.response is None
+            assert answer.header(b"content-type") == "text/event-stream"
+            assert answer.header(b"x-twice") == "a, b" and answer.header(b"x-none") is None
+            assert answer.headers["x-twice"] == "a, b"  # the httpx view, made when asked for
+            assert b"".join([c async for c in answer.aiter_raw()]) == b"hello"
+            await answer.aclose()
+        await transport.aclose()
+    assert len(firsts) == 1  # one connection, reused
+    host = f"Host: mcp.test:{port}".encode()
+    assert seen == [b"POST /mcp HTTP/1.1\r\n" + host + b"\r\naccept: application/json, text/event-stream\r\n"
+                    b"Content-Length: 7\r\n\r\n{\"a\":1}",
+                    b"DELETE /mcp HTTP/1.1\r\n" + host + b"\r\naccept: application/json, text/event-stream\r\n\r\n",
+                    b"POST /mcp HTTP/1.1\r\n" + host + b"\r\naccept: application/json, text/event-stream\r\n"
+                    b"Content-Length: 0\r\n\r\n"]
+    assert audit == [("mcp.test", "127.0.0.1", port)] * 3  # each request audited
+
+
+@pytest.mark.parametrize("policy", [EgressPolicy(), EgressPolicy("off"),
+                                    EgressPolicy(allow_private=("127.0.0.1",), deny_hosts=("mcp.test",))])
+async def test_relay_keeps_every_egress_refusal(policy: EgressPolicy) -> None:
+    """A private address not allowed, no egress at all, a denied host: refused before any connection."""
+    transport = gateway_pool(policy)
+    with pytest.raises(Forbidden):
+        await transport.relay(b"POST", httpx.URL("http://mcp.test:9/mcp"), [], b"{}", TIMEOUTS)
+    assert transport._pools == {}
+    await transport.aclose()
+
+
+async def test_relay_a_connect_error_is_httpx_s_and_names_no_address() -> None:
+    async with server(lambda r, w: asyncio.sleep(0)) as (url, _):
+        port = httpx.URL(url).port
+    transport = gateway_pool(EgressPolicy(allow_private=("127.0.0.1",)))
+    with pytest.raises(httpx.ConnectError) as caught:
+        await transport.relay(b"POST", httpx.URL(f"http://mcp.test:{port}/mcp"), [], b"{}", TIMEOUTS)
+    assert isinstance(caught.value, ConnectError) and "127.0.0.1" not in caught.value.reason
+    await transport.aclose()
+
+
+class _Chunks:
+    """A `BodyReader` over chunks given in advance (`all_in`: all received, or more to come)."""
+
+    def __init__(self, chunks: list[bytes], all_in: bool) -> None:
+        self.chunks = chunks
+        self.all_in = all_in
+        self.closed = False
+
+    def at_end(self) -> bool:
+        return self.all_in and not self.chunks
+
+    async def read(self, deadline: float | None) -> bytes:
+        if self.chunks:
+            return self.chunks.pop(0)
+        if self.all_in:
+            return b""
+        await asyncio.sleep(3600)  # what never comes
+        return b""
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("all_in", [True, False])
+async def test_an_sse_answer_all_in_is_relayed_whole_else_its_rest_is_left_to_stream(all_in: bool) -> None:
+    from types import SimpleNamespace
+
+    from mcpcreds.core.policy import TrustPolicy
+    from mcpcreds.gateway.jsonrpc import Inspector
+    from mcpcreds.gateway.stream import SseBody
+
+    answer = b'data: {"jsonrpc":"2.0","id":1,"result":{}}\n\n'
+    body = _Chunks([answer[:10], answer[10:]], all_in)
+    pending = {("n", 1): "tools/call"}
+    stream = SseBody(RawAnswer(200, [], body), Inspector(TrustPolicy("trusted"), pending=pending),
+                     None, SimpleNamespace(name="s"), 5.0)  # type: ignore[arg-type]
+    first = await stream.first()
+    assert first == answer and not pending  # the answer checked (and noted), once whole
+    assert await stream.rest_if_ended() == (b"" if all_in else None)
+    await stream.aclose()
+    assert body.closed
+
+
+# ------------------------------------------------- the rest of an answer its reader left
+
+
+@pytest.mark.parametrize("rest", [b"6\r\nsecond\r\n0\r\n\r\n",  # its end comes: the connection is kept
+                                  b"%x\r\n%b\r\n" % (DRAIN_BYTES + 1, b"x" * (DRAIN_BYTES + 1))],  # too long
+                         ids=["its-end-comes", "too-long"])
+async def test_an_answer_left_before_its_end_is_dropped_to_its_end_and_its_connection_reused(
+        rest: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(The MCP SDK client closes an SSE answer before its last chunk.) Up to DRAIN_BYTES, what is
+    left of it is read and dropped (never seen by the next request); past that, it is closed."""
+    left = asyncio.Event()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+            await writer.drain()
+            await left.wait()
+            left.clear()
+            writer.write(rest)
+            await writer.drain()
+
+    transport = H1Transport()
+    kept = asyncio.Event()
+    keep = transport._keep
+
+    def keeping(conn: Any) -> None:
+        keep(conn)
+        kept.set()
+
+    monkeypatch.setattr(transport, "_keep", keeping)
+    async with server(script) as (url, firsts):
+        response = await transport.handle_async_request(request(url))
+        assert await anext(response.aiter_raw()) == b"first"
+        await response.aclose()  # its end not come yet
+        assert transport.open == 1 and transport.idle_count == 0  # dropping the rest
+        left.set()
+        await kept.wait()
+        drained = rest.endswith(b"0\r\n\r\n")
+        assert (transport.idle_count, transport.open) == ((1, 1) if drained else (0, 0))
+        response = await transport.handle_async_request(request(url))
+        assert await anext(response.aiter_raw()) == b"first"  # nothing of the answer before
+        left.set()
+        await response.aclose()
+        assert len(firsts) == (1 if drained else 2)
+    await transport.aclose()
+
+
+async def test_a_get_left_before_its_end_closes_its_connection_at_once() -> None:
+    """A GET's answer (an MCP listening stream) is never drained: the server takes one listening
+    stream per session, and the client's next GET must not find the old one still open."""
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+        await reader.read()  # until the client goes
+
+    transport = H1Transport()
+    async with server(script) as (url, _):
+        get = httpx.Request("GET", url, extensions={"timeout": TIMEOUTS})
+        response = await transport.handle_async_request(get)
+        assert await anext(response.aiter_raw()) == b"first"
+        await response.aclose()
+        assert transport.open == 0 and transport.idle_count == 0
+    await transport.aclose()

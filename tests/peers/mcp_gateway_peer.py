@@ -256,6 +256,8 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 class GatewayPeer(PeerHandle):
+    pid = 0  # the server process
+
     def release(self) -> None:
         self._http.post("/_test/release").raise_for_status()
 
@@ -271,8 +273,9 @@ def start_gateway_peer(token_prefix: str, static_key: str) -> Iterator[GatewayPe
     cmd = [sys.executable, "-m", "tests.peers.mcp_gateway_peer", "--token-prefix", token_prefix,
            "--static-key", static_key]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    with ready_process(lambda _: cmd, what="MCP gateway peer", cwd=ROOT, timeout=60, env=env) as (_, base, workdir):
+    with ready_process(lambda _: cmd, what="MCP gateway peer", cwd=ROOT, timeout=60, env=env) as (proc, base, workdir):
         peer = GatewayPeer(base, workdir)
+        peer.pid = proc.pid  # for the benches' CPU figures (/proc/PID/stat)
         try:
             yield peer
         finally:

@@ -82,7 +82,9 @@ class StreamingResponse:
     answer, never a complete-looking one); one that ends is terminated cleanly.
     `long_lived` marks a listening stream (an SSE GET) that may never end: draining on stop does
     not wait for it. `first`: the body's first chunk, when the producer already has it: written
-    with the head, in one write (the client reads both at once)."""
+    with the head, in one write (the client reads both at once). `ended`: `first` is the whole
+    body (the producer had all of it): head, body and end go in one write, and the body is only
+    closed."""
 
     status: int
     body: ResponseBody
@@ -92,6 +94,7 @@ class StreamingResponse:
     route: str = field(default="")
     long_lived: bool = False
     first: bytes = b""
+    ended: bool = False
 
     def head(self, keep_alive: bool) -> bytes:
         head = _STATUS_LINES.get(self.status) or _status_line(self.status)

@@ -10,7 +10,8 @@ enforced on the traffic itself.
   and the server's credential headers are added.
 - Every upstream request goes through the server's egress policy (`Broker.gateway_transport`: the
   egress transport of the gateway's own pool, over `upstream.H1Transport`), sent to it directly
-  with no client layer (no cookie jar shared between callers, no redirects followed).
+  with no client layer (no cookie jar shared between callers, no redirects followed) and, but for
+  SigV4 and traces, as a header list and bytes (`EgressTransport.relay`: no httpx object per call).
 - A POST takes one permit per counted JSON-RPC request from the server's shared bucket, waiting
   up to `max_wait`; a 401 to the login sent is invalidated (by fingerprint) and retried once
   with the renewed login; a 429 (or a 503 with Retry-After) pauses the shared bucket and is
@@ -65,11 +66,12 @@ from ..errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from ..net.egress_http import EgressTransport, RawAnswer
 from ..telemetry import switch as traces
 from . import jsonrpc, mirror, pins, tool_meta, upstream_log
 from .in_place import InPlace, actor_of, one_header
 from .sessions import LiveSessions, Owner
-from .stream import SseBody, ToolCalls
+from .stream import SseBody, ToolCalls, read_whole
 from .strict_json import Masker
 from .tools_seen import ToolsSeen
 
@@ -91,7 +93,7 @@ _FORWARDED: Final = frozenset({
     b"traceparent", b"tracestate", b"user-agent",
 })
 _PARAM_PREFIX: Final = b"mcp-param-"
-_RETURNED: Final = ("mcp-session-id", "mcp-protocol-version", "retry-after", "cache-control")
+_RETURNED: Final = (b"mcp-session-id", b"mcp-protocol-version", b"retry-after", b"cache-control")
 _METHODS: Final = ("POST", "GET", "DELETE")
 SENT_CACHE: Final = 1024  # servers whose credential headers (and endpoint URLs) are kept prepared
 SESSION_NOT_FOUND: Final = -32001  # what MCP servers answer for a session they do not know
@@ -295,7 +297,7 @@ class Gateway:
     # -- the upstream exchange
 
     async def _exchange(self, request: Request, target: Target, cost: int, body: bytes | None,
-                        mirrors: mirror.Mirrors) -> tuple[httpx.Response, HeadersResult]:
+                        mirrors: mirror.Mirrors) -> tuple[RawAnswer, HeadersResult]:
         """The upstream's answer (its body not read yet) and the credentials it was sent with.
         `body` is what goes upstream: the POST's messages as the gateway read them."""
         broker = self.broker
@@ -330,10 +332,11 @@ class Gateway:
                 elif status in (400, 403) and not renewed_once \
                         and is_aws(target):  # an AWS refusal of stale credentials: fetched again, once
                     renewed_once = True
-                    retry = await self.sigv4.refused(target, response)
+                    sigv4 = response.response  # SigV4's answers are httpx's: see `_send`
+                    retry = sigv4 is not None and await self.sigv4.refused(target, sigv4)
                 elif _backoff(response) and not paused_once:
                     paused_once = True
-                    seconds = parse_retry_after(response.headers.get("retry-after"))
+                    seconds = parse_retry_after(response.header(b"retry-after"))
                     await broker.pause(target, seconds, Actor(request.peer_uid, request.peer_pid, None))
                     left = deadline - broker.clock.monotonic()
                     retry = seconds <= left
@@ -366,7 +369,7 @@ class Gateway:
         return renewed
 
     async def _send(self, target: Target, request: Request, forwarded: list[tuple[bytes, bytes]],
-                    creds: HeadersResult, body: bytes | None) -> httpx.Response:
+                    creds: HeadersResult, body: bytes | None) -> RawAnswer:
         """One request upstream, straight to the egress transport of the server's gateway pool: no
         client layer (its cookie jar would carry one caller's cookies to every other caller; the
         gateway follows no redirect and adds no auth of its own)."""
@@ -392,13 +395,17 @@ class Gateway:
             signed = await self.sigv4.gateway_headers(target, request.method, target.endpoint, headers,
                                                       body)
             headers = [(k, v) for k, v in headers if k != b"host"] + signed
-        upstream = httpx.Request(request.method, self._url(target.endpoint), headers=headers,
-                                 content=body,
-                                 extensions={"timeout": _UPSTREAM_TIMEOUTS})
-        timeout = answer_timeout(target)
+        url, timeout = self._url(target.endpoint), answer_timeout(target)
         try:
             async with asyncio.timeout(timeout):
-                response = await transport.handle_async_request(upstream)
+                if isinstance(transport, EgressTransport) and transport.relays and not is_aws(target):
+                    response = await transport.relay(request.method.encode("ascii"), url, headers, body,
+                                                     _UPSTREAM_TIMEOUTS)
+                else:  # traced, signed by SigV4 (it reads the request back), or another transport
+                    upstream = httpx.Request(request.method, url, headers=headers, content=body,
+                                             extensions={"timeout": _UPSTREAM_TIMEOUTS})
+                    response = RawAnswer.of(await transport.handle_async_request(upstream))
+                    response.response.request = upstream  # type: ignore[union-attr]
         except (httpx.TimeoutException, TimeoutError) as exc:
             upstream_log.not_answered(target.name, exc, timeout, _UPSTREAM_TIMEOUTS)
             raise UpstreamTimeout(f"the MCP server did not answer within {timeout:g} s") from None
@@ -410,8 +417,7 @@ class Gateway:
         except httpx.HTTPError as exc:
             upstream_log.not_answered(target.name, exc, timeout, _UPSTREAM_TIMEOUTS)
             raise UpstreamError(f"the MCP server could not be reached ({type(exc).__name__})") from None
-        response.request = upstream
-        if response.headers.get("content-encoding", "identity").strip().lower() != "identity":
+        if (response.header(b"content-encoding") or "identity").strip().lower() != "identity":
             # asked for identity: a compressed answer is a bomb or a lie, and is never inflated
             await response.aclose()
             upstream_log.failed(target.name, "refused_answer", "a compressed answer (Content-Encoding)")
@@ -446,7 +452,7 @@ class Gateway:
 
     # -- the answer
 
-    async def _answer(self, request: Request, target: Target, response: httpx.Response, sent: HeadersResult,
+    async def _answer(self, request: Request, target: Target, response: RawAnswer, sent: HeadersResult,
                       calls: ToolCalls | None, pending: dict[jsonrpc.IdKey, str], started: float,
                       body_sent: bytes) -> Answer:
         waiting = dict(pending)
@@ -455,8 +461,8 @@ class Gateway:
             # what the client sent itself is never masked: masking it would confirm a guess
             known = body_sent.decode("utf-8") + "\n".join(v.decode("latin-1") for _, v in request.headers)
             masker = Masker(self._credentials(target, sent).values, known)
-            extra = tuple((name.title().encode(), masker.header(response.headers[name].encode("latin-1")))
-                          for name in _RETURNED if name in response.headers)
+            extra = tuple((name.title(), masker.header(value.encode("latin-1")))
+                          for name in _RETURNED if (value := response.header(name)) is not None)
             if target.aauth:  # AAuth-Access kept, a 401's challenge on
                 answered = self.aauth.answered(target, status, response.headers.multi_items())
                 extra += tuple((k, masker.header(v)) for k, v in answered)
@@ -478,22 +484,23 @@ class Gateway:
                 on_listing=lambda tools: self.params.learn(target.name, tools))
             self._observe(target, request.method, status, started)
             self._follow_session(request, target, response)
-            kind = jsonrpc.answer_kind(response.headers.get("content-type", ""))
+            kind = jsonrpc.answer_kind(response.header(b"content-type") or "")
             if kind == "sse" and 200 <= status < 300:
                 # may stay silent for long: its head goes at once, and it is never cut for a quiet while
                 listening = request.method == "GET" or LISTEN in pending.values()
                 gap = None if listening else answer_timeout(target)
                 stream = SseBody(response, inspector, calls, target, gap, outbox)
                 first = b"" if listening else await stream.first()
+                rest = None if listening else await stream.rest_if_ended()
                 if first and not inspector.pending and _takes_json(request):
-                    whole = await stream.whole(first)
+                    whole = await stream.whole(first, rest)
                     if whole is not None:  # one message and the stream's end: a JSON answer
                         await stream.aclose()
                         return Response(status, whole, content_type=b"application/json", extra_headers=extra)
                 self._streams.add(stream)
-                return StreamingResponse(status, stream, content_type=b"text/event-stream",
-                                         extra_headers=extra, long_lived=listening, first=first)
-            body = await _read(response, MAX_JSON_ANSWER, answer_timeout(target), target.name)
+                return StreamingResponse(status, stream, extra_headers=extra, long_lived=listening,  # SSE
+                                         first=first + (rest or b""), ended=rest is not None)
+            body = await read_whole(response, MAX_JSON_ANSWER, answer_timeout(target), target.name)
         except BaseException as exc:
             await response.aclose()
             if calls is not None:
@@ -528,8 +535,10 @@ class Gateway:
                                                     target.content.effective_roots(trust) or ())
         for warning in warnings:
             self._policy_warnings(target, [warning])
+        if refused or not target.content.effective_pin_tools(trust):
+            return refused
         names = pins.called_tools(out)
-        if refused or not names or not target.content.effective_pin_tools(trust):
+        if not names:
             return refused
         return pins.call_refusals(out, target.name, await self.broker.pins.lookup(target.name, names))
 
@@ -586,20 +595,20 @@ class Gateway:
         """An answer to the server's request (or a task's), sent as the client would; its answer read."""
         response, _ = await self._exchange(request, target, 0, body, mirrors or mirror.Mirrors())
         try:
-            await _read(response, MAX_JSON_ANSWER, answer_timeout(target), target.name)
+            await read_whole(response, MAX_JSON_ANSWER, answer_timeout(target), target.name)
         finally:
             await response.aclose()
         if response.status_code >= 500:
             upstream_log.answered(target.name, response.status_code)
 
-    def _follow_session(self, request: Request, target: Target, response: httpx.Response) -> None:
+    def _follow_session(self, request: Request, target: Target, response: RawAnswer) -> None:
         asked = one_header(request, b"mcp-session-id")
         status = response.status_code
         if 200 <= status < 300:
             if request.method == "DELETE":
                 if asked:
                     self.sessions.ended(target.name, asked)
-            elif (given := response.headers.get("mcp-session-id")):
+            elif (given := response.header(b"mcp-session-id")):
                 self.sessions.seen(target.name, given.encode("latin-1"), _owner(request),
                                    target.content.effective_roots(target.trust.trust))
             elif asked:
@@ -635,28 +644,6 @@ class Gateway:
                 _log.warning("tool policy", extra={"server": target.name, "warning": warning})
 
 
-async def _read(response: httpx.Response, limit: int, timeout: float, server: str) -> bytes:
-    if response.is_stream_consumed:  # a signer read a refusal already (bounded; identity: see `_send`)
-        return response.content
-    parts: list[bytes] = []
-    size = 0
-    try:
-        async with asyncio.timeout(timeout):
-            async for chunk in response.aiter_raw():  # never decoded: a compressed answer is refused
-                size += len(chunk)
-                if size > limit:
-                    upstream_log.failed(server, "refused_answer", f"an answer larger than {limit} bytes")
-                    raise UpstreamError(f"the MCP server's answer exceeds {limit} bytes")
-                parts.append(chunk)
-    except (httpx.TimeoutException, TimeoutError):
-        upstream_log.timed_out(server, timeout, "reading the answer")
-        raise UpstreamTimeout(f"the MCP server did not finish its answer within {timeout:g} s") from None
-    except httpx.HTTPError as exc:
-        upstream_log.failed(server, "cut", f"answer cut ({type(exc).__name__})")
-        raise UpstreamError(f"the MCP server's answer was cut ({type(exc).__name__})") from None
-    return b"".join(parts)
-
-
 def screening_of(target: Target) -> jsonrpc.Screening:
     """The untrusted pipeline for a server's results: servers that are not trusted are sanitized
     and scanned; media passes only where `media_passthrough` allows it."""
@@ -670,9 +657,10 @@ def answer_timeout(target: Target) -> float:
     return target.content.timeout
 
 
-def _backoff(response: httpx.Response) -> bool:
+def _backoff(response: RawAnswer) -> bool:
     """An upstream asking to be left alone: a 429, or a 503 that says for how long."""
-    return response.status_code == 429 or (response.status_code == 503 and "retry-after" in response.headers)
+    return response.status_code == 429 or (response.status_code == 503
+                                           and response.header(b"retry-after") is not None)
 
 
 def _takes_json(request: Request) -> bool:

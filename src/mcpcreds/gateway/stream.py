@@ -1,6 +1,7 @@
 """What the gateway follows while an answer is relayed: the `tools/call` requests of a POST, each
 audited once when its fate is known (`ToolCalls`), and an upstream SSE answer relayed event by
-event, each event checked and written anew, the wait for the next one bounded (`SseBody`)."""
+event, each event checked and written anew, the wait for the next one bounded (`SseBody`); a JSON
+answer read whole, bounded (`read_whole`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from ..broker.broker import Actor
 from ..config.model import Target
 from ..core.http import MAX_GATEWAY_BODY_BYTES, Request
 from ..core.logs import get_logger
+from ..errors import UpstreamError, UpstreamTimeout
+from ..net.egress_http import RawAnswer
 from . import jsonrpc, upstream_log
 from .sse import EventTooLarge, SseSplitter
 
@@ -53,7 +56,7 @@ class ToolCalls:
 class SseBody:
     """An upstream SSE answer, relayed event by event (see `wire.ResponseBody`)."""
 
-    def __init__(self, response: httpx.Response, inspector: jsonrpc.Inspector, calls: ToolCalls | None,
+    def __init__(self, response: RawAnswer, inspector: jsonrpc.Inspector, calls: ToolCalls | None,
                  target: Target, gap: float | None, outbox: list[bytes] | None = None) -> None:
         self.response = response
         self.outbox = outbox if outbox is not None else []  # the gateway's own events, sent with the next
@@ -73,12 +76,15 @@ class SseBody:
             return self._after_ahead(self.ahead, self.gen)
         return self.gen
 
-    async def whole(self, first: bytes, grace: float = END_GRACE) -> bytes | None:
+    async def whole(self, first: bytes, rest: bytes | None, grace: float = END_GRACE) -> bytes | None:
         """The one JSON-RPC message of an answer whose first events answered every request of the
-        POST, when the upstream's stream then ends within `grace`: it goes out as an
-        application/json body, which a client reads to its end and so keeps its connection (the
-        MCP SDK client leaves an SSE answer before its last chunk, and opens a new connection for
-        its next request). None: the answer is relayed as a stream, `first` then what follows."""
+        POST, when the upstream's stream then ended (`rest`: what came after `first`, see
+        `rest_if_ended`) or ends within `grace`: it goes out as an application/json body, which a
+        client reads to its end and so keeps its connection (the MCP SDK client leaves an SSE
+        answer before its last chunk, and opens a new connection for its next request). None: the
+        answer is relayed as a stream, `first` then what follows."""
+        if rest is not None:
+            return single_message(first + rest)
         data = single_message(first)
         if data is None or self.outbox:
             return None
@@ -105,18 +111,23 @@ class SseBody:
         the head of the answer. Later events are relayed as they come (see `__aiter__`)."""
         return await anext(aiter(self), b"")
 
+    async def rest_if_ended(self) -> bytes | None:
+        """After `first`: the rest of the answer when the upstream's all came already (read with
+        no wait: it goes out with the head and the first events, and the end), else None."""
+        if not self.response.at_end():
+            return None
+        return b"".join([chunk async for chunk in self])
+
     async def _events(self) -> AsyncIterator[bytes]:
         splitter = SseSplitter(MAX_SSE_EVENT)
         inspector = self.inspector
-        chunks = self.response.aiter_raw()  # never decoded: see `_send`
+        response = self.response  # its bytes never decoded: see `_send`
         loop = asyncio.get_running_loop()
         deadline = None if self.gap is None else loop.time() + self.gap
         try:
             while True:
-                try:
-                    async with asyncio.timeout_at(deadline):  # each event (a progress one too) resets it
-                        chunk = await anext(chunks)
-                except StopAsyncIteration:
+                chunk = await response.next_chunk(deadline)  # each event (a progress one too) resets it
+                if not chunk:
                     break
                 events = splitter.feed(chunk)
                 if events:
@@ -186,3 +197,26 @@ def single_message(events: bytes) -> bytes | None:
                 return None
             found = line[6:]
     return found
+
+
+async def read_whole(response: RawAnswer, limit: int, timeout: float, server: str) -> bytes:
+    """A JSON (or other non-SSE) answer read whole, at most `limit` bytes within `timeout`."""
+    if response.is_stream_consumed:  # a signer read a refusal already (bounded; identity: see `_send`)
+        return response.content
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in response.aiter_raw():  # never decoded: a compressed answer is refused
+                size += len(chunk)
+                if size > limit:
+                    upstream_log.failed(server, "refused_answer", f"an answer larger than {limit} bytes")
+                    raise UpstreamError(f"the MCP server's answer exceeds {limit} bytes")
+                parts.append(chunk)
+    except (httpx.TimeoutException, TimeoutError):
+        upstream_log.timed_out(server, timeout, "reading the answer")
+        raise UpstreamTimeout(f"the MCP server did not finish its answer within {timeout:g} s") from None
+    except httpx.HTTPError as exc:
+        upstream_log.failed(server, "cut", f"answer cut ({type(exc).__name__})")
+        raise UpstreamError(f"the MCP server's answer was cut ({type(exc).__name__})") from None
+    return b"".join(parts)

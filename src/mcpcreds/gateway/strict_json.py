@@ -50,6 +50,11 @@ def _float(text: str) -> float:
     return value
 
 
+# made once: `json.loads` and `json.dumps` with options build a new decoder or encoder per call
+_DECODER: Final = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def loads(data: bytes | str) -> Any:
     """The one JSON document in `data`; StrictJsonError for anything read otherwise elsewhere."""
     if isinstance(data, bytes):
@@ -62,7 +67,7 @@ def loads(data: bytes | str) -> Any:
     elif data.startswith("\ufeff"):
         raise StrictJsonError("a byte order mark")
     try:
-        value = json.loads(data, object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
+        value = _DECODER.decode(data)
     except RecursionError:
         raise StrictJsonError("nested too deep") from None
     except StrictJsonError:
@@ -77,7 +82,7 @@ def loads(data: bytes | str) -> Any:
 def dumps(value: Any) -> bytes:
     """Compact UTF-8 JSON; StrictJsonError if a string holds a lone surrogate (not UTF-8)."""
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return _ENCODER.encode(value).encode("utf-8")
     except UnicodeEncodeError:
         raise StrictJsonError("a lone surrogate in a string") from None
 

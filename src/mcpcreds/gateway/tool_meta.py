@@ -256,6 +256,9 @@ class Decision:
         return self.verdict != "refuse"
 
 
+_ALLOW: Final = Decision("allow")  # (frozen: shared by every call allowed)
+
+
 def data_flow(meta: ToolMeta, trust: str) -> Decision:
     """zeph's data-flow check: high-sensitivity tools only on trusted servers; medium-sensitivity
     ones on a sandboxed server are let through with a warning."""
@@ -267,7 +270,7 @@ def data_flow(meta: ToolMeta, trust: str) -> Decision:
                         "(data_flow); set the tool's tool_metadata, or trust the server, to allow it")
     if rank >= SENSITIVITIES.index("medium") and trust == "sandboxed":
         return Decision("warn", "a tool of data_sensitivity medium on a sandboxed server")
-    return Decision("allow")
+    return _ALLOW
 
 
 def check_call(meta: ToolMeta, trust: str, arguments: Any, roots: Sequence[str] = ()) -> Decision:

@@ -12,7 +12,9 @@ does the same work with one protocol object per connection:
   bytes wait for the consumer (so a 10 MB stream holds a bounded amount); a head over
   `MAX_HEAD_BYTES` is refused.
 - Connections are kept alive and reused per (scheme, address, port, server name) — one that
-  receives bytes while no request is out is closed, so they never reach the next request — at most
+  receives bytes while no request is out is closed, so they never reach the next request; the
+  rest of an answer its reader left before its end (not a GET's) is read and dropped first
+  (bounded) — at most
   `limits.max_connections` open (a request waits up to the pool timeout for a free one) and
   `limits.max_keepalive_connections` idle.
 - Timeouts as httpx reads them (`extensions["timeout"]`): connect, write (the body stuck in the
@@ -32,7 +34,6 @@ does the same work with one protocol object per connection:
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -41,22 +42,29 @@ from typing import Any, Final
 import httptools
 import httpx
 
-from .egress_http import ConnectError
+from .egress_http import ConnectError, Header, RawAnswer
 
 HIGH_WATER: Final = 256 * 1024  # body bytes buffered before reading from the server pauses
 MAX_HEAD_BYTES: Final = 64 * 1024  # the status line and headers of an answer
+# the rest of an answer its reader left (an MCP client closes an SSE answer before its end): read
+# and dropped, up to this much for this long, so that its connection serves the next request. Never
+# a GET's: an MCP server takes one listening stream per session, and the next must find it closed
+DRAIN_BYTES: Final = 64 * 1024
+DRAIN_SECONDS: Final = 0.5
 DEFAULT_LIMITS: Final = httpx.Limits(max_connections=100, max_keepalive_connections=20)
-_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_VALUE: Final = re.compile(rb"[\r\n\x00]")
+# a header name's characters (RFC 9110 tchar): what is left after deleting them is not a token
+_TCHARS: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 Key = tuple[str, str, int, str]  # scheme, address, port, server name
+Asker = httpx.Request | None  # the request errors name (None on the gateway's raw way)
 
 
-def request_head(request: httpx.Request, target: bytes) -> bytes:
+def request_head(method: bytes, target: bytes, headers: list[Header],
+                 request: httpx.Request | None = None) -> bytes:
     """The request line and headers, checked: LocalProtocolError for a name that is not a token
     or a value with CR, LF or NUL."""
-    parts = [request.method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
-    for name, value in request.headers.raw:
-        if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
+    parts = [method, b" ", target, b" HTTP/1.1\r\n"]
+    for name, value in headers:
+        if not name or name.translate(None, _TCHARS) or b"\r" in value or b"\n" in value or b"\0" in value:
             raise httpx.LocalProtocolError("an invalid header name or value: not sent", request=request)
         parts += [name, b": ", value, b"\r\n"]
     parts.append(b"\r\n")
@@ -75,6 +83,10 @@ class _Connection(asyncio.Protocol):
         self.busy = False  # a request was sent and its answer is not done with
         self.write_paused = False
         self._wake: asyncio.Future[None] | None = None
+        self._drained: Callable[[], None] | None = None  # while the rest of an answer is dropped
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self.dropped = 0  # bytes of the answer's rest dropped so far
+        self.drainable = False  # the request sent was no GET (see DRAIN_BYTES)
         self._reset()
 
     def _reset(self) -> None:
@@ -113,12 +125,22 @@ class _Connection(asyncio.Protocol):
         if self.header_bytes > MAX_HEAD_BYTES or (not self.head_done and self.head_bytes > MAX_HEAD_BYTES):
             self._fail(f"the head of the server's answer exceeds {MAX_HEAD_BYTES} bytes")
             return
+        if self._drained is not None:
+            self.dropped += len(data)
+            self.chunks.clear()
+            self.buffered = 0
+            if not self.complete and self.dropped > DRAIN_BYTES:
+                self.close()
+            if self.complete or self.lost:
+                self._drain_end()
+            return
         self._notify()
 
     def _fail(self, message: str) -> None:
         self.error = httpx.RemoteProtocolError(message)
         self.close()
         self._notify()
+        self._drain_end()
 
     def eof_received(self) -> bool | None:
         if self.head_done and not self.complete and not self.framed:
@@ -133,6 +155,7 @@ class _Connection(asyncio.Protocol):
                                                    "the server closed the connection without an answer")
         self.write_paused = False
         self._notify()
+        self._drain_end()
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -179,11 +202,25 @@ class _Connection(asyncio.Protocol):
 
     async def _wait(self, timeout: float | None, error: type[httpx.TimeoutException], what: str) -> None:
         self._wake = asyncio.get_running_loop().create_future()
+        if timeout is None:  # the gateway's read: bounded by the caller (a timeout context costs)
+            await self._wake
+            return
         try:
             async with asyncio.timeout(timeout):
                 await self._wake
         except TimeoutError:
             raise error(f"the server did not {what} in time") from None
+
+    async def _wait_until(self, deadline: float) -> None:
+        """Wait for news, TimeoutError past `deadline`: a timer on the waiter (a timeout context
+        costs more, and this is per chunk)."""
+        loop = asyncio.get_running_loop()
+        waiter = self._wake = loop.create_future()
+        timer = loop.call_at(deadline, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
 
     async def send(self, data: bytes, timeouts: dict[str, Any]) -> None:
         assert self.transport is not None
@@ -196,20 +233,51 @@ class _Connection(asyncio.Protocol):
                 raise self.error
             await self._wait(timeouts.get("read"), httpx.ReadTimeout, "answer")
 
-    async def read(self, timeout: float | None) -> bytes:
-        """The body bytes received so far (waiting for some), b"" at its end."""
+    async def read(self, timeout: float | None, deadline: float | None = None) -> bytes:
+        """The body bytes received so far (waiting for some), b"" at its end; past `deadline`
+        (the loop's clock), TimeoutError."""
         while not self.chunks:
             if self.complete:
                 return b""
             if self.error is not None:
                 raise httpx.ReadError(str(self.error))
-            await self._wait(timeout, httpx.ReadTimeout, "send the rest of its answer")
+            if deadline is not None:
+                await self._wait_until(deadline)
+            else:
+                await self._wait(timeout, httpx.ReadTimeout, "send the rest of its answer")
         data = self.chunks.popleft() if len(self.chunks) == 1 else b"".join(self.chunks)
         self.chunks.clear()
         self.buffered = 0
         if self.transport is not None and not self.lost:
             self.transport.resume_reading()
         return data
+
+    def drain(self, done: Callable[[], None]) -> bool:
+        """Drop the rest of an answer nobody reads (up to DRAIN_BYTES, for DRAIN_SECONDS), then call
+        `done`; False (nothing done) unless the answer has a known end still to come."""
+        if not (self.drainable and self.head_done and self.framed and not self.complete and not self.lost
+                and self.error is None and self.transport is not None):
+            return False
+        self.chunks.clear()
+        self.buffered = 0
+        self.dropped = 0
+        self._drained = done
+        self._drain_timer = asyncio.get_running_loop().call_later(DRAIN_SECONDS, self._drain_timeout)
+        self.transport.resume_reading()
+        return True
+
+    def _drain_timeout(self) -> None:
+        self.close()
+        self._drain_end()
+
+    def _drain_end(self) -> None:
+        done, self._drained = self._drained, None
+        if done is None:
+            return
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
+        done()
 
     @property
     def reusable(self) -> bool:
@@ -221,6 +289,16 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+def _supported(method: str, url: httpx.URL, request: httpx.Request | None) -> None:
+    if method == "HEAD" or url.scheme not in ("http", "https"):
+        raise httpx.UnsupportedProtocol(f"{method} {url.scheme}: not sent by this transport", request=request)
+
+
 class _Body(httpx.AsyncByteStream):
     def __init__(self, pool: H1Transport, conn: _Connection, timeout: float | None) -> None:
         self.pool = pool
@@ -230,6 +308,14 @@ class _Body(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while self.conn is not None and (chunk := await self.conn.read(self.timeout)):
             yield chunk
+
+    def at_end(self) -> bool:
+        conn = self.conn
+        return conn is None or (conn.complete and not conn.chunks and conn.error is None)
+
+    async def read(self, deadline: float | None) -> bytes:
+        """See `egress_http.BodyReader`."""
+        return b"" if self.conn is None else await self.conn.read(self.timeout, deadline)
 
     async def aclose(self) -> None:
         conn, self.conn = self.conn, None
@@ -253,30 +339,46 @@ class H1Transport(httpx.AsyncBaseTransport):
         self.idle_count = 0
         self.open = 0  # connections open or being opened, idle ones included
         self._free: deque[asyncio.Future[None]] = deque()  # requests waiting for a connection slot
+        self.closed = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        if request.method == "HEAD" or url.scheme not in ("http", "https"):
-            raise httpx.UnsupportedProtocol(f"{request.method} {url.scheme}: not sent by this transport",
-                                            request=request)
+        _supported(request.method, url, request)
         timeouts: dict[str, Any] = request.extensions.get("timeout", {})
+        data = request_head(request.method.encode("ascii"), url.raw_path, request.headers.raw, request)
+        conn = await self._exchange(url, request.extensions.get("sni_hostname") or url.host,
+                                    data + await request.aread(), timeouts, request)
+        body = _Body(self, conn, timeouts.get("read"))
+        return httpx.Response(conn.status, headers=conn.headers, stream=body,
+                              extensions={"http_version": b"HTTP/1.1"}, request=request)
+
+    async def relay(self, method: bytes, url: httpx.URL, headers: list[Header], body: bytes | None,
+                    timeouts: dict[str, Any], sni: str) -> RawAnswer:
+        """`handle_async_request` without the httpx objects (the gateway's way, through
+        `EgressTransport.relay`): `headers` go as given (Host included), `sni` is the name the
+        TLS certificate is verified against."""
+        _supported(method.decode("ascii", "replace"), url, None)
+        data = request_head(method, url.raw_path, headers)
+        conn = await self._exchange(url, sni, data + body if body else data, timeouts, None)
+        return RawAnswer(conn.status, conn.headers, _Body(self, conn, timeouts.get("read")))
+
+    async def _exchange(self, url: httpx.URL, sni: str, data: bytes, timeouts: dict[str, Any],
+                        request: httpx.Request | None) -> _Connection:
+        """`data` sent on a connection to `url`'s address, its answer's head received."""
         port = url.port or (443 if url.scheme == "https" else 80)
-        sni = request.extensions.get("sni_hostname") or url.host
         key: Key = (url.scheme, url.host, port, sni)
         if self.tls is not None and url.scheme == "https" and (context := self.tls()) is not self.ssl:
             self.ssl = context
             self.generation += 1
             self._close_idle(self.idle_count)  # made with the old identity
-        data = request_head(request, url.raw_path) + await request.aread()
         conn = await self._acquire(key, timeouts, request)
+        conn.drainable = not data.startswith(b"GET ")
         try:
             await conn.send(data, timeouts)
         except BaseException:
             self._discard(conn)
             raise
-        body = _Body(self, conn, timeouts.get("read"))
-        return httpx.Response(conn.status, headers=conn.headers, stream=body,
-                              extensions={"http_version": b"HTTP/1.1"}, request=request)
+        return conn
 
     # -- connections
 
@@ -290,7 +392,7 @@ class H1Transport(httpx.AsyncBaseTransport):
             self._closed()
         return None
 
-    async def _acquire(self, key: Key, timeouts: dict[str, Any], request: httpx.Request) -> _Connection:
+    async def _acquire(self, key: Key, timeouts: dict[str, Any], request: Asker) -> _Connection:
         """An idle connection to `key`, else a new one once fewer than `max_open` are open (an idle
         one to elsewhere is closed for it; else the request waits up to the pool timeout)."""
         loop = asyncio.get_running_loop()
@@ -319,7 +421,7 @@ class H1Transport(httpx.AsyncBaseTransport):
                                             request=request) from None
                 raise
 
-    async def _connect(self, key: Key, timeouts: dict[str, Any], request: httpx.Request) -> _Connection:
+    async def _connect(self, key: Key, timeouts: dict[str, Any], request: Asker) -> _Connection:
         self.open += 1
         scheme, address, port, sni = key
         conn = _Connection(key)
@@ -340,8 +442,14 @@ class H1Transport(httpx.AsyncBaseTransport):
         return conn
 
     def release(self, conn: _Connection) -> None:
-        """The answer's body is done with: keep the connection for the next request, or close it."""
-        if not conn.reusable or conn.generation != self.generation:
+        """The answer's body is done with: keep the connection for the next request (once the rest
+        of its answer is dropped, if it is still to come), or close it."""
+        if conn.generation == self.generation and conn.drain(lambda: self._keep(conn)):
+            return
+        self._keep(conn)
+
+    def _keep(self, conn: _Connection) -> None:
+        if not conn.reusable or conn.generation != self.generation or self.closed:
             self._discard(conn)
             return
         conn._reset()
@@ -379,4 +487,5 @@ class H1Transport(httpx.AsyncBaseTransport):
                 return
 
     async def aclose(self) -> None:
+        self.closed = True  # a connection still dropping the rest of an answer is closed when done
         self._close_idle(self.open)

@@ -35,7 +35,7 @@ from ..core.tasks import spawn
 from ..errors import Forbidden, McpcredsError, NotFound
 from .api import Api, error_to_response
 from .tcp_peer import UidLookup, choose_lookup, lookup_uid, proc_lookup_uid
-from .wire import Connections, HttpConnection
+from .wire import Acceptor, Connections, HttpConnection
 
 _log = get_logger("gateway.tcp")
 
@@ -202,7 +202,7 @@ def _hosts(host: str, port: int) -> frozenset[bytes]:
 
 async def start_listener(listen: ListenConfig, api: Api, allow_uids: Callable[[], frozenset[int]],
                          connections: Connections, sock: socket.socket | None = None,
-                         ) -> tuple[asyncio.Server, str]:
+                         ) -> tuple[asyncio.Server | Acceptor, str]:
     """Bind and serve the listener (or serve `sock`, the one systemd bound: activation.py);
     returns the server and the address it is bound to (the port the kernel picked when `listen`
     asked for 0)."""
@@ -223,9 +223,13 @@ async def start_listener(listen: ListenConfig, api: Api, allow_uids: Callable[[]
     lookups = PeerLookups(lookup or proc_lookup_uid,
                           at_once=None if lookup is None else partial(lookup_uid, wait=False))
     loop = asyncio.get_running_loop()
+
+    def factory() -> TcpConnection:
+        return TcpConnection(app, allow_uids, connections, lookups)
+
     try:
-        server = await loop.create_server(lambda: TcpConnection(app, allow_uids, connections, lookups),
-                                          sock=sock)
+        server: asyncio.Server | Acceptor = (Acceptor(sock, factory) if Acceptor.usable(loop)
+                                             else await loop.create_server(factory, sock=sock))
     except BaseException:
         sock.close()
         raise

@@ -9,6 +9,7 @@ client does not read).
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import struct
@@ -37,6 +38,7 @@ from .peer_ns import in_own_namespaces
 MAX_HEAD_BYTES: Final = 16 * 1024
 MAX_BODY_BYTES: Final = 64 * 1024
 MAX_PIPELINED: Final = 32
+ACCEPT_RETRY_SECONDS: Final = 1.0  # after an accept that failed for want of file descriptors or memory
 # Bytes handed to the parser at once while a head is awaited (or a chunked body, whose end is
 # not known in advance). A head that begins inside one of these feeds, after a complete request,
 # is counted from the next feed, so it may exceed MAX_HEAD_BYTES by at most this much before its
@@ -289,29 +291,41 @@ class HttpConnection(asyncio.Protocol):
             self._send(result, keep_alive, started)
             return
         if isinstance(result, StreamingResponse):
-            self._start_stream(result, keep_alive, started)
+            keep = self._stream_head(result, keep_alive, started)
+            if keep is not None:
+                self._run(self._stream(result.body, keep, result.ended))
             return
         # reading goes on while the answer is pending, so a disconnect is seen (and cancels it)
-        task = asyncio.ensure_future(result)
-        self.in_flight = task
-        task.add_done_callback(lambda t: self._finished(t, keep_alive, started))
+        self._run(self._answer_later(result, keep_alive, started))
 
-    def _finished(self, task: asyncio.Task[Answer], keep_alive: bool, started: float) -> None:
-        self.in_flight = None
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            _log.error("unhandled error in handler", exc_info=exc)
-            response: Answer = error_response(500, "internal_error", "internal error")
-        else:
-            response = task.result()
+    def _run(self, work: Awaitable[None]) -> None:
+        """The answer's work in one task (its wait, then its stream: no task more per call)."""
+        task = asyncio.ensure_future(work)
+        self.in_flight = task
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Future[None]) -> None:
+        if self.in_flight is task:  # cancelled (the client gone), or failed past its own handling
+            self.in_flight = None
+            self.long_lived = False
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            _log.error("unhandled error in connection", exc_info=exc)
+
+    async def _answer_later(self, pending: Awaitable[Answer], keep_alive: bool, started: float) -> None:
+        try:
+            response = await pending
+        except Exception:
+            _log.exception("unhandled error in handler")
+            response = error_response(500, "internal_error", "internal error")
         if isinstance(response, StreamingResponse):
             if self.closing:  # nobody to stream to: release what feeds the body
                 _release(response.body)
                 return
-            self._start_stream(response, keep_alive, started)
+            keep = self._stream_head(response, keep_alive, started)
+            if keep is not None:
+                await self._stream(response.body, keep, response.ended)
             return
+        self.in_flight = None
         if self.closing:
             return
         self._send(response, keep_alive, started)
@@ -326,21 +340,50 @@ class HttpConnection(asyncio.Protocol):
 
     # -- streaming
 
-    def _start_stream(self, response: StreamingResponse, keep_alive: bool, started: float) -> None:
+    def _stream_head(self, response: StreamingResponse, keep_alive: bool, started: float) -> bool | None:
+        """The head out (with the first chunk, and the end if the body is all there: in one write);
+        whether the connection is kept after the body, None if there is no one to stream to (the
+        body released)."""
         transport = self.transport
         if transport is None or self.closing:
             _release(response.body)
-            return
+            return None
         keep = keep_alive and not response.close
         head = response.head(keep)
         if response.first:
             head += b"%x\r\n%b\r\n" % (len(response.first), response.first)
+        if response.ended:
+            head += b"0\r\n\r\n"
         transport.write(head)
         self.app.observe(response.route, response.status, time.perf_counter() - started)
-        task = asyncio.ensure_future(self._pump(response.body))
-        self.in_flight = task
         self.long_lived = response.long_lived
-        task.add_done_callback(lambda t: self._streamed(t, keep))
+        return keep
+
+    async def _stream(self, body: ResponseBody, keep: bool, ended: bool = False) -> None:
+        try:
+            if ended:  # all of it went out with the head
+                await body.aclose()
+            else:
+                await self._pump(body)
+        except Exception as exc:
+            failed: Exception | None = exc
+        else:
+            failed = None
+        self.in_flight = None
+        self.long_lived = False
+        if self.transport is None or self.closing:
+            return
+        if failed is not None:  # the head is out: the only honest end is a cut connection
+            _log.warning("streaming answer failed; connection aborted",
+                         extra={"error": type(failed).__name__})
+            self.closing = True
+            self.transport.abort()
+            return
+        if not keep:
+            self.closing = True
+            self.transport.close()
+            return
+        self._next()
 
     async def _pump(self, body: ResponseBody) -> None:
         """Each chunk out as it comes; while the client's transport is full, the body is not
@@ -359,24 +402,6 @@ class HttpConnection(asyncio.Protocol):
                 self.transport.write(b"0\r\n\r\n")
         finally:
             await body.aclose()
-
-    def _streamed(self, task: asyncio.Task[None], keep: bool) -> None:
-        self.in_flight = None
-        self.long_lived = False
-        if task.cancelled() or self.transport is None or self.closing:
-            return
-        exc = task.exception()
-        if exc is not None:  # the head is out: the only honest end is a cut connection
-            _log.warning("streaming answer failed; connection aborted",
-                         extra={"error": type(exc).__name__})
-            self.closing = True
-            self.transport.abort()
-            return
-        if not keep:
-            self.closing = True
-            self.transport.close()
-            return
-        self._next()
 
     def _send(self, response: Response, keep_alive: bool, started: float) -> None:
         transport = self.transport
@@ -412,6 +437,54 @@ _releasing: set[asyncio.Task[None]] = set()
 def _release(body: ResponseBody) -> None:
     """Close a body that will never be streamed, in a task kept until it is done."""
     spawn(_releasing, body.aclose())
+
+
+class Acceptor:
+    """A listening socket (the Unix socket, the loopback listener) served without the task per
+    connection of `loop.create_unix_server` and `create_server`: each connection is accepted in
+    the loop's reader callback, one per wake-up (the selector reports the socket again while more
+    wait: no failing accept after each), and given its transport at once. MCP clients open about
+    one connection per call, so this is a per-call cost."""
+
+    def __init__(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol]) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.sock = sock
+        self.factory = factory
+        self.closed = False
+        sock.setblocking(False)  # (a socket systemd passed may come blocking)
+        self.loop.add_reader(sock.fileno(), self._accept)
+
+    @staticmethod
+    def usable(loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether `loop` is asyncio's selector loop, whose transports this makes."""
+        return hasattr(loop, "_make_socket_transport") and hasattr(loop, "add_reader")
+
+    def _accept(self) -> None:
+        try:
+            conn, address = self.sock.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                raise  # the loop logs it
+            # the selector would report the socket again at once: pause, as asyncio's server does
+            _log.warning("accept failed: out of resources", extra={"error": errno.errorcode.get(exc.errno)})
+            self.loop.remove_reader(self.sock.fileno())
+            self.loop.call_later(ACCEPT_RETRY_SECONDS, self._resume)
+            return
+        conn.setblocking(False)
+        make: Any = self.loop._make_socket_transport  # type: ignore[attr-defined]
+        make(conn, self.factory(), extra={"peername": address})  # known: not asked of the kernel again
+
+    def _resume(self) -> None:
+        if not self.closed:
+            self.loop.add_reader(self.sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
 
 
 def bind_unix_socket(path: str) -> socket.socket:
