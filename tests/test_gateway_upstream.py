@@ -330,12 +330,23 @@ async def test_relay_a_connect_error_is_httpx_s_and_names_no_address() -> None:
 
 
 class _Chunks:
-    """A `BodyReader` over chunks given in advance (`all_in`: all received, or more to come)."""
+    """A `BodyReader` over chunks given in advance (`all_in`: all received, or more to come;
+    `ends`: the end arrives once something waits for news)."""
 
-    def __init__(self, chunks: list[bytes], all_in: bool) -> None:
+    def __init__(self, chunks: list[bytes], all_in: bool, ends: bool = False) -> None:
         self.chunks = chunks
         self.all_in = all_in
+        self.ends = ends
         self.closed = False
+
+    async def news(self, deadline: float) -> None:
+        if self.chunks or self.all_in:
+            return
+        if self.ends:
+            self.all_in = True
+            return
+        await asyncio.sleep(max(0.0, deadline - asyncio.get_running_loop().time()))
+        raise TimeoutError
 
     def at_end(self) -> bool:
         return self.all_in and not self.chunks
@@ -370,6 +381,27 @@ async def test_an_sse_answer_all_in_is_relayed_whole_else_its_rest_is_left_to_st
     assert await stream.rest_if_ended() == (b"" if all_in else None)
     await stream.aclose()
     assert body.closed
+
+
+@pytest.mark.parametrize(("all_in", "ends", "json"), [(True, False, True), (False, True, True),
+                                                      (False, False, False)])
+async def test_one_message_then_the_end_is_a_json_answer_never_waited_for_long(all_in: bool, ends: bool,
+                                                                                json: bool) -> None:
+    """Ended already, or within the grace: the one message; still open: None (relayed as a stream)."""
+    from types import SimpleNamespace
+
+    from mcpcreds.core.policy import TrustPolicy
+    from mcpcreds.gateway.jsonrpc import Inspector
+    from mcpcreds.gateway.stream import SseBody
+
+    message = b'{"jsonrpc":"2.0","id":1,"result":{}}'
+    body = _Chunks([b"id: 0\ndata:\n\n" + b"data: " + message + b"\n\n"], all_in, ends)
+    stream = SseBody(RawAnswer(200, [], body), Inspector(TrustPolicy("trusted"), pending={("n", 1): "tools/call"}),
+                     None, SimpleNamespace(name="s"), 5.0)  # type: ignore[arg-type]
+    first = await stream.first()
+    whole = await stream.whole(first, await stream.rest_if_ended(), grace=0.05)
+    assert whole == (message if json else None)
+    await stream.aclose()
 
 
 # ------------------------------------------------- the rest of an answer its reader left

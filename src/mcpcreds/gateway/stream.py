@@ -67,13 +67,10 @@ class SseBody:
         self.gen: AsyncIterator[bytes] | None = None
         self.end = "cancelled"  # what befalls the calls still unanswered when the body is closed
         self.closed = False
-        self.ahead: asyncio.Task[bytes | None] | None = None  # the read past the first events (`whole`)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         if self.gen is None:
             self.gen = self._events()
-        if self.ahead is not None:
-            return self._after_ahead(self.ahead, self.gen)
         return self.gen
 
     async def whole(self, first: bytes, rest: bytes | None, grace: float = END_GRACE) -> bytes | None:
@@ -82,29 +79,17 @@ class SseBody:
         `rest_if_ended`) or ends within `grace`: it goes out as an application/json body, which a
         client reads to its end and so keeps its connection (the MCP SDK client leaves an SSE
         answer before its last chunk, and opens a new connection for its next request). None: the
-        answer is relayed as a stream, `first` then what follows."""
+        answer is relayed as a stream, `first` then what follows (nothing of it read here)."""
         if rest is not None:
             return single_message(first + rest)
         data = single_message(first)
         if data is None or self.outbox:
             return None
-        gen = aiter(self)
-        self.ahead = asyncio.ensure_future(anext(gen, None))
-        done, _ = await asyncio.wait((self.ahead,), timeout=grace)
-        if not done or self.ahead.result() is not None:
-            return None  # more to relay, or not yet ended: a stream
-        self.ahead = None
-        return data
-
-    @staticmethod
-    async def _after_ahead(ahead: asyncio.Task[bytes | None],
-                           gen: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        chunk = await ahead
-        if chunk is None:
-            return
-        yield chunk
-        async for chunk in gen:
-            yield chunk
+        try:
+            await self.response.news(asyncio.get_running_loop().time() + grace)
+        except TimeoutError:
+            return None
+        return data if self.response.at_end() else None
 
     async def first(self) -> bytes:
         """The first events, once the upstream sent them (b"" if it ended first): they go out with
@@ -175,9 +160,6 @@ class SseBody:
     async def aclose(self) -> None:
         self.closed = True
         try:
-            if self.ahead is not None and not self.ahead.done():  # the generator must not be running
-                self.ahead.cancel()
-                await asyncio.wait((self.ahead,))
             if self.gen is not None:
                 await self.gen.aclose()  # type: ignore[attr-defined]
         finally:

@@ -67,6 +67,11 @@ class BodyReader(Protocol):
         """Whether all of the body was received and read: `read` would return b"" at once."""
         ...
 
+    async def news(self, deadline: float) -> None:
+        """Wait, reading nothing, until more of the body or its end is here; TimeoutError once the
+        loop's clock passes `deadline`."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -140,6 +145,12 @@ class RawAnswer:
     def at_end(self) -> bool:
         """Whether the body is known to be all received and read (never for a wrapped answer)."""
         return self._body is not None and self._body.at_end()
+
+    async def news(self, deadline: float) -> None:
+        """Wait, reading nothing, until more of the body or its end is here (a wrapped answer: at
+        once, knowing nothing); TimeoutError once the loop's clock passes `deadline`."""
+        if self._body is not None:
+            await self._body.news(deadline)
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         if self.response is not None:

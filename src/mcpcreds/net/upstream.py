@@ -233,6 +233,12 @@ class _Connection(asyncio.Protocol):
                 raise self.error
             await self._wait(timeouts.get("read"), httpx.ReadTimeout, "answer")
 
+    async def news(self, deadline: float) -> None:
+        """Wait, reading nothing, until bytes or the end of the answer are here (at once if they
+        are); TimeoutError past `deadline` (the loop's clock)."""
+        if not (self.chunks or self.complete or self.error is not None or self.lost):
+            await self._wait_until(deadline)
+
     async def read(self, timeout: float | None, deadline: float | None = None) -> bytes:
         """The body bytes received so far (waiting for some), b"" at its end; past `deadline`
         (the loop's clock), TimeoutError."""
@@ -316,6 +322,11 @@ class _Body(httpx.AsyncByteStream):
     async def read(self, deadline: float | None) -> bytes:
         """See `egress_http.BodyReader`."""
         return b"" if self.conn is None else await self.conn.read(self.timeout, deadline)
+
+    async def news(self, deadline: float) -> None:
+        """See `egress_http.BodyReader`."""
+        if self.conn is not None:
+            await self.conn.news(deadline)
 
     async def aclose(self) -> None:
         conn, self.conn = self.conn, None
