@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import socket
@@ -39,7 +40,7 @@ def _echo_server() -> int:
     listener = socket.create_server(("127.0.0.1", 0))
 
     def serve(conn: socket.socket) -> None:
-        with conn:
+        with conn, contextlib.suppress(ConnectionResetError):  # a client that closes with data unread
             while data := conn.recv(262144):
                 conn.sendall(data[-1:]) if len(data) > 1 else conn.sendall(data)
 
