@@ -188,10 +188,16 @@ def machine() -> dict[str, Any]:
 CLOCK_TICK = 1 / os.sysconf("SC_CLK_TCK")  # the unit of /proc/PID/stat's CPU times (USER_HZ)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of process `pid` so far, from /proc/PID/stat (one clock tick resolution)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * CLOCK_TICK
+def cpu_seconds(pid: int, children: bool = False, gone: float | None = None) -> float:
+    """User + system CPU of process `pid` so far, from /proc/PID/stat (one clock tick resolution);
+    with `children`, its reaped children's too. A process that is gone: `gone` if given, else OSError."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        if gone is None:
+            raise
+        return gone
+    return sum(int(f) for f in fields[11:15 if children else 13]) * CLOCK_TICK
 
 
 @contextlib.contextmanager

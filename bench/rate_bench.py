@@ -50,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import resource
 import statistics
 import sys
@@ -326,15 +325,6 @@ def summarize(name: str, t0: float, seconds: float, results: list[WorkerResult],
     )
 
 
-def _proc_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, from /proc (0.0 where /proc is not there)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 WORKERS: dict[str, harness.Phase] = {SIDECAR: sidecar_worker, AUTH: auth_worker, PER_REQUEST: auth_worker}
 ENV = {"BENCH_KEY": "bench-key-0123456789", "STATE_KEY": "bench-state-key-0123456789abcdef"}
 
@@ -350,7 +340,7 @@ def run_sidecar_phase(workers: harness.Workers, rate: Rate, seconds: float, proc
         pid = sidecar.proc.pid
         specs = [WorkerSpec(i, mode, socket, str(rate), seconds, tasks) for i in range(processes)]
         t0, results, window_cpu = run_phase(workers, WORKERS[mode], specs, seconds,
-                                            lambda: _proc_cpu_seconds(pid))
+                                            lambda: harness.cpu_seconds(pid, gone=0.0))
         after = harness.status_entry(socket, "buckets", f"mcp:{SERVER_NAME}")
         stray = harness.log_warnings(sidecar)
     summary = summarize(mode, t0, seconds, results, rate)

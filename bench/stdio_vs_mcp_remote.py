@@ -81,7 +81,6 @@ SESSION_TIMEOUT = 180.0
 TOOLS = ("mcpcreds", "mcp-remote")
 LABELS = {"mcpcreds": "mcpcreds stdio URL", "mcp-remote": "mcp-remote URL"}
 PARTS = ("first", "logins", "throughput")
-TICK = 1 / os.sysconf("SC_CLK_TCK")  # /proc/PID/stat's clock ticks
 
 
 def ensure_mcp_remote() -> None:
@@ -310,15 +309,6 @@ def auth_peers(workdir: Path) -> Iterator[tuple[OidcPeer, str, dict[str, str]]]:
 # ---------------------------------------------------------------------------- (d) throughput
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of process `pid` so far, its reaped children's included (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(f) for f in fields[11:15]) * TICK
-
-
 def descendants(pid: int) -> set[int]:
     """The processes below `pid`, from /proc's parent links."""
     below: dict[int, list[int]] = {}
@@ -398,13 +388,13 @@ async def throughput(tool: str, url: str, user: Home, sessions: int, seconds: fl
         sidecar = sidecar_pid(user.socket) if tool == "mcpcreds" else None
         side = descendants(os.getpid()) - descendants(server) - {server, sidecar or 0}
         watched = [*side, *([sidecar] if sidecar else []), server]
-        before = {pid: cpu_seconds(pid) for pid in watched}
+        before = {pid: harness.cpu_seconds(pid, children=True, gone=0.0) for pid in watched}
         own = time.process_time()
         samples: list[int] = []
         started = time.perf_counter()
         await asyncio.gather(*(call_loop(s, started + seconds, samples) for s in opened))
         took = time.perf_counter() - started
-        spent = {pid: cpu_seconds(pid) - before[pid] for pid in watched}
+        spent = {pid: harness.cpu_seconds(pid, children=True, gone=0.0) - before[pid] for pid in watched}
         own = time.process_time() - own
     calls = len(samples)
     if not calls:

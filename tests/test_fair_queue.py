@@ -26,15 +26,11 @@ from mcpcreds.errors import RateLimited
 from mcpcreds.limits.buckets import EPSILON, MAX_ASKERS, MAX_PASSED, Limiter, TokenBucket
 from mcpcreds.sidecar.api import Api
 from mcpcreds.state.grants import Grant
+from tests.test_buckets import settle
 
 KEY = "service:crm"
 PER_SECOND = parse_rate("60/1m")  # 1 permit a second, a burst of 60
 STEP = 0.125  # the fake clock moves in steps of this
-
-
-async def settle() -> None:
-    for _ in range(5):
-        await asyncio.sleep(0)
 
 
 @pytest.fixture
