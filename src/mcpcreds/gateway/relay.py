@@ -540,6 +540,7 @@ class Gateway:
         names = pins.called_tools(out)
         if not names:
             return refused
+        await self._pins_written(target.name)  # a change a listing just withheld is refused here too
         return pins.call_refusals(out, target.name, await self.broker.pins.lookup(target.name, names))
 
     async def _pinning(self, target: Target, pending: dict[jsonrpc.IdKey, str]
@@ -549,9 +550,7 @@ class Gateway:
         if jsonrpc.TOOLS_LIST not in pending.values():
             return None
         store = self.broker.pins
-        writing = self._writes.get(target.name)
-        if writing:  # a listing just passed: its pins are read as written, never as they were before
-            await asyncio.wait(list(writing))
+        await self._pins_written(target.name)
         view = await store.view(target.name)
         enforce = target.content.effective_pin_tools(target.trust.trust)
 
@@ -567,6 +566,13 @@ class Gateway:
                 task.add_done_callback(lambda done: self._written(target.name, done))
             return decision.tools
         return judge
+
+    async def _pins_written(self, server: str) -> None:
+        """Wait for the pins a listing of `server` is writing: what it decided is read as written,
+        never as it was before (the client may act on that listing at once)."""
+        writing = self._writes.get(server)
+        if writing:
+            await asyncio.wait(list(writing))
 
     def _written(self, server: str, task: asyncio.Task[None]) -> None:
         writing = self._writes.get(server, set())
