@@ -4,8 +4,9 @@
 socket and on the loopback listener, through `mcpcreds stdio`, and through `mcpcreds exec`'s stdio
 relay, against a server of both eras (tests/peers/mcp_eras_peer.py: the SDK's own); the MCP
 TypeScript SDK's client against `@modelcontextprotocol/server-everything` (2025-11-25 and its
-tasks); raw requests of each 2025 revision; the headers of the 2026-07-28 era, a task of its
-extension, and the rate both eras' retries and polls take."""
+tasks) and against the SDK's own server (through the loopback listener and `mcpcreds stdio`); raw
+requests of each 2025 revision; the headers of the 2026-07-28 era, a task of each era, and the
+rate both eras' retries and polls take."""
 
 from __future__ import annotations
 
@@ -86,6 +87,14 @@ name = "everything"
 endpoint = "{everything}"
 trust = "untrusted"
 tool_allowlist = ["echo", "get-sum", "simulate-research-query"]
+
+[[servers]]
+name = "everything-metered"
+endpoint = "{everything}"
+trust = "untrusted"
+tool_allowlist = ["echo", "simulate-research-query"]
+rate = "3/1h"
+max_wait = "0s"
 
 [exec.eras]
 trust = "untrusted"
@@ -310,15 +319,77 @@ async def test_an_sdk_client_of_2026_falls_back_to_the_handshake_with_a_2025_ser
         assert refused.value.error.code == -32602
 
 
+async def test_a_2025_task_is_relayed_and_its_polls_and_result_take_no_permit(sidecar: SidecarProcess) -> None:
+    """`everything-metered` has 3 permits an hour and waits for none: `initialize` takes one, the
+    call that creates a task (2025-11-25) one and the task's `tasks/get` and `tasks/result` none;
+    one more call takes the last."""
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"tasks": {}}, "clientInfo": {"name": "raw", "version": "0"}}}
+    async with raw(sidecar, "socket") as (http, base):
+        url = base + "everything-metered"
+        opened = await http.post(url, json=init, headers=HEADERS)
+        assert _messages(opened)[0]["result"]["protocolVersion"] == "2025-11-25"
+        session = {**HEADERS, "Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
+        await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+
+        def request(id_: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+            return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params}
+
+        async def rpc(id_: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+            answer = await http.post(url, headers=session, json=request(id_, method, params))
+            assert answer.status_code == 200, (method, answer.text)  # a 429: the request took a permit
+            result: dict[str, Any] = _messages(answer)[-1]["result"]
+            return result
+
+        task = (await rpc(1, "tools/call", {"name": "simulate-research-query", "arguments": {"topic": "permits"},
+                                            "task": {"ttl": 60000}}))["task"]
+        assert task["status"] == "working"
+        polled = [(await rpc(10 + n, "tasks/get", {"taskId": task["taskId"]}))["status"] for n in range(3)]
+        assert set(polled) <= {"working", "completed"}, polled
+        result = await rpc(20, "tasks/result", {"taskId": task["taskId"]})
+        assert result["content"][0]["text"].startswith("# Research Report: permits")
+        assert (await rpc(21, "tasks/get", {"taskId": task["taskId"]}))["status"] == "completed"
+        echoed = await rpc(30, "tools/call", {"name": "echo", "arguments": {"message": "last"}})
+        assert echoed["content"][0]["text"] == "Echo: last"
+        limited = await http.post(url, headers=session, json=request(
+            31, "tools/call", {"name": "echo", "arguments": {"message": "one too many"}}))
+        assert limited.status_code == 429 and limited.json()["error"]["data"]["code"] == "rate_limited"
+
+
+def ts_client(plan: dict[str, Any]) -> dict[str, Any]:
+    """What the TypeScript SDK's client saw, run as `plan` says (tests/peers/ts_client/eras.mjs)."""
+    run = subprocess.run(["node", str(TS / "eras.mjs"), json.dumps(plan)], capture_output=True, text=True,
+                         timeout=90, check=True)
+    seen: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "error" not in seen, (seen, run.stderr[-2000:])
+    return seen
+
+
 def test_the_typescript_sdk_client_runs_a_task_of_server_everything(sidecar: SidecarProcess) -> None:
     """The TypeScript SDK's client (2025-11-25) through the loopback listener: list, call, a refused
-    call, and `simulate-research-query` as a task followed to its result (its tasks/get polls pass
-    whatever the rate)."""
-    run = subprocess.run(["node", str(TS / "eras.mjs"), f"http://{listening(sidecar)}/mcp/everything", "get-env"],
-                         capture_output=True, text=True, timeout=90, check=True)
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
-    assert "error" not in seen, seen
+    call, and `simulate-research-query` as a task followed to its result."""
+    seen = ts_client({"url": f"http://{listening(sidecar)}/mcp/everything", "refuse": "get-env", "task": True,
+                      "call": {"name": "echo", "arguments": {"message": "héllo"}}})
     assert seen["protocol"] == "2025-11-25" and seen["tools"] == ["echo", "get-sum", "simulate-research-query"]
-    assert seen["echo"] == "Echo: héllo"
+    assert seen["called"] == "Echo: héllo"
     assert seen["refused"]["code"] == -32602
     assert seen["task"][0] == "created:working" and seen["task"][-1].startswith("result:# Research Report")
+
+
+@pytest.mark.parametrize("relay", ["tcp", "stdio"])
+def test_the_typescript_sdk_client_lists_calls_and_is_refused_by_the_python_sdks_server(
+        peer: PeerHandle, sidecar: SidecarProcess, tmp_path: Path, relay: str) -> None:
+    """The TypeScript SDK's client against the Python SDK's two-era server (which takes its
+    2025-11-25 handshake), through the loopback listener, and through `mcpcreds stdio` spawned by the
+    SDK's StdioClientTransport as a desktop client spawns it (the SDK speaks no Unix socket)."""
+    if relay == "tcp":
+        plan: dict[str, Any] = {"url": f"http://{listening(sidecar)}/mcp/eras"}
+    else:
+        params = stdio_params(sidecar, relay, tmp_path)
+        plan = {"command": params.command, "args": params.args, "env": params.env, "cwd": str(params.cwd)}
+    seen = ts_client({**plan, "call": {"name": "add", "arguments": {"a": 2, "b": 3}}, "refuse": "hidden"})
+    assert seen["protocol"] == "2025-11-25"
+    assert {"add", "ask", "grow", "region", "slow"} <= set(seen["tools"]) and "hidden" not in seen["tools"]
+    assert seen["called"] == "5"
+    assert seen["refused"]["code"] == -32602
+    assert peer.stats()["calls"].get("hidden", 0) == 0

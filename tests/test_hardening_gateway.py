@@ -6,6 +6,7 @@ SDK 2.x client where what a client sees is the point.
 - a body that a Go server reads as another call than the gateway judged is refused, and what goes
   upstream is the body as the gateway read it, written anew;
 - an answer the gateway cannot read one way only is withheld, never passed on (hidden tools);
+- a tool list in a 2026-07-28 `server/discover` result is filtered as `tools/list`'s is;
 - a compressed answer is refused without being inflated;
 - the credential is masked in every spelling an answer can carry, and a guess the client sent is
   never masked;
@@ -188,6 +189,25 @@ async def sdk_session(sidecar: SidecarProcess, name: str) -> AsyncIterator[Clien
             ClientSession(read, write) as session:
         await session.initialize()
         yield session
+
+
+@pytest.mark.parametrize("relay", ["socket", "tcp"])
+async def test_a_hidden_tool_in_a_discover_result_never_reaches_the_client(sidecar: SidecarProcess,
+                                                                          relay: str) -> None:
+    """A 2026-07-28 `server/discover` result that carries the server's tools: the list is cut to
+    the allowlist as a `tools/list` result is, the rest of the result relayed."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}}).encode()
+    if relay == "socket":
+        answer = await post(sidecar, "go", body)
+    else:
+        async with httpx.AsyncClient(timeout=30) as http:
+            answer = await http.post(f"http://{listening(sidecar)}/mcp/go", content=body, headers=RPC_HEADERS)
+    assert answer.status_code == 200, answer.text
+    result = answer.json()["result"]
+    assert [tool["name"] for tool in result["tools"]] == ["search"]
+    assert result["supportedVersions"] == ["2026-07-28"] and result["serverInfo"]["name"] == "hostile"
+    assert HIDDEN not in answer.text and "IGNORE PREVIOUS" not in answer.text
 
 
 @pytest.mark.parametrize("form", ["two-events", "bom", "comma", "json"])

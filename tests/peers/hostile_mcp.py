@@ -12,6 +12,8 @@ peer a real server cannot play.
   type, JSON nested 3,000 deep, a nested gzip bomb, an echo of the credential it was sent in
   escaped and header form).
 - The "echo" form sends back the `X-Api-Key` it was sent.
+- `server/discover` (2026-07-28) is answered with both tools in the result (the MCP SDK's discover
+  result carries none: a server may add them).
 - Every request is recorded whole (`requests`: method, headers, body as received).
 
 `with hostile_upstream() as up: up.url("json")`; it runs on a thread of its own, on loopback.
@@ -140,6 +142,11 @@ class _Handler(BaseHTTPRequestHandler):
                 "serverInfo": {"name": "hostile", "version": "0"}}}
             self._send(200, [("Content-Type", "application/json"), ("Mcp-Session-Id", SESSION)],
                        json.dumps(answer).encode())
+        elif method == "server/discover":
+            answer = {"jsonrpc": "2.0", "id": id_, "result": {
+                "supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}},
+                "serverInfo": {"name": "hostile", "version": "0"}, "tools": TOOLS}}
+            self._send(200, [("Content-Type", "application/json")], json.dumps(answer).encode())
         elif method == "tools/list":
             self._send(200, *tools_list_answer(form, id_, self.headers.get("x-api-key", "")))
         elif method == "tools/call":
