@@ -2,9 +2,10 @@
 real MCP server behind the gateway (tests/peers/mcp_untrusted_peer.py, the MCP SDK 2.x): agentd's
 allow/exclude patterns under the catalog's ceiling, the tag floor (a server restating the catalog
 URL inline keeps the entry's tags, tool lists and bucket), closed egress (a server under no entry
-is refused at check and at reload); and mur's `broad_audited` without an authorization, downgraded
-to `inherit` (no proxy, no consent), beside one with its authorization (proxied, consent audited).
-The imported files are used as written: the socket comes from $MCPCREDS_SOCKET."""
+is refused at check and at reload), and `spawn-payload --grant --format agentd` telling an agentd
+child the tools the gateway lets it through to; and mur's `broad_audited` without an authorization,
+downgraded to `inherit` (no proxy, no consent), beside one with its authorization (proxied, consent
+audited). The imported files are used as written: the socket comes from $MCPCREDS_SOCKET."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from mcpcreds import AsyncClient, Client
-from tests.conftest import run_cli
+from tests.conftest import CANARY, run_cli
 from tests.peers.mcp_untrusted_peer import UntrustedPeer, start_untrusted_peer
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 from tests.test_import import MUR
@@ -47,6 +48,27 @@ mcp:
       tags: [untrusted_input]
 security:
   egress: closed
+"""
+
+# for an agentd child: no `egress` tag, so a grant of both servers keeps the Rule of Two
+AGENTD_CHILD = """
+services:
+  tools:
+    kind: mcp
+    endpoint: {url}
+    headers:
+      X-Api-Key: {canary}
+    tags: [sensitive]
+    allow: ["ask*", "roots"]
+    exclude: ["ask_any"]
+mcp:
+  servers:
+    - name: tools-ro
+      service: tools
+      allow: ["ask*", "image"]
+      timeout: 45s
+    - name: tools-inline
+      endpoint: {url}
 """
 
 
@@ -87,17 +109,32 @@ def cli(sidecar: SidecarProcess, *args: str) -> Any:
 
 
 @asynccontextmanager
-async def session(sidecar: SidecarProcess, name: str) -> AsyncIterator[ClientSession]:
-    async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client(name) as http, \
+async def session(sidecar: SidecarProcess, name: str, grant: str | None = None) -> AsyncIterator[ClientSession]:
+    async with AsyncClient(sidecar.socket, grant=grant) as creds, creds.mcp_httpx2_client(name) as http, \
             streamable_http_client(creds.mcp_url(name), http_client=http) as (read, write), \
             ClientSession(read, write) as client:
         await client.initialize()
         yield client
 
 
-async def tool_names(sidecar: SidecarProcess, name: str) -> list[str]:
-    async with session(sidecar, name) as client:
+async def tool_names(sidecar: SidecarProcess, name: str, grant: str | None = None) -> list[str]:
+    async with session(sidecar, name, grant) as client:
         return [t.name for t in (await client.list_tools()).tools]
+
+
+async def peer_tools(peer: UntrustedPeer) -> list[str]:
+    """Every tool the peer offers, asked of it directly."""
+    async with streamable_http_client(peer.url) as (read, write), ClientSession(read, write) as client:
+        await client.initialize()
+        return [t.name for t in (await client.list_tools()).tools]
+
+
+def agentd_admits(spec: dict[str, Any], tools: list[str]) -> list[str]:
+    """The tools an agentd child admits by the spec's `allow` and `exclude` (`prefix*` patterns)."""
+    def match(patterns: list[str], tool: str) -> bool:
+        return any(tool.startswith(p[:-1]) if p.endswith("*") else tool == p for p in patterns)
+    return [t for t in tools if ("allow" not in spec or match(spec["allow"], t))
+            and not match(spec.get("exclude", []), t)]
 
 
 # ---------------------------------------------------------------------------- agentd
@@ -154,6 +191,41 @@ def test_the_inline_server_takes_from_the_entrys_bucket(agentd: SidecarProcess) 
     level = next(b["level"] for b in status["buckets"] if b["key"] == "service:tools")
     assert cli(agentd, "acquire", "tools-ro", "--cost", str(int(level)), "--max-wait", "0").code == 0
     assert cli(agentd, "acquire", "tools-inline", "--max-wait", "0").code == 75
+
+
+async def test_spawn_payload_tells_an_agentd_child_the_tools_the_gateway_lets_through(
+        peer: UntrustedPeer, workdir: Path) -> None:
+    """`spawn-payload --grant --format agentd`: `allow` is the server's own list within its catalog
+    entry's (the entry's for the inline server, which has none), narrowed by the grant's `--tool`;
+    `exclude` the entry's; `timeout` the server's. An agentd child filtering the peer's tools by
+    them keeps exactly what the gateway shows the grant; the entry's key, which the sidecar holds,
+    never reaches the payload."""
+    source = workdir / "agentd-child.yaml"
+    source.write_text(AGENTD_CHILD.format(url=peer.url, canary=CANARY))
+    config = workdir / "child.toml"
+    assert "{{secret:TOOLS_X_API_KEY}}" in import_to(source, config)
+    socket = workdir / "child-run" / "mcpcreds.sock"
+    offered = await peer_tools(peer)
+    with run_sidecar(config, socket, {"MCPCREDS_SOCKET": str(socket), "TOOLS_X_API_KEY": CANARY}) as sidecar:
+        result = cli(sidecar, "spawn-payload", "--grant", "tools-ro", "tools-inline", "--format", "agentd")
+        assert result.code == 0, result.output
+        answer = json.loads(result.stdout)
+        ro, inline = answer["servers"]
+        assert (ro["allow"], ro["exclude"], ro["timeout"]) == (["ask*"], ["ask_any"], "45s")
+        assert (inline["allow"], inline["exclude"]) == (["ask*", "roots"], ["ask_any"])
+        assert ro["headers"] == [["X-Api-Key", "{{secret:TOOLS_X_API_KEY}}"]]
+        for spec, shown in ((ro, ["ask", "ask_url"]), (inline, ["ask", "ask_url", "roots"])):
+            assert agentd_admits(spec, offered) == await tool_names(sidecar, spec["name"], answer["grant"]) == shown
+
+        narrowed = cli(sidecar, "spawn-payload", "--grant", "tools-ro", "--tool", "tools-ro:ask_u*", "--tool",
+                       "tools-ro:image", "--format", "agentd")
+        assert narrowed.code == 0, narrowed.output
+        answer = json.loads(narrowed.stdout)
+        spec = answer["servers"][0]
+        assert spec["allow"] == ["ask_u*"]  # `image`, outside the entry's allow list, is not given
+        assert agentd_admits(spec, offered) == await tool_names(sidecar, "tools-ro", answer["grant"]) == ["ask_url"]
+    for output in (result.output, narrowed.output):
+        assert "canary" not in output.lower()
 
 
 # ---------------------------------------------------------------------------- mur

@@ -156,7 +156,8 @@ def test_request_defaults(doc: dict[str, Any]) -> None:
 def test_response_shapes(doc: dict[str, Any]) -> None:
     spec = _schema(doc, "McpServerSpec")["properties"]
     assert set(spec) == {"name", "endpoint", "headers", "tags", "aauth", "oauth", "auth", "service", "rate",
-                         "trust"}
+                         "trust", "limits"}
+    assert set(spec["limits"]["properties"]) == {"allow", "exclude", "timeout"}
     assert spec["tags"]["items"]["enum"] == ["untrusted_input", "sensitive", "egress"]
     headers = _schema(doc, "HeadersResponse")
     assert set(headers["required"]) == {"headers", "key", "expires_at", "fingerprint"}

@@ -27,7 +27,9 @@ from mcpcreds.core.policy import (
     check_rule_of_two,
     check_tool_call,
     find_trifecta,
+    intersect_patterns,
     list_allowed_tools,
+    matches_any,
     trifecta_message,
     visible_tools,
 )
@@ -203,6 +205,37 @@ def test_trust_policy_normalises_lists_and_filters() -> None:
 def test_allows_agrees_with_filter(policy: TrustPolicy) -> None:
     shown = policy.filter(TOOLS).tools
     assert [t for t in TOOLS if policy.allows(t)] == shown
+
+
+NAMES = ["read", "read_file", "read_secrets", "readme", "write", "write_all", "ask", "ask_url", "x"]
+
+
+@pytest.mark.parametrize("policy", [
+    TrustPolicy("trusted"),
+    TrustPolicy("trusted", tool_allowlist=("read",), ceiling_allow=(("read*", "ask"),), ceiling_exclude=("readme",)),
+    TrustPolicy("untrusted"),
+    TrustPolicy("untrusted", allow_untrusted_without_allowlist=True, tool_exclude=("write_*",)),
+    TrustPolicy("untrusted", tool_allowlist=("read*", "write"), ceiling_allow=(("read_*", "write*"), ("*",)),
+                ceiling_exclude=("read_secrets",)),
+    TrustPolicy("untrusted", ceiling_allow=(("ask*", "x"),), tool_exclude=("ask",)),
+    TrustPolicy("untrusted", tool_allowlist=("read*",), expected_tools=("read", "readme", "write")),
+    TrustPolicy("untrusted", tool_allowlist=("*",), ceiling_allow=((),)),
+    TrustPolicy("sandboxed", allow_untrusted_without_allowlist=True),
+    TrustPolicy("sandboxed", tool_allowlist=("read", "read_*"), ceiling_allow=(("read_f*",),)),
+])
+def test_one_allow_list_and_one_exclude_list_admit_what_the_policy_does(policy: TrustPolicy) -> None:
+    """`spawn-payload --format agentd` tells a child one `allow` and one `exclude` list: they must
+    admit exactly the tools the gateway would, the catalog ceiling and expected_tools included."""
+    allow, exclude = policy.exposed_patterns, policy.excluded_patterns
+    admitted = [t for t in NAMES if (allow is None or matches_any(allow, t)) and not matches_any(exclude, t)]
+    assert admitted == [t for t in NAMES if policy.allows(t)]
+
+
+def test_pattern_lists_intersect_to_what_both_match() -> None:
+    assert intersect_patterns(["read*", "write"], ["read_*", "write*", "ask"]) == ("read_*", "write")
+    assert intersect_patterns(["*"], ["a", "b*"]) == ("a", "b*")
+    assert intersect_patterns(["a*"], ["b*"]) == ()
+    assert intersect_patterns(["read*", "read_x"], ["*"]) == ("read*",)  # read_x is within read*
 
 
 # ---------------------------------------------------------------------------- MCP helpers

@@ -262,7 +262,7 @@ class Broker:
         return rate
 
     def _specs(self) -> dict[str, Any]:
-        return {"servers": [t.spec.to_dict() for t in self.config.servers.values()]}
+        return {"servers": [t.spec_dict() for t in self.config.servers.values()]}
 
     def target(self, name: str) -> Target:
         """The server (or catalog entry) `name` names. A name that is not configured is never

@@ -235,7 +235,7 @@ def cmd_spawn_payload(args: argparse.Namespace) -> int:
         if args.format == "agentd":
             from ..importers.payload import agentd_specs
 
-            answer = {**answer, "servers": agentd_specs(answer.get("servers") or [])}
+            answer = {**answer, "servers": agentd_specs(answer.get("servers") or [], answer.get("tools"))}
         print_json(answer)
         return EXIT_OK
     config = config_of(args)
@@ -244,7 +244,7 @@ def cmd_spawn_payload(args: argparse.Namespace) -> int:
         target = config.target(name)
         if target is None:
             raise UnknownServer(f"unknown server {name!r}")
-        specs.append(target.spec.to_dict())
+        specs.append(target.spec_dict())
     if args.format == "agentd":
         from ..importers.payload import agentd_specs
 

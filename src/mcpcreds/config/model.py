@@ -190,6 +190,15 @@ class Target:
     # with `trust.trust`
     content: ContentPolicy = field(default_factory=ContentPolicy)
 
+    def spec_dict(self) -> dict[str, Any]:
+        """The spec as spawn payloads, grants and `/v1/servers` show it, with `limits`: what the
+        gateway holds the server to, its catalog entry's ceiling included (`allow`: the tool
+        patterns a tool must match, null for any; `exclude`; `timeout` in seconds)."""
+        allow = self.trust.exposed_patterns
+        limits = {"allow": None if allow is None else list(allow),
+                  "exclude": list(self.trust.excluded_patterns), "timeout": self.content.timeout}
+        return {**self.spec.to_dict(), "limits": limits}
+
     @property
     def templates(self) -> tuple[Template, ...]:
         login = self.login.templates if self.login else ()

@@ -113,6 +113,21 @@ def patterns_cover(outer: Iterable[str], inner: Iterable[str]) -> bool:
     return all(any(pattern_covers(o, i) for o in wide) for i in inner)
 
 
+def intersect_patterns(a: Iterable[str], b: Iterable[str]) -> tuple[str, ...]:
+    """The patterns matching exactly the tool names both `a` and `b` match: where two patterns
+    overlap, one covers the other (prefixes), and the narrower is what both match."""
+    found: list[str] = []
+    others = tuple(b)
+    for x in a:
+        for y in others:
+            if pattern_covers(x, y):
+                found.append(y)
+            elif pattern_covers(y, x):
+                found.append(x)
+    unique = tuple(dict.fromkeys(found))
+    return tuple(p for p in unique if not any(q != p and pattern_covers(q, p) for q in unique))
+
+
 # ---------------------------------------------------------------------------- trust policy
 
 
@@ -209,6 +224,31 @@ class TrustPolicy:
         if self.ceiling_allow:
             return False
         return not (self.trust == "untrusted" and self.allow_untrusted_without_allowlist)
+
+    @property
+    def exposed_patterns(self) -> tuple[str, ...] | None:
+        """The policy's allow rules as one list of patterns (what `allows` admits before the
+        exclude lists; `()`: no tool), None: any tool. What a client that knows one allow list
+        and one exclude list is told (`spawn-payload --format agentd`)."""
+        allowed: tuple[str, ...] | None = None
+        rules = list(self.ceiling_allow)
+        if self.trust != "trusted":
+            if self.expected_tools:  # names, matched exactly: a tool name never holds a `*`
+                rules.append(tuple(t for t in self.expected_tools if "*" not in t))
+            if self.tool_allowlist is not None:
+                rules.append(self.tool_allowlist)
+            elif not self.ceiling_allow and not (self.trust == "untrusted"
+                                                 and self.allow_untrusted_without_allowlist):
+                return ()
+        for rule in rules:
+            allowed = tuple(dict.fromkeys(rule)) if allowed is None else intersect_patterns(allowed, rule)
+        return allowed
+
+    @property
+    def excluded_patterns(self) -> tuple[str, ...]:
+        """Every pattern that hides a tool whatever the rest says: the server's and its catalog
+        entry's."""
+        return tuple(dict.fromkeys((*self.tool_exclude, *self.ceiling_exclude)))
 
     def filter(self, tools: Iterable[str]) -> ToolDecision:
         return visible_tools(self.trust, tools, tool_allowlist=self.tool_allowlist,

@@ -13,9 +13,11 @@ and says which servers, with no allow list, now show no tool through the gateway
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any, Final
 
+from ..config.model import LOGIN_GRANTS
 from ..config.reader import key_path
 from .common import Notes, duration, endpoint, entry_name, headers, label, rate, tags, tool_list
 from .emit import Document, Table
@@ -234,10 +236,21 @@ def _auth(raw: Any, table: Table, where: str, name: str, notes: Notes) -> None:
             continue
         if key == "source" and value == "irsa":
             value = "web_identity"
-            notes.differ(f"{path}: irsa is written web_identity (the same IAM role for a service account)")
+            notes.drop(path, "irsa is web_identity here, which needs role_arn and web_identity_token_file "
+                             "written in the entry (IRSA gives them to the pod as AWS_ROLE_ARN and "
+                             "AWS_WEB_IDENTITY_TOKEN_FILE): add them to carry the entry over")
         if isinstance(value, str) and key in AUTH_SECRETS:
             value = notes.value(value, where=path, hint=f"{name}_{key}", credential=True)
         out[target] = value
     if isinstance(out.get("scopes"), str):
         out["scopes"] = out["scopes"].split()
+    login = f"service:{name}" if where.startswith("services") else name
+    if out.get("kind") == "aws" and out.get("source") == "sso":
+        if "sso_region" not in out and isinstance(out.get("region"), str):
+            out["sso_region"] = out["region"]
+            notes.differ(f"{where}: sso_region is written as agentd's one region (IAM Identity Center's and "
+                         "the signature's); set it apart if your Identity Center is in another region")
+        notes.logins.append(f"mcpcreds login {shlex.quote(login)}")
+    elif out.get("kind") == "oauth2" and out.get("grant") in LOGIN_GRANTS:
+        notes.logins.append(f"mcpcreds login {shlex.quote(login)}")
     table.set("auth", out, "agentd auth: the same provider kinds; the sidecar holds the login")

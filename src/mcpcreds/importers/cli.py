@@ -104,6 +104,7 @@ def summary(notes: Notes, text: str, warnings: tuple[str, ...], paths: list[str]
     used = set(_SECRET.findall(text))
     execs = {m for m in re.findall(r"^\[exec\.\"?([^\]\"]+)\"?\]$", text, re.M)}
     servers = set(re.findall(r'^name = "([^"]+)"', text, re.M))
+    servers |= {f"service:{m}" for m in re.findall(r"^\[services\.\"?([^\]\"]+)\"?\]$", text, re.M)}
     lines = [f"mcpcreds import: {notes.seed} config from {', '.join(paths)}"
              + (" (merged in this order, RFC 7396)" if len(paths) > 1 else ""),
              f"written to {out}" if out else "written to stdout"]

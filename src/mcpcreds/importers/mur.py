@@ -224,7 +224,7 @@ def _network(raw: Any, table: Table, name: str, where: str, notes: Notes, exec_e
     if mode == "restricted":
         table.set("allow_hosts", allow, "mur allow_hosts: the same patterns (*.example.com also matches "
                                         "example.com, in mur and here)")
-    elif allow and mode != "off":
+    elif allow:
         notes.drop(f"{where}.allow_hosts", "mur reads allow_hosts in restricted mode only: not carried over")
     if deny and mode == "broad_audited":
         table.set("deny_hosts", deny, "mur deny_hosts: the same patterns")

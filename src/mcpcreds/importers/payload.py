@@ -2,14 +2,18 @@
 `McpServerSpec` JSON shape, for a child that is still an agentd process (pure).
 
 Only agentd's fields: `name`, `endpoint`, `headers` (a list of [name, value] pairs), `tags`,
-`aauth`, `oauth`, `auth`, `service`, `rate`; every credential stays a `{{secret:...}}` template
-(the config holds no other). mcpcreds' trust and gateway keys have no place in it; an exec entry
-(no endpoint) has none either and is left out."""
+`aauth`, `oauth`, `auth`, `service`, `rate`, `allow`, `exclude`, `timeout`; every credential stays
+a `{{secret:...}}` template (the config holds no other). agentd knows no trust levels: `allow` and
+`exclude` are the tools the gateway would let through (the spec's `limits`: its trust policy under
+its catalog entry's ceiling), narrowed by a grant's tools, and `allow: []` when that is none; an
+exec entry (no endpoint) has no place in it and is left out."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
+
+from ..core.policy import intersect_patterns
 
 OAUTH: Final = ("token_url", "client_id", "client_secret", "scope")
 AUTH_RENAMED: Final = {"sso_account_id": "account_id", "sso_role_name": "role_name"}
@@ -18,8 +22,9 @@ AUTH: Final = ("kind", "grant", "issuer", "token_url", "client_id", "client_secr
                "role_name", "svid", "jwt_svid_file", "svid_file", "key_file")
 
 
-def agentd_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """One spec (`McpServerSpec.to_dict`, or a grant's answer) in agentd's shape."""
+def agentd_spec(spec: Mapping[str, Any], granted: Iterable[str] | None = None) -> dict[str, Any]:
+    """One spec (`Target.spec_dict`, or one of a grant's answer) in agentd's shape; `granted`: the
+    tools a grant narrows it to."""
     out: dict[str, Any] = {"name": spec.get("name"), "endpoint": spec.get("endpoint") or ""}
     if headers := spec.get("headers"):
         out["headers"] = [[str(k), str(v)] for k, v in dict(headers).items()]
@@ -43,8 +48,23 @@ def agentd_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("service", "rate"):
         if isinstance(spec.get(key), str):
             out[key] = spec[key]
+    limits = spec.get("limits")
+    if not isinstance(limits, Mapping):  # a spec that does not say what it is held to: no tool
+        limits = {"allow": []}
+    allow = limits.get("allow")
+    if granted is not None:
+        allow = list(granted) if allow is None else list(intersect_patterns(allow, granted))
+    if allow is not None:
+        out["allow"] = list(allow)
+    if exclude := limits.get("exclude"):
+        out["exclude"] = list(exclude)
+    if isinstance(limits.get("timeout"), int | float):
+        out["timeout"] = f"{limits['timeout']:g}s"
     return out
 
 
-def agentd_specs(specs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [agentd_spec(s) for s in specs if isinstance(s, Mapping) and s.get("endpoint")]
+def agentd_specs(specs: Iterable[Mapping[str, Any]],
+                 tools: Mapping[str, list[str]] | None = None) -> list[dict[str, Any]]:
+    """`tools`: a grant's answer's, server -> the tools it narrows that server to."""
+    return [agentd_spec(s, (tools or {}).get(s["name"])) for s in specs
+            if isinstance(s, Mapping) and s.get("endpoint")]

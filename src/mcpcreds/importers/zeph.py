@@ -75,16 +75,25 @@ def translate(data: Mapping[str, Any], notes: Notes) -> Document:
 
 
 def _flat(raw: Mapping[str, Any], where: str, notes: Notes) -> dict[str, Any]:
-    """An entry with its `transport = { type, ... }` table, when it has one, spread out."""
+    """An entry with its `transport = { type, ... }` table, when it has one, spread out: an OAuth
+    transport's `client_id`, `scopes`, ... become the entry's `oauth` table."""
     entry = dict(raw)
     transport = raw.get("transport")
     if isinstance(transport, Mapping):
-        notes.unknown(f"{where}.transport", transport, TRANSPORT, "not a field of zeph's transport: not "
-                                                                  "carried over")
+        oauth = str(transport.get("type", "")).lower() == "oauth"
+        notes.unknown(f"{where}.transport", transport, (*TRANSPORT, *(OAUTH_KEYS if oauth else ())),
+                      "not a field of zeph's transport: not carried over")
         entry.pop("transport")
-        entry.update((k, v) for k, v in transport.items() if k != "type")
-        if str(transport.get("type", "")).lower() == "oauth" and "oauth" not in entry:
-            entry["oauth"] = {k: v for k, v in transport.items() if k in OAUTH_KEYS}
+        entry.update((k, v) for k, v in transport.items()
+                     if k in TRANSPORT and k != "type" and not (oauth and k in OAUTH_KEYS))
+        if oauth:
+            found = {k: v for k, v in transport.items() if k in OAUTH_KEYS}
+            if "oauth" in entry:
+                for key in found:
+                    notes.drop(f"{where}.transport.{key}", "the entry's own oauth table is used: not carried "
+                                                           "over")
+            else:
+                entry["oauth"] = found
     return entry
 
 

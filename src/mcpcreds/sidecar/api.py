@@ -374,7 +374,7 @@ class Api(Parts):
                          extra={"grant": grant.id, "warning": trio_warning})
             self.audit.write("grant_trifecta_allowed", id=grant.id, warning=trio_warning, **_actor(request))
         shown = redact_json({"id": grant.id, "grant": token, "expires_at": expires_at,
-                             "servers": [*(t.spec.to_dict() for t in targets),
+                             "servers": [*(t.spec_dict() for t in targets),
                                          *(e.to_dict() for e in execs)]})
         # the tool names as the caller sent them, not through the redactor: a name masked because it
         # happens to be a live secret would tell the caller so (the redactor as an oracle)
