@@ -11,10 +11,12 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_cli
 from tests.house import SRC, read_house
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +77,37 @@ def test_the_quick_start_runs_the_example_config() -> None:
                     "mcpcreds check --config examples/demo.toml"):
         assert command in readme
     assert "DEMO_TOKEN" in (ROOT / "examples" / "demo.toml").read_text()
+
+
+TOML_BLOCK = re.compile(r"^( *)```toml\n(.*?)^\1```", re.M | re.S)
+
+
+def whole_configs() -> list[tuple[str, str]]:
+    """Every TOML block of the task pages that is a whole config, as a user copies it (indented
+    in a list item: dedented), by "page.md#N" (N: the block's rank on its page). A block is a
+    whole config when it opens with a table (after comments); one that opens with a key is a line
+    to add to a config shown before it."""
+    found = []
+    for page in sorted((DOCS / "tasks").glob("*.md")):
+        for rank, match in enumerate(TOML_BLOCK.finditer(page.read_text()), 1):
+            block = textwrap.dedent(match.group(2))
+            first = next(line for line in block.splitlines() if line.strip() and not line.startswith("#"))
+            if first.startswith("["):
+                found.append((f"{page.name}#{rank}", block))
+    return found
+
+
+def test_the_task_pages_toml_blocks_are_found() -> None:
+    blocks = dict(whole_configs())
+    assert len(blocks) >= 7 and "crm-ro" in blocks["gateway-fleet.md#1"]  # the fleet's example is one
+
+
+@pytest.mark.parametrize(("where", "block"), whole_configs(), ids=[w for w, _ in whole_configs()])
+def test_every_whole_config_of_the_task_pages_passes_check(where: str, block: str, tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(block)
+    checked = run_cli("check", "--config", str(config))
+    assert checked.code == 0, f"docs/tasks/{where}: `mcpcreds check` refuses it as shown:\n{checked.output}"
 
 
 def floor_plan() -> list[str]:
