@@ -5,17 +5,27 @@ passes with its generated pages complete."""
 
 from __future__ import annotations
 
+import contextlib
 import html
+import itertools
 import json
 import os
 import re
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import textwrap
 from pathlib import Path
 
+import httpx
 import pytest
 
+from tests.conftest import run_cli
 from tests.house import SRC, read_house
+from tests.sidecar_proc import run_sidecar
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -69,12 +79,103 @@ def test_the_readme_test_commands_are_the_ones_ci_runs() -> None:
     assert "```sh\n" + "\n".join(run) + "\n```" in readme
 
 
-def test_the_quick_start_runs_the_example_config() -> None:
-    readme = README.read_text()
-    for command in ("DEMO_TOKEN=demo-token mcpcreds serve --config examples/demo.toml",
-                    "mcpcreds check --config examples/demo.toml"):
-        assert command in readme
-    assert "DEMO_TOKEN" in (ROOT / "examples" / "demo.toml").read_text()
+def quick_start() -> tuple[list[list[str]], str]:
+    """The README's quick start: the command lines of its ```sh blocks, in order (each split as
+    the shell would, its comment dropped), and its prose."""
+    section = README.read_text().split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```sh\n(.*?)^```", section, re.M | re.S)
+    lines = [shlex.split(line, comments=True) for block in blocks for line in block.splitlines()]
+    return [words for words in lines if words], section
+
+
+def test_the_quick_start_runs_the_example_config(tmp_path: Path) -> None:
+    """Each command of the quick start, run as written from the checkout, with one change: the
+    demo's socket is moved to a folder of this test's (the same in the config and in `curl`), so
+    that runs at once on one machine do not meet. The install line is not run: the tests run the
+    package they import."""
+    commands, prose = quick_start()
+    demo = (ROOT / "examples" / "demo.toml").read_text()
+    written = re.search(r'^socket = "([^"]+)"$', demo, re.M)
+    assert written is not None
+    env = {"HOME": str(tmp_path)}  # another shell of this user: no DEMO_TOKEN there
+    assert "DEMO_TOKEN" not in os.environ
+    ran: list[str] = []
+    with contextlib.ExitStack() as stack:
+        folder = Path(tempfile.mkdtemp(prefix="mcpc-qs-"))  # short: a socket path has at most 107 bytes
+        stack.callback(shutil.rmtree, folder, True)
+        socket = folder / "demo" / "mcpcreds.sock"
+        config = folder / "demo.toml"
+        config.write_text(demo.replace(written.group(0), f'socket = "{socket}"'))
+        sidecar = None
+        for words in commands:
+            words = [str(config) if w == "examples/demo.toml" else w for w in words]
+            assigned = dict(w.split("=", 1) for w in itertools.takewhile(lambda w: "=" in w, words))
+            command = words[len(assigned):]
+            if command[:3] == ["python3", "-m", "venv"]:
+                continue  # the install
+            if command[:2] == ["mcpcreds", "serve"]:
+                assert command[2:] == ["--config", str(config)] and sidecar is None, command
+                sidecar = stack.enter_context(run_sidecar(config, socket, assigned))
+            elif command[0] == "mcpcreds":
+                assert sidecar is not None and not assigned, f"{command}: the sidecar is started first"
+                done = run_cli(*command[1:], env=env)
+                assert done.code == 0, f"{command}:\n{done.output}"
+                ran.append(command[1])
+                if command[1] == "check":  # "the servers, their cache keys and rates"
+                    assert all(w in done.stdout for w in ("search", "service:search", "10/1s", "local-tools"))
+                elif command[1] == "headers":
+                    assert "X-Api-Key: demo-token" in done.stdout.splitlines()
+                elif command[1] == "doctor":  # "a ✓ line per check"
+                    checks = [line for line in done.stdout.splitlines() if line[:2] in ("✓ ", "✗ ")]
+                    assert checks and all(line.startswith("✓ ") for line in checks), done.stdout
+            elif command[0] == "curl":
+                assert command[1] == "--unix-socket" and command[2] == written.group(1), command
+                with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket))) as curl:
+                    answer = curl.get(command[3])
+                assert answer.status_code == 200, answer.text
+                # what the README says `curl` gets: its members before the "..."
+                said = re.search(r"`curl` gets `(\{.*?),\.\.\.\}`", prose)
+                assert said is not None
+                expected = json.loads(said.group(1) + "}")
+                assert {k: answer.json().get(k) for k in expected} == expected
+                ran.append("curl")
+            else:
+                pytest.fail(f"a quick start command this test does not know how to run: {command}")
+        assert sidecar is not None
+        sidecar.signal(signal.SIGINT)  # "Ctrl-C (or SIGTERM) drains and stops the sidecar"
+        assert sidecar.wait() == 0 and "stopped" in sidecar.log
+    assert ran == ["check", "curl", "headers", "doctor"]
+
+
+TOML_BLOCK = re.compile(r"^( *)```toml\n(.*?)^\1```", re.M | re.S)
+
+
+def whole_configs() -> list[tuple[str, str]]:
+    """Every TOML block of the task pages that is a whole config, as a user copies it (indented
+    in a list item: dedented), by "page.md#N" (N: the block's rank on its page). A block is a
+    whole config when it opens with a table (after comments); one that opens with a key is a line
+    to add to a config shown before it."""
+    found = []
+    for page in sorted((DOCS / "tasks").glob("*.md")):
+        for rank, match in enumerate(TOML_BLOCK.finditer(page.read_text()), 1):
+            block = textwrap.dedent(match.group(2))
+            first = next(line for line in block.splitlines() if line.strip() and not line.startswith("#"))
+            if first.startswith("["):
+                found.append((f"{page.name}#{rank}", block))
+    return found
+
+
+def test_the_task_pages_toml_blocks_are_found() -> None:
+    blocks = dict(whole_configs())
+    assert len(blocks) >= 7 and "crm-ro" in blocks["gateway-fleet.md#1"]  # the fleet's example is one
+
+
+@pytest.mark.parametrize(("where", "block"), whole_configs(), ids=[w for w, _ in whole_configs()])
+def test_every_whole_config_of_the_task_pages_passes_check(where: str, block: str, tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(block)
+    checked = run_cli("check", "--config", str(config))
+    assert checked.code == 0, f"docs/tasks/{where}: `mcpcreds check` refuses it as shown:\n{checked.output}"
 
 
 def floor_plan() -> list[str]:

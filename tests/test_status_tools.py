@@ -20,9 +20,10 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from mcpcreds import AsyncClient
+from mcpcreds import AsyncClient, Client
 from mcpcreds.cli.status_view import tools_summary
 from mcpcreds.config.load import parse_config
+from mcpcreds.errors import Forbidden
 from mcpcreds.gateway.tools_seen import MAX_SERVERS, ToolsSeen, status_rows, tools_status
 from mcpcreds.state.pins import MAX_PINNED_TOOLS, Definition, MemoryPins
 from tests.conftest import CANARY, run_cli
@@ -53,6 +54,7 @@ sources = ["env"]
 {server("allow", url, f'tool_allowlist = {json.dumps(allowlist)}' + chr(10)
         + 'tool_metadata = { echo = { data_sensitivity = "high" } }')}
 {server("closed", url)}
+{server("picky", url, 'tool_allowlist = ["echo", "add", "progress"]' + chr(10) + 'tool_exclude = ["progress"]')}
 {server("unseen", url, 'trust = "trusted"')}
 {server("headers-only", url, 'trust = "trusted"' + chr(10) + 'expose = "headers"')}
 """
@@ -136,6 +138,48 @@ async def test_status_counts_the_tools_each_server_exposes_and_says_why_not_the_
     sidecar.signal(signal.SIGHUP)
     sidecar.wait_for("config reloaded")
     assert counts(tools_rows(sidecar)["allow"]) == (4, 3, {"tool_metadata": 1}, None)
+
+
+def tool_lines(out: str) -> dict[str, list[str]]:
+    """`mcpcreds tools`'s table rows by tool name: the columns, split at runs of spaces."""
+    return {cells[0]: cells for line in out.splitlines() if len(cells := re.split(r"\s{2,}", line.strip())) >= 4}
+
+
+async def test_tools_names_every_tool_the_server_offered_and_the_rule_that_hides_it(
+        sidecar: SidecarProcess) -> None:
+    agent_saw = {}
+    for name in ("closed", "picky"):
+        async with mcp_session(sidecar, name) as session:
+            agent_saw[name] = {t.name for t in (await session.list_tools()).tools}
+    assert agent_saw == {"closed": set(), "picky": {"echo", "add"}}
+
+    closed = run_cli("tools", "closed", "--config", str(sidecar.config))
+    assert closed.code == 0, closed.output
+    rows = tool_lines(closed.stdout)
+    for tool in ("echo", "add", "progress", "leak"):  # every tool offered, none pinned: none exposed
+        assert rows[tool][1:3] == ["unpinned", "hidden by no_tool_allowlist"], closed.stdout
+    # what to write to expose some, in TOML
+    assert 'tool_allowlist = ["echo", "add", "progress", "leak"]' in closed.stdout
+    # a hidden tool's description is never kept: not even the owner sees it
+    assert "credentials this server received" not in closed.output and CANARY not in closed.output
+
+    picky = run_cli("tools", "picky", "--config", str(sidecar.config))
+    assert picky.code == 0, picky.output
+    rows = tool_lines(picky.stdout)
+    assert {t: rows[t][1:3] for t in ("echo", "add", "progress", "leak")} == {
+        "echo": ["pinned", "exposed"], "add": ["pinned", "exposed"],
+        "progress": ["unpinned", "hidden by tool_exclude"], "leak": ["unpinned", "hidden by tool_allowlist"]}
+
+    as_json = run_cli("tools", "closed", "--json", "--config", str(sidecar.config))
+    listed = json.loads(as_json.stdout)
+    assert listed["seen"] == 4 and listed["seen_at"] > 0
+    assert [(t["name"], t["hidden_by"], t["exposed"], t["offered"], t["definition"]) for t in listed["tools"]] == [
+        (n, "no_tool_allowlist", False, True, None) for n in ("echo", "add", "progress", "leak")]
+
+    with Client(sidecar.socket) as owner:  # the listing is the owner's: an agent's grant is refused it
+        grant = owner.grant(["closed"])["grant"]
+    with Client(sidecar.socket, grant=grant) as agent, pytest.raises(Forbidden):
+        agent.request("GET", "/v1/tools/closed")
 
 
 # ---------------------------------------------------------------------------- the parts

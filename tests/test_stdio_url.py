@@ -9,6 +9,7 @@ metadata. Three clients started at once must add one config entry, start one det
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import select
@@ -44,7 +45,7 @@ from mcpcreds.config.starter import (
     starter_config,
 )
 from mcpcreds.errors import ConfigError, Forbidden, SidecarUnavailable
-from tests.conftest import CANARY, KeyringSession, module_peer
+from tests.conftest import CANARY, KeyringSession, module_peer, run_cli
 from tests.peers import browser
 from tests.peers.mcp_server import McpServerPeer, start_mcp_server
 from tests.peers.mcp_untrusted_peer import UntrustedPeer, start_untrusted_peer
@@ -53,11 +54,16 @@ from tests.sidecar_proc import run_sidecar
 
 ROOT = Path(__file__).resolve().parents[1]
 SCOPE = "tools:call"
-# the login registers its own client (RFC 7591); this one is declared so that the IdP knows the
-# scope the MCP server asks for (the peer's scopes are those of its configured clients)
+PRE_REGISTERED = "c-stdio-url-pre"  # what `--client-id` names: registered with the IdP beforehand
+# with no --client-id, the login registers its own client (RFC 7591); the first one is declared so
+# that the IdP knows the scope the MCP server asks for (the peer's scopes are those of its
+# configured clients)
 OIDC_CLIENTS: list[dict[str, Any]] = [
     {"client_id": "c-stdio-url-scope", "token_endpoint_auth_method": "none", "grant_types": ["authorization_code"],
      "redirect_uris": ["http://127.0.0.1/callback"], "scope": SCOPE},
+    {"client_id": PRE_REGISTERED, "token_endpoint_auth_method": "none",
+     "grant_types": ["authorization_code", "refresh_token"], "redirect_uris": ["http://127.0.0.1/callback"],
+     "scope": SCOPE},
 ]
 SESSION_TIMEOUT = 120.0  # a whole session, login included, on a loaded machine
 
@@ -108,6 +114,10 @@ def test_the_starter_config_and_an_added_entry_load_without_a_warning(keyring_ok
     assert notion.trust.allows("anything") and notion.content.pin_tools is None  # all tools; pinned (not trusted)
     assert notion.login is not None and (notion.login.grant, notion.login.client_id) == ("authorization_code", "")
     assert ("example" in config.servers) is example
+    # a client id given (`--client-id`): pre-registered, or the URL of a client ID metadata document
+    for client_id in ("c-pre \"registered\"", "https://app.example.com/client.json"):
+        added = parse_config(tomllib.loads(text + entry_text("x", "https://x.example.com/mcp", True, client_id)))
+        assert added.servers["x"].login.client_id == client_id  # type: ignore[union-attr]
 
 
 def test_an_entry_is_appended_as_text_and_never_to_a_config_it_would_break(tmp_path: Path) -> None:
@@ -231,9 +241,10 @@ class Launch:
     stderr: str
 
 
-async def launch(url: str, user: Desktop, tool: str, arguments: dict[str, Any], name: str) -> Launch:
+async def launch(url: str, user: Desktop, tool: str, arguments: dict[str, Any], name: str,
+                 options: tuple[str, ...] = ()) -> Launch:
     """A desktop client's launch of `mcpcreds stdio URL`: initialize, list the tools, call one."""
-    params = StdioServerParameters(command=sys.executable, args=["-m", "mcpcreds", "stdio", url],
+    params = StdioServerParameters(command=sys.executable, args=["-m", "mcpcreds", "stdio", url, *options],
                                    env=user.env, cwd=str(user.home))
     errfile = user.home / f"stderr-{name}"
     with errfile.open("w+") as errlog:
@@ -432,6 +443,39 @@ async def test_three_clients_at_once_log_the_person_in_once(
     assert renewed.result.structured_content == {"result": "after"} and "asks for a login" in renewed.stderr
     assert len(browser.opened(opened)) == 2 and idp.stats()["by_grant"].get("authorization_code") == 2
     assert len(ready_lines(desktop)) == 2
+
+
+async def test_a_client_id_given_is_written_into_the_entry_and_the_login_uses_it(
+        idp: OidcPeer, protected: McpServerPeer, desktop: Desktop, keyring_session: KeyringSession) -> None:
+    entry_name = f"login.mcp.127.0.0.1-{urlsplit(protected.url).port}"
+    with contextlib.suppress(keyring.errors.PasswordDeleteError):  # another test's login of this server
+        keyring.delete_password("mcpcreds", entry_name)
+    idp.reset_stats()
+    opened = desktop.home / "browser.log"
+    desktop.extra.update({"DBUS_SESSION_BUS_ADDRESS": keyring_session.bus_address,
+                          "BROWSER": str(browser.script(desktop.home, opened))})
+    try:
+        done = await asyncio.wait_for(launch(protected.url, desktop, "echo", {"text": "pre"}, "pre",
+                                             ("--client-id", PRE_REGISTERED)), SESSION_TIMEOUT)
+        assert done.result.structured_content == {"result": "pre"} and len(browser.opened(opened)) == 1
+        (entry,) = [s for s in desktop.servers() if s.get("endpoint") == protected.url]
+        assert entry["auth"] == {"kind": "oauth2", "grant": "authorization_code", "client_id": PRE_REGISTERED}
+        # the login (and any renewal) is the pre-registered client's: none was registered
+        assert set(idp.stats()["by_client"]) == {PRE_REGISTERED} and "registered as client" not in done.stderr
+        assert json.loads(keyring.get_password("mcpcreds", entry_name) or "{}").get("registration") is None
+        checked = run_cli("check", "--config", str(desktop.config))
+        assert checked.code == 0, checked.output
+        # an entry is never rewritten: another client id for its endpoint is refused, saying what to edit
+        before = desktop.config.read_text()
+        proc = subprocess.run([sys.executable, "-m", "mcpcreds", "stdio", protected.url, "--client-id", "c-other"],
+                              input="", capture_output=True, text=True,
+                              env={**get_default_environment(), **desktop.env}, timeout=SESSION_TIMEOUT)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        assert f"server {entry['name']}" in proc.stderr and "client_id" in proc.stderr
+        assert "c-other" not in proc.stderr and desktop.config.read_text() == before
+    finally:
+        with contextlib.suppress(keyring.errors.PasswordDeleteError):
+            keyring.delete_password("mcpcreds", entry_name)
 
 
 def test_a_start_moves_a_full_log_aside_and_keeps_one(tmp_path: Path) -> None:

@@ -50,12 +50,14 @@ def test_the_routes_show_and_approve_pins_and_a_restart_keeps_them(tmp_path: Pat
     with run_sidecar(config, socket), Client(socket) as client:
         listed = client.request("GET", "/v1/tools/docs")
         assert (listed["server"], listed["trust"], listed["pin_tools"]) == ("docs", "untrusted", True)
+        assert (listed["seen"], listed["seen_at"]) == (None, None)  # no listing through this sidecar yet
         read, write = listed["tools"]
-        assert (read["name"], read["state"], read["exposed"]) == ("read", "changed", True)
+        assert (read["name"], read["state"], read["exposed"]) == ("read", "changed", False)  # withheld
         assert read["definition"] == OLD and read["new_definition"] == NEW
         assert read["new_digest"] == pins.definition(NEW).digest
         assert (write["state"], write["exposed"]) == ("pinned", False) and "new_digest" not in write
-        assert (read["hidden_by"], write["hidden_by"]) == (None, "tool_allowlist")  # which rule hides it
+        assert (read["hidden_by"], write["hidden_by"]) == ("pin_changed", "tool_allowlist")  # the rule that hides it
+        assert read["offered"] is None and write["offered"] is None
         with pytest.raises(UnknownServer):
             client.request("GET", "/v1/tools/nope")
         with pytest.raises(InvalidRequest) as bad:
@@ -82,7 +84,7 @@ def test_the_cli_lists_shows_the_difference_and_approves(tmp_path: Path) -> None
     with run_sidecar(config, socket):
         listed = run_cli("tools", "docs", "--config", str(config))
         assert listed.code == 0, listed.output
-        assert "read" in listed.stdout and "changed" in listed.stdout and "filtered (tool_allowlist)" in listed.stdout
+        assert "read" in listed.stdout and "changed" in listed.stdout and "hidden by tool_allowlist" in listed.stdout
         approved = run_cli("tools", "approve", "docs", "--config", str(config))
         assert approved.code == 0, approved.output
         assert '-  "description": "reads a file",' in approved.stdout

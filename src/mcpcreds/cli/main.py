@@ -191,6 +191,8 @@ def cmd_stdio(args: argparse.Namespace) -> int:
         from .onboard import cmd_stdio_url
 
         return cmd_stdio_url(args)
+    if args.client_id is not None:
+        raise InvalidRequest("--client-id is for `mcpcreds stdio URL` only: a server named has its own auth")
     if not 0 < len(name) <= MAX_NAME or not name.isprintable():
         raise InvalidRequest(f"SERVER must be a server name or cache key of 1 to {MAX_NAME} printable "
                              "characters")
@@ -507,6 +509,10 @@ def build_parser(full: bool = True) -> argparse.ArgumentParser:
                    "(https://..., http:// on a loopback host)")
     p.add_argument("--no-browser", action="store_true",
                    help="with a URL: print the login URL on stderr, never open a browser")
+    p.add_argument("--client-id", metavar="ID",
+                   help="with a URL: the OAuth client the login uses, written into the entry added: an id "
+                        "registered with the server's authorization server, or the https URL of a client ID "
+                        "metadata document (default: none, a client is registered at login, RFC 7591)")
 
     p = add_client("credential-helper", cmd_credential_helper,
                    "git and docker credential helper: answer `get` with the credential of the server "

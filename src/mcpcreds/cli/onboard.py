@@ -11,8 +11,9 @@ relays (as `stdio NAME` does), it makes sure that
   401, or it publishes protected-resource metadata);
 - a sidecar answers: a running one is asked to reload, or one is started detached;
 - a server that asks for a login has one: the person logs in once, in the browser (`mcpcreds
-  login`'s flow: discovery, a registered client or a metadata document, PKCE), and the refresh
-  token goes to the keyring.
+  login`'s flow: discovery, PKCE, and the client `--client-id` named, written into the entry: a
+  pre-registered id or a metadata document's URL; without it, a client registered then, RFC 7591),
+  and the refresh token goes to the keyring.
 Each of the three is done under a lock file and checked again once the lock is held, so desktop
 clients that start together add one entry, start one sidecar and log in once. stdout carries
 JSON-RPC only: it is taken before anything else runs, and everything said goes to stderr."""
@@ -47,11 +48,12 @@ from ..config.starter import (
 )
 from ..core.socket_check import expected_sidecar_uid
 from ..credentials.discovery import Discovery
-from ..credentials.login_store import entry_name, login_store
+from ..credentials.login_store import MAX_CLIENT_ID_CHARS, entry_name, login_store
 from ..credentials.sources import KeyringSource
 from ..errors import (
     ConfigError,
     Forbidden,
+    InvalidRequest,
     McpcredsError,
     SidecarUnavailable,
     TokenEndpointError,
@@ -153,19 +155,36 @@ def asks_for_login(url: str) -> bool:
         raise UpstreamError(f"no server was added for that URL: {why}; nothing was written") from None
 
 
-def ensure_entry(path: Path, url: str) -> tuple[str, bool]:
-    """The server of the config at `path` for `url`: (its name, whether it was added now). Called
-    under the config lock: read, check, append."""
+def _same_client(config: Config, name: str, client_id: str) -> None:
+    """Refuse a `--client-id` that the existing entry `name` does not carry: an entry is never
+    rewritten (the id is not repeated: it will be a config value)."""
+    login = config.servers[name].login
+    if login is not None and login.client_id == client_id:
+        return
+    has = "no login" if login is None else "another client_id" if login.client_id else "no client_id"
+    raise InvalidRequest(f"--client-id: server {name} in {config.path} already has that endpoint, with "
+                         f"{has}; the config is never rewritten: set client_id in that server's auth table "
+                         "yourself (or remove the entry to have it added again)")
+
+
+def ensure_entry(path: Path, url: str, client_id: str | None = None) -> tuple[str, bool]:
+    """The server of the config at `path` for `url`: (its name, whether it was added now), with
+    `client_id` in its login when it asks for one. Called under the config lock: read, check,
+    append."""
     text = read_config_text(path)
     data: dict[str, Any] = {}
     if text is not None:
-        load_config(path)  # a config that does not load is reported as `check` would, untouched
+        config = load_config(path)  # a config that does not load is reported as `check` would, untouched
         data = tomllib.loads(text)
         if (name := server_for_endpoint(data, url)) is not None:
+            if client_id is not None:
+                _same_client(config, name, client_id)
             return name, False
     login = asks_for_login(url)
+    if client_id is not None and not login:
+        say("the server asks for no login: --client-id is not written")
     name = server_name_for(url, server_names(data))
-    entry = entry_text(name, url, login)
+    entry = entry_text(name, url, login, client_id)
     if text is None:
         starter, _ = new_config(example=False)
         parse_config(tomllib.loads(starter + entry), str(path))
@@ -260,11 +279,14 @@ def ensure_login(args: argparse.Namespace, config: Config, target: Target, socke
 def cmd_stdio_url(args: argparse.Namespace) -> int:
     out = take_stdout()  # first: whatever follows may print, and only JSON-RPC goes to the client
     url = check_endpoint(args.name)
+    if args.client_id is not None and not (0 < len(args.client_id) <= MAX_CLIENT_ID_CHARS
+                                           and args.client_id.isprintable()):
+        raise InvalidRequest(f"--client-id: expected 1 to {MAX_CLIENT_ID_CHARS} printable characters")
     fill_session_bus()  # the keyring, for this process and a sidecar it starts
     state = state_folder()
     path = Path(config_file(getattr(args, "config", None)))
     with file_lock(state / "config.lock", CONFIG_LOCK_WAIT, "adding the server to the config"):
-        name, _ = ensure_entry(path, url)
+        name, _ = ensure_entry(path, url, args.client_id)
     config = load_config(path)
     target = config.servers[name]
     socket, configured_uid = sidecar_address(str(path), getattr(args, "socket", None))

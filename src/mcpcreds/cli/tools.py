@@ -1,4 +1,6 @@
-"""`mcpcreds tools SERVER`: the server's pinned tools and their state (`GET /v1/tools/{server}`).
+"""`mcpcreds tools SERVER`: every tool the server offered at its last listing through the gateway
+and every pinned one, with its state and the rule that hides it (`GET /v1/tools/{server}`), and
+what to write to expose those a missing `tool_allowlist` hides.
 `mcpcreds tools approve SERVER [TOOL...]`: the difference between each changed tool's pinned and
 new definition (a unified diff of their canonical JSON, indented), then the approval (`POST
 /v1/tools/{server}/approve` with the digests shown: a tool that changed again meanwhile is not
@@ -36,27 +38,57 @@ def difference(tool: dict[str, Any]) -> str:
     return "\n".join(difflib.unified_diff(old, new, f"{name} pinned", f"{name} new", lineterm=""))
 
 
-def _show(answer: dict[str, Any]) -> None:
-    tools = answer.get("tools") or []
-    pin = "on" if answer.get("pin_tools") else "off (changes only warn)"
-    print(f"server {answer.get('server')}: trust = {answer.get('trust')}, pin_tools {pin}")
-    if not tools:
-        print("no tool is pinned yet (the gateway pins each tool the first time it lists it)")
-        return
+# why a tool is hidden, for the lines under the table (the keys of `hidden_by`: gateway/tools_seen.py)
+_WHY = {"no_tool_allowlist": "the server is not trusted and has no tool_allowlist, so it exposes no tool",
+        "tool_allowlist": "not matched by tool_allowlist (the server's or its catalog entry's)",
+        "tool_exclude": "matched by tool_exclude (the server's or its catalog entry's)",
+        "expected_tools": "not in expected_tools",
+        "tool_metadata": "listed, but its calls are refused: data_sensitivity high on a server not trusted"}
+
+
+def _name(tool: dict[str, Any]) -> str:
+    """The tool's name as a JSON string: escaped, so a name cannot drive the terminal."""
+    return json.dumps(str(tool.get("name")), ensure_ascii=True)
+
+
+def _table(tools: list[dict[str, Any]]) -> None:
     rows = [("TOOL", "STATE", "POLICY", "SENSITIVITY", "DIGEST")]
     for t in tools:
-        meta = t.get("metadata") if isinstance(t.get("metadata"), dict) else {}
+        meta: dict[str, Any] = t["metadata"] if isinstance(t.get("metadata"), dict) else {}
         shown = f"{meta.get('data_sensitivity', '?')} ({meta.get('source', '?')})"
         if meta.get("capabilities"):
             shown += ": " + ", ".join(str(c) for c in meta["capabilities"])
-        rows.append((json.dumps(str(t.get("name")), ensure_ascii=True)[1:-1], str(t.get("state")),
-                     "exposed" if t.get("exposed") else f"filtered ({t.get('hidden_by') or 'policy'})",
-                     shown, str(t.get("digest"))[:12]))
+        policy = "exposed" if t.get("exposed") else f"hidden by {t.get('hidden_by') or 'policy'}"
+        if t.get("offered") is False:
+            policy += " (not offered at the last listing)"
+        rows.append((_name(t)[1:-1], str(t.get("state")), policy, shown, str(t.get("digest") or "-")[:12]))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])
+
+
+def _show(answer: dict[str, Any]) -> None:
+    tools = [t for t in answer.get("tools") or [] if isinstance(t, dict)]
+    server = answer.get("server")
+    pin = "on" if answer.get("pin_tools") else "off (changes only warn)"
+    print(f"server {server}: trust = {answer.get('trust')}, pin_tools {pin}")
+    if answer.get("seen") is None:
+        print(f"no tools/list of {server} seen since the sidecar started: list its tools through the gateway "
+              "(any MCP client), then run this again to see every tool it offers")
+    elif not answer.get("seen"):
+        print(f"{server} offered no tool at its last listing")
+    if not tools:
+        return
+    _table(tools)
+    offered = [t for t in tools if t.get("offered")]
+    for rule, why in _WHY.items():
+        if hidden := [t for t in offered if t.get("hidden_by") == rule]:
+            print(f"{len(hidden)} hidden by {rule}: {why}")
+    if closed := [_name(t) for t in offered if t.get("hidden_by") == "no_tool_allowlist"]:
+        print(f"to expose some, name those the agent needs in the server's entry:\n"
+              f"  tool_allowlist = [{', '.join(closed)}]")
     if changed := [t for t in tools if t.get("state") == "changed"]:
-        print(f"{len(changed)} changed: withheld until `mcpcreds tools approve {answer.get('server')}`"
+        print(f"{len(changed)} changed: withheld until `mcpcreds tools approve {server}`"
               if answer.get("pin_tools") else f"{len(changed)} changed (exposed: pin_tools is off)")
 
 
@@ -106,8 +138,9 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def add_parser(add_client: Callable[[str, Handler, str], Any]) -> None:
-    p = add_client("tools", cmd_tools, "tool pinning: `tools SERVER` lists the server's pinned tools and "
-                   "their state (pinned, changed); `tools approve SERVER [TOOL...]` shows how each changed "
+    p = add_client("tools", cmd_tools, "`tools SERVER` lists every tool the server offered at its last "
+                   "listing through the gateway and every pinned one: its state (pinned, changed, unpinned) "
+                   "and the rule that hides it; `tools approve SERVER [TOOL...]` shows how each changed "
                    "tool differs from its pin and approves the new definition")
     p.add_argument("words", nargs="+", metavar="WORD", help="SERVER, or: approve SERVER [TOOL...]")
     p.add_argument("--json", action="store_true", help="print the listing as JSON")

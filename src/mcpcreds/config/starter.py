@@ -191,11 +191,11 @@ def server_name_for(url: str, taken: Iterable[str]) -> str:
     raise InvalidRequest(f"no free server name for this URL after {MAX_NAME_TRIES} tries")
 
 
-def entry_text(name: str, url: str, login: bool) -> str:
+def entry_text(name: str, url: str, login: bool, client_id: str | None = None) -> str:
     """The `[[servers]]` entry for `url`: not trusted (descriptions screened, results scanned, tool
     definitions pinned), every tool it lists exposed, served only through the gateway, and a
-    person's login when the server asks for one (the client registered at login, or its metadata
-    document used)."""
+    person's login when the server asks for one: with `client_id` (pre-registered, or the https
+    URL of a client ID metadata document), else a client registered at login (RFC 7591)."""
     text = (
         f"\n{ADDED_BY}: not trusted, every tool it lists exposed\n"
         "[[servers]]\n"
@@ -206,7 +206,9 @@ def entry_text(name: str, url: str, login: bool) -> str:
         'expose = "proxy"\n'
     )
     if login:
-        text += f'auth = {{ kind = "oauth2", grant = "authorization_code" }}   # `mcpcreds login {name}`\n'
+        client = f", client_id = {toml_string(client_id)}" if client_id is not None else ""
+        auth = f'{{ kind = "oauth2", grant = "authorization_code"{client} }}'
+        text += f"auth = {auth}   # `mcpcreds login {name}`\n"
     return text
 
 

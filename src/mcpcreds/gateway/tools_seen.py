@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from ..config.model import Target
 from ..config.servers import exposes_no_tool
+from ..core.policy import TrustPolicy
 from ..errors import McpcredsError
 from ..state.pins import MAX_PINNED_TOOLS, PinStore, valid_name
 from .tool_meta import data_flow, meta_for
@@ -71,12 +72,19 @@ class ToolsSeen:
         return self._seen.get(server)
 
 
-def hidden_by(target: Target, name: str, changed: Collection[str]) -> str | None:
-    """Why the gateway does not expose `name` of `target` now (None: it does)."""
-    policy = target.trust
+def policy_reason(policy: TrustPolicy, name: str) -> str | None:
+    """The key of the trust policy that hides `name` (None: none does), `no_tool_allowlist` when
+    the server is not trusted and has no allowlist, its own or its catalog entry's."""
     reason = policy.hidden_by(name)
     if reason == "tool_allowlist" and policy.tool_allowlist is None and not policy.ceiling_allow:
         return "no_tool_allowlist"
+    return reason
+
+
+def hidden_by(target: Target, name: str, changed: Collection[str]) -> str | None:
+    """Why the gateway does not expose `name` of `target` now (None: it does)."""
+    policy = target.trust
+    reason = policy_reason(policy, name)
     if reason is not None:
         return reason
     if data_flow(meta_for(name, target.content.tool_metadata)[0], policy.trust).verdict == "refuse":

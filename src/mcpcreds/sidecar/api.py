@@ -409,10 +409,12 @@ class Api(Parts):
                                                self.broker.jwt_svids, self.broker.x509_sources)})
 
     async def tools(self, request: Request) -> Response:
-        """The server's pinned tools and their state (tools_api.py)."""
+        """The server's tools last listed and pinned, and the rule that hides each (tools_api.py)."""
         from . import tools_api
 
-        return answer(await tools_api.list_tools(self.broker.pins, self._pin_owner(request)))
+        owner = self._pin_owner(request)
+        seen = self.gateway.tools_seen.get(owner.name)  # None for an exec entry: its relay lists
+        return answer(await tools_api.list_tools(self.broker.pins, owner, seen))
 
     def _pin_owner(self, request: Request) -> tools_api.PinOwner:
         """The server a tools route names, or the exec entry (`exec:NAME`, pinned under that name)."""

@@ -1,7 +1,9 @@
-"""`GET /v1/tools/{server}` and `POST /v1/tools/{server}/approve`: the pinned tools of a server
-(state/pins.py) and the operator's approval of changed definitions (gateway/pins.py withholds
-them until then), or of an exec entry (`exec:NAME`, whose stdio relay pins them). Owner-only: a
-grant holder is refused before these run (api.py)."""
+"""`GET /v1/tools/{server}` and `POST /v1/tools/{server}/approve`: every tool the server offered
+at its last listing through the gateway (gateway/tools_seen.py: names only) and every pinned one
+(state/pins.py), each with the rule that hides it, and the operator's approval of changed
+definitions (gateway/pins.py withholds them until then); or the pins of an exec entry (`exec:NAME`,
+whose stdio relay pins them). Only exposed tools are pinned, so a hidden tool's description is
+never kept. Owner-only: a grant holder is refused before these run (api.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from ..config.content import ContentPolicy
 from ..core.policy import TrustPolicy
 from ..errors import InvalidRequest
 from ..gateway.tool_meta import data_flow, describe, meta_for
+from ..gateway.tools_seen import Seen, policy_reason
 from ..state.pins import MAX_PINNED_TOOLS, MAX_TOOL_NAME, Definition, PinStore, ToolPin, valid_name
 
 _DIGEST_CHARS: Final = frozenset("0123456789abcdef")
@@ -43,27 +46,41 @@ def _shown(d: Definition) -> Any:
     return json.loads(d.text) if d.text is not None else None
 
 
-def tool_row(target: PinOwner, pin: ToolPin) -> dict[str, Any]:
-    definition = _shown(pin.pinned)
-    meta, source = meta_for(definition if isinstance(definition, dict) else pin.name,
+def tool_row(target: PinOwner, name: str, pin: ToolPin | None, offered: bool | None) -> dict[str, Any]:
+    """One tool: `pin` None when it is not pinned (hidden, so never pinned, or not pinned yet);
+    `offered`: whether the last listing offered it (None: no listing seen)."""
+    definition = _shown(pin.pinned) if pin is not None else None
+    trust = target.trust.trust
+    meta, source = meta_for(definition if isinstance(definition, dict) else name,
                             target.content.tool_metadata)
-    hidden_by = target.trust.hidden_by(pin.name)
-    if hidden_by is None and data_flow(meta, target.trust.trust).verdict == "refuse":
+    hidden_by = policy_reason(target.trust, name)
+    if hidden_by is None and data_flow(meta, trust).verdict == "refuse":
         hidden_by = "tool_metadata"  # listed, but its calls are refused (data_flow)
-    row: dict[str, Any] = {"name": pin.name, "state": pin.state, "exposed": hidden_by is None,
-                           "hidden_by": hidden_by, "digest": pin.pinned.digest, "definition": definition,
+    enforced = target.content.effective_pin_tools(trust)
+    if hidden_by is None and pin is not None and pin.state == "changed" and enforced:
+        hidden_by = "pin_changed"  # withheld until approved
+    row: dict[str, Any] = {"name": name, "state": pin.state if pin is not None else "unpinned",
+                           "exposed": hidden_by is None, "hidden_by": hidden_by, "offered": offered,
+                           "digest": pin.pinned.digest if pin is not None else None, "definition": definition,
                            "metadata": describe(meta, source)}
-    if pin.new is not None and pin.state == "changed":
+    if pin is not None and pin.new is not None and pin.state == "changed":
         row["new_digest"] = pin.new.digest
         row["new_definition"] = _shown(pin.new)
     return row
 
 
-async def list_tools(store: PinStore, target: PinOwner) -> dict[str, Any]:
-    pins = await store.tools(target.name)
+async def list_tools(store: PinStore, target: PinOwner, seen: Seen | None) -> dict[str, Any]:
+    """The tools of the last listing `seen` (in the server's order), then the pinned ones it did
+    not offer."""
+    pins = {p.name: p for p in await store.tools(target.name)}
+    offered = seen.names if seen is not None else {}
+    names = [*offered, *(n for n in pins if n not in offered)]
     return {"server": target.name, "trust": target.trust.trust,
             "pin_tools": target.content.effective_pin_tools(target.trust.trust),
-            "tools": [tool_row(target, p) for p in pins]}
+            "seen": len(offered) if seen is not None else None,
+            "seen_at": round(seen.at, 3) if seen is not None else None,
+            "tools": [tool_row(target, n, pins.get(n), n in offered if seen is not None else None)
+                      for n in names]}
 
 
 def approval(body: dict[str, Any]) -> tuple[list[str] | None, dict[str, str] | None]:
