@@ -434,6 +434,22 @@ async def test_a_refusal_naming_required_input_is_learned_and_retried(sidecar: S
     assert status["aauth"]["resource_components"][peer.base] == [*ASKED, "@scheme"]
 
 
+@pytest.mark.parametrize("header", ["user-agent", "mcp-param-region"])
+async def test_a_header_value_that_is_not_ascii_is_refused_before_anything_is_signed_or_sent(
+        sidecar: SidecarProcess, peer: AAuthPeer, header: str) -> None:
+    """The signer signs text: a value of other bytes would be signed as one thing and sent as
+    another; it is refused here, and the same request in ASCII goes through signed."""
+    before = peer.stats()
+    async with raw_client(sidecar, **RPC) as http:
+        refused = await http.post("/mcp/signed", json=INIT, headers={header.encode(): "caf\u00e9".encode()})
+        assert peer.stats() == before  # nothing reached the resource
+        plain = await http.post("/mcp/signed", json=INIT, headers={header.encode(): b"cafe"})
+    assert refused.status_code == 400, refused.text
+    assert "not ASCII cannot be signed" in refused.text and "caf" not in refused.text
+    assert plain.status_code == 200, plain.text
+    assert peer.stats()["verified"] > before["verified"]
+
+
 async def test_aauth_false_sends_no_signature(sidecar: SidecarProcess, peer: AAuthPeer) -> None:
     before = peer.stats()
     async with raw_client(sidecar, **RPC) as http:

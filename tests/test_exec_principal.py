@@ -7,6 +7,11 @@ reach by path, and its forwarder's /proc files.
   cached fast path included), no other exec entry's environment, no grant minted.
 - The egress forwarder (the child's own child) is re-executed with an empty environment and is
   undumpable: the caller's canary is not in its /proc/PID/environ, which the child cannot read.
+- The child has a mount namespace in which the caller's runtime folder is an empty tmpfs and a
+  session bus socket outside it is covered: a real gnome-keyring on a real session bus, holding
+  a canary as the caller's refresh token, is out of its reach, and stays so when it tries to
+  unmount the cover (as root in its user namespace, and again in a mount namespace of its own);
+  the egress proxy, whose socket is in the hidden folder, still answers it.
 
 Secrets are canaries held by the sidecar's and the caller's environments only."""
 
@@ -16,6 +21,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,8 +29,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import secretstorage
+from jeepney.io.blocking import open_dbus_connection
 
 from mcpcreds import Client
+from tests.conftest import KeyringSession
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 HEADER_CANARY = f"hdr-canary-{secrets.token_hex(16)}"
@@ -257,3 +266,164 @@ def test_an_ordinary_users_forwarder_is_unreadable_to_the_child() -> None:
         shutil.rmtree(src, ignore_errors=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "PermissionError", done.stdout
+
+
+REFRESH_CANARY = f"refresh-canary-{secrets.token_hex(16)}"
+# the hostile child: the caller's keyring (bus address in argv: a child can list a folder for it),
+# its runtime folder, the sidecar's socket, then the same after trying to unmount the cover
+SESSION_SNOOP = r"""
+import base64, ctypes, errno, json, os, socket, sys
+from urllib.parse import unquote, urlsplit
+bus, canary, sidecar = sys.argv[1:4]
+runtime = os.environ["XDG_RUNTIME_DIR"]
+libc = ctypes.CDLL(None, use_errno=True)
+
+def keyring():
+    try:
+        import secretstorage
+        from jeepney.io.blocking import open_dbus_connection
+        with open_dbus_connection(bus=bus) as conn:
+            items = secretstorage.get_default_collection(conn).get_all_items()
+            return canary in [item.get_secret().decode() for item in items]
+    except Exception as exc:
+        return type(exc).__name__
+
+def reach(path):
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+        return "connected"
+    except OSError as exc:
+        return type(exc).__name__
+
+def proxy():
+    url = os.environ.get("HTTPS_PROXY")
+    if not url:
+        return None
+    parts = urlsplit(url)
+    credential = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password)}".encode()).decode()
+    with socket.create_connection((parts.hostname, parts.port), timeout=20) as s:
+        s.sendall(b"CONNECT not-allowed.example:443 HTTP/1.1\r\nHost: not-allowed.example:443\r\n"
+                  + f"Proxy-Authorization: Basic {credential}\r\n\r\n".encode())
+        return s.recv(4096).split(b"\r\n")[0].decode()
+
+def umount():
+    return "unmounted" if libc.umount2(runtime.encode(), 0) == 0 else errno.errorcode[ctypes.get_errno()]
+
+out = {"keyring": keyring(), "runtime": sorted(os.listdir(runtime)), "sidecar": reach(sidecar),
+       "proxy": proxy(), "umount": umount()}
+out["unshare"] = libc.unshare(0x00020000) == 0  # CLONE_NEWNS: root in its user namespace may
+out["umount_again"] = umount()
+out["keyring_after"], out["runtime_after"] = keyring(), sorted(os.listdir(runtime))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def refresh_token(keyring_session: KeyringSession) -> Iterator[KeyringSession]:
+    """The caller's keyring holds a refresh token (a canary), as `mcpcreds login` leaves one."""
+    with open_dbus_connection(bus=keyring_session.bus_address) as conn:
+        item = secretstorage.get_default_collection(conn).create_item(
+            "mcpcreds refresh token", {"service": "exec-principal-test"}, REFRESH_CANARY.encode())
+    try:
+        yield keyring_session
+    finally:
+        with open_dbus_connection(bus=keyring_session.bus_address) as conn:
+            secretstorage.Item(conn, item.item_path).delete()
+
+
+def _caller_reads_the_keyring(session: KeyringSession) -> bool:
+    with open_dbus_connection(bus=session.bus_address) as conn:
+        items = secretstorage.get_default_collection(conn).get_all_items()
+        return REFRESH_CANARY in [item.get_secret().decode() for item in items]
+
+
+@pytest.mark.parametrize("bus", ["in-runtime", "elsewhere"])
+@pytest.mark.parametrize("name", ["inherit", "restricted", "off"])
+def test_exec_child_cannot_reach_the_callers_session_bus_and_keyring(
+        sidecar: SidecarProcess, refresh_token: KeyringSession, name: str, bus: str) -> None:
+    """`in-runtime`: the bus socket is in the runtime folder (as /run/user/UID/bus is). `elsewhere`:
+    the runtime folder is the sidecar's socket folder (egress.sock is there) and the bus socket is
+    outside it."""
+    session = refresh_token
+    runtime = session.env["XDG_RUNTIME_DIR"] if bus == "in-runtime" else str(sidecar.socket.parent)
+    before = sorted(os.listdir(runtime))
+    assert _caller_reads_the_keyring(session)
+    done = _exec(sidecar, name, sys.executable, "-c", SESSION_SNOOP, session.bus_address, REFRESH_CANARY,
+                 str(sidecar.socket), XDG_RUNTIME_DIR=runtime, DBUS_SESSION_BUS_ADDRESS=session.bus_address)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["keyring"] in ("FileNotFoundError", "ConnectionRefusedError"), seen  # not True: read
+    assert seen["runtime"] == [] and seen["runtime_after"] == [], seen
+    assert seen["umount"] in ("EPERM", "EINVAL") and seen["umount_again"] in ("EPERM", "EINVAL"), seen
+    assert seen["keyring_after"] == seen["keyring"], seen
+    if bus == "elsewhere":
+        assert seen["sidecar"] == "FileNotFoundError", seen  # its default folder: the runtime folder
+        if name == "restricted":  # the forwarder still reaches egress.sock in the hidden folder
+            assert seen["proxy"].startswith("HTTP/1.1 403"), seen
+            assert "refused egress to not-allowed.example:443" in done.stderr
+    assert REFRESH_CANARY not in done.stdout + done.stderr and "cannot hide" not in done.stderr
+    # the caller's own mounts are untouched: its runtime folder and keyring as they were
+    assert sorted(os.listdir(runtime)) == before and _caller_reads_the_keyring(session)
+
+
+# as 65534: the CLI's steps (its user namespace, the cover), then the child (by execve) tries the bus
+AS_USER_HIDE = r"""
+import os, socket, sys
+from mcpcreds.exec.mountns import hide_session
+from mcpcreds.exec.netns import enter_user_namespace
+runtime, snoop = sys.argv[1:3]
+with socket.socket(socket.AF_UNIX) as s:
+    s.connect(runtime + "/bus")  # reachable as the caller
+enter_user_namespace()
+hide_session({"XDG_RUNTIME_DIR": runtime}, os.geteuid())
+os.execve(sys.executable, [sys.executable, "-c", snoop, runtime], {"PATH": "/usr/bin"})
+"""
+USER_SNOOP = r"""
+import ctypes, errno, os, socket, sys
+runtime = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+
+def reach():
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(runtime + "/bus")
+        return "connected"
+    except OSError as exc:
+        return type(exc).__name__
+
+def umount():
+    return "unmounted" if libc.umount2(runtime.encode(), 0) == 0 else errno.errorcode[ctypes.get_errno()]
+
+seen = [reach(), os.listdir(runtime), umount()]
+nested = libc.unshare(0x10000000 | 0x00020000) == 0  # a user and mount namespace of its own: caps there
+print(*seen, nested, umount(), reach())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK) or shutil.which("setpriv") is None,
+                    reason="needs root, setpriv and a system python 3.11")
+def test_an_ordinary_users_child_cannot_uncover_its_runtime_folder() -> None:
+    """As an ordinary user the cover is made inside the child's user namespace: the child has no
+    capability left after `execve`, and in a namespace of its own the cover is locked."""
+    top = Path(tempfile.mkdtemp(prefix="mcpcreds-hide-"))
+    try:
+        top.chmod(0o755)
+        shutil.copytree(Path(__file__).resolve().parents[1] / "src" / "mcpcreds", top / "mcpcreds",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        runtime = top / "run"
+        runtime.mkdir(mode=0o700)
+        os.chown(runtime, 65534, 65534)
+        with socket.socket(socket.AF_UNIX) as bus:  # the caller's session bus, as it were
+            bus.bind(str(runtime / "bus"))
+            bus.listen()
+            (runtime / "bus").chmod(0o666)
+            done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SYSTEM_PYTHON,
+                                   "-c", AS_USER_HIDE, str(runtime), USER_SNOOP], capture_output=True, text=True,
+                                  timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(top)})
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.split() == ["FileNotFoundError", "[]", "EPERM", "True", "EINVAL",
+                                           "FileNotFoundError"], done.stdout
+            assert sorted(os.listdir(runtime)) == ["bus"]  # the caller's folder as it was
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

@@ -1,10 +1,12 @@
 """Compressed answers to the signers' own fetches (issue 28, finding 5): the AAuth resource
-metadata, IMDS, STS AssumeRoleWithWebIdentity and the AWS SSO services ask for
-`Accept-Encoding: identity` and refuse any other `Content-Encoding`, never decoding it.
+metadata, the AAuth Agent Provider's metadata, JWKS and agent token answers, IMDS, STS
+AssumeRoleWithWebIdentity and the AWS SSO services ask for `Accept-Encoding: identity` and refuse
+any other `Content-Encoding`, never decoding it.
 
 The upstream is a hostile HTTP server on loopback answering every request with a decompression
 bomb (`Content-Encoding: gzip, gzip`: under a KiB on the wire, 64 MiB decoded) or with a small,
-otherwise valid, gzip-compressed answer. What the fetch allocated is measured (tracemalloc's
+otherwise valid, gzip-compressed answer; paths in `plain` are answered uncompressed, so that each
+of the provider's three fetches in turn meets the bomb. What the fetch allocated is measured (tracemalloc's
 peak), not the time it took.
 """
 
@@ -28,6 +30,7 @@ from mcpcreds.config.load import parse_config
 from mcpcreds.errors import TokenEndpointError
 from mcpcreds.net.egress import EgressPolicy
 from mcpcreds.net.egress_http import egress_client
+from mcpcreds.signers.aauth import AAuthSigner, AgentTokenError
 from mcpcreds.signers.aauth_resource import ResourceMetadata
 from mcpcreds.signers.aws_credentials import AwsCredentialsError, from_imds, from_web_identity
 from mcpcreds.signers.aws_sso import SsoLogin, renew, role_credentials
@@ -40,11 +43,12 @@ ROLE = "arn:aws:iam::123456789012:role/mcp-agent"
 
 
 class Hostile:
-    """Answers every request 200 with `body` under `encoding`; keeps each request's
-    Accept-Encoding."""
+    """Answers every request 200 with `body` under `encoding`, but a path in `plain` with its JSON
+    uncompressed; keeps each request's Accept-Encoding."""
 
     def __init__(self) -> None:
         self.body, self.encoding = BOMB, "gzip, gzip"
+        self.plain: dict[str, bytes] = {}
         self.asked: list[str | None] = []
         hostile = self
 
@@ -55,12 +59,14 @@ class Hostile:
             def _answer(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 hostile.asked.append(self.headers.get("Accept-Encoding"))
+                plain = hostile.plain.get(self.path)
+                body = hostile.body if plain is None else plain
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Encoding", hostile.encoding)
-                self.send_header("Content-Length", str(len(hostile.body)))
+                self.send_header("Content-Encoding", hostile.encoding if plain is None else "identity")
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(hostile.body)
+                self.wfile.write(body)
 
             do_GET = do_POST = do_PUT = _answer
 
@@ -128,12 +134,39 @@ async def aauth_fetch(hostile: Hostile, caplog: pytest.LogCaptureFixture) -> tup
     return components, reasons[-1] if reasons else ""
 
 
+async def provider_fetches(hostile: Hostile, tmp_path: Path) -> dict[str, str]:
+    """Enrollment with the hostile Agent Provider, once with each of its three answers the first
+    compressed one: what each attempt said."""
+    config = parse_config({"sidecar": {"socket": str(tmp_path / "s.sock")},
+                           "aauth": {"provider": hostile.url, "key_file": str(tmp_path / "agent.key"),
+                                     "enroll": "open"}})
+    steps = {"provider metadata": {},
+             "provider JWKS": {"/.well-known/aauth-agent.json": json.dumps({
+                 "issuer": hostile.url, "jwks_uri": hostile.url + "/jwks",
+                 "registration_endpoint": hostile.url + "/register"}).encode()},
+             "agent token request": {"/jwks": b'{"keys":[]}'}}
+    said: dict[str, str] = {}
+    for what, plain in steps.items():
+        hostile.plain.update(plain)
+        signer = AAuthSigner(config, time.time)
+        try:
+            with pytest.raises(AgentTokenError) as caught:
+                await signer.agent_token()
+        finally:
+            await signer.aclose()
+        said[what] = caught.value.message
+        assert what in said[what], said
+    hostile.plain.clear()
+    return said
+
+
 async def test_a_decompression_bomb_is_refused_undecoded_by_every_signer_fetch(
         hostile: Hostile, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert len(BOMB) < 1024
     tracemalloc.start()
     try:
         said = await fetch_each(hostile, tmp_path)
+        said |= await provider_fetches(hostile, tmp_path)
         components, reason = await aauth_fetch(hostile, caplog)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -154,6 +187,8 @@ async def test_a_small_valid_compressed_answer_is_refused_too(hostile: Hostile, 
     assert components == () and reason == "compressed"  # read, it would have asked for content-digest
     hostile.body = gzip.compress(b"imds-session-token")  # a token PUT answer
     said = await fetch_each(hostile, tmp_path)
+    hostile.body = gzip.compress(b'{"keys":[]}')  # a JSON object each provider fetch would have taken
+    said |= await provider_fetches(hostile, tmp_path)
     assert all("compressed" in message for message in said.values()), said
 
 

@@ -130,6 +130,25 @@ async def test_a_body_another_parser_reads_as_another_call_is_refused_and_nothin
     assert upstream.state.ran == [] and upstream.state.requests == []  # nothing went up
 
 
+@pytest.mark.parametrize("body", [
+    call('{"name":"search","Name":"delete_everything","arguments":{}}'),
+    call('{"name":"delete_everything","name":"search","arguments":{}}'),
+    b'{"jsonrpc":"2.0","method":"tools/call","params":{"name":"delete_everything"}}',
+], ids=["Name", "duplicate", "notification"])
+async def test_a_grant_narrowing_tools_is_judged_on_the_same_reading(upstream: HostileUpstream,
+                                                                     sidecar: SidecarProcess, body: bytes) -> None:
+    """`echo` has no allowlist: the grant's `tools` is the only narrowing a Go reading could slip past."""
+    async with AsyncClient(sidecar.socket) as creds:
+        grant = (await creds.grant(["echo"], ttl=60, tools={"echo": ["search"]}))["grant"]
+    upstream.reset()
+    answer = await post(sidecar, "echo", body, Authorization=f"Bearer {grant}")
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["code"] in (-32600, -32700)
+    assert upstream.state.ran == [] and upstream.state.requests == []  # nothing went up
+    allowed = await post(sidecar, "echo", call('{"name":"search","arguments":{}}'), Authorization=f"Bearer {grant}")
+    assert allowed.status_code == 200 and upstream.state.ran == ["search"]  # the grant itself lets search through
+
+
 async def test_what_goes_upstream_is_the_body_as_the_gateway_read_it(upstream: HostileUpstream,
                                                                       sidecar: SidecarProcess,
                                                                       workdir: Path) -> None:

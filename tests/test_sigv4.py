@@ -601,6 +601,24 @@ async def test_a_wrong_scope_and_an_unsigned_server_are_refused_by_the_verifier(
         before.get("missing_or_malformed_authorization", 0) + 1
 
 
+@pytest.mark.parametrize("header", ["user-agent", "mcp-param-region"])
+async def test_a_header_value_that_is_not_ascii_is_refused_before_anything_is_signed_or_sent(
+        sidecar: SidecarProcess, peer: SigV4Peer, header: str) -> None:
+    """The signer signs text: a value of other bytes would be signed as one thing and sent as
+    another (the server's refusal would cost a credential refetch); it is refused here."""
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    before = peer.stats()
+    async with raw_client(sidecar, Accept="application/json, text/event-stream") as http:
+        refused = await http.post("/mcp/aws-static", json=init, headers={header.encode(): "caf\u00e9".encode()})
+        assert peer.stats() == before  # nothing reached the server
+        plain = await http.post("/mcp/aws-static", json=init, headers={header.encode(): b"cafe"})
+    assert refused.status_code == 400, refused.text
+    assert "not ASCII cannot be signed" in refused.text and "caf" not in refused.text
+    assert plain.status_code == 200, plain.text  # the same request in ASCII is signed and verified
+    assert peer.stats()["verified"] == before["verified"] + 1
+
+
 def local_url(peer: SigV4Peer) -> str:
     """The peer's MCP URL as the stand-alone servers spell it (another authority than the catalog's)."""
     return peer.url.replace("127.0.0.1", "localhost")

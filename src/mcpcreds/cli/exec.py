@@ -17,6 +17,8 @@ Whatever the network, the child gets a user namespace of its own (entered last, 
 forwarder is started): the sidecar lets a peer in another user namespace act only within a grant,
 so the child is not its caller to the sidecar. Without one, stderr says the child can reach every
 credential its caller can.
+With it, a mount namespace in which the caller's runtime folders and session bus socket are
+covered (`mountns.py`): no D-Bus session bus, so no Secret Service keyring.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ..core.socket_check import check_folder, check_peer, expected_sidecar_uid
 from ..errors import InvalidRequest, McpcredsError
 from ..exec.egress_notices import HEADER as NOTICES_HEADER
 from ..exec.egress_proxy import HOLD_METHOD, USER, proxy_url
+from ..exec.mountns import hide_session
 from ..exec.netns import (
     ForwarderFailed,
     NamespaceUnavailable,
@@ -191,8 +194,11 @@ def _isolate(answer: Mapping[str, Any], advisory: bool, hold: socket.socket | No
                             "able to reach every credential you can")
         _warn(f"no network namespace ({why}): net = {net!r} is advisory, a child that ignores "
               "the proxy variables is not stopped")
-    env = _proxy(answer, hold, in_netns)
+    env = _proxy(answer, hold, in_netns)  # the forwarder keeps the caller's mounts: the proxy socket
+    hidden: bool | None = None  # not tried yet
     if _namespaces_allowed() and not in_userns:
+        if os.geteuid() == 0:  # before: root's child then cannot unmount the covers
+            hidden = _hide_session()
         try:
             enter_user_namespace()
             in_userns = True
@@ -200,8 +206,23 @@ def _isolate(answer: Mapping[str, Any], advisory: bool, hold: socket.socket | No
             why = exc.strerror or "refused by the kernel"
     if not in_userns:
         _warn(f"no user namespace ({why}): the child can reach every credential you can (the "
-              "sidecar's socket and API: every server's headers, other exec entries' secrets, grants)")
+              "sidecar's socket and API: every server's headers, other exec entries' secrets, grants; "
+              "your session bus and keyring)")
+    elif hidden is None:
+        _hide_session()
     return env
+
+
+def _hide_session() -> bool:
+    """The caller's runtime folders and session bus hidden from the child (`mountns.py`); a warning
+    if they cannot be."""
+    try:
+        hide_session(os.environ, os.geteuid())
+        return True
+    except NamespaceUnavailable as exc:
+        _warn(f"cannot hide your session from the child ({exc.strerror}): it can reach your D-Bus session "
+              "bus, and through it every item of your keyring, and the sockets in your runtime folder")
+        return False
 
 
 def _proxy(answer: Mapping[str, Any], hold: socket.socket | None, in_netns: bool) -> dict[str, str]:

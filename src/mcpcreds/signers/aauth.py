@@ -13,6 +13,8 @@ the gateway and the `sign` route use (the signature itself is `httpsig`).
   (`[aauth] provider`), `sig=jwt;jwt="<agent token>"`: the token is fetched from the provider
   (`AgentTokens`), validated (its JWS against the provider's JWKS, `iss`, `exp`, `cnf.jwk` equal to
   our public key), held in memory only, and renewed ahead of expiry with a single fetch at a time.
+  The provider's answers (metadata, JWKS, token) are asked for uncompressed and read bounded (64
+  KiB): any other `Content-Encoding` is refused, never decoded.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from ..net.egress import EgressPolicy, is_dev_loopback_url
 from ..net.egress_http import egress_client
 from . import httpsig
 from .aauth_resource import MAX_COMPONENTS, ResourceMetadata, parse_components, required_input
+from .aws_credentials import UnreadableAnswer, read_answer
 from .sign_request import parse_sign_request
 
 _log = get_logger("aauth")
@@ -357,15 +360,14 @@ class AAuthSigner:
         issuer = aauth.provider
         assert issuer is not None
         http = self._client(issuer)
-        timeout = self.config.sidecar.token_timeout
-        meta = await self._json(http.get(f"{issuer.rstrip('/')}/.well-known/{AGENT_DWK}", timeout=timeout),
+        meta = await self._json(http, "GET", f"{issuer.rstrip('/')}/.well-known/{AGENT_DWK}",
                                 "provider metadata")
         if meta.get("issuer") != issuer:
             raise AgentTokenError("aauth: the provider metadata's issuer is not the configured provider")
         endpoint, jwks_uri = meta.get("registration_endpoint"), meta.get("jwks_uri")
         if not isinstance(endpoint, str) or not isinstance(jwks_uri, str):
             raise AgentTokenError("aauth: the provider metadata lacks registration_endpoint or jwks_uri")
-        jwks = await self._json(http.get(jwks_uri, timeout=timeout), "provider JWKS")
+        jwks = await self._json(http, "GET", jwks_uri, "provider JWKS")
         body: dict[str, Any] = {}
         headers = [("content-type", "application/json")]
         enroll = aauth.enroll
@@ -378,9 +380,8 @@ class AAuthSigner:
             body["assertion"] = await asyncio.to_thread(_read_assertion, enroll.assertion_file)
         raw = json.dumps(body, separators=(",", ":")).encode()
         signed = key.sign("POST", endpoint, headers, raw, int(self.clock()))  # hwk: the key itself
-        sent = http.post(endpoint, content=raw, timeout=timeout,
-                         headers=[*headers, *signed.headers().items()])
-        answer = await self._json(sent, "agent token request")
+        answer = await self._json(http, "POST", endpoint, "agent token request", content=raw,
+                                  headers=[*headers, *signed.headers().items()])
         token = answer.get("agent_token")
         if not isinstance(token, str):
             raise AgentTokenError("aauth: the provider's answer holds no agent_token")
@@ -416,16 +417,23 @@ class AAuthSigner:
             self._http = egress_client(EgressPolicy(dev_loopback=is_dev_loopback_url(issuer)))
         return self._http
 
-    async def _json(self, pending: Any, what: str) -> dict[str, Any]:
+    async def _json(self, http: httpx.AsyncClient, method: str, url: str, what: str, *,
+                    content: bytes | None = None,
+                    headers: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+        sent = [*(headers or []), ("accept-encoding", "identity")]
         try:
-            response = await pending
+            async with http.stream(method, url, content=content, headers=sent,
+                                   timeout=self.config.sidecar.token_timeout) as response:
+                if response.status_code != 200:
+                    raise AgentTokenError(f"aauth: the {what} was answered HTTP {response.status_code}",
+                                          status=response.status_code)
+                raw = await read_answer(response, MAX_PROVIDER_ANSWER)  # compressed: refused, never decoded
         except httpx.HTTPError as exc:
             raise AgentTokenError(f"aauth: the {what} failed ({type(exc).__name__})") from None
-        if response.status_code != 200 or len(response.content) > MAX_PROVIDER_ANSWER:
-            raise AgentTokenError(f"aauth: the {what} was answered HTTP {response.status_code}",
-                                  status=response.status_code)
+        except UnreadableAnswer as exc:
+            raise AgentTokenError(f"aauth: the {what} was refused: {exc}") from None
         try:
-            data = response.json()
+            data = json.loads(raw)
         except ValueError:
             data = None
         if not isinstance(data, dict):
