@@ -127,7 +127,7 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "allow_untrusted_without_allowlist": ("false", "serve an untrusted server without a tool_allowlist"),
         "timeout": (f"[gateway] timeout, else {DEFAULT_TIMEOUT:g}",
                     "seconds the gateway waits for the server's answer, and between two events of an "
-                    "SSE answer (1s to 1h); past it: upstream_timeout"),
+                    "SSE answer (1s to 1h); past it: upstream_timeout, and the request is cancelled"),
         "roots": ("none (relayed to the client; [] for a sandboxed server)",
                   f"file:///absolute/path URIs (at most {MAX_ROOTS}) the gateway answers roots/list with, "
                   "never relaying it to the client"),
