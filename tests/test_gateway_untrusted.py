@@ -135,6 +135,14 @@ def audit(workdir: Path, event: str) -> list[dict[str, Any]]:
             if (e := json.loads(line))["event"] == event]
 
 
+async def screened(sidecar: SidecarProcess, name: str, kind: str) -> float:
+    """The sidecar's `mcpcreds_gateway_screened_total` for a server and kind (0 before the first)."""
+    async with raw_client(sidecar) as http:
+        text = (await http.get("/metrics")).text
+    head = f'mcpcreds_gateway_screened_total{{server="{name}",kind="{kind}"}} '
+    return next((float(line[len(head):]) for line in text.splitlines() if line.startswith(head)), 0.0)
+
+
 # ------------------------------------------------------------------------------------- elicitation
 
 
@@ -392,13 +400,16 @@ async def test_the_sessions_get_stream_outlives_the_timeout(sidecar: SidecarProc
 @pytest.mark.parametrize(("name", "passes"), [("trusted", False), ("media", True), ("sandboxed-media", False)])
 async def test_media_passes_only_where_media_passthrough_allows_it(sidecar: SidecarProcess, name: str,
                                                                    passes: bool) -> None:
+    counted = await screened(sidecar, name, "media")
     async with session(sidecar, name, Seen()) as client:
         result = await client.call_tool("image", {})
     kinds = [block.type for block in result.content]
     if passes:
         assert kinds == ["image", "audio", "text"]
+        assert await screened(sidecar, name, "media") == counted
     else:  # said in words, the data never passes
         assert kinds == ["text", "text", "text"]
+        assert await screened(sidecar, name, "media") == counted + 1
         texts = [block.text for block in result.content]  # type: ignore[union-attr]
         assert texts[0].startswith("[image/png withheld by the gateway") and "audio" in texts[1]
         assert PNG_B64 not in json.dumps(result.model_dump(mode="json"))
@@ -409,6 +420,7 @@ async def test_media_passes_only_where_media_passthrough_allows_it(sidecar: Side
 
 async def test_descriptions_of_a_server_not_trusted_are_sanitized_and_audited(sidecar: SidecarProcess,
                                                                              workdir: Path) -> None:
+    counted = {name: await screened(sidecar, name, "sanitized") for name in ("untrusted", "trusted")}
     async with session(sidecar, "untrusted", Seen()) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
     assert tools["helper"].description == "[sanitized]"
@@ -419,10 +431,13 @@ async def test_descriptions_of_a_server_not_trusted_are_sanitized_and_audited(si
     async with session(sidecar, "trusted", Seen()) as client:  # a trusted server's, verbatim
         trusted = {tool.name: tool for tool in (await client.list_tools()).tools}
     assert trusted["helper"].description == INJECTED_DESCRIPTION
+    assert await screened(sidecar, "untrusted", "sanitized") == counted["untrusted"] + 1  # one listing
+    assert await screened(sidecar, "trusted", "sanitized") == counted["trusted"]
 
 
 async def test_an_injection_in_a_result_is_reported_and_with_block_withheld(sidecar: SidecarProcess,
                                                                           workdir: Path) -> None:
+    counted = {name: await screened(sidecar, name, "injection") for name in ("untrusted", "blocking")}
     async with session(sidecar, "untrusted", Seen()) as client:
         assert await text_of(client, "exfiltrate") == INJECTED_RESULT  # on_injection = "log": reported only
     found = [e for e in audit(workdir, "screened") if e["server"] == "untrusted" and e["kind"] == "injection"]
@@ -432,6 +447,8 @@ async def test_an_injection_in_a_result_is_reported_and_with_block_withheld(side
             await client.call_tool("exfiltrate", {})
         assert blocked.value.error.data["code"] == "injection"
         assert "evil.example" not in json.dumps(blocked.value.error.model_dump(mode="json"))
+    assert await screened(sidecar, "untrusted", "injection") == counted["untrusted"] + 1
+    assert await screened(sidecar, "blocking", "injection") == counted["blocking"] + 1
 
 
 # ------------------------------------------------------------------------------------- egress
