@@ -545,6 +545,7 @@ class Gateway:
         names = pins.called_tools(out)
         if not names:
             return refused
+        await self._pins_written(target.name)  # a listing that just found a change: its call refused
         return pins.call_refusals(out, target.name, await self.broker.pins.lookup(target.name, names))
 
     async def _pinning(self, target: Target, pending: dict[jsonrpc.IdKey, str]
@@ -554,9 +555,7 @@ class Gateway:
         if jsonrpc.TOOLS_LIST not in pending.values():
             return None
         store = self.broker.pins
-        writing = self._writes.get(target.name)
-        if writing:  # a listing just passed: its pins are read as written, never as they were before
-            await asyncio.wait(list(writing))
+        await self._pins_written(target.name)
         view = await store.view(target.name)
         enforce = target.content.effective_pin_tools(target.trust.trust)
 
@@ -572,6 +571,12 @@ class Gateway:
                 task.add_done_callback(lambda done: self._written(target.name, done))
             return decision.tools
         return judge
+
+    async def _pins_written(self, server: str) -> None:
+        """A listing just passed: its pins are read as written, never as they were before."""
+        writing = self._writes.get(server)
+        if writing:
+            await asyncio.wait(list(writing))
 
     def _written(self, server: str, task: asyncio.Task[None]) -> None:
         writing = self._writes.get(server, set())
