@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from mcp.client import Client
 from mcp.client.session import ClientSession
@@ -84,6 +85,7 @@ listen = "127.0.0.1:0"
 {server("sandboxed", peer.url, f'trust = "sandboxed"{chr(10)}tool_allowlist = {EVERY_TOOL}')}
 {server("rooted", peer.url, 'trust = "trusted"' + chr(10) + 'roots = ["file:///srv/project", "file:///srv/data"]')}
 {server("quick", peer.url, 'trust = "trusted"' + chr(10) + 'timeout = "1s"')}
+{server("quick-json", peer.base + "/mcp-json", 'trust = "trusted"' + chr(10) + 'timeout = "1s"')}
 {server("media", peer.url, 'trust = "trusted"' + chr(10) + 'media_passthrough = true')}
 {server("sandboxed-media", peer.url, f'trust = "sandboxed"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}'
         'media_passthrough = true')}
@@ -131,6 +133,14 @@ async def text_of(client: ClientSession, tool: str, **arguments: Any) -> str:
 def audit(workdir: Path, event: str) -> list[dict[str, Any]]:
     return [e for line in (workdir / "audit.jsonl").read_text().splitlines()
             if (e := json.loads(line))["event"] == event]
+
+
+async def screened(sidecar: SidecarProcess, name: str, kind: str) -> float:
+    """The sidecar's `mcpcreds_gateway_screened_total` for a server and kind (0 before the first)."""
+    async with raw_client(sidecar) as http:
+        text = (await http.get("/metrics")).text
+    head = f'mcpcreds_gateway_screened_total{{server="{name}",kind="{kind}"}} '
+    return next((float(line[len(head):]) for line in text.splitlines() if line.startswith(head)), 0.0)
 
 
 # ------------------------------------------------------------------------------------- elicitation
@@ -258,17 +268,130 @@ async def test_a_reload_that_changes_the_roots_tells_each_session_and_serves_the
 # ------------------------------------------------------------------------------------- timeout
 
 
+def sent(peer: UntrustedPeer) -> tuple[int, int, int]:
+    """What reached the server so far: `sleep` calls, those cancelled, `notifications/cancelled`."""
+    stats = peer.stats()
+    return (stats["calls"].get("sleep", 0), stats["calls"].get("sleep_cancelled", 0),
+            stats["methods"].get("notifications/cancelled", 0))
+
+
+async def cancelled_at_server(peer: UntrustedPeer, before: tuple[int, int, int]) -> tuple[int, int, int]:
+    """What reached the server since `before`, once a `sleep` call was cancelled there (the server
+    cancels it in a task of its own) or 5 s went by (a call that sleeps 60 s: the bound a bug would
+    cross). Asked while the session is open: its end would cancel the call too."""
+    for _ in range(100):
+        now = await asyncio.to_thread(sent, peer)
+        if now[1] > before[1]:
+            break
+        await asyncio.sleep(0.05)
+    return now[0] - before[0], now[1] - before[1], now[2] - before[2]
+
+
+async def raw_session(http: httpx.AsyncClient, name: str) -> dict[str, str]:
+    """A 2025-06-18 session opened with plain HTTP: the headers of its requests."""
+    init = await http.post(f"/mcp/{name}", json=INIT, headers=RPC_HEADERS)
+    assert init.status_code == 200, init.text
+    headers = {**RPC_HEADERS, "Mcp-Session-Id": init.headers["mcp-session-id"],
+               "MCP-Protocol-Version": "2025-06-18"}  # INIT's
+    initialized = await http.post(f"/mcp/{name}", json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                                  headers=headers)
+    assert initialized.status_code == 202
+    return headers
+
+
+TIMED_OUT = "the gateway gave up waiting for the MCP server: no event from the MCP server within 1 s (its timeout)"
+NO_HEAD = "the MCP server did not answer within 1 s"
+
+
 async def test_a_server_that_does_not_answer_in_its_timeout_gives_upstream_timeout(
         peer: UntrustedPeer, sidecar: SidecarProcess, workdir: Path) -> None:
-    seen = Seen()
-    async with session(sidecar, "quick", seen) as client:
+    """An SSE answer with no event within `timeout`: its head went out already (HTTP 200), the
+    error is its last event; in the 2025 revisions a disconnect is no cancellation, so the server
+    is told `notifications/cancelled` in the session."""
+    audited = len([e for e in audit(workdir, "tool_call") if e["server"] == "quick"])
+    before = await asyncio.to_thread(sent, peer)
+    async with session(sidecar, "quick", Seen()) as client:
         with pytest.raises(MCPError) as timed_out:
-            await client.call_tool("sleep", {"seconds": 30})
-        assert "upstream_timeout" in json.dumps(timed_out.value.error.data) or \
-            "gave up waiting" in timed_out.value.error.message
+            await asyncio.wait_for(client.call_tool("sleep", {"seconds": 60}), 30)
+        at_server = await cancelled_at_server(peer, before)
         assert await text_of(client, "sleep", seconds=0) == "slept"  # the session still serves
-    audited = [e for e in audit(workdir, "tool_call") if e["server"] == "quick"]
-    assert [e["status"] for e in audited] == ["upstream_timeout", "ok"]
+    error = timed_out.value.error
+    assert (error.code, error.message, error.data) == (-32000, TIMED_OUT, {"code": "upstream_timeout"})
+    assert at_server == (1, 1, 1)  # called, told, cancelled
+    lines = [e for e in audit(workdir, "tool_call") if e["server"] == "quick"][audited:]
+    assert [e["status"] for e in lines] == ["upstream_timeout", "ok"]
+
+
+async def test_an_answer_that_does_not_begin_in_its_timeout_is_a_504_and_cancelled(
+        peer: UntrustedPeer, sidecar: SidecarProcess) -> None:
+    """A server that answers in JSON sends nothing before its result: past `timeout` the client
+    gets HTTP 504 and the JSON-RPC error, and the server `notifications/cancelled`."""
+    before = await asyncio.to_thread(sent, peer)
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "sleep", "arguments": {"seconds": 60}}}
+    async with raw_client(sidecar) as http:
+        headers = await raw_session(http, "quick-json")
+        answer = await http.post("/mcp/quick-json", json=call, headers=headers)
+        at_server = await cancelled_at_server(peer, before)
+        await http.delete("/mcp/quick-json", headers=headers)
+    assert answer.status_code == 504
+    assert answer.json() == {"jsonrpc": "2.0", "id": 7, "error": {
+        "code": -32000, "message": NO_HEAD, "data": {"code": "upstream_timeout"}}}
+    assert at_server == (1, 1, 1)
+
+
+async def test_in_the_2026_era_a_timed_out_request_is_cancelled_by_closing_its_stream(
+        peer: UntrustedPeer, sidecar: SidecarProcess) -> None:
+    """2026-07-28 has no notification of the client's over HTTP: closing the request's stream is
+    its cancellation, and the gateway closes it; nothing else is sent."""
+    before = await asyncio.to_thread(sent, peer)
+    discovered = (await asyncio.to_thread(peer.stats))["methods"].get("server/discover", 0)
+    async with era_client(sidecar, "quick", Seen(), "auto") as client:
+        with pytest.raises(MCPError) as timed_out:
+            await asyncio.wait_for(client.call_tool("sleep", {"seconds": 60}), 30)
+        at_server = await cancelled_at_server(peer, before)
+        assert (await client.call_tool("sleep", {"seconds": 0})).content[0].text == "slept"  # type: ignore[union-attr]
+        told = (await asyncio.to_thread(sent, peer))[2] - before[2]
+    assert (await asyncio.to_thread(peer.stats))["methods"]["server/discover"] > discovered  # the 2026 era
+    error = timed_out.value.error  # this server sends its answer's head with the first event: a 504
+    assert (error.code, error.message, error.data) == (-32000, NO_HEAD, {"code": "upstream_timeout"})
+    assert at_server[:2] == (1, 1) and told == 0  # cancelled, and no notification sent
+
+
+async def test_progress_notifications_keep_a_long_call_within_its_timeout(sidecar: SidecarProcess) -> None:
+    """`timeout` bounds the gap between events, not the call: a tool that reports progress every
+    0.25 s for 2 s answers through a 1 s timeout."""
+    seen: list[float] = []
+
+    async def progressed(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(progress)
+
+    async with session(sidecar, "quick", Seen()) as client:
+        result = await client.call_tool("progress", {"steps": 8, "every": 0.25}, progress_callback=progressed)
+    assert not result.is_error and result.content[0].text == "done"  # type: ignore[union-attr]
+    assert seen == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+async def test_the_sessions_get_stream_outlives_the_timeout(sidecar: SidecarProcess) -> None:
+    """The server's GET stream (2025) may stay quiet for long: it is never cut by `timeout`. It
+    stays open through a 2 s call (which progress keeps alive) and then carries what the server
+    sends."""
+    progress = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "progress", "arguments": {"steps": 8, "every": 0.25}, "_meta": {"progressToken": "p"}}}
+    announce = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "announce", "arguments": {}}}
+    async with raw_client(sidecar) as http:
+        headers = await raw_session(http, "quick")
+        async with http.stream("GET", "/mcp/quick", headers={**headers, "Accept": "text/event-stream"}) as listening:
+            assert listening.status_code == 200
+            done = await http.post("/mcp/quick", json=progress, headers=headers)
+            assert '"text":"done"' in done.text
+            assert '"text":"announced"' in (await http.post("/mcp/quick", json=announce, headers=headers)).text
+            async with asyncio.timeout(10):
+                async for line in listening.aiter_lines():
+                    if "notifications/tools/list_changed" in line:
+                        break
+                else:
+                    pytest.fail("the GET stream was cut")
+        await http.delete("/mcp/quick", headers=headers)
 
 
 # ------------------------------------------------------------------------------------- media
@@ -277,13 +400,16 @@ async def test_a_server_that_does_not_answer_in_its_timeout_gives_upstream_timeo
 @pytest.mark.parametrize(("name", "passes"), [("trusted", False), ("media", True), ("sandboxed-media", False)])
 async def test_media_passes_only_where_media_passthrough_allows_it(sidecar: SidecarProcess, name: str,
                                                                    passes: bool) -> None:
+    counted = await screened(sidecar, name, "media")
     async with session(sidecar, name, Seen()) as client:
         result = await client.call_tool("image", {})
     kinds = [block.type for block in result.content]
     if passes:
         assert kinds == ["image", "audio", "text"]
+        assert await screened(sidecar, name, "media") == counted
     else:  # said in words, the data never passes
         assert kinds == ["text", "text", "text"]
+        assert await screened(sidecar, name, "media") == counted + 1
         texts = [block.text for block in result.content]  # type: ignore[union-attr]
         assert texts[0].startswith("[image/png withheld by the gateway") and "audio" in texts[1]
         assert PNG_B64 not in json.dumps(result.model_dump(mode="json"))
@@ -294,6 +420,7 @@ async def test_media_passes_only_where_media_passthrough_allows_it(sidecar: Side
 
 async def test_descriptions_of_a_server_not_trusted_are_sanitized_and_audited(sidecar: SidecarProcess,
                                                                              workdir: Path) -> None:
+    counted = {name: await screened(sidecar, name, "sanitized") for name in ("untrusted", "trusted")}
     async with session(sidecar, "untrusted", Seen()) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
     assert tools["helper"].description == "[sanitized]"
@@ -304,10 +431,13 @@ async def test_descriptions_of_a_server_not_trusted_are_sanitized_and_audited(si
     async with session(sidecar, "trusted", Seen()) as client:  # a trusted server's, verbatim
         trusted = {tool.name: tool for tool in (await client.list_tools()).tools}
     assert trusted["helper"].description == INJECTED_DESCRIPTION
+    assert await screened(sidecar, "untrusted", "sanitized") == counted["untrusted"] + 1  # one listing
+    assert await screened(sidecar, "trusted", "sanitized") == counted["trusted"]
 
 
 async def test_an_injection_in_a_result_is_reported_and_with_block_withheld(sidecar: SidecarProcess,
                                                                           workdir: Path) -> None:
+    counted = {name: await screened(sidecar, name, "injection") for name in ("untrusted", "blocking")}
     async with session(sidecar, "untrusted", Seen()) as client:
         assert await text_of(client, "exfiltrate") == INJECTED_RESULT  # on_injection = "log": reported only
     found = [e for e in audit(workdir, "screened") if e["server"] == "untrusted" and e["kind"] == "injection"]
@@ -317,6 +447,8 @@ async def test_an_injection_in_a_result_is_reported_and_with_block_withheld(side
             await client.call_tool("exfiltrate", {})
         assert blocked.value.error.data["code"] == "injection"
         assert "evil.example" not in json.dumps(blocked.value.error.model_dump(mode="json"))
+    assert await screened(sidecar, "untrusted", "injection") == counted["untrusted"] + 1
+    assert await screened(sidecar, "blocking", "injection") == counted["blocking"] + 1
 
 
 # ------------------------------------------------------------------------------------- egress

@@ -149,6 +149,16 @@ def test_the_defaults_shown_are_the_ones_the_parser_applies() -> None:
             assert default == _toml(value), ("[gateway]", key, default, value)
 
 
+def test_a_default_taken_from_gateway_names_a_key_gateway_takes() -> None:
+    shown = page()
+    for heading in ("[exec.NAME]", "[[servers]] and [services.NAME]"):
+        for key, (default, _) in shown[heading].items():
+            if "[gateway]" in default:
+                assert key in shown["[gateway]"], (heading, key, default)
+    empty = cfg.parse_config(tomllib.loads('[exec.a]\ntrust = "trusted"\n'))
+    assert empty.execs["a"].content.roots is None  # no roots unless the entry sets them
+
+
 def test_the_command_prints_the_page() -> None:
     result = run_cli("help", "config")
     assert result.code == 0, result.stderr

@@ -3,11 +3,16 @@ untrusted server does, for the untrusted-pipeline tests (tests/test_gateway_untr
 
 Tools: ``ask()`` elicits a name (form mode), ``ask_url()`` asks the user to open a URL (URL mode),
 ``roots()`` lists the client's roots, ``image()`` returns a PNG and an audio clip, ``sleep(seconds)``
-answers after a while, ``add(a, b)`` has a zero-width character in its description,
+answers after a while (a call cancelled is counted as ``sleep_cancelled``), ``progress(steps, every)``
+sends a progress notification every ``every`` seconds and answers after the last,
+``announce()`` sends ``notifications/tools/list_changed`` on the session's GET stream,
+``add(a, b)`` has a zero-width character in its description,
 ``helper()`` has an injection in its description, ``exfiltrate()`` returns an injection in its
 result, ``shifty()`` changes its description once ``POST /_test/shift`` is sent (a rug pull).
 
-Each tool returns what reached the server (the elicitation's action, the roots), and
+The same tools are served at ``/mcp`` (SSE answers) and at ``/mcp-json`` (JSON answers: the head
+of the answer comes with the result). Each tool returns what reached the server (the elicitation's
+action, the roots), and
 ``GET /_test/stats`` counts it too: ``{"elicitations": [actions], "roots": [[uris]], "calls": {...}}``.
 
 Run it as ``python -m tests.peers.mcp_untrusted_peer``: it prints ``READY <base url>``; from a
@@ -132,10 +137,30 @@ def build_server(state: PeerState) -> MCPServer[Any]:
 
     @server.tool()
     async def sleep(seconds: float) -> str:
-        """Answer after a while."""
+        """Answer after a while (a cancelled call is counted)."""
         state.calls["sleep"] += 1
-        await asyncio.sleep(seconds)
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            state.calls["sleep_cancelled"] += 1
+            raise
         return "slept"
+
+    @server.tool()
+    async def progress(steps: int, every: float, ctx: Context) -> str:
+        """Report progress every while, then answer."""
+        state.calls["progress"] += 1
+        for step in range(steps):
+            await asyncio.sleep(every)
+            await ctx.report_progress(step + 1, steps)
+        return "done"
+
+    @server.tool()
+    async def announce(ctx: Context) -> str:
+        """Tell the session (on its GET stream) that the tools changed."""
+        state.calls["announce"] += 1
+        await ctx.session.send_tool_list_changed()
+        return "announced"
 
     @server.tool(description="Adds two\u200b integers\u202e.")
     def add(a: int, b: int) -> int:
@@ -177,8 +202,15 @@ def build_server(state: PeerState) -> MCPServer[Any]:
 def build_app(state: PeerState) -> ASGIApp:
     server = build_server(state)
     mcp_app = server.streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
+    json_server = build_server(state)
+    json_app = json_server.streamable_http_app(streamable_http_path="/mcp-json", host="127.0.0.1",
+                                               json_response=True)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":  # the JSON server's sessions live as long as the app
+            async with json_server.session_manager.run():
+                await mcp_app(scope, receive, send)
+            return
         if scope["type"] == "http" and scope.get("path") == "/_test/stats":
             await send_json(send, 200, state.snapshot())
             return
@@ -196,7 +228,7 @@ def build_app(state: PeerState) -> ASGIApp:
                 for item in message if isinstance(message, list) else [message]:
                     if isinstance(item, dict) and isinstance(item.get("method"), str):
                         state.methods[item["method"]] += 1
-        await mcp_app(scope, receive, send)
+        await (json_app if scope.get("path") == "/mcp-json" else mcp_app)(scope, receive, send)
 
     return app
 

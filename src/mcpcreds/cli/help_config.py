@@ -127,7 +127,7 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "allow_untrusted_without_allowlist": ("false", "serve an untrusted server without a tool_allowlist"),
         "timeout": (f"[gateway] timeout, else {DEFAULT_TIMEOUT:g}",
                     "seconds the gateway waits for the server's answer, and between two events of an "
-                    "SSE answer (1s to 1h); past it: upstream_timeout"),
+                    "SSE answer (1s to 1h); past it: upstream_timeout, and the request is cancelled"),
         "roots": ("none (relayed to the client; [] for a sandboxed server)",
                   f"file:///absolute/path URIs (at most {MAX_ROOTS}) the gateway answers roots/list with, "
                   "never relaying it to the client"),
@@ -255,8 +255,8 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "allow_untrusted_without_allowlist": ("false", "untrusted without tool_allowlist: every tool"),
         "timeout": (f"[gateway]'s, else {DEFAULT_TIMEOUT:g} s",
                     "the wait for the child's answer to a request (then an error, and it is cancelled)"),
-        "roots": ("[gateway]'s, else none (sandboxed: [])",
-                  "file:// URIs the relay answers the child's roots/list with"),
+        "roots": ("none (relayed to the client; [] for a sandboxed entry)",
+                  "file:// URIs the relay answers the child's roots/list with ([gateway] takes no roots)"),
         "elicitation_enabled": ("[gateway]'s, else true (never for sandboxed)",
                                 "the child's elicitations reach the client (else declined)"),
         "elicitation_timeout_secs": (f"[gateway]'s, else {DEFAULT_ELICITATION_TIMEOUT}",

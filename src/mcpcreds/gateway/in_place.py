@@ -2,13 +2,14 @@
 pipeline's requests half): an elicitation the server may not make is declined, one relayed is given
 `elicitation_timeout_secs` to be answered (then cancelled, and the client's late answer dropped),
 a URL-mode one of a server that is not trusted names the server; `roots/list` is answered with the
-configured roots. The same policy judges what a 2026-07-28 task asks for (`task_input`). Also the
-audit lines and metrics of what the screening did to results."""
+configured roots. The same policy judges what a 2026-07-28 task asks for (`task_input`). A request
+the gateway stopped waiting for (past the server's `timeout`) is cancelled at the server (`cancel`).
+Also the audit lines and metrics of what the screening did to results."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final
 
 from ..broker.broker import Actor
@@ -28,6 +29,8 @@ _log = get_logger("gateway")
 
 # the client's headers an answer the gateway sends the server in its place carries
 _SESSION_HEADERS: Final = (b"mcp-session-id", b"mcp-protocol-version")
+CANCELLED: Final = "notifications/cancelled"
+MAX_CANCELS: Final = 64  # notices sent for one request given up (a batch's requests)
 
 SendInPlace = Callable[[Request, Target, bytes, mirror.Mirrors], Awaitable[None]]
 
@@ -46,6 +49,18 @@ def actor_of(request: Request) -> Actor:
 
 def _holder(request: Request, target: Target) -> Holder:
     return target.name, request.peer_uid, request.grant.id if request.grant is not None else None
+
+
+def _modern(request: Request) -> bool:
+    """Whether a POST speaks 2026-07-28: its version header or a request's `_meta` says so."""
+    said = one_header(request, mirror.VERSION_HEADER)
+    if said is not None and mirror.decode_header_value(said) in mirror.MODERN_VERSIONS:
+        return True
+    try:
+        out = jsonrpc.parse_body(request.body)
+    except jsonrpc.JsonRpcError:
+        return False
+    return any(mirror.body_version(m.raw) in mirror.MODERN_VERSIONS for m in out.requests)
 
 
 def _call_later(delay: float, fire: Callable[[], None]) -> asyncio.TimerHandle:
@@ -186,6 +201,26 @@ class InPlace:
         body = jsonrpc.dumps({"jsonrpc": "2.0", "id": message.get("id"), "result": result})
         self._spawn(self._sent(self.as_client(request, body), target, body, mirror.Mirrors()))
 
+    def cancel(self, request: Request, target: Target, pending: Mapping[jsonrpc.IdKey, str]) -> None:
+        """The requests of a POST the gateway stopped waiting for (past the server's `timeout`),
+        cancelled at the server. In the 2025 revisions a disconnect is no cancellation: each gets a
+        `notifications/cancelled` in the client's session, sent in the background like an answer in
+        its place (no permit: a notification is no request; best effort, each send bounded by the
+        timeout). In 2026-07-28 closing the request's stream is its cancellation (the era has no
+        notification of the client's over HTTP), and the gateway closed it."""
+        if request.method != "POST" or _modern(request):
+            return
+        # `initialize` is never cancelled (the spec says so)
+        ids = [value for (_, value), method in pending.items() if method != "initialize"][:MAX_CANCELS]
+        if ids:
+            self._spawn(self._cancels(request, target, ids))
+
+    async def _cancels(self, request: Request, target: Target, ids: list[Any]) -> None:
+        for id_ in ids:
+            params = {"requestId": id_, "reason": "mcpcreds gateway: no answer within the server's timeout"}
+            body = jsonrpc.dumps({"jsonrpc": "2.0", "method": CANCELLED, "params": params})
+            await self._sent(self.as_client(request, body), target, body, mirror.Mirrors())
+
     def _spawn(self, sending: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(sending)
         self._tasks.add(task)
@@ -195,8 +230,8 @@ class InPlace:
         try:
             await self._send(request, target, body, mirrors)
         except McpcredsError as exc:
-            _log.warning("gateway: an answer in the client's place failed", extra={"server": target.name,
-                                                                                  "error": exc.code})
+            _log.warning("gateway: a message in the client's place failed", extra={"server": target.name,
+                                                                                   "error": exc.code})
 
     def screened(self, request: Request, target: Target, kind: str, what: list[Any]) -> None:
         """An audit line and a metric for what the screening did to a result (never its text)."""

@@ -24,7 +24,7 @@ enforced on the traffic itself.
   Credential values the gateway sent are masked in whatever comes back. A client that goes away
   cancels the upstream request; an upstream that drops mid-stream ends the client's stream cleanly
   after the last whole event (the MCP client then resumes with `Last-Event-ID` or fails that
-  request).
+  request). A request past the server's `timeout` is cancelled there too (`InPlace.cancel`).
 - One audit line per `tools/call` (server, tool, caller, status, duration; never arguments or
   results) and Prometheus counters and histograms per server and tool. While traces are on
   (`[telemetry]`), each POST is a span with its parts as children, its trace in the audit line,
@@ -268,6 +268,8 @@ class Gateway:
             response, sent = await self._exchange(request, target, cost, out.body, mirrors)
         except BaseException as exc:
             calls.finish_all("cancelled" if isinstance(exc, asyncio.CancelledError) else _failure(exc))
+            if isinstance(exc, UpstreamTimeout):  # no head in time: the request may be running there
+                self.in_place.cancel(request, target, out.methods())
             raise
         return await self._answer(request, target, response, sent, calls, out.methods(), started,
                                   out.body)
@@ -489,7 +491,8 @@ class Gateway:
                 # may stay silent for long: its head goes at once, and it is never cut for a quiet while
                 listening = request.method == "GET" or LISTEN in pending.values()
                 gap = None if listening else answer_timeout(target)
-                stream = SseBody(response, inspector, calls, target, gap, outbox)
+                stream = SseBody(response, inspector, calls, target, gap, outbox,
+                                 lambda given_up: in_place.cancel(request, target, given_up))
                 first = b"" if listening else await stream.first()
                 rest = None if listening else await stream.rest_if_ended()
                 if first and not inspector.pending and _takes_json(request):
@@ -503,6 +506,8 @@ class Gateway:
             body = await read_whole(response, MAX_JSON_ANSWER, answer_timeout(target), target.name)
         except BaseException as exc:
             await response.aclose()
+            if isinstance(exc, UpstreamTimeout):  # the answer not read whole in time
+                self.in_place.cancel(request, target, waiting)
             if calls is not None:
                 calls.finish_all("cancelled" if isinstance(exc, asyncio.CancelledError) else _failure(exc))
             raise
@@ -540,7 +545,7 @@ class Gateway:
         names = pins.called_tools(out)
         if not names:
             return refused
-        await self._pins_written(target.name)  # a change a listing just withheld is refused here too
+        await self._pins_written(target.name)  # a listing that just found a change: its call refused
         return pins.call_refusals(out, target.name, await self.broker.pins.lookup(target.name, names))
 
     async def _pinning(self, target: Target, pending: dict[jsonrpc.IdKey, str]
@@ -568,8 +573,7 @@ class Gateway:
         return judge
 
     async def _pins_written(self, server: str) -> None:
-        """Wait for the pins a listing of `server` is writing: what it decided is read as written,
-        never as it was before (the client may act on that listing at once)."""
+        """A listing just passed: its pins are read as written, never as they were before."""
         writing = self._writes.get(server)
         if writing:
             await asyncio.wait(list(writing))

@@ -57,8 +57,10 @@ class SseBody:
     """An upstream SSE answer, relayed event by event (see `wire.ResponseBody`)."""
 
     def __init__(self, response: RawAnswer, inspector: jsonrpc.Inspector, calls: ToolCalls | None,
-                 target: Target, gap: float | None, outbox: list[bytes] | None = None) -> None:
+                 target: Target, gap: float | None, outbox: list[bytes] | None = None,
+                 given_up: Callable[[dict[jsonrpc.IdKey, str]], None] | None = None) -> None:
         self.response = response
+        self.given_up = given_up  # told the requests still waiting when the gap runs out (to cancel them)
         self.outbox = outbox if outbox is not None else []  # the gateway's own events, sent with the next
         self.gap = gap  # the longest wait for the next event (None: a listening stream, never cut)
         self.inspector = inspector
@@ -128,6 +130,9 @@ class SseBody:
         except TimeoutError:  # the server went quiet for longer than `timeout`: its request is cancelled
             self.end = "upstream_timeout"
             upstream_log.timed_out(self.target.name, self.gap, "no SSE event")
+            await response.aclose()  # at once, not once the client has read the error
+            if self.given_up is not None and inspector.pending:
+                self.given_up(dict(inspector.pending))
             if inspector.pending:
                 yield self._void(f"no event from the MCP server within {self.gap:g} s (its timeout)",
                                  "upstream_timeout")
