@@ -1,6 +1,6 @@
 """The untrusted pipeline's config (issue 29): a server's and catalog entry's `timeout`, `roots`,
-`elicitation_enabled`, `elicitation_timeout_secs`, `media_passthrough`, `on_injection` and
-`pin_tools` as `Target.content`, over `[gateway]`'s defaults; what a sandboxed server gets
+`elicitation_enabled`, `elicitation_timeout_secs`, `sampling_enabled`, `media_passthrough`,
+`on_injection` and `pin_tools` as `Target.content`, over `[gateway]`'s defaults; what a sandboxed server gets
 whatever it says; the bounds each key is held to (errors name the path, never the value); and
 `authorization` on an `[exec.NAME]` entry with `net = "broad_audited"`."""
 
@@ -43,8 +43,8 @@ def test_a_server_that_says_nothing_gets_the_documented_defaults() -> None:
     content = server().content
     assert content == ContentPolicy()
     assert (content.timeout, content.roots, content.elicitation_enabled, content.elicitation_timeout_secs,
-            content.media_passthrough, content.on_injection, content.pin_tools) == (
-        DEFAULT_TIMEOUT, None, True, 120, False, "log", None)
+            content.media_passthrough, content.on_injection, content.pin_tools, content.sampling_enabled) == (
+        DEFAULT_TIMEOUT, None, True, 120, False, "log", None, True)
     assert DEFAULT_TIMEOUT == 300.0
     assert parse("").content_defaults == ContentPolicy()
 
@@ -52,9 +52,10 @@ def test_a_server_that_says_nothing_gets_the_documented_defaults() -> None:
 def test_every_key_is_read_on_a_server() -> None:
     content = server('timeout = "45s"\nroots = ["file:///srv/data", "file://localhost/home/me/p%20q"]\n'
                      'elicitation_enabled = false\nelicitation_timeout_secs = 30\n'
-                     'media_passthrough = true\non_injection = "block"\npin_tools = false\n').content
+                     'media_passthrough = true\non_injection = "block"\npin_tools = false\n'
+                     'sampling_enabled = false\n').content
     assert content == ContentPolicy(45.0, ("file:///srv/data", "file://localhost/home/me/p%20q"), False, 30,
-                                    True, "block", False)
+                                    True, "block", False, sampling_enabled=False)
 
 
 # ---------------------------------------------------------------------------- what trust does
@@ -66,20 +67,24 @@ def test_what_each_trust_level_makes_of_the_defaults(trust: str) -> None:
     content, level = target.content, target.trust.trust
     assert content.effective_roots(level) == (() if trust == "sandboxed" else None)
     assert content.effective_elicitation(level) is (trust != "sandboxed")
+    assert content.effective_sampling(level) is (trust != "sandboxed")
     assert content.effective_media(level) is False
     assert content.effective_pin_tools(level) is (trust != "trusted")
 
 
-def test_a_sandboxed_server_never_elicits_nor_passes_media_whatever_it_says() -> None:
+def test_a_sandboxed_server_never_elicits_samples_nor_passes_media_whatever_it_says() -> None:
     config = parse(SERVER + 'trust = "sandboxed"\ntool_allowlist = ["t"]\nelicitation_enabled = true\n'
-                   'media_passthrough = true\nroots = ["file:///srv/box"]\npin_tools = false\n')
+                   'media_passthrough = true\nroots = ["file:///srv/box"]\npin_tools = false\n'
+                   'sampling_enabled = true\n')
     content = config.servers["a"].content
     assert not content.effective_elicitation("sandboxed") and not content.effective_media("sandboxed")
+    assert not content.effective_sampling("sandboxed")
     assert content.effective_roots("sandboxed") == ("file:///srv/box",)  # its own roots, when it has some
     assert content.effective_pin_tools("sandboxed") is False  # the documented opt-out
     assert sorted(config.warnings) == [
         "servers[0].elicitation_enabled: a sandboxed server never elicits: not used",
-        "servers[0].media_passthrough: a sandboxed server's media is always withheld: not used"]
+        "servers[0].media_passthrough: a sandboxed server's media is always withheld: not used",
+        "servers[0].sampling_enabled: a sandboxed server never samples: not used"]
 
 
 def test_explicit_settings_win_for_trusted_and_untrusted() -> None:
@@ -87,13 +92,15 @@ def test_explicit_settings_win_for_trusted_and_untrusted() -> None:
     assert content.effective_media("trusted") and content.effective_pin_tools("trusted")
     assert content.effective_roots("trusted") == ()  # configured empty: answered, not relayed
     assert not server("elicitation_enabled = false\n").content.effective_elicitation("untrusted")
+    assert not server("sampling_enabled = false\n").content.effective_sampling("untrusted")
+    assert server('trust = "trusted"\nsampling_enabled = true\n').content.effective_sampling("trusted")
 
 
 # ---------------------------------------------------------------------------- inheritance
 
 
 GATEWAY = ('[gateway]\ntimeout = "2m"\nelicitation_enabled = false\nelicitation_timeout_secs = 60\n'
-           'media_passthrough = true\non_injection = "block"\npin_tools = false\n')
+           'media_passthrough = true\non_injection = "block"\npin_tools = false\nsampling_enabled = false\n')
 CATALOG = """
 [services.crm]
 endpoint = "https://crm.example.com/mcp"
@@ -108,13 +115,13 @@ endpoint = "https://plain.example.com/mcp"
 
 def test_gateway_defaults_reach_every_server_that_says_nothing() -> None:
     config = parse(GATEWAY + SERVER)
-    expected = ContentPolicy(120.0, None, False, 60, True, "block", False)
+    expected = ContentPolicy(120.0, None, False, 60, True, "block", False, sampling_enabled=False)
     assert config.content_defaults == expected and config.servers["a"].content == expected
 
 
 def test_a_server_overrides_the_gateway_key_by_key() -> None:
-    content = server('timeout = 5\npin_tools = true\n', before=GATEWAY).content
-    assert content == ContentPolicy(5.0, None, False, 60, True, "block", True)
+    content = server('timeout = 5\npin_tools = true\nsampling_enabled = true\n', before=GATEWAY).content
+    assert content == ContentPolicy(5.0, None, False, 60, True, "block", True, sampling_enabled=True)
 
 
 def test_a_catalog_entry_sits_between_the_gateway_and_its_servers() -> None:
@@ -135,11 +142,12 @@ name = "p"
 service = "plain"
 """)
     from_gateway: dict[str, Any] = {"elicitation_enabled": False, "elicitation_timeout_secs": 60, "media_passthrough": True,
-                    "pin_tools": False}
+                    "pin_tools": False, "sampling_enabled": False}
     service = config.services["service:crm"].content
     assert service == ContentPolicy(10.0, ("file:///srv/crm",), on_injection="log", **from_gateway)
     assert config.servers["crm-ro"].content == service
-    assert config.servers["crm-rw"].content == ContentPolicy(30.0, (), True, 60, True, "log", False)
+    assert config.servers["crm-rw"].content == ContentPolicy(30.0, (), True, 60, True, "log", False,
+                                                             sampling_enabled=False)
     assert config.servers["p"].content == config.content_defaults  # a catalog entry that says nothing
 
 
@@ -162,6 +170,7 @@ BAD: Final = [
     ("elicitation_timeout_secs = 1.5", "elicitation_timeout_secs", "expected a whole number from 1 to 3600"),
     ("elicitation_timeout_secs = true", "elicitation_timeout_secs", "expected a whole number from 1 to 3600"),
     ('elicitation_enabled = "yes"', "elicitation_enabled", "expected true or false"),
+    ("sampling_enabled = 0", "sampling_enabled", "expected true or false"),
     ("media_passthrough = 1", "media_passthrough", "expected true or false"),
     ('pin_tools = "off"', "pin_tools", "expected true or false"),
     ('on_injection = "drop"', "on_injection", 'expected "log" or "block"'),
@@ -213,7 +222,7 @@ def test_no_error_quotes_the_value() -> None:
     values: list[Any] = [f'"{CANARY}"', f'"file:///{CANARY}/../x"', f'"file://{CANARY}/x"', f'["{CANARY}"]',
                          f'["file:///{CANARY}?q"]', f'"{CANARY}s"', f'{{ {CANARY} = 1 }}']
     for key in ("timeout", "roots", "elicitation_enabled", "elicitation_timeout_secs", "media_passthrough",
-                "on_injection", "pin_tools"):
+                "on_injection", "pin_tools", "sampling_enabled"):
         for value in values:
             found = errors(SERVER + f"{key} = {value}\n")
             assert found and not any(CANARY in e for e in found), (key, value, found)
@@ -275,6 +284,9 @@ def test_help_config_lists_every_new_key_with_its_default() -> None:
     for key in ("roots", "elicitation_enabled", "media_passthrough", "on_injection", "pin_tools"):
         assert (server_keys, key) in shown
     assert shown[("[gateway]", "timeout")] == "300" and shown[("[gateway]", "elicitation_enabled")] == "true"
+    assert shown[(server_keys, "sampling_enabled")] == "[gateway] sampling_enabled, else true"
+    assert shown[("[gateway]", "sampling_enabled")] == "true"
+    assert shown[("[exec.NAME]", "sampling_enabled")] == "[gateway]'s, else true (never for sandboxed)"
     assert shown[("[gateway]", "on_injection")] == '"log"'
     assert ("[exec.NAME]", "authorization") in shown
 

@@ -19,14 +19,16 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import ElicitResult, ListRootsResult, Root
+from mcp.types import CreateMessageResult, ElicitResult, ListRootsResult, Root, TextContent
 
+from mcpcreds.gateway.screen import SAMPLING_REFUSED
 from tests.conftest import run_cli
 from tests.peers.mcp_untrusted_peer import PNG
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 ROOT = Path(__file__).resolve().parents[1]
-ALLOWED = '["ask", "ask_url", "roots", "image", "add", "helper", "exfiltrate", "stats", "ask_any", "roots_any"]'
+ALLOWED = ('["ask", "ask_url", "roots", "image", "add", "helper", "exfiltrate", "stats", "ask_any", "roots_any", '
+           '"sample"]')
 CLIENT_ROOT = "file:///home/client/secret-project"
 PNG_B64 = __import__("base64").b64encode(PNG).decode()
 SLOW_TIMEOUT = 10  # seconds: far past the child's start under load, far short of the tool's wait
@@ -55,6 +57,11 @@ trust = "untrusted"
 tool_allowlist = {ALLOWED}
 roots = ["file:///srv/project"]
 media_passthrough = true
+
+[exec.no-sample]
+trust = "untrusted"
+tool_allowlist = {ALLOWED}
+sampling_enabled = false
 
 [exec.plain]
 env = {{ LOG_LEVEL = "info" }}
@@ -92,10 +99,16 @@ class Seen:
     def __init__(self) -> None:
         self.elicitations: list[Any] = []
         self.roots = 0
+        self.samplings = 0
 
     async def elicit(self, context: Any, params: Any) -> ElicitResult:
         self.elicitations.append(params)
         return ElicitResult(action="accept", content={"name": "Ada"})
+
+    async def sample(self, context: Any, params: Any) -> CreateMessageResult:
+        self.samplings += 1
+        return CreateMessageResult(role="assistant", content=TextContent(type="text", text="an old pond"),
+                                   model="client-llm")
 
     async def list_roots(self, context: Any) -> ListRootsResult:
         self.roots += 1
@@ -298,13 +311,42 @@ async def test_both_eras_get_the_same_policy_on_a_stdio_server(sidecar: SidecarP
     from mcp.client import Client
 
     seen = Seen()
-    env = {k: v for k, v in os.environ.items() if k not in ("MCPCREDS_GRANT", "MCPCREDS_SOCKET")}
-    params = StdioServerParameters(
-        command=sys.executable, cwd=str(ROOT), env={**env, "MCPCREDS_CONFIG": str(sidecar.config)},
-        args=["-m", "mcpcreds.cli.main", "exec", "sandboxed", "--", sys.executable, "-m",
-              "tests.peers.mcp_untrusted_stdio"])
-    async with Client(params, mode=mode, elicitation_callback=seen.elicit,
+    async with Client(exec_params(sidecar, "sandboxed"), mode=mode, elicitation_callback=seen.elicit,
                       list_roots_callback=seen.list_roots) as client:
         assert (await client.call_tool("ask_any", {})).content[0].text == "decline"  # type: ignore[union-attr]
         assert json.loads((await client.call_tool("roots_any", {})).content[0].text) == []  # type: ignore[union-attr]
     assert seen.elicitations == [] and seen.roots == 0
+
+
+def exec_params(sidecar: SidecarProcess, name: str) -> StdioServerParameters:
+    env = {k: v for k, v in os.environ.items() if k not in ("MCPCREDS_GRANT", "MCPCREDS_SOCKET")}
+    return StdioServerParameters(
+        command=sys.executable, cwd=str(ROOT), env={**env, "MCPCREDS_CONFIG": str(sidecar.config)},
+        args=["-m", "mcpcreds.cli.main", "exec", name, "--", sys.executable, "-m", "tests.peers.mcp_untrusted_stdio"])
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_sampling_the_entry_may_not_make_never_reaches_the_client(sidecar: SidecarProcess,
+                                                                          workdir: Path, mode: str) -> None:
+    """Undeclared to the child; one that asks anyway gets the relay's error (2025), or the client's
+    call fails (2026-07-28): the client's LLM is never asked. An entry that may sample asks it once."""
+    from mcp.client import Client
+
+    for name, reason in (("sandboxed", "sandboxed"), ("no-sample", "sampling_enabled")):
+        seen = Seen()
+        async with Client(exec_params(sidecar, name), mode=mode, sampling_callback=seen.sample) as client:
+            if mode == "legacy":
+                refused = (await client.call_tool("sample", {})).content[0].text  # type: ignore[union-attr]
+                assert refused == f"refused: {SAMPLING_REFUSED}"
+            else:
+                with pytest.raises(MCPError) as failed:
+                    await client.call_tool("sample", {})
+                assert failed.value.error.data == {"policy": "sampling"}
+            at_server = json.loads((await client.call_tool("stats", {})).content[0].text)  # type: ignore[union-attr]
+        assert seen.samplings == 0 and at_server["sampling_declared"] == [False]
+        lines = audit(workdir, "sampling", name)
+        assert lines and (lines[-1]["action"], lines[-1]["reason"]) == ("refused", reason)
+    seen = Seen()
+    async with Client(exec_params(sidecar, "opted"), mode=mode, sampling_callback=seen.sample) as client:
+        assert (await client.call_tool("sample", {})).content[0].text == "an old pond"  # type: ignore[union-attr]
+    assert seen.samplings == 1

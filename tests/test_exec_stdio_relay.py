@@ -16,8 +16,9 @@ from mcpcreds.exec.stdio_events import MAX_EVENTS, checked_events
 from mcpcreds.exec.stdio_relay import BadPolicy, StdioPolicy, policy_of
 
 
-def relay(trust: str = "untrusted", allow: tuple[str, ...] = ("add",)) -> StdioPolicy:
-    return StdioPolicy("e", TrustPolicy(trust, allow), ContentPolicy(), lambda: 0.0)
+def relay(trust: str = "untrusted", allow: tuple[str, ...] = ("add",),
+          content: ContentPolicy | None = None) -> StdioPolicy:
+    return StdioPolicy("e", TrustPolicy(trust, allow), content or ContentPolicy(), lambda: 0.0)
 
 
 def one(lines: list[bytes]) -> Any:
@@ -97,9 +98,10 @@ def test_events_in_shape_are_written_as_checked() -> None:
 
 
 def test_what_a_task_asks_is_judged_and_a_tasks_update_for_what_was_not_shown_refused() -> None:
-    """2026-07-28's tasks extension: a sandboxed entry's task elicitation is declined to the server
-    in a `tasks/update` of the relay's own (in the client's envelope; its answer dropped), never shown."""
-    r = relay("sandboxed", ("survey",))
+    """2026-07-28's tasks extension: an entry's task elicitation it may not make is declined to the
+    server in a `tasks/update` of the relay's own (in the client's envelope; its answer dropped),
+    never shown."""
+    r = relay("untrusted", ("survey",), ContentPolicy(elicitation_enabled=False))
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}
     get = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"taskId": "t", "_meta": meta}}
@@ -122,3 +124,58 @@ def test_what_a_task_asks_is_judged_and_a_tasks_update_for_what_was_not_shown_re
         assert bool(relayed.to_server) is passes
         if not passes:
             assert one(relayed.to_client)["error"]["code"] == -32602
+
+
+SAMPLE: Any = {"method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 1}}
+META: Any = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+             "io.modelcontextprotocol/clientCapabilities": {"sampling": {}, "roots": {}}}
+
+
+@pytest.mark.parametrize(("trust", "content", "reason"), [
+    ("sandboxed", ContentPolicy(), "sandboxed"),
+    ("untrusted", ContentPolicy(sampling_enabled=False), "sampling_enabled")])
+def test_a_sampling_the_entry_may_not_make_never_reaches_the_client(trust: str, content: ContentPolicy,
+                                                                  reason: str) -> None:
+    """Undeclared to the server, refused with an error when it asks anyway (2025), and in 2026-07-28
+    the client's request whose result asks for it fails, in an input_required result or a task's."""
+    r = relay(trust, ("survey",), content)
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {"sampling": {"tools": {}}, "elicitation": {}},
+        "clientInfo": {"name": "c", "version": "1"}}}
+    caps = json.loads(r.from_client(json.dumps(init).encode()).to_server[0])["params"]["capabilities"]
+    assert "sampling" not in caps and caps["elicitation"] == {}
+    out = r.from_server(json.dumps({"jsonrpc": "2.0", "id": 9, **SAMPLE}).encode())
+    assert out.to_client == [] and one(out.to_server) == {"jsonrpc": "2.0", "id": 9, "error": {
+        "code": -1, "message": "sampling refused by the mcpcreds gateway: this MCP server may not ask the "
+                               "client's LLM (sampling_enabled, or a sandboxed server)"}}
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "survey", "_meta": META}}
+    sent = json.loads(r.from_client(json.dumps(call).encode()).to_server[0])
+    assert "sampling" not in sent["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]
+    asked = {"resultType": "input_required", "requestState": "s", "inputRequests": {"m": SAMPLE}}
+    out = r.from_server(json.dumps({"jsonrpc": "2.0", "id": 1, "result": asked}).encode())
+    failed = one(out.to_client)
+    assert failed["id"] == 1 and failed["error"]["data"] == {"policy": "sampling"} and out.to_server == []
+    assert "maxTokens" not in json.dumps(failed)
+    get = {"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"taskId": "t", "_meta": META}}
+    r.from_client(json.dumps(get).encode())
+    task = {"taskId": "t", "status": "input_required", "inputRequests": {"m": SAMPLE}}
+    out = r.from_server(json.dumps({"jsonrpc": "2.0", "id": 2, "result": task}).encode())
+    assert one(out.to_client)["error"]["data"] == {"policy": "sampling"} and out.to_server == []
+    events = r.take_events()
+    assert [e for e in events if e["event"] == "sampling"] == [
+        {"event": "sampling", "action": "refused", "reason": reason}] * 3
+    assert [e["status"] for e in events if e["event"] == "tool_call"] == ["error:-32000"]
+
+
+def test_a_sampling_the_entry_may_make_reaches_the_client_as_sent() -> None:
+    r = relay("untrusted", ("survey",))
+    out = r.from_server(json.dumps({"jsonrpc": "2.0", "id": 9, **SAMPLE}).encode())
+    assert one(out.to_client) == {"jsonrpc": "2.0", "id": 9, **SAMPLE} and out.to_server == []
+    assert r.take_events() == []
+
+
+def test_sampling_events_are_checked() -> None:
+    assert checked_events({"events": [{"event": "sampling", "action": "refused", "reason": "sandboxed"}]}) == [
+        ("sampling", {"action": "refused", "reason": "sandboxed"})]
+    with pytest.raises(InvalidRequest):
+        checked_events({"events": [{"event": "sampling", "action": "accepted", "reason": "sandboxed"}]})

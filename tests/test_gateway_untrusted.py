@@ -25,9 +25,10 @@ from mcp.client import Client
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import ElicitResult, ListRootsResult, Root
+from mcp.types import CreateMessageResult, ElicitResult, ListRootsResult, Root, TextContent
 
 from mcpcreds import AsyncClient
+from mcpcreds.gateway.screen import SAMPLING_REFUSED
 from tests.conftest import run_cli
 from tests.peers.mcp_untrusted_peer import (
     INJECTED_DESCRIPTION,
@@ -41,7 +42,7 @@ from tests.test_gateway import INIT, RPC_HEADERS, raw_client
 from tests.test_gateway_tcp import listening
 
 EVERY_TOOL = ('["ask", "ask_url", "roots", "image", "sleep", "add", "helper", "exfiltrate", "shifty", '
-              '"ask_any", "roots_any", "get_api_token", "read_note"]')
+              '"ask_any", "roots_any", "get_api_token", "read_note", "sample"]')
 FLAGGED = ('tool_metadata = { read_note = { data_sensitivity = "low", flagged_parameters = '
            '[{ pointer = "/path", pattern = "path_traversal" }] } }')
 CLIENT_ROOT = "file:///home/agent/client-root"
@@ -81,6 +82,8 @@ listen = "127.0.0.1:0"
 {server("trusted", peer.url, 'trust = "trusted"')}
 {server("no-elicit", peer.url, f'trust = "untrusted"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}'
         'elicitation_enabled = false')}
+{server("no-sample", peer.url, f'trust = "untrusted"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}'
+        'sampling_enabled = false')}
 {server("untrusted", peer.url, f'trust = "untrusted"{chr(10)}tool_allowlist = {EVERY_TOOL}{chr(10)}{FLAGGED}')}
 {server("sandboxed", peer.url, f'trust = "sandboxed"{chr(10)}tool_allowlist = {EVERY_TOOL}')}
 {server("rooted", peer.url, 'trust = "trusted"' + chr(10) + 'roots = ["file:///srv/project", "file:///srv/data"]')}
@@ -104,6 +107,12 @@ class Seen:
     def __init__(self) -> None:
         self.elicitations: list[Any] = []
         self.roots = 0
+        self.samplings = 0
+
+    async def sample(self, context: Any, params: Any) -> CreateMessageResult:
+        self.samplings += 1
+        return CreateMessageResult(role="assistant", content=TextContent(type="text", text="an old pond"),
+                                   model="client-llm")
 
     async def elicit(self, context: Any, params: Any) -> ElicitResult:
         self.elicitations.append(params)
@@ -119,7 +128,7 @@ async def session(sidecar: SidecarProcess, name: str, seen: Seen) -> AsyncIterat
     async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client(name) as http, \
             streamable_http_client(creds.mcp_url(name), http_client=http) as (read, write), \
             ClientSession(read, write, elicitation_callback=seen.elicit,
-                          list_roots_callback=seen.list_roots) as client:
+                          list_roots_callback=seen.list_roots, sampling_callback=seen.sample) as client:
         await client.initialize()
         yield client
 
@@ -206,7 +215,8 @@ async def era_client(sidecar: SidecarProcess, name: str, seen: Seen, mode: str) 
     the 2025 handshake (requests of the server's mid-call)."""
     async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client(name) as http, \
             Client(streamable_http_client(creds.mcp_url(name), http_client=http), mode=mode,
-                   elicitation_callback=seen.elicit, list_roots_callback=seen.list_roots) as client:
+                   elicitation_callback=seen.elicit, list_roots_callback=seen.list_roots,
+                   sampling_callback=seen.sample) as client:
         yield client
 
 
@@ -231,6 +241,55 @@ async def test_both_eras_get_the_same_policy(peer: UntrustedPeer, sidecar: Sidec
         # a client without roots: the gateway declares them for it, and answers
         assert json.loads((await bare.call_tool("roots_any", {})).content[0].text) == [  # type: ignore[union-attr]
             "file:///srv/project", "file:///srv/data"]
+
+
+# ------------------------------------------------------------------------------------- sampling
+
+
+async def sampling_refused(sidecar: SidecarProcess, name: str) -> float:
+    async with raw_client(sidecar) as http:
+        text = (await http.get("/metrics")).text
+    head = f'mcpcreds_gateway_sampling_total{{server="{name}",outcome="refused"}} '
+    return next((float(line[len(head):]) for line in text.splitlines() if line.startswith(head)), 0.0)
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+@pytest.mark.parametrize(("name", "reason"), [("sandboxed", "sandboxed"), ("no-sample", "sampling_enabled")])
+async def test_a_sampling_the_server_may_not_make_never_reaches_the_client(
+        peer: UntrustedPeer, sidecar: SidecarProcess, workdir: Path, name: str, reason: str, mode: str) -> None:
+    """The capability is not declared to the server; one that asks anyway is refused in the 2025
+    revisions (the tool gets the gateway's error), and in 2026-07-28 the client's call fails: its
+    LLM is never asked, and nothing of the request reaches it."""
+    seen = Seen()
+    before, counted = peer.stats(), await sampling_refused(sidecar, name)
+    async with era_client(sidecar, name, seen, mode) as client:
+        if mode == "legacy":
+            result = await client.call_tool("sample", {})
+            assert result.content[0].text == f"refused: {SAMPLING_REFUSED}"  # type: ignore[union-attr]
+        else:
+            with pytest.raises(MCPError) as failed:
+                await client.call_tool("sample", {})
+            assert failed.value.error.data == {"policy": "sampling"} and "haiku" not in failed.value.error.message
+    after = peer.stats()
+    assert seen.samplings == 0
+    assert after["sampling_declared"][len(before["sampling_declared"]):] == [False]
+    if mode == "legacy":
+        assert after["samplings"][len(before["samplings"]):] == [f"refused: {SAMPLING_REFUSED}"]
+    assert [(e["action"], e["reason"]) for e in audit(workdir, "sampling") if e["server"] == name][-1] == (
+        "refused", reason)
+    assert await sampling_refused(sidecar, name) == counted + 1
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_an_allowed_sampling_asks_the_client_once(peer: UntrustedPeer, sidecar: SidecarProcess,
+                                                        mode: str) -> None:
+    seen = Seen()
+    before = peer.stats()["sampling_declared"]
+    for name in ("trusted", "untrusted"):
+        async with era_client(sidecar, name, seen, mode) as client:
+            assert (await client.call_tool("sample", {})).content[0].text == "an old pond"  # type: ignore[union-attr]
+    assert seen.samplings == 2
+    assert peer.stats()["sampling_declared"][len(before):] == [True] * (2 if mode == "legacy" else 4)
 
 
 # ------------------------------------------------------------------------------------- roots

@@ -7,13 +7,15 @@ answers after a while (a call cancelled is counted as ``sleep_cancelled``), ``pr
 sends a progress notification every ``every`` seconds and answers after the last,
 ``announce()`` sends ``notifications/tools/list_changed`` on the session's GET stream,
 ``add(a, b)`` has a zero-width character in its description,
-``helper()`` has an injection in its description, ``exfiltrate()`` returns an injection in its
+``helper()`` has an injection in its description, ``sample()`` asks the client's LLM for a haiku
+(a request mid-call, or an input_required result) whether or not the client declared sampling, ``exfiltrate()`` returns an injection in its
 result, ``shifty()`` changes its description once ``POST /_test/shift`` is sent (a rug pull).
 
 The same tools are served at ``/mcp`` (SSE answers) and at ``/mcp-json`` (JSON answers: the head
 of the answer comes with the result). Each tool returns what reached the server (the elicitation's
 action, the roots), and
-``GET /_test/stats`` counts it too: ``{"elicitations": [actions], "roots": [[uris]], "calls": {...}}``.
+``GET /_test/stats`` counts it too: ``{"elicitations": [actions], "roots": [[uris]], "samplings":
+[what came back], "calls": {...}}``.
 
 Run it as ``python -m tests.peers.mcp_untrusted_peer``: it prints ``READY <base url>``; from a
 test: ``with start_untrusted_peer() as peer: peer.url``.
@@ -59,11 +61,14 @@ class PeerState:
     def __init__(self) -> None:
         self.elicitations: list[str] = []
         self.roots: list[list[str]] = []
+        self.samplings: list[str] = []  # the client's text, or "refused: <error message>"
+        self.sampling_declared: list[bool] = []  # whether the client declared sampling, per `sample` call
         self.calls: Counter[str] = Counter()
         self.methods: Counter[str] = Counter()  # JSON-RPC methods received, notifications included
 
     def snapshot(self) -> dict[str, Any]:
-        return {"elicitations": self.elicitations, "roots": self.roots, "calls": dict(self.calls),
+        return {"elicitations": self.elicitations, "roots": self.roots, "samplings": self.samplings,
+                "sampling_declared": self.sampling_declared, "calls": dict(self.calls),
                 "methods": dict(self.methods)}
 
 
@@ -71,12 +76,23 @@ def build_server(state: PeerState) -> MCPServer[Any]:
     from mcp.server.elicitation import ElicitationResult
     from mcp.server.mcpserver import Context, MCPServer
     from mcp.server.mcpserver.resolve import Elicit, ListRoots, Resolve
-    from mcp.types import AudioContent, CallToolResult, ImageContent, ListRootsResult, TextContent
+    from mcp.shared.exceptions import MCPError
+    from mcp.types import (
+        AudioContent,
+        CallToolResult,
+        CreateMessageRequest,
+        CreateMessageRequestParams,
+        ImageContent,
+        InputRequiredResult,
+        ListRootsResult,
+        SamplingMessage,
+        TextContent,
+    )
 
     # the SDK resolves the tools' annotations in this module's globals
     globals().update(Context=Context, CallToolResult=CallToolResult, ElicitationResult=ElicitationResult,
                      Elicit=Elicit, ListRoots=ListRoots, Resolve=Resolve, ListRootsResult=ListRootsResult,
-                     Annotated=Annotated)
+                     Annotated=Annotated, InputRequiredResult=InputRequiredResult)
     server: MCPServer[Any] = MCPServer("mcpcreds-untrusted-peer", log_level="WARNING")
 
     @server.tool()
@@ -117,6 +133,28 @@ def build_server(state: PeerState) -> MCPServer[Any]:
         uris = [str(root.uri) for root in listed.roots]
         state.roots.append(uris)
         return json.dumps(uris)
+
+    haiku = [SamplingMessage(role="user", content=TextContent(type="text", text="Write a haiku."))]
+
+    @server.tool()
+    async def sample(ctx: Context) -> str | InputRequiredResult:
+        """Ask the client's LLM for a haiku (declared or not: a server that asks anyway)."""
+        state.calls["sample"] += 1
+        caps = ctx.client_capabilities
+        state.sampling_declared.append(caps is not None and caps.sampling is not None)
+        if (ctx.protocol_version or "") >= "2026-07-28":  # the era's multi round-trip request
+            given = (ctx.input_responses or {}).get("haiku")
+            if given is None:
+                asked = CreateMessageRequest(params=CreateMessageRequestParams(messages=haiku, max_tokens=40))
+                return InputRequiredResult(input_requests={"haiku": asked}, request_state="asked")
+            said = str(getattr(getattr(given, "content", None), "text", ""))
+        else:
+            try:
+                said = str(getattr((await ctx.session.create_message(haiku, max_tokens=40)).content, "text", ""))
+            except MCPError as exc:
+                said = f"refused: {exc.error.message}"
+        state.samplings.append(said)
+        return said
 
     @server.tool()
     async def roots(ctx: Context) -> str:

@@ -81,6 +81,7 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "elicitation_enabled": (_NO_DEFAULT, "every server's elicitation_enabled unless it sets its own"),
         "elicitation_timeout_secs": (_NO_DEFAULT, "every server's elicitation_timeout_secs unless it "
                                      "sets its own"),
+        "sampling_enabled": (_NO_DEFAULT, "every server's sampling_enabled unless it sets its own"),
         "media_passthrough": (_NO_DEFAULT, "every server's media_passthrough unless it sets its own"),
         "on_injection": (_NO_DEFAULT, "every server's on_injection unless it sets its own"),
         "pin_tools": ("on for untrusted and sandboxed servers, off for trusted",
@@ -137,6 +138,9 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "elicitation_timeout_secs": (
             f"[gateway] elicitation_timeout_secs, else {DEFAULT_ELICITATION_TIMEOUT}",
             "seconds the client has to answer an elicitation (1 to 3600); then the gateway cancels it"),
+        "sampling_enabled": ("[gateway] sampling_enabled, else true",
+                             "the server may ask the client's LLM (sampling/createMessage; never a "
+                             "sandboxed server); false: the gateway refuses it and hides the capability"),
         "media_passthrough": ("[gateway] media_passthrough, else false",
                               "image and audio content reaches the client (never from a sandboxed "
                               "server); false: replaced by a text saying what was withheld"),
@@ -261,6 +265,8 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
                                 "the child's elicitations reach the client (else declined)"),
         "elicitation_timeout_secs": (f"[gateway]'s, else {DEFAULT_ELICITATION_TIMEOUT}",
                                      "the client's time to answer an elicitation (then cancelled)"),
+        "sampling_enabled": ("[gateway]'s, else true (never for sandboxed)",
+                             "the child may ask the client's LLM (else refused)"),
         "media_passthrough": ("[gateway]'s, else false (never for sandboxed)",
                               "image and audio content passes (else withheld)"),
         "on_injection": ("[gateway]'s, else \"log\"", "log or block a result that reads as an injection"),

@@ -1,9 +1,9 @@
 """What the gateway does to what a server sends back (the untrusted pipeline's keys): a server's
 or catalog entry's `timeout`, `roots`, `elicitation_enabled`, `elicitation_timeout_secs`,
-`media_passthrough`, `on_injection`, `pin_tools` and `tool_metadata` (config/tool_meta.py), over
-`[gateway]` defaults (every key but `roots` and `tool_metadata`). Parsed here into one frozen
-ContentPolicy (`Target.content`); what a key means for a given trust level is asked of its
-`effective_*` methods, never read off the raw field."""
+`sampling_enabled`, `media_passthrough`, `on_injection`, `pin_tools` and `tool_metadata`
+(config/tool_meta.py), over `[gateway]` defaults (every key but `roots` and `tool_metadata`).
+Parsed here into one frozen ContentPolicy (`Target.content`); what a key means for a given trust
+level is asked of its `effective_*` methods, never read off the raw field."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ SANDBOXED: Final = "sandboxed"
 # the keys a server or catalog entry takes; [gateway] takes them all but `roots` and
 # `tool_metadata` (its defaults)
 CONTENT_KEYS: Final = ("timeout", "roots", "elicitation_enabled", "elicitation_timeout_secs",
-                       "media_passthrough", "on_injection", "pin_tools", "tool_metadata")
+                       "sampling_enabled", "media_passthrough", "on_injection", "pin_tools", "tool_metadata")
 GATEWAY_CONTENT_KEYS: Final = tuple(k for k in CONTENT_KEYS if k not in ("roots", "tool_metadata"))
 
 
@@ -45,13 +45,14 @@ class ContentPolicy:
     two events. `roots`: the `file://` URIs the gateway answers `roots/list` with (None: relayed to
     the client). `elicitation_enabled` / `elicitation_timeout_secs`: whether the server's
     `elicitation/create` reaches the client, and how long the client has to answer.
+    `sampling_enabled`: whether the server may ask the client's LLM (`sampling/createMessage`).
     `media_passthrough`: image and audio content passes (else withheld). `on_injection`: what an
     injection found in a result does (`log` or `block`). `pin_tools`: tool definitions are pinned
     (None: on unless the server is trusted). `tool_metadata`: tool name -> ToolMeta, as configured
     (a server's entries over its catalog entry's, tool by tool; a tool not in it has its metadata
-    inferred from its name: gateway/tool_meta.py). Sandboxed servers never elicit, never pass
-    media and get empty roots when none are set, whatever these say: ask the `effective_*`
-    methods."""
+    inferred from its name: gateway/tool_meta.py). Sandboxed servers never elicit, never sample,
+    never pass media and get empty roots when none are set, whatever these say: ask the
+    `effective_*` methods."""
 
     timeout: float = DEFAULT_TIMEOUT
     roots: tuple[str, ...] | None = None
@@ -61,6 +62,7 @@ class ContentPolicy:
     on_injection: Literal["log", "block"] = "log"
     pin_tools: bool | None = None
     tool_metadata: Mapping[str, ToolMeta] = field(default_factory=dict)
+    sampling_enabled: bool = True
 
     def effective_roots(self, trust: str) -> tuple[str, ...] | None:
         """The roots the gateway answers `roots/list` with; None: relay it to the client."""
@@ -71,6 +73,10 @@ class ContentPolicy:
     def effective_elicitation(self, trust: str) -> bool:
         """Whether the server's elicitations reach the client (never for a sandboxed server)."""
         return self.elicitation_enabled and trust != SANDBOXED
+
+    def effective_sampling(self, trust: str) -> bool:
+        """Whether the server may ask the client's LLM (never a sandboxed server)."""
+        return self.sampling_enabled and trust != SANDBOXED
 
     def effective_media(self, trust: str) -> bool:
         """Whether image and audio content passes (never for a sandboxed server)."""
@@ -168,6 +174,7 @@ def parse_content(c: Collector, path: str, t: dict[str, Any], base: ContentPolic
         on_injection=on_injection,
         pin_tools=flag("pin_tools", True) if "pin_tools" in found else base.pin_tools,
         tool_metadata=_tool_metadata(c, join(path, "tool_metadata"), found, base.tool_metadata),
+        sampling_enabled=flag("sampling_enabled", base.sampling_enabled),
     )
 
 
@@ -186,6 +193,8 @@ def sandbox_warnings(path: str, t: dict[str, Any], trust: str) -> list[str]:
     out = []
     if t.get("elicitation_enabled") is True:
         out.append(f"{join(path, 'elicitation_enabled')}: a sandboxed server never elicits: not used")
+    if t.get("sampling_enabled") is True:
+        out.append(f"{join(path, 'sampling_enabled')}: a sandboxed server never samples: not used")
     if t.get("media_passthrough") is True:
         out.append(f"{join(path, 'media_passthrough')}: a sandboxed server's media is always withheld: "
                    "not used")

@@ -9,12 +9,11 @@ why (`authorization = { by, reason }`), which the sidecar writes to the audit lo
 The trust keys and the content keys a stdio server's traffic is policed by (`mcpcreds exec`
 relays the child's stdio through the gateway's policy core) are a server's: `trust`,
 `tool_allowlist`, `expected_tools`, `allow_untrusted_without_allowlist`, `timeout`, `roots`,
-`elicitation_enabled`, `elicitation_timeout_secs`, `media_passthrough`, `on_injection` (over
-`[gateway]`'s), `pin_tools` (on unless trusted; the pins are the sidecar's, under `exec:NAME`) and
-`tool_metadata`. Unlike a server,
-an entry without `trust` is `trusted`: entries written before the keys existed run as they did. An
-entry that sets none of these keys is not relayed at all (`policed` is false): its child talks to
-the client directly, as before.
+`elicitation_enabled`, `elicitation_timeout_secs`, `sampling_enabled`, `media_passthrough`,
+`on_injection` (over `[gateway]`'s), `pin_tools` (on unless trusted; the pins are the sidecar's,
+under `exec:NAME`) and `tool_metadata`. Unlike a server, an entry without `trust` is `trusted`:
+entries written before the keys existed run as they did. An entry that sets none of these keys is
+not relayed at all (`policed` is false): its child talks to the client directly, as before.
 """
 
 from __future__ import annotations
@@ -37,7 +36,8 @@ if TYPE_CHECKING:
 
 # the content keys the stdio relay applies (all of them)
 EXEC_CONTENT_KEYS: Final = ("timeout", "roots", "elicitation_enabled", "elicitation_timeout_secs",
-                            "media_passthrough", "on_injection", "pin_tools", "tool_metadata")
+                            "sampling_enabled", "media_passthrough", "on_injection", "pin_tools",
+                            "tool_metadata")
 POLICY_KEYS: Final = (*TRUST_KEYS, *EXEC_CONTENT_KEYS)  # any of them set: the child's stdio is relayed
 EXEC_KEYS: Final = ("env", "env_isolation", "net", "allow_hosts", "deny_hosts", "allow_private", "tags",
                     "authorization", *POLICY_KEYS)
@@ -114,6 +114,7 @@ class ExecEntry:
                 "allow_untrusted_without_allowlist": self.trust.allow_untrusted_without_allowlist,
                 "roots": None if roots is None else list(roots),
                 "elicitation": content.effective_elicitation(trust),
+                "sampling": content.effective_sampling(trust),
                 "media": content.effective_media(trust),
                 "on_injection": content.on_injection,
                 "timeout": content.timeout,

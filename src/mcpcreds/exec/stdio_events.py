@@ -28,8 +28,9 @@ MAX_DURATION_MS: Final = 7 * 24 * 3600 * 1000
 SCREENED: Final = ("sanitized", "injection", "media")
 REASONS: Final = ("sandboxed", "elicitation_enabled")  # declined by the policy
 TIMED_OUT: Final = "elicitation_timeout"  # cancelled: the client did not answer in time
-BAD: Final = ("events must be a list of at most 64 relay events (tool_call, screened, elicitation), "
-              "each of the documented shape")
+SAMPLING_REASONS: Final = ("sandboxed", "sampling_enabled")  # refused by the policy
+BAD: Final = ("events must be a list of at most 64 relay events (tool_call, screened, elicitation, "
+              "sampling), each of the documented shape")
 
 
 def _tool_call(e: dict[str, Any]) -> dict[str, Any] | None:
@@ -57,7 +58,15 @@ def _elicitation(e: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-_SHAPES: Final = {"tool_call": _tool_call, "screened": _screened, "elicitation": _elicitation}
+def _sampling(e: dict[str, Any]) -> dict[str, Any] | None:
+    if (set(e) == {"event", "action", "reason"} and e.get("action") == "refused"
+            and e.get("reason") in SAMPLING_REASONS):
+        return {"action": "refused", "reason": e["reason"]}
+    return None
+
+
+_SHAPES: Final = {"tool_call": _tool_call, "screened": _screened, "elicitation": _elicitation,
+                  "sampling": _sampling}
 
 
 def checked_events(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -90,6 +99,9 @@ def write_events(audit: Callable[[], AuditLog], metrics: Metrics | None, name: s
         elif event == "screened":
             metrics.inc("mcpcreds_exec_screened_total", (("exec", name), ("kind", fields["kind"])),
                         help_text="Results mcpcreds exec's stdio relay changed or reported, by entry.")
+        elif event == "sampling":
+            metrics.inc("mcpcreds_exec_sampling_total", (("exec", name), ("outcome", fields["action"])),
+                        help_text="Sampling requests of stdio servers refused by mcpcreds exec, by entry.")
         else:
             metrics.inc("mcpcreds_exec_elicitations_total", (("exec", name), ("outcome", fields["action"])),
                         help_text="Elicitations of stdio servers answered by mcpcreds exec, by entry.")

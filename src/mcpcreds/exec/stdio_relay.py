@@ -23,12 +23,14 @@ JSON-RPC between an MCP client and a stdio server, judged line by line by the ga
   media withheld, injections scanned); what it withholds becomes a JSON-RPC error for the client's
   request it answered (a notification is dropped). A batch from the server is relayed message by
   message. The server's own requests the policy answers (`in_place_policy`: elicitation declined,
-  roots) are answered to the server and never reach the client; so is what a 2026-07-28 task asks
+  roots, sampling refused with an error) are answered to the server and never reach the client
+  (the client's capabilities never declare sampling then); an `input_required` result asking
+  for a refused sampling becomes an error for the client's request; so is what a 2026-07-28 task asks
   for (`gateway.task_input`: a `tasks/update` of the relay's own, in the envelope of the client's
   last request, its answer dropped), and a client's `tasks/update` answering what it was not
   shown is refused.
-- Every `tools/call`, screening and elicitation decided here is kept as an event (`take_events`)
-  for the sidecar's audit log (`POST /v1/exec/{name}/events`); never arguments or results.
+- Every `tools/call`, screening, elicitation and sampling refusal decided here is kept as an event
+  (`take_events`) for the sidecar's audit log (`POST /v1/exec/{name}/events`); never arguments or results.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def policy_of(raw: Mapping[str, Any]) -> tuple[TrustPolicy, ContentPolicy]:
     trust = raw.get("trust")
     flags = ("allow_untrusted_without_allowlist", "elicitation", "media")
     if trust not in TRUST_LEVELS or raw.get("on_injection") not in ("log", "block") or not all(
-            isinstance(raw.get(k), bool) for k in flags):
+            isinstance(raw.get(k), bool) for k in flags) or not isinstance(raw.get("sampling", True), bool):
         raise BadPolicy("the exec policy is malformed")
     allowlist = None if raw.get("tool_allowlist") is None else _names(raw["tool_allowlist"])
     roots = None if raw.get("roots") is None else _names(raw["roots"])
@@ -85,6 +87,7 @@ def policy_of(raw: Mapping[str, Any]) -> tuple[TrustPolicy, ContentPolicy]:
                          bool(raw["allow_untrusted_without_allowlist"]), _names(raw.get("tool_exclude", [])))
     content = ContentPolicy(timeout=_timeout(raw), roots=roots, elicitation_enabled=bool(raw["elicitation"]),
                             elicitation_timeout_secs=_elicitation_timeout(raw),
+                            sampling_enabled=bool(raw.get("sampling", True)),  # absent: a sidecar before it
                             media_passthrough=bool(raw["media"]), on_injection=raw["on_injection"],
                             tool_metadata=_tool_metadata(raw))
     return policy, content
@@ -192,7 +195,8 @@ class StdioPolicy:
                     self._event({"event": "tool_call", "tool": (m.tool or "")[:MAX_NAME], "status": "refused",
                                  "duration_ms": 0})
             return Relayed([jsonrpc.dumps(refused if out.batch else refused[0])])
-        out = jsonrpc.declare_roots(out, True if self.roots_answered else None)
+        out = jsonrpc.declare_capabilities(out, self.roots_answered,
+                                           self.content.effective_sampling(self.trust.trust))
         now = self.clock()
         for m in out.messages:
             if m.kind == "notification" and m.method == CANCELLED:
@@ -347,7 +351,12 @@ class StdioPolicy:
 
     def _policy(self, method: Any, params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """`in_place_policy` for this entry, in either era; a declined elicitation is reported."""
-        answer, shown = in_place_policy(self.name, self.trust.trust, self.content, method, params)
+        try:
+            answer, shown = in_place_policy(self.name, self.trust.trust, self.content, method, params)
+        except screen.Refused:
+            reason = "sandboxed" if self.trust.trust == "sandboxed" else "sampling_enabled"
+            self._event({"event": "sampling", "action": "refused", "reason": reason})
+            raise
         if answer is not None and method == ELICITATION:
             reason = "sandboxed" if self.trust.trust == "sandboxed" else "elicitation_enabled"
             self._event({"event": "elicitation", "mode": _mode(params), "action": "declined",
@@ -357,7 +366,11 @@ class StdioPolicy:
     def _server_request(self, message: dict[str, Any]) -> dict[str, Any] | None:
         method = message.get("method")
         params: dict[str, Any] = message["params"] if isinstance(message.get("params"), dict) else {}
-        answer, shown = self._policy(method, params)
+        try:
+            answer, shown = self._policy(method, params)
+        except screen.Refused:  # no result to give: the server gets an error (the 2025 revisions)
+            self._answers.append(jsonrpc.dumps(screen.sampling_refusal(message.get("id"))))
+            return None
         if answer is None:
             if method == ELICITATION and jsonrpc.valid_id(message.get("id")):
                 id_ = message["id"]

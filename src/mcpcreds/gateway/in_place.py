@@ -1,6 +1,8 @@
 """What a server asks of the client, and what the gateway does in the client's place (the untrusted
 pipeline's requests half): an elicitation the server may not make is declined, one relayed is given
 `elicitation_timeout_secs` to be answered (then cancelled, and the client's late answer dropped),
+a sampling request the server may not make is refused (an error; in 2026-07-28 the client's request
+that carried it fails),
 a URL-mode one of a server that is not trusted names the server; `roots/list` is answered with the
 configured roots. The same policy judges what a 2026-07-28 task asks for (`task_input`). A request
 the gateway stopped waiting for (past the server's `timeout`) is cancelled at the server (`cancel`).
@@ -73,13 +75,17 @@ def in_place_policy(name: str, trust: str, content: ContentPolicy, method: Any,
     and the stdio relay of `mcpcreds exec` share it): the result given in the client's place (None:
     the client is asked), and the params the client sees. Elicitations the server may not make are
     declined; `roots/list` is answered with the configured roots; a URL-mode elicitation of a
-    server that is not trusted names the server."""
+    server that is not trusted names the server. A sampling request the server may not make has no
+    result to give: screen.Refused (an error to the server, or a failed request of the client's)."""
     if method == "elicitation/create":
         if not content.effective_elicitation(trust):
             return screen.elicitation_result("decline"), params
         if params.get("mode") == "url" and trust != "trusted":
             said = params.get("message") if isinstance(params.get("message"), str) else ""
             return None, {**params, "message": f"[MCP server {name!r}, not trusted] {said}"}
+    elif method == screen.SAMPLING_METHOD:
+        if not content.effective_sampling(trust):
+            raise screen.Refused(screen.SAMPLING)
     elif method == "roots/list":
         roots = content.effective_roots(trust)
         if roots is not None:
@@ -114,9 +120,18 @@ class InPlace:
     def policy(self, request: Request, target: Target, method: Any,
                params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """(answer, params) for a request of the server's (see `in_place_policy`); a declined
-        elicitation is audited and counted."""
+        elicitation is audited and counted, and so is a refused sampling (screen.Refused)."""
         trust = target.trust.trust
-        answer, shown = in_place_policy(target.name, trust, target.content, method, params)
+        try:
+            answer, shown = in_place_policy(target.name, trust, target.content, method, params)
+        except screen.Refused:
+            self.audit().write("sampling", server=target.name, action="refused",
+                               reason="sandboxed" if trust == "sandboxed" else "sampling_enabled",
+                               **actor_of(request).to_dict())
+            self.metrics.inc("mcpcreds_gateway_sampling_total",
+                             (("server", target.name), ("outcome", "refused")),
+                             help_text="Sampling requests of servers the gateway refused, by server.")
+            raise
         if answer is not None and method == "elicitation/create":
             self.audit().write("elicitation", server=target.name,
                                mode="url" if params.get("mode") == "url" else "form", action="declined",
@@ -132,7 +147,11 @@ class InPlace:
         """A request of the server's, seen on a stream (the 2025 revisions): relayed (None:
         answered here instead, see `policy`); an elicitation relayed gets its time to be answered."""
         params: dict[str, Any] = message["params"] if isinstance(message.get("params"), dict) else {}
-        answer, shown = self.policy(request, target, message.get("method"), params)
+        try:
+            answer, shown = self.policy(request, target, message.get("method"), params)
+        except screen.Refused:  # no result to give: the server gets an error
+            self._reply(request, target, screen.sampling_refusal(message.get("id")))
+            return None
         if answer is not None:
             self.answer(request, target, message, answer)
             return None
@@ -169,7 +188,14 @@ class InPlace:
             return self.policy(request, target, method, params)
         shown, task_id, answers = self.tasks.judge(_holder(request, target), task, policy)
         if answers:
-            message = update(task_id, answers, envelope(request.body))
+            meta = envelope(request.body)
+            caps = meta.get(jsonrpc.CLIENT_CAPABILITIES_META) if meta else None
+            if meta and isinstance(caps, dict):  # declared as the gateway declares them for the client
+                trust = target.trust.trust
+                meta[jsonrpc.CLIENT_CAPABILITIES_META] = jsonrpc.kept_capabilities(
+                    caps, target.content.effective_roots(trust) is not None,
+                    target.content.effective_sampling(trust))
+            message = update(task_id, answers, meta)
             body = jsonrpc.dumps(message)
             as_client = self.as_client(request, body)
             try:  # the headers a 2026-07-28 request carries, derived from the body
@@ -198,7 +224,10 @@ class InPlace:
     def answer(self, request: Request, target: Target, message: dict[str, Any],
                          result: dict[str, Any]) -> None:
         """Send the server the answer to its request, as the client would (same session)."""
-        body = jsonrpc.dumps({"jsonrpc": "2.0", "id": message.get("id"), "result": result})
+        self._reply(request, target, {"jsonrpc": "2.0", "id": message.get("id"), "result": result})
+
+    def _reply(self, request: Request, target: Target, reply: dict[str, Any]) -> None:
+        body = jsonrpc.dumps(reply)
         self._spawn(self._sent(self.as_client(request, body), target, body, mirror.Mirrors()))
 
     def cancel(self, request: Request, target: Target, pending: Mapping[jsonrpc.IdKey, str]) -> None:

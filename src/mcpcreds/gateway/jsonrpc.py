@@ -374,7 +374,10 @@ class Inspector:
             message = relayed
         elif kind == "notification" and self.on_task_input is not None and isinstance(
                 message.get("params"), dict) and "inputRequests" in message["params"]:
-            message = {**message, "params": self.on_task_input(message["params"])}
+            try:
+                message = {**message, "params": self.on_task_input(message["params"])}
+            except screen.Refused:
+                raise Withheld("a task's input request the policy refuses") from None
         if kind == "response":
             key = id_key(message.get("id"))
             method = self.pending.pop(key, None) if valid_id(message.get("id")) else None
@@ -391,19 +394,27 @@ class Inspector:
                     result = {**result, "tools": self.on_tools(tools) if self.on_tools is not None else tools}
                     if self.on_listing is not None:
                         self.on_listing(result["tools"])
-                if result.get("resultType") == "input_required" and self.on_input_required is not None:
-                    result = self.on_input_required(result)
-                elif "inputRequests" in result and self.on_task_input is not None:
-                    result = self.on_task_input(result)
                 try:
-                    message = {**message, "result": self._screen(result)}
+                    message = {**message, "result": self._screen(self._input(result))}
                 except Injection as found:
                     message = error(message.get("id"), GATEWAY_ERROR, "the MCP server's result was withheld "
                                     "by the gateway: it reads as a prompt injection (on_injection = block)",
                                     {"code": "injection", "patterns": found.patterns})
+                except screen.Refused as refused:  # nothing of what it asked reaches the client
+                    message = error(message.get("id"), GATEWAY_ERROR, str(refused),
+                                    {"policy": refused.policy})
             if method is not None and self.on_answer is not None:
                 self.on_answer(key, method, answer_status(message))
         return message
+
+    def _input(self, result: dict[str, Any]) -> dict[str, Any]:
+        """A result asking for input (2026-07-28: input_required, or a task's) as the client is to
+        see it; screen.Refused when it asks what the policy refuses."""
+        if result.get("resultType") == "input_required" and self.on_input_required is not None:
+            return self.on_input_required(result)
+        if "inputRequests" in result and self.on_task_input is not None:
+            return self.on_task_input(result)
+        return result
 
     def _written(self, document: Any) -> bytes:
         """The document as JSON text, every credential value the gateway sent masked."""
@@ -497,14 +508,22 @@ def without_responses(out: Outgoing, ids: set[IdKey]) -> Outgoing:
 CLIENT_CAPABILITIES_META: Final = "io.modelcontextprotocol/clientCapabilities"  # 2026-07-28: per request
 
 
-def declare_roots(out: Outgoing, roots: bool | None) -> Outgoing:
-    """`out` with the client capabilities it declares as the gateway keeps them: `roots` declared
-    when the gateway answers `roots/list` itself (`roots` True), whatever the client said (None:
-    as it said). In an `initialize` (the 2025 revisions) and in each request's
-    `_meta["io.modelcontextprotocol/clientCapabilities"]` (2026-07-28). An elicitation the server
-    may not make is declined, not hidden: a server that requires the capability would fail the
-    call instead."""
-    if roots is None:
+def kept_capabilities(caps: Mapping[str, Any], roots: bool, sampling: bool) -> dict[str, Any]:
+    """Client capabilities as the gateway keeps them: `roots` declared when the gateway answers
+    `roots/list` itself, `sampling` taken out when the server may not sample."""
+    kept = {k: v for k, v in caps.items() if sampling or k != "sampling"}
+    if roots:
+        kept["roots"] = {"listChanged": True}
+    return kept
+
+
+def declare_capabilities(out: Outgoing, roots: bool, sampling: bool) -> Outgoing:
+    """`out` with the client capabilities it declares as the gateway keeps them
+    (`kept_capabilities`), whatever the client said: in an `initialize` (the 2025 revisions) and in
+    each request's `_meta["io.modelcontextprotocol/clientCapabilities"]` (2026-07-28). An
+    elicitation the server may not make is declined, not hidden: a server that requires the
+    capability would fail the call instead. Sampling is hidden: a server that asks anyway is refused."""
+    if not roots and sampling:
         return out
 
     def caps_of(m: Message) -> tuple[dict[str, Any], list[str]] | None:
@@ -522,11 +541,11 @@ def declare_roots(out: Outgoing, roots: bool | None) -> Outgoing:
     messages = []
     for m in out.messages:
         found = caps_of(m)
-        if found is None or found[0].get("roots") == {"listChanged": True}:
+        new_caps = None if found is None else kept_capabilities(found[0], roots, sampling)
+        if found is None or new_caps == found[0]:
             messages.append(m)
             continue
-        caps, path = found
-        new_caps = {**caps, "roots": {"listChanged": True}}
+        path = found[1]
         params = dict(m.raw["params"])
         if len(path) == 1:
             params["capabilities"] = new_caps

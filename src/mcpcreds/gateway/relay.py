@@ -261,7 +261,7 @@ class Gateway:
             return _rpc_response(200, refused if out.batch else refused[0])
         trust = target.trust.trust
         roots = target.content.effective_roots(trust)
-        out = jsonrpc.declare_roots(out, None if roots is None else True)
+        out = jsonrpc.declare_capabilities(out, roots is not None, target.content.effective_sampling(trust))
         await self._tell_roots(request, target, roots)
         cost = jsonrpc.permits(out, target.gateway.rate_methods, retries)
         try:
