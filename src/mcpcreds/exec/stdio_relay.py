@@ -369,7 +369,8 @@ class StdioPolicy:
         try:
             answer, shown = self._policy(method, params)
         except screen.Refused:  # no result to give: the server gets an error (the 2025 revisions)
-            self._answers.append(jsonrpc.dumps(screen.sampling_refusal(message.get("id"))))
+            self._answers.append(jsonrpc.dumps(jsonrpc.error(message.get("id"), screen.SAMPLING_REFUSED_CODE,
+                                                           screen.SAMPLING_REFUSED)))
             return None
         if answer is None:
             if method == ELICITATION and jsonrpc.valid_id(message.get("id")):

@@ -150,7 +150,8 @@ class InPlace:
         try:
             answer, shown = self.policy(request, target, message.get("method"), params)
         except screen.Refused:  # no result to give: the server gets an error
-            self._reply(request, target, screen.sampling_refusal(message.get("id")))
+            refusal = jsonrpc.error(message.get("id"), screen.SAMPLING_REFUSED_CODE, screen.SAMPLING_REFUSED)
+            self._reply(request, target, refusal)
             return None
         if answer is not None:
             self.answer(request, target, message, answer)

@@ -425,7 +425,8 @@ ELICIT_FORM: Final = "elicitation_form"
 ELICIT_URL: Final = "elicitation_url"
 ROOTS: Final = "roots"
 SAMPLING: Final = "sampling"
-_METHODS: Final = {"roots/list": ROOTS, "sampling/createMessage": SAMPLING}
+SAMPLING_METHOD: Final = "sampling/createMessage"
+_METHODS: Final = {"roots/list": ROOTS, SAMPLING_METHOD: SAMPLING}
 
 
 def _request_kind(request: Mapping[str, Any]) -> str | None:
@@ -472,7 +473,6 @@ def roots_result(roots: Sequence[tuple[str, str | None]]) -> dict[str, Any]:
     return {"roots": [{"uri": uri, **({"name": name} if name is not None else {})} for uri, name in roots]}
 
 
-SAMPLING_METHOD: Final = "sampling/createMessage"
 SAMPLING_REFUSED_CODE: Final = -1  # the spec's example of a rejected sampling request
 SAMPLING_REFUSED: Final = ("sampling refused by the mcpcreds gateway: this MCP server may not ask the "
                            "client's LLM (sampling_enabled, or a sandboxed server)")
@@ -481,20 +481,14 @@ SAMPLING_REFUSED: Final = ("sampling refused by the mcpcreds gateway: this MCP s
 class Refused(Exception):
     """A request of the server's that the policy refuses and that has no result the gateway could
     give in the client's place (sampling: a 2026-07-28 input response has no error arm). In the
-    2025 revisions the server gets an error (`sampling_refusal`); in 2026-07-28 the client's request
+    2025 revisions the server gets an error (SAMPLING_REFUSED_CODE, SAMPLING_REFUSED: the policy's
+    words, never the server's); in 2026-07-28 the client's request
     whose result carried it fails."""
 
     def __init__(self, policy: str) -> None:
         super().__init__(f"the MCP server's request was refused by the gateway's {policy} policy: the "
                          "server may not ask the client's LLM (sampling/createMessage)")
         self.policy = policy
-
-
-def sampling_refusal(id_: Any) -> dict[str, Any]:
-    """The JSON-RPC error a refused `sampling/createMessage` is answered with (the policy's words,
-    never the server's)."""
-    refusal = {"code": SAMPLING_REFUSED_CODE, "message": SAMPLING_REFUSED}
-    return {"jsonrpc": "2.0", "id": id_, "error": refusal}
 
 
 def elicitation_answer(id_: str | int, action: str) -> dict[str, Any]:

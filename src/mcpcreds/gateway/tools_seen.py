@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from ..config.model import Target
 from ..config.servers import exposes_no_tool
+from ..config.tool_meta import ToolMeta
 from ..core.policy import TrustPolicy
 from ..errors import McpcredsError
 from ..state.pins import MAX_PINNED_TOOLS, PinStore, valid_name
@@ -81,17 +82,21 @@ def policy_reason(policy: TrustPolicy, name: str) -> str | None:
     return reason
 
 
-def hidden_by(target: Target, name: str, changed: Collection[str]) -> str | None:
-    """Why the gateway does not expose `name` of `target` now (None: it does)."""
-    policy = target.trust
+def hiding_rule(policy: TrustPolicy, name: str, meta: ToolMeta, changed: bool) -> str | None:
+    """The rule that hides `name` (None: it is exposed): a trust policy key, `tool_metadata` (listed
+    but its calls refused by data flow, `meta` its metadata), or `pin_changed` (`changed`: its pin
+    changed and is withheld until approved)."""
     reason = policy_reason(policy, name)
     if reason is not None:
         return reason
-    if data_flow(meta_for(name, target.content.tool_metadata)[0], policy.trust).verdict == "refuse":
+    if data_flow(meta, policy.trust).verdict == "refuse":
         return "tool_metadata"
-    if name in changed:
-        return "pin_changed"
-    return None
+    return "pin_changed" if changed else None
+
+
+def hidden_by(target: Target, name: str, changed: Collection[str]) -> str | None:
+    """Why the gateway does not expose `name` of `target` now (None: it does)."""
+    return hiding_rule(target.trust, name, meta_for(name, target.content.tool_metadata)[0], name in changed)
 
 
 def tools_status(target: Target, seen: Seen | None, changed: Collection[str]) -> dict[str, Any]:

@@ -14,8 +14,8 @@ from typing import Any, Final, Protocol
 from ..config.content import ContentPolicy
 from ..core.policy import TrustPolicy
 from ..errors import InvalidRequest
-from ..gateway.tool_meta import data_flow, describe, meta_for
-from ..gateway.tools_seen import Seen, policy_reason
+from ..gateway.tool_meta import describe, meta_for
+from ..gateway.tools_seen import Seen, hiding_rule
 from ..state.pins import MAX_PINNED_TOOLS, MAX_TOOL_NAME, Definition, PinStore, ToolPin, valid_name
 
 _DIGEST_CHARS: Final = frozenset("0123456789abcdef")
@@ -53,12 +53,8 @@ def tool_row(target: PinOwner, name: str, pin: ToolPin | None, offered: bool | N
     trust = target.trust.trust
     meta, source = meta_for(definition if isinstance(definition, dict) else name,
                             target.content.tool_metadata)
-    hidden_by = policy_reason(target.trust, name)
-    if hidden_by is None and data_flow(meta, trust).verdict == "refuse":
-        hidden_by = "tool_metadata"  # listed, but its calls are refused (data_flow)
-    enforced = target.content.effective_pin_tools(trust)
-    if hidden_by is None and pin is not None and pin.state == "changed" and enforced:
-        hidden_by = "pin_changed"  # withheld until approved
+    withheld = pin is not None and pin.state == "changed" and target.content.effective_pin_tools(trust)
+    hidden_by = hiding_rule(target.trust, name, meta, withheld)
     row: dict[str, Any] = {"name": name, "state": pin.state if pin is not None else "unpinned",
                            "exposed": hidden_by is None, "hidden_by": hidden_by, "offered": offered,
                            "digest": pin.pinned.digest if pin is not None else None, "definition": definition,
