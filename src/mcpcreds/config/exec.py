@@ -34,10 +34,7 @@ from .tool_meta import tool_meta_dict
 if TYPE_CHECKING:
     from .reader import Collector
 
-# the content keys the stdio relay applies (all of them)
-EXEC_CONTENT_KEYS: Final = ("timeout", "roots", "elicitation_enabled", "elicitation_timeout_secs",
-                            "sampling_enabled", "media_passthrough", "on_injection", "pin_tools",
-                            "tool_metadata")
+EXEC_CONTENT_KEYS: Final = CONTENT_KEYS  # the stdio relay applies every content key a server takes
 POLICY_KEYS: Final = (*TRUST_KEYS, *EXEC_CONTENT_KEYS)  # any of them set: the child's stdio is relayed
 EXEC_KEYS: Final = ("env", "env_isolation", "net", "allow_hosts", "deny_hosts", "allow_private", "tags",
                     "authorization", *POLICY_KEYS)
@@ -165,10 +162,6 @@ def parse_execs(c: Collector, raw: Any, content: ContentPolicy | None = None) ->
             continue
         path = f"exec.{name}"
         t = c.table(path, value)
-        for key in CONTENT_KEYS:
-            if key in t and key not in EXEC_CONTENT_KEYS:
-                c.error(join(path, key), "not applied to a stdio server: an exec entry takes "
-                                         f"{', '.join(EXEC_CONTENT_KEYS)} of the content keys")
         c.keys(path, {k: v for k, v in t.items() if k not in CONTENT_KEYS}, EXEC_KEYS)
         if "command" in t or "args" in t:  # spelled out: the rule is the point, not a typo
             c.error(path, "an exec entry never holds a command: it comes from the command line "
