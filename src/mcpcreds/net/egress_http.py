@@ -330,3 +330,25 @@ def egress_client(policy: EgressPolicy, *, on_connect: OnConnect | None = None,
     client_kwargs.setdefault("follow_redirects", False)
     return httpx.AsyncClient(transport=transport, **client_kwargs)
 
+
+class UnreadableAnswer(ValueError):
+    """An answer refused before it is parsed; the message says why (never what it held).
+    `compressed`: refused for its Content-Encoding (else for its size)."""
+
+    def __init__(self, why: str, compressed: bool) -> None:
+        super().__init__(why)
+        self.compressed = compressed
+
+
+async def read_answer(response: httpx.Response, limit: int) -> bytes:
+    """The body of an uncompressed answer of at most `limit` bytes. A compressed one is refused,
+    never decoded: httpx decodes each chunk whole, so a few KiB of nested gzip become gigabytes
+    before any size check sees them."""
+    if response.headers.get("content-encoding", "identity").strip().lower() != "identity":
+        raise UnreadableAnswer("compressed (a Content-Encoding other than identity)", compressed=True)
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > limit:
+            raise UnreadableAnswer(f"larger than {limit} bytes", compressed=False)
+    return bytes(body)

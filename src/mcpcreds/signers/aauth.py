@@ -44,10 +44,9 @@ from ..core.secret import REDACTOR
 from ..core.templates import Template
 from ..errors import ConfigError, Forbidden, InvalidRequest, McpcredsError
 from ..net.egress import EgressPolicy, is_dev_loopback_url
-from ..net.egress_http import egress_client
+from ..net.egress_http import UnreadableAnswer, egress_client, read_answer
 from . import httpsig
 from .aauth_resource import MAX_COMPONENTS, ResourceMetadata, parse_components, required_input
-from .aws_credentials import UnreadableAnswer, read_answer
 from .sign_request import parse_sign_request
 
 _log = get_logger("aauth")

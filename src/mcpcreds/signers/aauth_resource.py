@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ..core.logs import get_logger
+from ..net.egress_http import UnreadableAnswer, read_answer
 
 if TYPE_CHECKING:
     from ..config.model import Target
@@ -159,15 +160,10 @@ class ResourceMetadata:
                                      headers={"accept": "application/json", "accept-encoding": "identity"}
                                      ) as answer:
                 if answer.status_code == 200:
-                    # decoding is not bounded per chunk: a few KiB of nested gzip become gigabytes
-                    if answer.headers.get("content-encoding", "identity").strip().lower() != "identity":
-                        raise _Refused("compressed")
-                    body = bytearray()
-                    async for chunk in answer.aiter_bytes():
-                        body += chunk
-                        if len(body) > MAX_METADATA:
-                            raise _Refused("larger than 64 KiB")
-                    data = json.loads(bytes(body))
+                    try:
+                        data = json.loads(await read_answer(answer, MAX_METADATA))
+                    except UnreadableAnswer as exc:
+                        raise _Refused("compressed" if exc.compressed else "larger than 64 KiB") from None
                 elif answer.status_code != 404:
                     why = f"HTTP {answer.status_code}"
         except _Refused as exc:

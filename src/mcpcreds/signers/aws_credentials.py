@@ -17,7 +17,7 @@
 
 Every secret access key and session token obtained is handed to the redactor; errors name the
 source and what failed, never a value. Every fetch asks for `Accept-Encoding: identity` and
-refuses a compressed answer (`read_answer`, shared with aws_sso.py).
+refuses a compressed answer (`net.egress_http.read_answer`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from ..core.logs import get_logger
 from ..core.secret import REDACTOR
 from ..core.templates import Template
 from ..errors import McpcredsError, SecretUnavailable
+from ..net.egress_http import UnreadableAnswer, read_answer
 
 _log = get_logger("aws")
 REFRESH_AHEAD: Final = 300.0  # renew expiring credentials this long before expiry (at most half their life)
@@ -120,24 +121,6 @@ def _parse_expiration(text: object) -> float:
     if not isinstance(text, str) or len(text) > 64:
         raise ValueError("no Expiration")
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-class UnreadableAnswer(ValueError):
-    """An answer refused before it is parsed; the message says why (never what it held)."""
-
-
-async def read_answer(response: httpx.Response, limit: int) -> bytes:
-    """The body of an uncompressed answer of at most `limit` bytes. A compressed one is refused,
-    never decoded: httpx decodes each chunk whole, so a few KiB of nested gzip become gigabytes
-    before any size check sees them."""
-    if response.headers.get("content-encoding", "identity").strip().lower() != "identity":
-        raise UnreadableAnswer("compressed (a Content-Encoding other than identity)")
-    body = bytearray()
-    async for chunk in response.aiter_bytes():
-        body += chunk
-        if len(body) > limit:
-            raise UnreadableAnswer(f"larger than {limit} bytes")
-    return bytes(body)
 
 
 async def _imds_call(http: httpx.AsyncClient, method: str, url: str, headers: dict[str, str],

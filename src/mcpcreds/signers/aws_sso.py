@@ -35,14 +35,8 @@ from ..credentials.device_flow import DeviceAuthorization, PollSchedule
 from ..credentials.login_store import entry_name
 from ..credentials.sources import KeyringSource
 from ..errors import LoginRequired, TokenEndpointError
-from .aws_credentials import (
-    IDENTITY,
-    AwsCredentials,
-    AwsCredentialsError,
-    UnreadableAnswer,
-    checked_credentials,
-    read_answer,
-)
+from ..net.egress_http import UnreadableAnswer, read_answer
+from .aws_credentials import IDENTITY, AwsCredentials, AwsCredentialsError, checked_credentials
 
 DEVICE_GRANT: Final = "urn:ietf:params:oauth:grant-type:device_code"
 MAX_ANSWER: Final = 64 * 1024
