@@ -67,6 +67,8 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "idle_timeout": (_NO_DEFAULT, "seconds before an idle keep-alive connection is closed"),
         "token_timeout": (_NO_DEFAULT, "seconds bounding each token and discovery request"),
         "drain_timeout": (_NO_DEFAULT, "seconds in-flight requests get on SIGTERM (at most 300)"),
+        "event_loop": (_NO_DEFAULT, "\"uvloop\" (libuv: less CPU per relayed call) or \"asyncio\" "
+                       "(the standard library's); read at start, not on reload"),
         "egress": (_NO_DEFAULT, "\"closed\": every server's endpoint must be under a [services] entry's "
                    "(a server under none is a config error, and the gateway sends to none); \"open\": any"),
         "invalidate_cooldown": (_NO_DEFAULT, "a login is dropped by invalidate at most once per this"),

@@ -15,7 +15,7 @@ first byte (`socket_check`): the folder, then the peer's uid.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import httptools
 
@@ -83,8 +83,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are no asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
         if self.waiter is None or self.waiter.done():  # bytes no request asked for (or a cancelled one's)

@@ -16,7 +16,7 @@ first byte (`socket_check`): the folder, then the listener's uid.
 from __future__ import annotations
 
 import asyncio
-from typing import Final, Protocol
+from typing import Final, Protocol, cast
 
 import httptools
 
@@ -91,8 +91,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are no asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
         if self.done is None or self.done.done():  # bytes no request asked for (or a cancelled one's)

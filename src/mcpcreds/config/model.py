@@ -62,6 +62,7 @@ class SidecarConfig:
     grant_pause_budget: float = 300.0  # seconds of pause grant holders may set per key ...
     grant_pause_window: float = 900.0  # ... within this window
     egress: Literal["open", "closed"] = "open"  # closed: every server's endpoint is under a catalog entry's
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"  # the serve loop's (read at start only)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,8 @@ def parse_sidecar(c: Collector, raw: Any) -> SidecarConfig:
                      "local_share", "refresh_ahead", "audit_log", "allow_trifecta",
                      "request_timeout", "idle_timeout", "token_timeout", "state_password",
                      "state_ca", "grant_only_uids", "sidecar_uid", "invalidate_cooldown", "max_grants",
-                     "max_subgrants", "grant_pause_budget", "grant_pause_window", "drain_timeout", "egress"))
+                     "max_subgrants", "grant_pause_budget", "grant_pause_window", "drain_timeout", "egress",
+                     "event_loop"))
     uids = uid_list(c, path, "allow_uids", t.get("allow_uids", []))
     grant_only = uid_list(c, path, "grant_only_uids", t.get("grant_only_uids", []))
     state = c.typed(join(path, "state"), t.get("state"), str, "memory")
@@ -68,10 +69,15 @@ def parse_sidecar(c: Collector, raw: Any) -> SidecarConfig:
         c.error(join(path, "egress"), "expected 'open' or 'closed' (closed: every server's endpoint must be "
                                       "under a [services] entry's)")
         egress = "open"
+    event_loop = c.typed(join(path, "event_loop"), t.get("event_loop"), str, "uvloop")
+    if event_loop not in ("uvloop", "asyncio"):
+        c.error(join(path, "event_loop"), "expected 'uvloop' or 'asyncio'")
+        event_loop = "uvloop"
     drain = c.parsed(join(path, "drain_timeout"), t.get("drain_timeout", 10.0), parse_duration)
     if drain is not None and drain > 300:
         c.error(join(path, "drain_timeout"), "expected at most 5m")
     return SidecarConfig(
+        event_loop=event_loop,  # type: ignore[arg-type]  # checked above
         drain_timeout=drain if drain is not None and drain <= 300 else 10.0,
         sidecar_uid=sidecar_uid,
         invalidate_cooldown=cooldown if cooldown is not None else 5.0,

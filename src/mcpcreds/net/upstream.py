@@ -37,7 +37,7 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import httptools
 import httpx
@@ -105,8 +105,7 @@ class _Connection(asyncio.Protocol):
     # -- protocol events
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are no asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
         if not self.busy:  # bytes no request asked for: never handed to the next request

@@ -225,7 +225,8 @@ class Sidecar:
         for warning in self.config.warnings:
             _log.warning(warning)
         _log.info("ready", extra={"socket": str(self.socket_path), "pid": os.getpid(),
-                                  "servers": len(self.config.servers), **listening,
+                                  "servers": len(self.config.servers), "event_loop": loop_kind(loop),
+                                  **listening,
                                   **({"activated": "systemd"} if activated else {})})
         self.notify.ready(await self._status() if self.notify.enabled else "")
         warming = loop.run_in_executor(None, warm_up, self.config)  # off the loop: no call waits for it
@@ -311,7 +312,7 @@ def serve(config_path: str | None) -> int:
         sidecar = Sidecar(config)
     finally:
         gc.enable()
-    loop = asyncio.new_event_loop()
+    loop = new_loop(config.sidecar.event_loop)
     try:
         loop.run_until_complete(sidecar.run())
     finally:
@@ -322,6 +323,25 @@ def serve(config_path: str | None) -> int:
             loop.run_until_complete(asyncio.wait(tasks, timeout=1.0))
         loop.close()
     _exit_now(0)
+
+
+def new_loop(kind: str) -> asyncio.AbstractEventLoop:
+    """The serve loop: uvloop's by default, which does a relayed call's reads, writes, timers and
+    wake-ups in C (about a tenth of the sidecar's instructions per call, bench/RESULTS.md);
+    asyncio's when the config asks for it, or when uvloop cannot be imported (a platform without
+    its wheel), with a warning."""
+    if kind == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            _log.warning("uvloop is not installed: the sidecar runs on asyncio's event loop")
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def loop_kind(loop: asyncio.AbstractEventLoop) -> str:
+    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
 
 
 def _exit_now(code: int) -> NoReturn:

@@ -26,7 +26,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from ..config.model import ListenConfig
 from ..core.http import Answer, Request, Response
@@ -145,17 +145,16 @@ class TcpConnection(HttpConnection):
         self.lookups = lookups
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        set_nodelay(transport)
-        peer, ours = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
+        self.transport = stream = cast(asyncio.Transport, transport)  # uvloop's are no asyncio.Transport
+        set_nodelay(stream)
+        peer, ours = stream.get_extra_info("peername"), stream.get_extra_info("sockname")
         try:
             uid = self.lookups.now(peer, ours)
         except BlockingIOError:
             if not self.lookups.admit():
-                transport.abort()
+                stream.abort()
                 return
-            transport.pause_reading()  # not a byte is read before the uid is known and allowed
+            stream.pause_reading()  # not a byte is read before the uid is known and allowed
             spawn(self.lookups.tasks, self._identify(peer, ours))
             return
         self._admit(uid, peer)

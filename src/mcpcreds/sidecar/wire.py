@@ -16,7 +16,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 import httptools
 
@@ -122,16 +122,15 @@ class HttpConnection(asyncio.Protocol):
     # -- connection events
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
+        self.transport = stream = cast(asyncio.Transport, transport)  # uvloop's are no asyncio.Transport
+        sock = stream.get_extra_info("socket")
         try:
             self.peer_pid, self.peer_uid, _ = peer_credentials(sock)
         except OSError:
             self.peer_uid = -1
         if self.peer_uid not in self.allow_uids():
             _log.warning("peer refused", extra={"uid": self.peer_uid, "pid": self.peer_pid})
-            transport.abort()
+            stream.abort()
             return
         self.grant_only = not in_own_namespaces(self.peer_pid)
         self.connections.open.add(self)

@@ -1,0 +1,113 @@
+"""The sidecar's event loop (`[sidecar] event_loop`): uvloop's by default, asyncio's when asked.
+
+The real sidecar relays the real MCP SDK 2.x client's session to a real MCP server on each loop,
+over the socket and the loopback TCP listener (the transports, the peer's uid and TCP_NODELAY
+differ between the two loops' transports), and says which loop it runs in its `ready` line.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from mcpcreds import AsyncClient
+from mcpcreds.config.load import parse_config
+from mcpcreds.errors import ConfigError
+from tests.conftest import CANARY
+from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
+from tests.sidecar_proc import run_sidecar
+
+KEY = "LOOP-" + CANARY
+
+
+@pytest.fixture(scope="module")
+def peer() -> Iterator[GatewayPeer]:
+    with start_gateway_peer("unused-token-", KEY) as server:
+        yield server
+
+
+def config_text(folder: Path, peer: GatewayPeer, event_loop: str | None) -> str:
+    chosen = "" if event_loop is None else f'event_loop = "{event_loop}"\n'
+    return f"""
+[sidecar]
+socket = "{folder / 'run' / 'mcpcreds.sock'}"
+{chosen}
+[gateway]
+listen = "127.0.0.1:0"
+
+[secrets]
+sources = ["env"]
+
+[[servers]]
+name = "tools"
+endpoint = "{peer.url}"
+headers = {{ "X-Api-Key" = "{{{{secret:LOOP_KEY}}}}" }}
+trust = "trusted"
+"""
+
+
+async def one_session(http: httpx2.AsyncClient, url: str) -> Any:
+    async with streamable_http_client(url, http_client=http) as (read, write), \
+            ClientSession(read, write) as session:
+        await session.initialize()
+        result = await session.call_tool("add", {"a": 2, "b": 3})
+        assert not result.is_error, result
+        return result.structured_content["result"]
+
+
+@pytest.mark.parametrize(("asked", "runs"), [(None, "uvloop"), ("uvloop", "uvloop"), ("asyncio", "asyncio")])
+async def test_the_sidecar_relays_on_the_loop_its_config_names(peer: GatewayPeer, asked: str | None,
+                                                               runs: str) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="mcpcreds-loop-"))
+    try:
+        config = folder / "config.toml"
+        config.write_text(config_text(folder, peer, asked))
+        before = peer.stats()["unauthorized"]
+        with run_sidecar(config, folder / "run" / "mcpcreds.sock", {"LOOP_KEY": KEY}) as sidecar:
+            ready = next(e for line in sidecar.lines if (e := json.loads(line)).get("event") == "ready")
+            assert ready["event_loop"] == runs
+            async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("tools") as http:
+                assert await one_session(http, creds.mcp_url("tools")) == 5  # over the socket
+            async with httpx2.AsyncClient() as http:  # over the loopback listener
+                assert await one_session(http, f"http://{ready['gateway_listen']}/mcp/tools") == 5
+        assert peer.stats()["unauthorized"] == before  # every request carried the sidecar's key
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_client_on_uvloop_reaches_the_sidecar(peer: GatewayPeer) -> None:
+    """An application that runs uvloop itself: `AsyncClient` and the gateway through it work on it
+    (uvloop's transports are not `asyncio.Transport` subclasses)."""
+    import uvloop
+
+    folder = Path(tempfile.mkdtemp(prefix="mcpcreds-loop-"))
+    try:
+        config = folder / "config.toml"
+        config.write_text(config_text(folder, peer, None))
+        with run_sidecar(config, folder / "run" / "mcpcreds.sock", {"LOOP_KEY": KEY}) as sidecar:
+            async def app() -> tuple[list[str], Any]:
+                async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("tools") as http:
+                    names = [s["name"] for s in await creds.servers()]
+                    return names, await one_session(http, creds.mcp_url("tools"))
+
+            assert uvloop.run(app()) == (["tools"], 5)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_an_unknown_event_loop_is_a_config_error_that_does_not_echo_it() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"sidecar": {"event_loop": "tokio-" + CANARY}})
+    assert any("sidecar.event_loop" in e and "'uvloop' or 'asyncio'" in e for e in caught.value.errors)
+    assert CANARY not in str(caught.value.errors)
+    assert parse_config({"sidecar": {"event_loop": "asyncio"}}).sidecar.event_loop == "asyncio"
+    assert parse_config({}).sidecar.event_loop == "uvloop"
