@@ -5,6 +5,7 @@ Run from the repository root (the package installed, with the test extras: the M
     python bench/gateway_bench.py
     python bench/gateway_bench.py --calls 300 --sessions 500
     python bench/gateway_bench.py --quick           # a smoke run of a few seconds
+    python bench/gateway_bench.py --event-loop asyncio   # the sidecar on asyncio's own loop
 
 Processes: the real MCP SDK 2.x server of the tests (`tests/peers/mcp_gateway_peer.py`, uvicorn),
 the real sidecar (`mcpcreds serve`), and this client (the MCP SDK 2.x `ClientSession` over
@@ -261,6 +262,9 @@ async def measure(sidecar: SidecarProcess, peer: GatewayPeer, args: argparse.Nam
         for way, value in best.items():
             print(f"    {way:8} {value:8.0f} calls/s (median of {args.rounds})")
         print(f"    ratio gateway/direct {best['gateway'] / best['direct']:.2f} (target >= 1.0)")
+        rounds = sorted(g / d for g, d in zip(tput["gateway"], tput["direct"], strict=True))
+        print(f"    gateway/direct round by round: min {rounds[0]:.2f}x  "
+              f"median {statistics.median(rounds):.2f}x  max {rounds[-1]:.2f}x")
         results["throughput"] = best
         results["throughput_cpu_ms_per_call"] = cpu.report()
 
@@ -296,12 +300,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=harness.count, default=3, help="rounds, the ways alternating (default 3)")
     p.add_argument("--sessions", type=harness.count, default=500,
                    help="MCP sessions held open for (c) (default 500)")
+    harness.event_loop_option(p)
     args = harness.parse(p, argv, quick={"calls": 40, "rounds": 1, "sessions": 50})
     if args.calls < 16:
         p.error("--calls must be >= 16")
     with harness.workdir("gwbench") as tmp, \
             harness.started(start_gateway_peer("unused-", KEY), "the MCP peer") as peer, \
-            harness.sidecar(tmp / "sidecar", server_block(peer), env={"BENCH_KEY": KEY}) as sidecar:
+            harness.sidecar(tmp / "sidecar", server_block(peer), env={"BENCH_KEY": KEY},
+                            settings=harness.loop_setting(args)) as sidecar:
         results = asyncio.run(measure(sidecar, peer, args))
     if args.json:
         harness.emit(args, {**results, **harness.machine(), "calls": args.calls, "rounds": args.rounds,

@@ -96,6 +96,18 @@ def arguments(doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def event_loop_option(p: argparse.ArgumentParser) -> None:
+    """`--event-loop`: the sidecar's `[sidecar] event_loop`, for a run against asyncio's own loop."""
+    p.add_argument("--event-loop", choices=("uvloop", "asyncio"), default="uvloop",
+                   help="the sidecar's event loop (default uvloop, the sidecar's default)")
+
+
+def loop_setting(args: argparse.Namespace) -> str:
+    """The `[sidecar]` line `--event-loop` asks for ("" for the default: a tree from before the key
+    reads a config without it)."""
+    return "" if args.event_loop == "uvloop" else f'event_loop = "{args.event_loop}"'
+
+
 def count(text: str) -> int:
     """An option's whole number >= 1: an argparse type."""
     try:

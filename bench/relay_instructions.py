@@ -5,6 +5,7 @@ Run from the repository root (valgrind installed; the MCP SDK 2.x of the test ex
     python bench/relay_instructions.py --baseline-ref cc2ab5c
     python bench/relay_instructions.py --sessions 1,16 --calls 320
     python bench/relay_instructions.py --quick          # a smoke run (no baseline unless asked)
+    python bench/relay_instructions.py --event-loop asyncio   # this sidecar on asyncio's own loop
 
 CPU time per call moves with whatever else the machine runs (other processes, their caches, the
 clock); the instructions a process executes do not. The real sidecar (`mcpcreds serve`, one static
@@ -75,10 +76,11 @@ def control(*argv: str) -> None:
         raise harness.BenchError(f"callgrind_control {' '.join(argv)}: {done.stderr.strip()[:200]}")
 
 
-def measure(tree: Path, peer: GatewayPeer, sessions: int, calls: int, folder: Path) -> float:
+def measure(tree: Path, peer: GatewayPeer, sessions: int, calls: int, folder: Path,
+            setting: str = "") -> float:
     folder.mkdir(mode=0o700)
     sock, config = folder / "s.sock", folder / "config.toml"
-    config.write_text(f'[sidecar]\nsocket = "{sock}"\n\n[secrets]\nsources = ["env"]\n\n'
+    config.write_text(f'[sidecar]\nsocket = "{sock}"\n{setting}\n\n[secrets]\nsources = ["env"]\n\n'
                       + gateway_bench.server_block(peer), encoding="utf-8")
     wrapper = ("valgrind", "--tool=callgrind", "--instr-atstart=no",
                f"--callgrind-out-file={folder}/callgrind.%p")
@@ -103,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=harness.count, default=200, help="calls counted per measure (default 200)")
     p.add_argument("--sessions", type=harness.levels, default=[1, 16], help="sessions calling at once (1,16)")
     p.add_argument("--baseline-ref", help="a git ref whose sidecar is measured too, in the same run")
+    harness.event_loop_option(p)
     args = harness.parse(p, argv, quick={"calls": 16, "sessions": [1]})
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
@@ -117,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             for sessions in args.sessions:
                 harness.progress(f"{name}: {sessions} session(s)")
                 rows.setdefault(name, {})[str(sessions)] = measure(
-                    tree, peer, sessions, args.calls, tmp / f"{len(rows)}-{sessions}")
+                    tree, peer, sessions, args.calls, tmp / f"{len(rows)}-{sessions}",
+                    harness.loop_setting(args) if name == "this" else "")
 
     def render(report: dict[str, dict[str, float]]) -> str:
         header = ["sidecar", *(f"{s} session(s): M instr/call" for s in args.sessions)]

@@ -5,6 +5,7 @@ Run from the repository root (the package installed, with the test extras: the M
     python bench/tcp_bench.py
     python bench/tcp_bench.py --seconds 10 --rounds 5 --idle 5000
     python bench/tcp_bench.py --quick           # a smoke run of a few seconds
+    python bench/tcp_bench.py --event-loop asyncio   # the sidecar on asyncio's own loop
 
 Processes: the real MCP SDK 2.x server of the tests (`tests/peers/mcp_gateway_peer.py`), one
 real sidecar (`mcpcreds serve`) with a loopback TCP listener, and this client. The server `bench`
@@ -384,13 +385,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--answers", type=harness.count, default=200,
                    help="answers read to the end per way per round in (b) (default 200)")
     p.add_argument("--skip-sessions", action="store_true", help="only (c) and (d)")
+    harness.event_loop_option(p)
     args = harness.parse(p, argv, quick={"seconds": 1.5, "rounds": 1, "answers": 30, "idle": 500,
                                           "connects": 40, "lookups": 5})
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout), \
             harness.workdir("tcpbench") as tmp, \
             harness.started(start_gateway_peer("unused-", KEY), "the MCP peer") as peer, \
             harness.sidecar(tmp / "sidecar", server_block(peer), '[gateway]\nlisten = "127.0.0.1:0"\n',
-                            env={"BENCH_KEY": KEY}) as sidecar:
+                            env={"BENCH_KEY": KEY}, settings=harness.loop_setting(args)) as sidecar:
         tcp = listening(sidecar)
         results: dict[str, Any] = {}
         if not args.skip_sessions:
