@@ -111,3 +111,26 @@ def test_an_unknown_event_loop_is_a_config_error_that_does_not_echo_it() -> None
     assert CANARY not in str(caught.value.errors)
     assert parse_config({"sidecar": {"event_loop": "asyncio"}}).sidecar.event_loop == "asyncio"
     assert parse_config({}).sidecar.event_loop == "uvloop"
+
+
+def test_without_uvloop_the_sidecar_says_so_and_runs_on_asyncio(monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+    import sys
+
+    from mcpcreds.sidecar.serve import loop_kind, new_loop
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # what an import of a package not installed does
+    with caplog.at_level("WARNING", logger="mcpcreds.sidecar"):
+        loop = new_loop("uvloop")
+    try:
+        assert isinstance(loop, asyncio.SelectorEventLoop) and loop_kind(loop) == "asyncio"
+        assert any("uvloop is not installed" in r.getMessage() for r in caplog.records)
+    finally:
+        loop.close()
+    monkeypatch.delitem(sys.modules, "uvloop")
+    chosen = new_loop("uvloop")
+    try:
+        assert loop_kind(chosen) == "uvloop"
+    finally:
+        chosen.close()
