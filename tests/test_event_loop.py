@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +56,14 @@ trust = "trusted"
 """
 
 
+def listen_backlog(port: int) -> int:
+    """The backlog of the TCP listener on `port`, as the kernel has it (`ss`: Send-Q of a listener)."""
+    shown = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True)
+    rows = [line.split() for line in shown.stdout.splitlines() if line.strip()]
+    assert len(rows) == 1, shown.stdout
+    return int(rows[0][2])
+
+
 async def one_session(http: httpx2.AsyncClient, url: str) -> Any:
     async with streamable_http_client(url, http_client=http) as (read, write), \
             ClientSession(read, write) as session:
@@ -75,6 +84,7 @@ async def test_the_sidecar_relays_on_the_loop_its_config_names(peer: GatewayPeer
         with run_sidecar(config, folder / "run" / "mcpcreds.sock", {"LOOP_KEY": KEY}) as sidecar:
             ready = next(e for line in sidecar.lines if (e := json.loads(line)).get("event") == "ready")
             assert ready["event_loop"] == runs
+            assert listen_backlog(int(ready["gateway_listen"].rsplit(":", 1)[1])) == 1024
             async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("tools") as http:
                 assert await one_session(http, creds.mcp_url("tools")) == 5  # over the socket
             async with httpx2.AsyncClient() as http:  # over the loopback listener
@@ -134,3 +144,33 @@ def test_without_uvloop_the_sidecar_says_so_and_runs_on_asyncio(monkeypatch: pyt
         assert loop_kind(chosen) == "uvloop"
     finally:
         chosen.close()
+
+
+def test_the_socket_path_outlives_its_server_on_uvloop(tmp_path: Path) -> None:
+    """uvloop's Unix server unlinks its path when it closes on Python 3.13 and later (its default
+    there, played here by a loop whose default it is): the sidecar's never does, so systemd's
+    socket survives a stop (and ours is unlinked only while it is still ours)."""
+    import asyncio
+
+    import uvloop
+
+    from mcpcreds.sidecar.serve import serve_unix
+    from mcpcreds.sidecar.wire import Acceptor, bind_unix_socket
+
+    class Py313Loop(uvloop.Loop):
+        async def create_unix_server(self, *args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("cleanup_socket", True)
+            return await super().create_unix_server(*args, **kwargs)
+
+    path = tmp_path / "s.sock"
+
+    async def serve_and_close() -> None:
+        sock = bind_unix_socket(str(path))
+        server = await serve_unix(asyncio.get_running_loop(), sock, asyncio.Protocol)
+        assert not isinstance(server, Acceptor)  # uvloop's server
+        server.close()
+        await server.wait_closed()
+
+    with asyncio.Runner(loop_factory=Py313Loop) as runner:
+        runner.run(serve_and_close())
+    assert path.exists()

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ ALL_TOOLS = {"echo", "add", "progress", "leak"}
 INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
 RPC_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+pytestmark = pytest.mark.both_loops  # the listener's protocol on the sidecar's loop too
 
 
 # ------------------------------------------------------------------------------------- the parser
@@ -514,6 +517,52 @@ async def test_a_uid_that_cannot_be_found_is_refused_before_a_byte_is_read() -> 
 
     received, app, _ = await serve_once(lambda peer, ours: 4242, frozenset({os.getuid()}))
     assert received == b"" and app.requests == []
+
+
+async def test_bytes_sent_while_the_uid_is_looked_up_are_bounded_and_never_answered_early() -> None:
+    """uvloop reads a new connection whatever `connection_made` asked: a request sent at once is
+    kept unparsed until the uid is known (then answered), and a flood meanwhile ends the connection."""
+    release = threading.Event()
+
+    def slow(peer: Any, ours: Any) -> int | None:
+        release.wait(30)
+        return os.getuid()
+
+    app, connections = App(), Connections()
+
+    class Api:  # the part of api.Api that LoopbackApp uses
+        def handle(self, request: Request) -> Response:
+            return app.handle(request)
+
+        def observe(self, route: str, status: int, seconds: float) -> None:
+            pass
+
+    loopback = LoopbackApp(Api(), frozenset({b"x"}))  # type: ignore[arg-type]
+    lookups = PeerLookups(slow)
+    server = await asyncio.get_running_loop().create_server(
+        lambda: TcpConnection(loopback, lambda: frozenset({os.getuid()}), connections, lookups), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /mcp/tools HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
+        flood_reader, flood = await asyncio.open_connection("127.0.0.1", port)
+        flood.write(b"GET /mcp/tools HTTP/1.1\r\nX-Pad: " + b"a" * 40_000)
+        await asyncio.sleep(0.3)  # time for a loop that reads early to have read and answered
+        assert app.requests == []  # nothing parsed while the uid is unknown
+        release.set()
+        answer = await asyncio.wait_for(reader.read(), 30)
+        assert answer.startswith(b"HTTP/1.1 200 ") and len(app.requests) == 1
+        try:
+            flooded = await asyncio.wait_for(flood_reader.read(), 30)
+        except ConnectionResetError:
+            flooded = b""
+        assert flooded == b"" or flooded.startswith(b"HTTP/1.1 431 ")  # cut, or refused once read
+        assert len(app.requests) == 1
+        writer.close()
+        flood.close()
+    finally:
+        release.set()
+        server.close()
 
 
 def test_check_hints_at_expose_proxy_for_servers_that_keep_both(tmp_path: Path) -> None:

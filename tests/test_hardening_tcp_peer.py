@@ -54,6 +54,8 @@ print(sock.getsockname()[1], flush=True)
 sys.stdin.read()
 """
 
+pytestmark = pytest.mark.both_loops  # the listener's protocol on the sidecar's loop too
+
 
 @contextmanager
 def held_by_nobody(host: str, port: int) -> Iterator[None]:

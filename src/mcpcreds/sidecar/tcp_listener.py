@@ -35,7 +35,7 @@ from ..core.tasks import spawn
 from ..errors import Forbidden, McpcredsError, NotFound
 from .api import Api, error_to_response
 from .tcp_peer import UidLookup, choose_lookup, lookup_uid, proc_lookup_uid
-from .wire import Acceptor, Connections, HttpConnection
+from .wire import MAX_HEAD_BYTES, Acceptor, Connections, HttpConnection
 
 _log = get_logger("gateway.tcp")
 
@@ -143,6 +143,8 @@ class TcpConnection(HttpConnection):
                  lookups: PeerLookups) -> None:
         super().__init__(app, allow_uids, connections)
         self.lookups = lookups
+        self.admitted = False
+        self.early = bytearray()  # what came before the uid was known: read, never parsed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = stream = cast(asyncio.Transport, transport)  # uvloop's are no asyncio.Transport
@@ -154,17 +156,35 @@ class TcpConnection(HttpConnection):
             if not self.lookups.admit():
                 stream.abort()
                 return
-            stream.pause_reading()  # not a byte is read before the uid is known and allowed
+            stream.pause_reading()  # asyncio's loop reads nothing then; uvloop's does: see data_received
             spawn(self.lookups.tasks, self._identify(peer, ours))
             return
         self._admit(uid, peer)
+
+    def data_received(self, data: bytes) -> None:
+        """Nothing is parsed, let alone answered, before the peer's uid is known and allowed.
+        uvloop starts reading once `connection_made` returns, whatever it asked: what comes
+        meanwhile is kept (at most a head's worth) with reading paused, and parsed on admission."""
+        if self.admitted:
+            super().data_received(data)
+            return
+        self.early += data
+        if self.transport is not None:
+            if len(self.early) > MAX_HEAD_BYTES:
+                self.transport.abort()
+            else:
+                self.transport.pause_reading()
 
     async def _identify(self, peer: Any, ours: Any) -> None:
         uid = await self.lookups.run(peer, ours)
         if self.closing or self.transport is None:  # the client left while it was looked up
             return
         if self._admit(uid, peer):
-            self.transport.resume_reading()
+            early, self.early = bytes(self.early), bytearray()
+            if early:
+                super().data_received(early)
+            if not self.closing:
+                self.transport.resume_reading()
 
     def _admit(self, uid: int | None, peer: Any) -> bool:
         assert self.transport is not None
@@ -174,6 +194,7 @@ class TcpConnection(HttpConnection):
             _log.warning("peer refused", extra={"uid": uid, "port": port, "listener": "tcp"})
             self.transport.abort()
             return False
+        self.admitted = True
         self.connections.open.add(self)
         self.last_active = self.connections.clock.monotonic()
         return True
@@ -228,7 +249,7 @@ async def start_listener(listen: ListenConfig, api: Api, allow_uids: Callable[[]
 
     try:
         server: asyncio.Server | Acceptor = (Acceptor(sock, factory) if Acceptor.usable(loop)
-                                             else await loop.create_server(factory, sock=sock))
+                                             else await loop.create_server(factory, sock=sock, backlog=1024))
     except BaseException:
         sock.close()
         raise
