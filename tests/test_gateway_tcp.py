@@ -33,7 +33,7 @@ from mcpcreds.config.load import parse_config
 from mcpcreds.config.model import ListenConfig
 from mcpcreds.core.http import Request, Response
 from mcpcreds.errors import ConfigError
-from mcpcreds.sidecar.tcp_listener import LoopbackApp, PeerLookups, TcpConnection
+from mcpcreds.sidecar.tcp_listener import EARLY_BYTES, LoopbackApp, PeerLookups, TcpConnection
 from mcpcreds.sidecar.tcp_peer import (
     find_peer_uid,
     lookup_uid,
@@ -520,8 +520,9 @@ async def test_a_uid_that_cannot_be_found_is_refused_before_a_byte_is_read() -> 
 
 
 async def test_bytes_sent_while_the_uid_is_looked_up_are_bounded_and_never_answered_early() -> None:
-    """uvloop reads a new connection whatever `connection_made` asked: a request sent at once is
-    kept unparsed until the uid is known (then answered), and a flood meanwhile ends the connection."""
+    """uvloop reads a new connection whatever `connection_made` asked: a request sent at once (a
+    large one too) is kept unparsed until the uid is known, then answered; a head that never ends
+    is refused once read, never served."""
     release = threading.Event()
 
     def slow(peer: Any, ours: Any) -> int | None:
@@ -544,14 +545,16 @@ async def test_bytes_sent_while_the_uid_is_looked_up_are_bounded_and_never_answe
     port = server.sockets[0].getsockname()[1]
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /mcp/tools HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
+        body = b'{"pad": "' + b"a" * 200_000 + b'"}'
+        writer.write(b"POST /mcp/tools HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))
         flood_reader, flood = await asyncio.open_connection("127.0.0.1", port)
         flood.write(b"GET /mcp/tools HTTP/1.1\r\nX-Pad: " + b"a" * 40_000)
         await asyncio.sleep(0.3)  # time for a loop that reads early to have read and answered
         assert app.requests == []  # nothing parsed while the uid is unknown
         release.set()
         answer = await asyncio.wait_for(reader.read(), 30)
-        assert answer.startswith(b"HTTP/1.1 200 ") and len(app.requests) == 1
+        assert answer.startswith(b"HTTP/1.1 200 ") and len(app.requests) == 1 and app.requests[0].body == body
         try:
             flooded = await asyncio.wait_for(flood_reader.read(), 30)
         except ConnectionResetError:
@@ -563,6 +566,26 @@ async def test_bytes_sent_while_the_uid_is_looked_up_are_bounded_and_never_answe
     finally:
         release.set()
         server.close()
+
+
+def test_what_a_peer_sends_before_its_uid_is_known_is_bounded() -> None:
+    class Transport:
+        aborted = paused = False
+
+        def abort(self) -> None:
+            self.aborted = True
+
+        def pause_reading(self) -> None:
+            self.paused = True
+
+    connection = TcpConnection(LoopbackApp(App(), frozenset({b"x"})), lambda: frozenset({os.getuid()}),  # type: ignore[arg-type]
+                               Connections(), PeerLookups(lambda peer, ours: None))
+    transport = Transport()
+    connection.transport = transport  # type: ignore[assignment]
+    connection.data_received(b"a" * EARLY_BYTES)
+    assert transport.paused and not transport.aborted  # one read's worth: kept, reading paused
+    connection.data_received(b"a")
+    assert transport.aborted  # more than a paused reader can have read: cut
 
 
 def test_check_hints_at_expose_proxy_for_servers_that_keep_both(tmp_path: Path) -> None:

@@ -35,9 +35,11 @@ from ..core.tasks import spawn
 from ..errors import Forbidden, McpcredsError, NotFound
 from .api import Api, error_to_response
 from .tcp_peer import UidLookup, choose_lookup, lookup_uid, proc_lookup_uid
-from .wire import MAX_HEAD_BYTES, Acceptor, Connections, HttpConnection
+from .wire import Acceptor, Connections, HttpConnection
 
 _log = get_logger("gateway.tcp")
+# read from a peer before its uid is known: uvloop reads up to 256 KiB at once, then reading pauses
+EARLY_BYTES: Final = 512 * 1024
 
 HEALTH: Final = "/v1/health"
 LOOKUP_THREADS: Final = 2
@@ -164,13 +166,14 @@ class TcpConnection(HttpConnection):
     def data_received(self, data: bytes) -> None:
         """Nothing is parsed, let alone answered, before the peer's uid is known and allowed.
         uvloop starts reading once `connection_made` returns, whatever it asked: what comes
-        meanwhile is kept (at most a head's worth) with reading paused, and parsed on admission."""
+        meanwhile is kept with reading paused (one read's worth: past `EARLY_BYTES` the connection
+        is cut), and parsed on admission."""
         if self.admitted:
             super().data_received(data)
             return
         self.early += data
         if self.transport is not None:
-            if len(self.early) > MAX_HEAD_BYTES:
+            if len(self.early) > EARLY_BYTES:
                 self.transport.abort()
             else:
                 self.transport.pause_reading()
