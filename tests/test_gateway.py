@@ -630,6 +630,36 @@ async def test_the_sdk_client_keeps_one_connection_for_its_calls(sidecar: Sideca
             assert len(connects) - before <= 1, connects
 
 
+async def test_the_sdk_client_writes_each_request_in_one_piece(sidecar: SidecarProcess) -> None:
+    """httpcore writes a request's head and its body apart: through `mcp_httpx2_client` they go in
+    one write, so the sidecar reads (and wakes up) once per request."""
+    writes: list[bytes] = []
+    async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("tools") as http:
+        inner: Any = http._transport._pool._network_backend.inner  # the socket's own backend
+        connect = inner.connect_unix_socket
+
+        async def recorded(*args: Any, **kwargs: Any) -> Any:
+            stream = await connect(*args, **kwargs)
+            write = stream.write
+
+            async def record(data: bytes, timeout: float | None = None) -> None:
+                writes.append(data)
+                await write(data, timeout)
+
+            stream.write = record
+            return stream
+
+        inner.connect_unix_socket = recorded
+        async with (streamable_http_client(creds.mcp_url("tools"), http_client=http) as (read, write),
+                    ClientSession(read, write) as session):
+            await session.initialize()
+            for i in range(6):
+                assert value(await session.call_tool("add", {"a": i, "b": 1})) == i + 1
+    heads = [w for w in writes if w.startswith((b"POST ", b"GET ", b"DELETE "))]
+    assert len(heads) >= 8 and len(writes) == len(heads), [w[:40] for w in writes]
+    assert all(b"\r\n\r\n{" in w for w in heads if w.startswith(b"POST "))  # the body with its head
+
+
 async def test_an_answer_with_progress_is_relayed_as_a_stream_in_order(peer: GatewayPeer,
                                                                        sidecar: SidecarProcess) -> None:
     seen: list[float] = []

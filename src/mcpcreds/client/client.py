@@ -40,12 +40,54 @@ GATEWAY_ORIGIN: Final = "http://mcpcreds"  # the host part of gateway URLs: the 
 # the MCP SDK's own defaults: 30 s to connect or write, 300 s between two bytes of an SSE stream
 MCP_CONNECT_TIMEOUT: Final = 30.0
 MCP_READ_TIMEOUT: Final = 300.0
+COALESCE_BYTES: Final = 64 * 1024  # a request written before its answer is read: at most this is held back
 
 
 def _checked_backend(httpcore: ModuleType, socket_path: str, sidecar_uid: int) -> Any:
     """An httpcore (or httpcore2) network backend that checks the sidecar, as the library does,
     on every new connection before a byte is sent: the socket's folder (owner, mode, not a
     symlink) before connecting, the listener's SO_PEERCRED uid once connected."""
+
+    class OneWrite(httpcore.AsyncNetworkStream):  # type: ignore[misc, name-defined]
+        """A request in one write: httpcore writes the head, then the body, each on its own, so
+        the sidecar woke up and read twice per request. What is written waits for the next read
+        (httpcore reads the answer after the whole request) or for `COALESCE_BYTES`."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.pending: list[bytes] = []
+            self.size = 0
+            self.timeout: float | None = None
+
+        async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            if buffer:
+                self.pending.append(buffer)
+                self.size += len(buffer)
+                self.timeout = timeout
+            if self.size > COALESCE_BYTES:
+                await self.flush()
+
+        async def flush(self) -> None:
+            if self.pending:
+                data, self.pending, self.size = b"".join(self.pending), [], 0
+                await self.inner.write(data, self.timeout)
+
+        async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            try:  # noqa: SIM105 (contextlib is not imported here: the command line pays for each module)
+                await self.flush()
+            except httpcore.WriteError:  # as httpcore does: the answer may be there all the same
+                pass
+            return await self.inner.read(max_bytes, timeout)  # type: ignore[no-any-return]
+
+        async def aclose(self) -> None:
+            self.pending, self.size = [], 0
+            await self.inner.aclose()
+
+        async def start_tls(self, *args: Any, **kwargs: Any) -> Any:
+            raise httpcore.ConnectError("no TLS on the sidecar's socket")
+
+        def get_extra_info(self, info: str) -> Any:
+            return self.inner.get_extra_info(info)
 
     class CheckedBackend(httpcore.AsyncNetworkBackend):  # type: ignore[misc, name-defined]
         def __init__(self) -> None:
@@ -63,7 +105,7 @@ def _checked_backend(httpcore: ModuleType, socket_path: str, sidecar_uid: int) -
             except BaseException:
                 await stream.aclose()
                 raise
-            return stream
+            return OneWrite(stream)
 
         async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                               local_address: str | None = None,
