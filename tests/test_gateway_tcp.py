@@ -568,6 +568,52 @@ async def test_bytes_sent_while_the_uid_is_looked_up_are_bounded_and_never_answe
         server.close()
 
 
+async def test_answers_to_what_came_before_admission_keep_their_back_pressure() -> None:
+    """Pipelined requests sent while the uid is looked up, by a client that never reads: their
+    answers fill the write buffer, and reading stays paused once the connection is admitted (it
+    was switched back on after them, and the sidecar read on while the buffer grew without end)."""
+    release = threading.Event()
+    connections: list[TcpConnection] = []
+
+    class Api:
+        def handle(self, request: Request) -> Response:
+            return Response(200, b"x" * 8000)
+
+        def observe(self, route: str, status: int, seconds: float) -> None:
+            pass
+
+    def held(peer: Any, ours: Any) -> int | None:
+        release.wait(30)
+        return os.getuid()
+
+    lookups = PeerLookups(held)
+    loopback = LoopbackApp(Api(), frozenset({b"x"}))  # type: ignore[arg-type]
+
+    def factory() -> TcpConnection:
+        connection = TcpConnection(loopback, lambda: frozenset({os.getuid()}), Connections(), lookups)
+        connections.append(connection)
+        return connection
+
+    server = await asyncio.get_running_loop().create_server(factory, "127.0.0.1", 0)
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        request = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+        writer.write(request * (200_000 // len(request)))
+        await asyncio.sleep(0.3)
+        release.set()
+        for _ in range(300):  # until the admission has answered what was held
+            if connections[0].write_paused:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        transport = connections[0].transport
+        assert transport is not None and connections[0].write_paused and not transport.is_reading()
+        writer.transport.abort()
+    finally:
+        release.set()
+        server.close()
+
+
 def test_what_a_peer_sends_before_its_uid_is_known_is_bounded() -> None:
     class Transport:
         aborted = paused = False

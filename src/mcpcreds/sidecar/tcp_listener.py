@@ -174,6 +174,7 @@ class TcpConnection(HttpConnection):
         self.early += data
         if self.transport is not None:
             if len(self.early) > EARLY_BYTES:
+                self.closing = True  # a lookup that ends before the abort is seen admits nothing
                 self.transport.abort()
             else:
                 self.transport.pause_reading()
@@ -184,10 +185,11 @@ class TcpConnection(HttpConnection):
             return
         if self._admit(uid, peer):
             early, self.early = bytes(self.early), bytearray()
+            # first: a pause that answering `early` asks for (a full write buffer, a deep pipeline)
+            # must hold; no read comes between the two calls, so the bytes stay in order
+            self.transport.resume_reading()
             if early:
                 super().data_received(early)
-            if not self.closing:
-                self.transport.resume_reading()
 
     def _admit(self, uid: int | None, peer: Any) -> bool:
         assert self.transport is not None
