@@ -418,6 +418,12 @@ class SharedLogins:
             lock = await self.state.lock(key, self.lease)
             if lock is not None:
                 try:
+                    # read again under the lock: another sidecar may have fetched, shared and let
+                    # the lock go since the read above
+                    remote = await self.state.get_login(key)
+                    if self._fresh(remote, time.time()):
+                        assert remote is not None
+                        return remote
                     token = await self._fetch(target)
                     await self.state.put_login(key, token, usable_until(token) - time.time())
                     await self.state.publish("login", key, fingerprint=token.fingerprint)
