@@ -128,7 +128,8 @@ def test_without_uvloop_the_sidecar_says_so_and_runs_on_asyncio(monkeypatch: pyt
     import asyncio
     import sys
 
-    from mcpcreds.sidecar.serve import loop_kind, new_loop
+    from mcpcreds.sidecar.serve import new_loop
+    from mcpcreds.sidecar.wire import loop_kind
 
     monkeypatch.setitem(sys.modules, "uvloop", None)  # what an import of a package not installed does
     with caplog.at_level("WARNING", logger="mcpcreds.sidecar"):
@@ -154,8 +155,7 @@ def test_the_socket_path_outlives_its_server_on_uvloop(tmp_path: Path) -> None:
 
     import uvloop
 
-    from mcpcreds.sidecar.serve import serve_unix
-    from mcpcreds.sidecar.wire import Acceptor, bind_unix_socket
+    from mcpcreds.sidecar.wire import Acceptor, bind_unix_socket, serve_socket
 
     class Py313Loop(uvloop.Loop):
         async def create_unix_server(self, *args: Any, **kwargs: Any) -> Any:
@@ -166,7 +166,7 @@ def test_the_socket_path_outlives_its_server_on_uvloop(tmp_path: Path) -> None:
 
     async def serve_and_close() -> None:
         sock = bind_unix_socket(str(path))
-        server = await serve_unix(asyncio.get_running_loop(), sock, asyncio.Protocol)
+        server = await serve_socket(sock, asyncio.Protocol)
         assert not isinstance(server, Acceptor)  # uvloop's server
         server.close()
         await server.wait_closed()

@@ -11,9 +11,8 @@ import signal
 import socket
 import stat
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import Final, NoReturn
 
 from ..broker.broker import Broker
 from ..config.load import default_socket_path, load_config
@@ -31,7 +30,7 @@ from .api import Api
 from .peer_ns import set_undumpable
 from .sdnotify import Notifier, keepalive, status_text
 from .tcp_listener import start_listener
-from .wire import Acceptor, Connections, HttpConnection, bind_unix_socket
+from .wire import Acceptor, Connections, HttpConnection, bind_unix_socket, loop_kind, serve_socket
 
 _log = get_logger("sidecar")
 GC_YOUNG: Final = 10_000  # objects allocated between two young collections (after `settle_gc`)
@@ -210,7 +209,7 @@ class Sidecar:
             def factory() -> HttpConnection:
                 return HttpConnection(self.api, self.allow_uids, self.connections)
 
-            servers.append(await serve_unix(loop, sock, factory))
+            servers.append(await serve_socket(sock, factory))
         except BaseException:
             for server in servers:
                 server.close()
@@ -323,18 +322,6 @@ def serve(config_path: str | None) -> int:
     _exit_now(0)
 
 
-async def serve_unix(loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                     factory: Callable[[], asyncio.Protocol]) -> asyncio.Server | Acceptor:
-    """The Unix socket served, its path never unlinked when it closes: systemd's socket outlives
-    the sidecar, and ours is unlinked at stop only while it is still ours. uvloop's server would
-    unlink it on Python 3.13 and later unless told not to (as asyncio's would there)."""
-    if Acceptor.usable(loop):
-        return Acceptor(sock, factory)
-    unlinks = loop_kind(loop) == "uvloop" or sys.version_info >= (3, 13)
-    keep: dict[str, Any] = {"cleanup_socket": False} if unlinks else {}
-    return await loop.create_unix_server(factory, sock=sock, backlog=1024, **keep)
-
-
 def new_loop(kind: str) -> asyncio.AbstractEventLoop:
     """The serve loop: uvloop's by default, which does a relayed call's reads, writes, timers and
     wake-ups in C (about a tenth of the sidecar's instructions per call, bench/RESULTS.md);
@@ -348,10 +335,6 @@ def new_loop(kind: str) -> asyncio.AbstractEventLoop:
         else:
             return uvloop.new_event_loop()
     return asyncio.new_event_loop()
-
-
-def loop_kind(loop: asyncio.AbstractEventLoop) -> str:
-    return "uvloop" if any(c.__module__.startswith("uvloop") for c in type(loop).__mro__) else "asyncio"
 
 
 def _exit_now(code: int) -> NoReturn:

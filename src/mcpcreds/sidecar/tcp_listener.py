@@ -35,7 +35,7 @@ from ..core.tasks import spawn
 from ..errors import Forbidden, McpcredsError, NotFound
 from .api import Api, error_to_response
 from .tcp_peer import UidLookup, choose_lookup, lookup_uid, proc_lookup_uid
-from .wire import Acceptor, Connections, HttpConnection
+from .wire import LISTEN_BACKLOG, Acceptor, Connections, HttpConnection, serve_socket
 
 _log = get_logger("gateway.tcp")
 # read from a peer before its uid is known: uvloop reads up to 256 KiB at once, then reading pauses
@@ -234,7 +234,7 @@ async def start_listener(listen: ListenConfig, api: Api, allow_uids: Callable[[]
     assert listen.host is not None
     family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
     try:
-        sock = sock or socket.create_server((listen.host, listen.port), family=family, backlog=1024)
+        sock = sock or socket.create_server((listen.host, listen.port), family=family, backlog=LISTEN_BACKLOG)
     except OSError as exc:
         raise ListenFailed(f"cannot listen on {listen.listen} (gateway.listen): "
                            f"{exc.strerror or type(exc).__name__}") from None
@@ -247,14 +247,11 @@ async def start_listener(listen: ListenConfig, api: Api, allow_uids: Callable[[]
                      "peer is read from /proc/net/tcp, in time linear in the host's sockets")
     lookups = PeerLookups(lookup or proc_lookup_uid,
                           at_once=None if lookup is None else partial(lookup_uid, wait=False))
-    loop = asyncio.get_running_loop()
-
     def factory() -> TcpConnection:
         return TcpConnection(app, allow_uids, connections, lookups)
 
     try:
-        server: asyncio.Server | Acceptor = (Acceptor(sock, factory) if Acceptor.usable(loop)
-                                             else await loop.create_server(factory, sock=sock, backlog=1024))
+        server = await serve_socket(sock, factory)
     except BaseException:
         sock.close()
         raise

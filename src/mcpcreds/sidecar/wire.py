@@ -13,6 +13,7 @@ import errno
 import os
 import socket
 import struct
+import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -44,6 +45,7 @@ ACCEPT_RETRY_SECONDS: Final = 1.0  # after an accept that failed for want of fil
 # is counted from the next feed, so it may exceed MAX_HEAD_BYTES by at most this much before its
 # 431. A Content-Length body is fed up to its end, so the next head is counted from its first byte.
 HEAD_FEED_BYTES: Final = 1024
+LISTEN_BACKLOG: Final = 1024  # each listener's, as bound and as served
 _PEERCRED: Final = struct.Struct("3i")
 _log = get_logger("wire")
 
@@ -486,6 +488,27 @@ class Acceptor:
             self.sock.close()
 
 
+async def serve_socket(sock: socket.socket,
+                       factory: Callable[[], asyncio.Protocol]) -> asyncio.Server | Acceptor:
+    """A listening socket served: by the `Acceptor` on asyncio's loop, else by the loop's own
+    server (uvloop's), which listens again with `LISTEN_BACKLOG` (its default is 100) and never
+    unlinks a Unix socket's path when it closes (uvloop's would on Python 3.13 and later, as
+    asyncio's would there): systemd's socket outlives the sidecar, and ours is unlinked at stop
+    only while it is still ours."""
+    loop = asyncio.get_running_loop()
+    if Acceptor.usable(loop):
+        return Acceptor(sock, factory)
+    if sock.family != socket.AF_UNIX:
+        return await loop.create_server(factory, sock=sock, backlog=LISTEN_BACKLOG)
+    unlinks = loop_kind(loop) == "uvloop" or sys.version_info >= (3, 13)
+    keep: dict[str, Any] = {"cleanup_socket": False} if unlinks else {}
+    return await loop.create_unix_server(factory, sock=sock, backlog=LISTEN_BACKLOG, **keep)
+
+
+def loop_kind(loop: asyncio.AbstractEventLoop) -> str:
+    return "uvloop" if any(c.__module__.startswith("uvloop") for c in type(loop).__mro__) else "asyncio"
+
+
 def bind_unix_socket(path: str) -> socket.socket:
     """Bind `path` with mode 0600 (made so by the umask, never chmod'ed after)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -497,7 +520,7 @@ def bind_unix_socket(path: str) -> socket.socket:
         raise
     finally:
         os.umask(old)
-    sock.listen(1024)
+    sock.listen(LISTEN_BACKLOG)
     sock.setblocking(False)
     return sock
 
