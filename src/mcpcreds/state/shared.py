@@ -406,27 +406,28 @@ class SharedLogins:
             return False
         return now < min(usable_until(token), refresh_at(token, self._refresh_ahead(), 0))
 
+    async def _shared_if_fresh(self, key: str) -> Token | None:
+        remote = await self.state.get_login(key)
+        return remote if self._fresh(remote, time.time()) else None
+
     async def _shared_fetch(self, target: Target) -> Token:
         key = target.key
         deadline = time.monotonic() + self.lease
         delay = 0.02
         while True:
-            remote = await self.state.get_login(key)
-            if self._fresh(remote, time.time()):
-                assert remote is not None
+            remote = await self._shared_if_fresh(key)
+            if remote is not None:
                 return remote
             lock = await self.state.lock(key, self.lease)
             if lock is not None:
                 try:
                     # read again under the lock: another sidecar may have fetched, shared and let
                     # the lock go since the read above
-                    remote = await self.state.get_login(key)
-                    if self._fresh(remote, time.time()):
-                        assert remote is not None
+                    remote = await self._shared_if_fresh(key)
+                    if remote is not None:
                         return remote
                     token = await self._fetch(target)
-                    await self.state.put_login(key, token, usable_until(token) - time.time())
-                    await self.state.publish("login", key, fingerprint=token.fingerprint)
+                    await self.share(key, token)
                     return token
                 finally:
                     await self.state.unlock(key, lock)
