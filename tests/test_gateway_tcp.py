@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -453,14 +454,15 @@ def test_a_port_in_use_fails_the_start_clearly(peer: GatewayPeer, tmp_path: Path
 
 
 class App:
-    """Counts what reaches it."""
+    """Counts what reaches it, and answers each with `answer`."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer: bytes = b"{}") -> None:
         self.requests: list[Request] = []
+        self.answer = answer
 
     def handle(self, request: Request) -> Response:
         self.requests.append(request)
-        return Response(200, b"{}")
+        return Response(200, self.answer)
 
     def fast_get(self, url: bytes, started: float, peer_uid: int) -> bytes | None:
         return None
@@ -469,25 +471,38 @@ class App:
         pass
 
 
+class Listener:
+    """TcpConnections on a loopback port, each peer's uid looked up by `lookup` off the loop; an
+    `App` behind them."""
+
+    def __init__(self, lookup: Any, allow: frozenset[int], answer: bytes = b"{}") -> None:
+        self.app = App(answer)
+        self.connections = Connections()
+        self.made: list[TcpConnection] = []
+        self.loopback = LoopbackApp(self.app, frozenset({b"x"}))  # type: ignore[arg-type]
+        self.lookups = PeerLookups(lookup)
+        self.allow = allow
+
+    def connection(self) -> TcpConnection:
+        made = TcpConnection(self.loopback, lambda: self.allow, self.connections, self.lookups)
+        self.made.append(made)
+        return made
+
+
+@asynccontextmanager
+async def tcp_listener(lookup: Any, allow: frozenset[int],
+                       answer: bytes = b"{}") -> AsyncIterator[tuple[Listener, int]]:
+    listener = Listener(lookup, allow, answer)
+    server = await asyncio.get_running_loop().create_server(listener.connection, "127.0.0.1", 0)
+    try:
+        yield listener, server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
 async def serve_once(lookup: Any, allow: frozenset[int]) -> tuple[bytes, App, Connections]:
     """One request to a TcpConnection whose uid lookup is `lookup`: what came back."""
-    app = App()
-    connections = Connections()
-    hosts = frozenset({b"x"})
-
-    class Api:  # the part of api.Api that LoopbackApp uses
-        def handle(self, request: Request) -> Response:
-            return app.handle(request)
-
-        def observe(self, route: str, status: int, seconds: float) -> None:
-            pass
-
-    loopback = LoopbackApp(Api(), hosts)  # type: ignore[arg-type]
-    lookups = PeerLookups(lookup)
-    server = await asyncio.get_running_loop().create_server(
-        lambda: TcpConnection(loopback, lambda: allow, connections, lookups), "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with tcp_listener(lookup, allow) as (listener, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"POST /mcp/tools HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}")
         try:
@@ -495,9 +510,7 @@ async def serve_once(lookup: Any, allow: frozenset[int]) -> tuple[bytes, App, Co
         except ConnectionResetError:
             received = b""
         writer.close()
-    finally:
-        server.close()
-    return received, app, connections
+    return received, listener.app, listener.connections
 
 
 async def test_a_uid_that_cannot_be_found_is_refused_before_a_byte_is_read() -> None:
@@ -529,43 +542,30 @@ async def test_bytes_sent_while_the_uid_is_looked_up_are_bounded_and_never_answe
         release.wait(30)
         return os.getuid()
 
-    app, connections = App(), Connections()
-
-    class Api:  # the part of api.Api that LoopbackApp uses
-        def handle(self, request: Request) -> Response:
-            return app.handle(request)
-
-        def observe(self, route: str, status: int, seconds: float) -> None:
-            pass
-
-    loopback = LoopbackApp(Api(), frozenset({b"x"}))  # type: ignore[arg-type]
-    lookups = PeerLookups(slow)
-    server = await asyncio.get_running_loop().create_server(
-        lambda: TcpConnection(loopback, lambda: frozenset({os.getuid()}), connections, lookups), "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        body = b'{"pad": "' + b"a" * 200_000 + b'"}'
-        writer.write(b"POST /mcp/tools HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
-                     % (len(body), body))
-        flood_reader, flood = await asyncio.open_connection("127.0.0.1", port)
-        flood.write(b"GET /mcp/tools HTTP/1.1\r\nX-Pad: " + b"a" * 40_000)
-        await asyncio.sleep(0.3)  # time for a loop that reads early to have read and answered
-        assert app.requests == []  # nothing parsed while the uid is unknown
-        release.set()
-        answer = await asyncio.wait_for(reader.read(), 30)
-        assert answer.startswith(b"HTTP/1.1 200 ") and len(app.requests) == 1 and app.requests[0].body == body
-        try:
-            flooded = await asyncio.wait_for(flood_reader.read(), 30)
-        except ConnectionResetError:
-            flooded = b""
-        assert flooded == b"" or flooded.startswith(b"HTTP/1.1 431 ")  # cut, or refused once read
-        assert len(app.requests) == 1
-        writer.close()
-        flood.close()
+        async with tcp_listener(slow, frozenset({os.getuid()})) as (listener, port):
+            app = listener.app
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            body = b'{"pad": "' + b"a" * 200_000 + b'"}'
+            writer.write(b"POST /mcp/tools HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            flood_reader, flood = await asyncio.open_connection("127.0.0.1", port)
+            flood.write(b"GET /mcp/tools HTTP/1.1\r\nX-Pad: " + b"a" * 40_000)
+            await asyncio.sleep(0.3)  # time for a loop that reads early to have read and answered
+            assert app.requests == []  # nothing parsed while the uid is unknown
+            release.set()
+            answer = await asyncio.wait_for(reader.read(), 30)
+            assert answer.startswith(b"HTTP/1.1 200 ") and len(app.requests) == 1 and app.requests[0].body == body
+            try:
+                flooded = await asyncio.wait_for(flood_reader.read(), 30)
+            except ConnectionResetError:
+                flooded = b""
+            assert flooded == b"" or flooded.startswith(b"HTTP/1.1 431 ")  # cut, or refused once read
+            assert len(app.requests) == 1
+            writer.close()
+            flood.close()
     finally:
         release.set()
-        server.close()
 
 
 async def test_answers_to_what_came_before_admission_keep_their_back_pressure() -> None:
@@ -573,45 +573,28 @@ async def test_answers_to_what_came_before_admission_keep_their_back_pressure() 
     answers fill the write buffer, and reading stays paused once the connection is admitted (it
     was switched back on after them, and the sidecar read on while the buffer grew without end)."""
     release = threading.Event()
-    connections: list[TcpConnection] = []
-
-    class Api:
-        def handle(self, request: Request) -> Response:
-            return Response(200, b"x" * 8000)
-
-        def observe(self, route: str, status: int, seconds: float) -> None:
-            pass
 
     def held(peer: Any, ours: Any) -> int | None:
         release.wait(30)
         return os.getuid()
 
-    lookups = PeerLookups(held)
-    loopback = LoopbackApp(Api(), frozenset({b"x"}))  # type: ignore[arg-type]
-
-    def factory() -> TcpConnection:
-        connection = TcpConnection(loopback, lambda: frozenset({os.getuid()}), Connections(), lookups)
-        connections.append(connection)
-        return connection
-
-    server = await asyncio.get_running_loop().create_server(factory, "127.0.0.1", 0)
     try:
-        _, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
-        request = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
-        writer.write(request * (200_000 // len(request)))
-        await asyncio.sleep(0.3)
-        release.set()
-        for _ in range(300):  # until the admission has answered what was held
-            if connections[0].write_paused:
-                break
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)
-        transport = connections[0].transport
-        assert transport is not None and connections[0].write_paused and not transport.is_reading()
-        writer.transport.abort()
+        async with tcp_listener(held, frozenset({os.getuid()}), b"x" * 8000) as (listener, port):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            request = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+            writer.write(request * (200_000 // len(request)))
+            await asyncio.sleep(0.3)
+            release.set()
+            for _ in range(300):  # until the admission has answered what was held
+                if listener.made[0].write_paused:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            transport = listener.made[0].transport
+            assert transport is not None and listener.made[0].write_paused and not transport.is_reading()
+            writer.transport.abort()
     finally:
         release.set()
-        server.close()
 
 
 def test_what_a_peer_sends_before_its_uid_is_known_is_bounded() -> None:
@@ -624,8 +607,7 @@ def test_what_a_peer_sends_before_its_uid_is_known_is_bounded() -> None:
         def pause_reading(self) -> None:
             self.paused = True
 
-    connection = TcpConnection(LoopbackApp(App(), frozenset({b"x"})), lambda: frozenset({os.getuid()}),  # type: ignore[arg-type]
-                               Connections(), PeerLookups(lambda peer, ours: None))
+    connection = Listener(lambda peer, ours: None, frozenset({os.getuid()})).connection()
     transport = Transport()
     connection.transport = transport  # type: ignore[assignment]
     connection.data_received(b"a" * EARLY_BYTES)
