@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from mcpcreds.config.load import parse_config
 from mcpcreds.errors import ConfigError
 from tests.conftest import CANARY
 from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
-from tests.sidecar_proc import run_sidecar
+from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 KEY = "LOOP-" + CANARY
 
@@ -73,25 +74,32 @@ async def one_session(http: httpx2.AsyncClient, url: str) -> Any:
         return result.structured_content["result"]
 
 
+@contextmanager
+def sidecar_on(peer: GatewayPeer, event_loop: str | None) -> Iterator[SidecarProcess]:
+    """The real sidecar with server `tools` (the peer, behind its key), `event_loop` as given."""
+    folder = Path(tempfile.mkdtemp(prefix="mcpcreds-loop-"))  # short: a socket path has 107 bytes
+    try:
+        config = folder / "config.toml"
+        config.write_text(config_text(folder, peer, event_loop))
+        with run_sidecar(config, folder / "run" / "mcpcreds.sock", {"LOOP_KEY": KEY}) as sidecar:
+            yield sidecar
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.parametrize(("asked", "runs"), [(None, "uvloop"), ("uvloop", "uvloop"), ("asyncio", "asyncio")])
 async def test_the_sidecar_relays_on_the_loop_its_config_names(peer: GatewayPeer, asked: str | None,
                                                                runs: str) -> None:
-    folder = Path(tempfile.mkdtemp(prefix="mcpcreds-loop-"))
-    try:
-        config = folder / "config.toml"
-        config.write_text(config_text(folder, peer, asked))
-        before = peer.stats()["unauthorized"]
-        with run_sidecar(config, folder / "run" / "mcpcreds.sock", {"LOOP_KEY": KEY}) as sidecar:
-            ready = next(e for line in sidecar.lines if (e := json.loads(line)).get("event") == "ready")
-            assert ready["event_loop"] == runs
-            assert listen_backlog(int(ready["gateway_listen"].rsplit(":", 1)[1])) == 1024
-            async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("tools") as http:
-                assert await one_session(http, creds.mcp_url("tools")) == 5  # over the socket
-            async with httpx2.AsyncClient() as http:  # over the loopback listener
-                assert await one_session(http, f"http://{ready['gateway_listen']}/mcp/tools") == 5
-        assert peer.stats()["unauthorized"] == before  # every request carried the sidecar's key
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    before = peer.stats()["unauthorized"]
+    with sidecar_on(peer, asked) as sidecar:
+        ready = next(e for line in sidecar.lines if (e := json.loads(line)).get("event") == "ready")
+        assert ready["event_loop"] == runs
+        assert listen_backlog(int(ready["gateway_listen"].rsplit(":", 1)[1])) == 1024
+        async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("tools") as http:
+            assert await one_session(http, creds.mcp_url("tools")) == 5  # over the socket
+        async with httpx2.AsyncClient() as http:  # over the loopback listener
+            assert await one_session(http, f"http://{ready['gateway_listen']}/mcp/tools") == 5
+    assert peer.stats()["unauthorized"] == before  # every request carried the sidecar's key
 
 
 def test_a_client_on_uvloop_reaches_the_sidecar(peer: GatewayPeer) -> None:
@@ -99,19 +107,13 @@ def test_a_client_on_uvloop_reaches_the_sidecar(peer: GatewayPeer) -> None:
     (uvloop's transports are not `asyncio.Transport` subclasses)."""
     import uvloop
 
-    folder = Path(tempfile.mkdtemp(prefix="mcpcreds-loop-"))
-    try:
-        config = folder / "config.toml"
-        config.write_text(config_text(folder, peer, None))
-        with run_sidecar(config, folder / "run" / "mcpcreds.sock", {"LOOP_KEY": KEY}) as sidecar:
-            async def app() -> tuple[list[str], Any]:
-                async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("tools") as http:
-                    names = [s["name"] for s in await creds.servers()]
-                    return names, await one_session(http, creds.mcp_url("tools"))
+    with sidecar_on(peer, None) as sidecar:
+        async def app() -> tuple[list[str], Any]:
+            async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("tools") as http:
+                names = [s["name"] for s in await creds.servers()]
+                return names, await one_session(http, creds.mcp_url("tools"))
 
-            assert uvloop.run(app()) == (["tools"], 5)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        assert uvloop.run(app()) == (["tools"], 5)
 
 
 def test_an_unknown_event_loop_is_a_config_error_that_does_not_echo_it() -> None:
