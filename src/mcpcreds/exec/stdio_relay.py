@@ -47,7 +47,7 @@ from ..config.tool_meta import ToolMeta, parse_tool_metadata
 from ..core.policy import TRUST_LEVELS, TrustPolicy
 from ..gateway import jsonrpc, pins, screen, tool_meta
 from ..gateway.elicitations import Handle, PendingElicitations, Schedule
-from ..gateway.in_place import in_place_policy
+from ..gateway.in_place import in_place_policy, refusal_reason
 from ..gateway.input_rounds import InputRounds, put_back, take_out
 from ..gateway.strict_json import StrictJsonError
 from ..gateway.task_input import TaskInputs, envelope_of, update
@@ -354,11 +354,11 @@ class StdioPolicy:
         try:
             answer, shown = in_place_policy(self.name, self.trust.trust, self.content, method, params)
         except screen.Refused:
-            reason = "sandboxed" if self.trust.trust == "sandboxed" else "sampling_enabled"
+            reason = refusal_reason(self.trust.trust, "sampling_enabled")
             self._event({"event": "sampling", "action": "refused", "reason": reason})
             raise
         if answer is not None and method == ELICITATION:
-            reason = "sandboxed" if self.trust.trust == "sandboxed" else "elicitation_enabled"
+            reason = refusal_reason(self.trust.trust, "elicitation_enabled")
             self._event({"event": "elicitation", "mode": _mode(params), "action": "declined",
                          "reason": reason})
         return answer, shown

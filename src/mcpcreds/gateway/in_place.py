@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final
 
 from ..broker.broker import Actor
-from ..config.content import ContentPolicy
+from ..config.content import SANDBOXED, ContentPolicy
 from ..config.model import Target
 from ..core.audit import AuditLog
 from ..core.http import Request
@@ -67,6 +67,12 @@ def _modern(request: Request) -> bool:
 
 def _call_later(delay: float, fire: Callable[[], None]) -> asyncio.TimerHandle:
     return asyncio.get_running_loop().call_later(delay, fire)
+
+
+def refusal_reason(trust: str, key: str) -> str:
+    """Which rule kept a server's request from the client, for the audit line: its trust level
+    (a sandboxed server never may), else the content key that says no."""
+    return SANDBOXED if trust == SANDBOXED else key
 
 
 def in_place_policy(name: str, trust: str, content: ContentPolicy, method: Any,
@@ -126,7 +132,7 @@ class InPlace:
             answer, shown = in_place_policy(target.name, trust, target.content, method, params)
         except screen.Refused:
             self.audit().write("sampling", server=target.name, action="refused",
-                               reason="sandboxed" if trust == "sandboxed" else "sampling_enabled",
+                               reason=refusal_reason(trust, "sampling_enabled"),
                                **actor_of(request).to_dict())
             self.metrics.inc("mcpcreds_gateway_sampling_total",
                              (("server", target.name), ("outcome", "refused")),
@@ -135,7 +141,7 @@ class InPlace:
         if answer is not None and method == "elicitation/create":
             self.audit().write("elicitation", server=target.name,
                                mode="url" if params.get("mode") == "url" else "form", action="declined",
-                               reason="sandboxed" if trust == "sandboxed" else "elicitation_enabled",
+                               reason=refusal_reason(trust, "elicitation_enabled"),
                                **actor_of(request).to_dict())
             self.metrics.inc("mcpcreds_gateway_elicitations_total",
                              (("server", target.name), ("outcome", "declined")),
