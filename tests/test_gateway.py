@@ -342,6 +342,19 @@ async def test_canary_with_expose_proxy_no_byte_the_client_receives_holds_a_cred
     assert result.code == 77 and "proxy_only" in result.output and TOKEN_PREFIX not in result.output
 
 
+async def test_a_credential_the_client_sent_itself_comes_back_unmasked_and_only_in_that_answer(
+        peer: GatewayPeer, sidecar: SidecarProcess) -> None:
+    """Masking a value the client sent would confirm its guess; the next answer, whose request did
+    not carry it, is masked again (the masker kept for the login is not narrowed for good)."""
+    async with mcp_session(sidecar, "tools") as session:
+        leaked = json.loads(cast(TextContent, (await session.call_tool("leak", {})).content[0]).text)
+        assert leaked["authorization"] == "***"
+        sent = "Bearer " + peer.stats()["tokens"][-1]  # the header as the server got it: every form
+        assert value(await session.call_tool("echo", {"text": sent})) == sent
+        leaked = json.loads(cast(TextContent, (await session.call_tool("leak", {})).content[0]).text)
+        assert leaked["authorization"] == "***"
+
+
 async def test_expose_headers_serves_the_credential_and_no_gateway(sidecar: SidecarProcess) -> None:
     async with raw_client(sidecar) as http:
         assert (await http.get("/v1/servers/headers-only/headers")).json()["headers"] == {"X-Api-Key": STATIC_KEY}

@@ -86,6 +86,14 @@ def ep(host: str, port: int) -> Any:
     return ipaddress.ip_address(host), port
 
 
+def test_a_request_reads_each_header_by_its_lower_case_name_and_one_sent_twice_as_none_of_ours() -> None:
+    request = Request("POST", "/mcp/x", "", b"", None, 0, 0,
+                      headers=((b"Host", b"a"), (b" accept ", b"b"), (b"X-Two", b"1"), (b"x-two", b"2")))
+    assert request.header_table() == {b"host": b"a", b"accept": b"b", b"x-two": b"\0"}
+    request.headers = ((b"Origin", b"o"),)  # replaced: read again
+    assert request.header_table() == {b"origin": b"o"}
+
+
 def test_an_ipv4_line_is_read_as_the_kernel_wrote_it() -> None:
     entry = parse_line(TCP.splitlines()[2], "little")
     assert entry is not None
@@ -321,6 +329,20 @@ asyncio.run(main(sys.argv[1]))
     assert CANARY not in proc.stdout + proc.stderr
 
 
+async def status_of_raw(sidecar: SidecarProcess, host_lines: str) -> int:
+    """The status of a POST written by hand (what an HTTP client library will not send)."""
+    host, port = listening(sidecar).rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+    body = json.dumps(INIT).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in RPC_HEADERS.items())
+    writer.write(f"POST /mcp/tools HTTP/1.1\r\n{host_lines}{head}Content-Length: {len(body)}\r\n\r\n".encode()
+                 + body)
+    try:
+        return int((await reader.readline()).split()[1])
+    finally:
+        writer.close()
+
+
 async def test_only_the_gateway_and_health_are_served_on_the_port(peer: GatewayPeer,
                                                                   sidecar: SidecarProcess) -> None:
     before = peer.stats()["requests"]
@@ -337,8 +359,9 @@ async def test_only_the_gateway_and_health_are_served_on_the_port(peer: GatewayP
         for headers in ({"Host": "attacker.example"}, {"Origin": "http://attacker.example"}):
             refused = await http.post("/mcp/tools", json=INIT, headers={**RPC_HEADERS, **headers})
             assert refused.status_code == 403 and refused.json()["error"]["data"]["code"] == "forbidden"
-        served = await http.post("/mcp/tools", json=INIT, headers={**RPC_HEADERS, "Host": "localhost:"
-                                                                   + listening(sidecar).rsplit(":", 1)[1]})
+        ours = "localhost:" + listening(sidecar).rsplit(":", 1)[1]
+        assert await status_of_raw(sidecar, f"Host: {ours}\r\nhost: {ours}\r\n") == 403  # sent twice: none of ours
+        served = await http.post("/mcp/tools", json=INIT, headers={**RPC_HEADERS, "Host": ours})
         assert served.status_code == 200
     assert peer.stats()["requests"].get("POST", 0) == before.get("POST", 0) + 1  # the last one only
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Final, Protocol
@@ -19,6 +19,16 @@ GATEWAY_PREFIX: Final = b"/mcp/"
 
 
 MAX_GATEWAY_BODY_BYTES: Final = 4 * 1024 * 1024
+
+
+def header_table(headers: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """Each header's value by its name (trimmed, lower-cased). A name sent more than once stands
+    for b"\\0", which matches no value: a header meant once and sent twice is one too many."""
+    table: dict[bytes, bytes] = {}
+    for name, value in headers:
+        key = name.strip().lower()
+        table[key] = b"\0" if key in table else value
+    return table
 
 
 @dataclass(slots=True)
@@ -35,6 +45,16 @@ class Request:
     grant: Any = None  # the grants.Grant the caller presented, if any
     headers: tuple[tuple[bytes, bytes], ...] = ()  # every header as sent: for /mcp/ requests only
     trace_id: str | None = None  # its trace (32 hex digits) while traces are on: for its audit lines
+    # `header_table()` of `headers`, made on first use: the gateway asks it several headers per call
+    _table: tuple[tuple[tuple[bytes, bytes], ...], dict[bytes, bytes]] | None = field(
+        default=None, repr=False, compare=False)
+
+    def header_table(self) -> dict[bytes, bytes]:
+        """`header_table` of this request's headers (read-only for the caller)."""
+        cached = self._table
+        if cached is None or cached[0] is not self.headers:
+            cached = self._table = (self.headers, header_table(self.headers))
+        return cached[1]
 
     @property
     def asker(self) -> tuple[str | int, ...]:

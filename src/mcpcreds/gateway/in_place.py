@@ -40,8 +40,7 @@ SendInPlace = Callable[[Request, Target, bytes, mirror.Mirrors], Awaitable[None]
 def one_header(request: Request, name: bytes) -> bytes | None:
     """The value of a header sent once; two of them are one too many (b"\\0" stands for that: it
     matches nothing)."""
-    values = [v for k, v in request.headers if k.strip().lower() == name]
-    return None if not values else values[0] if len(values) == 1 else b"\0"
+    return request.header_table().get(name)
 
 
 def actor_of(request: Request) -> Actor:

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ..core.http import header_table
 from . import jsonrpc
 
 MODERN_VERSIONS: Final = frozenset({"2026-07-28"})  # the revisions of the per-request envelope
@@ -207,18 +208,16 @@ def body_version(raw: Mapping[str, Any]) -> str | None:
     return version if isinstance(version, str) else None
 
 
-def _one(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None:
-    values = [v for k, v in headers if k.strip().lower() == name]
-    return None if not values else values[0] if len(values) == 1 else b"\0"  # twice: matches nothing
-
-
-def mirrors(message: Mapping[str, Any] | None, headers: Sequence[tuple[bytes, bytes]],
+def mirrors(message: Mapping[str, Any] | None,
+            headers: Sequence[tuple[bytes, bytes]] | Mapping[bytes, bytes],
             params: tuple[ParamHeader, ...] = ()) -> Mirrors:
     """The headers of a POST whose body is `message` (None for a batch) as they go upstream;
-    Mismatch for a header the client sent that the body contradicts. `params`: the annotations of
-    the tool a `tools/call` names (from `ParamTable`)."""
-    sent_method, sent_name = _one(headers, b"mcp-method"), _one(headers, b"mcp-name")
-    sent_version = _one(headers, VERSION_HEADER)
+    Mismatch for a header the client sent that the body contradicts. `headers`: as sent, or their
+    `header_table` (a name sent twice matches nothing). `params`: the annotations of the tool a
+    `tools/call` names (from `ParamTable`)."""
+    sent = headers if isinstance(headers, Mapping) else header_table(headers)
+    sent_method, sent_name = sent.get(b"mcp-method"), sent.get(b"mcp-name")
+    sent_version = sent.get(VERSION_HEADER)
     method = message.get("method") if message is not None else None
     method = method if isinstance(method, str) else None
     version = body_version(message) if message is not None else None
@@ -248,10 +247,10 @@ def mirrors(message: Mapping[str, Any] | None, headers: Sequence[tuple[bytes, by
         arguments = raw_params.get("arguments") if isinstance(raw_params, dict) else None
         for param in params:
             value = rendered(_value_at(arguments, param.path))
-            sent = _one(headers, param.header)
+            given = sent.get(param.header)
             drop.add(param.header)
-            if sent is not None:
-                said = decode_header_value(sent)
+            if given is not None:
+                said = decode_header_value(given)
                 if value is None or said is None or not _agrees(param, said, value):
                     raise Mismatch(f"the Mcp-Param-{param.token} header does not match the body's arguments")
             if value is not None:

@@ -121,7 +121,7 @@ class _Sent:
 
     names: frozenset[bytes]  # lower-cased: a caller's header of the same name is dropped
     headers: list[tuple[bytes, bytes]]
-    values: tuple[str, ...]  # the credential values: masked in the answers (see `strict_json.Masker`)
+    masker: Masker  # masks the credential values in the answers (but what a client sends itself)
 
 
 def _rpc_response(status: int, body: Any, extra: tuple[tuple[bytes, bytes], ...] = ()) -> Response:
@@ -227,7 +227,7 @@ class Gateway:
         calls = ToolCalls(self.tool_call_done, target, request, out.tool_calls())
         one = None if out.batch else out.messages[0]
         try:
-            mirrors = mirror.mirrors(one.raw if one is not None else None, request.headers,
+            mirrors = mirror.mirrors(one.raw if one is not None else None, request.header_table(),
                                      self.params.of(target.name, one.tool or "") if one is not None else ())
         except mirror.Mismatch as exc:
             calls.finish_all("refused")
@@ -438,7 +438,7 @@ class Gateway:
         except UnicodeEncodeError:
             raise UpstreamError(f"a credential of server {target.name!r} is not a valid HTTP header value "
                                 "(not ASCII): nothing was sent") from None
-        sent = _Sent(frozenset(k.lower() for k, _ in encoded), encoded, tuple(creds.headers.values()))
+        sent = _Sent(frozenset(k.lower() for k, _ in encoded), encoded, Masker(creds.headers.values()))
         if len(self._sent) >= SENT_CACHE:
             self._sent.clear()
         self._sent[target.name] = (creds, sent)
@@ -461,8 +461,8 @@ class Gateway:
         try:
             status = response.status_code
             # what the client sent itself is never masked: masking it would confirm a guess
-            known = body_sent.decode("utf-8") + "\n".join(v.decode("latin-1") for _, v in request.headers)
-            masker = Masker(self._credentials(target, sent).values, known)
+            values = [v for _, v in request.headers]
+            masker = self._credentials(target, sent).masker.sparing(body_sent, values)
             extra = tuple((name.title(), masker.header(value.encode("latin-1")))
                           for name in _RETURNED if (value := response.header(name)) is not None)
             if target.aauth:  # AAuth-Access kept, a 401's challenge on

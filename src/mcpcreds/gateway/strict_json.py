@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any, Final
 
@@ -148,10 +148,29 @@ class Masker:
             if rest.strip() and scheme.isalpha():
                 candidates.add(rest.strip())
             forms.update(c for c in candidates if len(c) >= MIN_MASKED and c not in known)
+        self._set(forms)
+
+    def _set(self, forms: Iterable[str]) -> None:
         self.forms: tuple[str, ...] = tuple(sorted(forms, key=len, reverse=True))
         # each form as it stands in compact JSON text (escaped where JSON escapes it), for `present`
         self._written = tuple(json.dumps(f, ensure_ascii=False)[1:-1].encode("utf-8", "surrogatepass")
                               for f in self.forms)
+        # and as raw bytes in a UTF-8 body and in a header value (latin-1; None: no such spelling)
+        self._utf8 = tuple(f.encode("utf-8", "surrogatepass") for f in self.forms)
+        self._latin1 = tuple(f.encode("latin-1") if all(ord(ch) < 256 for ch in f) else None
+                             for f in self.forms)
+
+    def sparing(self, body: bytes, header_values: Sequence[bytes]) -> Masker:
+        """This masker less the forms the client sent itself, in its UTF-8 `body` or in one of its
+        header values (see the class doc); the same object when it sent none, which is the rule:
+        a masker made once per login serves every request."""
+        spared = {form for form, utf8, latin1 in zip(self.forms, self._utf8, self._latin1, strict=True)
+                  if utf8 in body or (latin1 is not None and any(latin1 in value for value in header_values))}
+        if not spared:
+            return self
+        narrowed = Masker(())
+        narrowed._set(f for f in self.forms if f not in spared)
+        return narrowed
 
     def present(self, written: bytes) -> bool:
         """Whether a credential form stands in JSON text `written` (as `dumps` writes it: a string

@@ -50,10 +50,6 @@ class ListenFailed(McpcredsError):
     code = "listen_failed"
 
 
-def _header(request: Request, name: bytes) -> list[bytes]:
-    return [value for key, value in request.headers if key.lower() == name]
-
-
 class LoopbackApp:
     """The `wire.App` of the TCP listener: the API's gateway routes and health, nothing else."""
 
@@ -66,11 +62,12 @@ class LoopbackApp:
         if not gateway and not (request.method == "GET" and request.path == HEALTH):
             return error_to_response(NotFound("the TCP listener serves /mcp/{server} only; the API is on "
                                               "the Unix socket"), "tcp_refused")
-        hosts = _header(request, b"host")
-        if len(hosts) != 1 or hosts[0].lower() not in self.hosts:
+        sent = request.header_table()
+        host = sent.get(b"host")  # b"\0" when sent twice: no host of ours
+        if host is None or host.lower() not in self.hosts:
             return self._refuse(request, gateway, "the Host header must name this listener "
                                                   "(127.0.0.1:PORT, [::1]:PORT or localhost:PORT)")
-        if _header(request, b"origin"):
+        if b"origin" in sent:
             return self._refuse(request, gateway, "requests from a web page (with an Origin header) "
                                                   "are refused")
         return self.api.handle(request)
