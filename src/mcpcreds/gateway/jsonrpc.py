@@ -88,22 +88,19 @@ dumps = strict_json.dumps
 class Message:
     raw: dict[str, Any]
     kind: str  # "request", "notification" or "response"
+    # read once from `raw` (asked for several times a message)
+    method: str | None = field(init=False)
+    id: Any = field(init=False)
+    tool: str | None = field(init=False)  # the tool a `tools/call` request names (None if it names none)
 
-    @property
-    def method(self) -> str | None:
-        method = self.raw.get("method")
-        return method if isinstance(method, str) else None
-
-    @property
-    def id(self) -> Any:
-        return self.raw.get("id")
-
-    @property
-    def tool(self) -> str | None:
-        """The tool a `tools/call` request names (None if it names none)."""
-        params = self.raw.get("params")
+    def __post_init__(self) -> None:
+        raw = self.raw
+        method = raw.get("method")
+        params = raw.get("params")
         name = params.get("name") if isinstance(params, dict) else None
-        return name if isinstance(name, str) else None
+        object.__setattr__(self, "method", method if isinstance(method, str) else None)
+        object.__setattr__(self, "id", raw.get("id"))
+        object.__setattr__(self, "tool", name if isinstance(name, str) else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +111,10 @@ class Outgoing:
     messages: tuple[Message, ...]
     batch: bool
     body: bytes = b""
+    requests: tuple[Message, ...] = field(init=False)  # the messages that are requests
 
-    @property
-    def requests(self) -> list[Message]:
-        return [m for m in self.messages if m.kind == "request"]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "requests", tuple(m for m in self.messages if m.kind == "request"))
 
     @property
     def single_id(self) -> Any:
