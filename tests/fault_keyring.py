@@ -1,5 +1,6 @@
 """The real keyring (gnome-keyring, SecretService) as a backend that fault tests subclass to add
-a fault to `set_password` (tests/crash_keyring.py, blocking_keyring.py, failing_keyring.py).
+a fault to `set_password` (tests/crash_keyring.py, blocking_keyring.py, failing_keyring.py,
+vanishing_keyring.py).
 Named by path (secrets.keyring_backend) in a sidecar's config, never found by keyring's own
 detection (see tests/hanging_keyring.py for why that matters)."""
 

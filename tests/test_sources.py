@@ -10,10 +10,11 @@ import pytest
 from mcpcreds.config.model import SecretsConfig
 from mcpcreds.core.secret import REDACTOR, Secret
 from mcpcreds.core.templates import parse_template
-from mcpcreds.credentials.sources import DirSource, EnvSource, KeyringSource, SecretResolver
+from mcpcreds.credentials.sources import MISSING_PAUSES, DirSource, EnvSource, KeyringSource, SecretResolver
 from mcpcreds.errors import InvalidRequest, SecretUnavailable
 from tests import hanging_keyring
 from tests.conftest import CANARY, KeyringSession
+from tests.vanishing_keyring import MissingCollection
 
 
 def private_file(path: Path, text: str, mode: int = 0o600) -> Path:
@@ -88,6 +89,30 @@ def test_keyring_round_trip_on_a_real_secretservice(keyring_session: KeyringSess
     assert resolver.render(parse_template("Bearer {{secret:CRM}}")) == f"Bearer {CANARY}"
     assert source.delete("CRM") and not source.delete("CRM")
     assert source.names() == ["DOCS"]
+
+
+@pytest.mark.parametrize("misses", [1, len(MISSING_PAUSES)])
+def test_a_write_the_keyring_daemon_missed_its_collection_for_is_tried_again(
+        keyring_session: KeyringSession, misses: int) -> None:
+    """gnome-keyring answered a write to a new keyring as if its collection were not there while
+    other processes wrote their first entries; the login stored was lost with the error."""
+    service = f"mcpcreds-test-{uuid.uuid4().hex[:8]}"
+    MissingCollection.misses, MissingCollection.writes = misses, 0
+    source = KeyringSource(SecretsConfig(keyring_service=service,
+                                         keyring_backend="tests.vanishing_keyring.MissingCollection"))
+    source.set("login.x", CANARY)
+    assert KeyringSource(SecretsConfig(keyring_service=service)).get("login.x") == CANARY
+
+
+def test_a_collection_that_stays_missing_fails_the_write_clearly_after_a_bounded_number_of_tries(
+        keyring_session: KeyringSession) -> None:
+    MissingCollection.misses, MissingCollection.writes = 1000, 0
+    source = KeyringSource(SecretsConfig(keyring_service=f"mcpcreds-test-{uuid.uuid4().hex[:8]}",
+                                         keyring_backend="tests.vanishing_keyring.MissingCollection"))
+    with pytest.raises(SecretUnavailable, match=r"storing 'login\.x' failed: ItemNotFoundException") as failed:
+        source.set("login.x", CANARY)
+    assert CANARY not in str(failed.value)
+    assert MissingCollection.writes == len(MISSING_PAUSES) + 1
 
 
 class CountedConnections:

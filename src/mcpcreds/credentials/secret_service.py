@@ -59,6 +59,15 @@ class KeptConnections:
         return reused and kept is not None
 
 
+def collection_missing(exc: BaseException) -> bool:
+    """Whether a keyring call failed on an object the daemon did not hold at that moment:
+    secretstorage's `ItemNotFoundException`, raised for D-Bus's UnknownMethod / UnknownObject.
+    gnome-keyring answered a write to its default collection so while other processes wrote their
+    first entries to a new keyring (a login in the conformance suite, 24 first writes at once in a
+    stress run); that write is worth one more try on a new connection."""
+    return type(exc).__name__ == "ItemNotFoundException" and type(exc).__module__.startswith("secretstorage")
+
+
 def keep_connections(backend: Any) -> Any:
     """`backend` on kept connections when it is keyring's SecretService backend itself; any
     other backend (a subclass may look its collection up its own way) as it is."""

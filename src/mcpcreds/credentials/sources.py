@@ -11,6 +11,7 @@ import re
 import secrets
 import stat
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
@@ -19,11 +20,14 @@ from ..config.model import CREDENTIALS_SOURCE, SecretsConfig
 from ..core.secret import Secret
 from ..core.templates import FileRef, SecretRef, Template
 from ..errors import InvalidRequest, SecretUnavailable
-from .secret_service import keep_connections
+from .secret_service import collection_missing, keep_connections
 
 _SECRET_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}\Z")
 _MAX_SECRET_BYTES: Final = 64 * 1024
 _INDEX_ENTRY: Final = "__mcpcreds_index__"
+# the pauses before a keyring call is tried again when the daemon's collection was missing (see
+# `secret_service.collection_missing`): 0.7 s in all, inside the default 3 s time box
+MISSING_PAUSES: Final = (0.1, 0.2, 0.4)
 _DBUS_ERROR: Final = re.compile(r"org\.freedesktop\.[A-Za-z0-9.]{1,96}")  # a D-Bus error name, bounded
 _DEFAULT_BACKENDS: Final = {
     "linux": "keyring.backends.SecretService.Keyring",
@@ -278,15 +282,20 @@ class KeyringSource:
 
     def _on_backend(self, fn: Callable[[Any], T]) -> T:
         backend = self._load_backend()
-        try:
-            return fn(backend)
-        except Exception as exc:
-            drop = getattr(backend, "drop_connection", None)
-            # the next call on this thread connects again; a kept connection that broke (the bus
-            # or the daemon restarted since its last call) costs one retry on a new one
-            if drop is None or not drop() or not isinstance(exc, OSError | EOFError):
-                raise
-        return fn(backend)
+        for pause in (*MISSING_PAUSES, None):
+            try:
+                return fn(backend)
+            except Exception as exc:
+                drop = getattr(backend, "drop_connection", None)
+                # a kept connection that broke (the bus or the daemon restarted since its last
+                # call) costs one retry on a new one; the next call on this thread connects again
+                reused = drop is not None and drop()
+                if reused and isinstance(exc, OSError | EOFError):
+                    return fn(backend)
+                if pause is None or not collection_missing(exc):
+                    raise
+            time.sleep(pause)  # the daemon's collection was not there: it may be a moment later
+        raise AssertionError("unreachable")  # the last pass returns or raises
 
     def get(self, name: str) -> str | None:
         check_secret_name(name)
