@@ -104,6 +104,21 @@ def test_a_write_the_keyring_daemon_missed_its_collection_for_is_tried_again(
     assert KeyringSource(SecretsConfig(keyring_service=service)).get("login.x") == CANARY
 
 
+def test_an_index_write_tried_again_keeps_the_names_another_process_added_meanwhile(
+        keyring_session: KeyringSession) -> None:
+    service = f"mcpcreds-test-{uuid.uuid4().hex[:8]}"
+    other = KeyringSource(SecretsConfig(keyring_service=service))
+    # the first write (the entry) passes; the second (the index) misses once, while another adds B
+    MissingCollection.misses, MissingCollection.passes_first, MissingCollection.writes = 1, 1, 0
+    MissingCollection.meanwhile = lambda: other.set("B", "b")
+    try:
+        KeyringSource(SecretsConfig(keyring_service=service,
+                                    keyring_backend="tests.vanishing_keyring.MissingCollection")).set("A", "a")
+    finally:
+        MissingCollection.meanwhile, MissingCollection.passes_first = None, 0
+    assert other.names() == ["A", "B"]
+
+
 def test_a_collection_that_stays_missing_fails_the_write_clearly_after_a_bounded_number_of_tries(
         keyring_session: KeyringSession) -> None:
     MissingCollection.misses, MissingCollection.writes = 1000, 0

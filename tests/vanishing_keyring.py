@@ -5,6 +5,7 @@ keyring met while other processes wrote their first entries."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from secretstorage.exceptions import ItemNotFoundException
@@ -14,11 +15,16 @@ from tests.fault_keyring import RealKeyring
 
 class MissingCollection(RealKeyring):
     misses: ClassVar[int] = 0
+    passes_first: ClassVar[int] = 0  # writes that pass before the misses
     writes: ClassVar[int] = 0  # every write asked, missed or not
+    # called at a missed write, before it fails (another process writing meanwhile)
+    meanwhile: ClassVar[Callable[[], None] | None] = None
 
     def set_password(self, service: str, username: str, password: str) -> None:
         cls = type(self)
         cls.writes += 1
-        if cls.writes <= cls.misses:
+        if cls.passes_first < cls.writes <= cls.passes_first + cls.misses:
+            if cls.meanwhile is not None:
+                cls.meanwhile()
             raise ItemNotFoundException("Item does not exist!")
         super().set_password(service, username, password)

@@ -267,7 +267,7 @@ class KeyringSource:
 
     def _call(self, what: str, fn: Callable[[Any], T]) -> T:
         # loading the backend talks to D-Bus too, so it runs inside the time box
-        future = self._pool.submit(self._on_backend, fn)
+        future = self._pool.submit(self._on_backend, fn, time.monotonic() + self._timeout)
         try:
             return future.result(timeout=self._timeout)
         except concurrent.futures.TimeoutError:
@@ -280,7 +280,9 @@ class KeyringSource:
         except Exception as exc:
             raise SecretUnavailable(f"keyring: {what} failed: {failure_name(exc)}") from None
 
-    def _on_backend(self, fn: Callable[[Any], T]) -> T:
+    def _on_backend(self, fn: Callable[[Any], T], deadline: float) -> T:
+        """`fn` on the backend, tried again while the daemon's collection is missing and the
+        caller still waits (past `deadline` its time box has answered it)."""
         backend = self._load_backend()
         for pause in (*MISSING_PAUSES, None):
             try:
@@ -292,7 +294,7 @@ class KeyringSource:
                 reused = drop is not None and drop()
                 if reused and isinstance(exc, OSError | EOFError):
                     return fn(backend)
-                if pause is None or not collection_missing(exc):
+                if pause is None or not collection_missing(exc) or time.monotonic() + pause >= deadline:
                     raise
             time.sleep(pause)  # the daemon's collection was not there: it may be a moment later
         raise AssertionError("unreachable")  # the last pass returns or raises
@@ -320,13 +322,16 @@ class KeyringSource:
         return sorted({n for n in raw.split("\n") if n})
 
     def _update_index(self, add: str | None = None, remove: str | None = None) -> None:
-        names = set(self.names())
-        if add:
-            names.add(add)
-        if remove:
-            names.discard(remove)
-        value = "\n".join(sorted(names))
-        self._call("updating the index", lambda b: b.set_password(self.service, _INDEX_ENTRY, value))
+        def update(backend: Any) -> None:  # read and written in one call: a retry reads again
+            raw = backend.get_password(self.service, _INDEX_ENTRY) or ""
+            names = {n for n in raw.split("\n") if n}
+            if add:
+                names.add(add)
+            if remove:
+                names.discard(remove)
+            backend.set_password(self.service, _INDEX_ENTRY, "\n".join(sorted(names)))
+
+        self._call("updating the index", update)
 
 
 def build_sources(config: SecretsConfig) -> list[SecretSource]:
