@@ -30,6 +30,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -138,6 +139,13 @@ def rate(text: str) -> str:
         parse_rate(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def host_name(text: str) -> str:
+    """An option's host name (letters, digits, dots and hyphens; at most 253): an argparse type."""
+    if not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", text):
+        raise argparse.ArgumentTypeError("not a host name (letters, digits, dots and hyphens)")
     return text
 
 

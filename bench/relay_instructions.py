@@ -6,6 +6,7 @@ Run from the repository root (valgrind installed; the MCP SDK 2.x of the test ex
     python bench/relay_instructions.py --sessions 1,16 --calls 320
     python bench/relay_instructions.py --quick          # a smoke run (no baseline unless asked)
     python bench/relay_instructions.py --event-loop asyncio   # this sidecar on asyncio's own loop
+    python bench/relay_instructions.py --host localhost       # the server named by a host name
 
 CPU time per call moves with whatever else the machine runs (other processes, their caches, the
 clock); the instructions a process executes do not. The real sidecar (`mcpcreds serve`, one static
@@ -15,6 +16,9 @@ and calls `add` a few times, then counting is switched on (`callgrind_control -i
 `--calls` calls spread over the sessions, and the count is read back: user-space instructions
 (`Ir`) of the sidecar per call, the kernel's work in its system calls not included (see
 `gateway_bench.py` for CPU time).
+
+With `--host NAME`, the server's endpoint names the peer by that host name (it must resolve to
+127.0.0.1, as `localhost` does) instead of the address: what the name's lookups cost.
 
 With `--baseline-ref REF`, the same is measured for the sidecar of `git archive REF` (this checkout's
 client, peer and bench), in the same run.
@@ -77,17 +81,27 @@ def control(*argv: str) -> None:
 
 
 def measure(tree: Path, peer: GatewayPeer, sessions: int, calls: int, folder: Path,
-            setting: str = "") -> float:
+            setting: str = "", host: str | None = None) -> float:
     folder.mkdir(mode=0o700)
     sock, config = folder / "s.sock", folder / "config.toml"
     config.write_text(f'[sidecar]\nsocket = "{sock}"\n{setting}\n\n[secrets]\nsources = ["env"]\n\n'
-                      + gateway_bench.server_block(peer), encoding="utf-8")
+                      + server_block(peer, host), encoding="utf-8")
     wrapper = ("valgrind", "--tool=callgrind", "--instr-atstart=no",
                f"--callgrind-out-file={folder}/callgrind.%p")
     env = {"BENCH_KEY": gateway_bench.KEY, "PYTHONPATH": str(tree / "src")}
     with harness.started(run_sidecar(config, sock, env, wrapper), f"the sidecar under callgrind ({tree})") \
             as sidecar:
         return asyncio.run(count(sidecar, peer, sessions, calls, folder))
+
+
+def server_block(peer: GatewayPeer, host: str | None) -> str:
+    block = gateway_bench.server_block(peer)
+    if host is None:
+        return block
+    address = "http://127.0.0.1:"
+    if address not in block:
+        raise harness.BenchError(f"the peer is not on {address}")
+    return block.replace(address, f"http://{host}:")
 
 
 def baseline_tree(ref: str, into: Path) -> Path:
@@ -105,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=harness.count, default=200, help="calls counted per measure (default 200)")
     p.add_argument("--sessions", type=harness.levels, default=[1, 16], help="sessions calling at once (1,16)")
     p.add_argument("--baseline-ref", help="a git ref whose sidecar is measured too, in the same run")
+    p.add_argument("--host", type=harness.host_name, help="name the peer by this host name (127.0.0.1)")
     harness.event_loop_option(p)
     args = harness.parse(p, argv, quick={"calls": 16, "sessions": [1]})
     for tool in ("valgrind", "callgrind_control"):
@@ -121,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 harness.progress(f"{name}: {sessions} session(s)")
                 rows.setdefault(name, {})[str(sessions)] = measure(
                     tree, peer, sessions, args.calls, tmp / f"{len(rows)}-{sessions}",
-                    harness.loop_setting(args) if name == "this" else "")
+                    harness.loop_setting(args) if name == "this" else "", args.host)
 
     def render(report: dict[str, dict[str, float]]) -> str:
         header = ["sidecar", *(f"{s} session(s): M instr/call" for s in args.sessions)]

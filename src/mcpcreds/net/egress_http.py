@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-from collections.abc import AsyncIterator
-from typing import Any, Protocol
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final, Protocol
 
 import httpx
 
@@ -176,10 +177,15 @@ class RawPool(Protocol):
                     timeouts: dict[str, Any], sni: str) -> RawAnswer: ...
 
 
+RESOLVED_TTL: Final = 30.0  # seconds a name's addresses are reused, as a DNS client's cache does
+
+
 class EgressTransport(httpx.AsyncBaseTransport):
     """An httpx transport that enforces an `EgressPolicy` on every request.
 
-    Per request: check the host; resolve it (unless it is an IP literal); check every address;
+    Per request: check the host; resolve it (unless it is an IP literal; a name's addresses are
+    reused for RESOLVED_TTL seconds, and looked up again at once when none of them connects);
+    check every address;
     report to `on_connect` when the policy is audited; send the request to the first address
     (the next ones on a connect error), with the `Host` header and the TLS `sni_hostname` of
     the original name, so certificates are verified against it. Each (scheme, host, port) has
@@ -189,10 +195,15 @@ class EgressTransport(httpx.AsyncBaseTransport):
     """
 
     def __init__(self, policy: EgressPolicy, *, on_connect: OnConnect | None = None,
-                 resolver: Resolver | None = None, **transport_kwargs: Any) -> None:
+                 resolver: Resolver | None = None, clock: Callable[[], float] = time.monotonic,
+                 **transport_kwargs: Any) -> None:
         self.policy = policy
         self.on_connect = on_connect
         self.resolver = resolver or system_resolver
+        self.clock = clock
+        # name -> (until when, its addresses as the resolver gave them): every address is still
+        # checked against the policy before use; bounded like the caches below
+        self._resolved: dict[str, tuple[float, list[str]]] = {}
         self._transport_kwargs = transport_kwargs
         self.relays = hasattr(transport_kwargs.get("pool_class"), "relay")  # `relay` may be used
         self._pools: dict[tuple[str, str, int], httpx.AsyncBaseTransport] = {}
@@ -220,6 +231,10 @@ class EgressTransport(httpx.AsyncBaseTransport):
                 self._literals.clear()
             self._literals.add(host)
             return [host]
+        cached = self._resolved.get(host)
+        now = self.clock()
+        if cached is not None and now < cached[0]:
+            return cached[1]
         try:
             addresses = await asyncio.wait_for(self.resolver(host, port), timeout)
         except TimeoutError:
@@ -230,7 +245,27 @@ class EgressTransport(httpx.AsyncBaseTransport):
         if not addresses:
             raise ConnectError(f"cannot resolve {host}: no address", request=request,
                                reason="cannot resolve the host")
+        if len(self._resolved) >= CHECK_CACHE:
+            self._resolved.clear()
+        self._resolved[host] = (now + RESOLVED_TTL, addresses)
         return addresses
+
+    def _known(self, url: httpx.URL) -> tuple[str, int, list[str]] | None:
+        """`_checked`'s answer with no wait when it is at hand: the host's addresses (an IP
+        literal, or a name looked up less than RESOLVED_TTL ago), each allowed already."""
+        host = self._hosts.get(url.raw_host.decode("ascii"))
+        if host is None:
+            return None
+        if host in self._literals:
+            addresses = [host]
+        else:
+            cached = self._resolved.get(host)
+            if cached is None or self.clock() >= cached[0]:
+                return None
+            addresses = cached[1]
+        if not all((host, address) in self._addresses for address in addresses):
+            return None
+        return host, url.port or (443 if url.scheme == "https" else 80), addresses
 
     async def _checked(self, url: httpx.URL, request: httpx.Request | None,
                        timeout: float | None) -> tuple[str, int, list[str]]:
@@ -253,8 +288,8 @@ class EgressTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        host, port, addresses = await self._checked(url, request,
-                                                    request.extensions.get("timeout", {}).get("connect"))
+        host, port, addresses = self._known(url) or await self._checked(
+            url, request, request.extensions.get("timeout", {}).get("connect"))
         pool = self._pool((url.scheme, host, port))
         headers = httpx.Headers(request.headers)
         if "host" not in headers:
@@ -272,6 +307,7 @@ class EgressTransport(httpx.AsyncBaseTransport):
             except httpx.ConnectError as exc:
                 last = exc
         assert last is not None
+        self._resolved.pop(host, None)  # none of them answered: the name is looked up again next time
         raise last
 
     async def relay(self, method: bytes, url: httpx.URL, headers: list[Header], body: bytes | None,
@@ -279,7 +315,7 @@ class EgressTransport(httpx.AsyncBaseTransport):
         """`handle_async_request` without the httpx objects (see the module doc): the same checks,
         audit and pinning; `headers` as sent, a `Host` first unless they carry one, and the
         `Content-Length` httpx would add. Only when `relays` (its pools are `RawPool`s)."""
-        host, port, addresses = await self._checked(url, None, timeouts.get("connect"))
+        host, port, addresses = self._known(url) or await self._checked(url, None, timeouts.get("connect"))
         pool: Any = self._pool((url.scheme, host, port))
         if not any(len(k) == 4 and k.lower() == b"host" for k, _ in headers):
             headers = [(b"Host", url.netloc), *headers]
@@ -303,6 +339,7 @@ class EgressTransport(httpx.AsyncBaseTransport):
             except httpx.ConnectError as exc:
                 last = exc
         assert last is not None
+        self._resolved.pop(host, None)  # none of them answered: the name is looked up again next time
         raise last
 
     def _pinned_url(self, url: httpx.URL, address: str) -> httpx.URL:
@@ -323,9 +360,9 @@ class EgressTransport(httpx.AsyncBaseTransport):
 
 def egress_client(policy: EgressPolicy, *, on_connect: OnConnect | None = None,
                   resolver: Resolver | None = None, transport_kwargs: dict[str, Any] | None = None,
-                  **client_kwargs: Any) -> httpx.AsyncClient:
+                  clock: Callable[[], float] = time.monotonic, **client_kwargs: Any) -> httpx.AsyncClient:
     """An `httpx.AsyncClient` whose every request goes through an `EgressTransport`."""
-    transport = EgressTransport(policy, on_connect=on_connect, resolver=resolver,
+    transport = EgressTransport(policy, on_connect=on_connect, resolver=resolver, clock=clock,
                                 **(transport_kwargs or {}))
     client_kwargs.setdefault("follow_redirects", False)
     return httpx.AsyncClient(transport=transport, **client_kwargs)
