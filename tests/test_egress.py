@@ -433,6 +433,42 @@ async def test_a_name_is_looked_up_once_a_ttl_and_again_when_none_of_its_address
         assert calls == ["api.test"] * 3  # ... and, none having answered, were looked up again
 
 
+async def test_an_answer_with_a_refused_address_is_not_kept() -> None:
+    """A name that resolved to a forbidden address a moment ago (a captive portal, a VPN coming
+    up) is looked up again on the next request, not refused for the rest of a TTL."""
+    calls: list[str] = []
+    policy = EgressPolicy("broad_audited", allow_private=("127.0.0.1",))
+    async with open_listener() as allowed:
+        resolver = rebinding_resolver([["10.0.0.5"], ["127.0.0.1"]], calls)
+        async with egress_client(policy, resolver=resolver, clock=Clock(), timeout=10) as http:
+            with pytest.raises(Forbidden, match=r"10\.0\.0\.5"):
+                await http.get(f"http://flaky.test:{allowed.port}/")
+            assert (await http.get(f"http://flaky.test:{allowed.port}/")).json() == {"ok": True}
+    assert calls == ["flaky.test", "flaky.test"]
+
+
+class TimingOut(httpx.AsyncBaseTransport):
+    """A connection pool whose every connect times out (an address that drops what it is sent)."""
+
+    def __init__(self, **_: object) -> None:
+        pass
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectTimeout("timed out", request=request)
+
+
+async def test_a_name_whose_address_timed_out_is_looked_up_again() -> None:
+    calls: list[str] = []
+    policy = EgressPolicy("broad_audited", allow_private=("127.0.0.1",))
+    transport = EgressTransport(policy, resolver=fixed_resolver({"moved.test": ["127.0.0.1"]}, calls),
+                                clock=Clock(), pool_class=TimingOut)
+    async with httpx.AsyncClient(transport=transport) as http:
+        for _ in range(2):
+            with pytest.raises(httpx.ConnectTimeout):
+                await http.get("http://moved.test:9/")
+    assert calls == ["moved.test", "moved.test"]
+
+
 def hosts_file_entries(path: Path = Path("/etc/hosts")) -> list[tuple[str, str]]:
     """(name, address) of each name the hosts file maps to a non-global address, localhost aside."""
     entries: list[tuple[str, str]] = []

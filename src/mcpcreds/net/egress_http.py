@@ -225,16 +225,17 @@ class EgressTransport(httpx.AsyncBaseTransport):
         return pool
 
     async def _resolve(self, request: httpx.Request | None, host: str, port: int,
-                       timeout: float | None) -> list[str]:
+                       timeout: float | None) -> tuple[list[str], bool]:
+        """`host`'s addresses, and whether the resolver gave them just now (not an IP literal,
+        nor kept from an earlier lookup)."""
         if host in self._literals or ip_literal(host) is not None:  # (parsing an address is costly)
             if len(self._literals) >= CHECK_CACHE:
                 self._literals.clear()
             self._literals.add(host)
-            return [host]
+            return [host], False
         cached = self._resolved.get(host)
-        now = self.clock()
-        if cached is not None and now < cached[0]:
-            return cached[1]
+        if cached is not None and self.clock() < cached[0]:
+            return cached[1], False
         try:
             addresses = await asyncio.wait_for(self.resolver(host, port), timeout)
         except TimeoutError:
@@ -245,10 +246,7 @@ class EgressTransport(httpx.AsyncBaseTransport):
         if not addresses:
             raise ConnectError(f"cannot resolve {host}: no address", request=request,
                                reason="cannot resolve the host")
-        if len(self._resolved) >= CHECK_CACHE:
-            self._resolved.clear()
-        self._resolved[host] = (now + RESOLVED_TTL, addresses)
-        return addresses
+        return addresses, True
 
     def _known(self, url: httpx.URL) -> tuple[str, int, list[str]] | None:
         """`_checked`'s answer with no wait when it is at hand: the host's addresses (an IP
@@ -273,13 +271,18 @@ class EgressTransport(httpx.AsyncBaseTransport):
         raw_host = url.raw_host.decode("ascii")
         host = self._hosts.get(raw_host) or self.policy.check_host(raw_host)
         port = url.port or (443 if url.scheme == "https" else 80)
-        addresses = await self._resolve(request, host, port, timeout)
+        asked = self.clock()
+        addresses, looked_up = await self._resolve(request, host, port, timeout)
         for address in addresses:
             if (host, address) not in self._addresses:
                 self.policy.check_address(host, address)
                 if len(self._addresses) >= CHECK_CACHE:
                     self._addresses.clear()
                 self._addresses.add((host, address))
+        if looked_up:  # kept only once every address is allowed: a refused answer is asked again
+            if len(self._resolved) >= CHECK_CACHE:
+                self._resolved.clear()
+            self._resolved[host] = (asked + RESOLVED_TTL, addresses)
         if raw_host not in self._hosts:
             if len(self._hosts) >= CHECK_CACHE:
                 self._hosts.clear()
@@ -306,6 +309,9 @@ class EgressTransport(httpx.AsyncBaseTransport):
                 return await pool.handle_async_request(pinned)
             except httpx.ConnectError as exc:
                 last = exc
+            except httpx.ConnectTimeout:
+                self._resolved.pop(host, None)  # it did not answer in time: looked up again next time
+                raise
         assert last is not None
         self._resolved.pop(host, None)  # none of them answered: the name is looked up again next time
         raise last
@@ -338,6 +344,9 @@ class EgressTransport(httpx.AsyncBaseTransport):
                 return relayed
             except httpx.ConnectError as exc:
                 last = exc
+            except httpx.ConnectTimeout:
+                self._resolved.pop(host, None)  # it did not answer in time: looked up again next time
+                raise
         assert last is not None
         self._resolved.pop(host, None)  # none of them answered: the name is looked up again next time
         raise last
