@@ -7,6 +7,7 @@ Run from the repository root (valgrind installed; the MCP SDK 2.x of the test ex
     python bench/relay_instructions.py --quick          # a smoke run (no baseline unless asked)
     python bench/relay_instructions.py --event-loop asyncio   # this sidecar on asyncio's own loop
     python bench/relay_instructions.py --host localhost       # the server named by a host name
+    python bench/relay_instructions.py --audit                # with the audit log on
 
 CPU time per call moves with whatever else the machine runs (other processes, their caches, the
 clock); the instructions a process executes do not. The real sidecar (`mcpcreds serve`, one static
@@ -19,6 +20,8 @@ and calls `add` a few times, then counting is switched on (`callgrind_control -i
 
 With `--host NAME`, the server's endpoint names the peer by that host name (it must resolve to
 127.0.0.1, as `localhost` does) instead of the address: what the name's lookups cost.
+
+With `--audit`, every sidecar measured writes its audit log (`audit_log`, a line per `tools/call`).
 
 With `--baseline-ref REF`, the same is measured for the sidecar of `git archive REF` (this checkout's
 client, peer and bench), in the same run.
@@ -81,9 +84,11 @@ def control(*argv: str) -> None:
 
 
 def measure(tree: Path, peer: GatewayPeer, sessions: int, calls: int, folder: Path,
-            setting: str = "", host: str | None = None) -> float:
+            setting: str = "", host: str | None = None, audit: bool = False) -> float:
     folder.mkdir(mode=0o700)
     sock, config = folder / "s.sock", folder / "config.toml"
+    if audit:
+        setting += f'\naudit_log = "{folder}/audit.log"'
     config.write_text(f'[sidecar]\nsocket = "{sock}"\n{setting}\n\n[secrets]\nsources = ["env"]\n\n'
                       + server_block(peer, host), encoding="utf-8")
     wrapper = ("valgrind", "--tool=callgrind", "--instr-atstart=no",
@@ -120,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sessions", type=harness.levels, default=[1, 16], help="sessions calling at once (1,16)")
     p.add_argument("--baseline-ref", help="a git ref whose sidecar is measured too, in the same run")
     p.add_argument("--host", type=harness.host_name, help="name the peer by this host name (127.0.0.1)")
+    p.add_argument("--audit", action="store_true", help="the sidecars write their audit log")
     harness.event_loop_option(p)
     args = harness.parse(p, argv, quick={"calls": 16, "sessions": [1]})
     for tool in ("valgrind", "callgrind_control"):
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 harness.progress(f"{name}: {sessions} session(s)")
                 rows.setdefault(name, {})[str(sessions)] = measure(
                     tree, peer, sessions, args.calls, tmp / f"{len(rows)}-{sessions}",
-                    harness.loop_setting(args) if name == "this" else "", args.host)
+                    harness.loop_setting(args) if name == "this" else "", args.host, args.audit)
 
     def render(report: dict[str, dict[str, float]]) -> str:
         header = ["sidecar", *(f"{s} session(s): M instr/call" for s in args.sessions)]

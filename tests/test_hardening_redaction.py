@@ -61,6 +61,20 @@ def test_an_owner_holds_one_value_and_forgets_the_one_it_replaced() -> None:
     assert "second-value" not in r and len(r) == 1
 
 
+def test_a_text_masked_before_is_masked_again_by_the_values_held_now() -> None:
+    """Texts are kept with their masked form (a log or audit line repeats its names); a value
+    added or forgotten since is never answered from what was kept."""
+    r = Redactor()
+    r.add("older-value", owner="secret:A")
+    line = "server=bench key=newer-value other=older-value"
+    assert r.redact(line) == f"server=bench key=newer-value other={REDACTED}"
+    assert r.redact(line) == f"server=bench key=newer-value other={REDACTED}"  # kept
+    r.add("newer-value", owner="secret:B")
+    assert r.redact(line) == f"server=bench key={REDACTED} other={REDACTED}"
+    r.forget("secret:A")
+    assert r.redact(line) == f"server=bench key={REDACTED} other=older-value"
+
+
 def test_a_value_added_without_an_owner_is_claimed_by_one() -> None:
     r = Redactor()
     r.add("token-one")  # as the token parser does, before the token is served

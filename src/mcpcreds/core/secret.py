@@ -11,6 +11,10 @@ from typing import Any, Final
 REDACTED: Final = "***"
 _MIN_MASK_LEN: Final = 4
 REDACTOR_LIMIT: Final = 4096  # owners (secret names, cache keys) whose values are masked
+# texts masked before, kept with their masked form while the values held stay the same: a log or
+# audit line repeats the same names (server, key, tool, status) line after line
+SEEN_LIMIT: Final = 4096
+SEEN_TEXT: Final = 256  # longer texts are masked anew each time
 
 
 class Secret:
@@ -61,6 +65,8 @@ class Redactor:
         self._entries: OrderedDict[tuple[str, str], tuple[str, ...]] = OrderedDict()  # owner -> forms
         self._refs: dict[str, int] = {}  # form -> how many entries hold it
         self._index: dict[str, tuple[str, ...]] = {}  # last four characters -> forms
+        self._generation = 0  # moves with every change of the forms held
+        self._seen: dict[str, tuple[int, str]] = {}  # text -> (the generation it was masked in, masked)
 
     def add(self, value: str, owner: str | None = None) -> None:
         if len(value) < _MIN_MASK_LEN:
@@ -103,24 +109,36 @@ class Redactor:
                 self._index[form[-4:]] = rest
             else:
                 del self._index[form[-4:]]
+            self._generation += 1  # a forgotten value is no longer masked in a text seen before
 
     def _hold(self, form: str) -> None:
         count = self._refs.get(form, 0)
         self._refs[form] = count + 1
         if not count:
             self._index[form[-4:]] = (*self._index.get(form[-4:], ()), form)
+        # after the index: a text masked by the index of before is kept under the generation before
+        self._generation += 1
 
     def redact(self, text: str) -> str:
+        generation = self._generation  # read first: a text masked while the forms change is not kept
         index = self._index
         if not index or len(text) < _MIN_MASK_LEN:
             return text
+        kept = len(text) <= SEEN_TEXT
+        if kept and (seen := self._seen.get(text)) is not None and seen[0] == generation:
+            return seen[1]
+        masked = text
         grams = {text[i:i + 4] for i in range(len(text) - 3)}
         found = [form for gram in grams if (forms := index.get(gram)) for form in forms]
         # longest first, so that a value containing another is masked whole
         for form in sorted(found, key=len, reverse=True):
-            if form in text:
-                text = text.replace(form, REDACTED)
-        return text
+            if form in masked:
+                masked = masked.replace(form, REDACTED)
+        if kept:
+            if len(self._seen) >= SEEN_LIMIT:
+                self._seen.clear()
+            self._seen[text] = (generation, masked)
+        return masked
 
     def __contains__(self, value: str) -> bool:
         return value in self._refs
