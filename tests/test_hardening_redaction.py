@@ -75,6 +75,28 @@ def test_a_text_masked_before_is_masked_again_by_the_values_held_now() -> None:
     assert r.redact(line) == f"server=bench key={REDACTED} other=older-value"
 
 
+def test_a_value_is_masked_throughout_its_claim_by_an_owner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token is added without an owner when it is read, then claimed by its login. The claim let
+    the value go before holding it again; a log line masked on another thread in between (here:
+    while the claim writes the value's JSON spellings) showed the token."""
+    import types
+
+    from mcpcreds.core import secret
+
+    r = Redactor()
+    r.add("token-being-claimed")
+    during: list[str] = []
+
+    def dumps(value: object, **kwargs: object) -> str:
+        during.append(r.redact("x token-being-claimed y"))
+        return json.dumps(value, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(secret, "json", types.SimpleNamespace(dumps=dumps))
+    r.add("token-being-claimed", owner="login:k")
+    assert during and set(during) == {f"x {REDACTED} y"}
+    assert r.redact("token-being-claimed") == REDACTED and len(r) == 1
+
+
 def test_a_value_added_without_an_owner_is_claimed_by_one() -> None:
     r = Redactor()
     r.add("token-one")  # as the token parser does, before the token is served

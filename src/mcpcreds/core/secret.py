@@ -81,16 +81,18 @@ class Redactor:
                 return
             if owner is None and value in self._refs:
                 return  # an owner holds it already and decides when it goes
-            if owner is not None:
-                self._drop(("value", value))  # claimed: forgotten when its owner moves on
-            if held is not None:
-                self._drop(key)
             # JSON-escaped spellings too, for text that was serialised before it was masked
             forms = tuple(dict.fromkeys((value, json.dumps(value)[1:-1],
                                          json.dumps(value, ensure_ascii=False)[1:-1])))
+            # the new forms are held before the old ones are let go: a text masked meanwhile on
+            # another thread never finds the value missing (it was, while a claim was written)
+            replaced = self._entries.pop(key, ())
             self._entries[key] = forms
             for form in forms:
                 self._hold(form)
+            if owner is not None:
+                self._drop(("value", value))  # claimed: forgotten when its owner moves on
+            self._release(replaced)
             while len(self._entries) > self.limit:
                 self._drop(next(iter(self._entries)))
 
@@ -99,7 +101,10 @@ class Redactor:
             self._drop(("owner", owner))
 
     def _drop(self, key: tuple[str, str]) -> None:
-        for form in self._entries.pop(key, ()):
+        self._release(self._entries.pop(key, ()))
+
+    def _release(self, forms: tuple[str, ...]) -> None:
+        for form in forms:
             count = self._refs.pop(form) - 1
             if count:
                 self._refs[form] = count
