@@ -229,10 +229,10 @@ def test_what_the_client_sent_itself_is_never_masked() -> None:
 def test_a_masker_spares_only_the_forms_a_request_carried_in_its_body_or_a_header() -> None:
     token = "t0ken-" + "k" * 20
     masker = Masker(["Bearer " + token])
-    assert masker.sparing(b'{"text":"hello"}', [b"application/json"]) is masker  # the rule: nothing sent
+    assert masker.sparing(b'{"text":"hello"}', [(b"accept", b"application/json")]) is masker  # nothing sent
     in_body = masker.sparing(('{"text":"' + token + '"}').encode(), [])
     assert in_body.forms == ("Bearer " + token,) and masker.forms == ("Bearer " + token, token)
-    in_header = masker.sparing(b"{}", [b"x", ("Bearer " + token).encode("latin-1")])
+    in_header = masker.sparing(b"{}", [(b"x-a", b"x"), (b"x-b", ("Bearer " + token).encode("latin-1"))])
     assert in_header.forms == ()
     read_back = read(Inspector(TRUSTED, in_body), body({"jsonrpc": "2.0", "id": 1, "result": [token, "Bearer " + token]}))
     assert read_back["result"] == [token, "***"]

@@ -307,8 +307,10 @@ class Gateway:
         deadline = broker.clock.monotonic() + max_wait
         rate = broker.rate_of(target)
         tracer = traces.tracer  # None: traces off
-        credential = broker.headers(target)  # first: a failing login costs no permit
-        result = await (credential if tracer is None else tracer.step("credential", credential))
+        result = broker.cached_headers(target) if tracer is None else None  # fresh: at hand, no wait
+        if result is None:  # first: a failing login costs no permit
+            credential = broker.headers(target)
+            result = await (credential if tracer is None else tracer.step("credential", credential))
         if cost:
             permits = broker.limiter.acquire(target.key, rate, cost, max_wait, request.asker)
             if await (permits if tracer is None else tracer.step("permit wait", permits, cost)) > 0:
@@ -461,8 +463,7 @@ class Gateway:
         try:
             status = response.status_code
             # what the client sent itself is never masked: masking it would confirm a guess
-            values = [v for _, v in request.headers]
-            masker = self._credentials(target, sent).masker.sparing(body_sent, values)
+            masker = self._credentials(target, sent).masker.sparing(body_sent, request.headers)
             extra = tuple((name.title(), masker.header(value.encode("latin-1")))
                           for name in _RETURNED if (value := response.header(name)) is not None)
             if target.aauth:  # AAuth-Access kept, a 401's challenge on

@@ -160,12 +160,12 @@ class Masker:
         self._latin1 = tuple(f.encode("latin-1") if all(ord(ch) < 256 for ch in f) else None
                              for f in self.forms)
 
-    def sparing(self, body: bytes, header_values: Sequence[bytes]) -> Masker:
+    def sparing(self, body: bytes, headers: Sequence[tuple[bytes, bytes]]) -> Masker:
         """This masker less the forms the client sent itself, in its UTF-8 `body` or in one of its
         header values (see the class doc); the same object when it sent none, which is the rule:
         a masker made once per login serves every request."""
         spared = {form for form, utf8, latin1 in zip(self.forms, self._utf8, self._latin1, strict=True)
-                  if utf8 in body or (latin1 is not None and any(latin1 in value for value in header_values))}
+                  if utf8 in body or (latin1 is not None and any(latin1 in value for _, value in headers))}
         if not spared:
             return self
         narrowed = Masker(())

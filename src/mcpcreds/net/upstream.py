@@ -381,7 +381,7 @@ class H1Transport(httpx.AsyncBaseTransport):
             self.ssl = context
             self.generation += 1
             self._close_idle(self.idle_count)  # made with the old identity
-        conn = await self._acquire(key, timeouts, request)
+        conn = self._reuse(key) or await self._acquire(key, timeouts, request)  # kept: no wait
         conn.drainable = not data.startswith(b"GET ")
         try:
             await conn.send(data, timeouts)
