@@ -83,8 +83,8 @@ async def scrape(idp: FaultIdp) -> AsyncIterator[Scraped]:
             await call("POST", "/v1/servers/mail/acquire", {"cost": 1, "max_wait": 0})
         await call("POST", "/v1/servers/mail/backoff", {"retry_after": 30})  # paused_until
         target = config.servers["mail"]
-        api.gateway.tool_call_done(target, "echo", Actor(os.getuid(), 4242), "ok", 0.0125)
-        api.gateway._observe(target, "POST", 200, time.perf_counter())
+        api.gateway.records.tool_call_done(target, "echo", Actor(os.getuid(), 4242), "ok", 0.0125)
+        api.gateway.records.request(target, "POST", 200, time.perf_counter())
         status = await call("GET", "/v1/status")
         result = api.handle(Request("GET", "/metrics", "", b"", None, os.getuid(), 4242))
         response = result if isinstance(result, Response) else await cast(Awaitable[Response], result)

@@ -58,7 +58,6 @@ from ..core.metrics import Metrics
 from ..core.rates import parse_retry_after
 from ..core.secret import redact_json
 from ..errors import (
-    ERRORS_BY_CODE,
     Forbidden,
     InvalidRequest,
     McpcredsError,
@@ -68,7 +67,7 @@ from ..errors import (
 )
 from ..net.egress_http import EgressTransport, RawAnswer
 from ..telemetry import switch as traces
-from . import jsonrpc, mirror, pins, tool_meta, upstream_log
+from . import jsonrpc, mirror, pins, records, tool_meta
 from .in_place import InPlace, actor_of, one_header
 from .sessions import LiveSessions, Owner
 from .stream import SseBody, ToolCalls, read_whole
@@ -82,7 +81,6 @@ if TYPE_CHECKING:  # made by the sidecar when a server signs (their modules impo
 _log = get_logger("gateway")
 
 MAX_JSON_ANSWER: Final = 16 * 1024 * 1024  # a JSON (or other non-SSE) answer is read whole, up to this
-MAX_AUDITED_NAME: Final = 128
 # connect and write are bounded; reading is not (a tool may run long, an SSE stream may idle):
 # a client that gives up closes its connection, and that cancels the upstream request
 UPSTREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
@@ -97,9 +95,6 @@ _RETURNED: Final = (b"mcp-session-id", b"mcp-protocol-version", b"retry-after", 
 _METHODS: Final = ("POST", "GET", "DELETE")
 SENT_CACHE: Final = 1024  # servers whose credential headers (and endpoint URLs) are kept prepared
 SESSION_NOT_FOUND: Final = -32001  # what MCP servers answer for a session they do not know
-_STATUS_GROUPS: Final = frozenset({"ok", "tool_error", "error", "refused", "rate_limited", "upstream_error",
-                                   "no_response", "dropped", "cancelled", "withheld", "input_required",
-                                   "task"})
 LISTEN: Final = "subscriptions/listen"  # 2026-07-28: its answer is a stream that stays open
 
 
@@ -128,20 +123,11 @@ def _rpc_response(status: int, body: Any, extra: tuple[tuple[bytes, bytes], ...]
     return Response(status, jsonrpc.dumps(body), extra_headers=extra)
 
 
-def _metric_status(status: str) -> str:
-    head = status.split(":", 1)[0]
-    if head in _STATUS_GROUPS or head in ERRORS_BY_CODE:
-        return head
-    if head.startswith("http_") and head[5:].isdigit():
-        return f"http_{head[5]}xx"
-    return "other"
-
-
 class Gateway:
     def __init__(self, broker: Broker, metrics: Metrics, aauth: AAuthSigner, sigv4: SigV4Signer) -> None:
         self.broker = broker
         self.metrics = metrics
-        self._warned: set[tuple[str, str]] = set()
+        self.records = records.GatewayRecords(lambda: broker.audit, metrics)  # audit lines, metrics, warnings
         self.sessions = LiveSessions(broker.clock.monotonic)
         self.tools_seen = ToolsSeen(broker.clock.time)  # what the servers listed, for `status`
         self._in_flight: Counter[str] = Counter()  # server -> requests waiting for the upstream's answer
@@ -222,33 +208,33 @@ class Gateway:
         try:
             out = jsonrpc.parse_body(request.body)
         except jsonrpc.JsonRpcError as exc:
-            self._observe(target, request.method, 400, started)
+            self.records.request(target, request.method, 400, started)
             return _rpc_response(400, jsonrpc.error(None, exc.code, exc.message))
-        calls = ToolCalls(self.tool_call_done, target, request, out.tool_calls())
+        calls = ToolCalls(self.records.tool_call_done, target, request, out.tool_calls())
         one = None if out.batch else out.messages[0]
         try:
             mirrors = mirror.mirrors(one.raw if one is not None else None, request.header_table(),
                                      self.params.of(target.name, one.tool or "") if one is not None else ())
         except mirror.Mismatch as exc:
             calls.finish_all("refused")
-            self._observe(target, request.method, 400, started)
+            self.records.request(target, request.method, 400, started)
             return _rpc_response(400, jsonrpc.error(out.single_id, jsonrpc.HEADER_MISMATCH, str(exc)))
         foreign = self._foreign_session(request, target, out.single_id)
         if foreign is not None:
             calls.finish_all("refused")
-            self._observe(target, request.method, foreign.status, started)
+            self.records.request(target, request.method, foreign.status, started)
             return foreign
         try:
             out, retries = self.in_place.resume(request, target, out)
         except jsonrpc.JsonRpcError as exc:
             calls.finish_all("refused")
-            self._observe(target, request.method, 400, started)
+            self.records.request(target, request.method, 400, started)
             return _rpc_response(400, jsonrpc.error(out.single_id, exc.code, exc.message))
         void = self.in_place.void_answers(request, target, out)
         if void:  # the client answered an elicitation whose time had run out: the server has its answer
             out = jsonrpc.without_responses(out, void)
             if not out.messages:
-                self._observe(target, request.method, 202, started)
+                self.records.request(target, request.method, 202, started)
                 return Response(202, b"")
         granted = request.grant.tools_of(target.name) if request.grant is not None else None
         refused = (jsonrpc.refusals(out, target.trust, target.name, granted)
@@ -257,7 +243,7 @@ class Gateway:
             traces.tracer.policy(started, bool(refused))
         if refused:
             calls.finish_all("refused")
-            self._observe(target, request.method, 200, started)
+            self.records.request(target, request.method, 200, started)
             return _rpc_response(200, refused if out.batch else refused[0])
         trust = target.trust.trust
         roots = target.content.effective_roots(trust)
@@ -280,7 +266,7 @@ class Gateway:
         started = time.perf_counter()
         foreign = self._foreign_session(request, target, None)
         if foreign is not None:
-            self._observe(target, request.method, foreign.status, started)
+            self.records.request(target, request.method, foreign.status, started)
             return foreign
         response, sent = await self._exchange(request, target, 0, None, mirror.Mirrors())
         return await self._answer(request, target, response, sent, None, {}, started, b"")
@@ -411,7 +397,7 @@ class Gateway:
                     response = RawAnswer.of(await transport.handle_async_request(upstream))
                     response.response.request = upstream  # type: ignore[union-attr]
         except (httpx.TimeoutException, TimeoutError) as exc:
-            upstream_log.not_answered(target.name, exc, timeout, _UPSTREAM_TIMEOUTS)
+            records.not_answered(target.name, exc, timeout, _UPSTREAM_TIMEOUTS)
             raise UpstreamTimeout(f"the MCP server did not answer within {timeout:g} s") from None
         except Forbidden as refused:  # the egress policy (SSRF guard, deny_hosts, net = "off")
             host = str(refused.details.get("host", ""))[:253]
@@ -419,12 +405,12 @@ class Gateway:
                                     **actor_of(request).to_dict())
             raise
         except httpx.HTTPError as exc:
-            upstream_log.not_answered(target.name, exc, timeout, _UPSTREAM_TIMEOUTS)
+            records.not_answered(target.name, exc, timeout, _UPSTREAM_TIMEOUTS)
             raise UpstreamError(f"the MCP server could not be reached ({type(exc).__name__})") from None
         if (response.header(b"content-encoding") or "identity").strip().lower() != "identity":
             # asked for identity: a compressed answer is a bomb or a lie, and is never inflated
             await response.aclose()
-            upstream_log.failed(target.name, "refused_answer", "a compressed answer (Content-Encoding)")
+            records.failed(target.name, "refused_answer", "a compressed answer (Content-Encoding)")
             raise UpstreamError("the MCP server sent a compressed answer (Content-Encoding), which the "
                                 "gateway does not read: withheld")
         return response
@@ -475,7 +461,7 @@ class Gateway:
             pinning = await self._pinning(target, pending)
             inspector = jsonrpc.Inspector(
                 target.trust, masker, pending, calls.answered if calls is not None else None,
-                lambda warnings: self._policy_warnings(target, warnings), granted=granted,
+                lambda warnings: self.records.policy_warnings(target, warnings), granted=granted,
                 # a GET stream outlives reloads: its server's requests are judged by the config of now
                 on_server_request=lambda m: in_place.asks(request, self._current(target), m, outbox),
                 screening=screening_of(target),
@@ -485,7 +471,7 @@ class Gateway:
                 on_input_required=lambda r: in_place.input_required(request, target, r),
                 on_task_input=lambda t: in_place.task_input(request, self._current(target), t),
                 on_listing=lambda tools: self.params.learn(target.name, tools))
-            self._observe(target, request.method, status, started)
+            self.records.request(target, request.method, status, started)
             self._follow_session(request, target, response)
             kind = jsonrpc.answer_kind(response.header(b"content-type") or "")
             if kind == "sse" and 200 <= status < 300:
@@ -514,7 +500,7 @@ class Gateway:
             raise
         await response.aclose()
         if status >= 500:
-            upstream_log.answered(target.name, status)
+            records.answered(target.name, status)
         checked = inspector.json_body(body) if body and kind == "json" else None
         if body and checked is None:  # fail closed: what the gateway cannot read is not passed on
             if status < 500:  # a 5xx answer is logged as such: once
@@ -540,7 +526,7 @@ class Gateway:
         refused, warnings = tool_meta.call_refusals(out, target.name, target.content.tool_metadata, trust,
                                                     target.content.effective_roots(trust) or ())
         for warning in warnings:
-            self._policy_warnings(target, [warning])
+            self.records.policy_warnings(target, [warning])
         if refused or not target.content.effective_pin_tools(trust):
             return refused
         names = pins.called_tools(out)
@@ -610,7 +596,7 @@ class Gateway:
         finally:
             await response.aclose()
         if response.status_code >= 500:
-            upstream_log.answered(target.name, response.status_code)
+            records.answered(target.name, response.status_code)
 
     def _follow_session(self, request: Request, target: Target, response: RawAnswer) -> None:
         asked = one_header(request, b"mcp-session-id")
@@ -626,33 +612,6 @@ class Gateway:
                 self.sessions.used(target.name, asked, _owner(request))
         elif status == 404 and asked:  # the server no longer knows the session
             self.sessions.ended(target.name, asked)
-
-    # -- audit, metrics, logs
-
-    def tool_call_done(self, target: Target, tool: str, actor: Actor, status: str, seconds: float) -> None:
-        self.broker.audit.write("tool_call", server=target.name, key=target.key, tool=tool[:MAX_AUDITED_NAME],
-                                status=status, duration=round(seconds, 6), **actor.to_dict())
-        shown = "_refused" if status == "refused" else tool[:MAX_AUDITED_NAME]
-        labels = self.metrics.bounded("mcpcreds_tool_calls_total",
-                                      (("server", target.name), ("tool", shown)), "tool")
-        self.metrics.inc("mcpcreds_tool_calls_total", (*labels, ("status", _metric_status(status))),
-                         help_text="tools/call requests through the gateway, by server, tool and outcome.")
-        self.metrics.observe("mcpcreds_tool_call_seconds", labels, seconds,
-                             help_text="Time from a tools/call request to its answer, by server and tool.")
-
-    def _observe(self, target: Target, method: str, status: int, started: float) -> None:
-        labels = (("server", target.name),)
-        self.metrics.inc("mcpcreds_gateway_requests_total",
-                         (*labels, ("method", method), ("status", str(status))),
-                         help_text="Requests relayed by the gateway, by server, HTTP method and status.")
-        self.metrics.observe("mcpcreds_gateway_request_seconds", labels, time.perf_counter() - started,
-                             help_text="Time from a gateway request to the head of its answer, by server.")
-
-    def _policy_warnings(self, target: Target, warnings: list[str]) -> None:
-        for warning in warnings:
-            if (target.name, warning) not in self._warned and len(self._warned) < 4096:
-                self._warned.add((target.name, warning))
-                _log.warning("tool policy", extra={"server": target.name, "warning": warning})
 
 
 def screening_of(target: Target) -> jsonrpc.Screening:

@@ -18,7 +18,7 @@ from ..core.http import MAX_GATEWAY_BODY_BYTES, Request
 from ..core.logs import get_logger
 from ..errors import UpstreamError, UpstreamTimeout
 from ..net.egress_http import RawAnswer
-from . import jsonrpc, upstream_log
+from . import jsonrpc, records
 from .sse import EventTooLarge, SseSplitter
 
 _log = get_logger("gateway")
@@ -129,7 +129,7 @@ class SseBody:
             self.end = "no_response"
         except TimeoutError:  # the server went quiet for longer than `timeout`: its request is cancelled
             self.end = "upstream_timeout"
-            upstream_log.timed_out(self.target.name, self.gap, "no SSE event")
+            records.timed_out(self.target.name, self.gap, "no SSE event")
             await response.aclose()  # at once, not once the client has read the error
             if self.given_up is not None and inspector.pending:
                 self.given_up(dict(inspector.pending))
@@ -138,10 +138,10 @@ class SseBody:
                                  "upstream_timeout")
         except httpx.HTTPError as exc:  # the upstream dropped mid-stream
             self.end = "dropped"
-            upstream_log.failed(self.target.name, "cut", f"stream cut ({type(exc).__name__})")
+            records.failed(self.target.name, "cut", f"stream cut ({type(exc).__name__})")
         except EventTooLarge:
             self.end = "dropped"
-            upstream_log.failed(self.target.name, "refused_answer",
+            records.failed(self.target.name, "refused_answer",
                                 f"an SSE event larger than {MAX_SSE_EVENT} bytes: stream ended")
         if inspector.dropped:
             _log.warning("upstream SSE events withheld: not JSON-RPC read one way only",
@@ -197,13 +197,13 @@ async def read_whole(response: RawAnswer, limit: int, timeout: float, server: st
             async for chunk in response.aiter_raw():  # never decoded: a compressed answer is refused
                 size += len(chunk)
                 if size > limit:
-                    upstream_log.failed(server, "refused_answer", f"an answer larger than {limit} bytes")
+                    records.failed(server, "refused_answer", f"an answer larger than {limit} bytes")
                     raise UpstreamError(f"the MCP server's answer exceeds {limit} bytes")
                 parts.append(chunk)
     except (httpx.TimeoutException, TimeoutError):
-        upstream_log.timed_out(server, timeout, "reading the answer")
+        records.timed_out(server, timeout, "reading the answer")
         raise UpstreamTimeout(f"the MCP server did not finish its answer within {timeout:g} s") from None
     except httpx.HTTPError as exc:
-        upstream_log.failed(server, "cut", f"answer cut ({type(exc).__name__})")
+        records.failed(server, "cut", f"answer cut ({type(exc).__name__})")
         raise UpstreamError(f"the MCP server's answer was cut ({type(exc).__name__})") from None
     return b"".join(parts)
