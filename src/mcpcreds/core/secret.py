@@ -121,8 +121,8 @@ class Redactor:
         self._refs[form] = count + 1
         if not count:
             self._index[form[-4:]] = (*self._index.get(form[-4:], ()), form)
-        # after the index: a text masked by the index of before is kept under the generation before
-        self._generation += 1
+            # after the index: a text masked by the index of before is kept under the generation before
+            self._generation += 1
 
     def redact(self, text: str) -> str:
         generation = self._generation  # read first: a text masked while the forms change is not kept

@@ -284,7 +284,8 @@ class KeyringSource:
         """`fn` on the backend, tried again while the daemon's collection is missing and the
         caller still waits (past `deadline` its time box has answered it)."""
         backend = self._load_backend()
-        for pause in (*MISSING_PAUSES, None):
+        pauses = iter(MISSING_PAUSES)
+        while True:
             try:
                 return fn(backend)
             except Exception as exc:
@@ -294,10 +295,10 @@ class KeyringSource:
                 reused = drop is not None and drop()
                 if reused and isinstance(exc, OSError | EOFError):
                     return fn(backend)
+                pause = next(pauses, None)
                 if pause is None or not collection_missing(exc) or time.monotonic() + pause >= deadline:
                     raise
             time.sleep(pause)  # the daemon's collection was not there: it may be a moment later
-        raise AssertionError("unreachable")  # the last pass returns or raises
 
     def get(self, name: str) -> str | None:
         check_secret_name(name)

@@ -205,7 +205,7 @@ class InPlace:
             body = jsonrpc.dumps(message)
             as_client = self.as_client(request, body)
             try:  # the headers a 2026-07-28 request carries, derived from the body
-                mirrors = mirror.mirrors(message, as_client.headers)
+                mirrors = mirror.mirrors(message, as_client.header_table())
             except mirror.Mismatch:  # the client's version header against its envelope: refused already
                 _log.warning("gateway: a task's answers not sent", extra={"server": target.name})
                 return shown

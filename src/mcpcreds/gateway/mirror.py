@@ -29,7 +29,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..core.http import header_table
 from . import jsonrpc
 
 MODERN_VERSIONS: Final = frozenset({"2026-07-28"})  # the revisions of the per-request envelope
@@ -208,14 +207,12 @@ def body_version(raw: Mapping[str, Any]) -> str | None:
     return version if isinstance(version, str) else None
 
 
-def mirrors(message: Mapping[str, Any] | None,
-            headers: Sequence[tuple[bytes, bytes]] | Mapping[bytes, bytes],
+def mirrors(message: Mapping[str, Any] | None, sent: Mapping[bytes, bytes],
             params: tuple[ParamHeader, ...] = ()) -> Mirrors:
     """The headers of a POST whose body is `message` (None for a batch) as they go upstream;
-    Mismatch for a header the client sent that the body contradicts. `headers`: as sent, or their
-    `header_table` (a name sent twice matches nothing). `params`: the annotations of the tool a
-    `tools/call` names (from `ParamTable`)."""
-    sent = headers if isinstance(headers, Mapping) else header_table(headers)
+    Mismatch for a header the client sent that the body contradicts. `sent`: the client's headers
+    as `Request.header_table` gives them (a name sent twice matches nothing). `params`: the
+    annotations of the tool a `tools/call` names (from `ParamTable`)."""
     sent_method, sent_name = sent.get(b"mcp-method"), sent.get(b"mcp-name")
     sent_version = sent.get(VERSION_HEADER)
     method = message.get("method") if message is not None else None

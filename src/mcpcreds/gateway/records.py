@@ -30,12 +30,6 @@ from ..core.metrics import Metrics
 from ..errors import ERRORS_BY_CODE
 from ..net.egress_http import ConnectError
 
-
-class Caller(Protocol):
-    """Who called (the broker's `Actor`), as an audit line names them."""
-
-    def to_dict(self) -> dict[str, Any]: ...
-
 _log = get_logger("gateway")
 
 MAX_AUDITED_NAME: Final = 128
@@ -43,6 +37,12 @@ MAX_WARNINGS: Final = 4096  # policy warnings remembered as logged (server, warn
 _STATUS_GROUPS: Final = frozenset({"ok", "tool_error", "error", "refused", "rate_limited", "upstream_error",
                                    "no_response", "dropped", "cancelled", "withheld", "input_required",
                                    "task"})
+
+
+class Caller(Protocol):
+    """Who called (the broker's `Actor`), as an audit line names them."""
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 def metric_status(status: str) -> str:

@@ -142,7 +142,7 @@ class SseBody:
         except EventTooLarge:
             self.end = "dropped"
             records.failed(self.target.name, "refused_answer",
-                                f"an SSE event larger than {MAX_SSE_EVENT} bytes: stream ended")
+                           f"an SSE event larger than {MAX_SSE_EVENT} bytes: stream ended")
         if inspector.dropped:
             _log.warning("upstream SSE events withheld: not JSON-RPC read one way only",
                          extra={"server": self.target.name, "events": inspector.dropped})

@@ -180,6 +180,10 @@ class RawPool(Protocol):
 RESOLVED_TTL: Final = 30.0  # seconds a name's addresses are reused, as a DNS client's cache does
 
 
+def _port(url: httpx.URL) -> int:
+    return url.port or (443 if url.scheme == "https" else 80)
+
+
 class EgressTransport(httpx.AsyncBaseTransport):
     """An httpx transport that enforces an `EgressPolicy` on every request.
 
@@ -263,14 +267,14 @@ class EgressTransport(httpx.AsyncBaseTransport):
             addresses = cached[1]
         if not all((host, address) in self._addresses for address in addresses):
             return None
-        return host, url.port or (443 if url.scheme == "https" else 80), addresses
+        return host, _port(url), addresses
 
     async def _checked(self, url: httpx.URL, request: httpx.Request | None,
                        timeout: float | None) -> tuple[str, int, list[str]]:
         """The canonical host, the port and the addresses to try, each allowed by the policy."""
         raw_host = url.raw_host.decode("ascii")
         host = self._hosts.get(raw_host) or self.policy.check_host(raw_host)
-        port = url.port or (443 if url.scheme == "https" else 80)
+        port = _port(url)
         asked = self.clock()
         addresses, looked_up = await self._resolve(request, host, port, timeout)
         for address in addresses:
