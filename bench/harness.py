@@ -360,19 +360,26 @@ def oidc_peer(client_id: str, client_secret: str, scope: str, ttl: int) -> Itera
         yield peer
 
 
-def _serve_forever(serve: Callable[..., Coroutine[Any, Any, None]], args: tuple[Any, ...]) -> None:
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(*args))
+def _serve_forever(serve: Callable[..., Coroutine[Any, Any, None]], args: tuple[Any, ...],
+                   event_loop: str) -> None:
+    factory = None
+    if event_loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(serve(*args))
 
 
 @contextlib.contextmanager
 def server_process(serve: Callable[..., Coroutine[Any, Any, None]], *args: Any, socket_path: Path | str,
-                   what: str) -> Iterator[None]:
+                   what: str, event_loop: str = "asyncio") -> Iterator[int]:
     """`asyncio.run(serve(*args))` in a spawned process of its own (`serve`: a module-level async
-    function that listens on the Unix socket `socket_path` until the process ends), ready once that
-    socket takes a connection; terminated at the end of the block."""
+    function that listens on the Unix socket `socket_path` until the process ends), on asyncio's
+    loop or uvloop's (`event_loop`), ready once that socket takes a connection; its pid, and it is
+    terminated at the end of the block."""
     spawn = multiprocessing.get_context("spawn")
-    proc = spawn.Process(target=_serve_forever, args=(serve, args), daemon=True)
+    proc = spawn.Process(target=_serve_forever, args=(serve, args, event_loop), daemon=True)
     proc.start()
     try:
         deadline = time.monotonic() + READY_TIMEOUT
@@ -387,7 +394,8 @@ def server_process(serve: Callable[..., Coroutine[Any, Any, None]], *args: Any, 
                 if time.monotonic() > deadline:
                     raise BenchError(f"{what} was not ready after {READY_TIMEOUT:.0f} s ({exc})") from None
             time.sleep(0.02)
-        yield
+        assert proc.pid is not None  # started
+        yield proc.pid
     finally:
         proc.terminate()
         proc.join(5)
