@@ -21,6 +21,12 @@ GATEWAY_PREFIX: Final = b"/mcp/"
 MAX_GATEWAY_BODY_BYTES: Final = 4 * 1024 * 1024
 
 
+def holds(data: bytes, part: bytes) -> bool:
+    """`part in data`, without its cost: on Python 3.11 `in` on bytes first reads `part` as an
+    integer, and the TypeError it makes and drops costs several times the search itself."""
+    return data.find(part) >= 0
+
+
 def header_table(headers: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
     """Each header's value by its name (trimmed, lower-cased). A name sent more than once stands
     for b"\\0", which matches no value: a header meant once and sent twice is one too many."""

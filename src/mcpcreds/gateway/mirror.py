@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ..core.http import holds
 from . import jsonrpc
 
 MODERN_VERSIONS: Final = frozenset({"2026-07-28"})  # the revisions of the per-request envelope
@@ -279,7 +280,7 @@ def with_trace(body: bytes, carrier: Mapping[str, str]) -> bytes:
     in the `_meta` of each request that carries one there: a 2026-07-28 request, or one whose
     client put a `traceparent` there (the caller's context is replaced: it is the parent of the
     gateway's span). The body as it was when no request does."""
-    if b'"_meta"' not in body:
+    if not holds(body, b'"_meta"'):
         return body
     try:
         out = jsonrpc.parse_body(body)

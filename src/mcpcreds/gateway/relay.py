@@ -52,7 +52,7 @@ from ..broker.headers import HeadersResult
 from ..config.catalog import refuse_uncovered
 from ..config.model import Target, is_aws
 from ..core.credshape import credential_name
-from ..core.http import Answer, Request, Response, StreamingResponse
+from ..core.http import Answer, Request, Response, StreamingResponse, holds
 from ..core.logs import get_logger
 from ..core.metrics import Metrics
 from ..core.rates import parse_retry_after
@@ -637,7 +637,7 @@ def _takes_json(request: Request) -> bool:
     """Whether the client accepts an application/json answer (an MCP client must: a client that
     sends no Accept is sent what the gateway asked of the server for it, which includes it)."""
     accept = one_header(request, b"accept")
-    return accept is None or b"application/json" in accept.lower() or b"*/*" in accept
+    return accept is None or holds(accept.lower(), b"application/json") or holds(accept, b"*/*")
 
 
 def _owner(request: Request) -> Owner:

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any, Final
 
+from ..core.http import holds
+
 MAX_DEPTH: Final = 128  # a tools/list of nested JSON Schemas stays far below; Python's own limit is ~1000
 MIN_MASKED: Final = 8  # shorter credential values are not masked: they would mangle ordinary text
 MASK: Final = "***"
@@ -165,7 +167,7 @@ class Masker:
         header values (see the class doc); the same object when it sent none, which is the rule:
         a masker made once per login serves every request."""
         spared = {form for form, utf8, latin1 in zip(self.forms, self._utf8, self._latin1, strict=True)
-                  if utf8 in body or (latin1 is not None and any(latin1 in value for _, value in headers))}
+                  if holds(body, utf8) or (latin1 is not None and any(holds(v, latin1) for _, v in headers))}
         if not spared:
             return self
         narrowed = Masker(())
@@ -176,7 +178,7 @@ class Masker:
         """Whether a credential form stands in JSON text `written` (as `dumps` writes it: a string
         that holds one holds it so, whatever escapes the sender used): when not, nothing is to be
         masked and the walk is spared."""
-        return any(form in written for form in self._written)
+        return any(holds(written, form) for form in self._written)
 
     def text(self, value: str) -> str:
         for form in self.forms:

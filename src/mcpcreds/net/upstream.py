@@ -54,6 +54,9 @@ DRAIN_SECONDS: Final = 0.5
 DEFAULT_LIMITS: Final = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 # a header name's characters (RFC 9110 tchar): what is left after deleting them is not a token
 _TCHARS: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+# bytes a header value may not hold, as the integers `in` finds at once in bytes (a one-byte bytes
+# needle is first tried as an integer, at the cost of an exception made and dropped)
+_CR, _LF, _NUL = 13, 10, 0
 Key = tuple[str, str, int, str]  # scheme, address, port, server name
 Asker = httpx.Request | None  # the request errors name (None on the gateway's raw way)
 
@@ -64,7 +67,7 @@ def request_head(method: bytes, target: bytes, headers: list[Header],
     or a value with CR, LF or NUL."""
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
     for name, value in headers:
-        if not name or name.translate(None, _TCHARS) or b"\r" in value or b"\n" in value or b"\0" in value:
+        if not name or name.translate(None, _TCHARS) or _CR in value or _LF in value or _NUL in value:
             raise httpx.LocalProtocolError("an invalid header name or value: not sent", request=request)
         parts += [name, b": ", value, b"\r\n"]
     parts.append(b"\r\n")
