@@ -27,6 +27,7 @@ MAX_RESPONSE: Final = 1024 * 1024
 MAX_HEAD: Final = 64 * 1024
 MAX_INTERIM: Final = 8  # 1xx answers before the final one (a sidecar sends none)
 _NO_BODY: Final = frozenset({204, 304})
+_SP: Final = 0x20  # a space as an integer: `in` finds it in bytes without making and dropping a TypeError
 
 
 class Retryable(ConnectionError):
@@ -83,7 +84,7 @@ class Answer:
         length = None
         for line in lines[1:]:
             name, colon, value = line.partition(b":")
-            if not colon or not name or name != name.strip() or b" " in name:
+            if not colon or not name or name != name.strip() or _SP in name:
                 raise ValueError("malformed header line")
             name, value = name.lower(), value.strip()
             if name == b"content-length":
