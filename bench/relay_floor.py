@@ -21,8 +21,9 @@ the library's one-write connections) and relay to the same server (the MCP SDK 2
 tests), a static API key on every request (the sidecar adds it; the client sends it through the
 floor). Each round opens `--sessions` sessions through each way in turn, calls `add` a few times,
 then `--calls` times spread over the sessions, and reads the CPU (user + system, /proc) of the
-process in the path over those calls. What the sidecar spends above the floor is its own work; the
-floor is what any process in the path costs on this machine, at this load.
+process in the path over those calls, and the part of it spent in the kernel (system). What the
+sidecar spends above the floor is its own work; the floor is what any process in the path costs on
+this machine, at this load.
 """
 
 from __future__ import annotations
@@ -126,8 +127,9 @@ def through_floor(relay_socket: Path, peer: GatewayPeer) -> Opener:
     return opened
 
 
-async def one_round(opener: Opener, pid: int, sessions: int, calls: int) -> tuple[float, float]:
-    """`(CPU seconds of process pid per call, calls/s)` over `calls` calls from `sessions` sessions."""
+async def one_round(opener: Opener, pid: int, sessions: int, calls: int) -> tuple[float, float, float]:
+    """`(CPU seconds of process pid per call, the system part of them, calls/s)` over `calls` calls
+    from `sessions` sessions."""
     each = max(1, calls // sessions)
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(opener()) for _ in range(sessions)]
@@ -140,22 +142,26 @@ async def one_round(opener: Opener, pid: int, sessions: int, calls: int) -> tupl
             for _ in range(each):
                 await client.call_tool("add", ARGS)
 
-        cpu, started = harness.cpu_seconds(pid), time.perf_counter()
+        (user, system), started = harness.user_system_seconds(pid), time.perf_counter()
         await asyncio.gather(*(work(c) for c in clients))
-        elapsed, cpu = time.perf_counter() - started, harness.cpu_seconds(pid) - cpu
-    return cpu / (each * sessions), each * sessions / elapsed
+        elapsed, (user_after, system_after) = time.perf_counter() - started, harness.user_system_seconds(pid)
+    done = each * sessions
+    system = system_after - system
+    return (user_after - user + system) / done, system / done, done / elapsed
 
 
 async def measure(openers: dict[str, tuple[Opener, int]], args: argparse.Namespace) -> dict[str, Any]:
     asyncio.get_running_loop().set_exception_handler(gateway_bench.client_errors)
     report: dict[str, Any] = {}
     for sessions in args.sessions:
-        rounds: dict[str, dict[str, list[float]]] = {way: {"cpu_ms": [], "calls_s": []} for way in WAYS}
+        rounds: dict[str, dict[str, list[float]]] = {way: {"cpu_ms": [], "system_ms": [], "calls_s": []}
+                                                     for way in WAYS}
         for n in range(args.rounds):
             for way in WAYS if n % 2 == 0 else WAYS[::-1]:
                 opener, pid = openers[way]
-                per_call, rate = await one_round(opener, pid, sessions, args.calls)
+                per_call, system, rate = await one_round(opener, pid, sessions, args.calls)
                 rounds[way]["cpu_ms"].append(per_call * 1000)
+                rounds[way]["system_ms"].append(system * 1000)
                 rounds[way]["calls_s"].append(rate)
                 harness.progress(f"    {sessions} session(s), round {n + 1} {way:7}: {rate:7.1f} calls/s, "
                                  f"CPU {per_call * 1000:.3f} ms/call")
@@ -168,10 +174,11 @@ def render(args: argparse.Namespace) -> Callable[[dict[str, Any]], str]:
         out = [f"CPU of the process in the path per tools/call, {args.calls} calls per way per round, "
                f"{args.rounds} rounds, the ways taking turns"]
         for sessions, rounds in report.items():
-            rows = [["way", "CPU ms/call min", "median", "max", "calls/s median"]]
+            rows = [["way", "CPU ms/call min", "median", "max", "system part, median", "calls/s median"]]
             for way in WAYS:
                 cpu = sorted(rounds[way]["cpu_ms"])
                 rows.append([way, f"{cpu[0]:.3f}", f"{statistics.median(cpu):.3f}", f"{cpu[-1]:.3f}",
+                             f"{statistics.median(rounds[way]['system_ms']):.3f}",
                              f"{statistics.median(rounds[way]['calls_s']):.1f}"])
             out += ["", f"{sessions} session(s)", harness.table(rows)]
             side, floor = (statistics.median(rounds[w]["cpu_ms"]) for w in WAYS)
