@@ -45,7 +45,7 @@ from opentelemetry.trace import Link, Span, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ..config.model import Target
-from ..core.http import Answer, Request, ResponseBody, StreamingResponse
+from ..core.http import Answer, Request, ResponseBody, StreamingResponse, holds
 from ..core.version import installed_version
 
 T = TypeVar("T")
@@ -167,7 +167,7 @@ class _Traced:
 
     def read(self, chunk: bytes) -> None:
         """SSE events the client is sent: the answer to the request, once it passes."""
-        if self.answered or b"data:" not in chunk:
+        if self.answered or not holds(chunk, b"data:"):
             return
         for line in chunk.split(b"\n"):
             if line.startswith(b"data:"):
