@@ -222,3 +222,27 @@ async def test_a_head_of_exactly_the_limit_passes_one_byte_more_does_not(wire: W
     wire.conn.data_received(head(MAX_HEAD_BYTES + 1)[MAX_HEAD_BYTES:])  # its last byte
     rest = await wire.rest()
     assert rest.startswith(b"HTTP/1.1 431 ")
+
+
+# ------------------------------------------------------------------------ descriptors
+
+
+def test_the_sidecar_raises_its_open_files_limit_and_serves_past_the_old_one(tmp_path: Path) -> None:
+    """Started at a soft limit of 64 descriptors (the usual 1,024 in small), the sidecar raises it
+    towards the hard one: 150 connections held open, a new one is still answered (at 64, libuv
+    accepted and dropped it without a word), and its ready line says the limit it runs with."""
+    config, sock = write_config(tmp_path)
+    with run_sidecar(config, sock, {"DOCS_TOKEN": "docs-token"}, wrapper=("prlimit", "--nofile=64:4096")) as proc:
+        limits = Path(f"/proc/{proc.proc.pid}/limits").read_text()
+        soft = next(line.split()[3] for line in limits.splitlines() if line.startswith("Max open files"))
+        assert soft == "4096"
+        assert '"open_files": 4096' in proc.log
+        held = [connect(proc) for _ in range(150)]
+        try:
+            s = connect(proc)
+            with s:
+                s.sendall(HEALTH)
+                assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+        finally:
+            for h in held:
+                h.close()
