@@ -140,6 +140,18 @@ def _audit(workdir: Path, event: str, **match: Any) -> list[dict[str, Any]]:
     return [e for e in lines if e["event"] == event and all(e.get(k) == v for k, v in match.items())]
 
 
+def _egress(workdir: Path, session_id: str, count: int) -> list[dict[str, Any]]:
+    """The session's `exec_egress` lines once there are `count`, by method and host. A line is
+    written when its connection ends, which can come after the next request was refused, or
+    after the session: a tool returns once it has its answer, before the proxy has seen both
+    sides close."""
+    deadline = time.monotonic() + 30
+    while len(lines := _audit(workdir, "exec_egress", session=session_id)) < count:
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.05)
+    return sorted(lines, key=lambda e: (e["method"], e["host"]))
+
+
 def _port(upstream: Upstream) -> int:
     return int(upstream.url.rsplit(":", 1)[1])
 
@@ -187,10 +199,10 @@ async def test_restricted_allows_listed_host_refuses_others_and_direct(
         assert direct.startswith("error: ConnectionRefusedError"), direct
         outside = await _call(session, "direct", host="192.0.2.1", port=80)
         assert outside.startswith("error: OSError") and "unreachable" in outside, outside
-    lines = _audit(workdir, "exec_egress", session=session_id)
+    lines = _egress(workdir, session_id, 4)
     assert [(e["method"], e["host"], e["allowed"]) for e in lines] == [
-        ("GET", "localhost", True), ("GET", "127.0.0.1", False),
-        ("CONNECT", "localhost", True), ("CONNECT", "127.0.0.1", False)]
+        ("CONNECT", "127.0.0.1", False), ("CONNECT", "localhost", True),
+        ("GET", "127.0.0.1", False), ("GET", "localhost", True)]
     for line in lines:
         assert line["port"] == port and line["duration"] >= 0
     assert all(e["bytes_up"] > 0 and e["bytes_down"] > 0 for e in lines if e["allowed"])
@@ -220,10 +232,10 @@ async def test_broad_audited_allows_any_host_but_denied_and_audits_each(
         assert (await _call(session, "fetch", url=f"http://127.0.0.1:{port}/b")).startswith("200 ")
         refused = await _call(session, "tunnel", host="blocked.localhost", port=port)
         assert refused.startswith("HTTP/1.1 403"), refused
-    lines = _audit(workdir, "exec_egress", session=session_id)
-    assert [(e["host"], e["allowed"]) for e in lines] == [
-        ("localhost", True), ("127.0.0.1", True), ("blocked.localhost", False)]
-    assert lines[2]["reason"] == "refused: deny_hosts"
+    lines = _egress(workdir, session_id, 3)
+    assert [(e["method"], e["host"], e["allowed"]) for e in lines] == [
+        ("CONNECT", "blocked.localhost", False), ("GET", "127.0.0.1", True), ("GET", "localhost", True)]
+    assert lines[0]["reason"] == "refused: deny_hosts"
 
 
 # ---------------------------------------------------------------------------- the process
