@@ -59,7 +59,10 @@ Opener = Callable[[], AbstractAsyncContextManager[ClientSession]]
 
 async def relay(listen: str, host: str, port: int) -> None:
     """The floor: every connection to `listen` gets its own TCP connection to `host:port`, and the
-    bytes of each side are written to the other as they arrive. Serves until its process ends."""
+    bytes of each side are written to the other as they arrive. Serves until its process ends.
+    The least a relay can do for this bench's clients: no half-close is passed on (an end from
+    either side closes both; HTTP/1.1 clients here never half-close) and no write buffer bounds
+    reading (the answers are small)."""
     loop = asyncio.get_running_loop()
 
     class Upstream(asyncio.Protocol):
@@ -171,8 +174,10 @@ async def measure(openers: dict[str, tuple[Opener, int]], args: argparse.Namespa
 
 def render(args: argparse.Namespace) -> Callable[[dict[str, Any]], str]:
     def lines(report: dict[str, Any]) -> str:
+        tick = harness.CLOCK_TICK * 1000 / args.calls
         out = [f"CPU of the process in the path per tools/call, {args.calls} calls per way per round, "
-               f"{args.rounds} rounds, the ways taking turns"]
+               f"{args.rounds} rounds, the ways taking turns (/proc counts CPU in clock ticks: "
+               f"{tick:.3f} ms per call at this count; the kernel's split of user and system is sampled)"]
         for sessions, rounds in report.items():
             rows = [["way", "CPU ms/call min", "median", "max", "system part, median", "calls/s median"]]
             for way in WAYS:

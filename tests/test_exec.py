@@ -136,7 +136,9 @@ def _cmdlines() -> str:
 
 
 def _audit(workdir: Path, event: str, **match: Any) -> list[dict[str, Any]]:
-    lines = [json.loads(line) for line in (workdir / "audit.jsonl").read_text().splitlines()]
+    # a line the sidecar is still writing (no line end yet) is left for the next read
+    lines = [json.loads(line) for line in (workdir / "audit.jsonl").read_text().splitlines(keepends=True)
+             if line.endswith("\n")]
     return [e for e in lines if e["event"] == event and all(e.get(k) == v for k, v in match.items())]
 
 
