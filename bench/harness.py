@@ -220,6 +220,17 @@ def cpu_seconds(pid: int, children: bool = False, gone: float | None = None) -> 
     return sum(int(f) for f in fields[11:15 if children else 13]) * CLOCK_TICK
 
 
+def run_seconds(pid: int) -> float:
+    """The time the threads of process `pid` have run on a CPU so far, to the nanosecond (the
+    scheduler's own count, /proc/PID/task/*/schedstat), where /proc/PID/stat counts clock ticks.
+    A thread that has ended no longer counts."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(stat.read_text().split()[0])
+    return total / 1e9
+
+
 def user_system_seconds(pid: int) -> tuple[float, float]:
     """The user and the system CPU of process `pid` so far, apart (see `cpu_seconds`)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

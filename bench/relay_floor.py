@@ -20,10 +20,10 @@ Both are reached by the same client (the MCP SDK 2.x `ClientSession` over httpx2
 the library's one-write connections) and relay to the same server (the MCP SDK 2.x server of the
 tests), a static API key on every request (the sidecar adds it; the client sends it through the
 floor). Each round opens `--sessions` sessions through each way in turn, calls `add` a few times,
-then `--calls` times spread over the sessions, and reads the CPU (user + system, /proc) of the
-process in the path over those calls, and the part of it spent in the kernel (system). What the
-sidecar spends above the floor is its own work; the floor is what any process in the path costs on
-this machine, at this load.
+then `--calls` times spread over the sessions, and reads the CPU of the process in the path over
+those calls (the scheduler's run time of its threads, to the nanosecond), and the part of it spent
+in the kernel (system: /proc's clock ticks, sampled). What the sidecar spends above the floor is its
+own work; the floor is what any process in the path costs on this machine, at this load.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench and tests
@@ -130,9 +130,16 @@ def through_floor(relay_socket: Path, peer: GatewayPeer) -> Opener:
     return opened
 
 
-async def one_round(opener: Opener, pid: int, sessions: int, calls: int) -> tuple[float, float, float]:
-    """`(CPU seconds of process pid per call, the system part of them, calls/s)` over `calls` calls
-    from `sessions` sessions."""
+class Usage(NamedTuple):
+    """What a round cost the process in the path, per call, in seconds."""
+
+    ran: float  # the scheduler's run time of its threads
+    system: float  # the system part of /proc's clock ticks
+    ticks: float  # user + system in /proc's clock ticks (sampled: a check on `ran`)
+
+
+async def one_round(opener: Opener, pid: int, sessions: int, calls: int) -> tuple[Usage, float]:
+    """What process `pid` spent per call over `calls` calls from `sessions` sessions, and calls/s."""
     each = max(1, calls // sessions)
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(opener()) for _ in range(sessions)]
@@ -145,29 +152,33 @@ async def one_round(opener: Opener, pid: int, sessions: int, calls: int) -> tupl
             for _ in range(each):
                 await client.call_tool("add", ARGS)
 
-        (user, system), started = harness.user_system_seconds(pid), time.perf_counter()
+        ran, (user, system) = harness.run_seconds(pid), harness.user_system_seconds(pid)
+        started = time.perf_counter()
         await asyncio.gather(*(work(c) for c in clients))
-        elapsed, (user_after, system_after) = time.perf_counter() - started, harness.user_system_seconds(pid)
+        elapsed = time.perf_counter() - started
+        ran, (user_after, system_after) = harness.run_seconds(pid) - ran, harness.user_system_seconds(pid)
     done = each * sessions
     system = system_after - system
-    return (user_after - user + system) / done, system / done, done / elapsed
+    usage = Usage(ran / done, system / done, (user_after - user + system) / done)
+    return usage, done / elapsed
 
 
 async def measure(openers: dict[str, tuple[Opener, int]], args: argparse.Namespace) -> dict[str, Any]:
     asyncio.get_running_loop().set_exception_handler(gateway_bench.client_errors)
     report: dict[str, Any] = {}
     for sessions in args.sessions:
-        rounds: dict[str, dict[str, list[float]]] = {way: {"cpu_ms": [], "system_ms": [], "calls_s": []}
-                                                     for way in WAYS}
+        rounds: dict[str, dict[str, list[float]]] = {
+            way: {"cpu_ms": [], "system_ms": [], "ticks_ms": [], "calls_s": []} for way in WAYS}
         for n in range(args.rounds):
             for way in WAYS if n % 2 == 0 else WAYS[::-1]:
                 opener, pid = openers[way]
-                per_call, system, rate = await one_round(opener, pid, sessions, args.calls)
-                rounds[way]["cpu_ms"].append(per_call * 1000)
-                rounds[way]["system_ms"].append(system * 1000)
+                usage, rate = await one_round(opener, pid, sessions, args.calls)
+                rounds[way]["cpu_ms"].append(usage.ran * 1000)
+                rounds[way]["system_ms"].append(usage.system * 1000)
+                rounds[way]["ticks_ms"].append(usage.ticks * 1000)
                 rounds[way]["calls_s"].append(rate)
                 harness.progress(f"    {sessions} session(s), round {n + 1} {way:7}: {rate:7.1f} calls/s, "
-                                 f"CPU {per_call * 1000:.3f} ms/call")
+                                 f"CPU {usage.ran * 1000:.3f} ms/call")
         report[str(sessions)] = rounds
     return report
 
@@ -176,8 +187,8 @@ def render(args: argparse.Namespace) -> Callable[[dict[str, Any]], str]:
     def lines(report: dict[str, Any]) -> str:
         tick = harness.CLOCK_TICK * 1000 / args.calls
         out = [f"CPU of the process in the path per tools/call, {args.calls} calls per way per round, "
-               f"{args.rounds} rounds, the ways taking turns (/proc counts CPU in clock ticks: "
-               f"{tick:.3f} ms per call at this count; the kernel's split of user and system is sampled)"]
+               f"{args.rounds} rounds, the ways taking turns (the scheduler's run time; the system part "
+               f"from /proc's clock ticks, {tick:.3f} ms per call at this count, and sampled by the kernel)"]
         for sessions, rounds in report.items():
             rows = [["way", "CPU ms/call min", "median", "max", "system part, median", "calls/s median"]]
             for way in WAYS:
@@ -193,6 +204,9 @@ def render(args: argparse.Namespace) -> Callable[[dict[str, Any]], str]:
                                                  strict=True))
             out.append(f"the sidecar above the floor, ms per call, round by round: min {above[0]:.3f}  "
                        f"median {statistics.median(above):.3f}  max {above[-1]:.3f}")
+            ticks = {way: statistics.median(rounds[way]["ticks_ms"]) for way in WAYS}
+            out.append(f"the same CPU in /proc's clock ticks (user + system, median): "
+                       f"sidecar {ticks['sidecar']:.3f}, floor {ticks['floor']:.3f} ms per call")
         return "\n".join(out)
 
     return lines
