@@ -3,7 +3,7 @@
 Run from the repository root (Node for the authorization server peer; the MCP SDK 2.x installed):
 
     python bench/status_quo.py                   # defaults below; 2-3 min, mostly spawning processes
-    python bench/status_quo.py --rounds 3        # three rounds of the three sides, min/median/max
+    python bench/status_quo.py --rounds 3        # three rounds of the four sides, min/median/max
     python bench/status_quo.py --json            # the same figures, machine-readable
     python bench/status_quo.py --processes 8 --tasks 2 --seconds 15 --ttl 5 --rate 20/1s
                                                  # every option, at its default
@@ -24,6 +24,9 @@ concurrent loops calling the tool `add` for `--seconds` seconds, then closes its
   storage, as in the SDK's examples) as the `auth=` of its `httpx2.AsyncClient`. It logs in on the
   first 401, through discovery (PRM, then the authorization server's metadata). Nothing limits
   the request rate: the SDK does not know the service's `rate`.
+- status quo, paced: the same, each process holding itself to its share of the rate (an
+  `aiolimiter.AsyncLimiter` of `burst / processes` per period in front of every request to `/mcp`):
+  how the status quo keeps N processes within one bound without a shared bucket.
 - mcpcreds: a fresh sidecar (`mcpcreds serve` from this checkout, `tests/sidecar_proc.py`) with
   the service `[services.mcp]` (pinned `token_url`, `rate = --rate`, default `refresh_ahead`), and
   each process uses `AsyncClient(socket).auth("tools")` as the `auth=`: one login and one bucket
@@ -33,7 +36,7 @@ concurrent loops calling the tool `add` for `--seconds` seconds, then closes its
   request: the per-request path, which the default (leases where they pay) must not be slower
   than, nor use less of the rate than.
 
-`--rounds N` runs the three sides in turn N times; the table is the last round's, followed by the
+`--rounds N` runs the four sides in turn N times; the table is the last round's, followed by the
 main figures' min / median / max over the rounds.
 
 What is measured, and where:
@@ -112,7 +115,9 @@ if TYPE_CHECKING:  # imported where used, so that the spawned client processes s
     from tests.peers.mcp_server import McpServerPeer
     from tests.peers.oidc_peer import OidcPeer
 
-SIDES = ("status_quo", "mcpcreds", "mcpcreds_no_lease")  # the last: `creds.auth(SERVER, lease=False)`
+# the status quo, then the same paced to its share of the rate in each process, then mcpcreds'
+# `creds.auth(SERVER)` and `creds.auth(SERVER, lease=False)`
+SIDES = ("status_quo", "status_quo_paced", "mcpcreds", "mcpcreds_no_lease")
 SERVER = "tools"
 CLIENT_ID = "agent"
 CLIENT_SECRET = "bench-secret-0b7c5e2a9d4f4c1e8a6b3d2f1e0c9a8b"
@@ -179,9 +184,10 @@ class Traffic:
 
 
 def _counting_transport(traffic: Traffic, mcp_url: str, token_url: str, issuer: str,
-                        prm_fix: bool) -> httpx2.AsyncBaseTransport:
+                        prm_fix: bool, pace: Any = None) -> httpx2.AsyncBaseTransport:
     """An httpx2 transport that records every request (see `Traffic`) and, with `prm_fix`,
-    corrects the MCP server's PRM document (see the module docstring)."""
+    corrects the MCP server's PRM document (see the module docstring); with `pace` (an
+    `aiolimiter.AsyncLimiter`), every request to the MCP server waits for it first."""
     import httpx2
     from mcp.client.auth.utils import issuers_match
 
@@ -221,6 +227,8 @@ def _counting_transport(traffic: Traffic, mcp_url: str, token_url: str, issuer: 
         async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
             kind = kind_of(request)
             post = kind == "mcp" and request.method == "POST"
+            if pace is not None and kind == "mcp":
+                await pace.acquire()
             started = traffic.now()
             if post:
                 traffic.post_sent()
@@ -278,12 +286,17 @@ async def session_calls(params: dict[str, Any], release: harness.Release) -> dic
     # and ready to call, as an agent's workers are, and creating an httpx transport (an SSL
     # context) costs 0.1-0.3 s of CPU here that has nothing to do with credentials.
     traffic = Traffic(0.0)
+    pace = None
+    if side == "status_quo_paced":  # the rate split evenly: what each process may send on its own
+        from aiolimiter import AsyncLimiter
+
+        pace = AsyncLimiter(params["share_per_period"], params["period"])
     transport = _counting_transport(traffic, params["url"], params["token_url"], params["issuer"],
-                                    params["prm_fix"])
+                                    params["prm_fix"], pace)
     creds: Any = None
     module: str | None = None
     auth: Any
-    if side == "status_quo":
+    if side.startswith("status_quo"):
         from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 
         auth = ClientCredentialsOAuthProvider(
@@ -490,8 +503,11 @@ def run_side(side: str, oidc: OidcPeer, mcp: McpServerPeer, tmp: Path,
     }
     oidc.reset_stats()
     mcp.reset_stats()
+    rate = parse_rate(args.rate)
+    params["share_per_period"], params["period"] = rate.burst / args.processes, rate.per
+    sidecar = side.startswith("mcpcreds")
     with contextlib.ExitStack() as stack:
-        if side != "status_quo":
+        if sidecar:
             proc = stack.enter_context(harness.oauth_sidecar(
                 tmp / "sidecar", service="mcp", server=SERVER, endpoint=mcp.url, token_url=oidc.token_url,
                 client_id=CLIENT_ID, client_secret=CLIENT_SECRET, scope=SCOPE, rate=args.rate))
@@ -502,7 +518,7 @@ def run_side(side: str, oidc: OidcPeer, mcp: McpServerPeer, tmp: Path,
         oidc_stats = oidc.stats()
         mcp_stats = mcp.stats()
         warm: list[dict[str, Any]] = []
-        if side != "status_quo":
+        if sidecar:
             # New processes joining a running sidecar that holds the login: one session and one
             # call each (the status quo has no such case: every new process logs in).
             from mcpcreds import Client
@@ -546,7 +562,7 @@ def render(report: dict[str, Any]) -> str:
                 f"token, {s['unauthorized_sent_with_token']} with {refused})")
 
     def rounds(s: dict[str, Any]) -> str:
-        if s["side"] != "status_quo":
+        if s["side"].startswith("mcpcreds"):
             return "by the one sidecar, ahead of expiry"
         if not s["renewal_rounds"]:
             return "-"
@@ -571,11 +587,11 @@ def render(report: dict[str, Any]) -> str:
         p = s["per_process_calls_per_second"]
         return "-" if p is None else f"{p['min']:g} / {p['median']:g} / {p['max']:g}"
 
-    nl = report["mcpcreds_no_lease"]
-    sides = (sq, mc, nl)
+    sp, nl = report["status_quo_paced"], report["mcpcreds_no_lease"]
+    sides = (sq, sp, mc, nl)
 
-    def each(fn: Callable[[dict[str, Any]], str]) -> tuple[str, str, str]:
-        return fn(sq), fn(mc), fn(nl)
+    def each(fn: Callable[[dict[str, Any]], str]) -> tuple[str, str, str, str]:
+        return fn(sq), fn(sp), fn(mc), fn(nl)
 
     def warm(s: dict[str, Any]) -> str:
         if "first_call_warm_sidecar" not in s:
@@ -584,7 +600,8 @@ def render(report: dict[str, Any]) -> str:
                 f"{first(s, 'first_call_warm_sidecar', 'first_result_ms')}")
 
     rows = [
-        ("client secret held by", f"each of the {n} processes", "the sidecar only", "the sidecar only"),
+        ("client secret held by", f"each of the {n} processes", f"each of the {n} processes",
+         "the sidecar only", "the sidecar only"),
         ("token requests (at the IdP)", *each(lambda s: str(s["token_requests"]))),
         ("discovery requests (metadata GETs)", *each(discovery)),
         ("401s at the MCP server", *each(unauthorized)),
@@ -608,10 +625,11 @@ def render(report: dict[str, Any]) -> str:
         f"{n} processes x {cfg['tasks']} concurrent `add` loops for {cfg['seconds']:g} s, "
         f"access tokens of {cfg['ttl']} s, service rate `{cfg['rate']}`.",
         "",
-        "| | MCP SDK `ClientCredentialsOAuthProvider` in each process | mcpcreds, `creds.auth()` "
+        "| | MCP SDK `ClientCredentialsOAuthProvider` in each process | the same, each process paced "
+        f"to 1/{n} of the rate (aiolimiter) | mcpcreds, `creds.auth()` "
         "| mcpcreds, `creds.auth(lease=False)` |",
-        "|---|---|---|---|",
-        *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows),
+        "|---|---|---|---|---|",
+        *(f"| {' | '.join(row)} |" for row in rows),
         "",
         harness.ratio_line("token requests", ("mcpcreds", mc["token_requests"]),
                            ("status quo", sq["token_requests"])),
@@ -620,8 +638,13 @@ def render(report: dict[str, Any]) -> str:
     if None not in firsts:
         lines.append(harness.ratio_line("first request with a valid token, p50 ms", ("mcpcreds", firsts[0]),
                                         ("status quo", firsts[1])))
+    results = [s["first_call"]["first_result_ms"]["p50"] for s in (mc, sp)]
+    if None not in results:
+        lines.append(harness.ratio_line("first tool result, p50 ms", ("mcpcreds", results[0]),
+                                        ("status quo paced", results[1])))
     notes = []
-    for side, s in zip(("status quo", "mcpcreds", "mcpcreds, lease=False"), sides, strict=True):
+    for side, s in zip(("status quo", "status quo, paced", "mcpcreds", "mcpcreds, lease=False"), sides,
+                       strict=True):
         if s["first_error"]:
             notes.append(f"{side}: first error: {s['first_error']}")
         if warm_error := s.get("first_call_warm_sidecar", {}).get("first_error"):
