@@ -212,12 +212,17 @@ def cpu_seconds(pid: int, children: bool = False, gone: float | None = None) -> 
     """User + system CPU of process `pid` so far, from /proc/PID/stat (one clock tick resolution);
     with `children`, its reaped children's too. A process that is gone: `gone` if given, else OSError."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = _stat_fields(pid)
     except OSError:
         if gone is None:
             raise
         return gone
     return sum(int(f) for f in fields[11:15 if children else 13]) * CLOCK_TICK
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def run_seconds(pid: int) -> float:
@@ -233,7 +238,7 @@ def run_seconds(pid: int) -> float:
 
 def user_system_seconds(pid: int) -> tuple[float, float]:
     """The user and the system CPU of process `pid` so far, apart (see `cpu_seconds`)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = _stat_fields(pid)
     return int(fields[11]) * CLOCK_TICK, int(fields[12]) * CLOCK_TICK
 
 
