@@ -256,6 +256,7 @@ socket = "{socket}"
 [secrets]
 sources = ["env", "keyring"]
 keyring_service = "mcpcreds-sso-{uuid.uuid4().hex[:8]}"
+keyring_timeout = "30s"  # a bound only a hung keyring crosses, not a busy machine
 
 [[servers]]
 name = "aws-sso"

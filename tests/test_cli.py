@@ -78,6 +78,7 @@ def test_secret_set_list_rm_on_a_real_keyring(keyring_session: KeyringSession,
 [secrets]
 sources = ["keyring"]
 keyring_service = "{service}"
+keyring_timeout = "30s"  # a bound only a hung keyring crosses, not a busy machine
 [[servers]]
 name = "docs"
 endpoint = "https://docs.example.com/mcp"

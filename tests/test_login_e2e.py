@@ -64,6 +64,7 @@ socket = "{self.socket}"
 [secrets]
 sources = ["env", "keyring"]
 keyring_service = "{service}"
+keyring_timeout = "30s"  # a bound only a hung keyring crosses, not a busy machine
 
 [[servers]]
 name = "dev"
@@ -333,8 +334,8 @@ def test_a_rotated_refresh_token_is_stored_before_anyone_gets_the_new_access_tok
     os.mkfifo(gate, 0o600)
     held_config = tmp_path / "held.toml"
     held_config.write_text(setup.config.read_text().replace(
-        "keyring_service =", 'keyring_backend = "tests.blocking_keyring.BlockFirstLoginWrite"\n'
-        "keyring_timeout = 300\nkeyring_service =", 1))
+        "keyring_service =", 'keyring_backend = "tests.blocking_keyring.BlockFirstLoginWrite"\nkeyring_service =',
+        1).replace('keyring_timeout = "30s"', "keyring_timeout = 300", 1))
     env = {**setup.env, GATE_ENV: str(gate)}
     with run_sidecar(held_config, setup.socket, env) as sidecar, \
             socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as waiting, \

@@ -49,6 +49,7 @@ socket = "{setup.socket}"
 [secrets]
 sources = ["env", "keyring"]
 keyring_service = "{setup.service}"
+keyring_timeout = "30s"  # a bound only a hung keyring crosses, not a busy machine
 [[servers]]
 name = "notes"
 endpoint = "{mcp_server.url}"

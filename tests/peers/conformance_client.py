@@ -109,6 +109,7 @@ socket = {_toml(str(socket))}
 [secrets]
 sources = ["env", "keyring"]
 keyring_service = {_toml("mcpcreds-conformance-" + uuid.uuid4().hex)}
+keyring_timeout = "30s"  # a bound only a hung keyring crosses, not a busy machine
 
 [[servers]]
 name = {_toml(NAME)}
