@@ -5,6 +5,7 @@ SSE, splitting SSE streams, and masking the credentials the gateway sent."""
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from mcpcreds.core.policy import TrustPolicy
 from mcpcreds.gateway import jsonrpc
 from mcpcreds.gateway.jsonrpc import Inspector, JsonRpcError, parse_body
-from mcpcreds.gateway.sse import EventTooLarge, SseSplitter
+from mcpcreds.gateway.sse import _BLANK_LINE, EventTooLarge, SseSplitter
 from mcpcreds.gateway.strict_json import Masker
 
 TOOLS = [{"name": n, "inputSchema": {"type": "object"}} for n in ("echo", "add", "delete_all")]
@@ -261,6 +262,32 @@ def test_events_come_out_whole_and_byte_for_byte_however_the_stream_is_cut() -> 
         assert b"".join(events) + rest == STREAM, size
         assert [e.replace(b"\r\n", b"\n").strip(b"\r\n") for e in events if e.strip(b"\r\n")] == \
                [e.replace(b"\r\n", b"\n").strip(b"\r\n") for e in whole], size
+
+
+def pattern_feed_all(chunks: list[bytes]) -> tuple[list[bytes], bytes]:
+    """What SseSplitter did before its LF-only shortcut: the blank-line pattern searched, always."""
+    buffer, scanned, events = b"", 0, []
+    for chunk in chunks:
+        buffer += chunk
+        start, pos = 0, max(0, scanned - 2)
+        while (found := _BLANK_LINE.search(buffer, pos)) is not None:
+            events.append(buffer[start:found.end()])
+            start = pos = found.end()
+        buffer = buffer[start:]
+        scanned = len(buffer)
+    return events, buffer
+
+
+def test_the_splitter_cuts_as_the_blank_line_pattern_does_however_line_ends_mix() -> None:
+    """Its LF-only shortcut changes no cut: random streams of mixed line ends, cut at random, give
+    the events the pattern alone gives, chunk by chunk."""
+    rng = random.Random(7)
+    for _ in range(1000):
+        stream = bytes(rng.choice(b"\r\n\nab:") for _ in range(rng.randrange(1, 60)))
+        cuts = sorted(rng.sample(range(1, len(stream) + 1), min(len(stream), rng.randrange(1, 6))))
+        chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True) if b > a]
+        assert feed_all(chunks) == pattern_feed_all(chunks), chunks
+        assert feed_all([stream]) == pattern_feed_all([stream]), stream
 
 
 def test_a_crlf_is_one_line_end_never_an_empty_line() -> None:
