@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from mcpcreds.core.policy import TrustPolicy
-from mcpcreds.gateway import jsonrpc
+from mcpcreds.gateway import jsonrpc, strict_json
 from mcpcreds.gateway.jsonrpc import Inspector, JsonRpcError, parse_body
 from mcpcreds.gateway.sse import _BLANK_LINE, EventTooLarge, SseSplitter
 from mcpcreds.gateway.strict_json import Masker
@@ -302,3 +302,22 @@ def test_an_incomplete_event_is_held_and_an_endless_one_refused() -> None:
     splitter.feed(b"data: " + b"x" * 40)
     with pytest.raises(EventTooLarge):
         splitter.feed(b"x" * 40)
+
+
+def test_keys_that_passed_are_remembered_and_what_reads_as_another_member_still_is_not() -> None:
+    """`check_members` remembers key shapes that passed (the same few come message after message),
+    never one that failed, and no more than its bounds, whatever a peer sends."""
+    members = frozenset({"name", "arguments"})
+    for _ in range(3):
+        strict_json.check_members({"name": "search", "arguments": {}}, members)
+    for refused in ({"Name": "x", "arguments": {}}, {"name": "x", "Name": "y"}, {"name": "x", "ar_guments": {}}):
+        for _ in range(2):  # refused the second time too: a failing shape is never remembered
+            with pytest.raises(strict_json.StrictJsonError):
+                strict_json.check_members(refused, members)
+    for n in range(5000):
+        strict_json.check_members({f"k{n}": 1, "name": "x"}, members)
+        strict_json.check_members({("x" * 300) + str(n): 1}, members)  # too long to remember
+    assert len(strict_json._passed[members]) <= strict_json._PASSED_PER_SET
+    assert all(sum(map(len, keys)) <= strict_json._PASSED_CHARS for keys in strict_json._passed[members])
+    with pytest.raises(strict_json.StrictJsonError):
+        strict_json.check_members({"name": "search", "NAME": "delete"}, members)
