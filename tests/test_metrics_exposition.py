@@ -159,6 +159,24 @@ def test_large_and_odd_values_are_exact() -> None:
     assert "# TYPE mcpcreds_c_total counter" in text  # a count read at scrape is a counter
 
 
+def test_an_observation_counts_in_every_bucket_whose_bound_it_does_not_pass() -> None:
+    """A histogram's `le` buckets, read back by the Prometheus parser: an observation equal to a
+    bound is in that bucket, one past the last bound only in +Inf."""
+    metrics = Metrics()
+    observed = [0.0, 0.0005, 0.0006, 0.01, 0.0100001, 1.0, 1e9]
+    for seconds in observed:
+        metrics.observe("mcpcreds_h_seconds", (("k", "a"),), seconds, help_text="A latency.")
+        metrics.observe_request("/v1/x", 200, seconds)
+    text = metrics.render()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.endswith("_bucket"):
+                bound = float(s.labels["le"])
+                assert s.value == sum(1 for o in observed if o <= bound), (s.name, bound)
+    assert sum(f.name in ("mcpcreds_h_seconds", "mcpcreds_request_seconds")
+               for f in text_string_to_metric_families(text)) == 2
+
+
 def source_metric_names() -> set[str]:
     names: set[str] = set()
     for path in (ROOT / "src" / "mcpcreds").rglob("*.py"):

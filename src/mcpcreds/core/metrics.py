@@ -7,6 +7,7 @@ in time is a `_timestamp_seconds` gauge. docs/operations.md, "Metrics", lists ev
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Final
@@ -71,12 +72,7 @@ class Metrics:
         counts = self.histograms.setdefault(name, {}).get(labels)
         if counts is None:
             counts = self.histograms[name][labels] = [0] * (len(LATENCY_BUCKETS) + 1)
-        for i, bound in enumerate(LATENCY_BUCKETS):
-            if seconds <= bound:
-                counts[i] += 1
-                break
-        else:
-            counts[-1] += 1
+        counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1  # the first bound >= seconds, else +Inf
         self.histogram_sums[(name, labels)] += seconds
         if help_text and name not in self.help:
             self.help[name] = help_text
@@ -84,12 +80,7 @@ class Metrics:
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         self.requests[(route, status)] += 1
         counts = self._hist_counts[route]
-        for i, bound in enumerate(LATENCY_BUCKETS):
-            if seconds <= bound:
-                counts[i] += 1
-                break
-        else:
-            counts[-1] += 1
+        counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1  # the first bound >= seconds, else +Inf
         self._hist_sum[route] += seconds
 
     def inc(self, name: str, labels: Labels = (), value: float = 1.0, help_text: str = "") -> None:
