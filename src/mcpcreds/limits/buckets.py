@@ -241,8 +241,8 @@ class Limiter:
         """Take `cost` permits if nobody is queued and they are there now (no waiting, no refusal
         counted): the synchronous hot path."""
         check_cost(cost, rate)
-        lane = self._lane(key, rate)
         now = self._clock.monotonic()
+        lane = self._lane(key, rate, now)
         self._grant_due(lane, now)
         if not lane.queue and lane.bucket.try_take(cost, now) == 0.0:
             lane.counts.granted += cost
@@ -346,7 +346,7 @@ class Limiter:
         if lane is None:
             counts = self._counts.setdefault(key, _Counts())
             lane = self._lanes[key] = _Lane(TokenBucket(rate, now), counts)
-        elif lane.bucket.rate != rate:
+        elif lane.bucket.rate is not rate and lane.bucket.rate != rate:  # (a dataclass's == is Python)
             lane.bucket.set_rate(rate, now)
             self._replan(key, lane, now)
         return lane

@@ -81,8 +81,10 @@ def request_head(method: bytes, target: bytes, headers: list[Header],
 class _Connection(asyncio.Protocol):
     """One upstream connection, one exchange at a time."""
 
-    def __init__(self, key: Key) -> None:
+    def __init__(self, key: Key, loop: asyncio.AbstractEventLoop) -> None:
         self.key = key
+        # the loop it runs on, kept: on Python 3.11 each get_running_loop() is a getpid() system call
+        self.loop = loop
         self.generation = 0  # the transport's TLS context it was made with (see H1Transport.tls)
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -207,7 +209,7 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     async def _wait(self, timeout: float | None, error: type[httpx.TimeoutException], what: str) -> None:
-        self._wake = asyncio.get_running_loop().create_future()
+        self._wake = self.loop.create_future()
         if timeout is None:  # the gateway's read: bounded by the caller (a timeout context costs)
             await self._wake
             return
@@ -220,7 +222,7 @@ class _Connection(asyncio.Protocol):
     async def _wait_until(self, deadline: float) -> None:
         """Wait for news, TimeoutError past `deadline`: a timer on the waiter (a timeout context
         costs more, and this is per chunk)."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         waiter = self._wake = loop.create_future()
         timer = loop.call_at(deadline, _expire, waiter)
         try:
@@ -274,7 +276,7 @@ class _Connection(asyncio.Protocol):
         self.buffered = 0
         self.dropped = 0
         self._drained = done
-        self._drain_timer = asyncio.get_running_loop().call_later(DRAIN_SECONDS, self._drain_timeout)
+        self._drain_timer = self.loop.call_later(DRAIN_SECONDS, self._drain_timeout)
         self.transport.resume_reading()
         return True
 
@@ -441,11 +443,12 @@ class H1Transport(httpx.AsyncBaseTransport):
     async def _connect(self, key: Key, timeouts: dict[str, Any], request: Asker) -> _Connection:
         self.open += 1
         scheme, address, port, sni = key
-        conn = _Connection(key)
+        loop = asyncio.get_running_loop()
+        conn = _Connection(key, loop)
         conn.generation = self.generation
         try:
             async with asyncio.timeout(timeouts.get("connect")):
-                await asyncio.get_running_loop().create_connection(
+                await loop.create_connection(
                     lambda: conn, address, port, ssl=self.ssl if scheme == "https" else None,
                     server_hostname=sni if scheme == "https" else None)
         except BaseException as exc:
