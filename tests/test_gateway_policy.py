@@ -321,3 +321,29 @@ def test_keys_that_passed_are_remembered_and_what_reads_as_another_member_still_
     assert all(sum(map(len, keys)) <= strict_json._PASSED_CHARS for keys in strict_json._passed[members])
     with pytest.raises(strict_json.StrictJsonError):
         strict_json.check_members({"name": "search", "NAME": "delete"}, members)
+
+
+def test_json_is_read_and_written_as_the_json_module_reads_and_writes_it() -> None:
+    """The C scanner and encoder called directly: random documents, spaced at random, read and
+    written as JSONDecoder.decode and JSONEncoder.encode do; what is not one document is refused."""
+    rng = random.Random(11)
+
+    def value(depth: int) -> Any:
+        kind = rng.randrange(7 if depth < 4 else 4)
+        if kind == 0:
+            return rng.choice([None, True, False, 0, -1, 2**70, 1.5, -2.25e-7])
+        if kind in (1, 2, 3):
+            return "".join(rng.choice(["a", "é", "\u2028", '"', "\\", "\n", "😀", "\x00"]) for _ in range(4))
+        if kind in (4, 5):
+            return [value(depth + 1) for _ in range(rng.randrange(4))]
+        return {f"k{i}": value(depth + 1) for i in range(rng.randrange(4))}
+
+    for _ in range(500):
+        document = value(0)
+        text = json.dumps(document, indent=rng.choice([None, 1]), ensure_ascii=rng.random() < 0.5)
+        spaced = rng.choice(["", " ", "\n\t "]) + text + rng.choice(["", " ", "\r\n"])
+        assert strict_json.loads(spaced.encode()) == strict_json._DECODER.decode(spaced) == document
+        assert strict_json.dumps(document) == strict_json._ENCODER.encode(document).encode()
+    for bad in (b"", b" ", b"{} x", b"1 2", b"[", b'"a', b"[1,]", b"{}{}", b"\t"):
+        with pytest.raises(strict_json.StrictJsonError):
+            strict_json.loads(bad)

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final
 
 from ..core.http import holds
@@ -52,9 +54,16 @@ def _float(text: str) -> float:
     return value
 
 
-# made once: `json.loads` and `json.dumps` with options build a new decoder or encoder per call
+# made once: `json.loads` and `json.dumps` with options build a new decoder or encoder per call,
+# and the decoder's and encoder's own methods are Python frames around C (the encoder makes its C
+# encoder anew on every call): the C scanner and the C encoder are called directly
 _DECODER: Final = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
 _ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_SCAN: Final = _DECODER.scan_once  # type: ignore[attr-defined]
+_SPACE: Final = re.compile(r"[ \t\n\r]*").match  # JSON's whitespace, as json.decoder reads it
+# the values written are trees (parsed JSON, or built from it): no cycle to look for (`markers`)
+_C_ENCODE: Final = None if c_make_encoder is None else c_make_encoder(
+    None, _ENCODER.default, encode_basestring, None, ":", ",", False, False, True)
 
 
 def loads(data: bytes | str) -> Any:
@@ -69,13 +78,16 @@ def loads(data: bytes | str) -> Any:
     elif data.startswith("\ufeff"):
         raise StrictJsonError("a byte order mark")
     try:
-        value = _DECODER.decode(data)
+        # what JSONDecoder.decode does, less its frames (`_SPACE` always matches: `*`)
+        value, end = _SCAN(data, _SPACE(data, 0).end())  # type: ignore[union-attr]
     except RecursionError:
         raise StrictJsonError("nested too deep") from None
     except StrictJsonError:
         raise
-    except ValueError:  # JSONDecodeError, and ints past the interpreter's digit limit
+    except (StopIteration, ValueError):  # no value; JSONDecodeError; ints past the digit limit
         raise StrictJsonError("not JSON") from None
+    if _SPACE(data, end).end() != len(data):  # type: ignore[union-attr]
+        raise StrictJsonError("not JSON")  # more after the document
     if data.count("[") + data.count("{") > MAX_DEPTH:  # only then can it be too deep
         check_depth(value)
     return value
@@ -84,7 +96,9 @@ def loads(data: bytes | str) -> Any:
 def dumps(value: Any) -> bytes:
     """Compact UTF-8 JSON; StrictJsonError if a string holds a lone surrogate (not UTF-8)."""
     try:
-        return _ENCODER.encode(value).encode("utf-8")
+        if _C_ENCODE is None:  # an interpreter without the C accelerator
+            return _ENCODER.encode(value).encode("utf-8")
+        return "".join(_C_ENCODE(value, 0)).encode("utf-8")
     except UnicodeEncodeError:
         raise StrictJsonError("a lone surrogate in a string") from None
 
