@@ -16,7 +16,7 @@ import struct
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol, cast
 
 import httptools
@@ -125,6 +125,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = stream = cast(asyncio.Transport, transport)  # uvloop's are no asyncio.Transport
+        self.loop = asyncio.get_running_loop()  # kept: on Python 3.11 each lookup is a getpid() call
         sock = stream.get_extra_info("socket")
         try:
             self.peer_pid, self.peer_uid, _ = peer_credentials(sock)
@@ -299,9 +300,9 @@ class HttpConnection(asyncio.Protocol):
         # reading goes on while the answer is pending, so a disconnect is seen (and cancels it)
         self._run(self._answer_later(result, keep_alive, started))
 
-    def _run(self, work: Awaitable[None]) -> None:
+    def _run(self, work: Coroutine[Any, Any, None]) -> None:
         """The answer's work in one task (its wait, then its stream: no task more per call)."""
-        task = asyncio.ensure_future(work)
+        task = self.loop.create_task(work)
         self.in_flight = task
         task.add_done_callback(self._done)
 
@@ -397,7 +398,7 @@ class HttpConnection(asyncio.Protocol):
                 if chunk:
                     transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
                     if self.write_paused:
-                        self._writable = self._writable or asyncio.get_running_loop().create_future()
+                        self._writable = self._writable or self.loop.create_future()
                         await self._writable
             if self.transport is not None and not self.closing:
                 self.transport.write(b"0\r\n\r\n")
