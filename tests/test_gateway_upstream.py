@@ -320,6 +320,43 @@ async def test_relay_keeps_every_egress_refusal(policy: EgressPolicy) -> None:
     await transport.aclose()
 
 
+async def test_relay_a_deadline_bounds_the_wait_for_the_head_and_the_connection_is_not_kept() -> None:
+    """The gateway's deadline (its `timeout`), kept by the transport's own waits: a head not here by
+    then is a TimeoutError, and the connection it was awaited on never serves another request; the
+    wait for a free connection is bounded by it too."""
+    answered = asyncio.Event()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        if not answered.is_set():  # the first request: no answer, ever
+            answered.set()
+            await reader.read()
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await reader.read()
+
+    async with server(script) as (url, firsts):
+        named = httpx.URL(f"http://mcp.test:{httpx.URL(url).port}/mcp")
+        transport = gateway_pool(EgressPolicy(allow_private=("127.0.0.1",)))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await transport.relay(b"POST", named, [], b"{}", TIMEOUTS, started + 0.3)
+        assert 0.25 <= loop.time() - started < 4.0  # the deadline, not the transport's own 5 s
+        answer = await transport.relay(b"POST", named, [], b"{}", TIMEOUTS, loop.time() + 5.0)
+        assert answer.status_code == 200 and b"".join([c async for c in answer.aiter_raw()]) == b"ok"
+        assert len(firsts) == 2  # the connection that timed out was dropped, not reused
+        pool = next(iter(transport._pools.values()))
+        pool.max_open = pool.open  # no room for one more: the next request waits for a free one
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await transport.relay(b"POST", named, [], b"{}", TIMEOUTS, started + 0.3)
+        assert 0.25 <= loop.time() - started < 4.0
+        await answer.aclose()
+        await transport.aclose()
+
+
 async def test_relay_a_connect_error_is_httpx_s_and_names_no_address() -> None:
     async with server(lambda r, w: asyncio.sleep(0)) as (url, _):
         port = httpx.URL(url).port

@@ -174,7 +174,7 @@ class RawPool(Protocol):
     """A pool that relays without httpx objects (see `upstream.H1Transport.relay`)."""
 
     async def relay(self, method: bytes, url: httpx.URL, headers: list[Header], body: bytes | None,
-                    timeouts: dict[str, Any], sni: str) -> RawAnswer: ...
+                    timeouts: dict[str, Any], sni: str, deadline: float | None = None) -> RawAnswer: ...
 
 
 RESOLVED_TTL: Final = 30.0  # seconds a name's addresses are reused, as a DNS client's cache does
@@ -321,11 +321,16 @@ class EgressTransport(httpx.AsyncBaseTransport):
         raise last
 
     async def relay(self, method: bytes, url: httpx.URL, headers: list[Header], body: bytes | None,
-                    timeouts: dict[str, Any]) -> RawAnswer:
+                    timeouts: dict[str, Any], deadline: float | None = None) -> RawAnswer:
         """`handle_async_request` without the httpx objects (see the module doc): the same checks,
         audit and pinning; `headers` as sent, a `Host` first unless they carry one, and the
-        `Content-Length` httpx would add. Only when `relays` (its pools are `RawPool`s)."""
-        host, port, addresses = self._known(url) or await self._checked(url, None, timeouts.get("connect"))
+        `Content-Length` httpx would add. Only when `relays` (its pools are `RawPool`s).
+        `deadline` (the loop's clock): TimeoutError if the answer's head is not here by then."""
+        known = self._known(url)
+        if known is None:  # a lookup, and the checks of its addresses: bounded by the deadline too
+            async with asyncio.timeout_at(deadline):
+                known = await self._checked(url, None, timeouts.get("connect"))
+        host, port, addresses = known
         pool: Any = self._pool((url.scheme, host, port))
         if not any(len(k) == 4 and k.lower() == b"host" for k, _ in headers):
             headers = [(b"Host", url.netloc), *headers]
@@ -344,7 +349,8 @@ class EgressTransport(httpx.AsyncBaseTransport):
                     if len(self._pinned) >= CHECK_CACHE:
                         self._pinned.clear()
                     pinned = self._pinned[(id(url), address)] = (url, self._pinned_url(url, address))
-                relayed: RawAnswer = await pool.relay(method, pinned[1], headers, body, timeouts, host)
+                relayed: RawAnswer = await pool.relay(method, pinned[1], headers, body, timeouts, host,
+                                                      deadline)
                 return relayed
             except httpx.ConnectError as exc:
                 last = exc

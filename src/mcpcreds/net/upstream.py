@@ -230,16 +230,38 @@ class _Connection(asyncio.Protocol):
         finally:
             timer.cancel()
 
-    async def send(self, data: bytes, timeouts: dict[str, Any]) -> None:
+    async def send(self, data: bytes, timeouts: dict[str, Any], deadline: float | None = None) -> None:
+        """`data` written and the answer's head read: httpx's write and read timeouts, and
+        TimeoutError past `deadline` (the loop's clock), if one is given."""
         assert self.transport is not None
         self.busy = True
         self.transport.write(data)
         while self.write_paused and not self.lost:
-            await self._wait(timeouts.get("write"), httpx.WriteTimeout, "take the request")
+            write = timeouts.get("write")
+            if deadline is None:
+                await self._wait(write, httpx.WriteTimeout, "take the request")
+                continue
+            until = deadline if write is None else min(deadline, self.loop.time() + write)
+            try:
+                await self._wait_until(until)
+            except TimeoutError:
+                if until < deadline:
+                    raise httpx.WriteTimeout("the server did not take the request in time") from None
+                raise
         while not self.head_done:
             if self.error is not None:
                 raise self.error
-            await self._wait(timeouts.get("read"), httpx.ReadTimeout, "answer")
+            if deadline is None:
+                await self._wait(timeouts.get("read"), httpx.ReadTimeout, "answer")
+            else:  # the gateway's own read timeout is None: its deadline bounds the wait
+                read = timeouts.get("read")
+                until = deadline if read is None else min(deadline, self.loop.time() + read)
+                try:
+                    await self._wait_until(until)
+                except TimeoutError:
+                    if until < deadline:
+                        raise httpx.ReadTimeout("the server did not answer in time") from None
+                    raise
 
     async def news(self, deadline: float) -> None:
         """Wait, reading nothing, until bytes or the end of the answer are here (at once if they
@@ -372,28 +394,33 @@ class H1Transport(httpx.AsyncBaseTransport):
                               extensions={"http_version": b"HTTP/1.1"}, request=request)
 
     async def relay(self, method: bytes, url: httpx.URL, headers: list[Header], body: bytes | None,
-                    timeouts: dict[str, Any], sni: str) -> RawAnswer:
+                    timeouts: dict[str, Any], sni: str, deadline: float | None = None) -> RawAnswer:
         """`handle_async_request` without the httpx objects (the gateway's way, through
         `EgressTransport.relay`): `headers` go as given (Host included), `sni` is the name the
-        TLS certificate is verified against."""
+        TLS certificate is verified against; TimeoutError if the answer's head is not here by
+        `deadline` (the loop's clock: a timer on the waits, not a timeout context per request)."""
         _supported(method.decode("ascii", "replace"), url, None)
         data = request_head(method, url.raw_path, headers)
-        conn = await self._exchange(url, sni, data + body if body else data, timeouts, None)
+        conn = await self._exchange(url, sni, data + body if body else data, timeouts, None, deadline)
         return RawAnswer(conn.status, conn.headers, _Body(self, conn, timeouts.get("read")))
 
     async def _exchange(self, url: httpx.URL, sni: str, data: bytes, timeouts: dict[str, Any],
-                        request: httpx.Request | None) -> _Connection:
-        """`data` sent on a connection to `url`'s address, its answer's head received."""
+                        request: httpx.Request | None, deadline: float | None = None) -> _Connection:
+        """`data` sent on a connection to `url`'s address, its answer's head received (by
+        `deadline`, if one is given: TimeoutError)."""
         port = url.port or (443 if url.scheme == "https" else 80)
         key: Key = (url.scheme, url.host, port, sni)
         if self.tls is not None and url.scheme == "https" and (context := self.tls()) is not self.ssl:
             self.ssl = context
             self.generation += 1
             self._close_idle(self.idle_count)  # made with the old identity
-        conn = self._reuse(key) or await self._acquire(key, timeouts, request)  # kept: no wait
+        conn = self._reuse(key)  # kept: no wait
+        if conn is None:
+            async with asyncio.timeout_at(deadline):
+                conn = await self._acquire(key, timeouts, request)
         conn.drainable = not data.startswith(b"GET ")
         try:
-            await conn.send(data, timeouts)
+            await conn.send(data, timeouts, deadline)
         except BaseException:
             self._discard(conn)
             raise

@@ -147,6 +147,7 @@ class TcpConnection(HttpConnection):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = stream = cast(asyncio.Transport, transport)  # uvloop's are no asyncio.Transport
+        self.loop = asyncio.get_running_loop()
         set_nodelay(stream)
         peer, ours = stream.get_extra_info("peername"), stream.get_extra_info("sockname")
         try:

@@ -92,6 +92,7 @@ class HttpConnection(asyncio.Protocol):
         self.app = app
         self.allow_uids = allow_uids
         self.connections = connections
+        self.loop: asyncio.AbstractEventLoop  # set by connection_made: the loop it runs on
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.peer_uid = -1
