@@ -347,7 +347,7 @@ async def test_relay_a_deadline_bounds_the_wait_for_the_head_and_the_connection_
         answer = await transport.relay(b"POST", named, [], b"{}", TIMEOUTS, loop.time() + 5.0)
         assert answer.status_code == 200 and b"".join([c async for c in answer.aiter_raw()]) == b"ok"
         assert len(firsts) == 2  # the connection that timed out was dropped, not reused
-        pool = next(iter(transport._pools.values()))
+        pool: Any = next(iter(transport._pools.values()))
         pool.max_open = pool.open  # no room for one more: the next request waits for a free one
         started = loop.time()
         with pytest.raises(TimeoutError):

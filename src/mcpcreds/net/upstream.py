@@ -42,6 +42,7 @@ from typing import Any, Final, cast
 import httptools
 import httpx
 
+from .deadlines import Deadlines
 from .egress_http import ConnectError, Header, RawAnswer
 
 HIGH_WATER: Final = 256 * 1024  # body bytes buffered before reading from the server pauses
@@ -81,10 +82,11 @@ def request_head(method: bytes, target: bytes, headers: list[Header],
 class _Connection(asyncio.Protocol):
     """One upstream connection, one exchange at a time."""
 
-    def __init__(self, key: Key, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, key: Key, loop: asyncio.AbstractEventLoop, deadlines: Deadlines) -> None:
         self.key = key
         # the loop it runs on, kept: on Python 3.11 each get_running_loop() is a getpid() system call
         self.loop = loop
+        self.deadlines = deadlines  # the waits' deadlines, on one timer of the loop's
         self.generation = 0  # the transport's TLS context it was made with (see H1Transport.tls)
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -220,15 +222,11 @@ class _Connection(asyncio.Protocol):
             raise error(f"the server did not {what} in time") from None
 
     async def _wait_until(self, deadline: float) -> None:
-        """Wait for news, TimeoutError past `deadline`: a timer on the waiter (a timeout context
-        costs more, and this is per chunk)."""
-        loop = self.loop
-        waiter = self._wake = loop.create_future()
-        timer = loop.call_at(deadline, _expire, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
+        """Wait for news, TimeoutError past `deadline`: the waiter in `Deadlines` (a timeout context
+        or a timer of its own costs more, and this is per chunk)."""
+        waiter = self._wake = self.loop.create_future()
+        self.deadlines.bound(waiter, deadline)
+        await waiter
 
     async def send(self, data: bytes, timeouts: dict[str, Any], deadline: float | None = None) -> None:
         """`data` written and the answer's head read: httpx's write and read timeouts, and
@@ -325,11 +323,6 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
-
-
 def _supported(method: str, url: httpx.URL, request: httpx.Request | None) -> None:
     if method == "HEAD" or url.scheme not in ("http", "https"):
         raise httpx.UnsupportedProtocol(f"{method} {url.scheme}: not sent by this transport", request=request)
@@ -380,6 +373,7 @@ class H1Transport(httpx.AsyncBaseTransport):
         self.idle_count = 0
         self.open = 0  # connections open or being opened, idle ones included
         self._free: deque[asyncio.Future[None]] = deque()  # requests waiting for a connection slot
+        self.deadlines: Deadlines | None = None  # its connections' waits (made on the loop, at first)
         self.closed = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -471,7 +465,9 @@ class H1Transport(httpx.AsyncBaseTransport):
         self.open += 1
         scheme, address, port, sni = key
         loop = asyncio.get_running_loop()
-        conn = _Connection(key, loop)
+        if self.deadlines is None or self.deadlines.loop is not loop:
+            self.deadlines = Deadlines(loop)
+        conn = _Connection(key, loop, self.deadlines)
         conn.generation = self.generation
         try:
             async with asyncio.timeout(timeouts.get("connect")):
