@@ -6,6 +6,7 @@ Run from the repository root (the package installed, with the test extras: the M
     python bench/relay_floor.py --sessions 1,16 --calls 600 --rounds 5
     python bench/relay_floor.py --quick                 # a smoke run of a few seconds
     python bench/relay_floor.py --event-loop asyncio    # both processes on asyncio's own loop
+    python bench/relay_floor.py --baseline-ref f0072b8  # and the sidecar of that commit, in turn
 
 A process between an MCP client and its server pays on every call for what the kernel does for
 it: being woken when the request arrives, reading it, writing it to the server, being woken for
@@ -24,6 +25,10 @@ then `--calls` times spread over the sessions, and reads the CPU of the process 
 those calls (the scheduler's run time of its threads, to the nanosecond), and the part of it spent
 in the kernel (system: /proc's clock ticks, sampled). What the sidecar spends above the floor is its
 own work; the floor is what any process in the path costs on this machine, at this load.
+
+With `--baseline-ref REF`, the sidecar of `git archive REF` is a third way, in turn with the others
+(this checkout's client, peer and bench): its CPU per call against this sidecar's, in the same
+rounds, where the CPU of separate runs moves with the machine by more than a change does.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ import asyncio
 import os
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 from urllib.parse import urlsplit
@@ -45,13 +51,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from tests.peers.mcp_gateway_peer import GatewayPeer, start_gateway_peer
-from tests.sidecar_proc import run_sidecar
+from tests.sidecar_proc import SidecarProcess, run_sidecar
 
 from bench import gateway_bench, harness  # before mcpcreds: it puts this checkout's src/ on the path
+from bench.relay_instructions import baseline_tree
 from mcpcreds import AsyncClient
 from mcpcreds.client.client import gateway_http_client
 
-WAYS = ("sidecar", "floor")  # taking turns, `--rounds` times per level of sessions
+WAYS = ("sidecar", "floor")  # taking turns, `--rounds` times per level of sessions (and "baseline")
 ARGS = {"a": 1, "b": 2}
 
 Opener = Callable[[], AbstractAsyncContextManager[ClientSession]]
@@ -130,6 +137,30 @@ def through_floor(relay_socket: Path, peer: GatewayPeer) -> Opener:
     return opened
 
 
+def sessions_through(creds: AsyncClient, peer: GatewayPeer) -> Opener:
+    """Sessions through a sidecar's gateway."""
+    def opened() -> AbstractAsyncContextManager[ClientSession]:
+        return gateway_bench.session(creds, peer, "gateway")
+
+    return opened
+
+
+@contextmanager
+def baseline_sidecar(ref: str | None, tmp: Path, config: Path, env: dict[str, str]
+                     ) -> Iterator[SidecarProcess | None]:
+    """The sidecar of `git archive ref` on a socket of its own, with the same server (None: no ref)."""
+    if ref is None:
+        yield None
+        return
+    tree = baseline_tree(ref, Path(tempfile.mkdtemp(dir=tmp)))
+    sock, its_config = tmp / "b.sock", tmp / "baseline.toml"
+    its_config.write_text(config.read_text(encoding="utf-8").replace(str(tmp / "s.sock"), str(sock)),
+                          encoding="utf-8")
+    with harness.started(run_sidecar(its_config, sock, {**env, "PYTHONPATH": str(tree / "src")}),
+                         f"the sidecar of {ref}") as baseline:
+        yield baseline
+
+
 class Usage(NamedTuple):
     """What a round cost the process in the path, per call, in seconds."""
 
@@ -166,11 +197,12 @@ async def one_round(opener: Opener, pid: int, sessions: int, calls: int) -> tupl
 async def measure(openers: dict[str, tuple[Opener, int]], args: argparse.Namespace) -> dict[str, Any]:
     asyncio.get_running_loop().set_exception_handler(gateway_bench.client_errors)
     report: dict[str, Any] = {}
+    ways = list(openers)
     for sessions in args.sessions:
         rounds: dict[str, dict[str, list[float]]] = {
-            way: {"cpu_ms": [], "system_ms": [], "ticks_ms": [], "calls_s": []} for way in WAYS}
+            way: {"cpu_ms": [], "system_ms": [], "ticks_ms": [], "calls_s": []} for way in ways}
         for n in range(args.rounds):
-            for way in WAYS if n % 2 == 0 else WAYS[::-1]:
+            for way in ways if n % 2 == 0 else ways[::-1]:
                 opener, pid = openers[way]
                 usage, rate = await one_round(opener, pid, sessions, args.calls)
                 rounds[way]["cpu_ms"].append(usage.ran * 1000)
@@ -191,7 +223,7 @@ def render(args: argparse.Namespace) -> Callable[[dict[str, Any]], str]:
                f"from /proc's clock ticks, {tick:.3f} ms per call at this count, and sampled by the kernel)"]
         for sessions, rounds in report.items():
             rows = [["way", "CPU ms/call min", "median", "max", "system part, median", "calls/s median"]]
-            for way in WAYS:
+            for way in rounds:
                 cpu = sorted(rounds[way]["cpu_ms"])
                 rows.append([way, f"{cpu[0]:.3f}", f"{statistics.median(cpu):.3f}", f"{cpu[-1]:.3f}",
                              f"{statistics.median(rounds[way]['system_ms']):.3f}",
@@ -204,9 +236,17 @@ def render(args: argparse.Namespace) -> Callable[[dict[str, Any]], str]:
                                                  strict=True))
             out.append(f"the sidecar above the floor, ms per call, round by round: min {above[0]:.3f}  "
                        f"median {statistics.median(above):.3f}  max {above[-1]:.3f}")
-            ticks = {way: statistics.median(rounds[way]["ticks_ms"]) for way in WAYS}
-            out.append(f"the same CPU in /proc's clock ticks (user + system, median): "
-                       f"sidecar {ticks['sidecar']:.3f}, floor {ticks['floor']:.3f} ms per call")
+            ticks = {way: statistics.median(rounds[way]["ticks_ms"]) for way in rounds}
+            out.append("the same CPU in /proc's clock ticks (user + system, median): "
+                       + ", ".join(f"{way} {ticks[way]:.3f}" for way in rounds) + " ms per call")
+            if "baseline" in rounds:
+                base = statistics.median(rounds["baseline"]["cpu_ms"])
+                out.append(harness.ratio_line(f"CPU ms per call at {sessions} session(s)",
+                                              ("sidecar", side), (f"baseline {args.baseline_ref}", base)))
+                ours, theirs = rounds["sidecar"]["cpu_ms"], rounds["baseline"]["cpu_ms"]
+                pairs = sorted(s / b for s, b in zip(ours, theirs, strict=True))
+                out.append(f"sidecar / baseline, round by round: min {pairs[0]:.2f}x  "
+                           f"median {statistics.median(pairs):.2f}x  max {pairs[-1]:.2f}x")
         return "\n".join(out)
 
     return lines
@@ -217,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=harness.count, default=600, help="calls per way per round (default 600)")
     p.add_argument("--sessions", type=harness.levels, default=[1, 16], help="sessions calling at once (1,16)")
     p.add_argument("--rounds", type=harness.count, default=5, help="rounds, ways taking turns (default 5)")
+    p.add_argument("--baseline-ref", help="a git ref whose sidecar is a third way, in the same rounds")
     harness.event_loop_option(p)
     args = harness.parse(p, argv, quick={"calls": 40, "sessions": [1], "rounds": 2})
     with harness.workdir("floor") as tmp, \
@@ -231,14 +272,18 @@ def main(argv: list[str] | None = None) -> int:
         with harness.started(run_sidecar(config, sock, env), "the sidecar") as sidecar, \
                 harness.server_process(relay, str(floor_sock), upstream.hostname, upstream.port,
                                        socket_path=floor_sock, what="the floor relay",
-                                       event_loop=args.event_loop) as floor_pid:
+                                       event_loop=args.event_loop) as floor_pid, \
+                baseline_sidecar(args.baseline_ref, tmp, config, env) as baseline:
             async def run() -> dict[str, Any]:
-                async with AsyncClient(sidecar.socket, timeout=60) as creds:
-                    def through_sidecar() -> AbstractAsyncContextManager[ClientSession]:
-                        return gateway_bench.session(creds, peer, "gateway")
-
-                    return await measure({"sidecar": (through_sidecar, sidecar.proc.pid),
-                                          "floor": (through_floor(floor_sock, peer), floor_pid)}, args)
+                async with AsyncExitStack() as stack:
+                    openers: dict[str, tuple[Opener, int]] = {}
+                    for way, proc in (("sidecar", sidecar), ("baseline", baseline)):
+                        if proc is not None:
+                            creds = await stack.enter_async_context(AsyncClient(proc.socket, timeout=60))
+                            openers[way] = (sessions_through(creds, peer), proc.proc.pid)
+                        if way == "sidecar":
+                            openers["floor"] = (through_floor(floor_sock, peer), floor_pid)
+                    return await measure(openers, args)
 
             report = asyncio.run(run())
     harness.emit(args, report, render(args))
