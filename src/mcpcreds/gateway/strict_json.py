@@ -30,6 +30,7 @@ MAX_DEPTH: Final = 128  # a tools/list of nested JSON Schemas stays far below; P
 MIN_MASKED: Final = 8  # shorter credential values are not masked: they would mangle ordinary text
 MASK: Final = "***"
 _BOM: Final = b"\xef\xbb\xbf"
+_LF: Final = 10  # as an integer: `in` finds it at once in bytes (a bytes needle costs an exception first)
 
 
 class StrictJsonError(ValueError):
@@ -208,11 +209,16 @@ class Masker:
         a masker made once per login serves every request."""
         if not self.forms:
             return self
-        # the values joined by a byte no credential sent holds (a header value with an LF is never
-        # sent: upstream.request_head refuses it), so a form is found in one value or in none
         values = b"\n".join([value for _, value in headers])
+
+        def in_a_header(form: bytes) -> bool:
+            # in the values joined once, by an LF: a form without one is found there only where it
+            # stands in one value; a form with one (never sent: no header value may hold an LF) is
+            # looked for value by value, so that two values never spare it together
+            return any(holds(v, form) for _, v in headers) if _LF in form else holds(values, form)
+
         spared = {form for form, utf8, latin1 in zip(self.forms, self._utf8, self._latin1, strict=True)
-                  if holds(body, utf8) or (latin1 is not None and holds(values, latin1))}
+                  if holds(body, utf8) or (latin1 is not None and in_a_header(latin1))}
         if not spared:
             return self
         narrowed = Masker(())

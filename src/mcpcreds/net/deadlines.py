@@ -6,7 +6,9 @@ the end of its stream), each bounded. A loop timer per wait costs its setting an
 entry in a heap, and the one timer is set for the earliest deadline, again only when a wait
 comes with an earlier one. A wait that ended before its deadline is left in the heap (nothing to
 cancel) and dropped when it reaches the top, or when the heap is compacted (it never grows past
-twice the waits still pending, plus `SLACK`).
+twice the waits still pending, plus `SLACK`). So the timer may still fire once for waits that all
+ended (at the earliest of their deadlines, at most the longest timeout away); it is then not set
+again.
 """
 
 from __future__ import annotations
