@@ -294,7 +294,7 @@ def oidc_session(request: pytest.FixtureRequest) -> Iterator[OidcPeer]:
             if known != client:
                 raise RuntimeError(f"{module.__name__} declares oidc client {client['client_id']!r} "
                                    "unlike another module: give it another client_id")
-    with start_oidc_peer(list(clients.values()), access_token_ttl=OIDC_TTL, ready_timeout=90) as peer:
+    with start_oidc_peer(list(clients.values()), access_token_ttl=OIDC_TTL, ready_timeout=60) as peer:
         yield peer
 
 
