@@ -418,6 +418,24 @@ def read_response(conn: socket.socket) -> tuple[int, Any]:
     return int(lines[0].split()[1]), json.loads(body[:length])
 
 
+def test_the_keyring_write_that_ends_a_login_waits_for_the_person(setup: Setup, tmp_path: Path) -> None:
+    """A keyring slow to store the first login (it asks the person to make or unlock it: here it
+    takes 2 s, tests/slow_keyring.py) does not lose the login after the browser step: that write
+    waits for a person, past `keyring_timeout` (0.5 s here), which bounds the sidecar's own calls."""
+    slow = tmp_path / "slow.toml"
+    text = setup.config.read_text()
+    assert 'keyring_timeout = "30s"' in text
+    slow.write_text(text.replace('keyring_timeout = "30s"', 'keyring_timeout = "0.5s"', 1).replace(
+        "keyring_service =", 'keyring_backend = "tests.slow_keyring.SlowFirstLoginWrite"\nkeyring_service =', 1))
+    setup.config, usual = slow, setup.config
+    try:
+        code, output, _ = setup.login("dev")
+    finally:
+        setup.config = usual
+    assert code == 0 and "timed out" not in output, output
+    assert setup.stored("mcp:dev") is not None
+
+
 def test_without_a_working_keyring_the_login_fails_before_anything_is_asked(setup: Setup,
                                                                             tmp_path: Path) -> None:
     result = run_cli("login", "dev", "--config", str(setup.config),

@@ -65,7 +65,7 @@ class _Entry:
     def get(self, key: str) -> StoredLogin | None:
         return self.current
 
-    def put(self, key: str, login: StoredLogin) -> None:
+    def put(self, key: str, login: StoredLogin, *, person: bool = False) -> None:
         self.puts.append(login)
         self.current = login
 
@@ -288,7 +288,7 @@ class _Store:
     def get(self, key: str) -> StoredLogin | None:
         return self.entry
 
-    def put(self, key: str, login: StoredLogin) -> None:
+    def put(self, key: str, login: StoredLogin, *, person: bool = False) -> None:
         self.entry = login
 
 

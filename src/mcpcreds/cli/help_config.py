@@ -95,7 +95,7 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "keyring_service": (_NO_DEFAULT, "the keyring service name entries are stored under"),
         "keyring_backend": ("SecretService on Linux", "pin a keyring backend (\"module.Class\")"),
         "allow_plaintext_keyring": (_NO_DEFAULT, "accept a keyring backend that stores plain text"),
-        "keyring_timeout": (_NO_DEFAULT, "seconds bounding each keyring call"),
+        "keyring_timeout": (_NO_DEFAULT, "seconds bounding each keyring call (one a person waits on: 120 s)"),
         "cache_ttl": (_NO_DEFAULT, "seconds resolved header values are reused before sources are re-read"),
     },
     "server": {

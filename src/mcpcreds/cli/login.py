@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import sys
 import time
 import webbrowser
@@ -361,7 +362,9 @@ async def run_login(config: Config, target: Target, out: TextIO, open_browser: b
     else:  # the login lasts as long as its access token
         stored = StoredLogin(None, client_id, token.access_token, token.expires_at, registration,
                              scope=login.scope, step_ups=step_ups, issuer=ends.issuer)
-    await asyncio.to_thread(store.put, target.key, stored)
+    # the first secret of a desktop without a login keyring: the keyring may ask the person to make
+    # one (or to unlock it) now, after the browser step: the write waits for them
+    await asyncio.to_thread(functools.partial(store.put, target.key, stored, person=True))
     return stored
 
 

@@ -280,7 +280,7 @@ def _secret_name(name: str) -> str:
 def cmd_secret_set(args: argparse.Namespace) -> int:
     name = _secret_name(args.name)
     value = read_secret_value(sys.stdin, f"value for {name}: ")
-    keyring_of(args).set(name, value)
+    keyring_of(args).set(name, value, person=True)
     print(f"stored {name} in the keyring", file=sys.stderr)
     return _notify_sidecar(args, name)
 
@@ -299,7 +299,7 @@ def cmd_secret_rotate(args: argparse.Namespace) -> int:
             print("mcpcreds: no sidecar is running to try the new value; "
                   "use --force to store it untested", file=sys.stderr)
             return EXIT_UNAVAILABLE
-        keyring_of(args).set(name, value)
+        keyring_of(args).set(name, value, person=True)
         print(f"stored {name} in the keyring (no sidecar running)", file=sys.stderr)
         return EXIT_OK
     renewed = ", ".join(result["renewed"]) or "nothing"

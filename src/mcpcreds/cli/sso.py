@@ -45,7 +45,7 @@ def cmd_sso_login(args: argparse.Namespace, config: Config, target: Target) -> i
             return await login(http, auth, target.name, sys.stderr)
 
     stored = asyncio.run(run())
-    keyring.set(entry_name(target.key), stored.to_json())
+    keyring.set(entry_name(target.key), stored.to_json(), person=True)
     print(f"logged in: {target.name} ({target.key}) at AWS IAM Identity Center; the SSO tokens are in "
           f"the keyring as {entry_name(target.key)}", file=sys.stderr)
     return 0

@@ -175,8 +175,9 @@ class LoginStore:
         text = self.keyring.get(entry_name(key))
         return StoredLogin.from_json(text) if text is not None else None
 
-    def put(self, key: str, login: StoredLogin) -> None:
-        self.keyring.set(entry_name(key), login.to_json())
+    def put(self, key: str, login: StoredLogin, *, person: bool = False) -> None:
+        """Keep `login`; `person`: a person waits on the write (see KeyringSource.set)."""
+        self.keyring.set(entry_name(key), login.to_json(), person=person)
 
     def delete(self, key: str) -> bool:
         return self.keyring.delete(entry_name(key))

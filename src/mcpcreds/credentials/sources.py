@@ -28,6 +28,9 @@ _INDEX_ENTRY: Final = "__mcpcreds_index__"
 # the pauses before a keyring call is tried again when the daemon's collection was missing (see
 # `secret_service.collection_missing`): 0.7 s in all, inside the default 3 s time box
 MISSING_PAUSES: Final = (0.1, 0.2, 0.4)
+# the bound of a keyring write a person waits on (`secret set`, the end of a login): the keyring may
+# be asking them to unlock it, or to make one (a first secret on a desktop without a login keyring)
+PERSON_WRITE_TIMEOUT: Final = 120.0
 _DBUS_ERROR: Final = re.compile(r"org\.freedesktop\.[A-Za-z0-9.]{1,96}")  # a D-Bus error name, bounded
 _DEFAULT_BACKENDS: Final = {
     "linux": "keyring.backends.SecretService.Keyring",
@@ -265,14 +268,15 @@ class KeyringSource:
         self._backend = backend
         return backend
 
-    def _call(self, what: str, fn: Callable[[Any], T]) -> T:
+    def _call(self, what: str, fn: Callable[[Any], T], timeout: float | None = None) -> T:
         # loading the backend talks to D-Bus too, so it runs inside the time box
-        future = self._pool.submit(self._on_backend, fn, time.monotonic() + self._timeout)
+        bound = self._timeout if timeout is None else max(self._timeout, timeout)
+        future = self._pool.submit(self._on_backend, fn, time.monotonic() + bound)
         try:
-            return future.result(timeout=self._timeout)
+            return future.result(timeout=bound)
         except concurrent.futures.TimeoutError:
             raise SecretUnavailable(
-                f"keyring: {what} timed out after {self._timeout:g}s "
+                f"keyring: {what} timed out after {bound:g}s "
                 "(is the keyring daemon running and unlocked?)"
             ) from None
         except SecretUnavailable:
@@ -305,10 +309,12 @@ class KeyringSource:
         value: str | None = self._call(f"reading {name!r}", lambda b: b.get_password(self.service, name))
         return value
 
-    def set(self, name: str, value: str) -> None:
+    def set(self, name: str, value: str, *, person: bool = False) -> None:
+        """Store `name`; `person`: a person waits on it, bounded by PERSON_WRITE_TIMEOUT (at least)."""
         check_secret_name(name)
-        self._call(f"storing {name!r}", lambda b: b.set_password(self.service, name, value))
-        self._update_index(add=name)
+        timeout = PERSON_WRITE_TIMEOUT if person else None
+        self._call(f"storing {name!r}", lambda b: b.set_password(self.service, name, value), timeout)
+        self._update_index(add=name, timeout=timeout)
 
     def delete(self, name: str) -> bool:
         check_secret_name(name)
@@ -322,7 +328,8 @@ class KeyringSource:
         raw = self._call("listing", lambda b: b.get_password(self.service, _INDEX_ENTRY)) or ""
         return sorted({n for n in raw.split("\n") if n})
 
-    def _update_index(self, add: str | None = None, remove: str | None = None) -> None:
+    def _update_index(self, add: str | None = None, remove: str | None = None,
+                      timeout: float | None = None) -> None:
         def update(backend: Any) -> None:  # read and written in one call: a retry reads again
             raw = backend.get_password(self.service, _INDEX_ENTRY) or ""
             names = {n for n in raw.split("\n") if n}
@@ -332,7 +339,7 @@ class KeyringSource:
                 names.discard(remove)
             backend.set_password(self.service, _INDEX_ENTRY, "\n".join(sorted(names)))
 
-        self._call("updating the index", update)
+        self._call("updating the index", update, timeout)
 
 
 def build_sources(config: SecretsConfig) -> list[SecretSource]:
