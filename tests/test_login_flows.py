@@ -429,7 +429,7 @@ async def test_a_login_without_a_configured_scope_asks_for_the_one_the_resource_
         def get(self, key: str) -> None:
             return None
 
-        def put(self, key: str, login: StoredLogin) -> None:
+        def put(self, key: str, login: StoredLogin, *, person: bool = False) -> None:
             self.put_.append((key, login))
 
     store = Store()

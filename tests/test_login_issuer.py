@@ -44,7 +44,7 @@ class _Keyring:
     def get(self, name: str) -> str | None:
         return self.entries.get(name)
 
-    def set(self, name: str, value: str) -> None:
+    def set(self, name: str, value: str, *, person: bool = False) -> None:
         self.entries[name] = value
 
     def delete(self, name: str) -> bool:
@@ -172,7 +172,7 @@ class _Store:
     def get(self, key: str) -> StoredLogin | None:
         return self.entry
 
-    def put(self, key: str, login: StoredLogin) -> None:
+    def put(self, key: str, login: StoredLogin, *, person: bool = False) -> None:
         self.entry = login
 
 

@@ -120,7 +120,7 @@ class _Store:
     def get(self, key: str) -> StoredLogin | None:
         return self.entry
 
-    def put(self, key: str, login: StoredLogin) -> None:
+    def put(self, key: str, login: StoredLogin, *, person: bool = False) -> None:
         self.puts.append(login)
         self.entry = login
 
