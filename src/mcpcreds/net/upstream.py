@@ -235,31 +235,27 @@ class _Connection(asyncio.Protocol):
         self.busy = True
         self.transport.write(data)
         while self.write_paused and not self.lost:
-            write = timeouts.get("write")
-            if deadline is None:
-                await self._wait(write, httpx.WriteTimeout, "take the request")
-                continue
-            until = deadline if write is None else min(deadline, self.loop.time() + write)
-            try:
-                await self._wait_until(until)
-            except TimeoutError:
-                if until < deadline:
-                    raise httpx.WriteTimeout("the server did not take the request in time") from None
-                raise
+            await self._wait_within(timeouts.get("write"), deadline, httpx.WriteTimeout, "take the request")
         while not self.head_done:
             if self.error is not None:
                 raise self.error
-            if deadline is None:
-                await self._wait(timeouts.get("read"), httpx.ReadTimeout, "answer")
-            else:  # the gateway's own read timeout is None: its deadline bounds the wait
-                read = timeouts.get("read")
-                until = deadline if read is None else min(deadline, self.loop.time() + read)
-                try:
-                    await self._wait_until(until)
-                except TimeoutError:
-                    if until < deadline:
-                        raise httpx.ReadTimeout("the server did not answer in time") from None
-                    raise
+            # the gateway's own read timeout is None: its deadline bounds the wait
+            await self._wait_within(timeouts.get("read"), deadline, httpx.ReadTimeout, "answer")
+
+    async def _wait_within(self, timeout: float | None, deadline: float | None,
+                           error: type[httpx.TimeoutException], what: str) -> None:
+        """Wait for news: `error` past `timeout` (httpx's own); with a `deadline` too, whichever
+        comes first, TimeoutError when it is the deadline."""
+        if deadline is None:
+            await self._wait(timeout, error, what)
+            return
+        until = deadline if timeout is None else min(deadline, self.loop.time() + timeout)
+        try:
+            await self._wait_until(until)
+        except TimeoutError:
+            if until < deadline:
+                raise error(f"the server did not {what} in time") from None
+            raise
 
     async def news(self, deadline: float) -> None:
         """Wait, reading nothing, until bytes or the end of the answer are here (at once if they
