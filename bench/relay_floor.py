@@ -56,7 +56,7 @@ from tests.sidecar_proc import SidecarProcess, run_sidecar
 from bench import gateway_bench, harness  # before mcpcreds: it puts this checkout's src/ on the path
 from bench.relay_instructions import baseline_tree
 from mcpcreds import AsyncClient
-from mcpcreds.client.client import gateway_http_client
+from mcpcreds.client.gateway_http import gateway_http_client
 
 WAYS = ("sidecar", "floor")  # taking turns, `--rounds` times per level of sessions (and "baseline")
 ARGS = {"a": 1, "b": 2}

@@ -648,8 +648,8 @@ async def test_the_sdk_client_writes_each_request_in_one_piece(sidecar: SidecarP
     one write, so the sidecar reads (and wakes up) once per request."""
     writes: list[bytes] = []
     async with AsyncClient(sidecar.socket) as creds, creds.mcp_httpx2_client("tools") as http:
-        inner: Any = http._transport._pool._network_backend.inner  # the socket's own backend
-        connect = inner.connect_unix_socket
+        backend: Any = http._transport._pool._network_backend
+        connect = backend.open  # the connection itself, before the one-write wrapper
 
         async def recorded(*args: Any, **kwargs: Any) -> Any:
             stream = await connect(*args, **kwargs)
@@ -662,7 +662,7 @@ async def test_the_sdk_client_writes_each_request_in_one_piece(sidecar: SidecarP
             stream.write = record
             return stream
 
-        inner.connect_unix_socket = recorded
+        backend.open = recorded
         async with (streamable_http_client(creds.mcp_url("tools"), http_client=http) as (read, write),
                     ClientSession(read, write) as session):
             await session.initialize()

@@ -15,7 +15,7 @@ import os
 import time
 from _thread import allocate_lock  # threading.Lock itself, without importing threading (~1 ms)
 
-from ..core.socket_check import check_folder, check_peer, expected_sidecar_uid
+from ..core.socket_check import expected_sidecar_uid
 from ..errors import McpcredsError, SidecarUnavailable, error_from_wire
 from .address import path_text, socket_file
 from .calls import Call, Calls, MalformedAnswer
@@ -23,9 +23,8 @@ from .uds import Retryable, SyncUdsHttp
 
 TYPE_CHECKING = False  # not `typing`'s: the command line pays for every module imported here
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
     from pathlib import Path
-    from types import ModuleType
     from typing import Any, Final, Literal, Self, TypeVar
 
     import httpx
@@ -36,131 +35,6 @@ if TYPE_CHECKING:
 
 DEFAULT_TIMEOUT: Final = 10.0
 CONNECT_RETRY_SECONDS: Final = 2.0  # ride out a sidecar restart
-GATEWAY_ORIGIN: Final = "http://mcpcreds"  # the host part of gateway URLs: the socket is what is reached
-# the MCP SDK's own defaults: 30 s to connect or write, 300 s between two bytes of an SSE stream
-MCP_CONNECT_TIMEOUT: Final = 30.0
-MCP_READ_TIMEOUT: Final = 300.0
-COALESCE_BYTES: Final = 64 * 1024  # a request written before its answer is read: at most this is held back
-
-
-def _checked_backend(httpcore: ModuleType, socket_path: str, sidecar_uid: int) -> Any:
-    """An httpcore (or httpcore2) network backend that checks the sidecar, as the library does,
-    on every new connection before a byte is sent: the socket's folder (owner, mode, not a
-    symlink) before connecting, the listener's SO_PEERCRED uid once connected."""
-
-    class OneWrite(httpcore.AsyncNetworkStream):  # type: ignore[misc, name-defined]
-        """A request in one write: httpcore writes the head, then the body, each on its own, so
-        the sidecar woke up and read twice per request. What is written waits for the next read
-        (httpcore reads the answer after the whole request) or for `COALESCE_BYTES`."""
-
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-            self.pending: list[bytes] = []
-            self.size = 0
-            self.timeout: float | None = None
-
-        async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-            if buffer:
-                self.pending.append(buffer)
-                self.size += len(buffer)
-                self.timeout = timeout
-            if self.size > COALESCE_BYTES:
-                await self.flush()
-
-        async def flush(self) -> None:
-            if self.pending:
-                data, self.pending, self.size = b"".join(self.pending), [], 0
-                await self.inner.write(data, self.timeout)
-
-        async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-            try:  # noqa: SIM105 (contextlib is not imported here: the command line pays for each module)
-                await self.flush()
-            except httpcore.WriteError:  # as httpcore does: the answer may be there all the same
-                pass
-            return await self.inner.read(max_bytes, timeout)  # type: ignore[no-any-return]
-
-        async def aclose(self) -> None:
-            self.pending, self.size = [], 0
-            await self.inner.aclose()
-
-        async def start_tls(self, *args: Any, **kwargs: Any) -> Any:
-            raise httpcore.ConnectError("no TLS on the sidecar's socket")
-
-        def get_extra_info(self, info: str) -> Any:
-            return self.inner.get_extra_info(info)
-
-    class CheckedBackend(httpcore.AsyncNetworkBackend):  # type: ignore[misc, name-defined]
-        def __init__(self) -> None:
-            self.inner = httpcore.AnyIOBackend()
-
-        async def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                      socket_options: Iterable[Any] | None = None) -> Any:
-            try:
-                check_folder(socket_path, sidecar_uid)
-            except FileNotFoundError as exc:
-                raise httpcore.ConnectError(f"no sidecar socket folder ({exc.strerror})") from None
-            stream = await self.inner.connect_unix_socket(socket_path, timeout, socket_options)
-            try:
-                check_peer(stream.get_extra_info("socket"), socket_path, sidecar_uid)
-            except BaseException:
-                await stream.aclose()
-                raise
-            return OneWrite(stream)
-
-        async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                              local_address: str | None = None,
-                              socket_options: Iterable[Any] | None = None) -> Any:
-            raise httpcore.ConnectError("a sidecar client connects to the Unix socket only")
-
-        async def sleep(self, seconds: float) -> None:
-            await self.inner.sleep(seconds)
-
-    return CheckedBackend()
-
-
-def gateway_http_client(flavour: str, socket_path: str, sidecar_uid: int, name: str,
-                        grant_headers: dict[str, str], **kwargs: Any) -> Any:
-    """An `httpx.AsyncClient` (`flavour` "httpx") or `httpx2.AsyncClient` ("httpx2") bound to the
-    sidecar's socket, its base URL the gateway URL of server `name`. The socket's folder is
-    checked now, and every new connection is checked before its first byte. `kwargs` go to the
-    client; `headers`, `timeout` and `auth` may be None (the MCP SDK 1.x `httpx_client_factory`
-    signature), a None timeout meaning the MCP SDK's defaults."""
-    import importlib
-
-    http = importlib.import_module(flavour)
-    core = importlib.import_module("httpcore2" if flavour == "httpx2" else "httpcore")
-    check_folder_if_there(socket_path, sidecar_uid)
-    limits = kwargs.pop("limits", http.Limits(max_connections=100, max_keepalive_connections=20))
-    transport = http.AsyncHTTPTransport(uds=socket_path, verify=False, limits=limits)
-    if not hasattr(transport, "_pool"):  # pragma: no cover - an httpx that builds its pool elsewhere
-        raise RuntimeError(f"this {flavour} version cannot carry the sidecar's socket checks")
-    transport._pool = core.AsyncConnectionPool(
-        uds=socket_path, network_backend=_checked_backend(core, socket_path, sidecar_uid),
-        max_connections=limits.max_connections, max_keepalive_connections=limits.max_keepalive_connections,
-        keepalive_expiry=limits.keepalive_expiry)
-    if kwargs.get("timeout") is None:
-        kwargs["timeout"] = http.Timeout(MCP_CONNECT_TIMEOUT, read=MCP_READ_TIMEOUT)
-    if kwargs.get("auth") is None:
-        kwargs.pop("auth", None)
-    merged = {**(kwargs.pop("headers", None) or {}), **grant_headers}
-    return http.AsyncClient(transport=transport, base_url=gateway_url(name), headers=merged, **kwargs)
-
-
-def check_folder_if_there(socket_path: str, sidecar_uid: int) -> None:
-    """The folder check, now; a folder not made yet (no sidecar yet) is left to connect time."""
-    import contextlib
-
-    with contextlib.suppress(FileNotFoundError):
-        check_folder(socket_path, sidecar_uid)
-
-
-def gateway_url(name: str) -> str:
-    """The URL to give an MCP client for server `name`, with a client from `mcp_http_client`."""
-    from urllib.parse import quote
-
-    return f"{GATEWAY_ORIGIN}/mcp/{quote(name, safe=':')}"
-
-
 def grant_header(grant: str | None) -> dict[str, str]:
     """`Authorization: Bearer <grant>` for `grant`, else $MCPCREDS_GRANT; none without a grant."""
     grant = grant if grant is not None else os.environ.get("MCPCREDS_GRANT")
@@ -344,6 +218,8 @@ class AsyncClient(_Base):
 
     def mcp_url(self, name: str) -> str:
         """`http://mcpcreds/mcp/{name}`: the URL to give the MCP SDK with `mcp_http_client(name)`."""
+        from .gateway_http import gateway_url
+
         return gateway_url(name)
 
     def mcp_http_client(self, name: str, **kwargs: Any) -> httpx.AsyncClient:
@@ -351,12 +227,16 @@ class AsyncClient(_Base):
         socket with the library's checks (see `gateway_http_client`), carrying this client's grant.
         Use it with `streamable_http_client(creds.mcp_url(name), http_client=...)`: the
         credential, the rate limit and the tool policy are applied in the sidecar."""
+        from .gateway_http import gateway_http_client
+
         client: httpx.AsyncClient = gateway_http_client("httpx", self._socket, self.sidecar_uid,
                                                         name, dict(self._headers), **kwargs)
         return client
 
     def mcp_httpx2_client(self, name: str, **kwargs: Any) -> Any:
         """The same as `mcp_http_client`, an `httpx2.AsyncClient` (the MCP SDK 2.x); needs httpx2."""
+        from .gateway_http import gateway_http_client
+
         return gateway_http_client("httpx2", self._socket, self.sidecar_uid, name,
                                    dict(self._headers), **kwargs)
 

@@ -43,7 +43,7 @@ import httptools
 from ..core.http import MAX_GATEWAY_BODY_BYTES
 from ..core.tasks import spawn
 from ..errors import McpcredsError
-from .client import GATEWAY_ORIGIN, check_folder_if_there, gateway_url
+from .gateway_http import GATEWAY_ORIGIN, check_folder_if_there, gateway_url
 from .uds_stream import StreamUdsHttp, Unreachable
 
 MAX_LINE: Final = MAX_GATEWAY_BODY_BYTES  # what the gateway takes in one POST
