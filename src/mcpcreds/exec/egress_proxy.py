@@ -64,6 +64,7 @@ from ..core.logs import get_logger
 from ..core.socket_check import check_folder
 from ..errors import ExecSessionsFull, Forbidden, McpcredsError, RateLimited
 from ..net.egress import EgressPolicy, Resolver, normalize_host, system_resolver
+from ..net.quick_ack import ack_at_once, tcp_socket
 from .egress_notices import HEADER as NOTICES_HEADER
 from .egress_notices import Notices, printable
 from .egress_rules import PortRules, reaches_own_listener
@@ -444,11 +445,15 @@ class EgressProxy:
                     counts: list[int], index: int) -> None:
         """Copy until EOF, then half-close the other side (so each direction ends on its own);
         every chunk moves the tunnel's idle deadline."""
+        # toward the upstream: its answer acknowledged as it arrives (net/quick_ack.py)
+        quick = tcp_socket(writer.transport) if index == 0 else None
         try:
             while data := await reader.read(65536):
                 conn.since = self.clock.monotonic()
                 counts[index] += len(data)
                 writer.write(data)
+                if quick is not None and not ack_at_once(quick):
+                    quick = None
                 await writer.drain()
         except (ConnectionError, OSError):
             pass

@@ -17,6 +17,9 @@ does the same work with one protocol object per connection:
   (bounded) — at most
   `limits.max_connections` open (a request waits up to the pool timeout for a free one) and
   `limits.max_keepalive_connections` idle.
+- After each request it sends, a TCP connection acknowledges what arrives at once
+  (`quick_ack.py`): a server that holds an answer's body until its head is acknowledged (uvicorn
+  on asyncio's loop) would otherwise wait for Linux's delayed ACK, 40 ms, on every kept connection.
 - Timeouts as httpx reads them (`extensions["timeout"]`): connect, write (the body stuck in the
   send buffer), read (each wait for bytes; None waits as long as the caller does), pool.
 - Errors are httpx's (`ConnectError`, `ReadError`, `RemoteProtocolError`, timeouts), so callers
@@ -34,7 +37,6 @@ does the same work with one protocol object per connection:
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -45,6 +47,7 @@ import httpx
 
 from .deadlines import Deadlines
 from .egress_http import ConnectError, Header, RawAnswer
+from .quick_ack import ack_at_once, tcp_socket
 
 HIGH_WATER: Final = 256 * 1024  # body bytes buffered before reading from the server pauses
 MAX_HEAD_BYTES: Final = 64 * 1024  # the status line and headers of an answer
@@ -53,12 +56,6 @@ MAX_HEAD_BYTES: Final = 64 * 1024  # the status line and headers of an answer
 # a GET's: an MCP server takes one listening stream per session, and the next must find it closed
 DRAIN_BYTES: Final = 64 * 1024
 DRAIN_SECONDS: Final = 0.5
-# Linux delays the ACK of what arrives on a connection that has just sent (it hopes to carry the
-# ACK on its next write), and a server that writes an answer's head and then its body in two sends
-# may hold the body until the head is acknowledged: uvicorn on asyncio's own loop does, and its
-# streamed (SSE) answers came 40-45 ms late on every kept connection, against under 1 ms on a new
-# one. A request's connection is told to acknowledge at once after each request it sends.
-QUICKACK: Final = getattr(socket, "TCP_QUICKACK", None)
 DEFAULT_LIMITS: Final = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 # a header name's characters (RFC 9110 tchar): what is left after deleting them is not a token
 _TCHARS: Final = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -105,7 +102,7 @@ class _Connection(asyncio.Protocol):
         self._drain_timer: asyncio.TimerHandle | None = None
         self.dropped = 0  # bytes of the answer's rest dropped so far
         self.drainable = False  # the request sent was no GET (see DRAIN_BYTES)
-        self.quick_ack: Any = None  # the TCP socket, on Linux (see QUICKACK)
+        self.quick_ack: Any = None  # the TCP socket, on Linux (see net/quick_ack.py)
         self._reset()
 
     def _reset(self) -> None:
@@ -125,9 +122,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are no asyncio.Transport
-        sock = transport.get_extra_info("socket")
-        if QUICKACK is not None and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            self.quick_ack = sock
+        self.quick_ack = tcp_socket(transport)
 
     def data_received(self, data: bytes) -> None:
         if not self.busy:  # bytes no request asked for: never handed to the next request
@@ -245,8 +240,8 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.busy = True
         self.transport.write(data)
-        if self.quick_ack is not None:
-            self._ack_at_once()
+        if self.quick_ack is not None and not ack_at_once(self.quick_ack):  # see net/quick_ack.py
+            self.quick_ack = None
         while self.write_paused and not self.lost:
             await self._wait_within(timeouts.get("write"), deadline, httpx.WriteTimeout, "take the request")
         while not self.head_done:
@@ -254,13 +249,6 @@ class _Connection(asyncio.Protocol):
                 raise self.error
             # the gateway's own read timeout is None: its deadline bounds the wait
             await self._wait_within(timeouts.get("read"), deadline, httpx.ReadTimeout, "answer")
-
-    def _ack_at_once(self) -> None:
-        """The answer's first bytes acknowledged as they arrive (see QUICKACK)."""
-        try:
-            self.quick_ack.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
-        except OSError:  # gone, or not TCP after all: the answer is read all the same
-            self.quick_ack = None
 
     async def _wait_within(self, timeout: float | None, deadline: float | None,
                            error: type[httpx.TimeoutException], what: str) -> None:
