@@ -289,10 +289,10 @@ def pythonpath() -> str:
 
 @contextlib.contextmanager
 def sidecar(folder: Path, *blocks: str, env: Mapping[str, str] | None = None,
-            settings: str = "") -> Iterator[SidecarProcess]:
-    """A real `mcpcreds serve` (this checkout's) on `folder/s.sock`: its config is `[sidecar]` with
-    the socket and `settings` (TOML lines), secrets from its environment (`env` added to ours), and
-    `blocks` (`static_server`, TOML text). Stopped at the end of the block."""
+            settings: str = "", src: Path = SRC) -> Iterator[SidecarProcess]:
+    """A real `mcpcreds serve` (this checkout's, or the package in `src`) on `folder/s.sock`: its
+    config is `[sidecar]` with the socket and `settings` (TOML lines), secrets from its environment
+    (`env` added to ours), and `blocks` (`static_server`, TOML text). Stopped at the end of the block."""
     from tests.sidecar_proc import run_sidecar
 
     folder.mkdir(mode=0o700, exist_ok=True)
@@ -301,24 +301,28 @@ def sidecar(folder: Path, *blocks: str, env: Mapping[str, str] | None = None,
     config = folder / "config.toml"
     head = f'[sidecar]\nsocket = {_toml(str(sock))}\n{settings}\n\n[secrets]\nsources = ["env"]\n\n'
     config.write_text(head + "\n".join(blocks), encoding="utf-8")
-    with started(run_sidecar(config, sock, {**(env or {}), "PYTHONPATH": pythonpath()}),
+    path = pythonpath() if src == SRC else str(src)
+    with started(run_sidecar(config, sock, {**(env or {}), "PYTHONPATH": path}),
                  f"the sidecar ({folder.name})") as proc:
         yield proc
 
 
 def oauth_sidecar(folder: Path, *, service: str, server: str, endpoint: str, token_url: str,
                   client_id: str, client_secret: str, scope: str, rate: str | None = None,
-                  settings: str = "") -> contextlib.AbstractContextManager[SidecarProcess]:
+                  settings: str = "", server_lines: str = "",
+                  src: Path = SRC) -> contextlib.AbstractContextManager[SidecarProcess]:
     """`sidecar` with `[services.<service>]` (a client-credentials login at `token_url`, the client
-    secret from the sidecar's environment) and a `[[servers]]` entry `server` that uses it."""
+    secret from the sidecar's environment) and a `[[servers]]` entry `server` that uses it, with
+    `server_lines` (TOML lines) added to it."""
     lines = [f"[services.{service}]", f"endpoint = {_toml(endpoint)}"]
     if rate is not None:
         lines.append(f"rate = {_toml(rate)}")
     lines += [f"[services.{service}.oauth]", f"token_url = {_toml(token_url)}",
               f"client_id = {_toml(client_id)}", 'client_secret = "{{secret:BENCH_SECRET}}"',
               f"scope = {_toml(scope)}", "",
-              "[[servers]]", f"name = {_toml(server)}", f"service = {_toml(service)}"]
-    return sidecar(folder, "\n".join(lines) + "\n", env={"BENCH_SECRET": client_secret}, settings=settings)
+              "[[servers]]", f"name = {_toml(server)}", f"service = {_toml(service)}", server_lines]
+    return sidecar(folder, "\n".join(lines) + "\n", env={"BENCH_SECRET": client_secret}, settings=settings,
+                   src=src)
 
 
 def client_env(config: Path) -> dict[str, str]:

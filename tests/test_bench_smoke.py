@@ -49,6 +49,8 @@ BENCHES = {
     "status_quo": Bench("status_quo.py", ("--processes", "1", "--seconds", "1"),
                         r"^\| token requests \(at the IdP\) \| \d+ \|(?: \d+ \|)+$",
                         r"^ratio: first request with a valid token, p50 ms: mcpcreds [\d.]+ / status quo [\d.]+ = "),
+    "kept_upstream": Bench("kept_upstream.py", (), r"^medians of the rounds' p50: gateway [\d.]+ ms, direct [\d.]+ ms$",
+                           r"^ratio: call p50 ms: gateway [\d.,]+ / direct [\d.,]+ = [\d.]+x$"),
     "gateway": Bench("gateway_bench.py", (), r"^\s+direct\s+p50 [\d.]+ ms\s",
                      r"^\s+added p50: -?[\d.]+ ms .*; ratio gateway/direct p50 [\d.]+$"),
     "tcp": Bench("tcp_bench.py", (), r"^unix\s+[\d.]+\s+[\d.]+\s+[\d.]+\s",
