@@ -3,7 +3,7 @@
 Run from the repository root (Node for the authorization server peer; the MCP SDK 2.x installed):
 
     python bench/status_quo.py                   # defaults below; 2-3 min, mostly spawning processes
-    python bench/status_quo.py --rounds 3        # three rounds of the four sides, min/median/max
+    python bench/status_quo.py --rounds 3        # three rounds of the five sides, min/median/max
     python bench/status_quo.py --json            # the same figures, machine-readable
     python bench/status_quo.py --processes 8 --tasks 2 --seconds 15 --ttl 5 --rate 20/1s
                                                  # every option, at its default
@@ -35,8 +35,17 @@ concurrent loops calling the tool `add` for `--seconds` seconds, then closes its
 - mcpcreds, `lease=False`: the same with `auth("tools", lease=False)`, one `call` round trip per
   request: the per-request path, which the default (leases where they pay) must not be slower
   than, nor use less of the rate than.
+- mcpcreds, its gateway: the same sidecar, the server `tools` with `trust = "trusted"`, and each
+  process's SDK client on `creds.mcp_httpx2_client("tools")` to `creds.mcp_url("tools")`: no
+  credential in the process at all. The gateway reads the JSON-RPC it relays, so it takes a
+  permit per JSON-RPC request (its default `rate_methods`), not per HTTP request: the initialized
+  notification, the GET stream and the closing DELETE take none. Its rate use and most in any 1 s
+  count what it meters, at the server (the server peer's POSTs that are no notification, by the
+  time it read them: a process's request waits in the gateway for its permit); the table gives
+  the HTTP requests the processes sent beside them. The process sends no token: its "first
+  request with a valid token" is left blank.
 
-`--rounds N` runs the four sides in turn N times; the table is the last round's, followed by the
+`--rounds N` runs the five sides in turn N times; the table is the last round's, followed by the
 main figures' min / median / max over the rounds.
 
 What is measured, and where:
@@ -116,8 +125,9 @@ if TYPE_CHECKING:  # imported where used, so that the spawned client processes s
     from tests.peers.oidc_peer import OidcPeer
 
 # the status quo, then the same paced to its share of the rate in each process, then mcpcreds'
-# `creds.auth(SERVER)` and `creds.auth(SERVER, lease=False)`
-SIDES = ("status_quo", "status_quo_paced", "mcpcreds", "mcpcreds_no_lease")
+# `creds.auth(SERVER)`, `creds.auth(SERVER, lease=False)` and its gateway
+SIDES = ("status_quo", "status_quo_paced", "mcpcreds", "mcpcreds_no_lease", "mcpcreds_gateway")
+SIDE_NAMES = ("status quo", "status quo, paced", "mcpcreds", "mcpcreds, lease=False", "mcpcreds gateway")
 SERVER = "tools"
 CLIENT_ID = "agent"
 CLIENT_SECRET = "bench-secret-0b7c5e2a9d4f4c1e8a6b3d2f1e0c9a8b"
@@ -184,10 +194,12 @@ class Traffic:
 
 
 def _counting_transport(traffic: Traffic, mcp_url: str, token_url: str, issuer: str,
-                        prm_fix: bool, pace: Any = None) -> httpx2.AsyncBaseTransport:
-    """An httpx2 transport that records every request (see `Traffic`) and, with `prm_fix`,
-    corrects the MCP server's PRM document (see the module docstring); with `pace` (an
-    `aiolimiter.AsyncLimiter`), every request to the MCP server waits for it first."""
+                        prm_fix: bool, pace: Any = None,
+                        inner: httpx2.AsyncBaseTransport | None = None) -> httpx2.AsyncBaseTransport:
+    """An httpx2 transport (over `inner`, or a new one) that records every request (see
+    `Traffic`) and, with `prm_fix`, corrects the MCP server's PRM document (see the module
+    docstring); with `pace` (an `aiolimiter.AsyncLimiter`), every request to the MCP server waits
+    for it first."""
     import httpx2
     from mcp.client.auth.utils import issuers_match
 
@@ -222,7 +234,7 @@ def _counting_transport(traffic: Traffic, mcp_url: str, token_url: str, issuer: 
 
     class Counting(httpx2.AsyncBaseTransport):
         def __init__(self) -> None:
-            self.inner = httpx2.AsyncHTTPTransport()
+            self.inner = inner if inner is not None else httpx2.AsyncHTTPTransport()
 
         async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
             kind = kind_of(request)
@@ -291,12 +303,24 @@ async def session_calls(params: dict[str, Any], release: harness.Release) -> dic
         from aiolimiter import AsyncLimiter
 
         pace = AsyncLimiter(params["share_per_period"], params["period"])
-    transport = _counting_transport(traffic, params["url"], params["token_url"], params["issuer"],
-                                    params["prm_fix"], pace)
     creds: Any = None
     module: str | None = None
+    url: str = params["url"]
     auth: Any
-    if side.startswith("status_quo"):
+    http: Any
+    timeout = httpx2.Timeout(30.0, read=300.0)
+    if side == "mcpcreds_gateway":  # no auth in the process: the sidecar adds the credential
+        import mcpcreds
+        from mcpcreds import AsyncClient
+
+        module = mcpcreds.__file__
+        creds = AsyncClient(params["socket"])
+        http = creds.mcp_httpx2_client(SERVER, timeout=timeout)
+        url = creds.mcp_url(SERVER)
+        # counted as the other sides are: the same recording transport, over the socket's own
+        http._transport = _counting_transport(traffic, url, params["token_url"], params["issuer"], False,
+                                              inner=http._transport)
+    elif side.startswith("status_quo"):
         from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 
         auth = ClientCredentialsOAuthProvider(
@@ -309,7 +333,10 @@ async def session_calls(params: dict[str, Any], release: harness.Release) -> dic
         module = mcpcreds.__file__
         creds = AsyncClient(params["socket"])
         auth = creds.auth(SERVER, lease=False) if side == "mcpcreds_no_lease" else creds.auth(SERVER)
-    http = httpx2.AsyncClient(auth=auth, transport=transport, timeout=httpx2.Timeout(30.0, read=300.0))
+    if side != "mcpcreds_gateway":
+        transport = _counting_transport(traffic, url, params["token_url"], params["issuer"],
+                                        params["prm_fix"], pace)
+        http = httpx2.AsyncClient(auth=auth, transport=transport, timeout=timeout)
     # anyio loads its asyncio backend lazily; the SDK's provider (an anyio.Lock) loads it above,
     # so load it on both sides, or the mcpcreds processes pay tens of ms of imports after the release.
     await anyio.sleep(0)
@@ -325,7 +352,7 @@ async def session_calls(params: dict[str, Any], release: harness.Release) -> dic
                 await stack.enter_async_context(creds)
             await stack.enter_async_context(http)
             read, write = await stack.enter_async_context(
-                streamable_http_client(params["url"], http_client=http))
+                streamable_http_client(url, http_client=http))
             session = await stack.enter_async_context(ClientSession(read, write))
             await session.initialize()
             opened = traffic.now()
@@ -349,7 +376,8 @@ async def session_calls(params: dict[str, Any], release: harness.Release) -> dic
             await asyncio.gather(*(loop(task) for task in range(params["tasks"])))
     except Exception as exc:
         errors.add(exc)
-    return {"requests": traffic.requests, "done": done, "latencies": latencies, "opened": opened,
+    return {"t0": traffic.t0, "requests": traffic.requests, "done": done, "latencies": latencies,
+            "opened": opened,
             "errors": errors.count, "first_error": errors.first, "max_heads": traffic.max_heads,
             "max_bodies": traffic.max_bodies, "posts": traffic.posts,
             "sent_during_head": traffic.sent_during_head, "sent_during_body": traffic.sent_during_body,
@@ -400,12 +428,13 @@ def _p50_max(values: list[float]) -> dict[str, Any]:
             "max": _ms(ordered[-1]) if ordered else None, "all": [_ms(v) for v in ordered]}
 
 
-def first_calls(out: list[dict[str, Any]]) -> dict[str, Any]:
+def first_calls(out: list[dict[str, Any]], carried: bool = False) -> dict[str, Any]:
     """Per process, from the release: the first request sent (to anywhere), the first request to
-    /mcp sent with a token the server took (not answered 401), and the first `add` result; p50 and
-    max over the processes."""
-    authorized = [min((r[0] for r in proc["requests"] if r[3] == "mcp" and r[5] and r[4] != 401),
-                      default=None) for proc in out]
+    /mcp sent with a token the server took (not answered 401; none when `carried`: through the
+    gateway the process sends no token), and the first `add` result; p50 and max over the processes."""
+    authorized = [] if carried else [
+        min((r[0] for r in proc["requests"] if r[3] == "mcp" and r[5] and r[4] != 401), default=None)
+        for proc in out]
     return {"first_request_ms": _p50_max([min(r[0] for r in proc["requests"]) for proc in out
                                           if proc["requests"]]),
             "first_authorized_request_ms": _p50_max([t for t in authorized if t is not None]),
@@ -422,9 +451,19 @@ def summarize(side: str, out: list[dict[str, Any]], oidc_stats: dict[str, Any], 
     rate = parse_rate(args.rate)
     seconds: float = args.seconds
     requests = [r for proc in out for r in proc["requests"]]
-    upstream = [start for start, _end, _m, kind, _s, _a in requests if kind == "mcp" and start < seconds]
-    token_sends = [start for start, _end, _m, kind, _s, _a in requests if kind == "token"]
-    refused = [auth for _s, _e, _m, kind, status, auth in requests if kind == "mcp" and status == 401]
+    gateway = side == "mcpcreds_gateway"
+    http_sent = [r[0] for r in requests if r[3] == "mcp" and r[0] < seconds]
+    upstream = http_sent  # sent below `creds.auth()` (after its permit): when the server gets them
+    if gateway:
+        # What the gateway meters, a permit per JSON-RPC request, timed at the server (a process
+        # sends to the gateway, which holds a request until its permit): the server's POSTs whose
+        # method is no notification (MCP names them notifications/*), from the release on.
+        t0 = min(p["t0"] for p in out)
+        upstream = [post["at"] - t0 for post in mcp_stats["posts"]
+                    if post["method"] and not post["method"].startswith("notifications/")
+                    and 0 <= post["at"] - t0 < seconds]
+    token_sends = [r[0] for r in requests if r[3] == "token"]
+    refused = [r[5] for r in requests if r[3] == "mcp" and r[4] == 401]
     per_process = sorted(sum(1 for t in proc["done"] if t <= seconds) / seconds for proc in out)
     latencies = sorted(lat for proc in out for lat in proc["latencies"])
     rounds = renewal_rounds(token_sends)
@@ -445,9 +484,11 @@ def summarize(side: str, out: list[dict[str, Any]], oidc_stats: dict[str, Any], 
         "renewal_rounds": rounds,
         "renewal_round_max_spread_ms": max((r["spread_ms"] for r in rounds if r["requests"] > 1),
                                            default=None),
-        "first_call": first_calls(out),
+        "first_call": first_calls(out, gateway),
         "session_open_ms_max": _ms(max(p["opened"] for p in out if p["opened"] is not None))
         if any(p["opened"] is not None for p in out) else None,
+        "metered": "JSON-RPC requests" if gateway else "HTTP requests",
+        "upstream_http_requests_in_window": len(http_sent),
         "upstream_requests_in_window": len(upstream),
         "upstream_per_second": round(len(upstream) / seconds, 1),
         "upstream_max_in_1s": max_in_window(upstream, 1.0),
@@ -510,7 +551,8 @@ def run_side(side: str, oidc: OidcPeer, mcp: McpServerPeer, tmp: Path,
         if sidecar:
             proc = stack.enter_context(harness.oauth_sidecar(
                 tmp / "sidecar", service="mcp", server=SERVER, endpoint=mcp.url, token_url=oidc.token_url,
-                client_id=CLIENT_ID, client_secret=CLIENT_SECRET, scope=SCOPE, rate=args.rate))
+                client_id=CLIENT_ID, client_secret=CLIENT_SECRET, scope=SCOPE, rate=args.rate,
+                server_lines='trust = "trusted"'))
             params["socket"] = str(proc.socket)
         else:
             params["client_secret"] = CLIENT_SECRET  # the status quo: the secret in every process
@@ -534,7 +576,7 @@ def run_side(side: str, oidc: OidcPeer, mcp: McpServerPeer, tmp: Path,
                                  args.processes, 0.0, prime)
     summary = summarize(side, out, oidc_stats, mcp_stats, args)
     if warm:
-        summary["first_call_warm_sidecar"] = first_calls(warm)
+        summary["first_call_warm_sidecar"] = first_calls(warm, side == "mcpcreds_gateway")
     return summary
 
 
@@ -581,17 +623,19 @@ def render(report: dict[str, Any]) -> str:
                 f"(most in flight: {s['max_posts_in_flight_until_headers']})")
 
     def upstream(s: dict[str, Any]) -> str:
-        return f"{s['upstream_per_second']:g}/s ({s['upstream_requests_in_window']} requests)"
+        http = ("" if s["upstream_http_requests_in_window"] == s["upstream_requests_in_window"]
+                else f"; {s['upstream_http_requests_in_window']} HTTP requests")
+        return f"{s['upstream_per_second']:g}/s ({s['upstream_requests_in_window']} {s['metered']}{http})"
 
     def per_process(s: dict[str, Any]) -> str:
         p = s["per_process_calls_per_second"]
         return "-" if p is None else f"{p['min']:g} / {p['median']:g} / {p['max']:g}"
 
-    sp, nl = report["status_quo_paced"], report["mcpcreds_no_lease"]
-    sides = (sq, sp, mc, nl)
+    sp, gw = report["status_quo_paced"], report["mcpcreds_gateway"]
+    sides = tuple(report[side] for side in SIDES)
 
-    def each(fn: Callable[[dict[str, Any]], str]) -> tuple[str, str, str, str]:
-        return fn(sq), fn(sp), fn(mc), fn(nl)
+    def each(fn: Callable[[dict[str, Any]], str]) -> tuple[str, ...]:
+        return tuple(fn(s) for s in sides)
 
     def warm(s: dict[str, Any]) -> str:
         if "first_call_warm_sidecar" not in s:
@@ -601,7 +645,7 @@ def render(report: dict[str, Any]) -> str:
 
     rows = [
         ("client secret held by", f"each of the {n} processes", f"each of the {n} processes",
-         "the sidecar only", "the sidecar only"),
+         "the sidecar only", "the sidecar only", "the sidecar only (the token too)"),
         ("token requests (at the IdP)", *each(lambda s: str(s["token_requests"]))),
         ("discovery requests (metadata GETs)", *each(discovery)),
         ("401s at the MCP server", *each(unauthorized)),
@@ -611,7 +655,8 @@ def render(report: dict[str, Any]) -> str:
         ("first tool result, p50 / max (ms from the release)",
          *each(lambda s: first(s, "first_call", "first_result_ms"))),
         (f"the same two for {n} new processes while the sidecar holds the login", *each(warm)),
-        (f"upstream requests to /mcp, mean over {cfg['seconds']:g} s (rate {cfg['rate']}: "
+        (f"upstream requests to /mcp as the side's rate meters them, mean over {cfg['seconds']:g} s "
+         f"(rate {cfg['rate']}: "
          f"{sq['bucket_allows_in_window'] / cfg['seconds']:.1f}/s)", *each(upstream)),
         (f"most upstream requests in any 1 s (bucket allows {sq['bucket_allows_in_1s']})",
          *each(lambda s: str(s["upstream_max_in_1s"]))),
@@ -627,8 +672,8 @@ def render(report: dict[str, Any]) -> str:
         "",
         "| | MCP SDK `ClientCredentialsOAuthProvider` in each process | the same, each process paced "
         f"to 1/{n} of the rate (aiolimiter) | mcpcreds, `creds.auth()` "
-        "| mcpcreds, `creds.auth(lease=False)` |",
-        "|---|---|---|---|---|",
+        "| mcpcreds, `creds.auth(lease=False)` | mcpcreds, its gateway (`/mcp/tools` on the socket) |",
+        "|---|---|---|---|---|---|",
         *(f"| {' | '.join(row)} |" for row in rows),
         "",
         harness.ratio_line("token requests", ("mcpcreds", mc["token_requests"]),
@@ -642,9 +687,12 @@ def render(report: dict[str, Any]) -> str:
     if None not in results:
         lines.append(harness.ratio_line("first tool result, p50 ms", ("mcpcreds", results[0]),
                                         ("status quo paced", results[1])))
+    results = [s["first_call"]["first_result_ms"]["p50"] for s in (gw, sq)]
+    if None not in results:
+        lines.append(harness.ratio_line("first tool result, p50 ms", ("mcpcreds gateway", results[0]),
+                                        ("status quo", results[1])))
     notes = []
-    for side, s in zip(("status quo", "status quo, paced", "mcpcreds", "mcpcreds, lease=False"), sides,
-                       strict=True):
+    for side, s in zip(SIDE_NAMES, sides, strict=True):
         if s["first_error"]:
             notes.append(f"{side}: first error: {s['first_error']}")
         if warm_error := s.get("first_call_warm_sidecar", {}).get("first_error"):
