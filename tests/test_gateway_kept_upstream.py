@@ -145,3 +145,27 @@ async def test_a_read_cancelled_as_its_bytes_arrive_leaves_no_exception_in_the_l
             os.close(trigger)
             os.close(pull)
     assert reported == [], [str(context.get("exception") or context.get("message")) for context in reported]
+
+
+async def test_a_connection_closed_with_bytes_unsent_is_gone_at_once(tmp_path: Path) -> None:
+    """A write the sidecar does not take (it stopped reading) times out; closing the connection
+    then drops what was not sent and the socket at once, rather than holding both until the
+    sidecar reads again."""
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    path = str(folder / "s.sock")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen()
+        stream = await checked_backend(httpcore2, path, os.getuid()).connect_unix_socket(path, 5.0)
+        peer, _ = listener.accept()
+        try:
+            with pytest.raises(httpcore2.WriteTimeout):
+                await stream.write(b"x" * (16 << 20), 0.2)  # more than the socket's buffers hold
+            sock = stream.get_extra_info("socket")
+            await stream.aclose()
+            for _ in range(3):  # passes of the loop: the transport's end runs from call_soon
+                await asyncio.sleep(0)
+            assert sock.fileno() == -1
+        finally:
+            peer.close()

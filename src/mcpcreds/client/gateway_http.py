@@ -136,7 +136,9 @@ def checked_backend(httpcore: ModuleType, socket_path: str, sidecar_uid: int) ->
             self.ended = False  # the sidecar closed its side, or the connection is gone
             self.error: BaseException | None = None
             self.reading_paused = self.writing_paused = False
-            self.waiter: asyncio.Future[None] | None = None
+            # a read's wait and a write's, each its own (httpcore never runs both at once, yet a
+            # wait that ended must never clear another's)
+            self.waiters: dict[str, asyncio.Future[None]] = {}
 
         # -- asyncio.Protocol
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -168,30 +170,33 @@ def checked_backend(httpcore: ModuleType, socket_path: str, sidecar_uid: int) ->
             self._wake()
 
         def _wake(self) -> None:
-            waiter = self.waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+            for waiter in self.waiters.values():
+                if not waiter.done():
+                    waiter.set_result(None)
 
-        async def _wait(self, timeout: float | None, raised: type[Exception]) -> None:
-            waiter = self.waiter = self.loop.create_future()
+        async def _wait(self, kind: str, timeout: float | None, raised: type[Exception]) -> None:
+            waiter = self.waiters[kind] = self.loop.create_future()
             try:
                 async with asyncio.timeout(timeout):
                     await waiter
             except TimeoutError:
                 raise raised("the sidecar did not answer in time") from None
             finally:
-                self.waiter = None
+                del self.waiters[kind]
 
         # -- what httpcore asks of a network stream
         async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
             while not self.buffer and not self.ended:
-                await self._wait(timeout, httpcore.ReadTimeout)
+                await self._wait("read", timeout, httpcore.ReadTimeout)
             if not self.buffer:
                 if self.error is not None:
                     raise httpcore.ReadError(f"the sidecar's connection broke ({type(self.error).__name__})")
                 return b""
-            data = bytes(self.buffer[:max_bytes])
-            del self.buffer[:max_bytes]
+            if len(self.buffer) <= max_bytes:
+                data, self.buffer = bytes(self.buffer), bytearray()
+            else:
+                data = bytes(memoryview(self.buffer)[:max_bytes])
+                del self.buffer[:max_bytes]
             if self.reading_paused and len(self.buffer) <= READ_HIGH_WATER // 2 and self.transport:
                 self.reading_paused = False
                 self.transport.resume_reading()
@@ -202,13 +207,13 @@ def checked_backend(httpcore: ModuleType, socket_path: str, sidecar_uid: int) ->
                 raise httpcore.WriteError("the sidecar's connection is closed")
             self.transport.write(buffer)
             while self.writing_paused and not self.ended:
-                await self._wait(timeout, httpcore.WriteTimeout)
+                await self._wait("write", timeout, httpcore.WriteTimeout)
             if self.ended:
                 raise httpcore.WriteError("the sidecar's connection is closed")
 
         async def aclose(self) -> None:
-            if self.transport is not None:
-                self.transport.close()
+            if self.transport is not None:  # what was not sent yet is dropped: the socket goes now
+                self.transport.abort()
 
         def get_extra_info(self, info: str) -> Any:
             if info == "is_readable":  # a kept connection that received a byte or its end is not reused
@@ -266,11 +271,20 @@ def checked_backend(httpcore: ModuleType, socket_path: str, sidecar_uid: int) ->
 
 
 def on_asyncio() -> bool:
-    """Whether the running event loop is asyncio's (or one built on it, such as uvloop)."""
-    import asyncio
-
+    """Whether the caller runs on asyncio (or a loop built on it, such as uvloop), as httpcore
+    tells: sniffio's answer where it is installed (trio in guest mode inside an asyncio loop is
+    trio), else whether an asyncio loop runs."""
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+        import sniffio
+    except ImportError:
+        import asyncio
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+    try:
+        return bool(sniffio.current_async_library() == "asyncio")
+    except sniffio.AsyncLibraryNotFoundError:
         return False
-    return True

@@ -30,6 +30,6 @@ def ack_at_once(sock: Any) -> bool:
     """What arrives next on `sock` is acknowledged at once; False if the socket refused (gone)."""
     try:
         sock.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: uvloop's socket of a closed transport
         return False
     return True
