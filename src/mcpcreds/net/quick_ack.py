@@ -4,8 +4,10 @@ Linux delays the ACK of what arrives on a connection that has just sent (it hope
 on its next write), and a server that writes an answer's head and then its body in two sends may
 hold the body until the head is acknowledged: uvicorn on asyncio's own loop does, and its streamed
 (SSE) answers came 40-45 ms late on every kept connection, against under 1 ms on a new one.
-`TCP_QUICKACK` after each write leaves that mode until the next: what arrives is acknowledged at
-once. Linux only; elsewhere `tcp_socket` gives None and nothing is done.
+`TCP_QUICKACK` leaves that mode until the next write and sends an ACK that is due at once: set
+after a write (the exec proxy's tunnels), or when an answer's first piece came and more is to come
+(the gateway's upstream connections), what arrives is acknowledged without the wait. Linux only;
+elsewhere `tcp_socket` gives None and nothing is done.
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ does the same work with one protocol object per connection:
   (bounded) — at most
   `limits.max_connections` open (a request waits up to the pool timeout for a free one) and
   `limits.max_keepalive_connections` idle.
-- After each request it sends, a TCP connection acknowledges what arrives at once
+- An answer that arrives in pieces on a TCP connection has its first piece acknowledged at once
   (`quick_ack.py`): a server that holds an answer's body until its head is acknowledged (uvicorn
-  on asyncio's loop) would otherwise wait for Linux's delayed ACK, 40 ms, on every kept connection.
+  on asyncio's loop) would otherwise wait for Linux's delayed ACK, 40 ms, on every kept
+  connection. An answer that arrives whole costs nothing more.
 - Timeouts as httpx reads them (`extensions["timeout"]`): connect, write (the body stuck in the
   send buffer), read (each wait for bytes; None waits as long as the caller does), pool.
 - Errors are httpx's (`ConnectError`, `ReadError`, `RemoteProtocolError`, timeouts), so callers
@@ -103,6 +104,7 @@ class _Connection(asyncio.Protocol):
         self.dropped = 0  # bytes of the answer's rest dropped so far
         self.drainable = False  # the request sent was no GET (see DRAIN_BYTES)
         self.quick_ack: Any = None  # the TCP socket, on Linux (see net/quick_ack.py)
+        self.quick_pending = False  # a request went out: its answer's first piece is acknowledged at once
         self._reset()
 
     def _reset(self) -> None:
@@ -150,6 +152,10 @@ class _Connection(asyncio.Protocol):
             if self.complete or self.lost:
                 self._drain_end()
             return
+        if self.quick_pending and not self.complete:  # more of the answer to come: see quick_ack.py
+            self.quick_pending = False
+            if not ack_at_once(self.quick_ack):
+                self.quick_ack = None
         self._notify()
 
     def _fail(self, message: str) -> None:
@@ -240,8 +246,9 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.busy = True
         self.transport.write(data)
-        if self.quick_ack is not None and not ack_at_once(self.quick_ack):  # see net/quick_ack.py
-            self.quick_ack = None
+        # the answer's first bytes acknowledged at once if more is to come (net/quick_ack.py): one
+        # system call for an answer in pieces, none for one that arrives whole
+        self.quick_pending = self.quick_ack is not None
         while self.write_paused and not self.lost:
             await self._wait_within(timeouts.get("write"), deadline, httpx.WriteTimeout, "take the request")
         while not self.head_done:
