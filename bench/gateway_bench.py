@@ -114,14 +114,16 @@ class Cpu:
 
 
 @asynccontextmanager
-async def session(creds: AsyncClient, peer: GatewayPeer, way: str) -> AsyncIterator[ClientSession]:
+async def session(creds: AsyncClient, direct_url: str, way: str) -> AsyncIterator[ClientSession]:
+    """An initialized SDK session to the server `SERVER`: through the gateway ("gateway"), else to
+    `direct_url` with `auth=creds.auth(SERVER)`."""
     async with AsyncExitStack() as stack:
         if way == "gateway":
             http = await stack.enter_async_context(creds.mcp_httpx2_client(SERVER))
             url = creds.mcp_url(SERVER)
         else:
             http = await stack.enter_async_context(httpx2.AsyncClient(auth=creds.auth(SERVER), timeout=30))
-            url = peer.url
+            url = direct_url
         read, write = await stack.enter_async_context(streamable_http_client(url, http_client=http))
         client = await stack.enter_async_context(ClientSession(read, write))
         await client.initialize()
@@ -129,7 +131,7 @@ async def session(creds: AsyncClient, peer: GatewayPeer, way: str) -> AsyncItera
 
 
 async def latency(creds: AsyncClient, peer: GatewayPeer, way: str, calls: int, cpu: Cpu) -> list[float]:
-    async with session(creds, peer, way) as client:
+    async with session(creds, peer.url, way) as client:
         for _ in range(20):  # warm-up
             await client.call_tool("add", {"a": 1, "b": 2})
         out = []
@@ -145,7 +147,7 @@ async def latency(creds: AsyncClient, peer: GatewayPeer, way: str, calls: int, c
 async def throughput(creds: AsyncClient, peer: GatewayPeer, way: str, calls: int, cpu: Cpu,
                      workers: int = 16) -> float:
     async with AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(session(creds, peer, way)) for _ in range(workers)]
+        clients = [await stack.enter_async_context(session(creds, peer.url, way)) for _ in range(workers)]
         await asyncio.gather(*(c.call_tool("add", {"a": 1, "b": 2}) for c in clients))  # warm-up
 
         async def work(client: ClientSession) -> None:

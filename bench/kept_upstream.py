@@ -11,16 +11,16 @@ Peers on loopback: an authorization server (oidc-provider, `tests/peers/oidc_pee
 MCP server of the tests (`tests/peers/mcp_server.py`: the MCP Python SDK 2.x under uvicorn, run on
 asyncio's own event loop as the SDK's examples run it; it answers a call as an SSE stream and
 verifies RFC 9068 JWTs). A fresh sidecar of this checkout logs in with client credentials; its
-server `tools` has `trust = "trusted"` and no rate, so no call waits for a permit.
+server `bench` has `trust = "trusted"` and no rate, so no call waits for a permit.
 
-The ways, in turn in each round, each one SDK session (`ClientSession` over httpx2) making 5
+The ways, in turn in each round, each one SDK session (`gateway_bench.session`) making 5
 warm-up calls and then `--calls` sequential `add` calls, each timed:
 
-- `gateway`: the SDK client through `creds.mcp_httpx2_client("tools")` to `creds.mcp_url("tools")`;
+- `gateway`: the SDK client through `creds.mcp_httpx2_client("bench")` to `creds.mcp_url("bench")`;
   the sidecar keeps its connection to the server from call to call;
 - `baseline` (with `--baseline-ref REF`): the same through the sidecar of `git archive REF`,
   on a socket of its own, logged in the same way;
-- `direct`: the SDK client to the server's URL with `auth=creds.auth("tools")` (this sidecar). The
+- `direct`: the SDK client to the server's URL with `auth=creds.auth("bench")` (this sidecar). The
   SDK 2.x client closes each SSE answer before its last chunk, so it opens a new connection to the
   server for nearly every call.
 
@@ -36,49 +36,29 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for bench.harness
 
-from bench import harness
+from bench import gateway_bench, harness
 from bench.harness import BenchError
 from bench.relay_instructions import baseline_tree
 
-SERVER = "tools"
+SERVER = gateway_bench.SERVER  # the server's name in the sidecar: gateway_bench's sessions call it
 CLIENT_ID = "agent"
 CLIENT_SECRET = "bench-secret-4e1d7c9a2b6f4a3e9d8c7b6a5f4e3d2c"
 SCOPE = "tools:read tools:call"
 WARM_UP = 5
 
 
-@contextlib.asynccontextmanager
-async def session(way: str, socket: Path, url: str) -> AsyncIterator[Any]:
-    """An initialized SDK session for `way` ("direct", else through the sidecar on `socket`)."""
-    import httpx2
-    from mcp.client.session import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-
+async def timed_calls(way: str, socket: Path, url: str, calls: int) -> list[float]:
+    """Seconds per `add` call, after WARM_UP calls, in one session (`url`: the server's, for "direct")."""
     from mcpcreds import AsyncClient
 
-    async with contextlib.AsyncExitStack() as stack:
-        creds = await stack.enter_async_context(AsyncClient(socket))
-        if way == "direct":
-            http = await stack.enter_async_context(httpx2.AsyncClient(auth=creds.auth(SERVER), timeout=30.0))
-        else:
-            http = await stack.enter_async_context(creds.mcp_httpx2_client(SERVER))
-            url = creds.mcp_url(SERVER)
-        read, write = await stack.enter_async_context(streamable_http_client(url, http_client=http))
-        client = await stack.enter_async_context(ClientSession(read, write))
-        await client.initialize()
-        yield client
-
-
-async def timed_calls(way: str, socket: Path, url: str, calls: int) -> list[float]:
-    """Seconds per `add` call, after WARM_UP calls, in one session."""
     took = []
-    async with session(way, socket, url) as client:
+    async with AsyncClient(socket) as creds, gateway_bench.session(creds, url, way) as client:
         for n in range(WARM_UP + calls):
             started = time.perf_counter()
             result = await client.call_tool("add", {"a": n, "b": 1})

@@ -140,7 +140,7 @@ def through_floor(relay_socket: Path, peer: GatewayPeer) -> Opener:
 def sessions_through(creds: AsyncClient, peer: GatewayPeer) -> Opener:
     """Sessions through a sidecar's gateway."""
     def opened() -> AbstractAsyncContextManager[ClientSession]:
-        return gateway_bench.session(creds, peer, "gateway")
+        return gateway_bench.session(creds, peer.url, "gateway")
 
     return opened
 

@@ -54,7 +54,7 @@ async def count(sidecar: SidecarProcess, peer: GatewayPeer, sessions: int, calls
     pid = str(sidecar.proc.pid)
     per_session = max(1, calls // sessions)
     async with AsyncClient(sidecar.socket, timeout=600) as creds, AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(gateway_bench.session(creds, peer, "gateway"))
+        clients = [await stack.enter_async_context(gateway_bench.session(creds, peer.url, "gateway"))
                    for _ in range(sessions)]
         for _ in range(3):  # warm-up: the first calls import and cache what later ones reuse
             await asyncio.gather(*(c.call_tool("add", {"a": 1, "b": 2}) for c in clients))
