@@ -27,12 +27,11 @@ import pytest
 
 from mcpcreds import Client
 from mcpcreds.config.load import parse_config
-from mcpcreds.core.audit import AuditLog
-from mcpcreds.core.clock import FakeClock
 from mcpcreds.errors import ConfigError
 from mcpcreds.exec.egress_proxy import EgressProxy
 from mcpcreds.exec.egress_rules import PortRules
 from mcpcreds.net.egress import EgressPolicy
+from tests.egress_proxy_rig import basic, running_proxy
 from tests.sidecar_proc import run_sidecar
 
 WAIT = 20.0
@@ -71,10 +70,9 @@ class Rig:
 
     async def send(self, token: str, head: bytes) -> bytes:
         """One request head (the credential added after its first line); all the proxy answers."""
-        credential = base64.b64encode(f"mcpcreds:{token}".encode())
         first, _, rest = head.partition(b"\r\n")
         reader, writer = await asyncio.open_unix_connection(self.proxy.path)
-        writer.write(first + b"\r\nProxy-Authorization: Basic " + credential + b"\r\n" + rest)
+        writer.write(first + b"\r\nProxy-Authorization: Basic " + basic(token) + b"\r\n" + rest)
         try:
             answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
             if answer.startswith(b"HTTP/1.1 200 Connection established"):
@@ -89,18 +87,12 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     upstream = subprocess.Popen([sys.executable, "-c", MIRROR], stdout=subprocess.PIPE, text=True)
     assert upstream.stdout is not None
     first, second = (int(p) for p in upstream.stdout.readline().split())
-    audit = AuditLog(str(tmp_path / "audit.jsonl"), FakeClock())
-    folder = tmp_path / "run"
-    folder.mkdir(mode=0o700)
-    proxy = EgressProxy(str(folder / "egress.sock"), lambda: frozenset({os.getuid()}), audit, clock=FakeClock())
-    await proxy.start()
     try:
-        yield Rig(proxy, (first, second))
+        async with running_proxy(tmp_path) as (proxy, _audit):
+            yield Rig(proxy, (first, second))
     finally:
-        proxy.close()
         upstream.kill()
         upstream.wait()
-        audit.close()
 
 
 def _status(answer: bytes) -> bytes:

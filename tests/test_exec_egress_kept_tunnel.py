@@ -10,7 +10,6 @@ acknowledged at once (`net/quick_ack.py`). A median under 40 ms is a bound only 
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import statistics
 import subprocess
@@ -18,10 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from mcpcreds.core.audit import AuditLog
-from mcpcreds.core.clock import FakeClock
-from mcpcreds.exec.egress_proxy import EgressProxy
 from mcpcreds.net.egress import EgressPolicy
+from tests.egress_proxy_rig import basic, running_proxy
 
 WAIT = 20.0
 DELAYED_ACK = 0.040  # Linux's TCP_DELACK_MIN: the least a delayed ACK waits
@@ -50,33 +47,27 @@ uvicorn.Server(uvicorn.Config(app, loop="asyncio", log_level="warning")).run(soc
 
 async def test_requests_on_a_kept_tunnel_never_wait_for_a_delayed_ack(tmp_path: Path) -> None:
     upstream = subprocess.Popen([sys.executable, "-c", STREAMING_UPSTREAM], stdout=subprocess.PIPE, text=True)
-    audit = AuditLog(str(tmp_path / "audit.jsonl"), FakeClock())
-    folder = tmp_path / "run"
-    folder.mkdir(mode=0o700)
-    proxy = EgressProxy(str(folder / "egress.sock"), lambda: frozenset({os.getuid()}), audit, clock=FakeClock())
-    await proxy.start()
     try:
-        assert upstream.stdout is not None
-        port = int(await asyncio.to_thread(upstream.stdout.readline))
-        token = proxy.new_session("t", EgressPolicy("broad_audited", allow_private=("127.0.0.1",)),
-                                  os.getuid(), 1, None)[0]
-        credential = base64.b64encode(f"mcpcreds:{token}".encode()).decode()
-        reader, writer = await asyncio.open_unix_connection(proxy.path)
-        writer.write(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nProxy-Authorization: Basic {credential}\r\n\r\n".encode())
-        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)).startswith(b"HTTP/1.1 200 ")
-        request = f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 2\r\n\r\n{{}}".encode()
-        took = []
-        for _ in range(15):
-            started = time.perf_counter()
-            writer.write(request)
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
-            assert head.startswith(b"HTTP/1.1 200 ") and b"chunked" in head, head
-            await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), WAIT)  # the answer's last chunk
-            took.append(time.perf_counter() - started)
-        writer.close()
+        async with running_proxy(tmp_path) as (proxy, _audit):
+            assert upstream.stdout is not None
+            port = int(await asyncio.to_thread(upstream.stdout.readline))
+            token = proxy.new_session("t", EgressPolicy("broad_audited", allow_private=("127.0.0.1",)),
+                                      os.getuid(), 1, None)[0]
+            reader, writer = await asyncio.open_unix_connection(proxy.path)
+            writer.write(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nProxy-Authorization: Basic ".encode()
+                         + basic(token) + b"\r\n\r\n")
+            assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)).startswith(b"HTTP/1.1 200 ")
+            request = f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 2\r\n\r\n{{}}".encode()
+            took = []
+            for _ in range(15):
+                started = time.perf_counter()
+                writer.write(request)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+                assert head.startswith(b"HTTP/1.1 200 ") and b"chunked" in head, head
+                await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), WAIT)  # the answer's last chunk
+                took.append(time.perf_counter() - started)
+            writer.close()
         assert statistics.median(took) < DELAYED_ACK, [round(t * 1e3, 1) for t in took]
     finally:
-        proxy.close()
         upstream.kill()
         upstream.wait()
-        audit.close()

@@ -15,7 +15,6 @@ said however often tried.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import secrets
@@ -31,12 +30,11 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from mcpcreds.core.audit import AuditLog
-from mcpcreds.core.clock import FakeClock
 from mcpcreds.exec.egress_notices import MAX_HOSTS
 from mcpcreds.exec.egress_proxy import EgressProxy
 from mcpcreds.net.egress import EgressPolicy
 from tests.conftest import run_cli
+from tests.egress_proxy_rig import basic, running_proxy
 from tests.peers.upstream import Upstream, start_upstream
 from tests.sidecar_proc import SidecarProcess, run_sidecar
 
@@ -87,36 +85,23 @@ class Holder:
 @asynccontextmanager
 async def proxy_session(tmp_path: Path, notices: bool = True
                         ) -> AsyncIterator[tuple[EgressProxy, str, Holder, Path]]:
-    audit_path = tmp_path / "audit.jsonl"
-    audit = AuditLog(str(audit_path), FakeClock())
-    folder = tmp_path / "run"
-    folder.mkdir(mode=0o700)
-    proxy = EgressProxy(str(folder / "egress.sock"), lambda: frozenset({os.getuid()}), audit, clock=FakeClock())
-    await proxy.start()
-    try:
+    async with running_proxy(tmp_path) as (proxy, audit_path):
         token = proxy.new_session("github", RESTRICTED, os.getuid(), 1)[0]
         reader, writer = await asyncio.open_unix_connection(proxy.path)
         asks = b"Mcpcreds-Notices: 1\r\n" if notices else b""
-        writer.write(b"MCPCREDS-HOLD * HTTP/1.1\r\nProxy-Authorization: Basic " + _basic(token) + b"\r\n"
+        writer.write(b"MCPCREDS-HOLD * HTTP/1.1\r\nProxy-Authorization: Basic " + basic(token) + b"\r\n"
                      + asks + b"\r\n")
         assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)).startswith(b"HTTP/1.1 200")
         try:
             yield proxy, token, Holder(reader, writer), audit_path
         finally:
             writer.close()
-    finally:
-        proxy.close()
-        audit.close()
-
-
-def _basic(token: str) -> bytes:
-    return base64.b64encode(f"mcpcreds:{token}".encode())
 
 
 async def _request(proxy: EgressProxy, token: str, first_line: bytes) -> asyncio.Task[bytes]:
     """Send one request; a task for all the proxy answers."""
     reader, writer = await asyncio.open_unix_connection(proxy.path)
-    writer.write(first_line + b"\r\nProxy-Authorization: Basic " + _basic(token) + b"\r\n\r\n")
+    writer.write(first_line + b"\r\nProxy-Authorization: Basic " + basic(token) + b"\r\n\r\n")
 
     async def answer() -> bytes:
         try:
