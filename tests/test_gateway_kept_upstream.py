@@ -19,7 +19,8 @@ import os
 import socket
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -106,20 +107,29 @@ async def test_a_session_through_the_gateway_client_leaves_no_exception_in_the_l
         assert reported == [], [str(context.get("exception") or context.get("message")) for context in reported]
 
 
-async def test_a_read_cancelled_as_its_bytes_arrive_leaves_no_exception_in_the_loop(tmp_path: Path) -> None:
-    """The race itself: the read's bytes and its cancellation (a pipe polled in the same pass of
-    the loop cancels it) come in the same pass, in either order."""
+@asynccontextmanager
+async def client_and_listener_end(tmp_path: Path) -> AsyncIterator[tuple[Any, socket.socket]]:
+    """A gateway client connection (`checked_backend`'s, checks passed) to a listener of ours, and
+    the listener's end of it (a plain blocking socket)."""
     folder = tmp_path / "run"
     folder.mkdir(mode=0o700)
     path = str(folder / "s.sock")
-    loop = asyncio.get_running_loop()
-    reported: list[dict[str, Any]] = []
-    loop.set_exception_handler(lambda _loop, context: reported.append(context))
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(path)
         listener.listen()
         stream = await checked_backend(httpcore2, path, os.getuid()).connect_unix_socket(path, 5.0)
         peer, _ = listener.accept()
+        with peer:
+            yield stream, peer
+
+
+async def test_a_read_cancelled_as_its_bytes_arrive_leaves_no_exception_in_the_loop(tmp_path: Path) -> None:
+    """The race itself: the read's bytes and its cancellation (a pipe polled in the same pass of
+    the loop cancels it) come in the same pass, in either order."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    async with client_and_listener_end(tmp_path) as (stream, peer):
         trigger, pull = os.pipe()
         try:
             for cancel_first in (True, False, True, False):  # the order epoll gives them is its own
@@ -141,7 +151,6 @@ async def test_a_read_cancelled_as_its_bytes_arrive_leaves_no_exception_in_the_l
                 assert got == b"bytes"
             await stream.aclose()
         finally:
-            peer.close()
             os.close(trigger)
             os.close(pull)
     assert reported == [], [str(context.get("exception") or context.get("message")) for context in reported]
@@ -151,21 +160,11 @@ async def test_a_connection_closed_with_bytes_unsent_is_gone_at_once(tmp_path: P
     """A write the sidecar does not take (it stopped reading) times out; closing the connection
     then drops what was not sent and the socket at once, rather than holding both until the
     sidecar reads again."""
-    folder = tmp_path / "run"
-    folder.mkdir(mode=0o700)
-    path = str(folder / "s.sock")
-    with socket.socket(socket.AF_UNIX) as listener:
-        listener.bind(path)
-        listener.listen()
-        stream = await checked_backend(httpcore2, path, os.getuid()).connect_unix_socket(path, 5.0)
-        peer, _ = listener.accept()
-        try:
-            with pytest.raises(httpcore2.WriteTimeout):
-                await stream.write(b"x" * (16 << 20), 0.2)  # more than the socket's buffers hold
-            sock = stream.get_extra_info("socket")
-            await stream.aclose()
-            for _ in range(3):  # passes of the loop: the transport's end runs from call_soon
-                await asyncio.sleep(0)
-            assert sock.fileno() == -1
-        finally:
-            peer.close()
+    async with client_and_listener_end(tmp_path) as (stream, _peer):
+        with pytest.raises(httpcore2.WriteTimeout):
+            await stream.write(b"x" * (16 << 20), 0.2)  # more than the socket's buffers hold
+        sock = stream.get_extra_info("socket")
+        await stream.aclose()
+        for _ in range(3):  # passes of the loop: the transport's end runs from call_soon
+            await asyncio.sleep(0)
+        assert sock.fileno() == -1
