@@ -221,7 +221,8 @@ async def test_the_2026_headers_are_derived_from_the_body_and_a_contradicting_on
     async with raw(sidecar, relay) as (http, base):
         listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta()}}
         listed = (await http.post(base + "eras", json=listing, headers=HEADERS)).json()["result"]
-        assert listed["ttlMs"] == 30_000 and listed["cacheScope"] == "private"  # the cache hints pass
+        # the cache hints pass (from the gateway's copy, the second time: what is left of its 30 s)
+        assert 0 < listed["ttlMs"] <= 30_000 and listed["cacheScope"] == "private"
         # a client that sent none of the headers: the server gets each, from the body
         answer = await http.post(base + "eras", json=call(2, "region", {"region": "us-east", "query": "q"}),
                                  headers=HEADERS)

@@ -152,7 +152,8 @@ class GatewaySpec:
     `expose`: `proxy` keeps the credential inside the sidecar (only the gateway uses it),
     `headers` serves it to callers only, `both` (default) does both. `rate_methods`: the JSON-RPC
     methods that take a permit (None: every request). `max_wait`: how long a gateway request
-    waits for a permit before a 429."""
+    waits for a permit before a 429. `cache_results`: answer a request from a result the server
+    marked cacheable (2026-07-28's `ttlMs` and `cacheScope`; gateway/results_cache.py)."""
 
     expose: str = "both"
     rate_methods: tuple[str, ...] | None = None
@@ -160,6 +161,7 @@ class GatewaySpec:
     # clients may lease a share of the bucket (leases.py, bucket_scripts.py); false: per request
     # only; None (unset) leases as true does
     leases: bool | None = None
+    cache_results: bool = True
 
     @property
     def serves_headers(self) -> bool:

@@ -223,7 +223,7 @@ class _Entry:
     content: ContentPolicy
 
 
-_GATEWAY_KEYS: Final = ("expose", "rate_methods", "max_wait", "leases")
+_GATEWAY_KEYS: Final = ("expose", "rate_methods", "max_wait", "leases", "cache_results")
 ENTRY_KEYS: Final = ("endpoint", "headers", "literal_headers", "tags", "rate", "oauth", "auth", "aauth",
                      *EGRESS_KEYS, *_GATEWAY_KEYS, *CONTENT_KEYS)
 
@@ -250,7 +250,8 @@ def _parse_gateway(c: Collector, path: str, t: dict[str, Any], base: GatewaySpec
         elif parsed is not None:
             max_wait = parsed
     leases = base.leases if "leases" not in t else c.typed(join(path, "leases"), t["leases"], bool, True)
-    return GatewaySpec(expose, methods, max_wait, leases)
+    cache = c.typed(join(path, "cache_results"), t.get("cache_results"), bool, base.cache_results)
+    return GatewaySpec(expose, methods, max_wait, leases, cache)
 
 
 def _parse_entry(c: Collector, path: str, t: dict[str, Any], content: ContentPolicy) -> _Entry:

@@ -325,6 +325,10 @@ class Inspector:
     on_screened: Callable[[str, list[Any]], None] | None = None
     # every tools array that passes, as the client sees it (the x-mcp-header annotations are learned)
     on_listing: Callable[[list[Any]], None] | None = None
+    # a result for a pending request as the server sent it (checked, before any filter): method, result
+    on_result: Callable[[str, dict[str, Any]], None] | None = None
+    # the method of each notification of the server's (a list changed: its cached results stale)
+    on_notification: Callable[[str], None] | None = None
 
     def json_body(self, body: bytes) -> bytes | None:
         """A whole application/json answer (one message or a batch), checked, filtered, masked and
@@ -369,12 +373,15 @@ class Inspector:
             if relayed is None:
                 raise Answered
             message = relayed
-        elif kind == "notification" and self.on_task_input is not None and isinstance(
-                message.get("params"), dict) and "inputRequests" in message["params"]:
-            try:
-                message = {**message, "params": self.on_task_input(message["params"])}
-            except screen.Refused:
-                raise Withheld("a task's input request the policy refuses") from None
+        elif kind == "notification":
+            if self.on_notification is not None:
+                self.on_notification(message["method"])
+            if self.on_task_input is not None and isinstance(
+                    message.get("params"), dict) and "inputRequests" in message["params"]:
+                try:
+                    message = {**message, "params": self.on_task_input(message["params"])}
+                except screen.Refused:
+                    raise Withheld("a task's input request the policy refuses") from None
         if kind == "response":
             key = id_key(message.get("id"))
             method = self.pending.pop(key, None) if valid_id(message.get("id")) else None
@@ -384,6 +391,8 @@ class Inspector:
                     check_members(result, RESULT_MEMBERS)
                 except StrictJsonError as exc:
                     raise Withheld(str(exc)) from None
+                if method is not None and self.on_result is not None:
+                    self.on_result(method, result)
                 if isinstance(result.get("tools"), list):
                     tools = self._filter_tools(result["tools"])
                     if self.on_listed is not None:

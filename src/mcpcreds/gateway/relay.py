@@ -38,6 +38,8 @@ enforced on the traffic itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import time
 import weakref
 from collections import Counter
@@ -67,8 +69,9 @@ from ..errors import (
 )
 from ..net.egress_http import EgressTransport, RawAnswer
 from ..telemetry import switch as traces
-from . import jsonrpc, mirror, pins, records, tool_meta
+from . import jsonrpc, mirror, pins, records, results_cache, tool_meta
 from .in_place import InPlace, actor_of, one_header
+from .results_cache import ResultCache
 from .sessions import LiveSessions, Owner
 from .stream import SseBody, ToolCalls, read_whole
 from .strict_json import Masker
@@ -117,6 +120,7 @@ class _Sent:
     names: frozenset[bytes]  # lower-cased: a caller's header of the same name is dropped
     headers: list[tuple[bytes, bytes]]
     masker: Masker  # masks the credential values in the answers (but what a client sends itself)
+    context: bytes  # a digest of the credential: the authorization context of cached results
 
 
 def _rpc_response(status: int, body: Any, extra: tuple[tuple[bytes, bytes], ...] = ()) -> Response:
@@ -140,6 +144,7 @@ class Gateway:
         self.aauth = aauth  # signs for servers with `aauth`: the agent key stays in the sidecar
         self.sigv4 = sigv4  # signs for servers with auth kind "aws": so does the AWS secret key
         self.params = mirror.ParamTable()  # the x-mcp-header annotations of the tools listed
+        self.results = ResultCache(broker.clock.monotonic)  # results the servers marked cacheable
 
     # -- entry points
 
@@ -249,16 +254,56 @@ class Gateway:
         roots = target.content.effective_roots(trust)
         out = jsonrpc.declare_capabilities(out, roots is not None, target.content.effective_sampling(trust))
         await self._tell_roots(request, target, roots)
-        cost = jsonrpc.permits(out, target.gateway.rate_methods, retries)
+        ask = None if out.batch or not target.gateway.cache_results or not out.requests else \
+            results_cache.ask_of(target.name, target.endpoint, out.messages[0],
+                                 _header_text(request, b"mcp-protocol-version"), _owner(request))
+        lead = False
+        if ask is not None:
+            cached = await self._from_cache(request, target, ask, out, calls, started)
+            if cached is not None:
+                return cached
+            lead = self.results.lead(ask)
         try:
-            response, sent = await self._exchange(request, target, cost, out.body, mirrors)
-        except BaseException as exc:
-            calls.finish_all("cancelled" if isinstance(exc, asyncio.CancelledError) else _failure(exc))
-            if isinstance(exc, UpstreamTimeout):  # no head in time: the request may be running there
-                self.in_place.cancel(request, target, out.methods())
-            raise
-        return await self._answer(request, target, response, sent, calls, out.methods(), started,
-                                  out.body)
+            cost = jsonrpc.permits(out, target.gateway.rate_methods, retries)
+            try:
+                response, sent = await self._exchange(request, target, cost, out.body, mirrors)
+            except BaseException as exc:
+                calls.finish_all("cancelled" if isinstance(exc, asyncio.CancelledError) else _failure(exc))
+                if isinstance(exc, UpstreamTimeout):  # no head in time: the request may be running there
+                    self.in_place.cancel(request, target, out.methods())
+                raise
+            return await self._answer(request, target, response, sent, calls, out.methods(), started,
+                                      out.body, ask)
+        finally:
+            if lead:
+                self.results.land(ask)  # type: ignore[arg-type]
+
+    async def _from_cache(self, request: Request, target: Target, ask: results_cache.Ask,
+                          out: jsonrpc.Outgoing, calls: ToolCalls, started: float) -> Answer | None:
+        """The answer from a result the server marked cacheable, judged as an upstream answer is;
+        None when none is fresh (after waiting for the same request on its way upstream)."""
+        current = self.broker.cached_headers(target)
+        context = None if current is None else self._credentials(target, current).context
+        result = self.results.fresh(ask, context)
+        if result is None and (flight := self.results.in_flight(ask)) is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(target.gateway.max_wait + answer_timeout(target)):
+                    await flight.wait()
+            current = self.broker.cached_headers(target)
+            context = None if current is None else self._credentials(target, current).context
+            result = self.results.fresh(ask, context)
+        if result is None:
+            return None
+        pending = out.methods()
+        inspector = await self._inspector(request, target, Masker(()), pending, calls, [])
+        answer = {"jsonrpc": "2.0", "id": out.single_id, "result": result}
+        checked = inspector.json_body(jsonrpc.dumps(answer))
+        if checked is None:
+            return None
+        self.records.request(target, request.method, 200, started)
+        self.metrics.inc("mcpcreds_gateway_cached_total", (("server", target.name), ("method", ask.method)),
+                         help_text="Gateway requests answered from a result the server marked cacheable.")
+        return Response(200, checked, content_type=b"application/json")
 
     # -- GET and DELETE
 
@@ -428,7 +473,10 @@ class Gateway:
         except UnicodeEncodeError:
             raise UpstreamError(f"a credential of server {target.name!r} is not a valid HTTP header value "
                                 "(not ASCII): nothing was sent") from None
-        sent = _Sent(frozenset(k.lower() for k, _ in encoded), encoded, Masker(creds.headers.values()))
+        context = hashlib.blake2b(b"\0".join(b"%s\0%s" % pair for pair in sorted(encoded)),
+                                  digest_size=16).digest()
+        sent = _Sent(frozenset(k.lower() for k, _ in encoded), encoded, Masker(creds.headers.values()),
+                     context)
         if len(self._sent) >= SENT_CACHE:
             self._sent.clear()
         self._sent[target.name] = (creds, sent)
@@ -444,35 +492,49 @@ class Gateway:
 
     # -- the answer
 
+    async def _inspector(self, request: Request, target: Target, masker: Masker,
+                         pending: dict[jsonrpc.IdKey, str], calls: ToolCalls | None,
+                         outbox: list[bytes]) -> jsonrpc.Inspector:
+        """What judges an answer to `request`, the upstream's or one from the cache."""
+        granted = request.grant.tools_of(target.name) if request.grant is not None else None
+        in_place = self.in_place
+        pinning = await self._pinning(target, pending)
+        return jsonrpc.Inspector(
+            target.trust, masker, pending, calls.answered if calls is not None else None,
+            lambda warnings: self.records.policy_warnings(target, warnings), granted=granted,
+            # a GET stream outlives reloads: its server's requests are judged by the config of now
+            on_server_request=lambda m: in_place.asks(request, self._current(target), m, outbox),
+            screening=screening_of(target),
+            on_screened=lambda k, f: in_place.screened(request, target, k, f), on_tools=pinning,
+            on_listed=None if pinning is None else  # a tools/list answer: what it offers, for `status`
+            lambda tools, more: self.tools_seen.listed(target.name, tools, more),
+            on_input_required=lambda r: in_place.input_required(request, target, r),
+            on_task_input=lambda t: in_place.task_input(request, self._current(target), t),
+            on_listing=lambda tools: self.params.learn(target.name, tools),
+            on_notification=lambda method: self._notified(target, method))
+
+    def _notified(self, target: Target, method: str) -> None:
+        if method in results_cache.INVALIDATES:
+            self.results.notified(target.name, method)
+
     async def _answer(self, request: Request, target: Target, response: RawAnswer, sent: HeadersResult,
                       calls: ToolCalls | None, pending: dict[jsonrpc.IdKey, str], started: float,
-                      body_sent: bytes) -> Answer:
+                      body_sent: bytes, ask: results_cache.Ask | None = None) -> Answer:
         waiting = dict(pending)
         try:
             status = response.status_code
+            credentials = self._credentials(target, sent)
             # what the client sent itself is never masked: masking it would confirm a guess
-            masker = self._credentials(target, sent).masker.sparing(body_sent, request.headers)
+            masker = credentials.masker.sparing(body_sent, request.headers)
             extra = tuple((name.title(), masker.header(value.encode("latin-1")))
                           for name in _RETURNED if (value := response.header(name)) is not None)
             if target.aauth:  # AAuth-Access kept, a 401's challenge on
                 answered = self.aauth.answered(target, status, response.headers.multi_items())
                 extra += tuple((k, masker.header(v)) for k, v in answered)
-            granted = request.grant.tools_of(target.name) if request.grant is not None else None
             outbox: list[bytes] = []  # events of the gateway's own for this stream (a voided elicitation)
-            in_place = self.in_place
-            pinning = await self._pinning(target, pending)
-            inspector = jsonrpc.Inspector(
-                target.trust, masker, pending, calls.answered if calls is not None else None,
-                lambda warnings: self.records.policy_warnings(target, warnings), granted=granted,
-                # a GET stream outlives reloads: its server's requests are judged by the config of now
-                on_server_request=lambda m: in_place.asks(request, self._current(target), m, outbox),
-                screening=screening_of(target),
-                on_screened=lambda k, f: in_place.screened(request, target, k, f), on_tools=pinning,
-                on_listed=None if pinning is None else  # a tools/list answer: what it offers, for `status`
-                lambda tools, more: self.tools_seen.listed(target.name, tools, more),
-                on_input_required=lambda r: in_place.input_required(request, target, r),
-                on_task_input=lambda t: in_place.task_input(request, self._current(target), t),
-                on_listing=lambda tools: self.params.learn(target.name, tools))
+            inspector = await self._inspector(request, target, masker, pending, calls, outbox)
+            if ask is not None and status == 200:  # kept masked whole: it may serve other callers
+                inspector.on_result = lambda _method, result: self._keep(ask, result, credentials)
             self.records.request(target, request.method, status, started)
             self._follow_session(request, target, response)
             kind = jsonrpc.answer_kind(response.header(b"content-type") or "")
@@ -481,7 +543,7 @@ class Gateway:
                 listening = request.method == "GET" or LISTEN in pending.values()
                 gap = None if listening else answer_timeout(target)
                 stream = SseBody(response, inspector, calls, target, gap, outbox,
-                                 lambda given_up: in_place.cancel(request, target, given_up))
+                                 lambda given_up: self.in_place.cancel(request, target, given_up))
                 first = b"" if listening else await stream.first()
                 rest = None if listening else await stream.rest_if_ended()
                 if first and not inspector.pending and _takes_json(request):
@@ -520,6 +582,10 @@ class Gateway:
             if refused is not None:
                 checked = refused
         return Response(status, checked or b"", content_type=b"application/json", extra_headers=extra)
+
+    def _keep(self, ask: results_cache.Ask, result: dict[str, Any], credentials: _Sent) -> None:
+        self.results.keep(ask, result, credentials.context, credentials.masker.value)
+        self.results.land(ask)  # its followers need not wait for the rest of the stream
 
     async def _changed_tools(self, out: jsonrpc.Outgoing, target: Target) -> list[dict[str, Any]]:
         """The refusals of calls the tools' metadata refuses (data flow, flagged arguments), or of
@@ -640,6 +706,11 @@ def _takes_json(request: Request) -> bool:
     sends no Accept is sent what the gateway asked of the server for it, which includes it)."""
     accept = one_header(request, b"accept")
     return accept is None or holds(accept.lower(), b"application/json") or holds(accept, b"*/*")
+
+
+def _header_text(request: Request, name: bytes) -> str | None:
+    value = one_header(request, name)
+    return None if value is None else value.decode("latin-1")
 
 
 def _owner(request: Request) -> Owner:
