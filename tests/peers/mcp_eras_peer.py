@@ -14,7 +14,7 @@ task (``resultType: "task"``) that ``tasks/get`` reports ``working`` twice, then
 JSON text. A ``subscriptions/listen`` naming ``notifications.taskIds`` is answered (by the test
 app, not the SDK) with an SSE stream: the acknowledgement, then a ``notifications/tasks`` per
 task, as ``tasks/get`` would report it. ``tools/list`` carries ``ttlMs`` / ``cacheScope`` (30 s,
-private).
+private; with ``--public``, 30 s public, and so does ``server/discover``).
 
 ``GET /_test/stats`` gives ``{"methods": {...}, "calls": {...}, "elicitations": [...],
 "posts": [{"method", "headers": {mcp-*: value}, "trace": {"headers": {...}, "meta": {...}}}, ...],
@@ -27,7 +27,7 @@ recorded (the SDK's in-memory exporter, on the process's global tracer provider)
 ``GET /_test/spans`` gives the last 500 as ``[{"name", "kind", "trace_id", "span_id", "parent_id",
 "attributes"}, ...]`` (ids in hex, ``parent_id`` null for a root).
 
-Run it as ``python -m tests.peers.mcp_eras_peer [--spans]``: it prints ``READY <base url>``; from a
+Run it as ``python -m tests.peers.mcp_eras_peer [--spans] [--public]``: it prints ``READY <base url>``; from a
 test: ``with start_eras_peer() as peer: peer.url``. ``python -m tests.peers.mcp_eras_peer stdio`` serves
 the same tools over stdio.
 """
@@ -116,7 +116,7 @@ def _task(task_id: str, status: str, **extra: Any) -> dict[str, Any]:
             "pollIntervalMs": 10, **extra}
 
 
-def build_server(state: PeerState) -> MCPServer[Any]:
+def build_server(state: PeerState, public: bool = False) -> MCPServer[Any]:
     from mcp.server.caching import CacheHint
     from mcp.server.elicitation import ElicitationResult
     from mcp.server.extension import Extension, MethodBinding
@@ -163,7 +163,9 @@ def build_server(state: PeerState) -> MCPServer[Any]:
             return {"resultType": "task", **_task(task_id, "working")}
 
     server: MCPServer[Any] = MCPServer("mcpcreds-eras-peer", log_level="WARNING", extensions=[Tasks()],
-                                       cache_hints={"tools/list": CacheHint(ttl_ms=30_000, scope="private")})
+                                       cache_hints={"tools/list": CacheHint(ttl_ms=30_000, scope="public"),
+                                                    "server/discover": CacheHint(ttl_ms=30_000, scope="public")}
+                                       if public else {"tools/list": CacheHint(ttl_ms=30_000, scope="private")})
 
     @server.tool()
     def add(a: int, b: int) -> int:
@@ -236,8 +238,9 @@ def recorded_spans() -> Callable[[], list[dict[str, Any]]]:
     return spans
 
 
-def build_app(state: PeerState, spans: Callable[[], list[dict[str, Any]]] | None = None) -> ASGIApp:
-    mcp_app = build_server(state).streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
+def build_app(state: PeerState, spans: Callable[[], list[dict[str, Any]]] | None = None,
+              public: bool = False) -> ASGIApp:
+    mcp_app = build_server(state, public).streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("path") == "/_test/stats":
@@ -293,14 +296,15 @@ async def _task_stream(send: Send, listen_id: Any, tasks: list[dict[str, Any]]) 
     await send({"type": "http.response.body", "body": body})
 
 
-async def serve(spans: bool) -> None:
+async def serve(spans: bool, public: bool) -> None:
     recorded = recorded_spans() if spans else None
-    await serve_on_loopback(lambda _port: build_app(PeerState(), recorded))
+    await serve_on_loopback(lambda _port: build_app(PeerState(), recorded, public))
 
 
 @contextlib.contextmanager
-def start_eras_peer(spans: bool = False) -> Iterator[PeerHandle]:
-    cmd = [sys.executable, "-m", "tests.peers.mcp_eras_peer", *(["--spans"] if spans else [])]
+def start_eras_peer(spans: bool = False, public: bool = False) -> Iterator[PeerHandle]:
+    cmd = [sys.executable, "-m", "tests.peers.mcp_eras_peer", *(["--spans"] if spans else []),
+           *(["--public"] if public else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     with ready_process(lambda _: cmd, what="MCP eras peer", cwd=ROOT, timeout=60, env=env) as (_, base, workdir):
         peer = PeerHandle(base, workdir)
@@ -314,4 +318,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["stdio"]:  # the same server over stdio, for `mcpcreds exec`
         build_server(PeerState()).run("stdio")
     else:
-        asyncio.run(serve(sys.argv[1:2] == ["--spans"]))
+        asyncio.run(serve("--spans" in sys.argv[1:], "--public" in sys.argv[1:]))
