@@ -16,8 +16,13 @@ verifies them and serves RFC 9728 protected-resource metadata (PRM). Before eith
 and one verified request warm the peers up (the MCP server fetches the JWKS once). For each side,
 `--processes` client processes (multiprocessing, spawn) are started and set up (everything that
 needs no network: the auth, the `httpx2.AsyncClient` and its transport), then released together;
-each opens an MCP session (`streamable_http_client` + `ClientSession`) and runs `--tasks`
-concurrent loops calling the tool `add` for `--seconds` seconds, then closes its session.
+each opens an MCP session (the SDK's `Client` on `streamable_http_client`, in `--era auto`: it
+speaks 2026-07-28, sending `server/discover` first and, to check a tool's structured result, one
+`tools/list` per loop that finds none in its own cache) and runs `--tasks` concurrent loops
+calling the tool `add` for `--seconds` seconds, then closes its session. The server marks its
+`tools/list` and `server/discover` results public for `--cache-ttl-ms` (the SDK's
+`cache_hints`), as a server whose tools are the same for every caller may; `--cache-ttl-ms 0`
+sends no hints. `--era legacy` opens with the 2025 handshake, where there are none.
 
 - status quo: each process has its own `mcp.client.auth.extensions.client_credentials.
   ClientCredentialsOAuthProvider` (client id and secret, `issuer=`, `scope=`, in-memory token
@@ -38,8 +43,9 @@ concurrent loops calling the tool `add` for `--seconds` seconds, then closes its
 - mcpcreds, its gateway: the same sidecar, the server `tools` with `trust = "trusted"`, and each
   process's SDK client on `creds.mcp_httpx2_client("tools")` to `creds.mcp_url("tools")`: no
   credential in the process at all. The gateway reads the JSON-RPC it relays, so it takes a
-  permit per JSON-RPC request (its default `rate_methods`), not per HTTP request: the initialized
-  notification, the GET stream and the closing DELETE take none. Its rate use and most in any 1 s
+  permit per JSON-RPC request (its default `rate_methods`), not per HTTP request: notifications,
+  a GET stream and the closing DELETE take none, and neither does a request it answers from a
+  result the server marked cacheable (`--cache-ttl-ms`). Its rate use and most in any 1 s
   count what it meters, at the server (the server peer's POSTs that are no notification, by the
   time it read them: a process's request waits in the gateway for its permit); the table gives
   the HTTP requests the processes sent beside them. The process sends no token: its "first
@@ -68,10 +74,11 @@ What is measured, and where:
   the processes logged in;
 - first-call latency, from the release, p50 and max over the processes: to the first request to
   `/mcp` sent with a token the server took, and to the first `add` result (which includes opening
-  the session: initialize, the initialized notification, the GET stream, the `tools/list` the SDK
-  sends before a first call, and, with mcpcreds, waiting for permits: every one of those requests
-  takes one from the shared bucket);
-- upstream requests: every HTTP request to `/mcp` (initialize, notifications, the GET stream,
+  the session: `server/discover` (the 2025 era: initialize, the initialized notification, the
+  GET stream), the `tools/list` the SDK sends to check a first result, and, with mcpcreds,
+  waiting for permits: every one of those requests takes one from the shared bucket, unless the
+  gateway answers it from its cache);
+- upstream requests: every HTTP request to `/mcp` (server/discover or initialize, notifications,
   tool calls, retries after a 401, the closing DELETE), which is what the service's `rate` meters
   and what mcpcreds takes one permit for, sent in the `--seconds` window: per second on average
   and the most in any 1 s window, next to what the bucket allows (`burst + burst/per * t`);
@@ -289,7 +296,7 @@ async def session_calls(params: dict[str, Any], release: harness.Release) -> dic
     """Set up, say ready, wait for the release; then one MCP session and `tasks` loops of `add`."""
     import anyio
     import httpx2
-    from mcp.client.session import ClientSession
+    from mcp.client import Client
     from mcp.client.streamable_http import streamable_http_client
 
     side: str = params["side"]
@@ -351,10 +358,8 @@ async def session_calls(params: dict[str, Any], release: harness.Release) -> dic
             if creds is not None:
                 await stack.enter_async_context(creds)
             await stack.enter_async_context(http)
-            read, write = await stack.enter_async_context(
-                streamable_http_client(url, http_client=http))
-            session = await stack.enter_async_context(ClientSession(read, write))
-            await session.initialize()
+            session = await stack.enter_async_context(
+                Client(streamable_http_client(url, http_client=http), mode=params["era"]))
             opened = traffic.now()
 
             async def loop(task: int) -> None:
@@ -540,7 +545,7 @@ def run_side(side: str, oidc: OidcPeer, mcp: McpServerPeer, tmp: Path,
 
     params: dict[str, Any] = {
         "url": mcp.url, "issuer": oidc.issuer, "token_url": oidc.token_url, "seconds": args.seconds,
-        "tasks": args.tasks, "prm_fix": not args.no_prm_fix, "one_call": False,
+        "tasks": args.tasks, "prm_fix": not args.no_prm_fix, "one_call": False, "era": args.era,
     }
     oidc.reset_stats()
     mcp.reset_stats()
@@ -763,6 +768,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=harness.count, default=1,
                    help="rounds, each running every side in turn (default 1); the table is the last "
                         "round's, then the spread of the main figures over the rounds")
+    p.add_argument("--era", choices=("auto", "legacy"), default="auto",
+                   help="the SDK Client's mode: auto speaks 2026-07-28 to the server (default), legacy "
+                        "the 2025 handshake")
+    p.add_argument("--cache-ttl-ms", type=int, default=60_000,
+                   help="the server marks its tools/list and server/discover public for this long "
+                        "(2026-07-28's caching hints; default 60000; 0: no hints)")
     p.add_argument("--no-prm-fix", action="store_true",
                    help="do not correct the MCP server's PRM document in the status-quo processes")
     args = harness.parse(p, argv, quick={"processes": 2, "tasks": 1, "seconds": 2.0, "ttl": 2})
@@ -771,7 +782,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k not in ("json", "quick")}}
     with harness.workdir("status-quo-bench") as tmp, \
             harness.oidc_peer(CLIENT_ID, CLIENT_SECRET, SCOPE, args.ttl) as oidc, \
-            harness.started(start_mcp_server(oidc.issuer, oidc.jwks_uri), "the MCP server peer") as mcp:
+            harness.started(start_mcp_server(oidc.issuer, oidc.jwks_uri, cache_ttl_ms=args.cache_ttl_ms),
+                            "the MCP server peer") as mcp:
         warm_up(oidc, mcp)
         report["rounds"] = []
         for round_ in range(args.rounds):

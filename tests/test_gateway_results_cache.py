@@ -19,6 +19,7 @@ from mcpcreds import AsyncClient
 from mcpcreds.gateway import results_cache
 from mcpcreds.gateway.jsonrpc import Message
 from mcpcreds.gateway.results_cache import ResultCache, ask_of
+from mcpcreds.gateway.sessions import Owner
 from mcpcreds.gateway.strict_json import Masker
 from tests.peers.mcp_eras_peer import start_eras_peer
 from tests.peers.process import PeerHandle
@@ -29,8 +30,8 @@ ALLOWED = '["add", "ask", "grow", "grown", "region", "slow"]'
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
            "MCP-Protocol-Version": MODERN}
 META = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
-ME: results_cache.Owner = (1000, None)
-GRANTEE: results_cache.Owner = (1000, "g-1")
+ME: Owner = (1000, None)
+GRANTEE: Owner = (1000, "g-1")
 
 
 # ------------------------------------------------------------------ the rules, on a fake clock
@@ -53,8 +54,8 @@ def listing(ttl: Any = 30_000, scope: str = "public", **more: Any) -> dict[str, 
             "resultType": "complete", **more}
 
 
-def ask(message: Message | None = None, owner: results_cache.Owner = ME) -> results_cache.Ask:
-    found = ask_of("docs", "https://docs.example/mcp", message or request(), MODERN, owner)
+def ask(message: Message | None = None, owner: Owner = ME) -> results_cache.Ask:
+    found = ask_of("docs", "https://docs.example/mcp", message or request(), owner)
     assert found is not None
     return found
 
@@ -116,15 +117,18 @@ def test_the_key_is_what_reaches_the_server_less_what_is_per_request() -> None:
     for other in (request(cursor="page-2"), request("prompts/list"),
                   request(_meta={**META, "io.modelcontextprotocol/clientCapabilities": {"roots": {}}})):
         assert cache.fresh(ask(other), b"t") is None
-    for other_version in ("2025-11-25", None):
-        found = ask_of("docs", "https://docs.example/mcp", request(), other_version, ME)
-        assert found is not None and cache.fresh(found, b"t") is None
-    assert cache.fresh(ask_of("docs", "https://elsewhere.example/mcp", request(), MODERN, ME) or ask(), b"t") is None
-    # never cached: a call, a notification, an input round's retry
-    assert ask_of("docs", "u", request("tools/call", name="add"), MODERN, ME) is None
-    assert ask_of("docs", "u", Message({"jsonrpc": "2.0", "method": "tools/list"}, "notification"), MODERN, ME) is None
-    assert ask_of("docs", "u", request("resources/read", uri="a://b", requestState="s"), MODERN, ME) is None
-    assert ask_of("docs", "u", request("resources/read", uri="a://b", inputResponses={}), MODERN, ME) is None
+    elsewhere = ask_of("docs", "https://elsewhere.example/mcp", request(), ME)
+    assert elsewhere is not None and cache.fresh(elsewhere, b"t") is None
+    # never cached: a call, a notification, an input round's retry, the 2025 revisions (no hints;
+    # sessions with state of their own)
+    assert ask_of("docs", "u", request("tools/call", name="add"), ME) is None
+    assert ask_of("docs", "u", Message({"jsonrpc": "2.0", "method": "tools/list"}, "notification"), ME) is None
+    assert ask_of("docs", "u", request("resources/read", uri="a://b", requestState="s"), ME) is None
+    assert ask_of("docs", "u", request("resources/read", uri="a://b", inputResponses={}), ME) is None
+    legacy = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    for params in ({}, {"_meta": {"io.modelcontextprotocol/protocolVersion": "2025-11-25"}}, {"_meta": None}):
+        assert ask_of("docs", "u", Message({**legacy, "params": params}, "request"), ME) is None
+    assert ask_of("docs", "u", Message(legacy, "request"), ME) is None
 
 
 def test_a_list_changed_notice_makes_that_list_stale_and_no_other() -> None:
@@ -133,12 +137,13 @@ def test_a_list_changed_notice_makes_that_list_stale_and_no_other() -> None:
     prompts = ask(request("prompts/list"))
     for each in (ask(), reads, prompts):
         assert cache.keep(each, listing(), b"t", unmasked)
-    assert cache.notified("other-server", "notifications/tools/list_changed") == 0
-    assert cache.notified("docs", "notifications/message") == 0
-    assert cache.notified("docs", "notifications/tools/list_changed") == 1
+    cache.notified("other-server", "notifications/tools/list_changed")
+    cache.notified("docs", "notifications/message")
+    assert all(cache.fresh(each, b"t") is not None for each in (ask(), reads, prompts))
+    cache.notified("docs", "notifications/tools/list_changed")
     assert cache.fresh(ask(), b"t") is None
     assert cache.fresh(reads, b"t") is not None and cache.fresh(prompts, b"t") is not None
-    assert cache.notified("docs", "notifications/resources/updated") == 1
+    cache.notified("docs", "notifications/resources/updated")
     assert cache.fresh(reads, b"t") is None and cache.fresh(prompts, b"t") is not None
 
 
@@ -150,20 +155,40 @@ def test_a_credential_in_a_result_is_kept_masked() -> None:
     assert canary not in repr(cache.fresh(ask(), b"t"))
 
 
+def test_an_answer_asked_for_before_a_notice_of_a_change_is_not_kept() -> None:
+    cache = ResultCache(Clock())
+    on_its_way = cache.asked(ask())
+    cache.notified("docs", "notifications/tools/list_changed")
+    assert not cache.keep(on_its_way, listing(), b"t", unmasked)
+    assert cache.keep(cache.asked(ask()), listing(), b"t", unmasked)  # asked after the notice
+    on_its_way = cache.asked(ask())
+    cache.clear()  # a reload: everything kept, or on its way, is stale
+    assert cache.fresh(ask(), b"t") is None and not cache.keep(on_its_way, listing(), b"t", unmasked)
+
+
+def test_no_private_result_is_kept_without_a_credential_to_tell_it_by() -> None:
+    cache = ResultCache(Clock())  # a signed server: its identity is not in a header
+    assert not cache.keep(ask(), listing(scope="private"), None, unmasked)
+    assert cache.keep(ask(), listing(), None, unmasked) and cache.fresh(ask(), None) is not None
+
+
 async def test_one_request_on_its_way_is_waited_for_unless_its_last_answer_was_not_cacheable() -> None:
     cache = ResultCache(Clock())
     assert cache.in_flight(ask()) is None
-    assert cache.lead(ask()) and not cache.lead(ask())  # one leads; the next follows
-    flight = cache.in_flight(ask())
-    assert flight is not None and not flight.is_set()
+    flight = cache.lead(ask())
+    assert flight is not None and cache.lead(ask()) is None  # one leads; the next follows
+    assert cache.in_flight(ask()) is flight and not flight.is_set()
     cache.keep(ask(), listing(ttl=0), b"t", unmasked)  # not cacheable
-    cache.land(ask())
+    cache.land(ask(), flight)
     assert flight.is_set() and cache.in_flight(ask()) is None
-    assert cache.lead(ask())
+    again = cache.lead(ask())
+    assert again is not None
     assert cache.in_flight(ask()) is None  # its last answer was not cacheable: not waited for
+    cache.land(ask(), flight)  # the first flight landing twice ends no other
+    assert ask().key in cache._flights
     cache.keep(ask(), listing(), b"t", unmasked)
-    cache.land(ask())
-    assert cache.lead(ask()) and cache.in_flight(ask()) is not None  # cacheable again: waited for
+    cache.land(ask(), again)
+    assert cache.lead(ask()) is not None and cache.in_flight(ask()) is not None  # cacheable again: waited for
 
 
 # ------------------------------------------------------------------ through a real sidecar

@@ -178,11 +178,16 @@ class JwtTokenVerifier:
 
 
 def build_app(state: ServerState, *, issuer: str, jwks_uri: str, resource: str,
-              scopes: list[str] | None = None) -> ASGIApp:
+              scopes: list[str] | None = None, cache_ttl_ms: int = 0) -> ASGIApp:
     """The SDK's Streamable HTTP app with bearer auth, wrapped by the test controls; `scopes`: the
-    scopes a token must have, advertised as the metadata's `scopes_supported`."""
+    scopes a token must have, advertised as the metadata's `scopes_supported`; `cache_ttl_ms`: the
+    2026-07-28 caching hints of its `tools/list` and `server/discover` (public, that long; 0: none)."""
+    from mcp.server.caching import CacheHint
+
+    hint = CacheHint(ttl_ms=cache_ttl_ms, scope="public")
     server: MCPServer[Any] = MCPServer(
         "mcpcreds-test-tools",
+        cache_hints={"tools/list": hint, "server/discover": hint} if cache_ttl_ms else None,
         token_verifier=JwtTokenVerifier(state, issuer, jwks_uri, resource),
         auth=AuthSettings(issuer_url=AnyHttpUrl(issuer), resource_server_url=AnyHttpUrl(resource),
                           validate_token_resource=True, required_scopes=scopes),
@@ -269,7 +274,7 @@ async def serve(args: argparse.Namespace) -> None:
     url = f"http://127.0.0.1:{port}/mcp"
     state = ServerState()
     app = build_app(state, issuer=args.issuer, jwks_uri=args.jwks_uri, resource=args.resource or url,
-                    scopes=args.scope or None)
+                    scopes=args.scope or None, cache_ttl_ms=args.cache_ttl_ms)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -290,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resource", default=None, help="the expected `aud` (default: the server's URL)")
     parser.add_argument("--scope", action="append", default=[],
                         help="a scope every token must have, advertised in the metadata (repeat)")
+    parser.add_argument("--cache-ttl-ms", type=int, default=0,
+                        help="mark tools/list and server/discover public for this long (default 0: no hints)")
     asyncio.run(serve(parser.parse_args(argv)))
 
 
@@ -327,10 +334,11 @@ class McpServerPeer(PeerHandle):
 
 @contextlib.contextmanager
 def start_mcp_server(issuer: str, jwks_uri: str, *, resource: str | None = None,
-                     scopes: tuple[str, ...] = (), ready_timeout: float = READY_TIMEOUT) -> Iterator[McpServerPeer]:
+                     scopes: tuple[str, ...] = (), ready_timeout: float = READY_TIMEOUT,
+                     cache_ttl_ms: int = 0) -> Iterator[McpServerPeer]:
     """Run the server for the duration of the with-block; yields an McpServerPeer."""
     cmd = [sys.executable, "-m", "tests.peers.mcp_server", "--port", "0", "--issuer", issuer,
-           "--jwks-uri", jwks_uri]
+           "--jwks-uri", jwks_uri, "--cache-ttl-ms", str(cache_ttl_ms)]
     if resource is not None:
         cmd += ["--resource", resource]
     for scope in scopes:

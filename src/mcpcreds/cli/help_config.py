@@ -120,6 +120,8 @@ TEXT: Final[dict[str, dict[str, tuple[Any, str]]]] = {
         "max_wait": (_NO_DEFAULT, "seconds a gateway request waits for a permit before a 429"),
         "leases": ("true", "clients may lease a share of the bucket (with a shared state, of the "
                    "bucket in Redis); false: per request only"),
+        "cache_results": ("true", "answer from a result the server marked cacheable (2026-07-28: ttlMs, "
+                          "cacheScope), with nothing sent upstream; false: relay every request"),
         "trust": ("\"untrusted\"", "trusted, untrusted or sandboxed (for clients that filter tools)"),
         "tool_allowlist": ("none (a server: its catalog entry's)",
                            "the tools the gateway lets through: names or `prefix*` patterns; a catalog "

@@ -254,15 +254,15 @@ class Gateway:
         roots = target.content.effective_roots(trust)
         out = jsonrpc.declare_capabilities(out, roots is not None, target.content.effective_sampling(trust))
         await self._tell_roots(request, target, roots)
-        ask = None if out.batch or not target.gateway.cache_results or not out.requests else \
-            results_cache.ask_of(target.name, target.endpoint, out.messages[0],
-                                 _header_text(request, b"mcp-protocol-version"), _owner(request))
-        lead = False
+        ask = None if out.batch or not target.gateway.cache_results else \
+            results_cache.ask_of(target.name, target.endpoint, out.messages[0], _owner(request))
+        flight = None
         if ask is not None:
             cached = await self._from_cache(request, target, ask, out, calls, started)
             if cached is not None:
                 return cached
-            lead = self.results.lead(ask)
+            ask = self.results.asked(ask)
+            flight = self.results.lead(ask)
         try:
             cost = jsonrpc.permits(out, target.gateway.rate_methods, retries)
             try:
@@ -273,10 +273,10 @@ class Gateway:
                     self.in_place.cancel(request, target, out.methods())
                 raise
             return await self._answer(request, target, response, sent, calls, out.methods(), started,
-                                      out.body, ask)
+                                      out.body, ask, flight)
         finally:
-            if lead:
-                self.results.land(ask)  # type: ignore[arg-type]
+            if ask is not None and flight is not None:
+                self.results.land(ask, flight)
 
     async def _from_cache(self, request: Request, target: Target, ask: results_cache.Ask,
                           out: jsonrpc.Outgoing, calls: ToolCalls, started: float) -> Answer | None:
@@ -511,15 +511,12 @@ class Gateway:
             on_input_required=lambda r: in_place.input_required(request, target, r),
             on_task_input=lambda t: in_place.task_input(request, self._current(target), t),
             on_listing=lambda tools: self.params.learn(target.name, tools),
-            on_notification=lambda method: self._notified(target, method))
-
-    def _notified(self, target: Target, method: str) -> None:
-        if method in results_cache.INVALIDATES:
-            self.results.notified(target.name, method)
+            on_notification=lambda method: self.results.notified(target.name, method))
 
     async def _answer(self, request: Request, target: Target, response: RawAnswer, sent: HeadersResult,
                       calls: ToolCalls | None, pending: dict[jsonrpc.IdKey, str], started: float,
-                      body_sent: bytes, ask: results_cache.Ask | None = None) -> Answer:
+                      body_sent: bytes, ask: results_cache.Ask | None = None,
+                      flight: asyncio.Event | None = None) -> Answer:
         waiting = dict(pending)
         try:
             status = response.status_code
@@ -534,7 +531,7 @@ class Gateway:
             outbox: list[bytes] = []  # events of the gateway's own for this stream (a voided elicitation)
             inspector = await self._inspector(request, target, masker, pending, calls, outbox)
             if ask is not None and status == 200:  # kept masked whole: it may serve other callers
-                inspector.on_result = lambda _method, result: self._keep(ask, result, credentials)
+                inspector.on_result = lambda _, result: self._keep(target, ask, flight, result, credentials)
             self.records.request(target, request.method, status, started)
             self._follow_session(request, target, response)
             kind = jsonrpc.answer_kind(response.header(b"content-type") or "")
@@ -583,9 +580,13 @@ class Gateway:
                 checked = refused
         return Response(status, checked or b"", content_type=b"application/json", extra_headers=extra)
 
-    def _keep(self, ask: results_cache.Ask, result: dict[str, Any], credentials: _Sent) -> None:
-        self.results.keep(ask, result, credentials.context, credentials.masker.value)
-        self.results.land(ask)  # its followers need not wait for the rest of the stream
+    def _keep(self, target: Target, ask: results_cache.Ask, flight: asyncio.Event | None,
+              result: dict[str, Any], credentials: _Sent) -> None:
+        # a signed request's authorization context is not in its headers: no private result kept
+        context = None if target.aauth or is_aws(target) else credentials.context
+        self.results.keep(ask, result, context, credentials.masker.value)
+        if flight is not None:  # its followers need not wait for the rest of the stream
+            self.results.land(ask, flight)
 
     async def _changed_tools(self, out: jsonrpc.Outgoing, target: Target) -> list[dict[str, Any]]:
         """The refusals of calls the tools' metadata refuses (data flow, flagged arguments), or of
@@ -706,11 +707,6 @@ def _takes_json(request: Request) -> bool:
     sends no Accept is sent what the gateway asked of the server for it, which includes it)."""
     accept = one_header(request, b"accept")
     return accept is None or holds(accept.lower(), b"application/json") or holds(accept, b"*/*")
-
-
-def _header_text(request: Request, name: bytes) -> str | None:
-    value = one_header(request, name)
-    return None if value is None else value.decode("latin-1")
 
 
 def _owner(request: Request) -> Owner:

@@ -6,20 +6,24 @@ A server marks the results of `server/discover`, the four lists and `resources/r
 means one: it keeps a fresh result and answers the same request from it, sending nothing upstream
 and taking no permit.
 
-- The same request: the server, its endpoint, the method, the `MCP-Protocol-Version` header and
-  the params as they go upstream (their `_meta` less what is per request: a progress token, trace
-  context). A retry of an input round (`inputResponses`, `requestState`) is never kept nor served:
-  its result depends on inputs outside that key.
+- The same request: the server, its endpoint, the method and the params as they go upstream
+  (their `_meta` less what is per request: a progress token, trace context), by a digest. Only a
+  request of 2026-07-28 or later (its `_meta` names the version) is cached: the 2025 revisions
+  have no hints, and their sessions hold state the key does not. A retry of an input round
+  (`inputResponses`, `requestState`) is never kept nor served: its result depends on inputs
+  outside that key.
 - A `public` result serves any caller of the server; a `private` one only the caller (uid and
   grant) whose request fetched it, while the sidecar sends the server the same credential (a
   digest of it, `context`): a new token, or another person's login, is another authorization
-  context, as the spec has it.
+  context, as the spec has it. A server whose requests are signed (no credential header to
+  digest) has no private result kept.
 - Kept: a complete result (`resultType` absent or `complete`) with a positive integer `ttlMs`,
-  at most MAX_TTL_MS, at most MAX_RESULT bytes of JSON; MAX_SERVER_BYTES per server and
-  MAX_SERVERS servers, the least recently used going first. A result served from the cache says
-  how long it stays fresh: its `ttlMs` less its age.
-- A list_changed notification from the server drops its kept results of that list (and
-  `notifications/resources/updated` its reads): the spec's immediate invalidation.
+  at most MAX_TTL_MS, kept as its JSON text of at most MAX_RESULT bytes, MAX_BYTES in all, the
+  least recently used going first. A result served from the cache says how long it stays fresh:
+  its `ttlMs` less its age.
+- A list_changed notification from the server makes its kept results of that list stale (and
+  `notifications/resources/updated` its reads): the spec's immediate invalidation. So does it
+  for an answer on its way: a result asked for before the notice is not kept.
 - A request that finds the same request on its way upstream waits for that answer (single
   flight), unless that request's last answer was not cacheable: a burst of new sessions asks the
   server once.
@@ -31,44 +35,54 @@ the grant and the pins): every result served from it is judged again as an upstr
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from cachetools import LRUCache, TLRUCache, TTLCache
+from cachetools import TLRUCache, TTLCache
 
 from .jsonrpc import Message
+from .sessions import Owner
+from .strict_json import dumps, loads
 
 CACHEABLE: Final = frozenset({"server/discover", "tools/list", "prompts/list", "resources/list",
                               "resources/templates/list", "resources/read"})
 # what each notification makes stale at once
 INVALIDATES: Final = {
-    "notifications/tools/list_changed": frozenset({"tools/list"}),
-    "notifications/prompts/list_changed": frozenset({"prompts/list"}),
-    "notifications/resources/list_changed": frozenset({"resources/list", "resources/templates/list"}),
-    "notifications/resources/updated": frozenset({"resources/read"}),
+    "notifications/tools/list_changed": ("tools/list",),
+    "notifications/prompts/list_changed": ("prompts/list",),
+    "notifications/resources/list_changed": ("resources/list", "resources/templates/list"),
+    "notifications/resources/updated": ("resources/read",),
 }
+FIRST_VERSION: Final = "2026-07-28"  # the first revision with caching hints
+VERSION_META: Final = "io.modelcontextprotocol/protocolVersion"
 PER_REQUEST_META: Final = frozenset({"progressToken", "traceparent", "tracestate", "baggage"})
 ROUND_RETRY: Final = ("inputResponses", "requestState")  # an input round's retry: never cached
 MAX_TTL_MS: Final = 24 * 3600 * 1000
 MAX_RESULT: Final = 1024 * 1024  # bytes of JSON of one kept result
-MAX_SERVER_BYTES: Final = 8 * 1024 * 1024
+MAX_BYTES: Final = 32 * 1024 * 1024  # of every kept result
 ENTRY_OVERHEAD: Final = 512  # bytes counted for an entry besides its JSON (key, bookkeeping)
-MAX_SERVERS: Final = 256
 PLAIN_FOR: Final = 60.0  # seconds a request whose answer was not cacheable is not waited on
-MAX_PLAIN: Final = 1024
+MAX_PLAIN: Final = 4096
+MAX_STALE_MARKS: Final = 4096  # (server, method) pairs with a notice: past it, everything is dropped
 
-Owner = tuple[int, "str | None"]  # the uid and the grant id of a caller (gateway/sessions.py)
+Key = tuple[str, str, bytes]  # server, method, digest of (endpoint, params)
 
 
 @dataclass(frozen=True, slots=True)
 class Ask:
-    """A cacheable request: `key` names it for every caller, `owner` is who asks."""
+    """A cacheable request: `key` names it for every caller, `owner` is who asks, `epoch` when
+    (a notice of a change after it makes its answer stale)."""
 
-    server: str
-    key: tuple[str, str, str, str]  # endpoint, method, protocol version, params as canonical JSON
+    key: Key
     owner: Owner
+    epoch: int = 0
+
+    @property
+    def server(self) -> str:
+        return self.key[0]
 
     @property
     def method(self) -> str:
@@ -77,9 +91,9 @@ class Ask:
 
 @dataclass(frozen=True, slots=True)
 class _Kept:
-    result: dict[str, Any]
-    size: int
+    text: bytes  # the result's JSON, credentials masked
     expires: float
+    epoch: int
 
 
 def _expiry(_key: Any, kept: _Kept, _now: float) -> float:
@@ -87,22 +101,27 @@ def _expiry(_key: Any, kept: _Kept, _now: float) -> float:
 
 
 def _size(kept: _Kept) -> int:
-    return kept.size
+    return len(kept.text) + ENTRY_OVERHEAD
 
 
-def ask_of(server: str, endpoint: str, message: Message, version: str | None, owner: Owner) -> Ask | None:
+def ask_of(server: str, endpoint: str, message: Message, owner: Owner) -> Ask | None:
     """The request as the cache knows it, or None if its result is never cached."""
     method = message.method
     if method not in CACHEABLE or message.kind != "request":
         return None
-    params = message.raw.get("params", {})
+    params = message.raw.get("params")
     if not isinstance(params, dict) or any(k in params for k in ROUND_RETRY):
         return None
     meta = params.get("_meta")
-    if isinstance(meta, dict) and PER_REQUEST_META.intersection(meta):
+    if not isinstance(meta, dict):
+        return None
+    version = meta.get(VERSION_META)
+    if not isinstance(version, str) or version < FIRST_VERSION:
+        return None
+    if PER_REQUEST_META.intersection(meta):
         params = {**params, "_meta": {k: v for k, v in meta.items() if k not in PER_REQUEST_META}}
-    canonical = json.dumps(params, sort_keys=True, separators=(",", ":"))
-    return Ask(server, (endpoint, method, version or "", canonical), owner)
+    canonical = json.dumps([endpoint, params], sort_keys=True, separators=(",", ":")).encode()
+    return Ask((server, method, hashlib.blake2b(canonical, digest_size=32).digest()), owner)
 
 
 def _cacheable(result: Any) -> tuple[int, bool] | None:
@@ -120,91 +139,89 @@ class ResultCache:
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
-        self._servers: LRUCache[str, TLRUCache[tuple[Any, ...], _Kept]] = LRUCache(MAX_SERVERS)
-        self._flights: dict[tuple[str, tuple[str, str, str, str]], asyncio.Event] = {}
-        self._plain: TTLCache[tuple[str, tuple[str, str, str, str]], bool] = TTLCache(
-            MAX_PLAIN, PLAIN_FOR, timer=clock)
+        self._kept: TLRUCache[tuple[Key, Any], _Kept] = TLRUCache(MAX_BYTES, _expiry, timer=clock,
+                                                                 getsizeof=_size)
+        self._flights: dict[Key, asyncio.Event] = {}
+        self._plain: TTLCache[Key, bool] = TTLCache(MAX_PLAIN, PLAIN_FOR, timer=clock)
+        self._epoch = 0  # counts the notices of a change
+        self._stale_before: dict[tuple[str, str], int] = {}  # (server, method) -> its last notice's epoch
+        self._floor = 0  # the epoch of the last `clear`: whatever was asked before it is stale
 
-    def _of(self, server: str) -> TLRUCache[tuple[Any, ...], _Kept]:
-        kept = self._servers.get(server)
-        if kept is None:
-            kept = self._servers[server] = TLRUCache(MAX_SERVER_BYTES, _expiry, timer=self._clock,
-                                                     getsizeof=_size)
-        return kept
+    def asked(self, ask: Ask) -> Ask:
+        """`ask` as sent now: an answer to it is stale if a notice of a change comes after."""
+        return Ask(ask.key, ask.owner, self._epoch)
 
     def fresh(self, ask: Ask, context: bytes | None) -> dict[str, Any] | None:
         """The kept result that answers `ask` now, its `ttlMs` what is left of it; None if none.
         `context`: the credential the server would get now (None: none at hand, so no private
         result serves)."""
-        kept_of = self._servers.get(ask.server)
-        if kept_of is None:
-            return None
         now = self._clock()
-        keys: tuple[tuple[Any, ...], ...] = ((ask.key, None),) if context is None else (
-            (ask.key, None), (ask.key, (ask.owner, context)))
-        for key in keys:
-            kept = kept_of.get(key)
-            if kept is not None and now < kept.expires:
+        stale_before = self._stale_before.get((ask.server, ask.method), self._floor)
+        for owner in (None,) if context is None else (None, (ask.owner, context)):
+            kept = self._kept.get((ask.key, owner))
+            if kept is not None and kept.epoch >= stale_before:
                 left = int((kept.expires - now) * 1000)
                 if left > 0:
-                    return {**kept.result, "ttlMs": left}
+                    result: dict[str, Any] = loads(kept.text)
+                    result["ttlMs"] = left
+                    return result
         return None
 
     def in_flight(self, ask: Ask) -> asyncio.Event | None:
         """What to wait on when the same request is on its way upstream and worth waiting for."""
-        flight = (ask.server, ask.key)
-        if flight in self._plain:
+        return None if ask.key in self._plain else self._flights.get(ask.key)
+
+    def lead(self, ask: Ask) -> asyncio.Event | None:
+        """The flight this request leads (none was on its way), to `land`; None if it follows."""
+        if ask.key in self._flights:
             return None
-        return self._flights.get(flight)
+        flight = self._flights[ask.key] = asyncio.Event()
+        return flight
 
-    def lead(self, ask: Ask) -> bool:
-        """Whether this request leads a flight (none was on its way): it must `land` it."""
-        flight = (ask.server, ask.key)
-        if flight in self._flights:
-            return False
-        self._flights[flight] = asyncio.Event()
-        return True
+    def land(self, ask: Ask, flight: asyncio.Event) -> None:
+        """The request leading `flight` is answered, or failed: its followers go on."""
+        if self._flights.get(ask.key) is flight:
+            del self._flights[ask.key]
+        flight.set()
 
-    def land(self, ask: Ask) -> None:
-        """The leading request ended (answered, failed or cancelled): its followers go on."""
-        event = self._flights.pop((ask.server, ask.key), None)
-        if event is not None:
-            event.set()
-
-    def keep(self, ask: Ask, result: Any, context: bytes, mask: Callable[[Any], Any]) -> bool:
-        """The server's result for `ask`, fetched with the credential `context` names: kept, its
-        credentials masked (`mask`), if its hints allow."""
+    def keep(self, ask: Ask, result: Any, context: bytes | None, mask: Callable[[Any], Any]) -> bool:
+        """The server's result for `ask` (as `asked`), fetched with the credential `context` names
+        (None: not one the cache can tell apart): kept, its credentials masked (`mask`), if its
+        hints allow and no notice of a change came since it was asked."""
         hints = _cacheable(result)
-        flight = (ask.server, ask.key)
         if hints is None:
-            self._plain[flight] = True
+            self._plain[ask.key] = True
             return False
         ttl, public = hints
-        size = len(json.dumps(result, separators=(",", ":"))) + ENTRY_OVERHEAD
-        if size > MAX_RESULT:
-            self._plain[flight] = True
+        stale_before = self._stale_before.get((ask.server, ask.method), self._floor)
+        if ask.epoch < stale_before or not (public or context):
             return False
-        self._plain.pop(flight, None)
-        result = mask(result)
-        now = self._clock()
+        text = dumps(mask(result))
+        if len(text) > MAX_RESULT:
+            self._plain[ask.key] = True
+            return False
+        self._plain.pop(ask.key, None)
         owner = None if public else (ask.owner, context)
-        self._of(ask.server)[(ask.key, owner)] = _Kept(result, size, now + ttl / 1000)
+        self._kept[(ask.key, owner)] = _Kept(text, self._clock() + ttl / 1000, ask.epoch)
         return True
 
-    def notified(self, server: str, method: str) -> int:
-        """A notification from the server: the kept results it makes stale dropped (how many)."""
+    def notified(self, server: str, method: str) -> None:
+        """A notification from the server: what it makes stale is stale, at once."""
         stale = INVALIDATES.get(method)
-        kept_of = self._servers.get(server)
-        if stale is None or kept_of is None:
-            return 0
-        dropped = [key for key in kept_of if key[0][1] in stale]
-        for key in dropped:
-            kept_of.pop(key, None)
-        return len(dropped)
+        if stale is None:
+            return
+        if len(self._stale_before) >= MAX_STALE_MARKS:
+            self.clear()
+        self._epoch += 1
+        for each in stale:
+            self._stale_before[(server, each)] = self._epoch
 
-    def forget(self, server: str) -> None:
-        """Every result of `server` dropped (its config changed)."""
-        self._servers.pop(server, None)
+    def clear(self) -> None:
+        """Every kept result dropped, and every answer on its way made stale (the config changed)."""
+        self._kept.clear()
+        self._stale_before.clear()
+        self._epoch += 1
+        self._floor = self._epoch
 
     def __len__(self) -> int:
-        return sum(len(kept) for kept in self._servers.values())
+        return len(self._kept)

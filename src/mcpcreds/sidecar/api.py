@@ -181,6 +181,8 @@ class Api(Parts):
 
     def reload(self) -> None:
         self._fast_targets.clear()
+        if self._gateway is not None:  # what a server answered under the config before
+            self._gateway.results.clear()
         self.reload_parts()
 
     # -- wire.App
