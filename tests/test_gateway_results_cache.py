@@ -5,6 +5,7 @@ server of both eras (tests/peers/mcp_eras_peer.py), with the SDK's `Client` and 
 from __future__ import annotations
 
 import asyncio
+import tomllib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,6 +17,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ToolsListChanged
 
 from mcpcreds import AsyncClient
+from mcpcreds.config.load import parse_config
+from mcpcreds.errors import ConfigError
 from mcpcreds.gateway import results_cache
 from mcpcreds.gateway.jsonrpc import Message
 from mcpcreds.gateway.results_cache import ResultCache, ask_of
@@ -351,3 +354,17 @@ async def test_a_tools_list_changed_notice_makes_the_cached_listing_stale(
         before = methods(public)
         assert "grown" in {tool.name for tool in (await session.list_tools()).tools}
     assert asked(before, public) == {"tools/list": 1}
+
+
+def test_cache_results_is_read_per_server_over_its_service() -> None:
+    config = parse_config(tomllib.loads(
+        '[services.docs]\nendpoint = "https://docs.example/mcp"\ncache_results = false\n'
+        '[[servers]]\nname = "quiet"\nservice = "docs"\n'
+        '[[servers]]\nname = "loud"\nservice = "docs"\ncache_results = true\n'
+        '[[servers]]\nname = "plain"\nendpoint = "https://plain.example/mcp"\n'))
+    assert not config.servers["quiet"].gateway.cache_results
+    assert config.servers["loud"].gateway.cache_results and config.servers["plain"].gateway.cache_results
+    with pytest.raises(ConfigError) as refused:
+        parse_config(tomllib.loads('[[servers]]\nname = "x"\nendpoint = "https://x.example/mcp"\n'
+                                   'cache_results = "no"\n'))
+    assert "cache_results: expected bool, got string" in str(refused.value)
