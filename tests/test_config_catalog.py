@@ -236,7 +236,7 @@ def test_at_run_time_a_target_under_no_entry_is_refused_when_egress_is_closed() 
 
 
 def test_the_gateway_refuses_and_filters_by_pattern_and_a_grants_patterns_narrow_further() -> None:
-    from mcpcreds.gateway import jsonrpc
+    from mcpcreds.protocol import jsonrpc
 
     policy = config(CATALOG + '\n[[servers]]\nname = "ro"\nservice = "crm"\n').servers["ro"].trust
 

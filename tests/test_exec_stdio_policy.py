@@ -21,7 +21,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CreateMessageResult, ElicitResult, ListRootsResult, Root, TextContent
 
-from mcpcreds.gateway.screen import SAMPLING_REFUSED
+from mcpcreds.protocol.screen import SAMPLING_REFUSED
 from tests.conftest import run_cli
 from tests.peers.mcp_untrusted_peer import PNG
 from tests.sidecar_proc import SidecarProcess, run_sidecar

@@ -1,11 +1,11 @@
-"""The table of elicitations relayed to clients (mcpcreds.gateway.elicitations), on a fake timer:
+"""The table of elicitations relayed to clients (mcpcreds.protocol.elicitations), on a fake timer:
 an answer in time is relayed, one past its time is dropped (the server had `cancel`), bounded."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from mcpcreds.gateway.elicitations import PendingElicitations
+from mcpcreds.protocol.elicitations import PendingElicitations
 
 
 class FakeTimers:

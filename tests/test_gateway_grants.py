@@ -9,9 +9,9 @@ import time
 from typing import Any
 
 from mcpcreds.core.policy import TrustPolicy
-from mcpcreds.gateway import jsonrpc
-from mcpcreds.gateway.jsonrpc import Inspector, parse_body
 from mcpcreds.gateway.sessions import LiveSessions
+from mcpcreds.protocol import jsonrpc
+from mcpcreds.protocol.jsonrpc import Inspector, parse_body
 from mcpcreds.state.grants import Grant
 from tests.peers.redis_peer import start_redis
 

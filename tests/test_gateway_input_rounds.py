@@ -1,6 +1,6 @@
 """The requestState tokens of the 2026-07-28 input rounds the gateway answers part of
-(mcpcreds.gateway.input_rounds), on a fake clock: taken once, by the caller that got them, within
-their time; the table bounded. And the input a task asks for (mcpcreds.gateway.task_input): judged
+(mcpcreds.protocol.input_rounds), on a fake clock: taken once, by the caller that got them, within
+their time; the table bounded. And the input a task asks for (mcpcreds.protocol.task_input): judged
 once per request, the gateway's answers sent again while the task still asks, a client's
 `tasks/update` relayed only for what it was shown, what cannot be judged withheld; the Inspector
 hands it every task state that carries input requests."""
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from mcpcreds.gateway import jsonrpc
-from mcpcreds.gateway.input_rounds import MAX_INPUT_REQUESTS, PREFIX, InputRounds
-from mcpcreds.gateway.task_input import MAX_ID, TaskInputs, envelope, update
+from mcpcreds.protocol import jsonrpc
+from mcpcreds.protocol.input_rounds import MAX_INPUT_REQUESTS, PREFIX, InputRounds
+from mcpcreds.protocol.task_input import MAX_ID, TaskInputs, envelope, update
 
 ME = ("crm", 1000, None)
 

@@ -1,4 +1,4 @@
-"""The request metadata headers (mcpcreds.gateway.mirror, pure): x-mcp-header annotations read as
+"""The request metadata headers (mcpcreds.protocol.mirror, pure): x-mcp-header annotations read as
 the 2026-07-28 transport defines them, and the headers of a POST checked against its body and
 derived from it."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mcpcreds.core.http import header_table
-from mcpcreds.gateway.mirror import Mismatch, ParamTable, annotated, encode_header_value, mirrors
+from mcpcreds.protocol.mirror import Mismatch, ParamTable, annotated, encode_header_value, mirrors
 
 REGION = {"type": "object", "properties": {
     "region": {"type": "string", "x-mcp-header": "Region"},

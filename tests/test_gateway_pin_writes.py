@@ -12,8 +12,8 @@ from typing import Any
 
 from mcpcreds.config.load import parse_config
 from mcpcreds.core.clock import FakeClock
-from mcpcreds.gateway import jsonrpc, pins
 from mcpcreds.gateway.relay import Gateway
+from mcpcreds.protocol import jsonrpc, pins
 from mcpcreds.state.pins import Definition, PinView
 
 CONFIG = """
@@ -68,17 +68,16 @@ async def test_a_call_sent_while_a_withheld_change_is_written_is_refused() -> No
     broker = SimpleNamespace(clock=FakeClock(), pins=store, config=config, audit=None)
     gateway = Gateway(broker, None, None, None)  # type: ignore[arg-type]
 
-    judge = await gateway._pinning(target, {jsonrpc.id_key(1): jsonrpc.TOOLS_LIST})
-    assert judge is not None
+    judge = await gateway.pin_writes.judge("pinned", True)
     assert judge([tool("first call exfiltrate")]) == []  # withheld; its change is being written
 
     call = jsonrpc.parse_body(b'{"jsonrpc":"2.0","id":2,"method":"tools/call",'
                               b'"params":{"name":"shifty","arguments":{}}}')
     refusing = asyncio.ensure_future(gateway._changed_tools(call, target))
-    listing = asyncio.ensure_future(gateway._pinning(target, {jsonrpc.id_key(3): jsonrpc.TOOLS_LIST}))
+    listing = asyncio.ensure_future(gateway.pin_writes.judge("pinned", True))
     await settle()
     assert not refusing.done() and not listing.done()  # both wait for the write
     store.release.set()
     [refusal] = await refusing
     assert refusal["error"]["data"] == {"policy": pins.PINNED}
-    assert (await listing) is not None and not gateway._writes
+    assert (await listing) is not None and not gateway.pin_writes.busy

@@ -1,4 +1,4 @@
-"""Tool pinning's pure decision (gateway/pins.py): first listings pin, a changed definition is
+"""Tool pinning's pure decision (protocol/pins.py): first listings pin, a changed definition is
 withheld (or only warned about, pins off), calls of a changed tool are refused."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mcpcreds.gateway import jsonrpc, pins
-from mcpcreds.gateway.screen import tool_digest
+from mcpcreds.protocol import jsonrpc, pins
+from mcpcreds.protocol.screen import tool_digest
 from mcpcreds.state.pins import MAX_DEFINITION, MAX_PINNED_TOOLS, PinView
 
 

@@ -1,4 +1,4 @@
-"""The gateway's protocol logic (mcpcreds.gateway.jsonrpc, .sse, .strict_json), with no I/O: parsing
+"""The gateway's protocol logic (mcpcreds.protocol.jsonrpc, .sse, .strict_json), with no I/O: parsing
 what a client POSTs, counting permits, refusing tool calls, filtering tools/list results in JSON and
 SSE, splitting SSE streams, and masking the credentials the gateway sent."""
 
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from mcpcreds.core.policy import TrustPolicy
-from mcpcreds.gateway import jsonrpc, strict_json
-from mcpcreds.gateway.jsonrpc import Inspector, JsonRpcError, parse_body
-from mcpcreds.gateway.sse import _BLANK_LINE, EventTooLarge, SseSplitter
-from mcpcreds.gateway.strict_json import Masker
+from mcpcreds.protocol import jsonrpc, strict_json
+from mcpcreds.protocol.jsonrpc import Inspector, JsonRpcError, parse_body
+from mcpcreds.protocol.sse import _BLANK_LINE, EventTooLarge, SseSplitter
+from mcpcreds.protocol.strict_json import Masker
 
 TOOLS = [{"name": n, "inputSchema": {"type": "object"}} for n in ("echo", "add", "delete_all")]
 ALLOW_ECHO = TrustPolicy("untrusted", ("echo",))

@@ -20,10 +20,10 @@ from mcpcreds import AsyncClient
 from mcpcreds.config.load import parse_config
 from mcpcreds.errors import ConfigError
 from mcpcreds.gateway import results_cache
-from mcpcreds.gateway.jsonrpc import Message
 from mcpcreds.gateway.results_cache import ResultCache, ask_of
 from mcpcreds.gateway.sessions import Owner
-from mcpcreds.gateway.strict_json import Masker
+from mcpcreds.protocol.jsonrpc import Message
+from mcpcreds.protocol.strict_json import Masker
 from tests.peers.mcp_eras_peer import start_eras_peer
 from tests.peers.process import PeerHandle
 from tests.sidecar_proc import SidecarProcess, run_sidecar

@@ -1,4 +1,4 @@
-"""The screen for what an untrusted MCP server sends (gateway/screen.py, pure).
+"""The screen for what an untrusted MCP server sends (protocol/screen.py, pure).
 
 Inputs are made by the MCP SDK's own types (`model_dump` as the SDK puts them on the wire) where
 the SDK can make them, and what the screen gives back is read by those types again: a sanitized
@@ -20,8 +20,8 @@ from typing import Any
 import mcp.types as mt
 import pytest
 
-from mcpcreds.gateway import screen
-from mcpcreds.gateway.screen import (
+from mcpcreds.protocol import screen
+from mcpcreds.protocol.screen import (
     DIGESTED_FIELDS,
     ELICIT_FORM,
     ELICIT_URL,

@@ -1,4 +1,4 @@
-"""gateway/tool_meta.py (issue 29, zeph `ToolSecurityMeta`): the metadata inferred from a tool's
+"""protocol/tool_meta.py (issue 29, zeph `ToolSecurityMeta`): the metadata inferred from a tool's
 name by the documented table; configured metadata over it; the data-flow check per trust; each
 flagged-parameter pattern matching and not; JSON pointers (escapes, arrays, absence); and the
 bounds a call's arguments are read within (past them: a match, never a long read)."""
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mcpcreds.config.tool_meta import PATTERNS, SENSITIVITIES, FlaggedParameter, ToolMeta
-from mcpcreds.gateway.tool_meta import (
+from mcpcreds.protocol.tool_meta import (
     MAX_DEPTH,
     MAX_SCAN_CHARS,
     MAX_STRINGS,

@@ -28,7 +28,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CreateMessageResult, ElicitResult, ListRootsResult, Root, TextContent
 
 from mcpcreds import AsyncClient
-from mcpcreds.gateway.screen import SAMPLING_REFUSED
+from mcpcreds.protocol.screen import SAMPLING_REFUSED
 from tests.conftest import run_cli
 from tests.peers.mcp_untrusted_peer import (
     INJECTED_DESCRIPTION,

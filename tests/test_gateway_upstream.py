@@ -406,8 +406,8 @@ async def test_an_sse_answer_all_in_is_relayed_whole_else_its_rest_is_left_to_st
     from types import SimpleNamespace
 
     from mcpcreds.core.policy import TrustPolicy
-    from mcpcreds.gateway.jsonrpc import Inspector
     from mcpcreds.gateway.stream import SseBody
+    from mcpcreds.protocol.jsonrpc import Inspector
 
     answer = b'data: {"jsonrpc":"2.0","id":1,"result":{}}\n\n'
     body = _Chunks([answer[:10], answer[10:]], all_in)
@@ -429,8 +429,8 @@ async def test_one_message_then_the_end_is_a_json_answer_never_waited_for_long(a
     from types import SimpleNamespace
 
     from mcpcreds.core.policy import TrustPolicy
-    from mcpcreds.gateway.jsonrpc import Inspector
     from mcpcreds.gateway.stream import SseBody
+    from mcpcreds.protocol.jsonrpc import Inspector
 
     message = b'{"jsonrpc":"2.0","id":1,"result":{}}'
     body = _Chunks([b"id: 0\ndata:\n\n" + b"data: " + message + b"\n\n"], all_in, ends)

@@ -13,7 +13,7 @@ import pytest
 
 from mcpcreds import Client
 from mcpcreds.errors import Forbidden, InvalidRequest, UnknownServer
-from mcpcreds.gateway import pins
+from mcpcreds.protocol import pins
 from mcpcreds.state.pins import MemoryPins
 from tests.conftest import run_cli
 from tests.sidecar_proc import run_sidecar

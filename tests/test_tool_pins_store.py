@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mcpcreds.errors import ConfigError
-from mcpcreds.gateway import pins
+from mcpcreds.protocol import pins
 from mcpcreds.state.pins import Definition, MemoryPins, PinStore, PinView, RedisPins
 from mcpcreds.state.redis_state import RedisState
 from tests.peers.redis_peer import RedisPeer

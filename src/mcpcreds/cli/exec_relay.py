@@ -29,8 +29,8 @@ from ..client.stdio_bridge import LineSplitter, LineTooLong
 from ..errors import McpcredsError
 from ..exec.stdio_pins import pins_body
 from ..exec.stdio_relay import Relayed, StdioPolicy
-from ..gateway import jsonrpc
-from ..gateway.elicitations import Handle
+from ..protocol import jsonrpc
+from ..protocol.elicitations import Handle
 from .common import exit_code_for
 
 READ_CHUNK: Final = 64 * 1024

@@ -50,7 +50,7 @@ class ContentPolicy:
     injection found in a result does (`log` or `block`). `pin_tools`: tool definitions are pinned
     (None: on unless the server is trusted). `tool_metadata`: tool name -> ToolMeta, as configured
     (a server's entries over its catalog entry's, tool by tool; a tool not in it has its metadata
-    inferred from its name: gateway/tool_meta.py). Sandboxed servers never elicit, never sample,
+    inferred from its name: protocol/tool_meta.py). Sandboxed servers never elicit, never sample,
     never pass media and get empty roots when none are set, whatever these say: ask the
     `effective_*` methods."""
 

@@ -1,7 +1,7 @@
 """A server's or catalog entry's `tool_metadata` (zeph `ToolSecurityMeta`): per tool name, how
 sensitive its data is, what it can do, and which of its arguments are checked against a named
 pattern. Parsed here into frozen ToolMeta values (`ContentPolicy.tool_metadata`); what the gateway
-makes of them (inference when absent, the data-flow check, the patterns) is gateway/tool_meta.py.
+makes of them (inference when absent, the data-flow check, the patterns) is protocol/tool_meta.py.
 
     tool_metadata = { run_query = { data_sensitivity = "medium", capabilities = ["database_read"],
                       flagged_parameters = [{ pointer = "/sql", pattern = "sql_injection" }] } }
@@ -25,7 +25,7 @@ Sensitivity = Literal["none", "low", "medium", "high"]
 SENSITIVITIES: Final[tuple[Sensitivity, ...]] = get_args(Sensitivity)  # in rising order
 CAPABILITIES: Final = ("filesystem_read", "filesystem_write", "network", "shell", "database_read",
                        "database_write", "memory_write", "external_api")
-# the names of the patterns a flagged parameter is checked against (gateway/tool_meta.py has them)
+# the names of the patterns a flagged parameter is checked against (protocol/tool_meta.py has them)
 PATTERNS: Final = ("path_traversal", "shell_metacharacters", "url_with_credentials", "private_address",
                    "sql_injection", "secret_shaped")
 TOOL_META_KEYS: Final = ("data_sensitivity", "capabilities", "flagged_parameters")

@@ -1,7 +1,7 @@
 """The tool pins of a policed `[exec.NAME]` entry (`pin_tools`, on unless trusted), as they travel
 between the sidecar and `mcpcreds exec`'s relay (pure). The sidecar keeps them in its pin store
 under `exec:NAME` (a name no server can have) and sends the store's view with the session
-(`view_dict`); the relay judges each `tools/list` against it (`gateway.pins.decide`) and sends back
+(`view_dict`); the relay judges each `tools/list` against it (`protocol.pins.decide`) and sends back
 what it pinned, saw changed or saw back to its pin (`POST /v1/exec/{name}/pins`, `checked_pins`).
 An approval (`mcpcreds tools approve exec:NAME`) reaches a relay at its next session.
 """

@@ -7,7 +7,7 @@ JSON-RPC between an MCP client and a stdio server, judged line by line by the ga
   flagged arguments), is answered with the gateway's refusal: the server never sees it. What
   passes goes on re-serialised.
 - Pins (`pins`: the sidecar's view of the entry's pins, None when it does not pin): each
-  `tools/list` is judged by `gateway.pins.decide` (a changed definition withheld) and a `tools/call`
+  `tools/list` is judged by `protocol.pins.decide` (a changed definition withheld) and a `tools/call`
   of a changed tool refused (`data.policy = "pinned"`); what it pinned or saw changed is kept for
   the sidecar (`take_pin_writes`, `POST /v1/exec/{name}/pins`) and in the view, for this session.
 - Time (`schedule`, given by the relay; timers run under its lock, and what they decide is taken
@@ -26,7 +26,7 @@ JSON-RPC between an MCP client and a stdio server, judged line by line by the ga
   roots, sampling refused with an error) are answered to the server and never reach the client
   (the client's capabilities never declare sampling then); an `input_required` result asking
   for a refused sampling becomes an error for the client's request; so is what a 2026-07-28 task asks
-  for (`gateway.task_input`: a `tasks/update` of the relay's own, in the envelope of the client's
+  for (`protocol.task_input`: a `tasks/update` of the relay's own, in the envelope of the client's
   last request, its answer dropped), and a client's `tasks/update` answering what it was not
   shown is refused.
 - Every `tools/call`, screening, elicitation and sampling refusal decided here is kept as an event
@@ -45,12 +45,12 @@ from ..config.content import ContentPolicy
 from ..config.reader import Collector
 from ..config.tool_meta import ToolMeta, parse_tool_metadata
 from ..core.policy import TRUST_LEVELS, TrustPolicy
-from ..gateway import jsonrpc, pins, screen, tool_meta
-from ..gateway.elicitations import Handle, PendingElicitations, Schedule
 from ..gateway.in_place import in_place_policy, refusal_reason
-from ..gateway.input_rounds import InputRounds, put_back, take_out
-from ..gateway.strict_json import StrictJsonError
-from ..gateway.task_input import TaskInputs, envelope_of, update
+from ..protocol import jsonrpc, pins, screen, tool_meta
+from ..protocol.elicitations import Handle, PendingElicitations, Schedule
+from ..protocol.input_rounds import InputRounds, put_back, take_out
+from ..protocol.strict_json import StrictJsonError
+from ..protocol.task_input import TaskInputs, envelope_of, update
 from ..state.pins import PinView
 
 _HOLDER = ("stdio", 0, None)  # one client per relay: its input rounds are all its own

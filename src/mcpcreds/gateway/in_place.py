@@ -22,10 +22,10 @@ from ..core.http import Request
 from ..core.logs import get_logger
 from ..core.metrics import Metrics
 from ..errors import McpcredsError
-from . import jsonrpc, mirror, screen
-from .elicitations import PendingElicitations
-from .input_rounds import Holder, InputRounds, put_back, take_out
-from .task_input import TaskInputs, envelope, update
+from ..protocol import jsonrpc, mirror, screen
+from ..protocol.elicitations import PendingElicitations
+from ..protocol.input_rounds import Holder, InputRounds, put_back, take_out
+from ..protocol.task_input import TaskInputs, envelope, update
 
 _log = get_logger("gateway")
 

@@ -43,7 +43,7 @@ import hashlib
 import time
 import weakref
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -68,13 +68,15 @@ from ..errors import (
     UpstreamTimeout,
 )
 from ..net.egress_http import EgressTransport, RawAnswer
+from ..protocol import jsonrpc, mirror, pins, tool_meta
+from ..protocol.strict_json import Masker
 from ..telemetry import switch as traces
-from . import jsonrpc, mirror, pins, records, results_cache, tool_meta
+from . import records, results_cache
 from .in_place import InPlace, actor_of, one_header
+from .pin_writes import PinWrites
 from .results_cache import ResultCache
 from .sessions import LiveSessions, Owner
 from .stream import SseBody, ToolCalls, read_whole
-from .strict_json import Masker
 from .tools_seen import ToolsSeen
 
 if TYPE_CHECKING:  # made by the sidecar when a server signs (their modules import cryptography)
@@ -140,7 +142,7 @@ class Gateway:
         self._urls: dict[str, httpx.URL] = {}
         # what the server asks of the client, answered here or relayed
         self.in_place = InPlace(lambda: broker.audit, metrics, self._send_in_place, broker.clock.monotonic)
-        self._writes: dict[str, set[asyncio.Task[None]]] = {}  # server -> its pins being written
+        self.pin_writes = PinWrites(lambda: broker.pins)  # the pins listings find, being written
         self.aauth = aauth  # signs for servers with `aauth`: the agent key stays in the sidecar
         self.sigv4 = sigv4  # signs for servers with auth kind "aws": so does the AWS secret key
         self.params = mirror.ParamTable()  # the x-mcp-header annotations of the tools listed
@@ -498,7 +500,8 @@ class Gateway:
         """What judges an answer to `request`, the upstream's or one from the cache."""
         granted = request.grant.tools_of(target.name) if request.grant is not None else None
         in_place = self.in_place
-        pinning = await self._pinning(target, pending)
+        pinning = None if jsonrpc.TOOLS_LIST not in pending.values() else await self.pin_writes.judge(
+            target.name, target.content.effective_pin_tools(target.trust.trust))
         return jsonrpc.Inspector(
             target.trust, masker, pending, calls.answered if calls is not None else None,
             lambda warnings: self.records.policy_warnings(target, warnings), granted=granted,
@@ -601,44 +604,8 @@ class Gateway:
         names = pins.called_tools(out)
         if not names:
             return refused
-        await self._pins_written(target.name)  # a listing that just found a change: its call refused
+        await self.pin_writes.written(target.name)  # a listing that just found a change: its call refused
         return pins.call_refusals(out, target.name, await self.broker.pins.lookup(target.name, names))
-
-    async def _pinning(self, target: Target, pending: dict[jsonrpc.IdKey, str]
-                       ) -> Callable[[list[Any]], list[Any]] | None:
-        """For an answer to `tools/list`: the pins' judgement of its listing (the pins read now,
-        the first definitions and the changes written as the listing passes)."""
-        if jsonrpc.TOOLS_LIST not in pending.values():
-            return None
-        store = self.broker.pins
-        await self._pins_written(target.name)
-        view = await store.view(target.name)
-        enforce = target.content.effective_pin_tools(target.trust.trust)
-
-        def judge(tools: list[Any]) -> list[Any]:
-            decision = pins.decide(view, tools, enforce)
-            for warning in decision.warnings:
-                _log.warning("tool pins", extra={"server": target.name, "warning": warning})
-            if decision.writes:
-                task = asyncio.get_running_loop().create_task(
-                    store.record(target.name, decision.pin, decision.changed, decision.cleared))
-                writing = self._writes.setdefault(target.name, set())
-                writing.add(task)
-                task.add_done_callback(lambda done: self._written(target.name, done))
-            return decision.tools
-        return judge
-
-    async def _pins_written(self, server: str) -> None:
-        """A listing just passed: its pins are read as written, never as they were before."""
-        writing = self._writes.get(server)
-        if writing:
-            await asyncio.wait(list(writing))
-
-    def _written(self, server: str, task: asyncio.Task[None]) -> None:
-        writing = self._writes.get(server, set())
-        writing.discard(task)
-        if not writing:
-            self._writes.pop(server, None)
 
     def _current(self, target: Target) -> Target:
         return self.broker.config.target(target.name) or target

@@ -43,9 +43,9 @@ from typing import Any, Final
 
 from cachetools import TLRUCache, TTLCache
 
-from .jsonrpc import Message
+from ..protocol.jsonrpc import Message
+from ..protocol.strict_json import dumps, loads
 from .sessions import Owner
-from .strict_json import dumps, loads
 
 CACHEABLE: Final = frozenset({"server/discover", "tools/list", "prompts/list", "resources/list",
                               "resources/templates/list", "resources/read"})

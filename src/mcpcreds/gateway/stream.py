@@ -18,8 +18,9 @@ from ..core.http import MAX_GATEWAY_BODY_BYTES, Request
 from ..core.logs import get_logger
 from ..errors import UpstreamError, UpstreamTimeout
 from ..net.egress_http import RawAnswer
-from . import jsonrpc, records
-from .sse import EventTooLarge, SseSplitter
+from ..protocol import jsonrpc
+from ..protocol.sse import EventTooLarge, SseSplitter
+from . import records
 
 _log = get_logger("gateway")
 

@@ -29,8 +29,8 @@ from ..config.servers import exposes_no_tool
 from ..config.tool_meta import ToolMeta
 from ..core.policy import TrustPolicy
 from ..errors import McpcredsError
+from ..protocol.tool_meta import data_flow, meta_for
 from ..state.pins import MAX_PINNED_TOOLS, PinStore, valid_name
-from .tool_meta import data_flow, meta_for
 
 MAX_SERVERS: Final = 1024
 REASONS: Final = ("no_tool_allowlist", "tool_allowlist", "tool_exclude", "expected_tools", "tool_metadata",

@@ -1,7 +1,7 @@
 """`GET /v1/tools/{server}` and `POST /v1/tools/{server}/approve`: every tool the server offered
 at its last listing through the gateway (gateway/tools_seen.py: names only) and every pinned one
 (state/pins.py), each with the rule that hides it, and the operator's approval of changed
-definitions (gateway/pins.py withholds them until then); or the pins of an exec entry (`exec:NAME`,
+definitions (protocol/pins.py withholds them until then); or the pins of an exec entry (`exec:NAME`,
 whose stdio relay pins them). Only exposed tools are pinned, so a hidden tool's description is
 never kept. Owner-only: a grant holder is refused before these run (api.py)."""
 
@@ -14,8 +14,8 @@ from typing import Any, Final, Protocol
 from ..config.content import ContentPolicy
 from ..core.policy import TrustPolicy
 from ..errors import InvalidRequest
-from ..gateway.tool_meta import describe, meta_for
 from ..gateway.tools_seen import Seen, hiding_rule
+from ..protocol.tool_meta import describe, meta_for
 from ..state.pins import MAX_PINNED_TOOLS, MAX_TOOL_NAME, Definition, PinStore, ToolPin, valid_name
 
 _DIGEST_CHARS: Final = frozenset("0123456789abcdef")

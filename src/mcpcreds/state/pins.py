@@ -1,4 +1,4 @@
-"""The pins of tool definitions (rug pulls, gateway/pins.py decides), per server: tool name ->
+"""The pins of tool definitions (rug pulls, protocol/pins.py decides), per server: tool name ->
 the pinned digest and definition, and for a tool whose definition changed, the one last seen (so
 `mcpcreds tools approve` shows the difference).
 
@@ -52,7 +52,7 @@ def valid_name(name: Any) -> bool:
 
 
 def digest_of(text: str) -> str:
-    """The digest of a canonical definition (gateway/screen.py's `tool_digest` of its tool)."""
+    """The digest of a canonical definition (protocol/screen.py's `tool_digest` of its tool)."""
     return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 

@@ -469,7 +469,7 @@ class StateParts:
     limiter: Limiter | SharedLimiter
     grants: GrantStore
     logins: LoginSharing
-    pins: PinStore  # tool pins (gateway/pins.py): memory's in a file of the state folder
+    pins: PinStore  # tool pins (protocol/pins.py): memory's in a file of the state folder
 
 
 def build_state(config: Config, resolver: SecretResolver, clock: Clock,

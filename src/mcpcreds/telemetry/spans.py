@@ -56,7 +56,7 @@ MAX_NAME: Final = 128  # a name in an attribute or a span name
 MAX_TRACEPARENT: Final = 512  # the propagator's own bound (it warns past it)
 MAX_TRACESTATE: Final = 4096
 TRACE_HEADERS: Final = (b"traceparent", b"tracestate")
-PROTOCOL_VERSION_META: Final = "io.modelcontextprotocol/protocolVersion"  # as gateway/mirror.py
+PROTOCOL_VERSION_META: Final = "io.modelcontextprotocol/protocolVersion"  # as protocol/mirror.py
 _TOKEN: Final = re.compile(r"[A-Za-z0-9_./\-]{1,64}\Z")
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 
