@@ -191,7 +191,14 @@ async def test_one_request_on_its_way_is_waited_for_unless_its_last_answer_was_n
     assert ask().key in cache._flights
     cache.keep(ask(), listing(), b"t", unmasked)
     cache.land(ask(), again)
-    assert cache.lead(ask()) is not None and cache.in_flight(ask()) is not None  # cacheable again: waited for
+    third = cache.lead(ask())
+    assert third is not None and cache.in_flight(ask()) is third  # cacheable again: waited for
+    cache.keep(ask(), listing(scope="private"), b"t", unmasked)
+    cache.land(ask(), third)
+    mine = cache.lead(ask())
+    assert mine is not None
+    assert cache.in_flight(ask()) is mine  # private, and the same caller leads: waited for
+    assert cache.in_flight(ask(owner=GRANTEE)) is None  # another caller's private answer: not
 
 
 # ------------------------------------------------------------------ through a real sidecar

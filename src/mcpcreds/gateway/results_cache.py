@@ -25,8 +25,8 @@ and taking no permit.
   `notifications/resources/updated` its reads): the spec's immediate invalidation. So does it
   for an answer on its way: a result asked for before the notice is not kept.
 - A request that finds the same request on its way upstream waits for that answer (single
-  flight), unless that request's last answer was not cacheable: a burst of new sessions asks the
-  server once.
+  flight), unless that request's last answer was not cacheable, or was private and another
+  caller's request is the one on its way: a burst of new sessions asks the server once.
 
 The cache holds the result as the server sent it, credentials masked (before the trust policy,
 the grant and the pins): every result served from it is judged again as an upstream answer is.
@@ -141,8 +141,9 @@ class ResultCache:
         self._clock = clock
         self._kept: TLRUCache[tuple[Key, Any], _Kept] = TLRUCache(MAX_BYTES, _expiry, timer=clock,
                                                                  getsizeof=_size)
-        self._flights: dict[Key, asyncio.Event] = {}
+        self._flights: dict[Key, tuple[asyncio.Event, Owner]] = {}  # key -> its flight, and who leads it
         self._plain: TTLCache[Key, bool] = TTLCache(MAX_PLAIN, PLAIN_FOR, timer=clock)
+        self._private: TTLCache[Key, bool] = TTLCache(MAX_PLAIN, PLAIN_FOR, timer=clock)  # last kept: private
         self._epoch = 0  # counts the notices of a change
         self._stale_before: dict[tuple[str, str], int] = {}  # (server, method) -> its last notice's epoch
         self._floor = 0  # the epoch of the last `clear`: whatever was asked before it is stale
@@ -168,19 +169,25 @@ class ResultCache:
         return None
 
     def in_flight(self, ask: Ask) -> asyncio.Event | None:
-        """What to wait on when the same request is on its way upstream and worth waiting for."""
-        return None if ask.key in self._plain else self._flights.get(ask.key)
+        """What to wait on when the same request is on its way upstream and worth waiting for: not
+        when its last answer was not cacheable, nor when it was private and another caller leads."""
+        flight = self._flights.get(ask.key)
+        if flight is None or ask.key in self._plain or (ask.key in self._private and flight[1] != ask.owner):
+            return None
+        return flight[0]
 
     def lead(self, ask: Ask) -> asyncio.Event | None:
         """The flight this request leads (none was on its way), to `land`; None if it follows."""
         if ask.key in self._flights:
             return None
-        flight = self._flights[ask.key] = asyncio.Event()
+        flight = asyncio.Event()
+        self._flights[ask.key] = (flight, ask.owner)
         return flight
 
     def land(self, ask: Ask, flight: asyncio.Event) -> None:
         """The request leading `flight` is answered, or failed: its followers go on."""
-        if self._flights.get(ask.key) is flight:
+        leading = self._flights.get(ask.key)
+        if leading is not None and leading[0] is flight:
             del self._flights[ask.key]
         flight.set()
 
@@ -201,6 +208,10 @@ class ResultCache:
             self._plain[ask.key] = True
             return False
         self._plain.pop(ask.key, None)
+        if public:
+            self._private.pop(ask.key, None)
+        else:
+            self._private[ask.key] = True
         owner = None if public else (ask.owner, context)
         self._kept[(ask.key, owner)] = _Kept(text, self._clock() + ttl / 1000, ask.epoch)
         return True
