@@ -17,6 +17,8 @@ from ..state.pins import PinStore
 
 _log = get_logger("gateway")
 
+Judge = Callable[[list[Any]], list[Any]]  # a listing's tools -> the tools to pass on
+
 
 class PinWrites:
     def __init__(self, store: Callable[[], PinStore]) -> None:
@@ -28,7 +30,7 @@ class PinWrites:
         """Whether some server's pins are being written."""
         return bool(self._writes)
 
-    async def judge(self, server: str, enforce: bool) -> Callable[[list[Any]], list[Any]]:
+    async def judge(self, server: str, enforce: bool) -> Judge:
         """The pins' judgement of a listing of `server` (the pins read now, after the writes of
         the listing before; the first definitions and the changes written as this one passes)."""
         store = self._store()

@@ -73,8 +73,8 @@ from ..protocol.strict_json import Masker
 from ..telemetry import switch as traces
 from . import records, results_cache
 from .in_place import InPlace, actor_of, one_header
-from .pin_writes import PinWrites
-from .results_cache import ResultCache
+from .pin_writes import Judge, PinWrites
+from .results_cache import CACHEABLE, ResultCache
 from .sessions import LiveSessions, Owner
 from .stream import SseBody, ToolCalls, read_whole
 from .tools_seen import ToolsSeen
@@ -256,8 +256,9 @@ class Gateway:
         roots = target.content.effective_roots(trust)
         out = jsonrpc.declare_capabilities(out, roots is not None, target.content.effective_sampling(trust))
         await self._tell_roots(request, target, roots)
-        ask = None if out.batch or not target.gateway.cache_results else \
-            results_cache.ask_of(target.name, target.endpoint, out.messages[0], _owner(request))
+        first = out.messages[0]  # its method looked at first: a call, never cached, pays for no more
+        ask = None if out.batch or first.method not in CACHEABLE or not target.gateway.cache_results \
+            else results_cache.ask_of(target.name, target.endpoint, first, _owner(request))
         flight = None
         if ask is not None:
             cached = await self._from_cache(request, target, ask, out, calls, started)
@@ -297,7 +298,8 @@ class Gateway:
         if result is None:
             return None
         pending = out.methods()
-        inspector = await self._inspector(request, target, Masker(()), pending, calls, [])
+        pinning = await self._pinning(target) if jsonrpc.TOOLS_LIST in pending.values() else None
+        inspector = self._inspector(request, target, Masker(()), pending, calls, [], pinning)
         answer = {"jsonrpc": "2.0", "id": out.single_id, "result": result}
         checked = inspector.json_body(jsonrpc.dumps(answer))
         if checked is None:
@@ -494,14 +496,16 @@ class Gateway:
 
     # -- the answer
 
-    async def _inspector(self, request: Request, target: Target, masker: Masker,
-                         pending: dict[jsonrpc.IdKey, str], calls: ToolCalls | None,
-                         outbox: list[bytes]) -> jsonrpc.Inspector:
+    async def _pinning(self, target: Target) -> Judge:
+        """For an answer to `tools/list`: the pins' judgement of its listing."""
+        enforce = target.content.effective_pin_tools(target.trust.trust)
+        return await self.pin_writes.judge(target.name, enforce)
+
+    def _inspector(self, request: Request, target: Target, masker: Masker, pending: dict[jsonrpc.IdKey, str],
+                   calls: ToolCalls | None, outbox: list[bytes], pinning: Judge | None) -> jsonrpc.Inspector:
         """What judges an answer to `request`, the upstream's or one from the cache."""
         granted = request.grant.tools_of(target.name) if request.grant is not None else None
         in_place = self.in_place
-        pinning = None if jsonrpc.TOOLS_LIST not in pending.values() else await self.pin_writes.judge(
-            target.name, target.content.effective_pin_tools(target.trust.trust))
         return jsonrpc.Inspector(
             target.trust, masker, pending, calls.answered if calls is not None else None,
             lambda warnings: self.records.policy_warnings(target, warnings), granted=granted,
@@ -532,7 +536,8 @@ class Gateway:
                 answered = self.aauth.answered(target, status, response.headers.multi_items())
                 extra += tuple((k, masker.header(v)) for k, v in answered)
             outbox: list[bytes] = []  # events of the gateway's own for this stream (a voided elicitation)
-            inspector = await self._inspector(request, target, masker, pending, calls, outbox)
+            pinning = await self._pinning(target) if jsonrpc.TOOLS_LIST in pending.values() else None
+            inspector = self._inspector(request, target, masker, pending, calls, outbox, pinning)
             if ask is not None and status == 200:  # kept masked whole: it may serve other callers
                 inspector.on_result = lambda _, result: self._keep(target, ask, flight, result, credentials)
             self.records.request(target, request.method, status, started)
