@@ -150,6 +150,20 @@ def test_a_list_changed_notice_makes_that_list_stale_and_no_other() -> None:
     assert cache.fresh(reads, b"t") is None and cache.fresh(prompts, b"t") is not None
 
 
+def test_an_error_for_a_later_page_makes_every_page_of_that_list_stale() -> None:
+    """The server no longer takes a cursor a kept page holds (it restarted, say): the client must
+    not be sent that page again, or it would ask for the next one with the same cursor."""
+    cache = ResultCache(Clock())
+    first, second = ask(), ask(request(cursor="c-1"))
+    assert cache.keep(first, listing(nextCursor="c-1"), b"t", unmasked)
+    prompts = ask(request("prompts/list"))
+    assert cache.keep(prompts, listing(), b"t", unmasked)
+    cache.failed(first)  # an error for a first page: nothing follows from it
+    assert cache.fresh(first, b"t") is not None
+    cache.failed(second)
+    assert cache.fresh(first, b"t") is None and cache.fresh(prompts, b"t") is not None
+
+
 def test_a_credential_in_a_result_is_kept_masked() -> None:
     cache = ResultCache(Clock())
     canary = "canary-6b1f0c4e9d"

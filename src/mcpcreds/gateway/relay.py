@@ -75,7 +75,7 @@ from . import records, results_cache
 from .in_place import InPlace, actor_of, one_header
 from .pin_writes import Judge, PinWrites
 from .results_cache import CACHEABLE, ResultCache
-from .sessions import LiveSessions, Owner
+from .sessions import LiveSessions, owner_of
 from .stream import SseBody, ToolCalls, read_whole
 from .tools_seen import ToolsSeen
 
@@ -258,7 +258,7 @@ class Gateway:
         await self._tell_roots(request, target, roots)
         first = out.messages[0]  # its method looked at first: a call, never cached, pays for no more
         ask = None if out.batch or first.method not in CACHEABLE or not target.gateway.cache_results \
-            else results_cache.ask_of(target.name, target.endpoint, first, _owner(request))
+            else results_cache.ask_of(target.name, target.endpoint, first, owner_of(request))
         flight = None
         if ask is not None:
             cached = await self._from_cache(request, target, ask, out, calls, started)
@@ -325,7 +325,7 @@ class Gateway:
         that another caller (another uid, or another grant) opened: a session id is no key to
         another principal's session."""
         asked = one_header(request, b"mcp-session-id")
-        if asked is None or (asked != b"\0" and self.sessions.belongs(target.name, asked, _owner(request))):
+        if asked is None or (asked != b"\0" and self.sessions.belongs(target.name, asked, owner_of(request))):
             return None
         _log.warning("gateway: a session of another caller refused", extra={"server": target.name,
                                                                              "uid": request.peer_uid})
@@ -589,10 +589,12 @@ class Gateway:
         return Response(status, checked or b"", content_type=b"application/json", extra_headers=extra)
 
     def _keep(self, target: Target, ask: results_cache.Ask, flight: asyncio.Event | None,
-              result: dict[str, Any], credentials: _Sent) -> None:
-        # a signed request's authorization context is not in its headers: no private result kept
-        context = None if target.aauth or is_aws(target) else credentials.context
-        self.results.keep(ask, result, context, credentials.masker.value)
+              result: dict[str, Any] | None, credentials: _Sent) -> None:
+        if result is None:  # an error: a page's cursor the server no longer takes drops its list's pages
+            self.results.failed(ask)
+        else:  # a signed request's authorization context is not in its headers: no private result kept
+            context = None if target.aauth or is_aws(target) else credentials.context
+            self.results.keep(ask, result, context, credentials.masker.value)
         if flight is not None:  # its followers need not wait for the rest of the stream
             self.results.land(ask, flight)
 
@@ -647,10 +649,10 @@ class Gateway:
                 if asked:
                     self.sessions.ended(target.name, asked)
             elif (given := response.header(b"mcp-session-id")):
-                self.sessions.seen(target.name, given.encode("latin-1"), _owner(request),
+                self.sessions.seen(target.name, given.encode("latin-1"), owner_of(request),
                                    target.content.effective_roots(target.trust.trust))
             elif asked:
-                self.sessions.used(target.name, asked, _owner(request))
+                self.sessions.used(target.name, asked, owner_of(request))
         elif status == 404 and asked:  # the server no longer knows the session
             self.sessions.ended(target.name, asked)
 
@@ -679,10 +681,6 @@ def _takes_json(request: Request) -> bool:
     sends no Accept is sent what the gateway asked of the server for it, which includes it)."""
     accept = one_header(request, b"accept")
     return accept is None or holds(accept.lower(), b"application/json") or holds(accept, b"*/*")
-
-
-def _owner(request: Request) -> Owner:
-    return request.peer_uid, request.grant.id if request.grant is not None else None
 
 
 def _single_id(request: Request) -> Any:

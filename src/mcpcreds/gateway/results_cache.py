@@ -23,7 +23,9 @@ and taking no permit.
   its `ttlMs` less its age.
 - A list_changed notification from the server makes its kept results of that list stale (and
   `notifications/resources/updated` its reads): the spec's immediate invalidation. So does it
-  for an answer on its way: a result asked for before the notice is not kept.
+  for an answer on its way: a result asked for before the notice is not kept. An error for a
+  page of a list (a request with a `cursor`) makes every kept page of that list stale: the
+  server no longer takes a cursor they hold, and a client would be sent it again.
 - A request that finds the same request on its way upstream waits for that answer (single
   flight), unless that request's last answer was not cacheable, or was private and another
   caller's request is the one on its way: a burst of new sessions asks the server once.
@@ -79,6 +81,7 @@ class Ask:
     key: Key
     owner: Owner
     epoch: int = 0
+    paged: bool = False  # a page after the first (its params name a `cursor`)
 
     @property
     def server(self) -> str:
@@ -121,7 +124,8 @@ def ask_of(server: str, endpoint: str, message: Message, owner: Owner) -> Ask | 
     if PER_REQUEST_META.intersection(meta):
         params = {**params, "_meta": {k: v for k, v in meta.items() if k not in PER_REQUEST_META}}
     canonical = json.dumps([endpoint, params], sort_keys=True, separators=(",", ":")).encode()
-    return Ask((server, method, hashlib.blake2b(canonical, digest_size=32).digest()), owner)
+    return Ask((server, method, hashlib.blake2b(canonical, digest_size=32).digest()), owner,
+               paged="cursor" in params)
 
 
 def _cacheable(result: Any) -> tuple[int, bool] | None:
@@ -150,7 +154,7 @@ class ResultCache:
 
     def asked(self, ask: Ask) -> Ask:
         """`ask` as sent now: an answer to it is stale if a notice of a change comes after."""
-        return Ask(ask.key, ask.owner, self._epoch)
+        return Ask(ask.key, ask.owner, self._epoch, ask.paged)
 
     def fresh(self, ask: Ask, context: bytes | None) -> dict[str, Any] | None:
         """The kept result that answers `ask` now, its `ttlMs` what is left of it; None if none.
@@ -219,12 +223,19 @@ class ResultCache:
     def notified(self, server: str, method: str) -> None:
         """A notification from the server: what it makes stale is stale, at once."""
         stale = INVALIDATES.get(method)
-        if stale is None:
-            return
+        if stale is not None:
+            self._stale(server, stale)
+
+    def failed(self, ask: Ask) -> None:
+        """The server answered `ask` with an error: for a page of a list, every page is stale."""
+        if ask.paged:
+            self._stale(ask.server, (ask.method,))
+
+    def _stale(self, server: str, methods: tuple[str, ...]) -> None:
         if len(self._stale_before) >= MAX_STALE_MARKS:
             self.clear()
         self._epoch += 1
-        for each in stale:
+        for each in methods:
             self._stale_before[(server, each)] = self._epoch
 
     def clear(self) -> None:

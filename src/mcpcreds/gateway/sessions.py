@@ -8,10 +8,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final
 
+from ..core.http import Request
+
 SESSION_LIMIT: Final = 10_000  # MCP sessions tracked for status (past it, the least recently seen go)
 SESSION_IDLE: Final = 3600.0  # seconds without traffic after which a session is no longer counted
 
 Owner = tuple[int, "str | None"]  # the uid and the grant id of a caller
+
+
+def owner_of(request: Request) -> Owner:
+    return request.peer_uid, request.grant.id if request.grant is not None else None
 
 
 class LiveSessions:

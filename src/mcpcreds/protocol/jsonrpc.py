@@ -325,8 +325,9 @@ class Inspector:
     on_screened: Callable[[str, list[Any]], None] | None = None
     # every tools array that passes, as the client sees it (the x-mcp-header annotations are learned)
     on_listing: Callable[[list[Any]], None] | None = None
-    # a result for a pending request as the server sent it (checked, before any filter): method, result
-    on_result: Callable[[str, dict[str, Any]], None] | None = None
+    # the answer to a pending request as the server sent it (checked, before any filter): its method,
+    # and its result (None: an error)
+    on_result: Callable[[str, dict[str, Any] | None], None] | None = None
     # the method of each notification of the server's (a list changed: its cached results stale)
     on_notification: Callable[[str], None] | None = None
 
@@ -386,6 +387,8 @@ class Inspector:
             key = id_key(message.get("id"))
             method = self.pending.pop(key, None) if valid_id(message.get("id")) else None
             result = message.get("result")
+            if method is not None and self.on_result is not None and "error" in message:
+                self.on_result(method, None)
             if isinstance(result, dict):
                 try:
                     check_members(result, RESULT_MEMBERS)
