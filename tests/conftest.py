@@ -226,11 +226,31 @@ def _wait_until_secret_service_is_ready(address: str, daemon: subprocess.Popen[s
         if owner != daemon.pid:
             raise RuntimeError(f"{SECRET_SERVICE} is owned by pid {owner}, not by the daemon started "
                                f"with the password ({daemon.pid})")
-        collection = secretstorage.get_default_collection(conn)
-        if collection.is_locked():
+        if _default_collection(conn, deadline).is_locked():
             raise RuntimeError("the keyring's default collection is locked after --unlock")
     finally:
         conn.close()
+
+
+def _default_collection(conn: Any, deadline: float) -> secretstorage.Collection:
+    """The default collection, once the daemon serves it. `--unlock` makes the login keyring after
+    the daemon has claimed its name, and on a loaded machine the default alias named a collection
+    not there yet ("Object does not exist"), which secretstorage's get_default_collection then
+    tried to create, through a prompt no one answers. Waiting is on the service's
+    CollectionCreated signal; a look again each second stands in for a signal that never comes."""
+    rule = MatchRule(type="signal", interface="org.freedesktop.Secret.Service", member="CollectionCreated")
+    with conn.filter(rule) as created:
+        conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=max(1.0, deadline - time.monotonic()))
+        while True:  # subscribed first, then looked: a collection made in between is not missed
+            try:
+                return secretstorage.Collection(conn)
+            except secretstorage.exceptions.ItemNotFoundException:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RuntimeError("gnome-keyring-daemon did not serve its default collection in "
+                                       f"{KEYRING_READY_TIMEOUT:g}s") from None
+                with contextlib.suppress(TimeoutError):
+                    conn.recv_until_filtered(created, timeout=min(remaining, 1.0))
 
 
 @contextlib.contextmanager
