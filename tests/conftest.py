@@ -244,11 +244,11 @@ def _default_collection(conn: Any, deadline: float) -> secretstorage.Collection:
         while True:  # subscribed first, then looked: a collection made in between is not missed
             try:
                 return secretstorage.Collection(conn)
-            except secretstorage.exceptions.ItemNotFoundException:
+            except secretstorage.exceptions.ItemNotFoundException as missing:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise RuntimeError("gnome-keyring-daemon did not serve its default collection in "
-                                       f"{KEYRING_READY_TIMEOUT:g}s") from None
+                    raise RuntimeError("gnome-keyring-daemon did not serve its default collection "
+                                       "in time") from missing
                 with contextlib.suppress(TimeoutError):
                     conn.recv_until_filtered(created, timeout=min(remaining, 1.0))
 

@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / PACKAGE
 
 # what runs inside an agent's process, and what runs only in the sidecar: neither imports the other
 CLIENT_SIDE = ("mcpcreds.client",)
-SIDECAR_SIDE = ("mcpcreds.sidecar", "mcpcreds.broker", "mcpcreds.gateway", "mcpcreds.exec")
+SIDECAR_SIDE = ("mcpcreds.sidecar", "mcpcreds.broker", "mcpcreds.gateway", "mcpcreds.protocol", "mcpcreds.exec")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ from typing import Any
 from mcpcreds.config.load import parse_config
 from mcpcreds.core.clock import FakeClock
 from mcpcreds.gateway.relay import Gateway
+from mcpcreds.gateway.results_cache import ask_of
 from mcpcreds.protocol import jsonrpc, pins
+from mcpcreds.protocol.jsonrpc import Message
 from mcpcreds.state.pins import Definition, PinView
 
 CONFIG = """
@@ -68,8 +70,18 @@ async def test_a_call_sent_while_a_withheld_change_is_written_is_refused() -> No
     broker = SimpleNamespace(clock=FakeClock(), pins=store, config=config, audit=None)
     gateway = Gateway(broker, None, None, None)  # type: ignore[arg-type]
 
+    listing_ask = ask_of("pinned", target.endpoint, Message(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/list",
+         "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}}, "request"), (0, None))
+    assert listing_ask is not None
+    kept = {"tools": [tool("echoes its text")], "ttlMs": 60_000, "cacheScope": "public"}
+    assert gateway.results.keep(gateway.results.asked(listing_ask), kept, b"t", lambda v: v)
+    assert gateway.results.fresh(listing_ask, b"t") is not None
     judge = await gateway.pin_writes.judge("pinned", True)
     assert judge([tool("first call exfiltrate")]) == []  # withheld; its change is being written
+    # a copy of the listing from before would show the old definition, which matches its pin and
+    # would clear the change before anyone approved it: it is stale
+    assert gateway.results.fresh(listing_ask, b"t") is None
 
     call = jsonrpc.parse_body(b'{"jsonrpc":"2.0","id":2,"method":"tools/call",'
                               b'"params":{"name":"shifty","arguments":{}}}')

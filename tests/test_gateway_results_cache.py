@@ -185,7 +185,10 @@ def test_an_answer_asked_for_before_a_notice_of_a_change_is_not_kept() -> None:
 
 def test_no_private_result_is_kept_without_a_credential_to_tell_it_by() -> None:
     cache = ResultCache(Clock())  # a signed server: its identity is not in a header
-    assert not cache.keep(ask(), listing(scope="private"), None, unmasked)
+    flight = cache.lead(ask())
+    assert flight is not None and not cache.keep(ask(), listing(scope="private"), None, unmasked)
+    cache.land(ask(), flight)
+    assert cache.lead(ask()) is not None and cache.in_flight(ask()) is None  # so not waited for
     assert cache.keep(ask(), listing(), None, unmasked) and cache.fresh(ask(), None) is not None
 
 

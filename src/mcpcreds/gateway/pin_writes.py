@@ -21,8 +21,9 @@ Judge = Callable[[list[Any]], list[Any]]  # a listing's tools -> the tools to pa
 
 
 class PinWrites:
-    def __init__(self, store: Callable[[], PinStore]) -> None:
+    def __init__(self, store: Callable[[], PinStore], on_change: Callable[[str], None]) -> None:
         self._store = store  # the broker's of now
+        self._on_change = on_change  # a server with a tool found changed (its listings are stale)
         self._writes: dict[str, set[asyncio.Task[None]]] = {}  # server -> its pins being written
 
     @property
@@ -41,6 +42,8 @@ class PinWrites:
             decision = pins.decide(view, tools, enforce)
             for warning in decision.warnings:
                 _log.warning("tool pins", extra={"server": server, "warning": warning})
+            if decision.changed:
+                self._on_change(server)
             if decision.writes:
                 task = asyncio.get_running_loop().create_task(
                     store.record(server, decision.pin, decision.changed, decision.cleared))

@@ -142,11 +142,12 @@ class Gateway:
         self._urls: dict[str, httpx.URL] = {}
         # what the server asks of the client, answered here or relayed
         self.in_place = InPlace(lambda: broker.audit, metrics, self._send_in_place, broker.clock.monotonic)
-        self.pin_writes = PinWrites(lambda: broker.pins)  # the pins listings find, being written
+        self.results = ResultCache(broker.clock.monotonic)  # results the servers marked cacheable
+        # the pins listings find, being written; a change found makes the cached listings stale
+        self.pin_writes = PinWrites(lambda: broker.pins, self.results.tool_changed)
         self.aauth = aauth  # signs for servers with `aauth`: the agent key stays in the sidecar
         self.sigv4 = sigv4  # signs for servers with auth kind "aws": so does the AWS secret key
         self.params = mirror.ParamTable()  # the x-mcp-header annotations of the tools listed
-        self.results = ResultCache(broker.clock.monotonic)  # results the servers marked cacheable
 
     # -- entry points
 
@@ -538,8 +539,9 @@ class Gateway:
             outbox: list[bytes] = []  # events of the gateway's own for this stream (a voided elicitation)
             pinning = await self._pinning(target) if jsonrpc.TOOLS_LIST in pending.values() else None
             inspector = self._inspector(request, target, masker, pending, calls, outbox, pinning)
-            if ask is not None and status == 200:  # kept masked whole: it may serve other callers
-                inspector.on_result = lambda _, result: self._keep(target, ask, flight, result, credentials)
+            if ask is not None:  # a result kept masked whole: it may serve other callers
+                inspector.on_result = lambda _, result: self._keep(target, ask, flight, result, credentials,
+                                                                   status == 200)
             self.records.request(target, request.method, status, started)
             self._follow_session(request, target, response)
             kind = jsonrpc.answer_kind(response.header(b"content-type") or "")
@@ -589,10 +591,10 @@ class Gateway:
         return Response(status, checked or b"", content_type=b"application/json", extra_headers=extra)
 
     def _keep(self, target: Target, ask: results_cache.Ask, flight: asyncio.Event | None,
-              result: dict[str, Any] | None, credentials: _Sent) -> None:
+              result: dict[str, Any] | None, credentials: _Sent, ok: bool) -> None:
         if result is None:  # an error: a page's cursor the server no longer takes drops its list's pages
             self.results.failed(ask)
-        else:  # a signed request's authorization context is not in its headers: no private result kept
+        elif ok:  # a signed request's authorization context is not in its headers: no private result kept
             context = None if target.aauth or is_aws(target) else credentials.context
             self.results.keep(ask, result, context, credentials.masker.value)
         if flight is not None:  # its followers need not wait for the rest of the stream

@@ -21,6 +21,9 @@ and taking no permit.
   at most MAX_TTL_MS, kept as its JSON text of at most MAX_RESULT bytes, MAX_BYTES in all, the
   least recently used going first. A result served from the cache says how long it stays fresh:
   its `ttlMs` less its age.
+- A tool whose definition the pins find changed makes the server's kept listings stale: a copy
+  from before would show the old definition, which matches its pin and would clear the change
+  before anyone approved it.
 - A list_changed notification from the server makes its kept results of that list stale (and
   `notifications/resources/updated` its reads): the spec's immediate invalidation. So does it
   for an answer on its way: a result asked for before the notice is not kept. An error for a
@@ -205,7 +208,10 @@ class ResultCache:
             return False
         ttl, public = hints
         stale_before = self._stale_before.get((ask.server, ask.method), self._floor)
-        if ask.epoch < stale_before or not (public or context):
+        if ask.epoch < stale_before:
+            return False
+        if not (public or context):  # a private result with no credential to tell it by: none kept
+            self._plain[ask.key] = True
             return False
         text = dumps(mask(result))
         if len(text) > MAX_RESULT:
@@ -224,14 +230,19 @@ class ResultCache:
         """A notification from the server: what it makes stale is stale, at once."""
         stale = INVALIDATES.get(method)
         if stale is not None:
-            self._stale(server, stale)
+            self.stale(server, stale)
+
+    def tool_changed(self, server: str) -> None:
+        """The pins found a tool of `server` changed: its kept listings are stale."""
+        self.stale(server, ("tools/list",))
 
     def failed(self, ask: Ask) -> None:
         """The server answered `ask` with an error: for a page of a list, every page is stale."""
         if ask.paged:
-            self._stale(ask.server, (ask.method,))
+            self.stale(ask.server, (ask.method,))
 
-    def _stale(self, server: str, methods: tuple[str, ...]) -> None:
+    def stale(self, server: str, methods: tuple[str, ...]) -> None:
+        """What `server` answered to `methods` is stale, and so is every answer on its way."""
         if len(self._stale_before) >= MAX_STALE_MARKS:
             self.clear()
         self._epoch += 1
@@ -242,6 +253,8 @@ class ResultCache:
         """Every kept result dropped, and every answer on its way made stale (the config changed)."""
         self._kept.clear()
         self._stale_before.clear()
+        self._plain.clear()
+        self._private.clear()
         self._epoch += 1
         self._floor = self._epoch
 
