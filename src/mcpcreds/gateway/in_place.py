@@ -26,6 +26,7 @@ from ..protocol import jsonrpc, mirror, screen
 from ..protocol.elicitations import PendingElicitations
 from ..protocol.input_rounds import Holder, InputRounds, put_back, take_out
 from ..protocol.task_input import TaskInputs, envelope, update
+from .sessions import owner_of
 
 _log = get_logger("gateway")
 
@@ -49,7 +50,7 @@ def actor_of(request: Request) -> Actor:
 
 
 def _holder(request: Request, target: Target) -> Holder:
-    return target.name, request.peer_uid, request.grant.id if request.grant is not None else None
+    return (target.name, *owner_of(request))
 
 
 def _modern(request: Request) -> bool:

@@ -286,16 +286,12 @@ class Gateway:
                           out: jsonrpc.Outgoing, calls: ToolCalls, started: float) -> Answer | None:
         """The answer from a result the server marked cacheable, judged as an upstream answer is;
         None when none is fresh (after waiting for the same request on its way upstream)."""
-        current = self.broker.cached_headers(target)
-        context = None if current is None else self._credentials(target, current).context
-        result = self.results.fresh(ask, context)
+        result = self.results.fresh(ask, self._context(target))
         if result is None and (flight := self.results.in_flight(ask)) is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(target.gateway.max_wait + answer_timeout(target)):
                     await flight.wait()
-            current = self.broker.cached_headers(target)
-            context = None if current is None else self._credentials(target, current).context
-            result = self.results.fresh(ask, context)
+            result = self.results.fresh(ask, self._context(target))  # the credential may be new
         if result is None:
             return None
         pending = out.methods()
@@ -486,6 +482,10 @@ class Gateway:
             self._sent.clear()
         self._sent[target.name] = (creds, sent)
         return sent
+
+    def _context(self, target: Target) -> bytes | None:  # the server's authorization context now
+        current = self.broker.cached_headers(target)
+        return None if current is None else self._credentials(target, current).context
 
     def _url(self, endpoint: str) -> httpx.URL:
         url = self._urls.get(endpoint)

@@ -164,7 +164,7 @@ class ResultCache:
         `context`: the credential the server would get now (None: none at hand, so no private
         result serves)."""
         now = self._clock()
-        stale_before = self._stale_before.get((ask.server, ask.method), self._floor)
+        stale_before = self._stale_before_of(ask)
         for owner in (None,) if context is None else (None, (ask.owner, context)):
             kept = self._kept.get((ask.key, owner))
             if kept is not None and kept.epoch >= stale_before:
@@ -174,6 +174,10 @@ class ResultCache:
                     result["ttlMs"] = left
                     return result
         return None
+
+    def _stale_before_of(self, ask: Ask) -> int:
+        """The epoch before which what was asked like `ask` is stale."""
+        return self._stale_before.get((ask.server, ask.method), self._floor)
 
     def in_flight(self, ask: Ask) -> asyncio.Event | None:
         """What to wait on when the same request is on its way upstream and worth waiting for: not
@@ -207,8 +211,7 @@ class ResultCache:
             self._plain[ask.key] = True
             return False
         ttl, public = hints
-        stale_before = self._stale_before.get((ask.server, ask.method), self._floor)
-        if ask.epoch < stale_before:
+        if ask.epoch < self._stale_before_of(ask):
             return False
         if not (public or context):  # a private result with no credential to tell it by: none kept
             self._plain[ask.key] = True
